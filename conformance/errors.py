@@ -1,0 +1,42 @@
+"""The error types every backend raises. All are `ValueError`s, so `except ValueError` catches them.
+
+| type              | raised for                                          | names              |
+| ----------------- | --------------------------------------------------- | ------------------ |
+| `ConfigError`     | a config field that is not valid                    | the field          |
+| `InputError`      | a bad argument to a model call (ids, masks, dtype)  | the argument       |
+| `CheckpointError` | a checkpoint file that cannot be trusted            | the file           |
+
+Each carries the name it blames as an attribute (`field`, `argument`, `path`) so that tests and
+tools can compare errors across backends without parsing messages.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class ConfigError(ValueError):
+    """A `ModelConfig` field is not valid. `.field` names it."""
+
+    def __init__(self, field: str, problem: str):
+        self.field = field
+        self.problem = problem
+        super().__init__(f"ModelConfig.{field}: {problem}")
+
+
+class InputError(ValueError):
+    """An argument of a model call is not valid. `.argument` names it (e.g. "src_ids")."""
+
+    def __init__(self, argument: str, problem: str):
+        self.argument = argument
+        self.problem = problem
+        super().__init__(f"{argument}: {problem}")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file cannot be loaded (or saved). `.path` names the file."""
+
+    def __init__(self, path: str | os.PathLike, problem: str):
+        self.path = os.fspath(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")

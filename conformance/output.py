@@ -1,0 +1,36 @@
+"""The result types every backend returns, with the same field and key names.
+
+Attention keys: `encoder.{i}.self`, `decoder.{i}.self`, `decoder.{i}.cross`, each `(B, H, Tq, Tk)`.
+Intermediate keys, in forward order:
+    encoder.embeddings, encoder.{i}.self_attn, encoder.{i}.ffn, encoder.output,
+    decoder.embeddings, decoder.{i}.self_attn, decoder.{i}.cross_attn, decoder.{i}.ffn,
+    decoder.output
+where `*.self_attn`, `*.cross_attn` and `*.ffn` are the residual stream after that sublayer (and
+its LayerNorm in a post-LN model); `encoder.output` is the memory the decoder attends to.
+
+This module is framework-free (standard library only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Encoded:
+    """What `model.encode` returns and `model.decode` consumes."""
+
+    memory: Any  # (B, S, D)
+    src_mask: Any  # (B, 1|H, 1, S) boolean, True = may attend
+    attention: dict[str, Any] = field(default_factory=dict)
+    intermediates: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelOutput:
+    """What a model call returns: logits, attention weights and intermediates by name."""
+
+    logits: Any  # (B, T, V)
+    attention: dict[str, Any] = field(default_factory=dict)
+    intermediates: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,475 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need", in plain NumPy.
+
+This file is written to be read next to the paper (Vaswani et al., 2017): each equation sits above
+the code that computes it. In float64 it is the oracle the PyTorch and Flax backends are judged
+against, so it never promotes, approximates or fuses anything behind the reader's back.
+
+Shape legend:
+    B batch, S source length, T target length, D d_model, H heads, K head dim (D / H),
+    F d_ff, V target vocabulary. Tq / Tk are query / key lengths inside attention.
+
+Sections, in the same order in every backend: masks, positions, building blocks, attention,
+feed-forward, encoder layer, decoder layer, encoder and decoder, model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from conformance.config import ModelConfig
+from conformance.inputs import (
+    check_dtype,
+    check_generate,
+    check_ids,
+    check_mask,
+    check_mask_within_ids,
+    check_same_batch,
+    expected_mask_shapes,
+)
+from conformance.errors import InputError
+from conformance.output import Encoded, ModelOutput
+from conformance.params import check_numpy_params
+from conformance.positions import sinusoid_table
+
+SUPPORTED_DTYPES = ("float32", "float64")
+
+
+# -- Masks -------------------------------------------------------------------------------------
+# Masks are boolean, True = may attend, and broadcast against scores of shape (B, H, Tq, Tk).
+
+
+def padding_mask(ids: np.ndarray, pad_id: int) -> np.ndarray:
+    """(B, L) ids -> (B, 1, 1, L): every query may attend to every non-padding key."""
+    return (ids != pad_id)[:, None, None, :]
+
+
+def causal_mask(length: int) -> np.ndarray:
+    """(1, 1, T, T) lower triangle: position t may attend to positions <= t (section 3.2.3)."""
+    return np.tril(np.ones((length, length), dtype=bool))[None, None, :, :]
+
+
+def target_mask(config: ModelConfig, tgt_ids: np.ndarray) -> np.ndarray:
+    """(B, 1, T, T): target padding AND causal.
+
+    Target padding is masked on the keys (B, 1, 1, T), or, in the tutorials that do so, on the
+    queries (B, 1, T, 1), or not at all (Marian: its start token is the pad id).
+    """
+    tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
+    if config.tgt_pad_mask == "queries":
+        tgt_pad = tgt_pad.transpose(0, 1, 3, 2)  # (B, 1, T, 1)
+    elif config.tgt_pad_mask == "none":
+        tgt_pad = tgt_pad | True  # causal only: the decoder's start token may be the pad id
+    return tgt_pad & causal_mask(tgt_ids.shape[1])  # (B, 1, T, T)
+
+
+def make_masks(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The masks a model derives from its ids: src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)."""
+    return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
+
+
+# -- Positions ---------------------------------------------------------------------------------
+
+
+class Positions:
+    """The position term added to the scaled token embeddings (section 3.5).
+
+    A sinusoid (a constant of the config, computed in float64) or a stored `(max_len, D)` table.
+    """
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, dtype):
+        if config.position == "table":
+            self.table = params[f"{prefix}.table"]
+        else:
+            self.table = sinusoid_table(config.max_len, config.d_model, config.position).astype(dtype)
+
+    def __call__(self, length: int) -> np.ndarray:
+        return self.table[None, :length, :]  # (1, L, D)
+
+
+# -- Building blocks ---------------------------------------------------------------------------
+
+
+class Linear:
+    """y = x W + b, with W stored (d_in, d_out) as in the paper's notation."""
+
+    def __init__(self, params: Mapping[str, np.ndarray], prefix: str):
+        self.weight = params[f"{prefix}.weight"]
+        self.bias = params.get(f"{prefix}.bias")
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        y = x @ self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+
+class LayerNorm:
+    """LayerNorm over the last axis, in the form the config names.
+
+    standard:  y = (x - mean) / sqrt(var + eps) * weight + bias        (biased variance)
+    std-eps:   y = (x - mean) / (std + eps) * weight + bias            (unbiased std; the
+               Annotated Transformer's own LayerNorm)
+    """
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
+        self.weight = params[f"{prefix}.weight"]
+        self.bias = params[f"{prefix}.bias"]
+        self.eps = config.layer_norm_eps
+        self.form = config.layer_norm_form
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        mean = x.mean(axis=-1, keepdims=True)
+        centered = x - mean
+        if self.form == "standard":
+            var = (centered * centered).mean(axis=-1, keepdims=True)
+            normed = centered / np.sqrt(var + self.eps)
+        else:
+            std = np.sqrt((centered * centered).sum(axis=-1, keepdims=True) / (x.shape[-1] - 1))
+            normed = centered / (std + self.eps)
+        return normed * self.weight + self.bias
+
+
+def activation(name: str, x: np.ndarray) -> np.ndarray:
+    """ReLU (the paper), GELU (erf form), GELU with the tanh approximation, or SiLU/swish."""
+    if name == "relu":
+        return np.maximum(x, 0)
+    if name == "gelu":
+        # 0.5 x (1 + erf(x / sqrt 2)); NumPy has no vectorised erf, so each value goes through
+        # math.erf in float64 (exact to 1 ulp) and is cast back.
+        erf = np.frompyfunc(math.erf, 1, 1)(x * (1 / math.sqrt(2))).astype(x.dtype)
+        return 0.5 * x * (1 + erf)
+    if name == "gelu-tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    # silu(x) = x * sigmoid(x), with sigmoid(x) = (1 + tanh(x / 2)) / 2, which cannot overflow.
+    return x * (0.5 * (1 + np.tanh(0.5 * x)))
+
+
+# -- Attention ---------------------------------------------------------------------------------
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    """softmax over the last axis. A row whose every score is -inf gives NaN (0 / 0), on purpose."""
+    with np.errstate(invalid="ignore"):
+        shifted = scores - scores.max(axis=-1, keepdims=True)
+        e = np.exp(shifted)
+        return e / e.sum(axis=-1, keepdims=True)
+
+
+def scaled_dot_product_attention(q, k, v, mask, fill: float):
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
+
+    q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
+    None. Masked scores are replaced by `fill` before the softmax. Returns the output
+    (B, H, Tq, K) and the weights (B, H, Tq, Tk).
+    """
+    scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    if mask is not None:
+        scores = np.where(mask, scores, fill)
+    weights = softmax(scores)  # (B, H, Tq, Tk)
+    return weights @ v, weights  # (B, H, Tq, K)
+
+
+class MultiHeadAttention:
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_o, head_h = Attention(Q W_q^h, K W_k^h, V W_v^h)
+    (section 3.2.2). Head h owns columns h*K .. (h+1)*K - 1 of W_q, W_k and W_v."""
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
+        self.q_proj = Linear(params, f"{prefix}.q_proj")
+        self.k_proj = Linear(params, f"{prefix}.k_proj")
+        self.v_proj = Linear(params, f"{prefix}.v_proj")
+        self.o_proj = Linear(params, f"{prefix}.o_proj")
+        self.n_heads = config.n_heads
+        self.fill = config.mask_fill
+
+    def split_heads(self, x: np.ndarray) -> np.ndarray:
+        batch, length, d_model = x.shape
+        x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
+        return x.transpose(0, 2, 1, 3)  # (B, H, L, K)
+
+    def __call__(self, x: np.ndarray, memory: np.ndarray, mask):
+        """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention)."""
+        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
+        v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
+        batch, _, length, _ = heads.shape
+        concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
+        return self.o_proj(concat), weights
+
+
+# -- Feed-forward ------------------------------------------------------------------------------
+
+
+class FeedForward:
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3; the paper's act is ReLU)."""
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
+        self.linear1 = Linear(params, f"{prefix}.linear1")
+        self.linear2 = Linear(params, f"{prefix}.linear2")
+        self.activation = config.activation
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.linear2(activation(self.activation, self.linear1(x)))
+
+
+# -- Encoder layer -----------------------------------------------------------------------------
+# Each sublayer is wrapped with a residual connection and a LayerNorm (sections 3.1 and 5.4):
+#     post-LN (the paper):  x = LN(x + Sublayer(x))
+#     pre-LN:               x = x + Sublayer(LN(x))
+
+
+class EncoderLayer:
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
+        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn")
+        self.self_attn_norm = LayerNorm(config, params, f"{prefix}.self_attn_norm")
+        self.ffn = FeedForward(config, params, f"{prefix}.ffn")
+        self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
+        self.pre_ln = config.norm_placement == "pre"
+
+    def __call__(self, x: np.ndarray, src_mask, name: str, out: ModelOutput | Encoded) -> np.ndarray:
+        # Self-attention: each source position attends to every unmasked source position.
+        h = self.self_attn_norm(x) if self.pre_ln else x
+        h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask)
+        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+        out.intermediates[f"{name}.self_attn"] = x
+
+        # Position-wise feed-forward.
+        h = self.ffn_norm(x) if self.pre_ln else x
+        h = self.ffn(h)
+        x = x + h if self.pre_ln else self.ffn_norm(x + h)
+        out.intermediates[f"{name}.ffn"] = x
+        return x
+
+
+# -- Decoder layer -----------------------------------------------------------------------------
+
+
+class DecoderLayer:
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
+        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn")
+        self.self_attn_norm = LayerNorm(config, params, f"{prefix}.self_attn_norm")
+        self.cross_attn = MultiHeadAttention(config, params, f"{prefix}.cross_attn")
+        self.cross_attn_norm = LayerNorm(config, params, f"{prefix}.cross_attn_norm")
+        self.ffn = FeedForward(config, params, f"{prefix}.ffn")
+        self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
+        self.pre_ln = config.norm_placement == "pre"
+
+    def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput) -> np.ndarray:
+        # Masked self-attention: position t attends to target positions <= t.
+        h = self.self_attn_norm(x) if self.pre_ln else x
+        h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask)
+        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+        out.intermediates[f"{name}.self_attn"] = x
+
+        # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
+        h = self.cross_attn_norm(x) if self.pre_ln else x
+        h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask)
+        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
+        out.intermediates[f"{name}.cross_attn"] = x
+
+        # Position-wise feed-forward.
+        h = self.ffn_norm(x) if self.pre_ln else x
+        h = self.ffn(h)
+        x = x + h if self.pre_ln else self.ffn_norm(x + h)
+        out.intermediates[f"{name}.ffn"] = x
+        return x
+
+
+# -- Encoder and decoder -----------------------------------------------------------------------
+
+
+class Embedding:
+    """A token lookup table (V, D)."""
+
+    def __init__(self, params: Mapping[str, np.ndarray], prefix: str):
+        self.weight = params[f"{prefix}.weight"]
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        return self.weight[ids]  # (B, L, D)
+
+
+class Encoder:
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], dtype):
+        self.embedding = Embedding(params, "encoder.embedding")
+        self.position = Positions(config, params, "encoder.position", dtype)
+        self.layers = [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)]
+        self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
+
+    def __call__(self, x: np.ndarray, src_mask, out: Encoded) -> np.ndarray:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, src_mask, f"encoder.{i}", out)
+        if self.norm is not None:
+            x = self.norm(x)
+        out.intermediates["encoder.output"] = x
+        return x
+
+
+class Decoder:
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], dtype):
+        # With shared embeddings the decoder reads the encoder's table (see Model.decode).
+        self.embedding = None if config.share_embeddings else Embedding(params, "decoder.embedding")
+        self.position = Positions(config, params, "decoder.position", dtype)
+        self.layers = [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)]
+        self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
+
+    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput) -> np.ndarray:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out)
+        if self.norm is not None:
+            x = self.norm(x)
+        out.intermediates["decoder.output"] = x
+        return x
+
+
+class Output:
+    """logits = y W_out + b_out. W_out is `output.weight` (D, V), or the target embedding
+    transposed when the output is tied to it (section 3.4)."""
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray]):
+        self.weight = None if config.tie_output else params["output.weight"]
+        self.bias = params.get("output.bias")
+
+    def __call__(self, y: np.ndarray, tied_embedding: Embedding) -> np.ndarray:
+        weight = tied_embedding.weight.T if self.weight is None else self.weight  # (D, V)
+        logits = y @ weight  # (B, T, V)
+        if self.bias is not None:
+            logits = logits + self.bias
+        return logits
+
+
+# -- Model -------------------------------------------------------------------------------------
+
+
+class Model:
+    """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
+
+    `Model(config, params)` takes the canonical parameters (see `conformance.params`) as NumPy
+    arrays; `dtype` casts them (float32 or float64; default: their own dtype).
+    """
+
+    backend = "numpy"
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], dtype=None):
+        check_numpy_params(config, params)
+        first = next(iter(params.values()))
+        try:
+            self.dtype = np.dtype(dtype if dtype is not None else first.dtype)
+        except TypeError:  # not a dtype NumPy knows: the same InputError as any refused dtype
+            check_dtype(self.backend, str(dtype), SUPPORTED_DTYPES)
+            raise
+        check_dtype(self.backend, self.dtype.name, SUPPORTED_DTYPES)
+        params = {name: np.asarray(value, dtype=self.dtype) for name, value in params.items()}
+        self.config = config
+        self.params = params
+        self.encoder = Encoder(config, params, self.dtype)
+        self.decoder = Decoder(config, params, self.dtype)
+        self.output = Output(config, params)
+        self.final_logits_bias = params.get("final_logits_bias")
+
+    # Inputs ------------------------------------------------------------------------------------
+
+    def _ids(self, argument: str, ids, vocab_size: int) -> np.ndarray:
+        try:
+            ids = np.asarray(ids)
+        except ValueError:
+            raise InputError(argument, "is not a rectangular array of token ids") from None
+        is_integer = np.issubdtype(ids.dtype, np.integer)
+        bounds = lambda: (int(ids.min()), int(ids.max()))  # noqa: E731
+        check_ids(argument, ids.shape, ids.dtype.name, is_integer, bounds, vocab_size, self.config.max_len)
+        return ids
+
+    def _mask(self, argument: str, mask, expected, derived: np.ndarray) -> np.ndarray:
+        mask = np.asarray(mask)
+        check_mask(argument, mask.shape, mask.dtype.name, mask.dtype == np.bool_, *expected)
+        widened = np.argwhere(mask & ~derived)  # (b, h, q, k) the ids forbid but the mask allows
+        check_mask_within_ids(argument, widened[0] if len(widened) else None)
+        return mask
+
+    def make_masks(self, src_ids, tgt_ids) -> tuple[np.ndarray, np.ndarray]:
+        return make_masks(self.config, np.asarray(src_ids), np.asarray(tgt_ids))
+
+    # Forward -----------------------------------------------------------------------------------
+
+    def embed(self, ids: np.ndarray, embedding: Embedding, position: Positions) -> np.ndarray:
+        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions."""
+        x = embedding(ids)  # (B, L, D)
+        if self.config.scale_embedding:
+            x = x * math.sqrt(self.config.d_model)
+        return x + position(ids.shape[1])
+
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True) -> Encoded:
+        """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates."""
+        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        batch, src_len = src_ids.shape
+        if src_mask is None:
+            src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
+        else:
+            shapes = expected_mask_shapes(self.config, batch, src_len, 1)
+            derived = padding_mask(src_ids, self.config.pad_id)
+            src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
+        encoded = Encoded(memory=None, src_mask=src_mask)
+        x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
+        encoded.intermediates["encoder.embeddings"] = x
+        encoded.memory = self.encoder(x, src_mask, encoded)
+        if not return_attention:
+            encoded.attention.clear()  # the other backends skip them for speed; here they are free
+        return encoded
+
+    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+        """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
+        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_same_batch(encoded.memory.shape, tgt_ids.shape)
+        batch, tgt_len = tgt_ids.shape
+        derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
+        if tgt_mask is None:
+            tgt_mask = derived
+        else:
+            shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
+            tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
+        cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
+        out = ModelOutput(logits=None, attention=dict(encoded.attention), intermediates=dict(encoded.intermediates))
+
+        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
+        y = self.embed(tgt_ids, embedding, self.decoder.position)
+        out.intermediates["decoder.embeddings"] = y
+        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out)
+        logits = self.output(y, embedding)  # (B, T, V)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias
+        assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
+        out.logits = logits
+        if not return_attention:
+            out.attention.clear()
+        return out
+
+    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+        """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
+        attention weights (`return_attention`) and the intermediates by name."""
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
+
+    # Generation --------------------------------------------------------------------------------
+
+    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int) -> np.ndarray:
+        """Greedy decoding: encode once, then append the most likely next token, step by step.
+
+        A plain loop that runs the decoder over the whole prefix at every step (no KV cache).
+        Returns the tokens after `bos_id`, shape (B, n) with n <= max_len; a row that has
+        produced `eos_id` continues with `pad_id`. Stops once every row has produced `eos_id`.
+        """
+        check_generate(self.config, max_len, bos_id, eos_id)
+        encoded = self.encode(src_ids, return_attention=False)
+        batch = encoded.memory.shape[0]
+        tokens = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
+        done = np.zeros(batch, dtype=bool)
+        for _ in range(max_len):
+            logits = self.decode(tokens, encoded, return_attention=False).logits  # (B, t, V)
+            next_id = np.where(done, self.config.pad_id, logits[:, -1].argmax(-1))  # (B,)
+            tokens = np.concatenate([tokens, next_id[:, None]], axis=1)  # (B, t + 1)
+            done |= next_id == eos_id
+            if done.all():
+                break
+        return tokens[:, 1:]

@@ -1,0 +1,161 @@
+"""ModelConfig: JSON round trip, validation errors naming the field, presets, key space."""
+
+import json
+import math
+from dataclasses import fields
+
+import pytest
+from hypothesis import given, strategies as st
+
+from conformance import ConfigError, ModelConfig, PRESETS, param_shapes, preset
+from conformance.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS
+
+
+@st.composite
+def configs(draw):
+    heads = draw(st.integers(1, 4))
+    d_model = heads * 2 * draw(st.integers(1, 8))
+    vocab = draw(st.integers(2, 64))
+    share = draw(st.booleans())
+    return ModelConfig(
+        src_vocab_size=vocab,
+        tgt_vocab_size=vocab if share else draw(st.integers(2, 64)),
+        d_model=d_model,
+        n_heads=heads,
+        d_ff=draw(st.integers(1, 128)),
+        n_encoder_layers=draw(st.integers(0, 3)),
+        n_decoder_layers=draw(st.integers(0, 3)),
+        max_len=draw(st.integers(1, 512)),
+        norm_placement=draw(st.sampled_from(NORM_PLACEMENTS)),
+        final_encoder_norm=draw(st.booleans()),
+        final_decoder_norm=draw(st.booleans()),
+        layer_norm_eps=draw(st.sampled_from([1e-5, 1e-6, 1e-12])),
+        layer_norm_form=draw(st.sampled_from(LAYER_NORM_FORMS)),
+        scale_embedding=draw(st.booleans()),
+        position=draw(st.sampled_from(POSITIONS)),
+        share_embeddings=share,
+        tie_output=draw(st.booleans()),
+        qkv_bias=draw(st.booleans()),
+        out_proj_bias=draw(st.booleans()),
+        mask_fill=draw(st.sampled_from([-math.inf, -1e9, -1e4, -3.4028234663852886e38])),
+        tgt_pad_mask=draw(st.sampled_from(PAD_MASK_SIDES)),
+        cross_attn_src_mask=draw(st.booleans()),
+        pad_id=draw(st.integers(0, 1)),
+        activation=draw(st.sampled_from(ACTIVATIONS)),
+        output_bias=draw(st.booleans()),
+        final_logits_bias=draw(st.booleans()),
+        notes={"layout": "test"},
+    )
+
+
+@given(configs())
+def test_json_round_trip_is_exact(config):
+    text = config.to_json()
+    json.loads(text)  # strict JSON: no bare Infinity
+    assert "Infinity" not in text
+    again = ModelConfig.from_json(text)
+    assert again == config
+    assert again.notes == config.notes
+    assert again.to_json() == text
+
+
+def test_every_variants_switch_is_a_field():
+    names = {f.name for f in fields(ModelConfig)}
+    switches = {
+        "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
+        "n_decoder_layers", "max_len", "norm_placement", "final_encoder_norm", "final_decoder_norm",
+        "layer_norm_eps", "layer_norm_form", "scale_embedding", "position", "qkv_bias",
+        "out_proj_bias", "mask_fill", "tgt_pad_mask", "cross_attn_src_mask", "pad_id", "activation",
+        "share_embeddings", "tie_output", "output_bias", "final_logits_bias",
+    }
+    assert switches <= names
+
+
+@pytest.mark.parametrize(
+    "changes, field, words",
+    [
+        (dict(d_model=30, n_heads=4), "n_heads", "not divisible"),
+        (dict(d_model=0), "d_model", "positive"),
+        (dict(n_heads=-1), "n_heads", "positive"),
+        (dict(src_vocab_size=0), "src_vocab_size", "positive"),
+        (dict(d_ff=0), "d_ff", "positive"),
+        (dict(max_len=0), "max_len", "positive"),
+        (dict(n_encoder_layers=-1), "n_encoder_layers", ">= 0"),
+        (dict(norm_placement="middle"), "norm_placement", "unknown value"),
+        (dict(layer_norm_form="rms"), "layer_norm_form", "unknown value"),
+        (dict(position="rotary"), "position", "unknown value"),
+        (dict(activation="tanh"), "activation", "unknown value"),
+        (dict(tgt_pad_mask="both"), "tgt_pad_mask", "unknown value"),
+        (dict(layer_norm_eps=0.0), "layer_norm_eps", "positive"),
+        (dict(layer_norm_eps=math.nan), "layer_norm_eps", "positive"),
+        (dict(mask_fill=0.0), "mask_fill", "negative"),
+        (dict(mask_fill=math.nan), "mask_fill", "negative"),
+        (dict(mask_fill=math.inf), "mask_fill", "negative"),
+        (dict(pad_id=40), "pad_id", "not a valid id"),
+        (dict(pad_id=-1), "pad_id", "not a valid id"),
+        (dict(share_embeddings=True, src_vocab_size=10, tgt_vocab_size=12), "share_embeddings", "src_vocab_size == tgt_vocab_size"),
+        (dict(d_model=5, n_heads=1, position="sinusoid-split"), "d_model", "even"),
+        (dict(d_model=32.0), "d_model", "must be an int"),
+        (dict(tie_output=1), "tie_output", "must be a bool"),
+        (dict(n_heads=True), "n_heads", "must be an int"),
+        (dict(layer_norm_eps="1e-5"), "layer_norm_eps", "must be a number"),
+    ],
+)
+def test_validation_names_the_field(changes, field, words):
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(**changes)
+    assert isinstance(info.value, ValueError)
+    assert info.value.field == field
+    assert f"ModelConfig.{field}" in str(info.value)
+    assert words in str(info.value)
+
+
+def test_from_json_rejects_unknown_fields_and_bad_json():
+    with pytest.raises(ConfigError, match="n_layers"):
+        ModelConfig.from_dict({"n_layers": 6})
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        ModelConfig.from_json("{")
+    with pytest.raises(ConfigError, match="JSON object"):
+        ModelConfig.from_json("[1, 2]")
+    with pytest.raises(ConfigError, match="mask_fill"):
+        ModelConfig.from_dict({"mask_fill": "minus infinity"})
+
+
+def test_replace_validates_and_rejects_unknown_fields():
+    config = ModelConfig()
+    assert config.replace(d_model=64).d_model == 64
+    with pytest.raises(ConfigError, match="n_heads"):
+        config.replace(n_heads=5)
+    with pytest.raises(ConfigError, match="heads"):
+        config.replace(heads=2)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_is_valid_and_overridable(name):
+    config = preset(name, d_model=64, n_heads=8)
+    assert config.d_model == 64 and config.n_heads == 8
+    assert ModelConfig.from_json(config.to_json()) == config
+
+
+def test_presets_cover_every_known_system():
+    systems = {"from-scratch", "llmhub", "hyunwoongko", "sublayer-norm", "pre-ln-tutorial",
+               "torch-nn-transformer", "hf-marian", "annotated-transformer"}
+    assert systems <= set(PRESETS)
+    with pytest.raises(ConfigError, match="unknown preset"):
+        preset("gpt2")
+
+
+def test_key_space_follows_the_switches():
+    base = ModelConfig(n_encoder_layers=1, n_decoder_layers=1)
+    keys = set(param_shapes(base))
+    assert "decoder.layers.0.cross_attn.q_proj.weight" in keys
+    assert param_shapes(base)["encoder.layers.0.ffn.linear1.weight"] == (base.d_model, base.d_ff)
+    assert "encoder.position.table" not in keys
+    assert "output.weight" in keys and "decoder.embedding.weight" in keys
+    tied = set(param_shapes(base.replace(share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True)))
+    assert "decoder.embedding.weight" not in tied and "output.weight" not in tied and "output.bias" not in tied
+    assert "final_logits_bias" in tied
+    no_bias = set(param_shapes(base.replace(qkv_bias=False, out_proj_bias=False)))
+    assert not any(k.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias")) for k in no_bias)
+    finals = set(param_shapes(base.replace(final_encoder_norm=True, final_decoder_norm=True, position="table")))
+    assert {"encoder.norm.weight", "decoder.norm.bias", "encoder.position.table", "decoder.position.table"} <= finals
