@@ -1,0 +1,303 @@
+"""Forward-pass speed of impl_torch against torch.nn.Transformer with the same weights.
+
+    python benchmarks/bench_forward.py            # the base config of the paper, CPU, float32
+    python benchmarks/bench_forward.py --quick    # a small config and few repeats (a smoke run)
+
+The base config (d_model 512, 8 heads, d_ff 2048, 6+6 layers, vocab 32000) runs a batch of 8
+source and target sequences of length 64 in inference (`torch.inference_mode()`). Contenders:
+
+    impl_torch fast       model(src, tgt, return_attention=False): fused SDPA attention
+    impl_torch explicit   model(src, tgt): attention weights formed and returned
+    nn.Transformer        PyTorch's own encoder-decoder, loaded with the same weights and wrapped
+                          with the same embeddings, positions and output projection, masks as in
+                          PyTorch's translation tutorial (key padding masks plus a causal mask)
+
+Before timing, every contender's logits are checked against impl_torch's explicit path, so the
+comparison is between equal computations. Calls are interleaved (each round runs every
+contender once, in a rotating order) so that load from other processes hits all of them alike;
+the report gives median times, the median of the per-round ratios to nn.Transformer, and the
+achieved GFLOP/s (FLOPs of the matmuls counted analytically) next to a plain matmul's GFLOP/s
+measured in the same run.
+
+Another backend joins by appending one more `Contender` (a name and a zero-argument callable
+that runs one forward pass to completion and returns the logits) in `contenders()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import impl_torch
+from conformance import init_params, preset
+from conformance.compare import to_numpy
+from conformance.config import ModelConfig
+from conformance.positions import sinusoid_table
+
+BASELINE = "nn.Transformer"
+
+
+@dataclass
+class Contender:
+    """One implementation under test. `run()` computes one forward pass to completion (an
+    asynchronous backend must block until its result is ready) and returns the logits."""
+
+    name: str
+    run: Callable[[], Any]
+
+
+# -- The workload ------------------------------------------------------------------------------
+
+
+def workload(quick: bool) -> tuple[ModelConfig, int, int, int]:
+    """(config, batch, source length, target length)."""
+    if quick:
+        sizes = dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2,
+                     src_vocab_size=1000, tgt_vocab_size=1000, max_len=32)
+        return preset("torch-nn-transformer", **sizes), 4, 32, 32
+    sizes = dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6,
+                 src_vocab_size=32000, tgt_vocab_size=32000, max_len=64)
+    return preset("torch-nn-transformer", **sizes), 8, 64, 64
+
+
+def forward_flops(config: ModelConfig, batch: int, src_len: int, tgt_len: int) -> int:
+    """Floating-point operations of the forward pass's matrix products (2 per multiply-add).
+
+    Elementwise work (softmax, LayerNorm, activations, residuals) is left out: it is a few
+    percent here and implementations differ in how they fuse it.
+    """
+    d, f, v = config.d_model, config.d_ff, config.tgt_vocab_size
+    s, t = batch * src_len, batch * tgt_len  # rows of the flattened (B*L, D) activations
+    encoder_layer = 2 * (4 * s * d * d)  # q, k, v, o projections
+    encoder_layer += 2 * (2 * s * src_len * d)  # Q K^T and weights V, all heads together
+    encoder_layer += 2 * (2 * s * d * f)  # two FFN matrices
+    decoder_layer = 2 * (4 * t * d * d) + 2 * (2 * t * tgt_len * d)  # masked self-attention
+    decoder_layer += 2 * (2 * t * d * d + 2 * s * d * d) + 2 * (2 * t * src_len * d)  # cross
+    decoder_layer += 2 * (2 * t * d * f)
+    output = 2 * t * d * v
+    return config.n_encoder_layers * encoder_layer + config.n_decoder_layers * decoder_layer + output
+
+
+# -- torch.nn.Transformer with the same weights --------------------------------------------------
+
+
+class TorchTransformer(torch.nn.Module):
+    """torch.nn.Transformer wrapped as in PyTorch's translation tutorial, with our weights.
+
+    Our matrices are stored (d_in, d_out); PyTorch's Linear stores (d_out, d_in), and its
+    attention packs q, k, v into one `in_proj_weight` (3D, D). Those are the only transforms.
+    """
+
+    def __init__(self, config: ModelConfig, params: dict[str, np.ndarray]):
+        super().__init__()
+        self.config = config
+        self.transformer = torch.nn.Transformer(
+            d_model=config.d_model, nhead=config.n_heads, num_encoder_layers=config.n_encoder_layers,
+            num_decoder_layers=config.n_decoder_layers, dim_feedforward=config.d_ff, dropout=0.0,
+            activation=config.activation, layer_norm_eps=config.layer_norm_eps, batch_first=True,
+            norm_first=config.norm_placement == "pre",
+        )
+        t = lambda name: torch.from_numpy(np.asarray(params[name], dtype=np.float32))  # noqa: E731
+        self.src_embedding = torch.nn.Embedding.from_pretrained(t("encoder.embedding.weight"))
+        self.tgt_embedding = torch.nn.Embedding.from_pretrained(t("decoder.embedding.weight"))
+        table = torch.from_numpy(sinusoid_table(config.max_len, config.d_model, config.position)).float()
+        self.register_buffer("positions", table, persistent=False)
+        self.generator = torch.nn.Linear(config.d_model, config.tgt_vocab_size)
+        with torch.no_grad():
+            self.generator.weight.copy_(t("output.weight").T)
+            self.generator.bias.copy_(t("output.bias"))
+            for i, layer in enumerate(self.transformer.encoder.layers):
+                p = f"encoder.layers.{i}"
+                self._attention(layer.self_attn, t, f"{p}.self_attn")
+                self._norm(layer.norm1, t, f"{p}.self_attn_norm")
+                self._ffn(layer, t, f"{p}.ffn")
+                self._norm(layer.norm2, t, f"{p}.ffn_norm")
+            for i, layer in enumerate(self.transformer.decoder.layers):
+                p = f"decoder.layers.{i}"
+                self._attention(layer.self_attn, t, f"{p}.self_attn")
+                self._norm(layer.norm1, t, f"{p}.self_attn_norm")
+                self._attention(layer.multihead_attn, t, f"{p}.cross_attn")
+                self._norm(layer.norm2, t, f"{p}.cross_attn_norm")
+                self._ffn(layer, t, f"{p}.ffn")
+                self._norm(layer.norm3, t, f"{p}.ffn_norm")
+            self._norm(self.transformer.encoder.norm, t, "encoder.norm")
+            self._norm(self.transformer.decoder.norm, t, "decoder.norm")
+        self.eval()
+
+    @staticmethod
+    def _attention(mha, t, prefix):
+        mha.in_proj_weight.copy_(torch.cat([t(f"{prefix}.{p}_proj.weight").T for p in "qkv"]))  # (3D, D)
+        mha.in_proj_bias.copy_(torch.cat([t(f"{prefix}.{p}_proj.bias") for p in "qkv"]))
+        mha.out_proj.weight.copy_(t(f"{prefix}.o_proj.weight").T)
+        mha.out_proj.bias.copy_(t(f"{prefix}.o_proj.bias"))
+
+    @staticmethod
+    def _norm(norm, t, prefix):
+        norm.weight.copy_(t(f"{prefix}.weight"))
+        norm.bias.copy_(t(f"{prefix}.bias"))
+
+    @staticmethod
+    def _ffn(layer, t, prefix):
+        layer.linear1.weight.copy_(t(f"{prefix}.linear1.weight").T)
+        layer.linear1.bias.copy_(t(f"{prefix}.linear1.bias"))
+        layer.linear2.weight.copy_(t(f"{prefix}.linear2.weight").T)
+        layer.linear2.bias.copy_(t(f"{prefix}.linear2.bias"))
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        scale = math.sqrt(self.config.d_model)
+        x = self.src_embedding(src) * scale + self.positions[: src.shape[1]]
+        y = self.tgt_embedding(tgt) * scale + self.positions[: tgt.shape[1]]
+        # PyTorch's convention: True = may NOT attend.
+        src_padding = src == self.config.pad_id
+        tgt_padding = tgt == self.config.pad_id
+        causal = torch.ones(tgt.shape[1], tgt.shape[1], dtype=torch.bool, device=tgt.device).triu(1)
+        y = self.transformer(x, y, tgt_mask=causal, src_key_padding_mask=src_padding,
+                             tgt_key_padding_mask=tgt_padding, memory_key_padding_mask=src_padding)
+        return self.generator(y)
+
+
+# -- Contenders --------------------------------------------------------------------------------
+
+
+def contenders(config: ModelConfig, params: dict[str, np.ndarray], src: np.ndarray, tgt: np.ndarray) -> list[Contender]:
+    ours = impl_torch.Model(config, params, dtype=torch.float32)
+    theirs = TorchTransformer(config, params)
+    src_t, tgt_t = torch.from_numpy(src), torch.from_numpy(tgt)
+
+    def fast():
+        with torch.inference_mode():
+            return ours(src_t, tgt_t, return_attention=False).logits
+
+    def explicit():
+        with torch.inference_mode():
+            return ours(src_t, tgt_t).logits
+
+    def baseline():
+        with torch.inference_mode():
+            return theirs(src_t, tgt_t)
+
+    entries = [Contender("impl_torch fast", fast), Contender("impl_torch explicit", explicit), Contender(BASELINE, baseline)]
+    try:
+        import impl_jax
+        from bench_jax import compile_times, jax_contenders
+    except ImportError as exc:  # JAX not installed: the torch comparison still stands
+        print(f"impl_jax skipped: {exc}")
+        return entries
+    model = impl_jax.Model(config, params, dtype="float32")
+    for setting, seconds in compile_times(model, src, tgt).items():
+        print(f"impl_jax compile of this shape, {setting}: first call {seconds['first call']:.2f} s "
+              f"(trace+lower {seconds['trace+lower']:.2f} s)")
+    entries += [Contender(name, run) for name, run in jax_contenders(config, params, src, tgt, model=model)]
+    return entries
+
+
+def check_agreement(entries: list[Contender], reference: str = "impl_torch explicit") -> dict[str, float]:
+    """Largest |logits - reference logits| / max(1, max |reference|) per contender; exits if > 1e-4."""
+    results = {entry.name: to_numpy(entry.run()) for entry in entries}
+    expected = results[reference]
+    scale = max(1.0, float(np.abs(expected).max()))
+    errors = {name: float(np.abs(got - expected).max()) / scale for name, got in results.items()}
+    bad = {name: e for name, e in errors.items() if not e <= 1e-4}
+    if bad:
+        sys.exit(f"logits disagree with {reference!r} (scaled max error): {bad}; timings would compare different computations")
+    return errors
+
+
+# -- Timing ------------------------------------------------------------------------------------
+
+
+def matmul_gflops(m: int, k: int, n: int, repeats: int) -> float:
+    """Median GFLOP/s of one float32 (m, k) @ (k, n) product on this machine, right now."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * m * k * n / statistics.median(times) / 1e9
+
+
+def interleaved(entries: list[Contender], rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per call, per contender; round r runs the contenders rotated by r places."""
+    for _ in range(warmup):
+        for entry in entries:
+            entry.run()
+    times: dict[str, list[float]] = {entry.name: [] for entry in entries}
+    for r in range(rounds):
+        order = entries[r % len(entries):] + entries[: r % len(entries)]
+        for entry in order:
+            start = time.perf_counter()
+            entry.run()
+            times[entry.name].append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a small config and few repeats")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 15, or 5 with --quick)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    args = parser.parse_args(argv)
+    # nn.Transformer's encoder packs padded batches into (prototype) nested tensors and says so.
+    warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rounds = args.rounds or (5 if args.quick else 15)
+
+    config, batch, src_len, tgt_len = workload(args.quick)
+    params = init_params(config, seed=0, dtype=np.float32)
+    rng = np.random.default_rng(0)
+    # Full-length sequences of real tokens (ids >= 2 are never padding for pad_id 0 or 1), so
+    # every implementation does the same work; padding masks are built and applied regardless.
+    src = rng.integers(2, config.src_vocab_size, size=(batch, src_len))
+    tgt = rng.integers(2, config.tgt_vocab_size, size=(batch, tgt_len))
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} logical CPUs, load average {os.getloadavg()[0]:.2f}; float32, CPU, inference_mode")
+    print(f"config: {config.summary()}; batch {batch}, source length {src_len}, target length {tgt_len}")
+    flops = forward_flops(config, batch, src_len, tgt_len)
+    print(f"forward pass: {flops / 1e9:.2f} GFLOP in matrix products (counted analytically)")
+
+    with impl_torch.full_precision():
+        entries = contenders(config, params, src, tgt)
+        errors = check_agreement(entries)
+        print("logits vs impl_torch explicit (max abs error / max |logit|): "
+              + ", ".join(f"{name} {error:.1e}" for name, error in errors.items()))
+        rows, d = batch * tgt_len, config.d_model
+        before = matmul_gflops(rows, d, config.d_ff, repeats=20)
+        times = interleaved(entries, rounds=rounds, warmup=1 if args.quick else 2)
+        after = matmul_gflops(rows, d, config.d_ff, repeats=20)
+
+    base = times[BASELINE]
+    print(f"\n{rounds} interleaved rounds:")
+    # The median of per-round ratios is the headline; the ratio of the fastest calls is shown too
+    # because on a shared machine a busy spell can still land unevenly within a round.
+    print(f"  {'contender':<22}{'median ms':>11}{'min ms':>9}{'median ratio':>14}{'min ratio':>11}{'GFLOP/s':>9}")
+    for name, seconds in times.items():
+        ratio = statistics.median(s / b for s, b in zip(seconds, base))
+        median = statistics.median(seconds)
+        print(f"  {name:<22}{median * 1e3:>11.1f}{min(seconds) * 1e3:>9.1f}{ratio:>13.3f}x"
+              f"{min(seconds) / min(base):>10.3f}x{flops / median / 1e9:>9.1f}")
+    print(f"  (ratios are to {BASELINE}; GFLOP/s from the median time)")
+    print(f"  plain matmul ({rows}x{d}) @ ({d}x{config.d_ff}), float32: {before:.1f} GFLOP/s before, {after:.1f} after the rounds"
+          f" (load average now {os.getloadavg()[0]:.2f})")
+    peak = max(before, after)
+    for name, seconds in times.items():
+        print(f"  {name:<22}reaches {flops / statistics.median(seconds) / 1e9 / peak:.0%} of the plain matmul rate")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Which backends and devices are here, and one way to build a model on any of them.
+
+Backends are imported lazily, only when asked for: the conformance package itself never imports
+PyTorch or JAX. `ROSETTA_BACKENDS=numpy,torch` (or pytest's `--backends`) restricts the set;
+`ROSETTA_DEVICES=cpu` restricts devices. A backend that is asked for but not importable is
+reported with the reason, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+BACKENDS = ("numpy", "torch", "jax")
+
+# Extra backends registered at run time (name -> (module, the built-in backend it behaves like)),
+# e.g. the deliberately broken copies the meta-tests use to prove the suite catches bugs.
+_EXTRA: dict[str, tuple[Any, str]] = {}
+
+
+def register_backend(name: str, module: Any, like: str) -> None:
+    """Make `module` (with the API of backend `like`) available as backend `name`."""
+    if like not in BACKENDS:
+        raise ValueError(f"unknown backend {like!r} to behave like; expected one of {list(BACKENDS)}")
+    _EXTRA[name] = (module, like)
+
+
+def unregister_backend(name: str) -> None:
+    _EXTRA.pop(name, None)
+
+
+def kind(name: str) -> str:
+    """The built-in backend whose API `name` has (itself, for a built-in)."""
+    return _EXTRA[name][1] if name in _EXTRA else name
+
+
+@dataclass(frozen=True)
+class Target:
+    """One place a model can run: a backend, a device kind and a dtype."""
+
+    backend: str
+    device: str  # "cpu", "cuda" (torch), "gpu" (jax)
+    dtype: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}/{self.device}/{self.dtype}"
+
+
+def import_backend(name: str):
+    """The backend's package (`impl_numpy`, `impl_torch`, `impl_jax`); ImportError if missing."""
+    if name in _EXTRA:
+        return _EXTRA[name][0]
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; expected one of {list(BACKENDS)}")
+    return importlib.import_module(f"impl_{name}")
+
+
+def requested_backends(option: str | None = None) -> list[str]:
+    text = option or os.environ.get("ROSETTA_BACKENDS", "")
+    names = [n.strip() for n in text.split(",") if n.strip()] or list(BACKENDS)
+    for name in names:
+        if name not in BACKENDS:
+            raise ValueError(f"unknown backend {name!r} in ROSETTA_BACKENDS/--backends; expected {list(BACKENDS)}")
+    return names
+
+
+def availability(names: list[str] | None = None) -> dict[str, str | None]:
+    """backend -> None if importable, else the reason it is not."""
+    result: dict[str, str | None] = {}
+    for name in names or requested_backends():
+        try:
+            import_backend(name)
+            result[name] = None
+        except ImportError as exc:
+            result[name] = f"not importable: {exc}"
+    return result
+
+
+def devices(backend: str) -> list[str]:
+    """The device kinds present for a backend: always "cpu", plus "cuda"/"gpu" when present."""
+    allowed = [d.strip() for d in os.environ.get("ROSETTA_DEVICES", "").split(",") if d.strip()]
+    found = ["cpu"]
+    if backend == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            found.append("cuda")
+    elif backend == "jax":
+        import jax
+
+        try:
+            if jax.devices("gpu"):
+                found.append("gpu")
+        except RuntimeError:
+            pass
+    return [d for d in found if not allowed or d in allowed]
+
+
+def accelerator_skip_reason(backend: str) -> str:
+    return {
+        "torch": "no CUDA device: torch.cuda.is_available() is False",
+        "jax": "no JAX GPU device: jax.devices('gpu') found none",
+    }.get(backend, f"the {backend} backend runs on the CPU only")
+
+
+def dtypes(backend: str, device: str) -> list[str]:
+    """The dtypes a backend supports on a device kind."""
+    if backend == "numpy":
+        return ["float64", "float32"]
+    return ["float64", "float32", "float16", "bfloat16"]
+
+
+def build(target: Target, config, params) -> Any:
+    """A model of `target.backend` on `target.device` in `target.dtype`."""
+    module = import_backend(target.backend)
+    if kind(target.backend) == "numpy":
+        return module.Model(config, params, dtype=target.dtype)
+    if kind(target.backend) == "torch":
+        import torch
+
+        device = "cuda" if target.device == "cuda" else "cpu"
+        return module.Model(config, params, device=device, dtype=getattr(torch, target.dtype))
+    import jax
+
+    model_dtype = getattr(jax.numpy, target.dtype)
+    if target.device == "gpu":
+        with jax.default_device(jax.devices("gpu")[0]):
+            return module.Model(config, params, dtype=model_dtype)
+    with jax.default_device(jax.devices("cpu")[0]):
+        return module.Model(config, params, dtype=model_dtype)
+
+
+@contextlib.contextmanager
+def full_precision(backend: str) -> Iterator[None]:
+    """Full-float32 matmuls (TF32 off) for the duration, where the backend has such a switch."""
+    module = import_backend(backend)
+    manager = getattr(module, "full_precision", None)
+    with manager() if manager is not None else contextlib.nullcontext():
+        yield
+
+
+@contextlib.contextmanager
+def dtype_scope(target: Target) -> Iterator[None]:
+    """What a dtype needs to run: JAX float64 needs x64, enabled only for this scope."""
+    if kind(target.backend) == "jax" and target.dtype == "float64":
+        with import_backend(target.backend).enable_x64():
+            yield
+    else:
+        yield
+
+
+def precision_settings(backend: str) -> dict[str, Any]:
+    """The backend's matmul-precision settings, for reports and the pytest header."""
+    module = import_backend(backend)
+    report = getattr(module, "precision_settings", None)
+    return dict(report()) if report is not None else {}
+
+
+def version(backend: str) -> str:
+    backend = kind(backend)
+    if backend == "numpy":
+        import numpy
+
+        return f"numpy {numpy.__version__}"
+    if backend == "torch":
+        import torch
+
+        return f"torch {torch.__version__}"
+    import flax
+    import jax
+
+    return f"jax {jax.__version__}, flax {flax.__version__}"
+
+
+def compile_report() -> list[str]:
+    """Lines describing compile work of already-imported backends (JAX: compiles and seconds)."""
+    import sys
+
+    lines = []
+    for name in BACKENDS:
+        module = sys.modules.get(f"impl_{name}")
+        stats = getattr(module, "compile_stats", None) if module else None
+        if stats is not None:
+            lines.append(f"{name} compiles: " + ", ".join(f"{k}={v}" for k, v in stats().items()))
+    return lines

@@ -1,0 +1,64 @@
+"""The PyTorch backend: the same model as `impl_numpy`, as a first-class `torch.nn.Module`.
+
+    model = impl_torch.load("model.safetensors", device="cuda", dtype=torch.float32)
+    with torch.inference_mode():
+        out = model(src_ids, tgt_ids)                     # .logits, .attention, .intermediates
+        fast = model(src_ids, tgt_ids, return_attention=False)   # fused attention, no weights
+    impl_torch.save(model, "model.safetensors")           # the canonical checkpoint again
+
+`model.state_dict()` has exactly the checkpoint's keys, so `load_state_dict` from a checkpoint
+is strict. Compare results inside `impl_torch.full_precision()` (TF32 off on CUDA).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from conformance import checkpoint
+from impl_torch.arrays import to_numpy
+from impl_torch.model import (
+    SUPPORTED_DTYPES,
+    Model,
+    causal_mask,
+    fast_attention,
+    make_masks,
+    padding_mask,
+    scaled_dot_product_attention,
+    softmax,
+    target_mask,
+)
+from impl_torch.precision import full_precision, precision_settings
+
+
+def load(path: str | os.PathLike, device: torch.device | str = "cpu", dtype: Any = None) -> Model:
+    """A `Model` from a checkpoint file on `device`; `dtype` casts the parameters (default: the
+    stored dtype; float32, float64, float16 or bfloat16)."""
+    config, params = checkpoint.load(path)
+    return Model(config, params, device=device, dtype=dtype)
+
+
+def save(model: Model, path: str | os.PathLike) -> None:
+    """Write the model's config and parameters as a canonical checkpoint (atomically), in the
+    model's current dtype, so a model trained or converted in PyTorch can go to any backend."""
+    checkpoint.save(path, model.config, {name: to_numpy(value) for name, value in model.state_dict().items()})
+
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "Model",
+    "causal_mask",
+    "fast_attention",
+    "full_precision",
+    "load",
+    "make_masks",
+    "padding_mask",
+    "precision_settings",
+    "save",
+    "scaled_dot_product_attention",
+    "softmax",
+    "target_mask",
+    "to_numpy",
+]

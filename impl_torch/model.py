@@ -1,0 +1,606 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need", as a torch.nn.Module.
+
+This file is written to be read next to the paper (Vaswani et al., 2017) and next to
+`impl_numpy/model.py`, whose skeleton, names and comments it repeats: `diff` the two files and
+only PyTorch idioms remain. Parameters are `nn.Parameter`s in the canonical layout (matrices
+`(d_in, d_out)`, so the math reads `x @ W + b` as in the paper) and `state_dict()` uses exactly
+the checkpoint's names, so loading a checkpoint is a strict key-for-key copy.
+
+Shape legend:
+    B batch, S source length, T target length, D d_model, H heads, K head dim (D / H),
+    F d_ff, V target vocabulary. Tq / Tk are query / key lengths inside attention.
+
+Sections, in the same order in every backend: masks, positions, building blocks, attention,
+feed-forward, encoder layer, decoder layer, encoder and decoder, model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conformance.config import ModelConfig
+from conformance.inputs import (
+    check_dtype,
+    check_generate,
+    check_ids,
+    check_mask,
+    check_mask_within_ids,
+    check_same_batch,
+    expected_mask_shapes,
+)
+from conformance.errors import InputError
+from conformance.output import Encoded, ModelOutput
+from conformance.params import check_finite, check_param_set, init_params
+from conformance.positions import sinusoid_table
+from impl_torch.arrays import dtype_name, param_facts, to_torch
+
+SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """float16 / bfloat16 -> float32; float32 and float64 unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+# -- Masks -------------------------------------------------------------------------------------
+# Masks are boolean, True = may attend, and broadcast against scores of shape (B, H, Tq, Tk).
+# (torch.nn.MultiheadAttention reads a boolean True as "may NOT attend"; SDPA, like us, as "may".)
+# The helpers accept NumPy arrays as well as tensors and return tensors on the ids' device.
+
+
+def padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, L) ids -> (B, 1, 1, L): every query may attend to every non-padding key."""
+    return (torch.as_tensor(ids) != pad_id)[:, None, None, :]
+
+
+def causal_mask(length: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(1, 1, T, T) lower triangle: position t may attend to positions <= t (section 3.2.3)."""
+    return torch.tril(torch.ones((length, length), dtype=torch.bool, device=device))[None, None, :, :]
+
+
+def target_mask(config: ModelConfig, tgt_ids: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T): target padding AND causal.
+
+    Target padding is masked on the keys (B, 1, 1, T), or, in the tutorials that do so, on the
+    queries (B, 1, T, 1), or not at all (Marian: its start token is the pad id).
+    """
+    tgt_ids = torch.as_tensor(tgt_ids)
+    tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
+    if config.tgt_pad_mask == "queries":
+        tgt_pad = tgt_pad.transpose(2, 3)  # (B, 1, T, 1)
+    elif config.tgt_pad_mask == "none":
+        tgt_pad = tgt_pad | True  # causal only: the decoder's start token may be the pad id
+    return tgt_pad & causal_mask(tgt_ids.shape[1], tgt_ids.device)  # (B, 1, T, T)
+
+
+def make_masks(config: ModelConfig, src_ids: torch.Tensor, tgt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The masks a model derives from its ids: src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)."""
+    return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
+
+
+# -- Positions ---------------------------------------------------------------------------------
+
+
+class Positions(nn.Module):
+    """The position term added to the scaled token embeddings (section 3.5).
+
+    A sinusoid (a constant of the config, computed in float64) or a stored `(max_len, D)` table.
+    The sinusoid is a non-persistent buffer: it follows `.to(device/dtype)` like any tensor of
+    the module but is not a parameter, so it never appears in `state_dict()`.
+    """
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        if config.position == "table":
+            self.table = nn.Parameter(torch.empty(config.max_len, config.d_model, dtype=dtype))
+        else:
+            table = torch.tensor(sinusoid_table(config.max_len, config.d_model, config.position), dtype=dtype)
+            self.register_buffer("table", table, persistent=False)
+
+    def extra_repr(self) -> str:
+        kind = "stored table" if isinstance(self.table, nn.Parameter) else "sinusoid buffer"
+        return f"{kind} {tuple(self.table.shape)}"
+
+    def forward(self, length: int) -> torch.Tensor:
+        return self.table[None, :length, :]  # (1, L, D)
+
+
+# -- Building blocks ---------------------------------------------------------------------------
+
+
+class Linear(nn.Module):
+    """y = x W + b, with W stored (d_in, d_out) as in the paper's notation.
+
+    (`nn.Linear` stores W transposed; keeping the canonical layout means a checkpoint loads
+    without any transpose.)
+    """
+
+    def __init__(self, d_in: int, d_out: int, bias: bool, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_in, d_out, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(d_out, dtype=dtype)) if bias else None
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.weight.shape[0]}, d_out={self.weight.shape[1]}, bias={self.bias is not None}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is None:
+            return x @ self.weight
+        # One fused GEMM (bias as the C of C + A B) over the flattened leading axes.
+        y = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)  # (B * L, d_out)
+        return y.view(*x.shape[:-1], -1)  # (B, L, d_out)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last axis, in the form the config names.
+
+    standard:  y = (x - mean) / sqrt(var + eps) * weight + bias        (biased variance)
+    std-eps:   y = (x - mean) / (std + eps) * weight + bias            (unbiased std; the
+               Annotated Transformer's own LayerNorm)
+
+    Statistics are taken in at least float32 (float16 would lose the mean of a large residual).
+    """
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(config.d_model, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(config.d_model, dtype=dtype))
+        self.eps = config.layer_norm_eps
+        self.form = config.layer_norm_form
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps:g}, form={self.form!r}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.form == "standard":
+            # PyTorch's fused kernel computes exactly the standard form (biased variance, eps
+            # inside the root), accumulating float16/bfloat16 inputs in float32.
+            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        x32 = at_least_float32(x)
+        mean = x32.mean(dim=-1, keepdim=True)
+        centered = x32 - mean
+        std = torch.sqrt((centered * centered).sum(dim=-1, keepdim=True) / (x.shape[-1] - 1))
+        normed = centered / (std + self.eps)
+        return normed.to(x.dtype) * self.weight + self.bias
+
+
+def activation(name: str, x: torch.Tensor) -> torch.Tensor:
+    """ReLU (the paper), GELU (erf form), GELU with the tanh approximation, or SiLU/swish."""
+    if name == "relu":
+        return F.relu(x)
+    if name == "gelu":
+        # 0.5 x (1 + erf(x / sqrt 2)), the exact form.
+        return F.gelu(x, approximate="none")
+    if name == "gelu-tanh":
+        return F.gelu(x, approximate="tanh")
+    # silu(x) = x * sigmoid(x); PyTorch's kernel stays finite for large |x|.
+    return F.silu(x)
+
+
+# -- Attention ---------------------------------------------------------------------------------
+
+
+def softmax(scores: torch.Tensor) -> torch.Tensor:
+    """softmax over the last axis. A row whose every score is -inf gives NaN (0 / 0), on purpose."""
+    return torch.softmax(scores, dim=-1)
+
+
+def scaled_dot_product_attention(q, k, v, mask, fill: float):
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
+
+    q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
+    None. Masked scores are replaced by `fill` before the softmax. Returns the output
+    (B, H, Tq, K) and the weights (B, H, Tq, Tk).
+
+    The scores are formed, filled and normalised in at least float32, as fused kernels do:
+    float16 cannot even hold a fill of -1e9 (its largest magnitude is 65504), and a bfloat16
+    score of 20 would be rounded by up to 0.06, a 6% change of its weight. The weights are cast
+    back to the model's dtype for the product with v.
+    """
+    q, k = at_least_float32(q), at_least_float32(k)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    if mask is not None:
+        scores = torch.where(mask, scores, fill)
+    weights = softmax(scores).to(v.dtype)  # (B, H, Tq, Tk)
+    return weights @ v, weights  # (B, H, Tq, K)
+
+
+def fast_attention(q, k, v, mask, fill: float) -> torch.Tensor:
+    """The same attention through PyTorch's fused kernel, without the weights.
+
+    `F.scaled_dot_product_attention` reads a boolean mask as we do (True = may attend) and
+    replaces masked scores by -inf, so every row with at least one key agrees with the explicit
+    path (a finite fill's exp(fill - max) underflows to 0 there as well). Where the kernel and
+    the config part ways, the config wins:
+
+    - a query with no key to attend to: the kernel returns 0; the config says NaN (0 / 0) for a
+      -inf fill and, for a finite fill, equal scores everywhere, i.e. the plain mean of v;
+    - a NaN value: `weights @ v` multiplies it by a masked key's weight 0 and gets NaN (IEEE),
+      in every query; a fused kernel may skip masked keys, so that NaN is restored explicitly.
+
+    Both fix-ups are one `where` (no host sync, no data-dependent branch, so it also compiles).
+    """
+    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, Tq, K)
+    mean = v.mean(dim=-2, keepdim=True)  # (B, H, 1, K): equal weights on every key
+    fix = mean.isnan()  # the columns of v that hold a NaN
+    if mask is not None:
+        fix = fix | ~mask.any(dim=-1, keepdim=True)  # (B, H, Tq, K): and the queries without keys
+    # A NaN column of v is NaN in `mean` too, so a finite fill's mean serves both cases.
+    return torch.where(fix, math.nan if math.isinf(fill) else mean, heads)  # (B, H, Tq, K)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_o, head_h = Attention(Q W_q^h, K W_k^h, V W_v^h)
+    (section 3.2.2). Head h owns columns h*K .. (h+1)*K - 1 of W_q, W_k and W_v."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        d = config.d_model
+        self.q_proj = Linear(d, d, config.qkv_bias, dtype)
+        self.k_proj = Linear(d, d, config.qkv_bias, dtype)
+        self.v_proj = Linear(d, d, config.qkv_bias, dtype)
+        self.o_proj = Linear(d, d, config.out_proj_bias, dtype)
+        self.n_heads = config.n_heads
+        self.fill = config.mask_fill
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, mask_fill={self.fill:g}"
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, d_model = x.shape
+        x = x.view(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
+        return x.transpose(1, 2)  # (B, H, L, K)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, mask, return_attention: bool):
+        """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention).
+
+        Returns the output (B, Tq, D) and the weights (B, H, Tq, Tk), or None for the weights
+        when they are not wanted (the fused kernel never forms them).
+        """
+        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
+        v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
+        if return_attention:
+            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
+        else:
+            heads, weights = fast_attention(q, k, v, mask, self.fill), None
+        batch, _, length, _ = heads.shape
+        concat = heads.transpose(1, 2).reshape(batch, length, -1)  # (B, Tq, D)
+        return self.o_proj(concat), weights
+
+
+# -- Feed-forward ------------------------------------------------------------------------------
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3; the paper's act is ReLU)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.linear1 = Linear(config.d_model, config.d_ff, True, dtype)
+        self.linear2 = Linear(config.d_ff, config.d_model, True, dtype)
+        self.activation = config.activation
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(activation(self.activation, self.linear1(x)))
+
+
+# -- Encoder layer -----------------------------------------------------------------------------
+# Each sublayer is wrapped with a residual connection and a LayerNorm (sections 3.1 and 5.4):
+#     post-LN (the paper):  x = LN(x + Sublayer(x))
+#     pre-LN:               x = x + Sublayer(LN(x))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config, dtype)
+        self.self_attn_norm = LayerNorm(config, dtype)
+        self.ffn = FeedForward(config, dtype)
+        self.ffn_norm = LayerNorm(config, dtype)
+        self.pre_ln = config.norm_placement == "pre"
+
+    def forward(self, x: torch.Tensor, src_mask, name: str, out: ModelOutput | Encoded, return_attention: bool) -> torch.Tensor:
+        # Self-attention: each source position attends to every unmasked source position.
+        h = self.self_attn_norm(x) if self.pre_ln else x
+        h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask, return_attention)
+        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+        out.intermediates[f"{name}.self_attn"] = x
+
+        # Position-wise feed-forward.
+        h = self.ffn_norm(x) if self.pre_ln else x
+        h = self.ffn(h)
+        x = x + h if self.pre_ln else self.ffn_norm(x + h)
+        out.intermediates[f"{name}.ffn"] = x
+        return x
+
+
+# -- Decoder layer -----------------------------------------------------------------------------
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config, dtype)
+        self.self_attn_norm = LayerNorm(config, dtype)
+        self.cross_attn = MultiHeadAttention(config, dtype)
+        self.cross_attn_norm = LayerNorm(config, dtype)
+        self.ffn = FeedForward(config, dtype)
+        self.ffn_norm = LayerNorm(config, dtype)
+        self.pre_ln = config.norm_placement == "pre"
+
+    def forward(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, return_attention: bool) -> torch.Tensor:
+        # Masked self-attention: position t attends to target positions <= t.
+        h = self.self_attn_norm(x) if self.pre_ln else x
+        h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask, return_attention)
+        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+        out.intermediates[f"{name}.self_attn"] = x
+
+        # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
+        h = self.cross_attn_norm(x) if self.pre_ln else x
+        h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask, return_attention)
+        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
+        out.intermediates[f"{name}.cross_attn"] = x
+
+        # Position-wise feed-forward.
+        h = self.ffn_norm(x) if self.pre_ln else x
+        h = self.ffn(h)
+        x = x + h if self.pre_ln else self.ffn_norm(x + h)
+        out.intermediates[f"{name}.ffn"] = x
+        return x
+
+
+# -- Encoder and decoder -----------------------------------------------------------------------
+
+
+class Embedding(nn.Module):
+    """A token lookup table (V, D)."""
+
+    def __init__(self, vocab_size: int, d_model: int, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model, dtype=dtype))
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)  # (B, L, D)
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.embedding = Embedding(config.src_vocab_size, config.d_model, dtype)
+        self.position = Positions(config, dtype)
+        self.layers = nn.ModuleList(EncoderLayer(config, dtype) for _ in range(config.n_encoder_layers))
+        self.norm = LayerNorm(config, dtype) if config.final_encoder_norm else None
+
+    def forward(self, x: torch.Tensor, src_mask, out: Encoded, return_attention: bool) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, src_mask, f"encoder.{i}", out, return_attention)
+        if self.norm is not None:
+            x = self.norm(x)
+        out.intermediates["encoder.output"] = x
+        return x
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        # With shared embeddings the decoder reads the encoder's table (see Model.decode); it is
+        # passed at call time, not registered here, so state_dict() holds it once.
+        self.embedding = None if config.share_embeddings else Embedding(config.tgt_vocab_size, config.d_model, dtype)
+        self.position = Positions(config, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.n_decoder_layers))
+        self.norm = LayerNorm(config, dtype) if config.final_decoder_norm else None
+
+    def forward(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, return_attention: bool) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, return_attention)
+        if self.norm is not None:
+            x = self.norm(x)
+        out.intermediates["decoder.output"] = x
+        return x
+
+
+class Output(nn.Module):
+    """logits = y W_out + b_out. W_out is `output.weight` (D, V), or the target embedding
+    transposed when the output is tied to it (section 3.4)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        d, v = config.d_model, config.tgt_vocab_size
+        self.weight = None if config.tie_output else nn.Parameter(torch.empty(d, v, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(v, dtype=dtype)) if config.output_bias else None
+
+    def forward(self, y: torch.Tensor, tied_embedding: Embedding) -> torch.Tensor:
+        weight = tied_embedding.weight.T if self.weight is None else self.weight  # (D, V)
+        if self.bias is None:
+            return y @ weight  # (B, T, V)
+        # The bias rides in the GEMM: at V = 32000 a separate `+ b` is another pass over (and a
+        # fresh allocation of) the largest tensor of the forward pass.
+        logits = torch.addmm(self.bias, y.reshape(-1, y.shape[-1]), weight)  # (B * T, V)
+        return logits.view(*y.shape[:-1], -1)  # (B, T, V)
+
+
+# -- Model -------------------------------------------------------------------------------------
+
+
+class Model(nn.Module):
+    """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
+
+    `Model(config, params, device, dtype)` takes the canonical parameters (see
+    `conformance.params`) as NumPy arrays (e.g. from `conformance.checkpoint.load`) or torch
+    tensors; `params=None` draws them with `conformance.init_params(config)` (float64). `dtype`
+    casts them (float32, float64, float16 or bfloat16; default: their own dtype).
+
+    The model is an ordinary `nn.Module`: `.to("cuda")`, `.to(torch.float16)`, `torch.compile`,
+    `torch.inference_mode()` and autograd all apply. `.to(dtype)` casts the sinusoid buffer along
+    with the parameters, like any buffer. Under `torch.compile` the input checks stay eager (they
+    read ids on the host), so the tensor work compiles as a few graphs, not one `fullgraph`.
+    """
+
+    backend = "torch"
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, Any] | None = None,
+                 device: torch.device | str = "cpu", dtype: Any = None):
+        super().__init__()
+        if params is None:
+            params = init_params(config)
+        facts = {name: param_facts(value) for name, value in params.items()}
+        check_param_set(config, {k: f[0] for k, f in facts.items()}, {k: f[1] for k, f in facts.items()})
+        for name, (shape, _, nonfinite) in facts.items():
+            check_finite(name, nonfinite, math.prod(shape))
+        first = next(iter(facts.values()))
+        model_dtype = dtype_name(dtype) if dtype is not None else first[1]
+        check_dtype(self.backend, model_dtype, SUPPORTED_DTYPES)
+        dtype = getattr(torch, model_dtype)
+        self.config = config
+        # Factory functions inside create the (still uninitialised) tensors on `device` directly.
+        with torch.device(device):
+            self.encoder = Encoder(config, dtype)
+            self.decoder = Decoder(config, dtype)
+            self.output = Output(config, dtype)
+            self.final_logits_bias = nn.Parameter(torch.empty(config.tgt_vocab_size, dtype=dtype)) if config.final_logits_bias else None
+        # A strict key-for-key copy: state_dict() names are the checkpoint's names. copy_ moves
+        # each value to the device (and casts tensors; arrays arrive cast, see to_torch).
+        self.load_state_dict({key: to_torch(value, model_dtype) for key, value in params.items()}, strict=True)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.encoder.embedding.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.encoder.embedding.weight.device
+
+    # Inputs ------------------------------------------------------------------------------------
+    # Ids and masks are checked before any kernel indexes with them: on CUDA an out-of-range id
+    # would otherwise surface as an opaque device-side assert instead of the shared error. For
+    # NumPy input the facts are taken on the host; for a tensor, one min/max reduction and sync.
+
+    @torch.compiler.disable  # host-side checks: torch.compile runs them eagerly, outside the graph
+    def _ids(self, argument: str, ids, vocab_size: int) -> torch.Tensor:
+        if isinstance(ids, torch.Tensor):
+            is_integer = not (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool)
+            bounds = lambda: tuple(int(b) for b in torch.aminmax(ids))  # noqa: E731 (one sync)
+            check_ids(argument, ids.shape, dtype_name(ids.dtype), is_integer, bounds, vocab_size, self.config.max_len)
+            return ids.to(device=self.device, dtype=torch.long)
+        try:
+            ids = np.asarray(ids)
+        except ValueError:
+            raise InputError(argument, "is not a rectangular array of token ids") from None
+        is_integer = np.issubdtype(ids.dtype, np.integer)
+        bounds = lambda: (int(ids.min()), int(ids.max()))  # noqa: E731
+        check_ids(argument, ids.shape, ids.dtype.name, is_integer, bounds, vocab_size, self.config.max_len)
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    @torch.compiler.disable
+    def _mask(self, argument: str, mask, expected, derived: torch.Tensor) -> torch.Tensor:
+        if isinstance(mask, torch.Tensor):
+            check_mask(argument, mask.shape, dtype_name(mask.dtype), mask.dtype == torch.bool, *expected)
+            mask = mask.to(self.device)
+        else:
+            mask = np.asarray(mask)
+            check_mask(argument, mask.shape, mask.dtype.name, mask.dtype == np.bool_, *expected)
+            mask = torch.tensor(mask, device=self.device)
+        widened = torch.argwhere(mask & ~derived)  # (b, h, q, k) the ids forbid but the mask allows
+        check_mask_within_ids(argument, widened[0].tolist() if len(widened) else None)
+        return mask
+
+    def make_masks(self, src_ids, tgt_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        return make_masks(self.config, torch.as_tensor(src_ids), torch.as_tensor(tgt_ids))
+
+    # Forward -----------------------------------------------------------------------------------
+
+    def embed(self, ids: torch.Tensor, embedding: Embedding, position: Positions) -> torch.Tensor:
+        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions."""
+        x = embedding(ids)  # (B, L, D)
+        if self.config.scale_embedding:
+            x = x * math.sqrt(self.config.d_model)
+        return x + position(ids.shape[1])
+
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True) -> Encoded:
+        """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates."""
+        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        batch, src_len = src_ids.shape
+        if src_mask is None:
+            src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
+        else:
+            shapes = expected_mask_shapes(self.config, batch, src_len, 1)
+            derived = padding_mask(src_ids, self.config.pad_id)
+            src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
+        encoded = Encoded(memory=None, src_mask=src_mask)
+        x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
+        encoded.intermediates["encoder.embeddings"] = x
+        encoded.memory = self.encoder(x, src_mask, encoded, return_attention)
+        if not return_attention:
+            encoded.attention.clear()  # the fast path recorded None for each block
+        return encoded
+
+    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+        """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
+        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_same_batch(encoded.memory.shape, tgt_ids.shape)
+        batch, tgt_len = tgt_ids.shape
+        derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
+        if tgt_mask is None:
+            tgt_mask = derived
+        else:
+            shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
+            tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
+        cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
+        out = ModelOutput(logits=None, attention=dict(encoded.attention), intermediates=dict(encoded.intermediates))
+
+        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
+        y = self.embed(tgt_ids, embedding, self.decoder.position)
+        out.intermediates["decoder.embeddings"] = y
+        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention)
+        logits = self.output(y, embedding)  # (B, T, V)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias
+        assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
+        out.logits = logits
+        if not return_attention:
+            out.attention.clear()
+        return out
+
+    def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+        """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
+        attention weights (`return_attention`; without them attention runs through the fused
+        kernel) and the intermediates by name."""
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
+
+    # Generation --------------------------------------------------------------------------------
+
+    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int) -> torch.Tensor:
+        """Greedy decoding: encode once, then append the most likely next token, step by step.
+
+        A plain loop that runs the decoder over the whole prefix at every step (no KV cache).
+        Returns the tokens after `bos_id`, shape (B, n) with n <= max_len; a row that has
+        produced `eos_id` continues with `pad_id`. Stops once every row has produced `eos_id`.
+        """
+        check_generate(self.config, max_len, bos_id, eos_id)
+        with torch.inference_mode():
+            encoded = self.encode(src_ids, return_attention=False)
+            batch = encoded.memory.shape[0]
+            tokens = torch.full((batch, 1), bos_id, dtype=torch.int64, device=self.device)  # (B, 1)
+            done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+            for _ in range(max_len):
+                logits = self.decode(tokens, encoded, return_attention=False).logits  # (B, t, V)
+                next_id = torch.where(done, self.config.pad_id, logits[:, -1].argmax(-1))  # (B,)
+                tokens = torch.cat([tokens, next_id[:, None]], dim=1)  # (B, t + 1)
+                done |= next_id == eos_id
+                if done.all():
+                    break
+        return tokens[:, 1:]
