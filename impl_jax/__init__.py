@@ -1,0 +1,74 @@
+"""The JAX backend: the same model in Flax NNX, jit-compiled, checked against the NumPy oracle.
+
+    model = impl_jax.load("model.safetensors")            # or impl_jax.Model(config, params)
+    out = model(src_ids, tgt_ids)                         # .logits, .attention, .intermediates
+    impl_jax.save(model, "copy.safetensors")              # the canonical checkpoint, bit for bit
+
+    with impl_jax.enable_x64():                           # float64 only inside this scope
+        out64 = impl_jax.load("model.safetensors", dtype="float64")(src_ids, tgt_ids)
+
+    model = impl_jax.Model(config, params, buckets=(8, 16, 32))   # bounded recompilation
+    impl_jax.compile_stats()                              # compiles, seconds, calls, cache size
+
+The model is an `nnx.Module`: `nnx.state(model, nnx.Param)` flattened with dots gives exactly the
+checkpoint's names, so it can be jitted, vmapped and sharded like any Flax model. Each call checks
+its inputs on the host (the same `InputError`s as NumPy), then runs executables compiled per shape
+(see `impl_jax.compiled` for the cost of a new shape and `impl_jax.precision` for what is pinned).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from conformance import checkpoint
+from impl_jax.compiled import clear_cache, compile_stats, reset_stats
+from impl_jax.host import bucket_length
+from impl_jax.model import (
+    SUPPORTED_DTYPES,
+    Model,
+    causal_mask,
+    make_masks,
+    padding_mask,
+    scaled_dot_product_attention,
+    softmax,
+    target_mask,
+)
+from impl_jax.precision import enable_x64, full_precision, precision_settings, x64_enabled
+
+
+def load(path: str | os.PathLike, dtype=None, *, buckets=None) -> Model:
+    """A `Model` from a checkpoint file; `dtype` casts the parameters (default: their own dtype;
+    a float64 checkpoint needs `enable_x64()`, or `dtype="float32"`)."""
+    config, params = checkpoint.load(path)
+    return Model(config, params, dtype=dtype, buckets=buckets)
+
+
+def save(model: Model, path: str | os.PathLike) -> None:
+    """Write the model's config and parameters as a canonical checkpoint (NumPy arrays of the
+    model's dtype; bfloat16 through ml_dtypes), bit for bit what was loaded."""
+    params = {name: np.asarray(value) for name, value in model.params.items()}
+    checkpoint.save(path, model.config, params)
+
+
+__all__ = [
+    "Model",
+    "SUPPORTED_DTYPES",
+    "bucket_length",
+    "causal_mask",
+    "clear_cache",
+    "compile_stats",
+    "enable_x64",
+    "full_precision",
+    "load",
+    "make_masks",
+    "padding_mask",
+    "precision_settings",
+    "reset_stats",
+    "save",
+    "scaled_dot_product_attention",
+    "softmax",
+    "target_mask",
+    "x64_enabled",
+]

@@ -1,0 +1,119 @@
+"""Compiled forward passes: one XLA executable per (model structure, dtype, shapes, flags), cached.
+
+`call(model, Model._encode, args, device, return_attention=...)` runs a traced method of the model
+through `jax.jit`. The model goes in as an argument (Flax NNX modules are pytrees): its
+parameters are the executable's inputs, not constants baked into it, so updating a parameter in
+place needs no recompilation, and jit's C++ dispatch flattens the model in about a millisecond
+(`nnx.split` on every call would cost ten times that for the 6+6-layer base model).
+
+jit's cache key is everything the executable depends on: the method and flags, the model's tree
+structure (its modules and their static attributes: the config and dtype), the shapes and dtypes of
+the parameters and arguments, which optional arguments are None, the device, and JAX's config
+(`jax_enable_x64`, `jax_default_matmul_precision`). Models with the same config, dtype and device
+share executables, so building a fresh model per example (as the conformance suite does) does not
+recompile.
+
+The cost of a new shape. Each new (batch, source length, target length, mask shapes,
+return_attention) traces and compiles `_encode` and `_decode` once. Measured on this project's
+shared 2-core CPU machine (benchmarks/bench_jax.py): 0.1-0.2 s of tracing plus 1.3-1.6 s of XLA for
+a 2+2-layer d_model 128 model, 0.3 s plus 1.5-1.7 s for the 6+6-layer d_model 512 base model, and
+0.5-2 s for the 1-3-layer configs of the test suites (XLA:CPU compiles each fused kernel with LLVM;
+a layer has about 25), against milliseconds (small) to 0.6 s (base) per call afterwards. A stream of
+varied lengths therefore spends its time compiling; `Model(..., buckets=...)` pads lengths to a few
+values so that at most len(buckets) + 1 lengths per side are ever compiled.
+
+Compile work is counted through JAX's monitoring events, attributed to this backend only while one
+of its calls is running, and reported by `compile_stats()` separately from run time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import jax
+from flax import nnx
+
+# The event names JAX reports (jax._src.dispatch); stable since JAX 0.4.
+TRACE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@dataclass
+class CompileStats:
+    """Counters since the process started (or since `reset_stats`)."""
+
+    compiles: int = 0  # XLA compilations (new executables)
+    trace_seconds: float = 0.0  # tracing the Python code and lowering it to StableHLO
+    compile_seconds: float = 0.0  # XLA compilation
+    calls: int = 0  # compiled calls, new or cached
+
+
+_STATS = CompileStats()
+_LOCK = threading.Lock()
+_ACTIVE = threading.local()  # set while this backend's call runs on this thread
+
+
+def _listener(event: str, duration: float, **_: Any) -> None:
+    if not getattr(_ACTIVE, "on", False):
+        return
+    with _LOCK:
+        if event == COMPILE_EVENT:
+            _STATS.compiles += 1
+            _STATS.compile_seconds += duration
+        elif event in TRACE_EVENTS:
+            _STATS.trace_seconds += duration
+
+
+jax.monitoring.register_event_duration_secs_listener(_listener)
+
+
+def _traced(method: Callable, static: tuple[tuple[str, Any], ...], model: nnx.Module, *args):
+    outputs = method(model, *args, **dict(static))
+    # JAX returns a plain dict with its keys sorted ("decoder.0.cross" before "decoder.0.self",
+    # "encoder.10" before "encoder.2"); an OrderedDict keeps the forward order of the names.
+    return tuple(OrderedDict(x) if isinstance(x, dict) else x for x in outputs)
+
+
+_JIT = jax.jit(_traced, static_argnums=(0, 1))
+
+
+def lower(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, **static: Any) -> jax.stages.Lowered:
+    """The traced and lowered (not compiled) program of `method`, e.g. to read its StableHLO."""
+    return _JIT.lower(method, tuple(sorted(static.items())), model, *jax.device_put(args, device))
+
+
+def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, **static: Any) -> tuple:
+    """`method(model, *args, **static)`, compiled for these shapes on `device` (cached by jit)."""
+    args = jax.device_put(args, device)
+    _ACTIVE.on = True
+    try:
+        outputs = _JIT(method, tuple(sorted(static.items())), model, *args)
+    finally:
+        _ACTIVE.on = False
+    with _LOCK:
+        _STATS.calls += 1
+    return tuple(dict(x) if isinstance(x, OrderedDict) else x for x in outputs)
+
+
+def compile_stats() -> dict[str, Any]:
+    """Compiles and their time (tracing and XLA separately) and calls, for reports."""
+    with _LOCK:
+        stats = asdict(_STATS)
+    stats["trace_seconds"] = round(stats["trace_seconds"], 3)
+    stats["compile_seconds"] = round(stats["compile_seconds"], 3)
+    return stats
+
+
+def reset_stats() -> None:
+    """Zero the counters (compiled executables stay cached)."""
+    global _STATS
+    with _LOCK:
+        _STATS = CompileStats()
+
+
+def clear_cache() -> None:
+    """Drop every compiled executable (the next call of each shape compiles again)."""
+    _JIT.clear_cache()

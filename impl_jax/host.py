@@ -1,0 +1,202 @@
+"""Everything the JAX backend does on the host before and after compiled code runs.
+
+Checks raise the same `InputError`s, with the same messages, as the NumPy backend (they call the
+same `conformance` checks), because compiled code cannot raise: JAX clamps an out-of-range index
+and fills `jnp.take` with NaN. Bucket padding and unpadding happen here too, in NumPy, so that a
+new real length never triggers a compilation (not even of a small slicing op).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from conformance.config import ModelConfig
+from conformance.errors import InputError
+from conformance.inputs import check_dtype
+from conformance.params import check_finite, check_numpy_params, check_param_set, init_params
+from impl_jax.precision import x64_enabled
+
+X64_ADVICE = (
+    "float64 needs 64-bit JAX, which is off: build and call the model inside "
+    "`with impl_jax.enable_x64():` (or set JAX_ENABLE_X64=1 before importing JAX); "
+    "the JAX backend never switches it on by itself"
+)
+
+
+# Parameters ----------------------------------------------------------------------------------
+
+
+def resolve_dtype(dtype: Any, supported: Sequence[str]) -> np.dtype:
+    """`dtype` (a name, NumPy/JAX/ml_dtypes type) as a NumPy dtype the backend can run."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError:
+        raise InputError("dtype", f"{dtype!r} is not a dtype; the jax backend supports "
+                                  f"{', '.join(supported)}") from None
+    check_dtype("jax", resolved.name, supported)
+    if resolved == np.float64 and not x64_enabled():
+        raise InputError("dtype", X64_ADVICE)
+    return resolved
+
+
+def check_runnable(dtype: np.dtype) -> None:
+    """A float64 model built inside `enable_x64()` cannot run after the scope has closed."""
+    if dtype == np.float64 and not x64_enabled():
+        raise InputError("dtype", X64_ADVICE)
+
+
+def prepare_params(
+    config: ModelConfig, params: Mapping[str, Any] | None, dtype: Any, supported: Sequence[str]
+) -> tuple[dict[str, jax.Array], np.dtype]:
+    """Check `params` exactly as the NumPy backend does, cast them, and put them on the device.
+
+    NumPy inputs are cast on the host (one rounding from their own dtype, as `ml_dtypes` and NumPy
+    do it); JAX inputs are cast where they live. None means the seeded `init_params(config)`
+    (float64 values), cast to `dtype` or float32.
+    """
+    if params is None:
+        params = init_params(config)
+        dtype = np.float32 if dtype is None else dtype
+    if any(isinstance(value, jax.Array) for value in params.values()):
+        # The same checks on facts read from JAX arrays (finiteness needs their values: a copy).
+        check_param_set(config, {k: v.shape for k, v in params.items()},
+                        {k: np.dtype(v.dtype).name for k, v in params.items()})
+        for name, value in params.items():
+            finite = int(np.count_nonzero(np.isfinite(np.asarray(value))))
+            check_finite(name, value.size - finite, value.size)
+    else:
+        check_numpy_params(config, params)
+    first = next(iter(params.values()))
+    resolved = resolve_dtype(dtype if dtype is not None else first.dtype, supported)
+    converted = {}
+    for name, value in params.items():
+        if isinstance(value, jax.Array):
+            converted[name] = value.astype(resolved)
+        else:
+            converted[name] = jax.device_put(np.asarray(value, dtype=resolved))
+    return converted, resolved
+
+
+# Memory passed to decode ---------------------------------------------------------------------
+
+
+def check_memory(config: ModelConfig, dtype: np.dtype, memory: Any) -> None:
+    """`encoded.memory` must be (B, S, D) in the model's dtype, S <= max_len."""
+    shape, found = tuple(memory.shape), np.dtype(memory.dtype)
+    if len(shape) != 3 or shape[2] != config.d_model or not 1 <= shape[1] <= config.max_len:
+        raise InputError("encoded", f"memory must have shape (B, S, D={config.d_model}) with 1 <= S <= "
+                                    f"max_len={config.max_len}, got {shape}")
+    if found != dtype:
+        raise InputError("encoded", f"memory has dtype {found.name}, the model computes in {dtype.name}")
+
+
+# Buckets -------------------------------------------------------------------------------------
+
+
+def check_buckets(buckets: Sequence[int] | None) -> tuple[int, ...] | None:
+    if buckets is None:
+        return None
+    values = tuple(buckets)
+    if not values or not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b > 0 for b in values):
+        raise InputError("buckets", f"must be a non-empty sequence of positive ints, got {buckets!r}")
+    if list(values) != sorted(set(values)):
+        raise InputError("buckets", f"must be strictly increasing, got {values}")
+    return tuple(int(b) for b in values)
+
+
+def bucket_length(length: int, buckets: Sequence[int] | None, max_len: int) -> int:
+    """The padded length: the smallest bucket >= length, capped at max_len (which is always the
+    last bucket, so lengths above every bucket pad to max_len)."""
+    if buckets is None:
+        return length
+    return min([b for b in buckets if b >= length] + [max_len])
+
+
+class Padding:
+    """Pads one call's inputs up to their buckets and cuts the outputs back to the real lengths.
+
+    Without buckets every method is the identity and `real` is None, so the unbucketed compiled
+    program has no trace of padding. With buckets, `real(side)` marks the real positions for
+    attention, and bucketing is on even when a length already equals its bucket, so that each
+    bucket compiles one program.
+    """
+
+    def __init__(self, config: ModelConfig, buckets, *, src_len: int | None = None, tgt_len: int | None = None):
+        self.active = buckets is not None
+        self.pad_id = config.pad_id
+        self.length = {"src": src_len, "tgt": tgt_len}
+        self.padded = {side: None if n is None else bucket_length(n, buckets, config.max_len)
+                       for side, n in self.length.items()}
+
+    def _pad(self, x, widths: dict[int, int], value) -> np.ndarray:
+        x = np.asarray(x)
+        pads = [(0, widths.get(axis, 0)) for axis in range(x.ndim)]
+        return np.pad(x, pads, constant_values=value) if any(w for _, w in pads) else x
+
+    def ids(self, ids: np.ndarray, side: str) -> np.ndarray:
+        """(B, L) -> (B, L_bucket), padded with the padding id (masked like any padding)."""
+        if not self.active:
+            return ids
+        return self._pad(ids, {1: self.padded[side] - self.length[side]}, self.pad_id)
+
+    def mask(self, mask, *, queries: str | None = None, keys: str | None = None):
+        """Pad a mask's query axis (2) and key axis (3) where they have the real length.
+
+        Axes of size 1 broadcast and stay, unless the real length is 1 too: then padding them
+        keeps one shape (and one executable) per bucket. The added entries are False; what they
+        say does not matter, because added keys are cut off by `real` inside attention and added
+        queries are cut off by `unpad`.
+        """
+        if mask is None or not self.active:
+            return mask
+        widths = {}
+        for axis, side in ((2, queries), (3, keys)):
+            if side is not None and mask.shape[axis] == self.length[side]:
+                widths[axis] = self.padded[side] - self.length[side]
+        return self._pad(mask, widths, False)
+
+    def memory(self, memory) -> Any:
+        """(B, S, D) -> (B, S_bucket, D), zeros at the added positions (never attended)."""
+        if not self.active:
+            return memory
+        return self._pad(memory, {1: self.padded["src"] - self.length["src"]}, 0)
+
+    def real(self, side: str) -> np.ndarray | None:
+        """(L_bucket,) boolean, True at the real positions; None without buckets."""
+        if not self.active:
+            return None
+        return np.arange(self.padded[side]) < self.length[side]
+
+    def unpad(self, device: jax.Device, **outputs: Any) -> tuple[Any, ...]:
+        """Cut each named output back to the real lengths (on the host: no compilation)."""
+        if not self.active:
+            return tuple(outputs.values())
+        src, tgt = self.length["src"], self.length["tgt"]
+
+        def cut(x, index):
+            return jax.device_put(np.asarray(x)[index], device)
+
+        def rows(name: str) -> int:  # queries, or positions: encoder tensors run over the source
+            return src if name.startswith("encoder") else tgt
+
+        def columns(name: str) -> int:  # keys: the source for the encoder and cross-attention
+            return src if name.startswith("encoder") or name.endswith(".cross") else tgt
+
+        results = []
+        for kind, value in outputs.items():
+            if kind == "memory":
+                value = cut(value, np.s_[:, :src])  # (B, S, D)
+            elif kind == "logits":
+                value = cut(value, np.s_[:, :tgt])  # (B, T, V)
+            elif kind == "attention":
+                value = {name: cut(w, np.s_[:, :, : rows(name), : columns(name)])  # (B, H, Tq, Tk)
+                         for name, w in value.items()}
+            elif kind == "intermediates":
+                value = {name: cut(x, np.s_[:, : rows(name)]) for name, x in value.items()}
+            else:
+                raise ValueError(f"unknown output kind {kind!r}")
+            results.append(value)
+        return tuple(results)

@@ -1,0 +1,614 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need", in Flax NNX.
+
+This file is written to be read next to the paper (Vaswani et al., 2017) and next to
+`impl_numpy/model.py`, the float64 oracle it is judged against: same sections, classes, functions
+and local names, so that a diff of the two shows only framework idioms. Parameters are
+`nnx.Param`s whose `.`-joined state paths are exactly the checkpoint's canonical names.
+
+What differs from the NumPy file, and why:
+    - every matmul passes `precision=MATMUL_PRECISION` (HIGHEST), so no device runs it in TF32;
+    - the softmax and the LayerNorm statistics run in at least float32 (`reduction_dtype`);
+    - ids, masks and params are validated on the host before compiled code runs: JAX would
+      clamp an out-of-range id instead of failing;
+    - `encode` and `decode` check their inputs on the host, then run a compiled `_encode` /
+      `_decode` (one XLA executable per shape, see `impl_jax.compiled`);
+    - lengths may be padded up to a bucket (`buckets`) to bound recompilation; attention then
+      receives `real_keys`, which gives the added keys exactly zero weight (see
+      `scaled_dot_product_attention`).
+
+Shape legend:
+    B batch, S source length, T target length, D d_model, H heads, K head dim (D / H),
+    F d_ff, V target vocabulary. Tq / Tk are query / key lengths inside attention.
+
+Sections, in the same order in every backend: masks, positions, building blocks, attention,
+feed-forward, encoder layer, decoder layer, encoder and decoder, model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from conformance.config import ModelConfig
+from conformance.inputs import (
+    check_generate,
+    check_ids,
+    check_mask,
+    check_mask_within_ids,
+    check_same_batch,
+    expected_mask_shapes,
+)
+from conformance.errors import InputError
+from conformance.output import Encoded, ModelOutput
+from conformance.params import param_shapes
+from conformance.positions import sinusoid_table
+from impl_jax import compiled, host
+from impl_jax.precision import MATMUL_PRECISION, reduction_dtype
+
+SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+# The result types are pytrees, so that `Model.apply` can return them from jit, vmap and friends.
+for _result, _fields in ((ModelOutput, ["logits", "attention", "intermediates"]),
+                         (Encoded, ["memory", "src_mask", "attention", "intermediates"])):
+    try:
+        jax.tree_util.register_dataclass(_result, data_fields=_fields, meta_fields=[])
+    except ValueError:  # already registered (by another JAX user of conformance.output)
+        pass
+
+
+# -- Masks -------------------------------------------------------------------------------------
+# Masks are boolean, True = may attend, and broadcast against scores of shape (B, H, Tq, Tk).
+# The model builds them on the host from checked ids, so these functions keep their input's kind:
+# NumPy ids give NumPy masks (no device work, no compilation), JAX arrays give JAX arrays.
+
+
+def padding_mask(ids: np.ndarray | jax.Array, pad_id: int) -> np.ndarray | jax.Array:
+    """(B, L) ids -> (B, 1, 1, L): every query may attend to every non-padding key."""
+    return (ids != pad_id)[:, None, None, :]
+
+
+def causal_mask(length: int) -> np.ndarray:
+    """(1, 1, T, T) lower triangle: position t may attend to positions <= t (section 3.2.3)."""
+    return np.tril(np.ones((length, length), dtype=bool))[None, None, :, :]
+
+
+def target_mask(config: ModelConfig, tgt_ids: np.ndarray | jax.Array) -> np.ndarray | jax.Array:
+    """(B, 1, T, T): target padding AND causal.
+
+    Target padding is masked on the keys (B, 1, 1, T), or, in the tutorials that do so, on the
+    queries (B, 1, T, 1), or not at all (Marian: its start token is the pad id).
+    """
+    tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
+    if config.tgt_pad_mask == "queries":
+        tgt_pad = tgt_pad.transpose(0, 1, 3, 2)  # (B, 1, T, 1)
+    elif config.tgt_pad_mask == "none":
+        tgt_pad = tgt_pad | True  # causal only: the decoder's start token may be the pad id
+    return tgt_pad & causal_mask(tgt_ids.shape[1])  # (B, 1, T, T)
+
+
+def make_masks(config: ModelConfig, src_ids, tgt_ids) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
+    """The masks a model derives from its ids: src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)."""
+    return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
+
+
+# -- Positions ---------------------------------------------------------------------------------
+
+
+class Sinusoid(nnx.Variable):
+    """A constant of the config held on the model's device: neither a parameter nor saved."""
+
+
+class Positions(nnx.Module):
+    """The position term added to the scaled token embeddings (section 3.5).
+
+    A sinusoid (a constant of the config, computed in float64) or a stored `(max_len, D)` table.
+    """
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, dtype):
+        if config.position == "table":
+            self.table = nnx.Param(params[f"{prefix}.table"])
+        else:
+            # Cast on the host from float64, once: the same rounding as the NumPy backend's table.
+            table = sinusoid_table(config.max_len, config.d_model, config.position)  # (max_len, D) float64
+            self.table = Sinusoid(jnp.asarray(table.astype(dtype)))
+
+    def __call__(self, length: int) -> jax.Array:
+        return self.table[...][None, :length, :]  # (1, L, D)
+
+
+# -- Building blocks ---------------------------------------------------------------------------
+
+
+def optional_param(params: Mapping[str, jax.Array], name: str) -> nnx.Param | None:
+    """The parameter `name` if the config has it (biases are switches), else None."""
+    return nnx.Param(params[name]) if name in params else None
+
+
+class Linear(nnx.Module):
+    """y = x W + b, with W stored (d_in, d_out) as in the paper's notation."""
+
+    def __init__(self, params: Mapping[str, jax.Array], prefix: str):
+        self.weight = nnx.Param(params[f"{prefix}.weight"])
+        self.bias = optional_param(params, f"{prefix}.bias")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jnp.matmul(x, self.weight[...], precision=MATMUL_PRECISION)
+        if self.bias is not None:
+            y = y + self.bias[...]
+        return y
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm over the last axis, in the form the config names.
+
+    standard:  y = (x - mean) / sqrt(var + eps) * weight + bias        (biased variance)
+    std-eps:   y = (x - mean) / (std + eps) * weight + bias            (unbiased std; the
+               Annotated Transformer's own LayerNorm)
+
+    Not `nnx.LayerNorm`: its epsilon defaults to 1e-6 (PyTorch's is 1e-5) and its fast variance
+    E[x^2] - E[x]^2 cancels catastrophically when |mean| >> std. Here epsilon always comes from the
+    config and the variance is the mean of squared deviations, as in the oracle. Float16 and
+    bfloat16 inputs are normalised in float32 (PyTorch's kernels do the same).
+    """
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str):
+        self.weight = nnx.Param(params[f"{prefix}.weight"])
+        self.bias = nnx.Param(params[f"{prefix}.bias"])
+        self.eps = config.layer_norm_eps
+        self.form = config.layer_norm_form
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dtype = x.dtype
+        x = x.astype(reduction_dtype(dtype))
+        mean = x.mean(axis=-1, keepdims=True)
+        centered = x - mean
+        if self.form == "standard":
+            var = (centered * centered).mean(axis=-1, keepdims=True)
+            normed = centered / jnp.sqrt(var + self.eps)
+        else:
+            std = jnp.sqrt((centered * centered).sum(axis=-1, keepdims=True) / (x.shape[-1] - 1))
+            normed = centered / (std + self.eps)
+        return (normed * self.weight[...] + self.bias[...]).astype(dtype)
+
+
+def activation(name: str, x: jax.Array) -> jax.Array:
+    """ReLU (the paper), GELU (erf form), GELU with the tanh approximation, or SiLU/swish."""
+    if name == "relu":
+        return jnp.maximum(x, 0)
+    if name == "gelu":
+        # 0.5 x (1 + erf(x / sqrt 2)), the exact form (jax.nn.gelu defaults to the tanh one).
+        erf = jax.lax.erf(x * (1 / math.sqrt(2)))
+        return 0.5 * x * (1 + erf)
+    if name == "gelu-tanh":
+        return 0.5 * x * (1 + jnp.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    # silu(x) = x * sigmoid(x), with sigmoid(x) = (1 + tanh(x / 2)) / 2, which cannot overflow.
+    return x * (0.5 * (1 + jnp.tanh(0.5 * x)))
+
+
+# -- Attention ---------------------------------------------------------------------------------
+
+
+def softmax(scores: jax.Array) -> jax.Array:
+    """softmax over the last axis. A row whose every score is -inf gives NaN (0 / 0), on purpose.
+
+    Written out rather than `jax.nn.softmax`, whose `where=` masking decides fully masked rows
+    by itself; here they follow the config's fill, exactly as in the oracle. Such a row is
+    detected and written as NaN explicitly, so that exp never sees -inf - (-inf): compiled by
+    XLA:CPU (jaxlib 0.10), exp of that NaN can come out as an arbitrary finite number once XLA
+    folds the row's reduction (a single key), which is what `jax.nn.softmax` returns there.
+    """
+    row_max = scores.max(axis=-1, keepdims=True)
+    empty = row_max == -jnp.inf  # every key masked with a -inf fill: the oracle's 0 / 0
+    shifted = jnp.where(empty, 0, scores - row_max)
+    e = jnp.exp(shifted)
+    return jnp.where(empty, jnp.nan, e / e.sum(axis=-1, keepdims=True))
+
+
+def scaled_dot_product_attention(q, k, v, mask, fill: float, real_keys=None):
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
+
+    q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
+    None. Masked scores are replaced by `fill` before the softmax. Returns the output
+    (B, H, Tq, K) and the weights (B, H, Tq, Tk).
+
+    The scores and the softmax are computed in at least float32. `real_keys` (Tk,) is False at
+    keys that exist only because the length was padded up to a bucket: they get weight exactly 0
+    (a -inf score, even in a fully masked row, whose uniform average stays over the real keys),
+    and their values are zeroed so that a NaN there cannot leak into real rows as 0 * NaN.
+    """
+    dtype = reduction_dtype(q.dtype)
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=MATMUL_PRECISION,
+                        preferred_element_type=dtype) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    if mask is not None:
+        scores = jnp.where(mask, scores, fill)
+    if real_keys is not None:
+        scores = jnp.where(real_keys, scores, -jnp.inf)
+        v = jnp.where(real_keys[:, None], v, 0)
+    weights = softmax(scores).astype(q.dtype)  # (B, H, Tq, Tk)
+    return jnp.einsum("bhqk,bhkd->bhqd", weights, v, precision=MATMUL_PRECISION), weights  # (B, H, Tq, K)
+
+
+class MultiHeadAttention(nnx.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_o, head_h = Attention(Q W_q^h, K W_k^h, V W_v^h)
+    (section 3.2.2). Head h owns columns h*K .. (h+1)*K - 1 of W_q, W_k and W_v."""
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str):
+        self.q_proj = Linear(params, f"{prefix}.q_proj")
+        self.k_proj = Linear(params, f"{prefix}.k_proj")
+        self.v_proj = Linear(params, f"{prefix}.v_proj")
+        self.o_proj = Linear(params, f"{prefix}.o_proj")
+        self.n_heads = config.n_heads
+        self.fill = config.mask_fill
+
+    def split_heads(self, x: jax.Array) -> jax.Array:
+        batch, length, d_model = x.shape
+        x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
+        return x.transpose(0, 2, 1, 3)  # (B, H, L, K)
+
+    def __call__(self, x: jax.Array, memory: jax.Array, mask, real_keys=None):
+        """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention)."""
+        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
+        v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys)
+        batch, _, length, _ = heads.shape
+        concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
+        return self.o_proj(concat), weights
+
+
+# -- Feed-forward ------------------------------------------------------------------------------
+
+
+class FeedForward(nnx.Module):
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3; the paper's act is ReLU)."""
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str):
+        self.linear1 = Linear(params, f"{prefix}.linear1")
+        self.linear2 = Linear(params, f"{prefix}.linear2")
+        self.activation = config.activation
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.linear2(activation(self.activation, self.linear1(x)))
+
+
+# -- Encoder layer -----------------------------------------------------------------------------
+# Each sublayer is wrapped with a residual connection and a LayerNorm (sections 3.1 and 5.4):
+#     post-LN (the paper):  x = LN(x + Sublayer(x))
+#     pre-LN:               x = x + Sublayer(LN(x))
+# `src_real` / `tgt_real` are the bucket-padding markers passed on to attention (None unbucketed).
+
+
+class EncoderLayer(nnx.Module):
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str):
+        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn")
+        self.self_attn_norm = LayerNorm(config, params, f"{prefix}.self_attn_norm")
+        self.ffn = FeedForward(config, params, f"{prefix}.ffn")
+        self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
+        self.pre_ln = config.norm_placement == "pre"
+
+    def __call__(self, x: jax.Array, src_mask, name: str, out: ModelOutput | Encoded, src_real=None) -> jax.Array:
+        # Self-attention: each source position attends to every unmasked source position.
+        h = self.self_attn_norm(x) if self.pre_ln else x
+        h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask, src_real)
+        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+        out.intermediates[f"{name}.self_attn"] = x
+
+        # Position-wise feed-forward.
+        h = self.ffn_norm(x) if self.pre_ln else x
+        h = self.ffn(h)
+        x = x + h if self.pre_ln else self.ffn_norm(x + h)
+        out.intermediates[f"{name}.ffn"] = x
+        return x
+
+
+# -- Decoder layer -----------------------------------------------------------------------------
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str):
+        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn")
+        self.self_attn_norm = LayerNorm(config, params, f"{prefix}.self_attn_norm")
+        self.cross_attn = MultiHeadAttention(config, params, f"{prefix}.cross_attn")
+        self.cross_attn_norm = LayerNorm(config, params, f"{prefix}.cross_attn_norm")
+        self.ffn = FeedForward(config, params, f"{prefix}.ffn")
+        self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
+        self.pre_ln = config.norm_placement == "pre"
+
+    def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput,
+                 tgt_real=None, src_real=None) -> jax.Array:
+        # Masked self-attention: position t attends to target positions <= t.
+        h = self.self_attn_norm(x) if self.pre_ln else x
+        h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask, tgt_real)
+        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+        out.intermediates[f"{name}.self_attn"] = x
+
+        # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
+        h = self.cross_attn_norm(x) if self.pre_ln else x
+        h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask, src_real)
+        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
+        out.intermediates[f"{name}.cross_attn"] = x
+
+        # Position-wise feed-forward.
+        h = self.ffn_norm(x) if self.pre_ln else x
+        h = self.ffn(h)
+        x = x + h if self.pre_ln else self.ffn_norm(x + h)
+        out.intermediates[f"{name}.ffn"] = x
+        return x
+
+
+# -- Encoder and decoder -----------------------------------------------------------------------
+
+
+class Embedding(nnx.Module):
+    """A token lookup table (V, D)."""
+
+    def __init__(self, params: Mapping[str, jax.Array], prefix: str):
+        self.weight = nnx.Param(params[f"{prefix}.weight"])
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        # The ids were checked on the host: JAX would clamp an out-of-range id here, not fail.
+        return self.weight[...][ids]  # (B, L, D)
+
+
+class Encoder(nnx.Module):
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], dtype):
+        self.embedding = Embedding(params, "encoder.embedding")
+        self.position = Positions(config, params, "encoder.position", dtype)
+        self.layers = nnx.List(
+            [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)])
+        self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
+
+    def __call__(self, x: jax.Array, src_mask, out: Encoded, src_real=None) -> jax.Array:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, src_mask, f"encoder.{i}", out, src_real)
+        if self.norm is not None:
+            x = self.norm(x)
+        out.intermediates["encoder.output"] = x
+        return x
+
+
+class Decoder(nnx.Module):
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], dtype):
+        # With shared embeddings the decoder reads the encoder's table (see Model.decode).
+        self.embedding = None if config.share_embeddings else Embedding(params, "decoder.embedding")
+        self.position = Positions(config, params, "decoder.position", dtype)
+        self.layers = nnx.List(
+            [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)])
+        self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
+
+    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, tgt_real=None, src_real=None) -> jax.Array:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, tgt_real, src_real)
+        if self.norm is not None:
+            x = self.norm(x)
+        out.intermediates["decoder.output"] = x
+        return x
+
+
+class Output(nnx.Module):
+    """logits = y W_out + b_out. W_out is `output.weight` (D, V), or the target embedding
+    transposed when the output is tied to it (section 3.4)."""
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array]):
+        self.weight = None if config.tie_output else nnx.Param(params["output.weight"])
+        self.bias = optional_param(params, "output.bias")
+
+    def __call__(self, y: jax.Array, tied_embedding: Embedding) -> jax.Array:
+        weight = tied_embedding.weight[...].T if self.weight is None else self.weight[...]  # (D, V)
+        logits = jnp.matmul(y, weight, precision=MATMUL_PRECISION)  # (B, T, V)
+        if self.bias is not None:
+            logits = logits + self.bias[...]
+        return logits
+
+
+# -- Model -------------------------------------------------------------------------------------
+
+
+class Model(nnx.Module):
+    """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
+
+    `Model(config, params)` takes the canonical parameters (see `conformance.params`) as NumPy
+    or JAX arrays (None: the seeded `init_params(config)`); `dtype` casts them (float32, float64,
+    float16 or bfloat16; default: their own dtype, or float32 for the seeded parameters). The
+    parameters live on JAX's default device at construction. float64 needs 64-bit JAX (see
+    `impl_jax.enable_x64`).
+
+    `buckets` (e.g. (8, 16, 32)) pads every source and target length up to the next bucket
+    (lengths above the last bucket go to `max_len`), so that at most len(buckets) + 1 lengths per
+    side are ever compiled; results on the real positions equal the unpadded ones within rounding.
+    """
+
+    backend = "jax"
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array] | None = None, dtype=None, *,
+                 buckets=None):
+        params, self.dtype = host.prepare_params(config, params, dtype, SUPPORTED_DTYPES)
+        self.config = config
+        self.buckets = host.check_buckets(buckets)
+        self.encoder = Encoder(config, params, self.dtype)
+        self.decoder = Decoder(config, params, self.dtype)
+        self.output = Output(config, params)
+        self.final_logits_bias = optional_param(params, "final_logits_bias")
+
+    @property
+    def params(self) -> dict[str, jax.Array]:
+        """The canonical parameters by name, in checkpoint order: the model's `nnx.Param` state,
+        flattened with dots (exactly `conformance.params.param_shapes(config)`'s keys)."""
+        flat = {".".join(str(part) for part in path): variable[...]
+                for path, variable in nnx.to_flat_state(nnx.state(self, nnx.Param))}
+        return {name: flat[name] for name in param_shapes(self.config)}
+
+    @property
+    def device(self) -> jax.Device:
+        """The device the parameters (and so every computation) live on."""
+        return next(iter(self.encoder.embedding.weight[...].devices()))
+
+    # Inputs ------------------------------------------------------------------------------------
+
+    def _ids(self, argument: str, ids, vocab_size: int) -> np.ndarray:
+        # Host-side facts: a JAX array's values are copied here, because checking them is the point.
+        if isinstance(ids, jax.core.Tracer):
+            raise InputError(argument, "is traced (the model was called inside jax.jit, vmap or similar); the checked "
+                                       "call runs on the host: use `model.apply` inside transforms, with checked ids")
+        try:
+            ids = np.asarray(ids)
+        except ValueError:
+            raise InputError(argument, "is not a rectangular array of token ids") from None
+        is_integer = np.issubdtype(ids.dtype, np.integer)
+        bounds = lambda: (int(ids.min()), int(ids.max()))  # noqa: E731
+        check_ids(argument, ids.shape, ids.dtype.name, is_integer, bounds, vocab_size, self.config.max_len)
+        return ids.astype(np.int32)  # in [0, vocab_size); int64 would need x64
+
+    def _mask(self, argument: str, mask, expected, derived: np.ndarray) -> np.ndarray:
+        mask = np.asarray(mask)  # a JAX mask is copied to the host: its values are checked
+        check_mask(argument, mask.shape, mask.dtype.name, mask.dtype == np.bool_, *expected)
+        widened = np.argwhere(mask & ~derived)  # (b, h, q, k) the ids forbid but the mask allows
+        check_mask_within_ids(argument, widened[0] if len(widened) else None)
+        return mask
+
+    def make_masks(self, src_ids, tgt_ids) -> tuple[jax.Array, jax.Array]:
+        src_mask, tgt_mask = make_masks(self.config, np.asarray(src_ids), np.asarray(tgt_ids))
+        return jax.device_put(src_mask, self.device), jax.device_put(tgt_mask, self.device)
+
+    # Forward -----------------------------------------------------------------------------------
+    # `encode` and `decode` check the inputs and build the masks on the host, pad to buckets if
+    # asked, then run the compiled `_encode` / `_decode`.
+
+    def embed(self, ids: jax.Array, embedding: Embedding, position: Positions) -> jax.Array:
+        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions."""
+        x = embedding(ids)  # (B, L, D)
+        if self.config.scale_embedding:
+            x = x * math.sqrt(self.config.d_model)
+        return x + position(ids.shape[1])
+
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True) -> Encoded:
+        """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates."""
+        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        batch, src_len = src_ids.shape
+        if src_mask is None:
+            src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
+        else:
+            shapes = expected_mask_shapes(self.config, batch, src_len, 1)
+            derived = padding_mask(src_ids, self.config.pad_id)
+            src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
+        host.check_runnable(self.dtype)
+        padding = host.Padding(self.config, self.buckets, src_len=src_len)
+        args = (padding.ids(src_ids, "src"), padding.mask(src_mask, keys="src"), padding.real("src"))
+        memory, attention, intermediates = compiled.call(
+            self, Model._encode, args, self.device, return_attention=return_attention)
+        encoded = Encoded(memory=None, src_mask=jax.device_put(src_mask, self.device))
+        encoded.memory, encoded.attention, encoded.intermediates = padding.unpad(
+            self.device, memory=memory, attention=attention, intermediates=intermediates)
+        return encoded
+
+    def _encode(self, src_ids, src_mask, src_real, *, return_attention: bool):
+        """The compiled part of `encode`: ids (B, S) and mask checked, S possibly bucket-padded."""
+        encoded = Encoded(memory=None, src_mask=src_mask)
+        x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
+        encoded.intermediates["encoder.embeddings"] = x
+        encoded.memory = self.encoder(x, src_mask, encoded, src_real)
+        if not return_attention:
+            encoded.attention.clear()  # never leaves the executable, so XLA does not store it
+        return encoded.memory, encoded.attention, encoded.intermediates
+
+    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+        """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
+        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_same_batch(encoded.memory.shape, tgt_ids.shape)
+        batch, tgt_len = tgt_ids.shape
+        derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
+        if tgt_mask is None:
+            tgt_mask = derived
+        else:
+            shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
+            tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
+        host.check_memory(self.config, self.dtype, encoded.memory)
+        host.check_runnable(self.dtype)
+        cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
+        padding = host.Padding(self.config, self.buckets, src_len=encoded.memory.shape[1], tgt_len=tgt_len)
+        args = (padding.ids(tgt_ids, "tgt"), padding.mask(tgt_mask, queries="tgt", keys="tgt"),
+                padding.memory(encoded.memory), padding.mask(cross_mask, keys="src"),
+                padding.real("tgt"), padding.real("src"))
+        logits, attention, intermediates = compiled.call(
+            self, Model._decode, args, self.device, return_attention=return_attention)
+        logits, attention, intermediates = padding.unpad(
+            self.device, logits=logits, attention=attention, intermediates=intermediates)
+        out = ModelOutput(logits=logits, attention=dict(encoded.attention), intermediates=dict(encoded.intermediates))
+        out.attention.update(attention)
+        out.intermediates.update(intermediates)
+        if not return_attention:
+            out.attention.clear()
+        return out
+
+    def _decode(self, tgt_ids, tgt_mask, memory, cross_mask, tgt_real, src_real, *, return_attention: bool):
+        """The compiled part of `decode`: ids (B, T) and masks checked, T and S possibly bucket-padded."""
+        out = ModelOutput(logits=None)
+
+        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
+        y = self.embed(tgt_ids, embedding, self.decoder.position)
+        out.intermediates["decoder.embeddings"] = y
+        y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real, src_real)
+        logits = self.output(y, embedding)  # (B, T, V)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias[...]
+        assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
+        out.logits = logits
+        if not return_attention:
+            out.attention.clear()
+        return out.logits, out.attention, out.intermediates
+
+    def apply(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+        """The same forward pass as a call, traceable and unchecked: for use inside `jax.jit`,
+        `vmap` or `shard_map` (a call checks its inputs on the host, which a tracer cannot do).
+
+        Nothing is validated: out-of-range ids are clamped by JAX, not refused, so check them
+        before (a call of the model on the same shapes does, and raises the NumPy backend's errors).
+        Returned through jit, the attention and intermediates dicts come back with their keys
+        sorted (JAX's order for dicts), so look tensors up by name.
+        """
+        if src_mask is None:
+            src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
+        if tgt_mask is None:
+            tgt_mask = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
+        cross_mask = src_mask if self.config.cross_attn_src_mask else None
+        memory, attention, intermediates = self._encode(src_ids, src_mask, None, return_attention=return_attention)
+        logits, dec_attention, dec_intermediates = self._decode(
+            tgt_ids, tgt_mask, memory, cross_mask, None, None, return_attention=return_attention)
+        return ModelOutput(logits=logits, attention={**attention, **dec_attention},
+                           intermediates={**intermediates, **dec_intermediates})
+
+    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+        """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
+        attention weights (`return_attention`) and the intermediates by name."""
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
+
+    # Generation --------------------------------------------------------------------------------
+
+    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int) -> np.ndarray:
+        """Greedy decoding: encode once, then append the most likely next token, step by step.
+
+        A plain loop that runs the decoder over the whole prefix at every step (no KV cache).
+        Returns the tokens after `bos_id`, shape (B, n) with n <= max_len; a row that has
+        produced `eos_id` continues with `pad_id`. Stops once every row has produced `eos_id`.
+        """
+        # Each new prefix length is a new shape: with `buckets` set, at most len(buckets) + 1
+        # compiles serve every step; without, one per length.
+        check_generate(self.config, max_len, bos_id, eos_id)
+        encoded = self.encode(src_ids, return_attention=False)
+        batch = encoded.memory.shape[0]
+        tokens = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
+        done = np.zeros(batch, dtype=bool)
+        for _ in range(max_len):
+            logits = self.decode(tokens, encoded, return_attention=False).logits  # (B, t, V)
+            next_id = np.where(done, self.config.pad_id, np.asarray(logits[:, -1]).argmax(-1))  # (B,)
+            tokens = np.concatenate([tokens, next_id[:, None]], axis=1)  # (B, t + 1)
+            done |= next_id == eos_id
+            if done.all():
+                break
+        return tokens[:, 1:]
