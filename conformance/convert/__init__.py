@@ -1,0 +1,83 @@
+"""Weight converters: foreign checkpoints in, canonical `(config, params)` out, and back.
+
+    from conformance.convert import import_state_dict, export_state_dict
+    config, params = import_state_dict(model.state_dict(), "annotated-transformer", n_heads=8, pad_id=2)
+    config, params = import_state_dict(state_dict, None, n_heads=8)        # auto-detect the layout
+    state_dict = export_state_dict(config, params, "annotated-transformer")  # NumPy arrays
+
+    from conformance.convert import from_hf_marian, from_torch_nn_transformer
+    config, params = from_hf_marian(marian_mt_model)
+    config, params = from_torch_nn_transformer(model.transformer, model.src_tok_emb, model.tgt_tok_emb, model.generator)
+
+A layout is a TOML file (`conformance/convert/layouts/*.toml` for the built-in ones; see
+`docs/porting.md` to write your own). PyTorch is imported only when a torch tensor, file or
+module is handed in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from conformance.config import ModelConfig
+from conformance.convert.engine import Conversion, check_exportable, convert_arrays, export_state_dict
+from conformance.convert.errors import (
+    AmbiguousLayoutError,
+    KeyMismatchError,
+    LayoutError,
+    NoMatchingLayoutError,
+    TensorError,
+)
+from conformance.convert.keys import check_keys, detect_layout
+from conformance.convert.layout import Layout, builtin_layout_names, builtin_layouts, load_layout
+from conformance.convert.readers import as_arrays, read_state_dict
+from conformance.convert.sources import from_hf_marian, from_torch_nn_transformer
+
+
+def import_state_dict(state_dict: Mapping[str, Any], layout: str | Layout | None = None, *, dtype: str | None = None,
+                      **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """A foreign state dict -> `(config, params)` in the canonical key space.
+
+    Args:
+        state_dict: foreign key -> torch tensor or NumPy (or JAX) array. Never modified; the
+            returned params are copies.
+        layout: a built-in layout name, a path to a layout TOML file, a `Layout`, or None to
+            auto-detect among the built-in layouts (the one whose key set matches exactly).
+        dtype: cast every parameter to this dtype ("float32", ...); by default the stored dtype
+            is kept and a mix of dtypes is an error.
+        **overrides: ModelConfig fields. Sizes the shapes cannot tell (n_heads; max_len when no
+            position table is stored) must be given; a size the shapes do tell must agree with
+            them; switches replace the layout's (for a copy of a system that was changed).
+
+    Raises:
+        KeyMismatchError / NoMatchingLayoutError: the keys do not fit (lists missing and unexpected).
+        ConfigError: a field is missing, invalid or contradicts a tensor (names the field).
+        TensorError: a tensor cannot be transformed or has the wrong shape (names the foreign key).
+    """
+    result = convert_arrays(as_arrays(state_dict), layout, dtype=dtype, **overrides)
+    return result.config, result.params
+
+
+__all__ = [
+    "AmbiguousLayoutError",
+    "Conversion",
+    "KeyMismatchError",
+    "Layout",
+    "LayoutError",
+    "NoMatchingLayoutError",
+    "TensorError",
+    "as_arrays",
+    "builtin_layout_names",
+    "builtin_layouts",
+    "check_exportable",
+    "check_keys",
+    "convert_arrays",
+    "detect_layout",
+    "export_state_dict",
+    "from_hf_marian",
+    "from_torch_nn_transformer",
+    "import_state_dict",
+    "load_layout",
+    "read_state_dict",
+]

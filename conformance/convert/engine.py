@@ -1,0 +1,241 @@
+"""The layout engine: a foreign state dict <-> `(ModelConfig, canonical params)`, for any layout.
+
+Import, in order:
+  1. key check: every foreign key is dropped, matched by exactly one entry, or unexpected; the
+     keys the layout expects for the structure implied by the preset, the overrides and the layer
+     indices found are compared with the keys given (missing / unexpected);
+  2. aliases: a tied duplicate must be bit-identical to the key it duplicates (or stands in
+     for it when that key was not saved);
+  3. transforms: squeeze, split or copy, then transpose matrices the system stores (out, in);
+  4. positions: a stored table is kept, or recognised as a sinusoid (see `transforms.recognise_positions`);
+  5. config: the layout's switches, sizes read from shapes, then the overrides; a contradiction
+     between an override and a tensor is a `ConfigError` naming the field and the tensor;
+  6. every tensor's shape against the config, and finiteness, blaming the foreign key.
+Export runs the same plan backwards and is the exact inverse.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import ml_dtypes
+import numpy as np
+
+from conformance.config import ModelConfig
+from conformance.convert.errors import KeyMismatchError, LayoutError, TensorError, listing
+from conformance.convert.keys import alias_keys, check_keys, detect_layout, plan_keys
+from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, Layout, load_layout
+from conformance.convert.transforms import TABLES, backward, forward, identical, recognise_positions
+from conformance.errors import ConfigError
+from conformance.params import PARAM_DTYPE_NAMES, check_numpy_params, param_shapes
+from conformance.positions import sinusoid_table
+
+_CONFIG_FIELDS = SWITCH_FIELDS | SIZE_FIELDS | {"notes"}
+
+
+# -- Import ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Conversion:
+    """The result of an import, with what the engine decided on the way (for reports)."""
+
+    config: ModelConfig
+    params: dict[str, np.ndarray]
+    layout: Layout
+    detected: bool = False
+    decisions: list[str] = field(default_factory=list)
+
+
+def _dtype(name: str) -> np.dtype:
+    if name not in PARAM_DTYPE_NAMES:
+        raise ConfigError("dtype", f"unknown parameter dtype {name!r}; expected one of {list(PARAM_DTYPE_NAMES)}")
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def _is_float(array: np.ndarray) -> bool:
+    return array.dtype.kind == "f" or array.dtype == np.dtype(ml_dtypes.bfloat16)
+
+
+def _infer_sizes(canonical: dict) -> dict[str, tuple[int, str]]:
+    """field -> (value, the canonical key it was read from), for the sizes shapes tell."""
+    inferred = {}
+
+    def read(fieldname, ckey, axis):
+        if fieldname not in inferred and ckey in canonical and canonical[ckey].ndim > axis:
+            inferred[fieldname] = (int(canonical[ckey].shape[axis]), ckey)
+
+    read("src_vocab_size", "encoder.embedding.weight", 0)
+    read("d_model", "encoder.embedding.weight", 1)
+    # Shared embeddings with a tied output and no bias leave only the shared table to tell it.
+    for ckey, axis in (("decoder.embedding.weight", 0), ("output.weight", 1), ("output.bias", 0),
+                       ("final_logits_bias", 0), ("encoder.embedding.weight", 0)):
+        read("tgt_vocab_size", ckey, axis)
+    for ckey in canonical:
+        if ckey.endswith(".ffn.linear1.weight"):
+            read("d_ff", ckey, 1)
+    return inferred
+
+
+def _build_config(layout, canonical, origin, layers, overrides, position, rows, notes) -> ModelConfig:
+    values = layout.base_switches()
+    inferred = _infer_sizes(canonical)
+    if rows is not None:
+        inferred["max_len"] = (rows, TABLES[0])
+    for fieldname, (value, ckey) in inferred.items():
+        given = overrides.get(fieldname)
+        if given is not None and given != value:
+            shape = tuple(canonical[ckey].shape) if ckey in canonical else f"({value}, ...)"  # a recognised table
+            raise ConfigError(fieldname, f"{given!r} (given) contradicts {origin[ckey]} (canonical {ckey}, shape "
+                              f"{shape}), which gives {fieldname}={value}")
+        values[fieldname] = value
+    for stack in ("encoder", "decoder"):
+        fieldname, n = f"n_{stack}_layers", layers[stack]
+        given = overrides.get(fieldname)
+        if given is not None and given != n:
+            have = f"layers 0..{n - 1}" if n else "no layers"
+            raise ConfigError(fieldname, f"{given!r} (given) contradicts the state dict, which has {stack} {have}")
+        values[fieldname] = n
+    values.update({k: v for k, v in overrides.items() if k != "notes"})
+    if position is not None:
+        values["position"] = position
+    if layers["encoder"] + layers["decoder"] == 0:
+        values.setdefault("n_heads", 1)  # no attention at all: the head count is meaningless
+    elif "n_heads" not in overrides:
+        raise ConfigError("n_heads", "cannot be read from tensor shapes (every head count splits d_model the same "
+                          "way); give it: n_heads=8 in Python, --set n_heads=8 on the command line")
+    if "max_len" not in values:
+        raise ConfigError("max_len", f"the {layout.name} state dict stores no position table, so max_len cannot be "
+                          "read from it; give the longest sequence the source system accepts (--set max_len=N)")
+    for fieldname in sorted(layout.required):
+        if fieldname not in overrides:
+            raise ConfigError(fieldname, f"the {layout.name} layout cannot tell it (it differs between copies of that "
+                              f"system and is not in the tensors); give it: --set {fieldname}=...")
+    return ModelConfig(**values, notes={**(notes or {}), "converted_from": layout.name})
+
+
+def check_overrides(overrides: Mapping[str, Any]) -> None:
+    unknown = sorted(set(overrides) - _CONFIG_FIELDS)
+    if unknown:
+        raise ConfigError(unknown[0], "is not a ModelConfig field")
+
+
+def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None = None, *, dtype: str | None = None,
+                   notes: Mapping[str, str] | None = None, **overrides: Any) -> Conversion:
+    """Import NumPy arrays keyed by foreign names; see `import_state_dict` for the arguments."""
+    check_overrides(overrides)
+    detected = layout is None
+    layout = detect_layout(arrays, **overrides) if detected else load_layout(layout)
+    check = check_keys(layout, arrays, overrides)
+    if not check.exact:
+        raise KeyMismatchError(layout.name, check.missing, check.unexpected, check.missing_summary)
+    decisions = [f"layout: {layout.name}" + (" (auto-detected)" if detected else "")]
+    if check.dropped:
+        decisions.append(f"dropped {len(check.dropped)} key(s) the layout marks as not parameters: {listing(check.dropped)}")
+
+    stored = {key: arrays[key] for key in check.effective if key in arrays}
+    for alias, target in check.aliases.items():
+        if target in stored:
+            if not identical(np.asarray(arrays[alias]), np.asarray(stored[target])):
+                raise TensorError(alias, f"is declared the same tensor as {target} (tied weights), but it differs; this "
+                                  "model does not tie them, so the layout does not describe it")
+        else:
+            stored[target] = arrays[alias]
+    if check.aliases:
+        decisions.append(f"verified {len(check.aliases)} tied duplicate(s): {listing(sorted(check.aliases))}")
+
+    canonical, origin = {}, {}
+    for key, (entry, values) in check.effective.items():
+        for ckey, array in forward(layout, entry, values, key, np.asarray(stored[key])):
+            if ckey in canonical:
+                raise LayoutError(layout.name, f"{origin[ckey]!r} and {key!r} both give {ckey!r}")
+            canonical[ckey], origin[ckey] = array, key
+
+    for ckey, array in canonical.items():
+        if not _is_float(array):
+            raise TensorError(origin[ckey], f"has dtype {array.dtype}; parameters must be floating point (a buffer "
+                              "that is not a parameter can be listed in the layout's drop = [...])")
+    if dtype is not None:
+        target = _dtype(dtype)
+        canonical = {k: v.astype(target) for k, v in canonical.items()}
+    else:
+        counts = Counter(v.dtype.name for v in canonical.values())
+        if len(counts) > 1:
+            common = counts.most_common(1)[0][0]
+            odd = next(k for k, v in canonical.items() if v.dtype.name != common)
+            raise TensorError(origin[odd], f"has dtype {canonical[odd].dtype} while the other tensors are {common}; a "
+                              f"model holds one dtype: pass dtype='{common}' (--dtype {common}) to cast")
+
+    position, rows = recognise_positions(layout, canonical, origin, overrides, decisions)
+    config = _build_config(layout, canonical, origin, check.layers, overrides, position, rows, notes)
+
+    expected = param_shapes(config)
+    for ckey in canonical:
+        if ckey not in expected:
+            raise TensorError(origin[ckey], f"gives {ckey}, which a config with {config.summary()} does not have")
+    for ckey, shape in expected.items():
+        if ckey not in canonical:
+            raise LayoutError(layout.name, f"no key gives {ckey}, which the config needs")
+        array = canonical[ckey]
+        if array.shape != shape:
+            raise TensorError(origin[ckey], f"has shape {np.shape(stored[origin[ckey]])} ({ckey} {array.shape} after the "
+                              f"layout's transforms); the config (D={config.d_model}, F={config.d_ff}, V={config.src_vocab_size}/"
+                              f"{config.tgt_vocab_size}, max_len={config.max_len}) needs {shape}")
+        nonfinite = array.size - int(np.count_nonzero(np.isfinite(array.astype(np.float64))))
+        if nonfinite:
+            raise TensorError(origin[ckey], f"has {nonfinite} NaN or infinite value(s); such a model only produces NaN")
+    # Copies, C-ordered: the caller's tensors are never shared, so nothing done to the result
+    # (or to the source model afterwards) reaches the other.
+    params = {ckey: np.array(canonical[ckey], copy=True, order="C") for ckey in expected}
+    return Conversion(config, params, layout, detected, decisions)
+
+# -- Export ------------------------------------------------------------------------------------
+
+
+def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, Any]) -> None:
+    """Refuse an export whose config the target system would compute differently.
+
+    Every switch the layout fixes (its preset and `[switches]`, plus `target` for a copy of the
+    system that was changed) must equal the config's; `free` switches are the user's to set in
+    the target system. A system that stores its position table can hold any position term.
+    """
+    check_overrides(target)
+    expected = {**layout.base_switches(), **target}
+    for name in sorted(SWITCH_FIELDS):
+        if name in layout.free or name not in expected:
+            continue
+        if name == "position" and layout.stores_positions():
+            continue
+        if getattr(config, name) != expected[name]:
+            raise ConfigError(name, f"the {layout.name} system computes {name}={expected[name]!r} but this config has "
+                              f"{getattr(config, name)!r}, so exported weights would give other logits there "
+                              f"(if your copy of that system was changed to match, pass {name}=... to the export)")
+
+
+def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: Layout | str, **target: Any) -> dict[str, np.ndarray]:
+    """Canonical `(config, params)` -> a state dict in `layout`'s key space, as NumPy arrays.
+
+    The exact inverse of the import: importing the result gives back `config` and `params` bit
+    for bit. Tied duplicates are written as copies so that `load_state_dict(strict=True)` works;
+    keys the layout drops are not written. A position table the system stores is written even
+    when the config computes a sinusoid (as `conformance.positions.sinusoid_table`, in the
+    parameters' dtype), since the system reads its buffer. `target` names switches of a changed
+    copy of the system (see `check_exportable`).
+    """
+    layout = load_layout(layout)
+    arrays = {name: np.asarray(value) for name, value in params.items()}
+    check_numpy_params(config, arrays)
+    check_exportable(config, layout, target)
+    canonical = dict(arrays)
+    if layout.stores_positions() and config.position != "table":
+        dtype = next(iter(arrays.values())).dtype
+        table = sinusoid_table(config.max_len, config.d_model, config.position).astype(dtype)
+        canonical.update({name: table for name in TABLES})
+    plan = plan_keys(layout, canonical)
+    out = {fkey: backward(layout, entry, fkey, [canonical[c] for c in ckeys], ckeys)
+           for fkey, (entry, _, ckeys) in plan.items()}
+    for alias, (stored, _) in alias_keys(layout, list(out)).items():
+        out[alias] = out[stored].copy()
+    return out

@@ -1,0 +1,85 @@
+"""The errors the weight converters raise. All are `ValueError`s, like the rest of the project's.
+
+| type                   | raised for                                                  | names           |
+| ---------------------- | ----------------------------------------------------------- | --------------- |
+| `LayoutError`          | a layout file that is not valid                             | the layout      |
+| `KeyMismatchError`     | a state dict whose keys do not fit the layout               | missing and unexpected keys |
+| `NoMatchingLayoutError`| auto-detection found no built-in layout that fits           | the closest layouts |
+| `AmbiguousLayoutError` | several built-in layouts fit exactly                        | those layouts   |
+| `TensorError`          | a tensor that a transform or the config cannot accept       | the foreign key |
+
+A config field that is missing or contradicts the tensors raises the project's `ConfigError`
+(naming the field); an unreadable or unsafe file raises `CheckpointError` (naming the file).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def listing(names: Sequence[str], limit: int = 6) -> str:
+    """'a, b, c and 4 more': a readable, bounded list for error messages."""
+    names = list(names)
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+class LayoutError(ValueError):
+    """A layout (a TOML file describing a foreign key space) is not valid. `.layout` names it."""
+
+    def __init__(self, layout: str, problem: str):
+        self.layout = layout
+        self.problem = problem
+        super().__init__(f"layout {layout}: {problem}")
+
+
+class KeyMismatchError(LayoutError):
+    """The keys of a state dict do not fit a layout: some are missing, some are unexpected."""
+
+    def __init__(self, layout: str, missing: Sequence[str], unexpected: Sequence[str], summary: str = ""):
+        self.missing = list(missing)
+        self.unexpected = list(unexpected)
+        parts = []
+        if missing:
+            parts.append(f"{len(self.missing)} missing key(s): {summary or listing(self.missing)}")
+        if unexpected:
+            parts.append(f"{len(self.unexpected)} unexpected key(s): {listing(self.unexpected)}")
+        super().__init__(layout, "the state dict does not fit: " + "; ".join(parts))
+
+
+class NoMatchingLayoutError(ValueError):
+    """Auto-detection found no built-in layout whose key set matches exactly.
+
+    `.candidates` holds `(layout name, missing keys, unexpected keys)`, closest first.
+    """
+
+    def __init__(self, candidates: Sequence[tuple[str, list[str], list[str]]], n_keys: int, limit: int = 3):
+        self.candidates = list(candidates)
+        lines = [
+            f"no built-in layout matches these {n_keys} keys exactly; pass --layout NAME or a layout "
+            f"file of your own (see docs/porting.md). Closest:"
+        ]
+        for name, missing, unexpected in self.candidates[:limit]:
+            lines.append(f"  {name}: {len(missing)} missing, {len(unexpected)} unexpected")
+            if missing:
+                lines.append(f"    missing: {listing(missing, 4)}")
+            if unexpected:
+                lines.append(f"    unexpected: {listing(unexpected, 4)}")
+        super().__init__("\n".join(lines))
+
+
+class AmbiguousLayoutError(ValueError):
+    """More than one built-in layout matches the key set exactly."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = list(names)
+        super().__init__(f"the keys match several built-in layouts exactly ({', '.join(names)}); pass --layout NAME")
+
+
+class TensorError(ValueError):
+    """A tensor cannot be converted. `.key` names it as the foreign state dict spells it."""
+
+    def __init__(self, key: str, problem: str):
+        self.key = key
+        self.problem = problem
+        super().__init__(f"{key}: {problem}")

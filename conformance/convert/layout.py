@@ -1,0 +1,346 @@
+"""Layouts: TOML files that describe a foreign key space, read into validated objects.
+
+A layout says, for one system (a tutorial, a library), which switches it implies (a preset from
+`conformance.presets` plus anything on top), how it stores a `d_in -> d_out` matrix, and for each
+foreign key pattern the canonical key(s) it becomes and the transform on the way. The format is
+documented for users in `docs/porting.md`; in short:
+
+    preset = "annotated-transformer"
+    matrices = "out-in"                  # torch.nn.Linear stores (out_features, in_features)
+    free = ["pad_id"]                    # switches the system takes from its user
+    required = ["pad_id"]                # ... that an import must be told (--set)
+    drop = ["*.num_batches_tracked"]     # foreign keys that are not parameters
+    [switches]                           # switches on top of the preset
+    [keys]
+    "src_embed.0.lut.weight" = "encoder.embedding.weight"
+    "encoder.layers.{i}.self_attn.linears.{p:0=q|1=k|2=v|3=o}.{w:weight|bias}" = "encoder.layers.{i}.self_attn.{p}_proj.{w}"
+    "src_embed.1.pe" = { to = "encoder.position.table", squeeze = 0 }
+    "in_proj_weight" = { split = ["...q_proj.weight", "...k_proj.weight", "...v_proj.weight"] }
+    "pos.pe" = { copy = ["encoder.position.table", "decoder.position.table"], squeeze = 0 }
+    "lm_head.weight" = { same_as = "model.shared.weight", optional = true }
+
+Patterns: `{i}` captures a layer index (any name without a colon captures a number);
+`{p:a|b}` captures one of the listed words, `{p:a=x|b=y}` also maps the foreign word `a` to the
+canonical word `x`. The canonical side uses the same captures as `{i}`, `{p}`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from conformance.config import ModelConfig
+from conformance.convert.errors import LayoutError
+from conformance.convert.patterns import CAPTURE, Capture, Pattern, glob
+from conformance.params import param_shapes
+from conformance.presets import PRESETS
+
+LAYOUT_DIR = Path(__file__).parent / "layouts"
+
+# Sizes are read from tensor shapes (or given as overrides); every other field is a switch.
+SIZE_FIELDS = frozenset({"src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len",
+                         "n_encoder_layers", "n_decoder_layers"})
+SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {"notes"}
+_FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
+
+_TOP_KEYS = {"name", "description", "preset", "matrices", "free", "required", "drop", "switches", "keys"}
+_ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional"}
+
+
+# -- Entries and layouts -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One line of `[keys]`: a foreign key pattern and what it becomes.
+
+    kind: "rename" (one canonical key), "split" (equal parts along `axis`, e.g. a packed q/k/v),
+        "copy" (one stored tensor serves several canonical keys, e.g. one position buffer for
+        both stacks) or "alias" (a duplicate of another foreign key, e.g. a tied weight).
+    """
+
+    text: str
+    kind: str
+    source: Pattern
+    targets: tuple[Pattern, ...] = ()
+    same_as: Pattern | None = None
+    axis: int = 0
+    squeeze: int | None = None
+    transpose: bool | None = None  # None: decided by the layout's `matrices` and the target
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    description: str
+    preset: str | None
+    switches: Mapping[str, Any]
+    matrices: str | None
+    free: frozenset[str]
+    required: frozenset[str]
+    drop: tuple[str, ...]
+    entries: tuple[Entry, ...]
+    path: Path | None = None
+    _drop_regex: tuple[re.Pattern, ...] = field(default=(), repr=False, compare=False)
+
+    def base_switches(self) -> dict[str, Any]:
+        """The switches the system implies: its preset, then the layout's own additions."""
+        base = dict(PRESETS[self.preset]) if self.preset else {}
+        return {**base, **self.switches}
+
+    def is_dropped(self, key: str) -> bool:
+        return any(r.fullmatch(key) for r in self._drop_regex)
+
+    def stores_positions(self) -> bool:
+        """Whether the system keeps a position table in its state dict (learned or a buffer)."""
+        return any(t.text.endswith("position.table") for e in self.entries for t in e.targets)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _fail(where: str, problem: str) -> LayoutError:
+    return LayoutError(where, problem)
+
+
+def _parse_captures(text: str, where: str) -> dict[str, Capture]:
+    captures: dict[str, Capture] = {}
+    for m in CAPTURE.finditer(text):
+        name, spec = m.group(1), m.group(2)
+        if name in captures:
+            raise _fail(where, f"pattern {text!r} uses {{{name}}} twice")
+        if spec is None:
+            captures[name] = Capture(name)
+            continue
+        pairs = []
+        for word in spec.split("|"):
+            foreign, _, canonical = word.partition("=")
+            canonical = canonical if _ else foreign
+            if not foreign or not canonical:
+                raise _fail(where, f"pattern {text!r}: empty word in {{{name}:{spec}}}")
+            pairs.append((foreign, canonical))
+        for side in (0, 1):
+            words = [p[side] for p in pairs]
+            if len(set(words)) != len(words):
+                raise _fail(where, f"pattern {text!r}: {{{name}:{spec}}} repeats a word, so it cannot be inverted")
+        captures[name] = Capture(name, tuple(pairs))
+    leftover = CAPTURE.sub("", text)
+    if "{" in leftover or "}" in leftover:
+        raise _fail(where, f"pattern {text!r} has a brace that is not a {{name}} or {{name:a|b}} capture")
+    return captures
+
+
+def _canonical_pattern(text: Any, captures: Mapping[str, Capture], where: str, known: set[str]) -> Pattern:
+    if not isinstance(text, str) or not text:
+        raise _fail(where, f"a canonical key must be a non-empty string, got {text!r}")
+    for m in CAPTURE.finditer(text):
+        if m.group(2) is not None:
+            raise _fail(where, f"canonical pattern {text!r}: declare {{{m.group(1)}:...}} on the foreign side only")
+        if m.group(1) not in captures:
+            raise _fail(where, f"canonical pattern {text!r} uses {{{m.group(1)}}}, which the foreign pattern does not capture")
+    pattern = Pattern(text, captures, "canonical")
+    if pattern.names != set(captures):
+        missing = sorted(set(captures) - pattern.names)
+        raise _fail(where, f"canonical pattern {text!r} must use every capture of the foreign pattern; it lacks {missing}")
+    # Not every combination need exist (one rule may cover self- and cross-attention for both
+    # stacks, and the encoder has no cross-attention), but every word must take part in some
+    # canonical name: that catches a typo in the pattern or in any one word.
+    combos = list(pattern.combinations())
+    valid = [values for values, key in combos if key in known]
+    if not valid:
+        raise _fail(where, f"{combos[0][1]!r} (from {text!r}) is not a canonical parameter name (see conformance/params.py)")
+    for name, capture in captures.items():
+        for _, word in capture.choices or ():
+            if not any(values[name] == word for values in valid):
+                example = next(key for values, key in combos if values[name] == word)
+                raise _fail(where, f"{example!r} (from {text!r}) is not a canonical parameter name (see conformance/params.py)")
+    return pattern
+
+
+@functools.lru_cache(maxsize=1)
+def _all_canonical_names() -> frozenset[str]:
+    """Every canonical name with layer index 0, under a config that turns every parameter on."""
+    config = ModelConfig(
+        n_encoder_layers=1, n_decoder_layers=1, position="table", qkv_bias=True, out_proj_bias=True,
+        final_encoder_norm=True, final_decoder_norm=True, share_embeddings=False, tie_output=False,
+        output_bias=True, final_logits_bias=True,
+    )
+    return frozenset(param_shapes(config))
+
+
+def _entry(text: str, spec: Any, where: str, known: set[str]) -> Entry:
+    where = f"{where} [keys] {text!r}"
+    captures = _parse_captures(text, where)
+    source = Pattern(text, captures, "foreign")
+    if isinstance(spec, str):
+        spec = {"to": spec}
+    if not isinstance(spec, dict):
+        raise _fail(where, f"must be a canonical key or an inline table, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - _ENTRY_KEYS)
+    if unknown:
+        raise _fail(where, f"unknown field(s) {unknown}; expected some of {sorted(_ENTRY_KEYS)}")
+    kinds = [k for k in ("to", "split", "copy", "same_as") if k in spec]
+    if len(kinds) != 1:
+        raise _fail(where, f"needs exactly one of to, split, copy, same_as; got {kinds or 'none'}")
+    kind = kinds[0]
+    for flag in ("transpose", "optional"):
+        if flag in spec and not isinstance(spec[flag], bool):
+            raise _fail(where, f"{flag} must be true or false, got {spec[flag]!r}")
+    for number in ("axis", "squeeze"):
+        if number in spec and (isinstance(spec[number], bool) or not isinstance(spec[number], int)):
+            raise _fail(where, f"{number} must be an integer axis, got {spec[number]!r}")
+    if "axis" in spec and kind != "split":
+        raise _fail(where, "axis only applies to split")
+    if kind == "same_as":
+        if set(spec) - {"same_as", "optional"}:
+            raise _fail(where, "an alias (same_as) takes no transform: it is the same tensor stored twice")
+        target = spec["same_as"]
+        if not isinstance(target, str):
+            raise _fail(where, f"same_as must be a foreign key, got {target!r}")
+        for m in CAPTURE.finditer(target):
+            if m.group(2) is not None or m.group(1) not in captures:
+                raise _fail(where, f"same_as {target!r} may only use the captures of {text!r}")
+        same_as = Pattern(target, captures, "foreign")
+        if same_as.names != set(captures):
+            raise _fail(where, f"same_as {target!r} must use every capture of {text!r}")
+        return Entry(text, "alias", source, same_as=same_as, optional=spec.get("optional", False))
+    if kind == "to":
+        targets = (_canonical_pattern(spec["to"], captures, where, known),)
+        kind = "rename"
+    else:
+        listed = spec[kind]
+        if not isinstance(listed, list) or len(listed) < 2:
+            raise _fail(where, f"{kind} needs a list of at least two canonical keys, got {listed!r}")
+        targets = tuple(_canonical_pattern(t, captures, where, known) for t in listed)
+    return Entry(
+        text, kind, source, targets, axis=spec.get("axis", 0), squeeze=spec.get("squeeze"),
+        transpose=spec.get("transpose"), optional=spec.get("optional", False),
+    )
+
+
+def _check_switch(name: str, value: Any, where: str) -> None:
+    kind = _FIELD_TYPES[name]
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "str": isinstance(value, str),
+    }[kind]
+    if not ok:
+        raise _fail(where, f"[switches] {name} must be a {kind}, got {value!r}")
+
+
+def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -> Layout:
+    """Validate parsed TOML and build a `Layout`; `LayoutError` names the first problem."""
+    where = str(path) if path else name
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise _fail(where, f"unknown top-level key(s) {unknown}; expected some of {sorted(_TOP_KEYS)}")
+    name = data.get("name", name)
+    preset = data.get("preset")
+    if preset is not None and preset not in PRESETS:
+        raise _fail(where, f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+    switches = data.get("switches", {})
+    if not isinstance(switches, dict):
+        raise _fail(where, "[switches] must be a table")
+    for key, value in switches.items():
+        if key in SIZE_FIELDS:
+            raise _fail(where, f"[switches] {key} is a size; sizes are read from the tensors or given with --set")
+        if key not in SWITCH_FIELDS:
+            raise _fail(where, f"[switches] {key} is not a ModelConfig switch")
+        _check_switch(key, value, where)
+    lists = {}
+    for key in ("free", "required", "drop"):
+        value = data.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise _fail(where, f"{key} must be a list of strings")
+        lists[key] = value
+    for key in ("free", "required"):
+        bad = [v for v in lists[key] if v not in SWITCH_FIELDS | SIZE_FIELDS]
+        if bad:
+            raise _fail(where, f"{key} names {bad}, which are not ModelConfig fields")
+    matrices = data.get("matrices")
+    if matrices not in (None, "out-in", "in-out"):
+        raise _fail(where, f"matrices must be 'out-in' (torch.nn.Linear) or 'in-out' (Flax Dense, NumPy), got {matrices!r}")
+    keys = data.get("keys")
+    if not isinstance(keys, dict) or not keys:
+        raise _fail(where, "[keys] must be a non-empty table of foreign key pattern = canonical key")
+    known = set(_all_canonical_names())
+    entries = tuple(_entry(text, spec, where, known) for text, spec in keys.items())
+    if matrices is None:
+        for entry in entries:
+            if entry.transpose is None and any(_is_matrix(e) for t in entry.targets for e in t.examples()):
+                raise _fail(where, f"[keys] {entry.text!r} maps a matrix; say how the system stores matrices "
+                            "with matrices = 'out-in' or 'in-out' (or transpose = true/false on the entry)")
+    aliases = {e.text for e in entries if e.kind == "alias"}
+    for entry in entries:
+        if entry.kind == "alias" and entry.same_as.text in aliases:
+            raise _fail(where, f"[keys] {entry.text!r} is an alias of another alias; point it at the stored key")
+    return Layout(
+        name=name, description=str(data.get("description", "")), preset=preset, switches=dict(switches),
+        matrices=matrices, free=frozenset(lists["free"]) | frozenset(lists["required"]),
+        required=frozenset(lists["required"]), drop=tuple(lists["drop"]), entries=entries, path=path,
+        _drop_regex=tuple(glob(d) for d in lists["drop"]),
+    )
+
+
+# The canonical matrices, stored (d_in, d_out); everything else (embeddings, tables, vectors) has
+# one orientation only. A system that stores (d_out, d_in) needs each of these transposed.
+_MATRIX_SUFFIXES = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight",
+                    ".linear1.weight", ".linear2.weight")
+
+
+def _is_matrix(canonical_key: str) -> bool:
+    return canonical_key.endswith(_MATRIX_SUFFIXES) or canonical_key == "output.weight"
+
+
+def needs_transpose(layout: Layout, entry: Entry, canonical_key: str) -> bool:
+    if entry.transpose is not None:
+        return entry.transpose and _is_matrix(canonical_key)
+    return layout.matrices == "out-in" and _is_matrix(canonical_key)
+
+
+# -- Loading -----------------------------------------------------------------------------------
+
+
+def read_layout_file(path: str | Path) -> Layout:
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise LayoutError(str(path), "no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise LayoutError(str(path), f"not valid TOML: {exc}") from None
+    return parse_layout(data, path.stem, path)
+
+
+def builtin_layout_names() -> list[str]:
+    return sorted(p.stem for p in LAYOUT_DIR.glob("*.toml"))
+
+
+@functools.lru_cache(maxsize=None)
+def _builtin(name: str) -> Layout:
+    return read_layout_file(LAYOUT_DIR / f"{name}.toml")
+
+
+def builtin_layouts() -> list[Layout]:
+    return [_builtin(name) for name in builtin_layout_names()]
+
+
+def load_layout(layout: str | Path | Layout) -> Layout:
+    """A `Layout` from a built-in name, a path to a TOML file, or a `Layout` (returned as is)."""
+    if isinstance(layout, Layout):
+        return layout
+    text = str(layout)
+    if text in builtin_layout_names():
+        return _builtin(text)
+    path = Path(text)
+    if path.suffix == ".toml" or path.exists():
+        return read_layout_file(path)
+    raise LayoutError(text, f"no built-in layout of that name ({', '.join(builtin_layout_names())}) and no such .toml file")

@@ -1,0 +1,150 @@
+"""Reading foreign weight files into `{key: numpy array}`, without executing anything.
+
+    .safetensors          `conformance.checkpoint.read_tensors` (strict header validation)
+    .pt / .pth / .bin     `torch.load(..., weights_only=True, map_location="cpu")`
+    .npz                  `numpy.load(..., allow_pickle=False)` (Flax / NumPy exports)
+
+A pickle is a program: `weights_only=True` runs PyTorch's restricted unpickler, which builds
+tensors and plain containers and refuses every other global, so a file that needs more (a
+pickled module, or a crafted `__reduce__` that calls `os.system`) is refused before anything of
+it runs. Files are only ever opened for reading.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import ml_dtypes
+import numpy as np
+
+from conformance.checkpoint import read_tensors
+from conformance.convert.errors import TensorError
+from conformance.errors import CheckpointError
+
+SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch", ".npz": "npz"}
+
+
+def as_numpy(value: Any, key: str) -> np.ndarray:
+    """A torch tensor, JAX array or NumPy array as a NumPy array (a view where possible)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
+        import torch
+
+        tensor = value.detach().cpu()
+        if tensor.dtype == torch.bfloat16:
+            # NumPy has no bfloat16; the bits are reinterpreted, not rounded.
+            return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return tensor.numpy()
+    if hasattr(value, "__array__") and hasattr(value, "shape"):
+        return np.asarray(value)
+    raise TensorError(str(key), f"is a {type(value).__name__}, not a tensor or array")
+
+
+def as_arrays(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"a state dict must be a mapping of names to tensors, got {type(state_dict).__name__}")
+    out = {}
+    for key, value in state_dict.items():
+        if not isinstance(key, str):
+            raise TensorError(repr(key), "state dict keys must be strings")
+        out[key] = as_numpy(value, key)
+    return out
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix not in SUFFIXES:
+        raise CheckpointError(path, f"unknown file type {suffix!r}; expected one of {', '.join(SUFFIXES)}")
+    return SUFFIXES[suffix]
+
+
+def _reason(exc: Exception) -> str:
+    """The line of PyTorch's long refusal message that names what the pickle asked for."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if "GLOBAL" in line or "Unsupported" in line or "unsupported" in line:
+            return line
+    return lines[0] if lines else type(exc).__name__
+
+
+def _torch_file(path: Path) -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise CheckpointError(path, "reading a PyTorch file needs PyTorch (pip install torch), or convert it to .safetensors") from None
+    if not path.exists():
+        raise CheckpointError(path, "no such file")
+    if path.is_dir():
+        raise CheckpointError(path, "is a directory, not a weights file")
+    try:
+        with warnings.catch_warnings():
+            # A file that is not a pickle at all makes the unpickler warn before it fails.
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            path,
+            "refused: unpickling it needs more than tensors and plain containers, so it could run code "
+            f"({_reason(exc)}). Save a state dict (torch.save(model.state_dict(), path)) or a .safetensors file instead",
+        ) from None
+    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, KeyError, AttributeError) as exc:
+        raise CheckpointError(path, f"not a readable PyTorch file: {type(exc).__name__}: {exc}") from None
+
+
+def _npz_file(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if not isinstance(archive, np.lib.npyio.NpzFile):
+                raise CheckpointError(path, "holds a single array, not a named set of arrays (.npz)")
+            out = {}
+            for name in archive.files:
+                try:
+                    out[name] = archive[name]
+                except ValueError as exc:
+                    raise CheckpointError(path, f"refused: entry {name!r} holds Python objects ({exc})") from None
+            return out
+    except FileNotFoundError:
+        raise CheckpointError(path, "no such file") from None
+    except IsADirectoryError:
+        raise CheckpointError(path, "is a directory, not a weights file") from None
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise CheckpointError(path, f"not a readable .npz file: {exc}") from None
+
+
+def _tensor_dict(path: Path, obj: Any, key: str | None) -> dict[str, np.ndarray]:
+    if key is not None:
+        if not isinstance(obj, Mapping) or key not in obj:
+            found = sorted(map(str, obj)) if isinstance(obj, Mapping) else []
+            raise CheckpointError(path, f"has no entry {key!r} (top-level entries: {', '.join(found) or 'none'})")
+        obj = obj[key]
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(path, f"holds a {type(obj).__name__}, not a state dict (a mapping of names to tensors)")
+    nested = [str(k) for k, v in obj.items() if isinstance(v, Mapping)]
+    others = [str(k) for k, v in obj.items() if not isinstance(v, Mapping) and not hasattr(v, "shape")]
+    if nested or others:
+        hint = f"; if the state dict is nested, pass --key NAME (candidates: {', '.join(nested)})" if nested else ""
+        raise CheckpointError(path, f"is not a flat state dict: entries {', '.join((nested + others)[:6])} are not tensors{hint}")
+    try:
+        return as_arrays(obj)
+    except TensorError as exc:
+        raise CheckpointError(path, str(exc)) from None
+
+
+def read_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarray]:
+    """Every tensor in a weights file, by name, as NumPy arrays. `key` selects a nested state
+    dict in a PyTorch file (`{"model": state_dict, "epoch": 3}` -> `key="model"`)."""
+    path = Path(path)
+    kind = file_kind(path)
+    if kind == "safetensors":
+        if key is not None:
+            raise CheckpointError(path, "--key applies to PyTorch files only; a .safetensors file is flat")
+        return dict(read_tensors(path)[1])
+    if kind == "npz":
+        return _tensor_dict(path, _npz_file(path), key)
+    return _tensor_dict(path, _torch_file(path), key)

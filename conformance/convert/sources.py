@@ -1,0 +1,192 @@
+"""Importing live PyTorch models: what their modules and configs know beyond the tensors.
+
+A state dict cannot tell norm placement, activation, LayerNorm epsilon or the head count; a
+module can. These functions read those switches from the model itself, build the state dict in
+the matching built-in layout, and hand both to the one layout engine. PyTorch is imported
+only here, only when called.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from conformance.config import ModelConfig
+from conformance.convert.engine import convert_arrays
+from conformance.convert.errors import TensorError
+from conformance.convert.readers import as_arrays, as_numpy
+from conformance.errors import ConfigError
+
+# PyTorch's translation tutorial builds its PositionalEncoding with maxlen=5000.
+TUTORIAL_MAX_LEN = 5000
+
+
+def _activation_name(activation: Any, where: str) -> str:
+    """The ModelConfig name of an nn.Transformer activation (a function or a module)."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    if activation is F.relu or isinstance(activation, nn.ReLU):
+        return "relu"
+    if activation is F.gelu:
+        return "gelu"
+    if isinstance(activation, nn.GELU):
+        return "gelu-tanh" if activation.approximate == "tanh" else "gelu"
+    if activation is F.silu or isinstance(activation, nn.SiLU):
+        return "silu"
+    raise ConfigError("activation", f"{where} is {activation!r}; only ReLU, GELU (erf or tanh) and SiLU have a ModelConfig name")
+
+
+def _embedding_weight(module: Any, what: str):
+    """The (V, D) table of an nn.Embedding, of a module wrapping exactly one, or a tensor."""
+    from torch import nn
+
+    if isinstance(module, nn.Embedding):
+        return module.weight
+    if isinstance(module, nn.Module):
+        found = [m for m in module.modules() if isinstance(m, nn.Embedding)]
+        if len(found) != 1:
+            raise ConfigError(what, f"expected an nn.Embedding or a module holding exactly one; {type(module).__name__} holds {len(found)}")
+        return found[0].weight
+    if hasattr(module, "shape") and len(module.shape) == 2:
+        return module
+    raise ConfigError(what, f"expected an nn.Embedding, a module holding one, or a (V, D) tensor; got {type(module).__name__}")
+
+
+def _key(where: str) -> str:
+    """`encoder.layers[0].norm1` -> `encoder.layers.0.norm1`, as the state dict spells it."""
+    return where.replace("[", ".").replace("]", "")
+
+
+def _agree(values: dict[str, Any], name: str, what: str) -> Any:
+    """One value read from several places (every layer); a disagreement is an error."""
+    if len({repr(v) for v in values.values()}) > 1:
+        shown = ", ".join(f"{where}={v!r}" for where, v in list(values.items())[:4])
+        raise ConfigError(name, f"differs between layers ({shown}); ModelConfig has one {what}")
+    return next(iter(values.values()))
+
+
+def _merge(read: dict[str, Any], defaults: dict[str, Any], overrides: dict[str, Any], source: str) -> dict[str, Any]:
+    """Facts read from the model cannot be overridden; defaults (the tutorial's choices) can."""
+    for name, value in overrides.items():
+        if name in read and read[name] != value:
+            raise ConfigError(name, f"{value!r} (given) contradicts the model, whose {source} has {name}={read[name]!r}")
+    return {**defaults, **read, **overrides}
+
+
+def from_torch_nn_transformer(transformer, src_embedding, tgt_embedding, generator, **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Import a user's model built around `torch.nn.Transformer`.
+
+    Read from the modules: d_model, d_ff, the layer counts (tensor shapes), n_heads, norm_first,
+    activation, LayerNorm epsilon, whether final norms exist and whether the generator has a
+    bias. What `nn.Transformer` does not have defaults to PyTorch's own translation tutorial
+    (`Seq2SeqTransformer`): token embeddings scaled by sqrt(d_model), the interleaved sinusoid up
+    to max_len=5000, target padding masked on the keys, `-inf` for masked scores (what a boolean
+    mask means inside nn.MultiheadAttention), padding id 1. Each of those is an override, e.g.
+    `pad_id=0, scale_embedding=False`.
+
+    `src_embedding`, `tgt_embedding`: `nn.Embedding`s (or modules holding exactly one, like the
+    tutorial's `TokenEmbedding`); `generator`: the `nn.Linear` that gives the logits.
+    """
+    import torch
+    from torch import nn
+
+    if not isinstance(transformer, nn.Transformer):
+        raise TypeError(f"expected a torch.nn.Transformer, got {type(transformer).__name__}")
+    if not isinstance(generator, nn.Linear):
+        raise TypeError(f"generator must be an nn.Linear, got {type(generator).__name__}")
+    enc_layers = list(getattr(transformer.encoder, "layers", []))
+    dec_layers = list(getattr(transformer.decoder, "layers", []))
+    layers = {f"encoder.layers[{i}]": l for i, l in enumerate(enc_layers)}
+    layers |= {f"decoder.layers[{i}]": l for i, l in enumerate(dec_layers)}
+    norms = {f"{where}.{n}": getattr(layer, n) for where, layer in layers.items() for n in ("norm1", "norm2", "norm3") if hasattr(layer, n)}
+    for stack in ("encoder", "decoder"):
+        if getattr(transformer, stack).norm is not None:
+            norms[f"{stack}.norm"] = getattr(transformer, stack).norm
+    # nn.Transformer(bias=False) drops every bias, LayerNorm's included: ModelConfig's norms
+    # always have one, so such a model is refused by name rather than padded with zeros.
+    for where, norm in norms.items():
+        if not isinstance(norm, nn.LayerNorm) or norm.weight is None or norm.bias is None:
+            raise TensorError(f"transformer.{_key(where)}.bias", "is missing: a LayerNorm without weight and bias "
+                              "(nn.Transformer(bias=False)) cannot be expressed by ModelConfig")
+    for where, layer in layers.items():
+        for name in ("self_attn", "multihead_attn"):
+            attn = getattr(layer, name, None)
+            if attn is not None and (attn.in_proj_weight is None or attn.in_proj_bias is None or attn.out_proj.bias is None):
+                raise TensorError(f"transformer.{_key(where)}.{name}.in_proj_bias", "is missing: attention without packed "
+                                  "projections and biases is not what the torch-nn-transformer layout describes")
+
+    read: dict[str, Any] = {}
+    if layers:
+        read["norm_placement"] = "pre" if _agree({w: l.norm_first for w, l in layers.items()}, "norm_placement", "norm placement") else "post"
+        read["activation"] = _agree({w: _activation_name(l.activation, f"{w}.activation") for w, l in layers.items()}, "activation", "activation")
+        read["n_heads"] = _agree({w: l.self_attn.num_heads for w, l in layers.items()}, "n_heads", "head count")
+    if norms:
+        read["layer_norm_eps"] = _agree({w: float(n.eps) for w, n in norms.items()}, "layer_norm_eps", "epsilon")
+    read["final_encoder_norm"] = transformer.encoder.norm is not None
+    read["final_decoder_norm"] = transformer.decoder.norm is not None
+    read["output_bias"] = generator.bias is not None
+    batch_first = bool(layers and next(iter(layers.values())).self_attn.batch_first)
+
+    state = {f"transformer.{k}": v for k, v in transformer.state_dict().items()}
+    state["src_tok_emb.embedding.weight"] = _embedding_weight(src_embedding, "src_embedding")
+    state["tgt_tok_emb.embedding.weight"] = _embedding_weight(tgt_embedding, "tgt_embedding")
+    state["generator.weight"] = generator.weight
+    if generator.bias is not None:
+        state["generator.bias"] = generator.bias
+    with torch.no_grad():
+        arrays = as_arrays(state)
+    values = _merge(read, {"max_len": TUTORIAL_MAX_LEN}, overrides, "torch.nn.Transformer")
+    notes = {"source": "torch.nn.Transformer", "batch_first": str(batch_first)}
+    result = convert_arrays(arrays, "torch-nn-transformer", notes=notes, **values)
+    return result.config, result.params
+
+
+# Hugging Face activation names (ACT2FN) -> ModelConfig names. "swish" is SiLU; the tanh GELUs
+# ("gelu_new", "gelu_pytorch_tanh", "gelu_fast") all compute 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))).
+HF_ACTIVATIONS = {
+    "relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu",
+    "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu_fast": "gelu-tanh",
+}
+
+
+def from_hf_marian(model, **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Import a Hugging Face `MarianMTModel` (from transformers), reading its config.
+
+    From `model.config`: d_model, the head count (equal for encoder and decoder), the layer
+    counts, the FFN width, max_position_embeddings, activation_function, scale_embedding and
+    pad_token_id. Released Marian models share the source and target embedding and tie the
+    output to it (`share_encoder_decoder_embeddings`, `tie_word_embeddings`); models that do not
+    are refused with a ConfigError, since the hf-marian layout describes the shared form.
+    """
+    import torch
+
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "marian" or not hasattr(model, "lm_head"):
+        raise TypeError(f"expected a transformers MarianMTModel, got {type(model).__name__}")
+    if not getattr(config, "share_encoder_decoder_embeddings", True):
+        raise ConfigError("share_embeddings", "this Marian model has separate source and target embeddings "
+                          "(share_encoder_decoder_embeddings=False), which the hf-marian layout does not describe")
+    if not getattr(config, "tie_word_embeddings", True):
+        raise ConfigError("tie_output", "this Marian model does not tie lm_head to the embedding (tie_word_embeddings=False), "
+                          "which the hf-marian layout does not describe")
+    pairs = {"n_heads": ("encoder_attention_heads", "decoder_attention_heads"), "d_ff": ("encoder_ffn_dim", "decoder_ffn_dim")}
+    for name, (a, b) in pairs.items():
+        if getattr(config, a) != getattr(config, b):
+            raise ConfigError(name, f"{a}={getattr(config, a)} differs from {b}={getattr(config, b)}; ModelConfig has one {name}")
+    activation = config.activation_function
+    if activation not in HF_ACTIVATIONS:
+        raise ConfigError("activation", f"Marian activation_function {activation!r} has no ModelConfig name; known: {sorted(HF_ACTIVATIONS)}")
+    read = {
+        "n_heads": config.encoder_attention_heads, "d_ff": config.encoder_ffn_dim, "d_model": config.d_model,
+        "n_encoder_layers": config.encoder_layers, "n_decoder_layers": config.decoder_layers,
+        "max_len": config.max_position_embeddings, "activation": HF_ACTIVATIONS[activation],
+        "scale_embedding": bool(config.scale_embedding), "pad_id": config.pad_token_id,
+    }
+    with torch.no_grad():
+        arrays = {k: as_numpy(v, k) for k, v in model.state_dict().items()}
+    values = _merge(read, {}, overrides, "config")
+    notes = {"source": "transformers MarianMTModel", "name_or_path": str(getattr(config, "_name_or_path", "") or "")}
+    result = convert_arrays(arrays, "hf-marian", notes=notes, **values)
+    return result.config, result.params

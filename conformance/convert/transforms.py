@@ -1,0 +1,137 @@
+"""Tensor transforms between a foreign layout and the canonical key space, both directions.
+
+Import (`forward`): squeeze an axis, split a packed tensor into equal parts or copy one tensor to
+several canonical keys, then transpose the matrices a system stores (out, in). Export
+(`backward`) undoes exactly that. `recognise_positions` decides what a stored position table is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import ml_dtypes
+import numpy as np
+
+from conformance.config import POSITIONS
+from conformance.convert.errors import TensorError
+from conformance.convert.layout import Entry, Layout, needs_transpose
+from conformance.errors import ConfigError
+from conformance.positions import sinusoid_table
+
+TABLES = ("encoder.position.table", "decoder.position.table")
+SINUSOIDS = ("sinusoid-interleaved", "sinusoid-split")
+
+
+def identical(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bitwise equality (so that NaN payloads and -0.0 count too): what a tied tensor is."""
+    return a.dtype == b.dtype and a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+def forward(layout: Layout, entry: Entry, values: dict[str, str], key: str, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """One stored tensor -> its canonical tensor(s)."""
+    targets = [t.format(values) for t in entry.targets]
+    if entry.squeeze is not None:
+        if not -x.ndim <= entry.squeeze < x.ndim or x.shape[entry.squeeze] != 1:
+            raise TensorError(key, f"has shape {x.shape}; the layout squeezes axis {entry.squeeze}, which must have size 1")
+        x = np.squeeze(x, axis=entry.squeeze)
+    if entry.kind == "split":
+        n = len(targets)
+        if not -x.ndim <= entry.axis < x.ndim or x.shape[entry.axis] % n:
+            raise TensorError(key, f"has shape {x.shape}; the layout splits axis {entry.axis} into {n} equal parts "
+                              f"({', '.join(targets)})")
+        parts = np.split(x, n, axis=entry.axis)
+    else:
+        parts = [x] * len(targets)  # rename: one target; copy: the same tensor for each target
+    out = []
+    for ckey, part in zip(targets, parts):
+        if needs_transpose(layout, entry, ckey):
+            if part.ndim != 2:
+                raise TensorError(key, f"has shape {x.shape}; {ckey} is a matrix, so it must be 2-D")
+            part = part.T  # (d_out, d_in) -> (d_in, d_out)
+        out.append((ckey, part))
+    return out
+
+
+def backward(layout: Layout, entry: Entry, fkey: str, tensors: list[np.ndarray], ckeys: list[str]) -> np.ndarray:
+    """The inverse of `forward`: canonical tensor(s) -> the one stored tensor."""
+    parts = [t.T if needs_transpose(layout, entry, c) else t for t, c in zip(tensors, ckeys)]
+    if entry.kind == "split":
+        x = np.concatenate(parts, axis=entry.axis)
+    elif entry.kind == "copy":
+        if not all(identical(parts[0], p) for p in parts[1:]):
+            raise TensorError(fkey, f"stores one tensor for {', '.join(ckeys)}, but this model's differ")
+        x = parts[0]
+    else:
+        x = parts[0]
+    if entry.squeeze is not None:
+        x = np.expand_dims(x, entry.squeeze)
+    return np.array(x, copy=True, order="C")
+
+
+def _sinusoid_tolerance(rows: int, dtype: np.dtype) -> np.ndarray:
+    """(rows, 1): how far a stored sinusoid may be from ours and still be recognised as one.
+
+    Tutorials compute `pos * freq` in float32: the frequency carries a few ulp of relative error,
+    so the angle at position p is off by up to about p * 2 eps, and the table by as much
+    (|d sin| <= |d angle|). Measured on the tutorials' own formulas (d_model 16..512, 5000
+    positions): at most 0.72 eps (1 + p), so 4 eps (1 + p) leaves a margin of 5. A learned table
+    is off by O(0.1) everywhere, far outside this bound.
+    """
+    eps = float(ml_dtypes.finfo(dtype).eps)
+    return 4 * eps * (1 + np.arange(rows, dtype=np.float64))[:, None]
+
+
+def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides: Mapping[str, Any], decisions: list[str]):
+    """Decide what a stored position table becomes: (position, rows), or (None, None) if none.
+
+    With `position` given: "table" keeps it; a sinusoid form is checked against the table (within
+    the float32-computation tolerance above) and the table dropped. Otherwise a table that is
+    bit-identical to our sinusoid in its dtype is recognised (lossless: every backend computes
+    exactly that table), and anything else is kept.
+    """
+    present = [k for k in TABLES if k in canonical]
+    if not present:
+        return None, None
+    if len(present) == 1:
+        other = TABLES[1 - TABLES.index(present[0])]
+        raise TensorError(origin[present[0]], f"gives {present[0]}, but no key gives {other}: a stored position term needs a table per stack")
+    enc, dec = (canonical[k] for k in TABLES)
+    for name, table in zip(TABLES, (enc, dec)):
+        if table.ndim != 2:
+            raise TensorError(origin[name], f"must be a (max_len, d_model) table after the layout's transforms, got shape {table.shape}")
+    if enc.shape != dec.shape:
+        raise TensorError(origin[TABLES[1]], f"has shape {dec.shape} but {origin[TABLES[0]]} has {enc.shape}; both stacks share max_len")
+    rows, width = enc.shape
+    wanted = overrides.get("position")
+    if wanted is not None and wanted not in POSITIONS:
+        raise ConfigError("position", f"unknown value {wanted!r}; expected one of {list(POSITIONS)}")
+    if wanted == "table":
+        decisions.append(f"position: kept the stored table ({origin[TABLES[0]]}), as asked")
+        return "table", rows
+    if wanted is not None:
+        if width % 2:
+            raise ConfigError("position", f"a sinusoid needs an even d_model; the stored table is {width} wide")
+        exact = sinusoid_table(rows, width, wanted)
+        tol = _sinusoid_tolerance(rows, enc.dtype)
+        for name, table in zip(TABLES, (enc, dec)):
+            err = np.abs(table.astype(np.float64) - exact)
+            bad = err > tol
+            if bad.any():
+                pos, dim = (int(i) for i in np.unravel_index(int(np.argmax(np.where(bad, err, 0))), err.shape))
+                raise TensorError(origin[name], f"is not the {wanted} sinusoid: differs by {err[pos, dim]:.3g} at position "
+                                  f"{pos}, dim {dim} (tolerance {tol[pos, 0]:.3g}); keep it with position='table'")
+        for name in TABLES:
+            del canonical[name]
+        decisions.append(f"position: recognised the stored table as the {wanted} sinusoid (as asked) and dropped it")
+        return wanted, rows
+    if width % 2 == 0:
+        preferred = layout.base_switches().get("position")
+        for form in sorted(SINUSOIDS, key=lambda f: f != preferred):
+            expected = sinusoid_table(rows, width, form).astype(enc.dtype)
+            if identical(enc, expected) and identical(dec, expected):
+                for name in TABLES:
+                    del canonical[name]
+                decisions.append(f"position: the stored table is exactly the {form} sinusoid; recognised and dropped")
+                return form, rows
+    decisions.append(f"position: kept the stored table ({origin[TABLES[0]]}) as position='table'")
+    return "table", rows
