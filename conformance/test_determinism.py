@@ -1,0 +1,18 @@
+"""Property: the same call gives identical bits, on the same model and on a freshly built one."""
+
+import pytest
+from hypothesis import given
+
+from conformance import runner
+from conformance.assertions import assert_bitwise_equal
+from conformance.strategies import cases, shared_examples
+
+
+@pytest.mark.dtypes("float32", "bfloat16")
+@shared_examples
+@given(case=cases())
+def test_repeated_calls_are_bitwise_identical(target, case):
+    first, second = runner.run(target, case, repeat=2)
+    assert_bitwise_equal(first, second, target, "second call on the same model")
+    rebuilt = runner.run(target, case)
+    assert_bitwise_equal(first, rebuilt, target, "a freshly built model")

@@ -1,0 +1,24 @@
+"""Property: without attention weights (the fast path: SDPA in torch), results still follow the
+config, including the NaN of a fully masked row under a -inf fill and its uniform average under
+a finite fill."""
+
+import pytest
+from hypothesis import assume, given
+
+from conformance import runner
+from conformance.assertions import assert_tensors_close
+from conformance.report import forward_order
+from conformance.strategies import cases, shared_examples
+from conformance.tolerances import in_domain
+
+
+@pytest.mark.dtypes("float32", "float64")
+@shared_examples
+@given(case=cases())
+def test_fast_path_matches_the_oracle(target, case):
+    assume(in_domain(target.dtype, case.scale))
+    expected = runner.oracle(case)
+    got = runner.run(target, case, return_attention=False)
+    assert not any(name.endswith((".self", ".cross")) for name in got), "attention returned when not requested"
+    names = [n for n in forward_order(case.config) if not n.endswith((".self", ".cross"))]
+    assert_tensors_close(got, expected, target, case.config, what=" (fast path)", names=names)
