@@ -1,0 +1,165 @@
+"""Checkpoint fuzzing: a mutated file either raises `CheckpointError` or loads exactly the original.
+
+Every mutation the format can suffer is generated: truncation at any byte, byte flips in the
+header and in the data, a header length pointing past the end, a tensor claiming a huge shape,
+duplicate keys, overlapping offsets, non-JSON metadata, a wrong format version. The loader must
+answer each with `CheckpointError` (never another exception), without hanging and without a
+large allocation before validation. A mutation that changes nothing the loader reads (e.g. a
+JSON space turned into a newline) may load, but then it must load the original bit for bit.
+"""
+
+import json
+import signal
+import struct
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from conformance import CheckpointError, checkpoint, init_params, preset
+
+CONFIG = preset("default", d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1,
+                src_vocab_size=6, tgt_vocab_size=6, max_len=4)
+PARAMS = init_params(CONFIG, seed=0, dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fuzz") / "good.safetensors"
+    checkpoint.save(path, CONFIG, PARAMS)
+    return path.read_bytes()
+
+
+def split(data: bytes):
+    (n,) = struct.unpack("<Q", data[:8])
+    return n, json.loads(data[8 : 8 + n]), data[8 + n :]
+
+
+def assemble(header: dict | bytes, body: bytes, length: int | None = None) -> bytes:
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(raw) if length is None else length) + raw + body
+
+
+# Mutations: each takes the original bytes and a hypothesis `data` object.
+
+def truncate(data, draw):
+    return data[: draw(st.integers(0, len(data) - 1))]
+
+
+def flip_header_byte(data, draw):
+    n = struct.unpack("<Q", data[:8])[0]
+    i = draw(st.integers(0, 8 + n - 1))
+    return data[:i] + bytes([data[i] ^ draw(st.integers(1, 255))]) + data[i + 1 :]
+
+
+def flip_data_byte(data, draw):
+    n = struct.unpack("<Q", data[:8])[0]
+    i = draw(st.integers(8 + n, len(data) - 1))
+    return data[:i] + bytes([data[i] ^ draw(st.integers(1, 255))]) + data[i + 1 :]
+
+
+def length_past_end(data, draw):
+    n, _, _ = split(data)
+    return struct.pack("<Q", draw(st.integers(len(data) - 7, 2**64 - 1))) + data[8:]
+
+
+def huge_tensor(data, draw):
+    _, header, body = split(data)
+    name = draw(st.sampled_from(sorted(k for k in header if k != "__metadata__")))
+    header[name]["shape"] = [draw(st.integers(2**20, 2**40)), draw(st.integers(2**20, 2**40))]
+    return assemble(header, body)
+
+
+def duplicate_key(data, draw):
+    _, header, body = split(data)
+    name = draw(st.sampled_from(sorted(header)))
+    raw = json.dumps(header).encode()
+    entry = json.dumps({name: header[name]})[1:-1].encode()
+    return assemble(raw[:-1] + b", " + entry + b"}", body)
+
+
+def overlapping_offsets(data, draw):
+    _, header, body = split(data)
+    names = sorted(k for k in header if k != "__metadata__")
+    name = draw(st.sampled_from(names[1:]))
+    begin, end = header[name]["data_offsets"]
+    shift = draw(st.integers(1, max(1, begin)))
+    header[name]["data_offsets"] = [begin - shift, end - shift]
+    return assemble(header, body)
+
+
+def bad_metadata(data, draw):
+    _, header, body = split(data)
+    key = draw(st.sampled_from(["config", "format", "format_version", "sha256"]))
+    header["__metadata__"][key] = draw(st.sampled_from(["{", "", "null", "[]", '{"d_model": "x"}', "2", "rosetta"]))
+    return assemble(header, body)
+
+
+def wrong_version(data, draw):
+    _, header, body = split(data)
+    header["__metadata__"]["format_version"] = str(draw(st.integers(2, 10**6)))
+    return assemble(header, body)
+
+
+def garbage_header(data, draw):
+    n, _, body = split(data)
+    raw = draw(st.binary(min_size=1, max_size=64))
+    return assemble(raw, body)
+
+
+MUTATIONS = [truncate, flip_header_byte, flip_data_byte, length_past_end, huge_tensor, duplicate_key,
+             overlapping_offsets, bad_metadata, wrong_version, garbage_header]
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Hang("checkpoint.load did not return within 10 s")
+
+
+@settings(max_examples=max(500, settings().max_examples), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(mutation=st.sampled_from(MUTATIONS), data=st.data())
+def test_mutated_checkpoints_fail_cleanly(original, tmp_path, mutation, data):
+    mutated = mutation(original, data.draw)
+    path = tmp_path / "mutated.safetensors"
+    path.write_bytes(mutated)
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(10)  # a guard against hangs, not a speed target
+    tracemalloc.start()
+    try:
+        config, params = checkpoint.load(path)
+    except CheckpointError as exc:
+        assert str(path) in str(exc)
+        peak = tracemalloc.get_traced_memory()[1]
+        assert peak < 10 * len(original) + 1_000_000, f"{mutation.__name__}: {peak} bytes allocated before refusing"
+        return
+    finally:
+        tracemalloc.stop()
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    # It loaded: then it must be the original, bit for bit.
+    assert config == CONFIG, f"{mutation.__name__} loaded a different config"
+    assert list(params) == list(PARAMS)
+    for name in PARAMS:
+        assert params[name].tobytes() == PARAMS[name].tobytes(), f"{mutation.__name__} changed {name!r}"
+
+
+def test_every_mutation_kind_is_refused_at_least_once(original, tmp_path):
+    """Guard against a mutation that never actually breaks anything (a fuzzer without teeth)."""
+    from hypothesis import find
+
+    for mutation in MUTATIONS:
+        def refused(draw_data, mutation=mutation):
+            path = tmp_path / f"{mutation.__name__}.safetensors"
+            path.write_bytes(mutation(original, draw_data.draw))
+            try:
+                checkpoint.load(path)
+            except CheckpointError:
+                return True
+            return False
+
+        find(st.data(), refused, settings=settings(max_examples=50, database=None))
