@@ -287,6 +287,7 @@ def test_repeated_calls_give_identical_bits():
 def test_compiles_once_per_shape_and_shares_across_models():
     config = small(d_ff=40)  # a config no other test compiles
     params = init_params(config, dtype=np.float32)
+    impl_jax.clear_cache()  # so that the bound on live executables cannot empty it mid-test
     before = impl_jax.compile_stats()["compiles"]
     model = impl_jax.Model(config, params)
     model(SRC, TGT)
@@ -298,6 +299,38 @@ def test_compiles_once_per_shape_and_shares_across_models():
     assert impl_jax.compile_stats()["compiles"] == before + 4
     stats = impl_jax.compile_stats()
     assert stats["compile_seconds"] > 0 and stats["trace_seconds"] > 0 and stats["calls"] >= 8
+
+
+def test_live_executables_are_bounded(monkeypatch):
+    """Each XLA:CPU executable holds ~60-120 memory mappings; unbounded, a long test session
+    reaches vm.max_map_count and dies with SIGSEGV inside XLA. The cache is emptied at a bound."""
+    from impl_jax import compiled
+
+    config = small(d_ff=44)
+    model = impl_jax.Model(config, init_params(config, dtype=np.float32))
+    expected = np.asarray(model(SRC, TGT).logits)
+    impl_jax.clear_cache()
+    monkeypatch.setattr(compiled, "MAX_CACHED_EXECUTABLES", 4)
+    evictions = impl_jax.compile_stats()["evictions"]
+    for src_len in (6, 5, 4, 3):  # each new source length compiles _encode and _decode
+        model(SRC[:, :src_len], TGT)
+        assert impl_jax.compile_stats()["cached"] <= 4
+    assert impl_jax.compile_stats()["evictions"] == evictions + 1
+    before = impl_jax.compile_stats()["compiles"]
+    np.testing.assert_array_equal(np.asarray(model(SRC, TGT).logits), expected)  # evicted: compiled again
+    assert impl_jax.compile_stats()["compiles"] == before + 2
+
+    # The mapping count (Linux) also triggers it: with a zero share, every compile does.
+    if compiled.mapping_pressure() is None:
+        pytest.skip("no /proc/self/maps here: only the count bound applies")
+    monkeypatch.setattr(compiled, "MAX_CACHED_EXECUTABLES", 10_000)
+    monkeypatch.setattr(compiled, "MAX_MAP_SHARE", 0.0)
+    before = impl_jax.compile_stats()
+    model(SRC[:, :2], TGT)  # _encode compiles, leaving the process "over" the share; so _decode
+    model(SRC[:, :2], TGT)  # empties the cache first, and so does every later call
+    after = impl_jax.compile_stats()
+    assert (after["compiles"] - before["compiles"], after["evictions"] - before["evictions"]) == (4, 3)
+    impl_jax.clear_cache()
 
 
 def test_updated_params_are_used_by_the_next_call():
