@@ -100,7 +100,8 @@ class Report:
         lines = [
             f"rosetta check: {self.source}",
             f"config: {self.config.summary()}",
-            "oracle: numpy/cpu/float64; each cell: max abs error, max rel error, verdict",
+            "oracle: numpy/cpu/float64; each cell: max abs error, max rel error (where both are finite), "
+            "verdict (FAIL:NaN: NaN where the oracle has none, or the reverse)",
             "",
             "tensor".ljust(width) + "  " + "  ".join(label.ljust(col) for label in labels),
         ]
@@ -116,7 +117,7 @@ class Report:
                     text = "ERROR"
                 else:
                     c = cell.comparison
-                    verdict = "ok" if c.passed else "FAIL"
+                    verdict = "ok" if c.passed else "FAIL:NaN" if c.nan_mismatches else "FAIL"
                     text = f"{c.max_abs:8.1e} {c.max_rel:8.1e} {verdict}"
                 row.append(text.ljust(col))
             lines.append(tensor.ljust(width) + "  " + "  ".join(row))

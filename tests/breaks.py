@@ -1,0 +1,70 @@
+"""Deliberately broken copies of a backend: the mistakes a port makes, planted one at a time.
+
+Each break is a small edit to a private copy of a backend's `model.py` (or a replaced module
+attribute), registered as an extra backend so that the conformance properties and `rosetta check`
+run against it exactly as against a real one. A break whose text no longer occurs in the model
+file fails loudly, so the breaks follow the code as it changes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from conformance import backends
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def swapped_sinusoid(max_len, d_model, form):
+    """sin and cos exchanged: the even (or first-half) dims get cos, the others sin."""
+    from conformance.positions import sinusoid_table
+
+    table = sinusoid_table(max_len, d_model, form)
+    if form == "sinusoid-interleaved":
+        return table.reshape(max_len, d_model // 2, 2)[:, :, ::-1].reshape(max_len, d_model).copy()
+    half = d_model // 2
+    return np.concatenate([table[:, half:], table[:, :half]], axis=1)
+
+
+# name -> (backend, [(text in model.py, replacement)], {module attribute: replacement})
+BREAKS = {
+    "wrong LayerNorm epsilon": ("numpy", [("self.eps = config.layer_norm_eps", "self.eps = 1e-5")], {}),
+    "sin and cos swapped": ("numpy", [], {"sinusoid_table": swapped_sinusoid}),
+    "missing embedding scale": ("numpy", [("if self.config.scale_embedding:", "if False:")], {}),
+    "pre/post-LN swapped": ("numpy", [('self.pre_ln = config.norm_placement == "pre"',
+                                       'self.pre_ln = config.norm_placement != "pre"')], {}),
+    "causal mask shifted by one": ("numpy", [("np.tril(np.ones((length, length), dtype=bool))",
+                                              "np.tril(np.ones((length, length), dtype=bool), k=1)")], {}),
+    "heads split in the wrong order": ("numpy", [(
+        "x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)",
+        "x = x.reshape(batch, length, d_model // self.n_heads, self.n_heads).swapaxes(2, 3)",
+    )], {}),
+    "mask fill changed": ("numpy", [("self.fill = config.mask_fill", "self.fill = -1e9")], {}),
+    "final norm dropped": ("numpy", [(
+        'self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None',
+        "self.norm = None",
+    )], {}),
+}
+
+
+def broken_copy(name: str, backend: str, edits, patches):
+    """A private copy of `impl_<backend>.model` with the edits applied, as a registered backend."""
+    source = (ROOT / f"impl_{backend}" / "model.py").read_text()
+    for old, new in edits:
+        count = source.count(old)
+        assert count >= 1, f"break {name!r}: {old!r} no longer occurs in impl_{backend}/model.py"
+        source = source.replace(old, new)
+    module_name = "broken_" + "".join(c if c.isalnum() else "_" for c in name)
+    spec = importlib.util.spec_from_loader(module_name, loader=None)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    exec(compile(source, f"<{module_name}>", "exec"), module.__dict__)
+    for attribute, value in patches.items():
+        assert hasattr(module, attribute), f"break {name!r}: impl_{backend}.model has no {attribute!r}"
+        setattr(module, attribute, value)
+    backends.register_backend(module_name, module, like=backend)
+    return module_name

@@ -1,0 +1,107 @@
+"""`rosetta check`: the report names the tensor where a divergence starts, in text, JSON and status.
+
+A porting bug shows first in one tensor and in everything computed after it, so the report's job
+is to name that first tensor. These tests plant each classic bug in a copy of the NumPy backend
+and require the report to name the tensor where the bug lives, and run the command itself on
+the built-in default (passes) and on a checkpoint that float32 cannot run (fails, named).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from breaks import BREAKS, broken_copy
+from conformance import backends, checkpoint, init_params
+from conformance.backends import Target
+from conformance.cli import main
+from conformance.config import ModelConfig
+from conformance.defaults import default_model
+from conformance.report import fixed_batch, forward_order, run_check
+
+# Every switch a planted break can touch is set so that the break shows on `check`'s fixed batch:
+# pre-LN with final norms, an epsilon other than the broken 1e-5, a scaled embedding, and padded
+# target queries with a -inf fill, so that the fixed batch has fully masked rows.
+CONFIG = ModelConfig(
+    src_vocab_size=17, tgt_vocab_size=19, d_model=16, n_heads=4, d_ff=24, n_encoder_layers=2,
+    n_decoder_layers=2, max_len=8, norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True,
+    layer_norm_eps=1e-6, scale_embedding=True, position="sinusoid-interleaved", mask_fill=float("-inf"),
+    tgt_pad_mask="queries",
+)
+
+# Where each break first shows, in forward order.
+FIRST_DIVERGENCE = {
+    "wrong LayerNorm epsilon": "encoder.0.self",  # pre-LN: the first LayerNorm feeds the first attention
+    "sin and cos swapped": "encoder.embeddings",
+    "missing embedding scale": "encoder.embeddings",
+    "pre/post-LN swapped": "encoder.0.self",
+    "causal mask shifted by one": "decoder.0.self",
+    "heads split in the wrong order": "encoder.0.self",
+    "mask fill changed": "decoder.0.self",  # the padded queries' rows: NaN (-inf) became uniform
+    "final norm dropped": "decoder.output",
+}
+
+
+def test_every_planted_break_has_an_expected_first_tensor():
+    assert set(FIRST_DIVERGENCE) == set(BREAKS)
+
+
+@pytest.mark.parametrize("name", sorted(BREAKS))
+def test_the_report_names_the_tensor_where_the_break_lives(name):
+    backend, edits, patches = BREAKS[name]
+    registered = broken_copy(name, backend, edits, patches)
+    target = Target(registered, "cpu", "float64")
+    try:
+        report = run_check(CONFIG, init_params(CONFIG, seed=3), "test", [target])
+    finally:
+        backends.unregister_backend(registered)
+    assert not report.passed
+    assert report.first_failure() == (FIRST_DIVERGENCE[name], target.label), report.to_text()
+    text = report.to_text()
+    assert f"first diverging tensor: {FIRST_DIVERGENCE[name]} on {target.label}" in text
+    every_earlier_tensor = forward_order(CONFIG)[: forward_order(CONFIG).index(FIRST_DIVERGENCE[name])]
+    assert all(report.cells[(tensor, target.label)].passed for tensor in every_earlier_tensor)
+    if name == "mask fill changed":  # uniform rows where the oracle has NaN: the cell says why
+        row = next(line for line in text.splitlines() if line.startswith("decoder.0.self "))
+        assert row.split()[-1] == "FAIL:NaN", row
+
+
+def test_the_fixed_batch_has_the_padding_the_breaks_need():
+    src, tgt = fixed_batch(CONFIG)
+    assert (src[:, 0] != CONFIG.pad_id).all() and (src == CONFIG.pad_id).any(axis=1).sum() == 2
+    assert (tgt == CONFIG.pad_id).any(), "without padded target queries, a changed fill is invisible"
+
+
+def test_check_passes_on_the_default_model_and_writes_the_same_report_as_json(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert main(["check", "--backends", "numpy", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    config = default_model()[0]
+    rows = [line.split()[0] for line in text.splitlines() if line.split() and line.split()[0] in forward_order(config)]
+    assert rows == forward_order(config), "one row per tensor, in forward order"
+    assert "result: every backend agrees with the oracle within tolerance" in text
+    report = json.loads(out.read_text())
+    assert report["passed"] is True and report["first_failure"] is None
+    assert [t["tensor"] for t in report["tensors"]] == forward_order(config)
+    assert [t["label"] for t in report["targets"]] == ["numpy/cpu/float32"]
+
+
+def test_check_fails_and_names_the_first_tensor_float32_cannot_hold(tmp_path, capsys):
+    """A float64 checkpoint with one exploding layer: exact in float64, inf (then NaN) in float32."""
+    config, params, _ = default_model()
+    params = {name: value.astype(np.float64) for name, value in params.items()}
+    params["encoder.layers.1.ffn.linear2.weight"] = params["encoder.layers.1.ffn.linear2.weight"] * 1e36
+    path, out = tmp_path / "exploding.safetensors", tmp_path / "report.json"
+    checkpoint.save(path, config, params)
+    with np.errstate(over="ignore", invalid="ignore"):
+        status = main(["check", str(path), "--backends", "numpy", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert status == 1
+    assert "result: FAIL; first diverging tensor: encoder.1.ffn on numpy/cpu/float32" in text
+    report = json.loads(out.read_text())
+    assert report["passed"] is False
+    assert report["first_failure"] == {"tensor": "encoder.1.ffn", "target": "numpy/cpu/float32"}
+    cells = {t["tensor"]: t["results"]["numpy/cpu/float32"] for t in report["tensors"]}
+    assert not cells["encoder.1.ffn"]["passed"] and cells["encoder.1.self_attn"]["passed"]
