@@ -12,8 +12,11 @@ Our metadata holds `format` ("rosetta-transformer"), `format_version` ("1"), `co
 data, so that a flipped byte anywhere in the file is caught instead of loading plausible numbers.
 Any safetensors reader can open the file; only this module checks all of it.
 
-Loading is strict and reads nothing large before the header has been validated against the real
-file size. Saving is atomic: the file is written beside its destination and renamed into place.
+Loading is strict and reads no tensor data before the header has been validated: its length
+against the real file size, every entry against the data section, and (for `load`) the format,
+version, config and the parameter names, shapes and dtypes the config calls for. A hostile header
+can therefore neither make the loader allocate nor hang it. Saving is atomic: the file is written
+beside its destination and renamed into place.
 
 This module is framework-free (NumPy and ml_dtypes only).
 """
@@ -22,23 +25,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import ml_dtypes
 import numpy as np
 
 from conformance.config import ModelConfig
 from conformance.errors import CheckpointError, ConfigError, InputError
-from conformance.params import check_numpy_params, param_shapes
+from conformance.params import check_numpy_params, check_param_set, param_count, param_shapes
 
 FORMAT_NAME = "rosetta-transformer"
 FORMAT_VERSION = "1"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit the safetensors library itself enforces
+MAX_RANK = 64  # far beyond any real tensor; bounds the work a hostile shape can ask for
 
 # safetensors dtype code <-> NumPy dtype (little-endian, as the format requires).
 DTYPES: dict[str, np.dtype] = {
@@ -78,8 +81,9 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _is_u64(value: Any) -> bool:
+    """A JSON integer that fits the format's unsigned 64-bit sizes and offsets."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
 
 
 def _header_length(path: Path, size: int, raw_length: bytes) -> int:
@@ -95,32 +99,59 @@ def _header_length(path: Path, size: int, raw_length: bytes) -> int:
     return n
 
 
-def _validate_index(path: Path, header: Mapping[str, Any], data_len: int) -> list[tuple[str, str, tuple, int, int]]:
+def _nbytes(shape: list[int], itemsize: int, limit: int) -> int | None:
+    """The bytes a tensor of `shape` needs, or None if more than `limit`. Multiplied step by step
+    with an early exit, so a hostile shape never builds a huge integer (or spends time on one)."""
+    if 0 in shape:
+        return 0
+    nbytes = itemsize
+    for dim in shape:
+        nbytes *= dim
+        if nbytes > limit:
+            return None
+    return nbytes
+
+
+def _brief(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters: a hostile header must not make a huge message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+Entry = tuple[str, str, tuple, int, int]  # name, dtype code, shape, begin, end (in the data section)
+
+
+def _validate_index(path: Path, header: Mapping[str, Any], data_len: int) -> list[Entry]:
     """Check every tensor entry and that the offsets tile the data exactly; return the entries."""
     entries = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        where = f"tensor {name!r}"
+        where = f"tensor {_brief(name)}"
         if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
             raise CheckpointError(path, f"corrupt: {where} must have exactly dtype, shape and data_offsets")
         code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
         if code not in DTYPES:
             raise CheckpointError(path, f"corrupt: {where} has unknown dtype {code!r}")
-        if not isinstance(shape, list) or not all(_is_int(s) and s >= 0 for s in shape):
-            raise CheckpointError(path, f"corrupt: {where} has invalid shape {shape!r}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
-            raise CheckpointError(path, f"corrupt: {where} has invalid data_offsets {offsets!r}")
+        if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(_is_u64(s) for s in shape):
+            raise CheckpointError(path, f"corrupt: {where} has invalid shape {_brief(shape)} (at most {MAX_RANK} "
+                                        f"non-negative int dimensions)")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_u64(o) for o in offsets)):
+            raise CheckpointError(path, f"corrupt: {where} has invalid data_offsets {_brief(offsets)}")
         begin, end = offsets
-        # Python ints: a header claiming a huge tensor cannot overflow this check.
-        nbytes = math.prod(shape) * DTYPES[code].itemsize
         if not 0 <= begin <= end <= data_len:
             raise CheckpointError(
-                path, f"truncated or corrupt: {where} offsets {offsets} lie outside the {data_len}-byte data section"
+                path, f"truncated or corrupt: {where} offsets {_brief(offsets)} lie outside the {data_len}-byte data section"
+            )
+        nbytes = _nbytes(shape, DTYPES[code].itemsize, data_len)
+        if nbytes is None:
+            raise CheckpointError(
+                path, f"corrupt: {where} of shape {_brief(shape)} and dtype {code} needs more bytes than the whole "
+                      f"{data_len}-byte data section"
             )
         if end - begin != nbytes:
             raise CheckpointError(
-                path, f"corrupt: {where} of shape {shape} and dtype {code} needs {nbytes} bytes, offsets give {end - begin}"
+                path, f"corrupt: {where} of shape {_brief(shape)} and dtype {code} needs {nbytes} bytes, offsets give {end - begin}"
             )
         entries.append((name, code, tuple(shape), begin, end))
     position = 0
@@ -147,13 +178,16 @@ def _canonical_digest(header: Mapping[str, Any], data: bytes | bytearray | memor
     return digest.hexdigest()
 
 
-def read_tensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+def read_tensors(
+    path: str | os.PathLike, before_data: Callable[[dict[str, str], list[Entry]], None] | None = None
+) -> tuple[dict[str, str], dict[str, np.ndarray]]:
     """Read any safetensors file strictly: `(metadata, tensors)`, or `CheckpointError`.
 
     Checks, before reading any tensor data: the header length against the file size, the header
     is UTF-8 JSON with no duplicate keys, every entry's dtype/shape/offsets, and that the offsets
-    tile the data section with no overlap, gap or trailing bytes. If the metadata carries a
-    `sha256`, the digest is verified too.
+    tile the data section with no overlap, gap or trailing bytes; then `before_data(metadata,
+    entries)` may refuse the file from its header alone. If the metadata carries a `sha256`, the
+    digest is verified after reading.
     """
     path = Path(path)
     try:
@@ -178,6 +212,8 @@ def read_tensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, np.
                 raise CheckpointError(path, "corrupt: __metadata__ must map strings to strings")
             data_len = size - 8 - n
             entries = _validate_index(path, header, data_len)
+            if before_data is not None:
+                before_data(metadata, entries)
             data = bytearray(data_len)
             if f.readinto(data) != data_len:
                 raise CheckpointError(path, "truncated: the file ended inside the data")
@@ -205,20 +241,37 @@ def load(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     unexpected parameter, a wrong shape, a dtype that is not a float, mixed dtypes.
     """
     path = Path(path)
-    metadata, tensors = read_tensors(path)
-    fmt = metadata.get("format")
-    if fmt != FORMAT_NAME:
-        raise CheckpointError(path, f"unknown format {fmt!r}; expected {FORMAT_NAME!r} (is this a foreign file? see `rosetta convert`)")
-    version = metadata.get("format_version")
-    if version != FORMAT_VERSION:
-        raise CheckpointError(path, f"unsupported format_version {version!r}; this version reads {FORMAT_VERSION!r}")
-    if "sha256" not in metadata:
-        raise CheckpointError(path, "corrupt: the metadata has no sha256 digest")
-    try:
-        config = ModelConfig.from_json(metadata.get("config", ""))
-    except ConfigError as exc:
-        raise CheckpointError(path, f"invalid config: {exc}") from None
-    check_params(config, tensors, path)
+    found: dict[str, ModelConfig] = {}
+
+    def check_header(metadata: dict[str, str], entries: list[Entry]) -> None:
+        # Everything the header can tell, before a byte of tensor data is read.
+        fmt = metadata.get("format")
+        if fmt != FORMAT_NAME:
+            raise CheckpointError(path, f"unknown format {fmt!r}; expected {FORMAT_NAME!r} (is this a foreign file? see `rosetta convert`)")
+        version = metadata.get("format_version")
+        if version != FORMAT_VERSION:
+            raise CheckpointError(path, f"unsupported format_version {version!r}; this version reads {FORMAT_VERSION!r}")
+        if "sha256" not in metadata:
+            raise CheckpointError(path, "corrupt: the metadata has no sha256 digest")
+        try:
+            config = ModelConfig.from_json(metadata.get("config", ""), complete=True)
+        except ConfigError as exc:
+            raise CheckpointError(path, f"invalid config: {exc}") from None
+        expected = param_count(config)
+        if expected > 2 * len(entries) + 64:
+            # Not worth naming each missing name (and a hostile config may claim 10**9 layers).
+            raise CheckpointError(path, f"the config calls for {expected} parameters, the file holds {len(entries)}")
+        shapes = {name: shape for name, _, shape, _, _ in entries}
+        dtypes = {name: DTYPES[code].name for name, code, _, _, _ in entries}
+        try:
+            check_param_set(config, shapes, dtypes)
+        except InputError as exc:
+            raise CheckpointError(path, exc.problem) from None
+        found["config"] = config
+
+    _, tensors = read_tensors(path, before_data=check_header)
+    config = found["config"]
+    check_params(config, tensors, path)  # what the header could not tell: finite values
     return config, tensors
 
 
@@ -287,8 +340,15 @@ def save(path: str | os.PathLike, config: ModelConfig, params: Mapping[str, Any]
     path = Path(path)
     if not isinstance(config, ModelConfig):
         raise CheckpointError(path, f"config must be a ModelConfig, got {type(config).__name__}")
+    check_params(config, params, path)
     arrays = {name: np.asarray(value) for name, value in params.items()}
-    check_params(config, arrays, path)
     ordered = {name: arrays[name] for name in param_shapes(config)}
     metadata = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": config.to_json()}
-    write_tensors(path, ordered, metadata)
+    try:
+        write_tensors(path, ordered, metadata)
+    except IsADirectoryError:
+        raise CheckpointError(path, "is a directory; give a file path to save to") from None
+    except FileNotFoundError:
+        raise CheckpointError(path, f"cannot save: the directory {str(path.parent)!r} does not exist") from None
+    except PermissionError:
+        raise CheckpointError(path, "cannot save: permission denied") from None

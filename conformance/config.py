@@ -24,6 +24,16 @@ POSITIONS = ("sinusoid-interleaved", "sinusoid-split", "table")
 PAD_MASK_SIDES = ("keys", "queries", "none")
 ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu")
 
+# float32's largest finite value. Scores are formed and filled in at least float32 in every
+# backend, so a finite fill below -FLOAT32_MAX would silently become -inf there (NaN rows instead
+# of the uniform ones the float64 oracle computes).
+FLOAT32_MAX = 3.4028234663852886e38
+
+# Every backend precomputes a (max_len, d_model) sinusoid per model, so max_len is bounded: a
+# config read from a file must not be able to ask for terabytes. 65536 positions is far beyond the
+# systems in variants.md (512 to 5000) and still an explicit, documented limit.
+MAX_LEN_LIMIT = 65536
+
 _SIZE_FIELDS = (
     "src_vocab_size",
     "tgt_vocab_size",
@@ -120,8 +130,20 @@ class ModelConfig:
     notes: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        # The dict is frozen along with the dataclass so that a config can be hashed and shared.
+        # A private copy, so that the caller's dict cannot change the config afterwards; `notes`
+        # takes no part in equality or hashing (compare=False).
+        if not isinstance(self.notes, Mapping):
+            raise ConfigError("notes", f"must map strings to strings, got {type(self.notes).__name__}")
         object.__setattr__(self, "notes", dict(self.notes))
+        # An int where a float is expected is accepted as that float; one too large for a float is
+        # refused here rather than overflowing in a later comparison.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
+                try:
+                    object.__setattr__(self, f.name, float(value))
+                except OverflowError:
+                    raise ConfigError(f.name, f"{value} is too large for a float") from None
         self.validate()
 
     @property
@@ -147,6 +169,11 @@ class ModelConfig:
         for name in _SIZE_FIELDS:
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
+        if self.max_len > MAX_LEN_LIMIT:
+            raise ConfigError(
+                "max_len", f"{self.max_len} exceeds the supported {MAX_LEN_LIMIT}: every backend precomputes a "
+                           f"(max_len, d_model) position table"
+            )
         for name in ("n_encoder_layers", "n_decoder_layers"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
@@ -172,6 +199,11 @@ class ModelConfig:
             raise ConfigError("layer_norm_eps", f"must be positive and finite, got {self.layer_norm_eps}")
         if math.isnan(self.mask_fill) or self.mask_fill == math.inf or self.mask_fill >= 0:
             raise ConfigError("mask_fill", f"must be negative (finite or -inf), got {self.mask_fill}")
+        if math.isfinite(self.mask_fill) and self.mask_fill < -FLOAT32_MAX:
+            raise ConfigError(
+                "mask_fill", f"a finite fill must be representable in float32 (>= {-FLOAT32_MAX:.8g}), got "
+                             f"{self.mask_fill}: scores are filled in at least float32, where it would become -inf"
+            )
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             raise ConfigError(
                 "pad_id",
@@ -206,32 +238,35 @@ class ModelConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ModelConfig":
+    def from_dict(cls, data: Mapping[str, Any], *, complete: bool = False) -> "ModelConfig":
+        """A config from a mapping (e.g. parsed JSON). Absent fields take their defaults, unless
+        `complete`: a stored config must name every field, because a default silently filled in
+        (post-LN for a missing `norm_placement`) is a plausible wrong answer."""
         if not isinstance(data, Mapping):
             raise ConfigError("config", f"must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(known))
         if unknown:
-            raise ConfigError(unknown[0], "is not a ModelConfig field")
+            raise ConfigError(str(unknown[0]), "is not a ModelConfig field")
+        if complete:
+            missing = [name for name in known if name not in data]
+            if missing:
+                raise ConfigError(missing[0], "is missing (a stored config names every field)")
         values = dict(data)
         if "mask_fill" in values and isinstance(values["mask_fill"], str):
             try:
                 values["mask_fill"] = float(values["mask_fill"])
             except ValueError:
                 raise ConfigError("mask_fill", f"must be a number or '-inf', got {values['mask_fill']!r}") from None
-        if isinstance(values.get("layer_norm_eps"), int) and not isinstance(values["layer_norm_eps"], bool):
-            values["layer_norm_eps"] = float(values["layer_norm_eps"])
-        if isinstance(values.get("mask_fill"), int) and not isinstance(values["mask_fill"], bool):
-            values["mask_fill"] = float(values["mask_fill"])
         return cls(**values)
 
     @classmethod
-    def from_json(cls, text: str) -> "ModelConfig":
+    def from_json(cls, text: str, *, complete: bool = False) -> "ModelConfig":
         try:
             data = json.loads(text)
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise ConfigError("config", f"is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        except (json.JSONDecodeError, TypeError, RecursionError) as exc:
+            raise ConfigError("config", f"is not valid JSON: {type(exc).__name__}: {exc}") from None
+        return cls.from_dict(data, complete=complete)
 
     def summary(self) -> str:
         """One line naming the sizes and the switches that differ from the defaults."""

@@ -103,6 +103,17 @@ def param_shapes(config: ModelConfig) -> dict[str, Shape]:
     return shapes
 
 
+def param_count(config: ModelConfig) -> int:
+    """len(param_shapes(config)), without building it: every layer of a stack has the same
+    parameters, so the count is linear in the layer counts. A hostile file may claim 10**9 layers;
+    this answers at once."""
+    bare = config.replace(n_encoder_layers=0, n_decoder_layers=0)
+    base = len(param_shapes(bare))
+    per_encoder_layer = len(param_shapes(bare.replace(n_encoder_layers=1))) - base
+    per_decoder_layer = len(param_shapes(bare.replace(n_decoder_layers=1))) - base
+    return base + per_encoder_layer * config.n_encoder_layers + per_decoder_layer * config.n_decoder_layers
+
+
 def _init_std(name: str, shape: Shape, config: ModelConfig) -> tuple[float, float]:
     """(mean, std) for one parameter: O(1) activations, and no value that hides a mistake.
 
@@ -184,7 +195,14 @@ def check_finite(name: str, nonfinite: int, size: int) -> None:
 
 def check_numpy_params(config: ModelConfig, params: Mapping[str, np.ndarray]) -> None:
     """`check_param_set` and `check_finite` for NumPy arrays."""
-    arrays = {name: np.asarray(value) for name, value in params.items()}
+    if not isinstance(params, Mapping):
+        raise InputError("params", f"must map parameter names to arrays, got {type(params).__name__}")
+    arrays = {}
+    for name, value in params.items():
+        try:
+            arrays[name] = np.asarray(value)
+        except ValueError:
+            raise InputError("params", f"parameter {name!r} is not a rectangular array") from None
     check_param_set(config, {k: v.shape for k, v in arrays.items()}, {k: v.dtype.name for k, v in arrays.items()})
     for name, value in arrays.items():
         nonfinite = value.size - int(np.count_nonzero(np.isfinite(value)))

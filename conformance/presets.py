@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.config import ModelConfig
+from conformance.config import FLOAT32_MAX, ModelConfig
 from conformance.errors import ConfigError
 
 # float32's most negative finite value: Hugging Face fills masked scores with `finfo(dtype).min`.
-FLOAT32_MIN = -3.4028234663852886e38
+FLOAT32_MIN = -FLOAT32_MAX
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Vaswani et al. (2017): post-LN, shared source/target embedding tied to the output (3.4).

@@ -188,6 +188,83 @@ def test_header_structure_problems(tmp_path):
     expect_error(path, "duplicate key")
 
 
+def test_high_rank_claims_are_refused_without_big_integers(tmp_path):
+    """A shape of hundreds of 2**62 dimensions once built a 20000-digit product (and then failed
+    to format it); the product is now bounded by the data section as it is multiplied."""
+    def check(name, shape, *words):
+        header = {"__metadata__": metadata(), "a": {"dtype": "F32", "shape": shape, "data_offsets": [0, 8]}}
+        text = json.dumps(header).encode()
+        path = tmp_path / f"{name}.safetensors"
+        path.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 8)
+        message = expect_error(path, *words)
+        assert len(message) < 1000, "the message quotes a bounded part of the shape"
+
+    check("rank300", [2**62] * 300, "invalid shape", "at most 64")
+    check("rank64", [2**62] * 64, "needs more bytes than the whole 8-byte data section")
+    check("zero_dim", [2**62, 0], "needs 0 bytes, offsets give 8")  # a zero dimension: 0 bytes, exactly
+
+
+# A config as a hostile file may write it: each with a valid digest and the parameters of the
+# config it alters, so that only the config checks stand between it and a model (whose sinusoid
+# table, for one, has max_len rows). Each must be a CheckpointError naming the file.
+SINUSOID = CONFIG.replace(position="sinusoid-split")
+
+
+def _config_with(**changes):
+    data = json.loads(SINUSOID.to_json())
+    data.update(changes)
+    return json.dumps(data)
+
+
+HOSTILE_CONFIGS = {
+    "notes not a mapping": (_config_with(notes=5), "notes"),
+    "notes a string": (_config_with(notes="ab"), "notes"),
+    "integer fill beyond float": (_config_with(mask_fill="X").replace('"X"', "-1" + "0" * 400), "mask_fill"),
+    "nested a hundred thousand deep": ("[" * 100_000, "not valid JSON"),
+    "a field missing": (json.dumps({k: v for k, v in json.loads(SINUSOID.to_json()).items() if k != "norm_placement"}),
+                        "norm_placement", "missing"),
+    "a billion layers": (_config_with(n_encoder_layers=10**9), "calls for", "parameters"),
+    "a trillion positions": (_config_with(max_len=10**12), "max_len", "exceeds"),
+    "fill below float32": (_config_with(mask_fill=-1e300), "mask_fill", "float32"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_CONFIGS))
+def test_hostile_configs_are_checkpoint_errors(tmp_path, name):
+    text, *words = HOSTILE_CONFIGS[name]
+    path = tmp_path / "m.safetensors"
+    write_tensors(path, params_of(config=SINUSOID), metadata(config=text))
+    expect_error(path, *words)
+
+
+def test_a_foreign_file_is_refused_before_its_data_is_read(tmp_path):
+    """The header tells the format, version, config and parameter set: a file that fails any of
+    them is refused without reading (or allocating) its data section."""
+    import tracemalloc
+
+    path = tmp_path / "big.safetensors"
+    write_tensors(path, {"weight": np.zeros((2048, 2048), np.float32)}, {"format": "someone-else"})  # 16 MiB
+    config_json = CONFIG.to_json()
+    wrong_set = tmp_path / "wrong-set.safetensors"
+    write_tensors(wrong_set, {"weight": np.zeros((2048, 2048), np.float32)}, metadata(config=config_json))
+    for target, words in ((path, ("unknown format",)), (wrong_set, ("missing",))):
+        tracemalloc.start()
+        try:
+            expect_error(target, *words)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 1_000_000, f"{peak} bytes allocated to refuse {target.name}"
+
+
+def test_saving_onto_a_directory_or_into_a_missing_one_is_a_checkpoint_error(tmp_path):
+    with pytest.raises(CheckpointError, match="is a directory"):
+        checkpoint.save(tmp_path, CONFIG, params_of())
+    with pytest.raises(CheckpointError, match="does not exist"):
+        checkpoint.save(tmp_path / "absent" / "m.safetensors", CONFIG, params_of())
+    assert list(tmp_path.iterdir()) == [], "no temporary file is left behind"
+
+
 def test_not_a_file(tmp_path):
     expect_error(tmp_path / "absent.safetensors", "no such file")
     expect_error(tmp_path, "directory")
@@ -198,6 +275,9 @@ def test_save_refuses_params_that_do_not_fit(tmp_path):
     del params["encoder.embedding.weight"]
     with pytest.raises(CheckpointError, match="missing"):
         checkpoint.save(tmp_path / "m.safetensors", CONFIG, params)
+    ragged = {**params_of(), "encoder.layers.0.ffn.linear1.bias": [[0.0, 1.0], [2.0]]}
+    with pytest.raises(CheckpointError, match="'encoder.layers.0.ffn.linear1.bias' is not a rectangular array"):
+        checkpoint.save(tmp_path / "m.safetensors", CONFIG, ragged)
     assert not (tmp_path / "m.safetensors").exists()
     assert os.listdir(tmp_path) == []
 

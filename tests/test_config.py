@@ -8,7 +8,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 from conformance import ConfigError, ModelConfig, PRESETS, param_shapes, preset
-from conformance.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS
+from conformance.params import param_count
+from conformance.config import (
+    ACTIVATIONS, FLOAT32_MAX, LAYER_NORM_FORMS, MAX_LEN_LIMIT, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS,
+)
 
 
 @st.composite
@@ -99,6 +102,15 @@ def test_every_variants_switch_is_a_field():
         (dict(tie_output=1), "tie_output", "must be a bool"),
         (dict(n_heads=True), "n_heads", "must be an int"),
         (dict(layer_norm_eps="1e-5"), "layer_norm_eps", "must be a number"),
+        (dict(n_decoder_layers=-1), "n_decoder_layers", ">= 0"),
+        (dict(tgt_vocab_size=0), "tgt_vocab_size", "positive"),
+        (dict(max_len=MAX_LEN_LIMIT + 1), "max_len", "exceeds the supported"),
+        (dict(mask_fill=-1e300), "mask_fill", "representable in float32"),
+        (dict(mask_fill=-(10**400)), "mask_fill", "too large for a float"),
+        (dict(layer_norm_eps=10**400), "layer_norm_eps", "too large for a float"),
+        (dict(notes=5), "notes", "must map strings to strings"),
+        (dict(notes="ab"), "notes", "must map strings to strings"),
+        (dict(notes={"a": 1}), "notes", "must map strings to strings"),
     ],
 )
 def test_validation_names_the_field(changes, field, words):
@@ -119,6 +131,30 @@ def test_from_json_rejects_unknown_fields_and_bad_json():
         ModelConfig.from_json("[1, 2]")
     with pytest.raises(ConfigError, match="mask_fill"):
         ModelConfig.from_dict({"mask_fill": "minus infinity"})
+
+
+def test_fills_at_the_edge_of_float32_are_valid():
+    assert ModelConfig(mask_fill=-FLOAT32_MAX).mask_fill == -FLOAT32_MAX  # Hugging Face's finfo.min
+    assert ModelConfig(mask_fill=-math.inf).mask_fill == -math.inf
+    assert ModelConfig(mask_fill=-(10**9)).mask_fill == -1e9  # an int is taken as that float
+    assert ModelConfig(max_len=MAX_LEN_LIMIT).max_len == MAX_LEN_LIMIT
+
+
+def test_from_json_refuses_hostile_text_with_a_config_error():
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        ModelConfig.from_json("[" * 100_000)  # Python's parser would raise RecursionError
+    with pytest.raises(ConfigError, match="mask_fill"):
+        ModelConfig.from_json('{"mask_fill": -1' + "0" * 400 + "}")
+
+
+def test_a_complete_config_must_name_every_field():
+    data = ModelConfig().to_dict()
+    assert ModelConfig.from_dict(data, complete=True) == ModelConfig()
+    del data["norm_placement"]
+    assert ModelConfig.from_dict(data) == ModelConfig()  # defaults fill in, for hand-written configs
+    with pytest.raises(ConfigError) as info:
+        ModelConfig.from_dict(data, complete=True)  # but never in a stored one
+    assert info.value.field == "norm_placement" and "missing" in str(info.value)
 
 
 def test_replace_validates_and_rejects_unknown_fields():
@@ -159,3 +195,15 @@ def test_key_space_follows_the_switches():
     assert not any(k.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias")) for k in no_bias)
     finals = set(param_shapes(base.replace(final_encoder_norm=True, final_decoder_norm=True, position="table")))
     assert {"encoder.norm.weight", "decoder.norm.bias", "encoder.position.table", "decoder.position.table"} <= finals
+
+
+@given(configs())
+def test_param_count_is_the_size_of_the_key_space(config):
+    assert param_count(config) == len(param_shapes(config))
+
+
+def test_param_count_answers_for_absurd_layer_counts_without_building_the_key_space():
+    config = ModelConfig(n_encoder_layers=10**9, n_decoder_layers=10**9)
+    per_layer = len(param_shapes(config.replace(n_encoder_layers=1, n_decoder_layers=1))) - len(
+        param_shapes(config.replace(n_encoder_layers=0, n_decoder_layers=0)))
+    assert param_count(config) == len(param_shapes(config.replace(n_encoder_layers=0, n_decoder_layers=0))) + 10**9 * per_layer
