@@ -49,6 +49,18 @@ def check_ids(
         raise InputError(argument, f"token id {high} out of range; ids must lie in [0, {vocab_size})")
 
 
+def check_memory(config: ModelConfig, shape: Sequence[int], dtype: str, model_dtype: str) -> None:
+    """`encoded.memory` given to `decode` must be (B, S, D) with 1 <= S <= max_len, in the model's
+    dtype: a memory from another model (or edited by hand) would otherwise fail deep inside a
+    matmul, or be silently promoted."""
+    shape = tuple(shape)
+    if len(shape) != 3 or shape[2] != config.d_model or not 1 <= shape[1] <= config.max_len:
+        raise InputError("encoded", f"memory must have shape (B, S, D={config.d_model}) with 1 <= S <= "
+                                    f"max_len={config.max_len}, got {shape}")
+    if dtype != model_dtype:
+        raise InputError("encoded", f"memory has dtype {dtype}, the model computes in {model_dtype}")
+
+
 def check_same_batch(src_shape: Sequence[int], tgt_shape: Sequence[int]) -> None:
     if src_shape[0] != tgt_shape[0]:
         raise InputError(

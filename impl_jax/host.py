@@ -33,9 +33,9 @@ def resolve_dtype(dtype: Any, supported: Sequence[str]) -> np.dtype:
     """`dtype` (a name, NumPy/JAX/ml_dtypes type) as a NumPy dtype the backend can run."""
     try:
         resolved = np.dtype(dtype)
-    except TypeError:
-        raise InputError("dtype", f"{dtype!r} is not a dtype; the jax backend supports "
-                                  f"{', '.join(supported)}") from None
+    except TypeError:  # not a dtype NumPy knows: the same InputError as any refused dtype
+        check_dtype("jax", str(dtype), supported)
+        raise
     check_dtype("jax", resolved.name, supported)
     if resolved == np.float64 and not x64_enabled():
         raise InputError("dtype", X64_ADVICE)
@@ -55,7 +55,8 @@ def prepare_params(
 
     NumPy inputs are cast on the host (one rounding from their own dtype, as `ml_dtypes` and NumPy
     do it); JAX inputs are cast where they live. None means the seeded `init_params(config)`
-    (float64 values), cast to `dtype` or float32.
+    (float64 values), cast to `dtype` or float32. Cast values are checked for finiteness again
+    (1e5 is a finite float32 and an infinite float16).
     """
     if params is None:
         params = init_params(config)
@@ -74,23 +75,16 @@ def prepare_params(
     converted = {}
     for name, value in params.items():
         if isinstance(value, jax.Array):
-            converted[name] = value.astype(resolved)
+            cast = value.astype(resolved)
+            values = np.asarray(cast) if cast.dtype != value.dtype else None  # only a cast can overflow
         else:
-            converted[name] = jax.device_put(np.asarray(value, dtype=resolved))
+            with np.errstate(over="ignore"):  # an overflow is refused just below, by name
+                values = np.asarray(value, dtype=resolved)
+            cast = jax.device_put(values)
+        if values is not None:
+            check_finite(name, values.size - int(np.count_nonzero(np.isfinite(values))), values.size)
+        converted[name] = cast
     return converted, resolved
-
-
-# Memory passed to decode ---------------------------------------------------------------------
-
-
-def check_memory(config: ModelConfig, dtype: np.dtype, memory: Any) -> None:
-    """`encoded.memory` must be (B, S, D) in the model's dtype, S <= max_len."""
-    shape, found = tuple(memory.shape), np.dtype(memory.dtype)
-    if len(shape) != 3 or shape[2] != config.d_model or not 1 <= shape[1] <= config.max_len:
-        raise InputError("encoded", f"memory must have shape (B, S, D={config.d_model}) with 1 <= S <= "
-                                    f"max_len={config.max_len}, got {shape}")
-    if found != dtype:
-        raise InputError("encoded", f"memory has dtype {found.name}, the model computes in {dtype.name}")
 
 
 # Buckets -------------------------------------------------------------------------------------

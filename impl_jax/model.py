@@ -40,6 +40,7 @@ from conformance.inputs import (
     check_ids,
     check_mask,
     check_mask_within_ids,
+    check_memory,
     check_same_batch,
     expected_mask_shapes,
 )
@@ -414,9 +415,9 @@ class Model(nnx.Module):
 
     `Model(config, params)` takes the canonical parameters (see `conformance.params`) as NumPy
     or JAX arrays (None: the seeded `init_params(config)`); `dtype` casts them (float32, float64,
-    float16 or bfloat16; default: their own dtype, or float32 for the seeded parameters). The
-    parameters live on JAX's default device at construction. float64 needs 64-bit JAX (see
-    `impl_jax.enable_x64`).
+    float16 or bfloat16; default: their own dtype, or float32 for the seeded parameters); the cast
+    values must be finite too. The parameters live on JAX's default device at construction.
+    float64 needs 64-bit JAX (see `impl_jax.enable_x64`).
 
     `buckets` (e.g. (8, 16, 32)) pads every source and target length up to the next bucket
     (lengths above the last bucket go to `max_len`), so that at most len(buckets) + 1 lengths per
@@ -465,7 +466,10 @@ class Model(nnx.Module):
         return ids.astype(np.int32)  # in [0, vocab_size); int64 would need x64
 
     def _mask(self, argument: str, mask, expected, derived: np.ndarray) -> np.ndarray:
-        mask = np.asarray(mask)  # a JAX mask is copied to the host: its values are checked
+        try:
+            mask = np.asarray(mask)  # a JAX mask is copied to the host: its values are checked
+        except ValueError:
+            raise InputError(argument, "is not a rectangular array of booleans") from None
         check_mask(argument, mask.shape, mask.dtype.name, mask.dtype == np.bool_, *expected)
         widened = np.argwhere(mask & ~derived)  # (b, h, q, k) the ids forbid but the mask allows
         check_mask_within_ids(argument, widened[0] if len(widened) else None)
@@ -519,6 +523,7 @@ class Model(nnx.Module):
     def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_memory(self.config, encoded.memory.shape, np.dtype(encoded.memory.dtype).name, self.dtype.name)
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
         batch, tgt_len = tgt_ids.shape
         derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
@@ -527,7 +532,6 @@ class Model(nnx.Module):
         else:
             shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
             tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
-        host.check_memory(self.config, self.dtype, encoded.memory)
         host.check_runnable(self.dtype)
         cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
         padding = host.Padding(self.config, self.buckets, src_len=encoded.memory.shape[1], tgt_len=tgt_len)

@@ -26,12 +26,13 @@ from conformance.inputs import (
     check_ids,
     check_mask,
     check_mask_within_ids,
+    check_memory,
     check_same_batch,
     expected_mask_shapes,
 )
 from conformance.errors import InputError
 from conformance.output import Encoded, ModelOutput
-from conformance.params import check_numpy_params
+from conformance.params import check_finite, check_numpy_params
 from conformance.positions import sinusoid_table
 
 SUPPORTED_DTYPES = ("float32", "float64")
@@ -347,7 +348,8 @@ class Model:
     """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
 
     `Model(config, params)` takes the canonical parameters (see `conformance.params`) as NumPy
-    arrays; `dtype` casts them (float32 or float64; default: their own dtype).
+    arrays; `dtype` casts them (float32 or float64; default: their own dtype); the cast values
+    must be finite too.
     """
 
     backend = "numpy"
@@ -361,7 +363,11 @@ class Model:
             check_dtype(self.backend, str(dtype), SUPPORTED_DTYPES)
             raise
         check_dtype(self.backend, self.dtype.name, SUPPORTED_DTYPES)
-        params = {name: np.asarray(value, dtype=self.dtype) for name, value in params.items()}
+        with np.errstate(over="ignore"):  # an overflow is refused just below, by name
+            params = {name: np.asarray(value, dtype=self.dtype) for name, value in params.items()}
+        # Checked again after the cast: 1e39 is a finite float64 and an infinite float32.
+        for name, value in params.items():
+            check_finite(name, value.size - int(np.count_nonzero(np.isfinite(value))), value.size)
         self.config = config
         self.params = params
         self.encoder = Encoder(config, params, self.dtype)
@@ -382,7 +388,10 @@ class Model:
         return ids
 
     def _mask(self, argument: str, mask, expected, derived: np.ndarray) -> np.ndarray:
-        mask = np.asarray(mask)
+        try:
+            mask = np.asarray(mask)
+        except ValueError:
+            raise InputError(argument, "is not a rectangular array of booleans") from None
         check_mask(argument, mask.shape, mask.dtype.name, mask.dtype == np.bool_, *expected)
         widened = np.argwhere(mask & ~derived)  # (b, h, q, k) the ids forbid but the mask allows
         check_mask_within_ids(argument, widened[0] if len(widened) else None)
@@ -421,6 +430,7 @@ class Model:
     def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_memory(self.config, encoded.memory.shape, encoded.memory.dtype.name, self.dtype.name)
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
         batch, tgt_len = tgt_ids.shape
         derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)

@@ -1,4 +1,5 @@
-"""Moving parameters between NumPy and torch bit for bit, and naming dtypes as the shared checks do.
+"""Moving parameters between NumPy and torch bit for bit, and the facts the shared checks read
+(dtype names, parameter facts, id bounds) as they need them.
 
 NumPy has no bfloat16 of its own (checkpoints use ml_dtypes'), and torch cannot read ml_dtypes
 arrays, so bfloat16 crosses as its 16-bit patterns. Casts of NumPy input happen in NumPy, so
@@ -32,6 +33,23 @@ def param_facts(value: Any) -> tuple[tuple[int, ...], str, int]:
     array = np.asarray(value)
     nonfinite = array.size - int(np.count_nonzero(np.isfinite(array))) if array.dtype.kind in "fV" else 0
     return array.shape, array.dtype.name, nonfinite
+
+
+def id_bounds(ids: torch.Tensor) -> tuple[int, int]:
+    """(smallest, largest) id of an integer tensor of any dtype, as Python ints, in one sync.
+
+    torch has no min/max kernels for uint16, uint32 and uint64, so those reduce in int64. A plain
+    uint64 -> int64 cast would wrap ids >= 2**63 to negatives (a huge id reported as negative);
+    flipping the sign bit instead maps [0, 2**64) onto [-2**63, 2**63) in order.
+    """
+    if ids.dtype == torch.uint64:
+        shifted = ids.view(torch.int64) ^ torch.iinfo(torch.int64).min
+        low, high = torch.stack(torch.aminmax(shifted)).tolist()
+        return low + 2**63, high + 2**63
+    if ids.dtype in (torch.uint16, torch.uint32):
+        ids = ids.to(torch.int64)
+    low, high = torch.stack(torch.aminmax(ids)).tolist()
+    return low, high
 
 
 def to_torch(value: Any, dtype: str) -> torch.Tensor:

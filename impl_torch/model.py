@@ -31,6 +31,7 @@ from conformance.inputs import (
     check_ids,
     check_mask,
     check_mask_within_ids,
+    check_memory,
     check_same_batch,
     expected_mask_shapes,
 )
@@ -38,14 +39,9 @@ from conformance.errors import InputError
 from conformance.output import Encoded, ModelOutput
 from conformance.params import check_finite, check_param_set, init_params
 from conformance.positions import sinusoid_table
-from impl_torch.arrays import dtype_name, param_facts, to_torch
+from impl_torch.arrays import dtype_name, id_bounds, param_facts, to_torch
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
-
-
-def at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    """float16 / bfloat16 -> float32; float32 and float64 unchanged."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 # -- Masks -------------------------------------------------------------------------------------
@@ -100,7 +96,10 @@ class Positions(nn.Module):
         if config.position == "table":
             self.table = nn.Parameter(torch.empty(config.max_len, config.d_model, dtype=dtype))
         else:
-            table = torch.tensor(sinusoid_table(config.max_len, config.d_model, config.position), dtype=dtype)
+            # Cast on the host from float64, once (`to_torch`): the same rounding as the NumPy and
+            # JAX tables; torch's own float64 -> float16 cast rounds twice, through float32.
+            table = sinusoid_table(config.max_len, config.d_model, config.position)  # (max_len, D) float64
+            table = to_torch(table, dtype_name(dtype)).to(torch.get_default_device())
             self.register_buffer("table", table, persistent=False)
 
     def extra_repr(self) -> str:
@@ -112,6 +111,11 @@ class Positions(nn.Module):
 
 
 # -- Building blocks ---------------------------------------------------------------------------
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """float16 / bfloat16 -> float32; float32 and float64 unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 class Linear(nn.Module):
@@ -144,7 +148,8 @@ class LayerNorm(nn.Module):
     std-eps:   y = (x - mean) / (std + eps) * weight + bias            (unbiased std; the
                Annotated Transformer's own LayerNorm)
 
-    Statistics are taken in at least float32 (float16 would lose the mean of a large residual).
+    Statistics and the affine are computed in at least float32 (float16 would lose the mean of a
+    large residual) and cast once at the end, as JAX does.
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
@@ -167,7 +172,7 @@ class LayerNorm(nn.Module):
         centered = x32 - mean
         std = torch.sqrt((centered * centered).sum(dim=-1, keepdim=True) / (x.shape[-1] - 1))
         normed = centered / (std + self.eps)
-        return normed.to(x.dtype) * self.weight + self.bias
+        return (normed * self.weight + self.bias).to(x.dtype)
 
 
 def activation(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -438,10 +443,12 @@ class Output(nn.Module):
 class Model(nn.Module):
     """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
 
-    `Model(config, params, device, dtype)` takes the canonical parameters (see
+    `Model(config, params, dtype, device=...)` takes the canonical parameters (see
     `conformance.params`) as NumPy arrays (e.g. from `conformance.checkpoint.load`) or torch
     tensors; `params=None` draws them with `conformance.init_params(config)` (float64). `dtype`
-    casts them (float32, float64, float16 or bfloat16; default: their own dtype).
+    casts them (float32, float64, float16 or bfloat16; default: their own dtype); the cast values
+    must be finite too. `device` (keyword-only, so that the first three arguments mean the same
+    in every backend) is where the parameters are created.
 
     The model is an ordinary `nn.Module`: `.to("cuda")`, `.to(torch.float16)`, `torch.compile`,
     `torch.inference_mode()` and autograd all apply. `.to(dtype)` casts the sinusoid buffer along
@@ -451,8 +458,8 @@ class Model(nn.Module):
 
     backend = "torch"
 
-    def __init__(self, config: ModelConfig, params: Mapping[str, Any] | None = None,
-                 device: torch.device | str = "cpu", dtype: Any = None):
+    def __init__(self, config: ModelConfig, params: Mapping[str, Any] | None = None, dtype: Any = None, *,
+                 device: torch.device | str = "cpu"):
         super().__init__()
         if params is None:
             params = init_params(config)
@@ -473,7 +480,16 @@ class Model(nn.Module):
             self.final_logits_bias = nn.Parameter(torch.empty(config.tgt_vocab_size, dtype=dtype)) if config.final_logits_bias else None
         # A strict key-for-key copy: state_dict() names are the checkpoint's names. copy_ moves
         # each value to the device (and casts tensors; arrays arrive cast, see to_torch).
-        self.load_state_dict({key: to_torch(value, model_dtype) for key, value in params.items()}, strict=True)
+        with np.errstate(over="ignore"):  # an overflow is refused just below, by name
+            self.load_state_dict({key: to_torch(value, model_dtype) for key, value in params.items()}, strict=True)
+        # Checked again after the cast (1e5 is a finite float32 and an infinite float16), in one
+        # host sync for all the parameters that were cast.
+        cast = [name for name, (_, given, _) in facts.items() if given != model_dtype]
+        if cast:
+            state = self.state_dict()
+            counts = torch.stack([(~torch.isfinite(state[name])).sum() for name in cast]).tolist()
+            for name, nonfinite in zip(cast, counts):
+                check_finite(name, nonfinite, state[name].numel())
 
     @property
     def dtype(self) -> torch.dtype:
@@ -492,7 +508,7 @@ class Model(nn.Module):
     def _ids(self, argument: str, ids, vocab_size: int) -> torch.Tensor:
         if isinstance(ids, torch.Tensor):
             is_integer = not (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool)
-            bounds = lambda: tuple(int(b) for b in torch.aminmax(ids))  # noqa: E731 (one sync)
+            bounds = lambda: id_bounds(ids)  # noqa: E731
             check_ids(argument, ids.shape, dtype_name(ids.dtype), is_integer, bounds, vocab_size, self.config.max_len)
             return ids.to(device=self.device, dtype=torch.long)
         try:
@@ -510,7 +526,10 @@ class Model(nn.Module):
             check_mask(argument, mask.shape, dtype_name(mask.dtype), mask.dtype == torch.bool, *expected)
             mask = mask.to(self.device)
         else:
-            mask = np.asarray(mask)
+            try:
+                mask = np.asarray(mask)
+            except ValueError:
+                raise InputError(argument, "is not a rectangular array of booleans") from None
             check_mask(argument, mask.shape, mask.dtype.name, mask.dtype == np.bool_, *expected)
             mask = torch.tensor(mask, device=self.device)
         widened = torch.argwhere(mask & ~derived)  # (b, h, q, k) the ids forbid but the mask allows
@@ -550,6 +569,7 @@ class Model(nn.Module):
     def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_memory(self.config, encoded.memory.shape, dtype_name(encoded.memory.dtype), dtype_name(self.dtype))
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
         batch, tgt_len = tgt_ids.shape
         derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)

@@ -62,6 +62,8 @@ BAD_INPUTS = [
     (dict(tgt_mask=np.ones((1, 3, 3, 3), dtype=bool)), "tgt_mask"),
     (dict(src_ids=np.array([[3, 4, 0]]), src_mask=np.ones((1, 1, 1, 3), dtype=bool)), "src_mask"),  # sees padding
     (dict(tgt_mask=np.ones((1, 2, 3, 3), dtype=bool)), "tgt_mask"),  # sees the future
+    (dict(src_mask=[[[[True, True, True]]], [[[True]]]]), "src_mask"),  # ragged
+    (dict(tgt_mask=[[[[True], [True, True], [True, True, True]]]]), "tgt_mask"),  # ragged
 ]
 
 
@@ -125,9 +127,36 @@ def test_bad_params_raise_the_numpy_backends_error_word_for_word(problem, kind):
 
 @pytest.mark.parametrize("dtype", ["int32", np.int64, "complex64", ml_dtypes.float8_e4m3fn, "bogus", object])
 def test_dtypes_the_backend_cannot_run_are_refused(dtype):
+    """The message of every backend (`conformance.inputs.check_dtype`), for names that are not
+    dtypes at all too."""
     error = error_of(lambda: impl_jax.Model(small(), dtype=dtype))
-    assert error.argument == "dtype"
-    assert "the jax backend" in str(error) and "float32, float64, float16, bfloat16" in str(error)
+    name = dtype if dtype == "bogus" else np.dtype(dtype).name
+    assert (error.argument, str(error)) == (
+        "dtype", f"dtype: the jax backend cannot run {name}; it supports float32, float64, float16, bfloat16")
+
+
+def overflowing(config, value):
+    params = init_params(config)
+    params["encoder.layers.1.ffn.linear2.weight"][3, 4] = value
+    return params
+
+
+@pytest.mark.parametrize("kind", ["numpy", "jax"])
+def test_weights_that_overflow_the_cast_are_refused(kind):
+    """Finiteness holds for the weights the model computes with, cast on the host or on the
+    device: 1e5 is inf in float16, 1e39 is inf in float32 (the NumPy backend's error, word for word)."""
+    config = small()
+    convert = (lambda p: {k: jnp.asarray(v, jnp.float32) for k, v in p.items()}) if kind == "jax" else (lambda p: p)
+    expected = error_of(lambda: impl_numpy.Model(config, overflowing(config, 1e39), dtype="float32"))
+    assert str(expected) == ("params: parameter 'encoder.layers.1.ffn.linear2.weight' has 1 NaN or infinite "
+                             "value(s) out of 384")
+    if kind == "numpy":  # float32 JAX arrays cannot hold 1e39 in the first place
+        got = error_of(lambda: impl_jax.Model(config, overflowing(config, 1e39), dtype="float32"))
+        assert (got.argument, str(got)) == (expected.argument, str(expected))
+    for dtype, value in (("float16", 1e5), ("bfloat16", 1e39 if kind == "numpy" else 3.4e38)):
+        got = error_of(lambda: impl_jax.Model(config, convert(overflowing(config, value)), dtype=dtype))
+        assert (got.argument, str(got)) == (expected.argument, str(expected)), dtype
+    impl_jax.Model(config, convert(overflowing(config, 6e4)), dtype="float16")  # the control: finite
 
 
 # -- LayerNorm: epsilon from the config, the variance as the oracle computes it -----------------
@@ -348,9 +377,13 @@ def test_enable_x64_is_scoped_and_a_float64_model_refuses_to_run_outside_it():
 
 
 def test_decode_refuses_memory_of_another_dtype_or_shape():
+    """The check every backend shares (`conformance.inputs.check_memory`), word for word."""
     config = small()
-    model = impl_jax.Model(config)
+    params = init_params(config)
+    model, reference = impl_jax.Model(config, params, dtype="float32"), impl_numpy.Model(config, params, dtype="float32")
     encoded = impl_jax.Model(config, dtype="bfloat16").encode(SRC)
-    assert error_of(lambda: model.decode(TGT, encoded)).argument == "encoded"
-    encoded.memory = jnp.zeros((3, 6, 8), jnp.float32)
-    assert error_of(lambda: model.decode(TGT, encoded)).argument == "encoded"
+    memory = np.asarray(model.encode(SRC).memory)  # (3, 6, 16) float32
+    for bad in (encoded.memory, memory[..., :8], memory[:, :0], memory[:, 0], np.concatenate([memory] * 2, 1)):
+        expected = error_of(lambda: reference.decode(TGT, type(encoded)(memory=np.asarray(bad), src_mask=encoded.src_mask)))
+        got = error_of(lambda: model.decode(TGT, type(encoded)(memory=jnp.asarray(bad), src_mask=encoded.src_mask)))
+        assert (got.argument, str(got)) == (expected.argument, str(expected)) and got.argument == "encoded"

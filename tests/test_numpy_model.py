@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import impl_numpy
+import impl_numpy.model
 from conformance import InputError, ModelConfig, init_params, preset
 from conformance.compare import assert_close
 from conformance.tolerances import tolerance
@@ -210,6 +211,8 @@ BAD_INPUTS = [
     (dict(src_mask=np.ones((1, 1, 1, 3), dtype=np.int64)), "src_mask", "boolean"),
     (dict(tgt_mask=np.ones((1, 1, 3, 2), dtype=bool)), "tgt_mask", "(B, H, T, T)"),
     (dict(tgt_mask=np.ones((1, 3, 3, 3), dtype=bool)), "tgt_mask", "(B, H, T, T)"),
+    (dict(src_mask=[[[[True, True, True]]], [[[True]]]]), "src_mask", "not a rectangular array"),
+    (dict(tgt_mask=[[[[True], [True, True], [True, True, True]]]]), "tgt_mask", "not a rectangular array"),
 ]
 
 
@@ -241,6 +244,36 @@ def test_bad_params_and_dtypes():
         impl_numpy.Model(config, broken)
     with pytest.raises(InputError, match="missing"):
         impl_numpy.Model(config.replace(final_encoder_norm=True), params)
+
+
+def test_weights_that_overflow_the_cast_are_refused():
+    """Finiteness is checked on the weights the model computes with: 1e39 is finite in float64
+    and inf in float32, where it would only give inf and NaN logits."""
+    config = small()
+    params = init_params(config)
+    params["encoder.layers.1.ffn.linear2.weight"][3, 4] = 1e39
+    impl_numpy.Model(config, params)  # the control: finite in float64
+    with pytest.raises(InputError) as info:
+        impl_numpy.Model(config, params, dtype="float32")
+    assert str(info.value) == ("params: parameter 'encoder.layers.1.ffn.linear2.weight' has 1 NaN or infinite "
+                               "value(s) out of 384")
+
+
+def test_decode_refuses_memory_of_another_dtype_or_shape():
+    config = small()
+    model = impl_numpy.Model(config, init_params(config))
+    memory = model.encode(SRC).memory  # (3, 6, 16) float64
+    bad = {
+        "memory has dtype float32, the model computes in float64": memory.astype(np.float32),
+        "memory must have shape (B, S, D=16) with 1 <= S <= max_len=8, got (3, 6, 8)": memory[..., :8],
+        "memory must have shape (B, S, D=16) with 1 <= S <= max_len=8, got (3, 0, 16)": memory[:, :0],
+        "memory must have shape (B, S, D=16) with 1 <= S <= max_len=8, got (3, 12, 16)": np.concatenate([memory] * 2, 1),
+        "memory must have shape (B, S, D=16) with 1 <= S <= max_len=8, got (3, 16)": memory[:, 0],
+    }
+    for message, value in bad.items():
+        with pytest.raises(InputError) as info:
+            model.decode(TGT, impl_numpy.model.Encoded(memory=value, src_mask=model.make_masks(SRC, TGT)[0]))
+        assert (info.value.argument, str(info.value)) == ("encoded", f"encoded: {message}")
 
 
 def test_masks_that_contradict_the_ids_are_refused():

@@ -52,6 +52,7 @@ def assert_same_error(numpy_call, torch_call):
     __tracebackhide__ = True
     expected, got = outcome(numpy_call), outcome(torch_call)
     assert expected[0] == "error", f"NumPy accepted the input: {expected}"
+    assert expected[1] == "InputError", f"NumPy raised {expected[1:]}, not an InputError naming the argument"
     assert got == expected, f"torch raised {got[1:]}, NumPy raised {expected[1:]}"
 
 
@@ -68,6 +69,12 @@ BAD_IDS = {
     "id == vocab size": np.array([[1, 10, 2]]),
     "huge id": np.array([[2**40]]),
     "uint8 out of range": np.array([[1, 200]], dtype=np.uint8),
+    # torch has no min/max kernels for uint16/32/64, and uint64 ids can exceed int64's range.
+    "uint16 out of range": np.array([[1, 300]], dtype=np.uint16),
+    "uint32 out of range": np.array([[1, 70000]], dtype=np.uint32),
+    "uint64 out of range": np.array([[1, 2**40]], dtype=np.uint64),
+    "uint64 at 2**63": np.array([[1, 2**63]], dtype=np.uint64),
+    "uint64 max": np.array([[2**64 - 1, 1]], dtype=np.uint64),
     "ragged rows": [[1, 2], [3]],
 }
 
@@ -127,6 +134,8 @@ BAD_MASKS = {
     "tgt rank 3": ("tgt_mask", lambda: derived_masks()[1][:, 0]),
     "tgt widens the ids": ("tgt_mask", widened_tgt_mask),
     "tgt all true": ("tgt_mask", lambda: np.ones((2, 1, 3, 3), dtype=bool)),
+    "src ragged": ("src_mask", lambda: [[[[True, True, True, False]]], [[[True, True]]]]),
+    "tgt ragged": ("tgt_mask", lambda: [[[[True], [True, True], [True, True, True]]], [[[True]]]]),
 }
 
 
@@ -150,6 +159,36 @@ def test_narrowing_masks_are_accepted_and_used():
         got = TORCH(SRC, TGT, **masks)
         np.testing.assert_allclose(got.logits.detach().numpy(), expected.logits, rtol=1e-10, atol=1e-10)
         assert got.attention["encoder.0.self"][0, 1, :, 1].eq(0).all()
+
+
+def bad_memory(encoded, array):
+    return type(encoded)(memory=array, src_mask=encoded.src_mask)
+
+
+BAD_MEMORY = {
+    "float32 memory": lambda memory: memory.astype(np.float32),
+    "rank 2": lambda memory: memory[:, 0],
+    "wrong d_model": lambda memory: memory[..., :8],
+    "empty source": lambda memory: memory[:, :0],
+    "longer than max_len": lambda memory: np.concatenate([memory, memory], axis=1),  # S = 8 > 6
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_MEMORY))
+def test_bad_memory_in_decode(name):
+    """`decode` checks `encoded.memory` (shape and the model's dtype) before any kernel sees it."""
+    encoded_numpy, encoded_torch = NUMPY.encode(SRC), TORCH.encode(SRC)
+    bad = BAD_MEMORY[name](encoded_numpy.memory)
+    assert_same_error(lambda: NUMPY.decode(TGT, bad_memory(encoded_numpy, bad)),
+                      lambda: TORCH.decode(TGT, bad_memory(encoded_torch, torch.from_numpy(bad))))
+
+
+def test_float64_memory_for_a_float32_model_names_the_dtypes():
+    model = impl_torch.Model(CONFIG, PARAMS, dtype=torch.float32)
+    encoded = TORCH.encode(SRC)  # float64
+    with pytest.raises(InputError) as info:
+        model.decode(TGT, encoded)
+    assert str(info.value) == "encoded: memory has dtype float64, the model computes in float32"
 
 
 def params_with(**changes):
@@ -188,6 +227,31 @@ def test_bad_params(name, as_tensor):
     assert_same_error(lambda: impl_numpy.Model(CONFIG, bad), lambda: impl_torch.Model(CONFIG, given_to_torch))
 
 
+def overflowing(value):
+    """PARAMS with one weight that is finite in float64 but not in a narrower dtype."""
+    weight = PARAMS["encoder.layers.0.ffn.linear1.weight"].copy()
+    weight.flat[5] = value
+    return params_with(**{"encoder.layers.0.ffn.linear1.weight": weight})
+
+
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "tensor"])
+def test_weights_that_overflow_the_cast_are_refused(as_tensor):
+    """Finiteness holds for the weights the model computes with: 1e39 is inf in float32 and 1e5
+    is inf in float16, so both casts are refused as NaN or infinite weights are."""
+    convert = (lambda p: {k: torch.from_numpy(v) for k, v in p.items()}) if as_tensor else (lambda p: p)
+    bad = overflowing(1e39)
+    assert_same_error(lambda: impl_numpy.Model(CONFIG, bad, dtype="float32"),
+                      lambda: impl_torch.Model(CONFIG, convert(bad), dtype=torch.float32))
+    size = PARAMS["encoder.layers.0.ffn.linear1.weight"].size
+    for dtype in (torch.float16, torch.bfloat16):
+        value = 1e5 if dtype == torch.float16 else 1e39
+        with pytest.raises(InputError) as info:
+            impl_torch.Model(CONFIG, convert(overflowing(value)), dtype=dtype)
+        assert str(info.value) == (f"params: parameter 'encoder.layers.0.ffn.linear1.weight' has 1 NaN or infinite "
+                                   f"value(s) out of {size}")
+    impl_torch.Model(CONFIG, convert(overflowing(6e4)), dtype=torch.float16)  # the control: still finite
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, "int64", np.float16.__name__ + "x", torch.complex64])
 def test_a_dtype_torch_cannot_run_is_refused_by_name(dtype):
     with pytest.raises(InputError) as info:
@@ -201,7 +265,7 @@ def test_a_dtype_torch_cannot_run_is_refused_by_name(dtype):
 def arbitrary_ids(draw):
     """Id arrays of any rank, size, integer or float dtype and values around the valid range."""
     shape = draw(st.lists(st.integers(0, 8), min_size=1, max_size=3).map(tuple))
-    dtype = draw(st.sampled_from([np.int64, np.int32, np.int8, np.uint8, np.float32]))
+    dtype = draw(st.sampled_from([np.int64, np.int32, np.int8, np.uint8, np.uint16, np.uint32, np.uint64, np.float32]))
     values = draw(st.lists(st.integers(-2, CONFIG.src_vocab_size + 1), min_size=math.prod(shape), max_size=math.prod(shape)))
     return np.array(values, dtype=np.int64).astype(dtype).reshape(shape)
 

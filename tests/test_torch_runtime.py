@@ -2,10 +2,13 @@
 precision settings, and encode/decode.
 """
 
+import inspect
+import math
 import subprocess
 import sys
 import textwrap
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -14,9 +17,11 @@ torch = pytest.importorskip("torch", reason="the PyTorch backend needs torch")
 
 import impl_numpy  # noqa: E402
 import impl_torch  # noqa: E402
+import impl_torch.model  # noqa: E402
 from conformance import init_params, param_shapes, preset  # noqa: E402
 from conformance.compare import assert_close  # noqa: E402
 from conformance.config import PAD_MASK_SIDES  # noqa: E402
+from conformance.positions import sinusoid_table  # noqa: E402
 from conformance.report import tensors_of  # noqa: E402
 from conformance.tolerances import tolerance  # noqa: E402
 
@@ -106,6 +111,50 @@ def test_to_dtype_equals_building_in_that_dtype(target):
             assert_close(value, expected[name], tolerance(target), tensor=name, backend="torch", dtype=target, config=config)
 
 
+@pytest.mark.parametrize("form", ["sinusoid-interleaved", "sinusoid-split"])
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_half_precision_sinusoid_is_the_float64_table_cast_once(target, form):
+    """The buffer holds `sinusoid_table(...).astype(dtype)`, bit for bit, as NumPy and JAX do:
+    torch's own float64 -> float16 cast rounds through float32 (19 values differ at 512 x 512)."""
+    config = preset("paper", max_len=512, d_model=512, position=form)
+    expected = sinusoid_table(config.max_len, config.d_model, form).astype(
+        ml_dtypes.bfloat16 if target == "bfloat16" else target)
+    table = impl_torch.model.Positions(config, getattr(torch, target)).table
+    assert table.dtype == getattr(torch, target)
+    np.testing.assert_array_equal(impl_torch.to_numpy(table).view(np.uint16), expected.view(np.uint16))
+
+
+@pytest.mark.parametrize("target", ["float16", "bfloat16"])
+def test_std_eps_layer_norm_rounds_once_in_half_precision(target):
+    """The std-eps affine `normed * weight + bias` runs in float32 and is cast once, as JAX does:
+    each output is the exact (float64) result rounded to the dtype, up to float32's own error.
+    Casting `normed` before the affine rounds three times and misses by up to ~1.5 ulp."""
+    dtype = getattr(torch, target)
+    config = preset("annotated-transformer", d_model=64, n_heads=4)
+    assert config.layer_norm_form == "std-eps"
+    norm = impl_torch.model.LayerNorm(config, dtype)
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        norm.weight.copy_(torch.from_numpy(1 + 0.5 * rng.standard_normal(64)))
+        norm.bias.copy_(torch.from_numpy(0.5 * rng.standard_normal(64)))
+    x = torch.from_numpy(3 * rng.standard_normal((32, 64))).to(dtype)
+    with torch.no_grad():
+        got = norm(x)
+    assert got.dtype == dtype
+    # The oracle's formula in float64 on the very same (rounded) inputs.
+    x64, weight, bias = (t.double().numpy() for t in (x, norm.weight.detach(), norm.bias.detach()))
+    centered = x64 - x64.mean(-1, keepdims=True)
+    std = np.sqrt((centered * centered).sum(-1, keepdims=True) / 63)
+    scaled = centered / (std + config.layer_norm_eps) * weight
+    exact = scaled + bias
+    info = torch.finfo(dtype)
+    ulp = info.eps * 2.0 ** np.maximum(np.floor(np.log2(np.abs(exact) + 1e-300)), math.log2(info.tiny))
+    # float32's own error (~1e-7 of the terms) may tip a value that sits on a rounding midpoint.
+    slack = 1e-6 * (np.abs(scaled) + np.abs(bias))
+    error = np.abs(got.double().numpy() - exact)
+    assert (error <= 0.5 * ulp + slack).all(), f"max error {(error / ulp).max():.2f} ulp"
+
+
 def test_half_precision_keeps_a_finite_fill_finite():
     """-1e9 does not exist in float16 (max 65504): the scores are filled in float32, so a row
     without keys is the uniform mean, not NaN."""
@@ -115,6 +164,18 @@ def test_half_precision_keeps_a_finite_fill_finite():
     assert all(t.isfinite().all() for t in out.values())
     weights = out["encoder.0.self"][2]  # the all-padding source row
     assert torch.equal(weights, torch.full_like(weights, 1 / SRC.shape[1]))
+
+
+def test_constructor_is_config_params_dtype_as_in_the_other_backends():
+    """`Model(config, params, dtype)` means the same in every backend; torch's device is keyword-only."""
+    config = preset("default")
+    params = init_params(config)
+    assert impl_torch.Model(config, params, torch.float32).dtype == torch.float32
+    signature = inspect.signature(impl_torch.Model).parameters
+    assert list(signature)[:3] == list(inspect.signature(impl_numpy.Model).parameters) == ["config", "params", "dtype"]
+    assert signature["device"].kind is inspect.Parameter.KEYWORD_ONLY and signature["device"].default == "cpu"
+    # load keeps its documented (path, device, dtype).
+    assert list(inspect.signature(impl_torch.load).parameters) == ["path", "device", "dtype"]
 
 
 def test_full_precision_sets_and_restores_the_switches():
@@ -179,21 +240,26 @@ def compile_skip_reason():
 
 @pytest.mark.skipif(compile_skip_reason() is not None, reason=str(compile_skip_reason()))
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-def test_torch_compile_matches_eager():
-    """One small compile (about 30 s cold on two cores; inductor caches it afterwards): the fast
-    path, including the empty-row fix-ups, compiled == eager, NaN positions bit for bit."""
+@pytest.mark.parametrize("fill", [-math.inf, -1e9], ids=["minus-inf-fill", "finite-fill"])
+def test_torch_compile_matches_eager(fill):
+    """One small compile per fill (about 30 s cold on two cores; inductor caches it afterwards):
+    the fast path, including both branches of the empty-row fix-up (NaN for a -inf fill, the mean
+    of v for a finite one), compiled == eager == the oracle, NaN positions bit for bit."""
     config = preset("llmhub", d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
-                    src_vocab_size=12, tgt_vocab_size=12, max_len=8)  # -inf fill: the all-pad row is NaN
+                    src_vocab_size=12, tgt_vocab_size=12, max_len=8, mask_fill=fill)
     model = impl_torch.Model(config, dtype=torch.float32)
-    src, tgt = torch.from_numpy(SRC), torch.from_numpy(TGT)
+    src, tgt = torch.from_numpy(SRC), torch.from_numpy(TGT)  # source row 2 is all padding
     compiled = torch.compile(model)
     eager = run(model, src, tgt, return_attention=False)
     got = run(compiled, src, tgt, return_attention=False)
     assert list(got) == list(eager)
-    assert eager["logits"][2].isnan().all() and not eager["logits"][:2].isnan().any()
+    assert eager["logits"][2].isnan().all() == math.isinf(fill) and not eager["logits"][:2].isnan().any()
+    expected = tensors_of(impl_numpy.Model(config, init_params(config))(SRC, TGT))
     for name, value in got.items():
         assert torch.equal(value.isnan(), eager[name].isnan()), name
         torch.testing.assert_close(value.nan_to_num(), eager[name].nan_to_num(), rtol=1e-5, atol=1e-5)
+        assert_close(value, expected[name], tolerance("float32"), tensor=name, backend="torch (compiled)",
+                     dtype="float32", config=config)
     with pytest.raises(ValueError, match="src_ids: token id 12 out of range"):
         compiled(torch.tensor([[1, 12]]), tgt[:1])
 
