@@ -12,6 +12,10 @@ source and target sequences of length 64 in inference (`torch.inference_mode()`)
                           with the same embeddings, positions and output projection, masks as in
                           PyTorch's translation tutorial (key padding masks plus a causal mask)
 
+With JAX installed, impl_jax joins (fast and explicit), and its compile time (the first call of a
+new shape) is printed for the benchmarked config and, in a full run, for the small `--quick`
+config too.
+
 Before timing, every contender's logits are checked against impl_torch's explicit path, so the
 comparison is between equal computations. Calls are interleaved (each round runs every
 contender once, in a rotating order) so that load from other processes hits all of them alike;
@@ -170,7 +174,18 @@ class TorchTransformer(torch.nn.Module):
 # -- Contenders --------------------------------------------------------------------------------
 
 
-def contenders(config: ModelConfig, params: dict[str, np.ndarray], src: np.ndarray, tgt: np.ndarray) -> list[Contender]:
+def jax_compile_report(label: str, model, src: np.ndarray, tgt: np.ndarray) -> None:
+    """Print impl_jax's compile time of this shape (its first calls), per return_attention setting."""
+    from bench_jax import compile_times
+
+    for setting, seconds in compile_times(model, src, tgt).items():
+        print(f"impl_jax compile, {label} config (batch {src.shape[0]}, lengths {src.shape[1]}/{tgt.shape[1]}), "
+              f"{setting}: first call {seconds['first call']:.2f} s (trace+lower {seconds['trace+lower']:.2f} s, "
+              f"XLA {seconds['xla compile']:.2f} s)")
+
+
+def contenders(config: ModelConfig, params: dict[str, np.ndarray], src: np.ndarray, tgt: np.ndarray,
+               quick: bool) -> list[Contender]:
     ours = impl_torch.Model(config, params, dtype=torch.float32)
     theirs = TorchTransformer(config, params)
     src_t, tgt_t = torch.from_numpy(src), torch.from_numpy(tgt)
@@ -190,14 +205,18 @@ def contenders(config: ModelConfig, params: dict[str, np.ndarray], src: np.ndarr
     entries = [Contender("impl_torch fast", fast), Contender("impl_torch explicit", explicit), Contender(BASELINE, baseline)]
     try:
         import impl_jax
-        from bench_jax import compile_times, jax_contenders
+        from bench_jax import jax_contenders
     except ImportError as exc:  # JAX not installed: the torch comparison still stands
         print(f"impl_jax skipped: {exc}")
         return entries
     model = impl_jax.Model(config, params, dtype="float32")
-    for setting, seconds in compile_times(model, src, tgt).items():
-        print(f"impl_jax compile of this shape, {setting}: first call {seconds['first call']:.2f} s "
-              f"(trace+lower {seconds['trace+lower']:.2f} s)")
+    jax_compile_report("small" if quick else "base", model, src, tgt)
+    if not quick:  # the compile time of a small config too, from a model of its own (a cold compile)
+        small, batch, src_len, tgt_len = workload(quick=True)
+        rng = np.random.default_rng(1)
+        jax_compile_report("small", impl_jax.Model(small, init_params(small, seed=0, dtype=np.float32), dtype="float32"),
+                           rng.integers(2, small.src_vocab_size, size=(batch, src_len)),
+                           rng.integers(2, small.tgt_vocab_size, size=(batch, tgt_len)))
     entries += [Contender(name, run) for name, run in jax_contenders(config, params, src, tgt, model=model)]
     return entries
 
@@ -272,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"forward pass: {flops / 1e9:.2f} GFLOP in matrix products (counted analytically)")
 
     with impl_torch.full_precision():
-        entries = contenders(config, params, src, tgt)
+        entries = contenders(config, params, src, tgt, args.quick)
         errors = check_agreement(entries)
         print("logits vs impl_torch explicit (max abs error / max |logit|): "
               + ", ".join(f"{name} {error:.1e}" for name, error in errors.items()))
