@@ -71,7 +71,7 @@ def params_for(config, dtype=np.float32):
 
 def positions_of(layout):
     forms = [PRESETS[layout.preset]["position"]]
-    return forms + ["table"] if layout.stores_positions() else forms
+    return forms + ["table"] if layout.computes_with_stored_positions() else forms
 
 
 CASES = [(name, position) for layout in builtin_layouts() for name, position in
@@ -208,6 +208,33 @@ def test_switch_overrides_describe_a_changed_copy_of_the_system(annotated_state)
     config, state = annotated_state
     changed, _ = import_state_dict(state, None, n_heads=2, pad_id=3, mask_fill=float("-inf"))
     assert changed == config.replace(mask_fill=float("-inf"))
+
+
+def test_free_switches_left_to_the_layout_are_named():
+    """A free switch the import was not told takes the preset's value: said in the decisions (which
+    `rosetta convert` prints) and in the config's notes, never silently."""
+    layout = load_layout("hf-marian")
+    config = config_for(layout, activation="silu", scale_embedding=True)
+    state = export_state_dict(config, params_for(config), layout)
+    result = convert_arrays(state, None, n_heads=2, pad_id=config.pad_id)
+    assert result.config == config and result.config.notes["layout_defaults"] == "activation=silu, scale_embedding=true"
+    said = [line for line in result.decisions if "(the layout's default" in line]
+    assert len(said) == 2 and said[0].startswith("activation=silu (") and said[1].startswith("scale_embedding=true (")
+    assert "--set scale_embedding=false if your model differs" in said[1] and "MarianConfig.scale_embedding" in said[1]
+    told = convert_arrays(state, None, n_heads=2, pad_id=config.pad_id, activation="silu", scale_embedding=True)
+    assert "layout_defaults" not in told.config.notes and not any("layout's default" in d for d in told.decisions)
+
+
+@pytest.mark.parametrize("name", ["torch-nn-transformer", "hf-marian", "annotated-transformer"])
+def test_a_required_switch_says_where_the_system_keeps_it(name):
+    layout = load_layout(name)
+    config = config_for(layout)
+    state = export_state_dict(config, params_for(config), layout)
+    told = import_overrides(layout, config)
+    for field in sorted(layout.required):
+        with pytest.raises(ConfigError, match=f"--set {field}=") as info:
+            import_state_dict(state, name, **{k: v for k, v in told.items() if k != field})
+        assert info.value.field == field and layout.hints[field] in str(info.value)
 
 
 # -- Positions ---------------------------------------------------------------------------------
@@ -361,6 +388,9 @@ matrices = "out-in"
     (GOOD + "[switches]\nd_model = 8\n", "is a size"),
     (GOOD + '[switches]\nqkv_bias = "yes"\n', "must be a bool"),
     (GOOD + "[switches]\nwarp = 9\n", "not a ModelConfig switch"),
+    (GOOD + '"a.{i}" = { to = "encoder.layers.{i}.ffn_norm.weight", recomputed = true }\n', "recomputed applies to position tables only"),
+    ('free = ["pad_id"]\n' + GOOD.replace("[keys]", '[hints]\nactivation = "nn.Transformer(activation=...)"\n[keys]'), "not listed in free or required"),
+    (GOOD.replace("[keys]", "[hints]\npad_id = 3\n[keys]"), r"\[hints\] must be a table"),
 ])
 def test_layout_file_errors_name_the_problem(tmp_path, text, words):
     # TOML tables end at the next header: keep [switches] last so that [keys] lines stay in [keys].

@@ -6,6 +6,7 @@ Hugging Face users pass them (`attention_mask`, `decoder_attention_mask` from th
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import numpy as np
@@ -25,7 +26,15 @@ from conformance.convert import (  # noqa: E402
 from conformance.errors import ConfigError  # noqa: E402
 from conformance.presets import FLOAT32_MIN  # noqa: E402
 from systems import randomize_  # noqa: E402
-from systems.harness import BACKEND_PARAMS, assert_matches_source, padded_batch, run_backend  # noqa: E402
+from systems.harness import (  # noqa: E402
+    BACKEND_PARAMS,
+    FLOAT64_BAR,
+    WRONG_EPSILONS,
+    assert_matches_source,
+    matches_source,
+    padded_batch,
+    run_backend,
+)
 
 VOCAB = 29
 PAD = VOCAB - 1  # opus-mt models put <pad> last; Marian's decoder_start_token_id is the pad id
@@ -87,6 +96,23 @@ def test_marian_logits_match(variant, backend):
     assert_matches_source(run_backend(backend, config, params, src, tgt), hf_logits(model, src, tgt), f"Marian on {backend}")
 
 
+def test_marian_in_float64_down_to_the_layer_norm_epsilon():
+    """In float64 (see FLOAT64_BAR) a wrong LayerNorm epsilon shows, which float32 rounding can hide.
+    Marian's sinusoid is a parameter, so `.double()` casts it and it converts as a stored table."""
+    model = copy.deepcopy(marian()).double()
+    config, params = from_hf_marian(model)
+    assert all(v.dtype == np.float64 for v in params.values())
+    src, tgt = padded_batch(PAD, VOCAB, VOCAB)
+    reference = hf_logits(model, src, tgt)
+    assert reference.dtype == np.float64
+    assert_matches_source(run_backend("numpy", config, params, src, tgt, dtype="float64"), reference, "Marian in float64",
+                          bar=FLOAT64_BAR)
+    for eps in WRONG_EPSILONS:
+        if eps != config.layer_norm_eps:
+            ours = run_backend("numpy", config.replace(layer_norm_eps=eps), params, src, tgt, dtype="float64")
+            assert not matches_source(ours, reference, FLOAT64_BAR), f"layer_norm_eps={eps:g} went unnoticed"
+
+
 def test_marian_fully_masked_rows_match_eager_attention():
     """Marian's eager attention adds finfo.min: a fully masked row is a uniform average, as ours."""
     model = marian(attn_implementation="eager")
@@ -96,6 +122,21 @@ def test_marian_fully_masked_rows_match_eager_attention():
     reference = hf_logits(model, src, tgt)
     assert not np.isnan(reference).any()
     assert_matches_source(run_backend("numpy", config, params, src, tgt), reference, "Marian (eager), fully masked rows")
+
+
+def test_marian_sdpa_attention_differs_only_on_an_all_padding_source():
+    """A default MarianMTModel runs SDPA attention, which gives a query whose every key is masked
+    something else than eager attention's uniform average (docs/porting.md, Known limits): only
+    the all-padding source row differs, by far more than rounding."""
+    model = marian()
+    assert model.config._attn_implementation == "sdpa"
+    config, params = from_hf_marian(model)
+    src, tgt = padded_batch(PAD, VOCAB, VOCAB, fully_masked=True)
+    empty = (src == PAD).all(axis=1)
+    assert empty.tolist() == [False, False, False, False, True, False]
+    reference, ours = hf_logits(model, src, tgt), run_backend("numpy", config, params, src, tgt)
+    assert_matches_source(ours[~empty], reference[~empty], "Marian (SDPA), rows with a real source token")
+    assert not matches_source(ours[empty], reference[empty])
 
 
 def test_marian_decoder_start_token_is_the_pad_id():
@@ -109,6 +150,18 @@ def test_marian_decoder_start_token_is_the_pad_id():
     valid = (tgt != PAD) | (np.arange(tgt.shape[1]) == 0)  # positions that predict a real next token
     ours = run_backend("numpy", config, params, src, tgt)
     assert_matches_source(ours[valid], reference[valid], "Marian with its decoder start token")
+
+
+def test_marian_with_a_decoder_attention_mask_is_target_padding_on_the_keys():
+    """A caller who passes `decoder_attention_mask = tgt != pad` masks padding on the keys, the start
+    token included: `tgt_pad_mask="keys"` says the same, down to the start token's fully masked
+    row (eager attention: a uniform average, as with our finite fill)."""
+    model = marian(attn_implementation="eager")
+    config, params = from_hf_marian(model, tgt_pad_mask="keys")
+    src, tgt = padded_batch(PAD, VOCAB, VOCAB)
+    tgt = np.concatenate([np.full((len(tgt), 1), PAD), tgt[:, :-1]], axis=1)
+    reference = hf_logits(model, src, tgt, decoder_mask=True)
+    assert_matches_source(run_backend("numpy", config, params, src, tgt), reference, "Marian with decoder_attention_mask")
 
 
 def test_save_pretrained_state_dict_needs_the_sizes_it_lacks():
@@ -170,6 +223,18 @@ def test_exported_weights_load_into_marian_and_agree():
     home.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
     src, tgt = padded_batch(PAD, VOCAB, VOCAB)
     assert_matches_source(run_backend("numpy", config, params, src, tgt), hf_logits(home, src, tgt), "Marian with our weights")
+
+
+@pytest.mark.parametrize("position", ["sinusoid-interleaved", "table"])
+def test_export_to_marian_refuses_a_position_term_marian_would_replace(position):
+    """Marian rebuilds its split sinusoid when a model is loaded (`from_pretrained`; the tables are
+    not even saved), so exported weights with another position term would change silently."""
+    config = preset("hf-marian", src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=32, n_heads=4, d_ff=48,
+                    n_encoder_layers=1, n_decoder_layers=1, max_len=40, pad_id=PAD, position=position)
+    params = init_params(config, seed=12, dtype=np.float32)
+    with pytest.raises(ConfigError, match="recomputes its position tables as position='sinusoid-split'") as info:
+        export_state_dict(config, params, "hf-marian")
+    assert info.value.field == "position"
 
 
 def test_a_save_pretrained_directory_converts_from_the_command_line(tmp_path, capsys):

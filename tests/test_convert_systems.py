@@ -3,11 +3,13 @@
 Each source system is re-created in `tests/systems/` from variants.md (key names and numerics),
 given random weights, run the way its own code runs it (its own masks), converted through the
 auto-detected built-in layout, and compared in float32: max abs difference <= 1e-5, NaN exactly
-where the source has NaN.
+where the source has NaN. A float64 run of each system against our float64 NumPy oracle holds the
+numerics that float32 rounding hides (a LayerNorm epsilon) to 1e-9.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import warnings
 
@@ -17,7 +19,6 @@ import pytest
 torch = pytest.importorskip("torch", reason="the source systems are PyTorch modules")
 
 from conformance import init_params, preset  # noqa: E402
-from conformance.compare import compare  # noqa: E402
 from conformance.convert import (  # noqa: E402
     TensorError,
     as_arrays,
@@ -39,8 +40,10 @@ from systems import (  # noqa: E402
 )
 from systems.harness import (  # noqa: E402
     BACKEND_PARAMS,
-    SOURCE_TOLERANCE,
+    FLOAT64_BAR,
+    WRONG_EPSILONS,
     assert_matches_source,
+    matches_source,
     padded_batch,
     run_backend,
 )
@@ -55,7 +58,7 @@ SYSTEMS = {
     "sublayer-norm": (sublayer_norm, {}),
     "pre-ln-tutorial": (pre_ln_tutorial, {}),
     "annotated-transformer": (annotated, {"pad_id": annotated.PAD}),
-    "torch-nn-transformer": (torch_tutorial, {}),
+    "torch-nn-transformer": (torch_tutorial, {"norm_placement": "post"}),  # nn.Transformer's default norm_first=False
 }
 
 
@@ -73,10 +76,17 @@ def source(name: str, seed: int = 1):
     return randomize_(module.make(**SIZES), seed)
 
 
+# Systems that keep a sinusoid in their state dict: converted as it is (a stored table), and with
+# the sinusoid recognised (`--set position=sinusoid-interleaved`), which drops the table and
+# computes ours instead.
+STORES_TABLE = [name for name in SYSTEMS if load_layout(name).stores_positions()]
+
+
 @functools.cache
-def converted(name: str):
+def converted(name: str, recognise: bool = False):
     _, extra = SYSTEMS[name]
-    return convert_arrays(as_arrays(source(name).state_dict()), None, n_heads=SIZES["n_heads"], **extra)
+    asked = {"position": load_layout(name).base_switches()["position"]} if recognise else {}
+    return convert_arrays(as_arrays(source(name).state_dict()), None, n_heads=SIZES["n_heads"], **extra, **asked)
 
 
 def source_logits(name: str, src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
@@ -88,6 +98,21 @@ def source_logits(name: str, src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
 def batch(name: str, fully_masked: bool = False):
     module, _ = SYSTEMS[name]
     return padded_batch(module.PAD, SIZES["src_vocab"], SIZES["tgt_vocab"], fully_masked=fully_masked)
+
+
+def test_the_bar_is_an_absolute_difference():
+    """1e-5 means 1e-5: not scaled by the logits' magnitude (a wrong LayerNorm epsilon on
+    from-scratch moves logits of size ~3 by 2.1e-5, which a scaled bar of 3e-5 let through)."""
+    reference = np.array([[10.0, -3.0, np.nan], [0.5, 2.0, 1.0]], dtype=np.float32)
+    assert_matches_source(reference + np.float32(9e-6) * (reference != 10), reference, "within the bar")
+    off = reference.copy()
+    off[1, 0] += 2e-5
+    with pytest.raises(AssertionError, match=r"max abs difference 2\.\d+e-05 at \(1, 0\)"):
+        assert_matches_source(off, reference, "off by 2e-5 where |logits| <= 10")
+    nan_moved = reference.copy()
+    nan_moved[0, 2], nan_moved[1, 2] = 0.0, np.nan
+    with pytest.raises(AssertionError, match="NaN"):
+        assert_matches_source(nan_moved, reference, "NaN elsewhere")
 
 
 @pytest.mark.parametrize("name", SYSTEMS)
@@ -105,14 +130,26 @@ def test_auto_detection_picks_the_systems_layout(name):
 FULLY_MASKED = {name: name != "torch-nn-transformer" for name in SYSTEMS}
 
 
-@pytest.mark.parametrize("backend", BACKEND_PARAMS)
-@pytest.mark.parametrize("name", SYSTEMS)
-def test_logits_match_the_source(name, backend):
+# Every system as stored on every backend; with the sinusoid recognised on NumPy and PyTorch,
+# sparing JAX (which compiles per config) a second compile of the same model.
+@pytest.mark.parametrize("name, recognise, backend", [
+    pytest.param(name, recognise, backend.values[0], marks=backend.marks,
+                 id=f"{name}{'-sinusoid-recognised' if recognise else ''}-{backend.values[0]}")
+    for name in SYSTEMS for recognise in (False, True) for backend in BACKEND_PARAMS
+    if not recognise or (name in STORES_TABLE and backend.values[0] != "jax")
+])
+def test_logits_match_the_source(name, recognise, backend):
     """Padded rows match; fully masked rows give NaN under -inf fills and a uniform average under
-    finite fills, in the source and in the converted model alike."""
+    finite fills, in the source and in the converted model alike. With the stored sinusoid
+    recognised, our own sinusoid replaces the system's float32 one, within the same bar."""
     src, tgt = batch(name, fully_masked=FULLY_MASKED[name])
     reference = source_logits(name, src, tgt)
-    result = converted(name)
+    result = converted(name, recognise)
+    if recognise:
+        assert result.config.position == "sinusoid-interleaved" and "encoder.position.table" not in result.params
+        assert any("recognised the stored table as the sinusoid-interleaved sinusoid" in d for d in result.decisions)
+    else:
+        assert result.config.position == ("table" if name in STORES_TABLE else "sinusoid-interleaved")
     assert not np.isnan(reference[:3]).any()
     assert np.isnan(reference[3:]).any() == (FULLY_MASKED[name] and result.config.mask_fill == float("-inf"))
     ours = run_backend(backend, result.config, result.params, src, tgt)
@@ -131,26 +168,96 @@ def test_torch_nn_transformer_fully_masked_rows():
 
 
 # Flipping any of these switches must break the agreement above: proof that the batch exercises
-# them (a test that cannot fail proves nothing).
+# them (a test that cannot fail proves nothing). field -> the wrong value for a right one.
 FLIPS = {
-    "norm_placement": {"post": "pre", "pre": "post"},
-    "scale_embedding": {True: False, False: True},
-    "tgt_pad_mask": {"keys": "queries", "queries": "keys"},
-    "cross_attn_src_mask": {True: False, False: True},
-    "layer_norm_form": {"standard": "std-eps", "std-eps": "standard"},
-    "activation": {"relu": "gelu"},
+    "norm_placement": {"post": "pre", "pre": "post"}.get,
+    "scale_embedding": lambda v: not v,
+    "tgt_pad_mask": {"keys": "queries", "queries": "keys"}.get,
+    "cross_attn_src_mask": lambda v: not v,
+    "layer_norm_form": {"standard": "std-eps", "std-eps": "standard"}.get,
+    "activation": {"relu": "gelu"}.get,
+    "pad_id": lambda v: 0 if v else 1,
+    # Seen only on a fully masked row: NaN under -inf, a uniform average under a finite fill.
+    "mask_fill": lambda v: -1e9 if v == float("-inf") else float("-inf"),
+    # The systems' interleaved sinusoid (stored or computed) read as the split one.
+    "position": lambda v: "sinusoid-split",
 }
+
+
+def flipped(result, field):
+    config = result.config.replace(**{field: FLIPS[field](getattr(result.config, field))})
+    params = result.params
+    if field == "position":
+        params = {k: v for k, v in params.items() if not k.endswith("position.table")}
+    return config, params
 
 
 @pytest.mark.parametrize("name", SYSTEMS)
 def test_a_wrong_switch_is_caught(name):
-    src, tgt = batch(name)
+    src, tgt = batch(name, fully_masked=FULLY_MASKED[name])
     reference = source_logits(name, src, tgt)
     result = converted(name)
-    for field, flip in FLIPS.items():
-        wrong = result.config.replace(**{field: flip[getattr(result.config, field)]})
-        ours = run_backend("numpy", wrong, result.params, src, tgt)
-        assert not compare(ours, reference, SOURCE_TOLERANCE).passed, f"{name}: {field} flipped went unnoticed"
+    for field in FLIPS:
+        if field == "mask_fill" and not FULLY_MASKED[name]:
+            continue  # no fully masked row to show it (see the xfail above)
+        ours = run_backend("numpy", *flipped(result, field), src, tgt)
+        assert not matches_source(ours, reference), f"{name}: {field} flipped went unnoticed"
+
+
+# -- float64: what float32 rounding hides (see FLOAT64_BAR) ----------------------------------------
+
+
+def float32_sinusoid(name: str, model) -> tuple | None:
+    """The (encoder, decoder) position tables of a system that keeps its sinusoid in float32
+    whatever `.double()` does: hyunwoongko's is a plain tensor attribute (not a buffer), built
+    with `.float()`. Ours is float64; they differ by ~7e-8 in the logits, which would sit between
+    rounding and a wrong epsilon, so the float64 comparison hands our model that very table."""
+    if name != "hyunwoongko":
+        return None
+    tables = (model.encoder.emb.pos_emb.encoding, model.decoder.emb.pos_emb.encoding)
+    assert all(t.dtype == torch.float32 for t in tables), "hyunwoongko's sinusoid is float32 even in .double()"
+    return tables
+
+
+@functools.cache
+def converted64(name: str):
+    """(source in float64, config, params in float64)."""
+    _, extra = SYSTEMS[name]
+    model = copy.deepcopy(source(name)).double()
+    result = convert_arrays(as_arrays(model.state_dict()), name, n_heads=SIZES["n_heads"], **extra)
+    config, params = result.config, dict(result.params)
+    assert all(v.dtype == np.float64 for v in params.values())
+    tables = float32_sinusoid(name, model)
+    if tables is not None:
+        config = config.replace(position="table")
+        params["encoder.position.table"], params["decoder.position.table"] = (t.double().numpy() for t in tables)
+    return model, config, params
+
+
+def float64_logits(name: str):
+    module, _ = SYSTEMS[name]
+    model, config, params = converted64(name)
+    src, tgt = batch(name, fully_masked=FULLY_MASKED[name])
+    with torch.no_grad():
+        reference = module.logits(model, torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
+    assert reference.dtype == np.float64
+    return reference, config, params, src, tgt
+
+
+@pytest.mark.parametrize("name", SYSTEMS)
+def test_float64_logits_match_the_source(name):
+    reference, config, params, src, tgt = float64_logits(name)
+    ours = run_backend("numpy", config, params, src, tgt, dtype="float64")
+    assert_matches_source(ours, reference, f"{name} in float64", bar=FLOAT64_BAR)
+
+
+@pytest.mark.parametrize("name", SYSTEMS)
+def test_a_wrong_epsilon_is_caught_in_float64(name):
+    reference, config, params, src, tgt = float64_logits(name)
+    for eps in WRONG_EPSILONS:
+        if eps != config.layer_norm_eps:
+            ours = run_backend("numpy", config.replace(layer_norm_eps=eps), params, src, tgt, dtype="float64")
+            assert not matches_source(ours, reference, FLOAT64_BAR), f"{name}: layer_norm_eps={eps:g} went unnoticed"
 
 
 @pytest.mark.parametrize("name", SYSTEMS)
@@ -247,6 +354,16 @@ def test_from_torch_nn_transformer_takes_plain_embeddings_and_a_bias_free_genera
     before = generator.weight.detach().clone()
     params["output.weight"] += 1.0
     assert torch.equal(generator.weight.detach(), before)
+
+
+def test_from_torch_nn_transformer_reads_what_the_layout_requires():
+    """The torch-nn-transformer layout requires norm_placement (a state dict cannot tell it); the
+    module import reads it from norm_first, and without layers it places no norm at all."""
+    empty = torch.nn.Transformer(d_model=16, nhead=2, num_encoder_layers=0, num_decoder_layers=0, dim_feedforward=24)
+    config, _ = from_torch_nn_transformer(empty.eval(), torch.nn.Embedding(5, 16), torch.nn.Embedding(5, 16),
+                                          torch.nn.Linear(16, 5))
+    assert config.n_encoder_layers == config.n_decoder_layers == 0 and config.norm_placement == "post"
+    assert config.notes["layout_defaults"] == "activation=relu, pad_id=1"
 
 
 def test_from_torch_nn_transformer_refuses_what_modelconfig_cannot_express():

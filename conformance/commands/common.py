@@ -13,9 +13,7 @@ from conformance.errors import InputError
 def parse_ids(text: str, argument: str) -> np.ndarray:
     """IDS: a `.npy` file of integers, or rows of comma-separated ids separated by `;` ("1,2,3;4,5,6")."""
     if text.endswith(".npy"):
-        if not Path(text).is_file():
-            raise InputError(argument, f"no such file {text!r}")
-        return np.load(text, allow_pickle=False)
+        return _load_ids(text, argument)
     try:
         rows = [[int(v) for v in row.split(",") if v.strip()] for row in text.split(";")]
     except ValueError:
@@ -23,6 +21,29 @@ def parse_ids(text: str, argument: str) -> np.ndarray:
     if len({len(r) for r in rows}) != 1:
         raise InputError(argument, f"rows have different lengths in {text!r}; pad them with the pad id")
     return np.array(rows, dtype=np.int64)
+
+
+def _load_ids(path: str, argument: str) -> np.ndarray:
+    """A `.npy` file of integer ids `(B, L)`; anything else is an `InputError` naming the argument."""
+    if not Path(path).is_file():
+        raise InputError(argument, f"no such file {path!r}")
+    try:
+        ids = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise InputError(argument, f"{path}: holds Python objects, which are never unpickled; save an integer "
+                             "array (np.save(path, ids.astype(np.int64)))") from None
+        raise InputError(argument, f"{path}: not a readable .npy file ({exc})") from None
+    except (OSError, EOFError) as exc:
+        raise InputError(argument, f"{path}: not a readable .npy file ({type(exc).__name__}: {exc})") from None
+    if not isinstance(ids, np.ndarray):  # np.load reads a zip archive whatever the name says
+        ids.close()
+        raise InputError(argument, f"{path}: an .npz archive, not a single array of ids")
+    if ids.dtype.kind not in "iu":
+        raise InputError(argument, f"{path}: must hold integer token ids, got {ids.dtype}")
+    if ids.ndim != 2:
+        raise InputError(argument, f"{path}: must be a (B, L) array of ids, got shape {ids.shape}")
+    return ids
 
 
 def parse_source(config: ModelConfig, text: str, argument: str = "src") -> np.ndarray:

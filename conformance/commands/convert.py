@@ -24,12 +24,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
-    """`["n_heads=8", "mask_fill=-inf"]` -> `{"n_heads": 8, "mask_fill": -inf}`, typed by ModelConfig."""
+    """`["n_heads=8", "mask_fill=-inf"]` -> `{"n_heads": 8, "mask_fill": -inf}`, typed by ModelConfig.
+
+    A field given twice must be given the same value both times (`true` and `1` are the same bool);
+    otherwise which one wins would be an accident of argument order."""
     from conformance.config import ModelConfig
     from conformance.errors import ConfigError
 
     types = {f.name: f.type for f in dataclasses.fields(ModelConfig) if f.name != "notes"}
     out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
     for item in items:
         name, sep, text = item.partition("=")
         name, text = name.strip(), text.strip()
@@ -43,15 +47,19 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
                 lowered = text.lower()
                 if lowered not in ("true", "false", "1", "0", "yes", "no"):
                     raise ValueError
-                out[name] = lowered in ("true", "1", "yes")
+                value = lowered in ("true", "1", "yes")
             elif kind == "int":
-                out[name] = int(text)
+                value = int(text)
             elif kind == "float":
-                out[name] = float(text)
+                value = float(text)
             else:
-                out[name] = text
+                value = text
         except ValueError:
             raise ConfigError(name, f"--set {name}={text!r}: expected a {kind}") from None
+        if name in out and repr(out[name]) != repr(value):  # repr: NaN is NaN, and 1e-5 is 0.00001
+            raise ConfigError(name, f"given twice with different values: --set {name}={spelled[name]} and "
+                              f"--set {name}={text}; give it once")
+        out[name], spelled[name] = value, text
     return out
 
 

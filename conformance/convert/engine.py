@@ -23,9 +23,9 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from conformance.config import ModelConfig
-from conformance.convert.errors import KeyMismatchError, LayoutError, TensorError, listing
-from conformance.convert.keys import alias_keys, check_keys, detect_layout, plan_keys
+from conformance.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, ModelConfig
+from conformance.convert.errors import KeyMismatchError, LayoutError, TensorError, listing, overrides_note, setting
+from conformance.convert.keys import alias_keys, check_keys, detect_layout, plan_keys, structural_overrides
 from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, Layout, load_layout
 from conformance.convert.transforms import TABLES, backward, forward, identical, recognise_positions
 from conformance.errors import ConfigError
@@ -33,6 +33,8 @@ from conformance.params import PARAM_DTYPE_NAMES, check_numpy_params, param_shap
 from conformance.positions import sinusoid_table
 
 _CONFIG_FIELDS = SWITCH_FIELDS | SIZE_FIELDS | {"notes"}
+_CHOICES = {"norm_placement": NORM_PLACEMENTS, "layer_norm_form": LAYER_NORM_FORMS, "position": POSITIONS,
+            "tgt_pad_mask": PAD_MASK_SIDES, "activation": ACTIVATIONS}
 
 
 # -- Import ------------------------------------------------------------------------------------
@@ -79,6 +81,33 @@ def _infer_sizes(canonical: dict) -> dict[str, tuple[int, str]]:
     return inferred
 
 
+def alternatives(name: str, current: Any = None) -> str:
+    """What `--set NAME=` could say instead of `current` ("gelu|gelu-tanh|silu", "false", "N")."""
+    if name in _CHOICES:
+        return "|".join(c for c in _CHOICES[name] if c != current)
+    kind = ModelConfig.__dataclass_fields__[name].type
+    if kind == "bool":
+        return "true|false" if current is None else setting(not current)
+    return "N" if kind == "int" else "..."
+
+
+def _hint(layout: Layout, name: str) -> str:
+    return f"; {layout.hints[name]}" if name in layout.hints else ""
+
+
+def _defaulted(layout: Layout, overrides: Mapping[str, Any], config: ModelConfig, position_stored: bool) -> list[str]:
+    """One line per free switch the caller did not give: the value the preset supplied, and how to
+    change it. A free switch is one the system takes from its user, so the tensors cannot tell it."""
+    lines = []
+    for name in sorted(layout.free - layout.required - SIZE_FIELDS):
+        if name in overrides or (name == "position" and position_stored):
+            continue
+        value = getattr(config, name)
+        lines.append(f"{name}={setting(value)} (the layout's default: the tensors do not tell it; --set "
+                     f"{name}={alternatives(name, value)} if your model differs{_hint(layout, name)})")
+    return lines
+
+
 def _build_config(layout, canonical, origin, layers, overrides, position, rows, notes) -> ModelConfig:
     values = layout.base_switches()
     inferred = _infer_sizes(canonical)
@@ -112,7 +141,8 @@ def _build_config(layout, canonical, origin, layers, overrides, position, rows, 
     for fieldname in sorted(layout.required):
         if fieldname not in overrides:
             raise ConfigError(fieldname, f"the {layout.name} layout cannot tell it (it differs between copies of that "
-                              f"system and is not in the tensors); give it: --set {fieldname}=...")
+                              f"system and is not in the tensors); give it: --set {fieldname}="
+                              f"{alternatives(fieldname)}{_hint(layout, fieldname)}")
     return ModelConfig(**values, notes={**(notes or {}), "converted_from": layout.name})
 
 
@@ -128,9 +158,15 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
     check_overrides(overrides)
     detected = layout is None
     layout = detect_layout(arrays, **overrides) if detected else load_layout(layout)
-    check = check_keys(layout, arrays, overrides)
+    note = overrides_note(structural_overrides(layout, overrides), overrides)
+    try:
+        check = check_keys(layout, arrays, overrides)
+    except LayoutError as exc:
+        if not note or exc.layout != layout.name:
+            raise
+        raise LayoutError(layout.name, f"{exc.problem} ({note})") from None
     if not check.exact:
-        raise KeyMismatchError(layout.name, check.missing, check.unexpected, check.missing_summary)
+        raise KeyMismatchError(layout.name, check.missing, check.unexpected, check.missing_summary, note)
     decisions = [f"layout: {layout.name}" + (" (auto-detected)" if detected else "")]
     if check.dropped:
         decisions.append(f"dropped {len(check.dropped)} key(s) the layout marks as not parameters: {listing(check.dropped)}")
@@ -170,6 +206,11 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
 
     position, rows = recognise_positions(layout, canonical, origin, overrides, decisions)
     config = _build_config(layout, canonical, origin, check.layers, overrides, position, rows, notes)
+    defaulted = _defaulted(layout, overrides, config, rows is not None)
+    if defaulted:
+        decisions.extend(defaulted)
+        summary = ", ".join(line.split(" ", 1)[0] for line in defaulted)
+        config = config.replace(notes={**config.notes, "layout_defaults": summary})
 
     expected = param_shapes(config)
     for ckey in canonical:
@@ -199,15 +240,21 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
 
     Every switch the layout fixes (its preset and `[switches]`, plus `target` for a copy of the
     system that was changed) must equal the config's; `free` switches are the user's to set in
-    the target system. A system that stores its position table can hold any position term.
+    the target system. A system that computes with the position table it loads can hold any
+    position term; one that rebuilds its table on load (`recomputed`, Marian) only its own.
     """
     check_overrides(target)
     expected = {**layout.base_switches(), **target}
     for name in sorted(SWITCH_FIELDS):
         if name in layout.free or name not in expected:
             continue
-        if name == "position" and layout.stores_positions():
+        if name == "position" and layout.computes_with_stored_positions():
             continue
+        if name == "position" and layout.stores_positions() and config.position != expected[name]:
+            raise ConfigError(name, f"the {layout.name} system recomputes its position tables as position="
+                              f"{expected[name]!r} when it loads a model, so this config's position={config.position!r} "
+                              "would be replaced after a save and load, giving other logits (if your copy of that "
+                              "system was changed to keep its table, pass position=... to the export)")
         if getattr(config, name) != expected[name]:
             raise ConfigError(name, f"the {layout.name} system computes {name}={expected[name]!r} but this config has "
                               f"{getattr(config, name)!r}, so exported weights would give other logits there "

@@ -14,7 +14,7 @@ A config field that is missing or contradicts the tensors raises the project's `
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 
 def listing(names: Sequence[str], limit: int = 6) -> str:
@@ -22,6 +22,22 @@ def listing(names: Sequence[str], limit: int = 6) -> str:
     names = list(names)
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def setting(value: Any) -> str:
+    """A value as `--set` spells it: true/false, 1e-05, -inf, relu."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def overrides_note(names: Sequence[str], overrides) -> str:
+    """What to tell a user whose overrides changed the key set a layout expects ('' for none)."""
+    if not names:
+        return ""
+    given = ", ".join(f"--set {name}={setting(overrides[name])}" for name in names)
+    verb, it = ("changes", "it") if len(names) == 1 else ("change", "them")
+    return f"{given} {verb} which parameters the layout expects; leave {it} out unless the model was changed that way"
 
 
 class LayoutError(ValueError):
@@ -36,7 +52,7 @@ class LayoutError(ValueError):
 class KeyMismatchError(LayoutError):
     """The keys of a state dict do not fit a layout: some are missing, some are unexpected."""
 
-    def __init__(self, layout: str, missing: Sequence[str], unexpected: Sequence[str], summary: str = ""):
+    def __init__(self, layout: str, missing: Sequence[str], unexpected: Sequence[str], summary: str = "", note: str = ""):
         self.missing = list(missing)
         self.unexpected = list(unexpected)
         parts = []
@@ -44,6 +60,8 @@ class KeyMismatchError(LayoutError):
             parts.append(f"{len(self.missing)} missing key(s): {summary or listing(self.missing)}")
         if unexpected:
             parts.append(f"{len(self.unexpected)} unexpected key(s): {listing(self.unexpected)}")
+        if note:
+            parts.append(note)
         super().__init__(layout, "the state dict does not fit: " + "; ".join(parts))
 
 
@@ -53,7 +71,7 @@ class NoMatchingLayoutError(ValueError):
     `.candidates` holds `(layout name, missing keys, unexpected keys)`, closest first.
     """
 
-    def __init__(self, candidates: Sequence[tuple[str, list[str], list[str]]], n_keys: int, limit: int = 3):
+    def __init__(self, candidates: Sequence[tuple[str, list[str], list[str]]], n_keys: int, limit: int = 3, note: str = ""):
         self.candidates = list(candidates)
         lines = [
             f"no built-in layout matches these {n_keys} keys exactly; pass --layout NAME or a layout "
@@ -65,6 +83,8 @@ class NoMatchingLayoutError(ValueError):
                 lines.append(f"    missing: {listing(missing, 4)}")
             if unexpected:
                 lines.append(f"    unexpected: {listing(unexpected, 4)}")
+        if note:
+            lines.append(f"  ({note})")
         super().__init__("\n".join(lines))
 
 

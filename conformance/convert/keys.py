@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from conformance.config import ModelConfig
-from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, listing
-from conformance.convert.layout import SIZE_FIELDS, Entry, Layout, builtin_layouts
+from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, listing, overrides_note
+from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, Entry, Layout, builtin_layouts
 from conformance.params import param_shapes
 
 _LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.")
@@ -106,6 +106,27 @@ def _skeleton(layout: Layout, overrides: Mapping[str, Any], layers: Mapping[str,
     return ModelConfig(**values)
 
 
+def structural_overrides(layout: Layout, overrides: Mapping[str, Any]) -> list[str]:
+    """The switch overrides that change which parameters `layout` expects (a bias, a final norm, a
+    shared embedding): the ones to name when the keys then do not fit."""
+    one_layer = {"encoder": 1, "decoder": 1}  # every per-layer parameter kind exists once
+
+    def keys(given):
+        try:
+            return set(param_shapes(_skeleton(layout, given, one_layer)))
+        except ValueError:  # an override the config refuses: reported elsewhere
+            return None
+
+    given = {k: v for k, v in overrides.items() if k in SWITCH_FIELDS}
+    with_all = keys(given)
+    names = []
+    for name in sorted(given):
+        without = keys({k: v for k, v in given.items() if k != name})
+        if with_all is not None and without is not None and without != with_all:
+            names.append(name)
+    return names
+
+
 def check_keys(layout: Layout, keys: Iterable[str], overrides: Mapping[str, Any] | None = None) -> KeyCheck:
     """Match foreign keys against a layout and list what is missing and unexpected. No tensors."""
     overrides = overrides or {}
@@ -195,4 +216,6 @@ def detect_layout(keys: Iterable[str], **overrides: Any) -> Layout:
     if exact:
         raise AmbiguousLayoutError([layout.name for layout in exact])
     results.sort(key=lambda r: (len(r[1]) + len(r[2]), r[0].name))
-    raise NoMatchingLayoutError([(layout.name, m, u) for layout, m, u in results], len(keys))
+    structural = sorted({name for layout, _, _ in results for name in structural_overrides(layout, overrides)})
+    raise NoMatchingLayoutError([(layout.name, m, u) for layout, m, u in results], len(keys),
+                                note=overrides_note(structural, overrides))

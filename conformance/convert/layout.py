@@ -10,6 +10,8 @@ documented for users in `docs/porting.md`; in short:
     free = ["pad_id"]                    # switches the system takes from its user
     required = ["pad_id"]                # ... that an import must be told (--set)
     drop = ["*.num_batches_tracked"]     # foreign keys that are not parameters
+    [hints]                              # where the system keeps a free or required switch
+    pad_id = "the pad passed to Batch(src, tgt, pad)"
     [switches]                           # switches on top of the preset
     [keys]
     "src_embed.0.lut.weight" = "encoder.embedding.weight"
@@ -47,8 +49,8 @@ SIZE_FIELDS = frozenset({"src_vocab_size", "tgt_vocab_size", "d_model", "n_heads
 SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {"notes"}
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
 
-_TOP_KEYS = {"name", "description", "preset", "matrices", "free", "required", "drop", "switches", "keys"}
-_ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional"}
+_TOP_KEYS = {"name", "description", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys"}
+_ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed"}
 
 
 # -- Entries and layouts -----------------------------------------------------------------------
@@ -72,6 +74,10 @@ class Entry:
     squeeze: int | None = None
     transpose: bool | None = None  # None: decided by the layout's `matrices` and the target
     optional: bool = False
+    # A position table the system rebuilds itself when a model is loaded (Hugging Face's frozen
+    # sinusoids): what it holds after a save and load is the preset's position term, whatever
+    # was written.
+    recomputed: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,9 @@ class Layout:
     drop: tuple[str, ...]
     entries: tuple[Entry, ...]
     path: Path | None = None
+    # free or required switch -> where the system keeps it ("nn.Transformer(norm_first=...)"),
+    # quoted when an import defaults it or asks for it.
+    hints: Mapping[str, str] = field(default_factory=dict)
     _drop_regex: tuple[re.Pattern, ...] = field(default=(), repr=False, compare=False)
 
     def base_switches(self) -> dict[str, Any]:
@@ -98,10 +107,19 @@ class Layout:
 
     def stores_positions(self) -> bool:
         """Whether the system keeps a position table in its state dict (learned or a buffer)."""
-        return any(t.text.endswith("position.table") for e in self.entries for t in e.targets)
+        return any(_is_table(e) for e in self.entries)
+
+    def computes_with_stored_positions(self) -> bool:
+        """Whether the system computes with the position table it loads, so that an export may carry
+        any position term in it; not when the table is `recomputed` on load."""
+        return any(_is_table(e) and not e.recomputed for e in self.entries)
 
     def __str__(self) -> str:
         return self.name
+
+
+def _is_table(entry: Entry) -> bool:
+    return any(t.text.endswith("position.table") for t in entry.targets)
 
 
 def _fail(where: str, problem: str) -> LayoutError:
@@ -188,7 +206,7 @@ def _entry(text: str, spec: Any, where: str, known: set[str]) -> Entry:
     if len(kinds) != 1:
         raise _fail(where, f"needs exactly one of to, split, copy, same_as; got {kinds or 'none'}")
     kind = kinds[0]
-    for flag in ("transpose", "optional"):
+    for flag in ("transpose", "optional", "recomputed"):
         if flag in spec and not isinstance(spec[flag], bool):
             raise _fail(where, f"{flag} must be true or false, got {spec[flag]!r}")
     for number in ("axis", "squeeze"):
@@ -217,10 +235,13 @@ def _entry(text: str, spec: Any, where: str, known: set[str]) -> Entry:
         if not isinstance(listed, list) or len(listed) < 2:
             raise _fail(where, f"{kind} needs a list of at least two canonical keys, got {listed!r}")
         targets = tuple(_canonical_pattern(t, captures, where, known) for t in listed)
-    return Entry(
+    entry = Entry(
         text, kind, source, targets, axis=spec.get("axis", 0), squeeze=spec.get("squeeze"),
-        transpose=spec.get("transpose"), optional=spec.get("optional", False),
+        transpose=spec.get("transpose"), optional=spec.get("optional", False), recomputed=spec.get("recomputed", False),
     )
+    if entry.recomputed and not all(t.text.endswith("position.table") for t in targets):
+        raise _fail(where, "recomputed applies to position tables only (a table the system rebuilds when it loads a model)")
+    return entry
 
 
 def _check_switch(name: str, value: Any, where: str) -> None:
@@ -264,6 +285,12 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
         bad = [v for v in lists[key] if v not in SWITCH_FIELDS | SIZE_FIELDS]
         if bad:
             raise _fail(where, f"{key} names {bad}, which are not ModelConfig fields")
+    hints = data.get("hints", {})
+    if not isinstance(hints, dict) or not all(isinstance(v, str) and v for v in hints.values()):
+        raise _fail(where, "[hints] must be a table of switch = \"where the system keeps it\"")
+    stray = sorted(set(hints) - set(lists["free"]) - set(lists["required"]))
+    if stray:
+        raise _fail(where, f"[hints] names {stray}, which are not listed in free or required")
     matrices = data.get("matrices")
     if matrices not in (None, "out-in", "in-out"):
         raise _fail(where, f"matrices must be 'out-in' (torch.nn.Linear) or 'in-out' (Flax Dense, NumPy), got {matrices!r}")
@@ -285,7 +312,7 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
         name=name, description=str(data.get("description", "")), preset=preset, switches=dict(switches),
         matrices=matrices, free=frozenset(lists["free"]) | frozenset(lists["required"]),
         required=frozenset(lists["required"]), drop=tuple(lists["drop"]), entries=entries, path=path,
-        _drop_regex=tuple(glob(d) for d in lists["drop"]),
+        hints=dict(hints), _drop_regex=tuple(glob(d) for d in lists["drop"]),
     )
 
 

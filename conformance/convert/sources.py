@@ -122,6 +122,8 @@ def from_torch_nn_transformer(transformer, src_embedding, tgt_embedding, generat
         read["norm_placement"] = "pre" if _agree({w: l.norm_first for w, l in layers.items()}, "norm_placement", "norm placement") else "post"
         read["activation"] = _agree({w: _activation_name(l.activation, f"{w}.activation") for w, l in layers.items()}, "activation", "activation")
         read["n_heads"] = _agree({w: l.self_attn.num_heads for w, l in layers.items()}, "n_heads", "head count")
+    else:
+        read["norm_placement"] = "post"  # no layer to place a norm in: it changes nothing, and the layout requires it
     if norms:
         read["layer_norm_eps"] = _agree({w: float(n.eps) for w, n in norms.items()}, "layer_norm_eps", "epsilon")
     read["final_encoder_norm"] = transformer.encoder.norm is not None

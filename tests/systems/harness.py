@@ -1,19 +1,31 @@
 """What the converter tests share: batches with padding, running a backend, comparing with a source.
 
 The bar (issue 5): a converted model reproduces its source system's float32 logits within an
-absolute 1e-5, and NaN exactly where the source has NaN.
+absolute 1e-5 (the literal max |ours - source|, not scaled by the logits' size), and NaN exactly
+where the source has NaN. Measured on the systems here: at most ~1.4e-6.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from conformance import backends
-from conformance.compare import Comparison, compare, to_numpy
-from conformance.tolerances import Tolerance
+from conformance.compare import to_numpy
 
-SOURCE_TOLERANCE = Tolerance(atol=1e-5, rtol=0.0)
+SOURCE_BAR = 1e-5
+
+# A wrong LayerNorm epsilon (any swap among 1e-5, 1e-6, 1e-12) moves the systems' logits by only
+# 1.2e-6 to 2.4e-5 (measured), partly under the float32 bar. Run in float64 (the source with
+# `.double()`, our NumPy oracle in float64), a correct port agrees to ~2e-15 (measured on every
+# system here), so a bar of 1e-9 sits over 1000x below the smallest wrong-epsilon effect and
+# 10^5 above the rounding. A system whose position term stays float32 in `.double()` needs its
+# own table handed over (see tests/test_convert_systems.py), or its ~7e-8 would count.
+FLOAT64_BAR = 1e-9
+WRONG_EPSILONS = (1e-5, 1e-6, 1e-12)
+
 BACKENDS = ["numpy", "torch", "jax"]
 
 
@@ -62,9 +74,46 @@ def run_backend(backend: str, config, params, src, tgt, dtype: str = "float32", 
     return to_numpy(logits).astype(dtype)
 
 
-def assert_matches_source(ours: np.ndarray, source: np.ndarray, what: str) -> Comparison:
-    """|ours - source| <= 1e-5 everywhere, NaN exactly where the source has NaN."""
+@dataclass
+class Difference:
+    """How our logits differ from a source's: the largest |ours - source| where both are numbers,
+    and the positions where exactly one of them is NaN."""
+
+    max_abs: float
+    max_abs_at: tuple[int, ...] | None
+    nan_mismatches: int
+    first_nan_mismatch_at: tuple[int, ...] | None
+
+    def within(self, bar: float) -> bool:
+        return self.max_abs <= bar and not self.nan_mismatches
+
+    def describe(self) -> str:
+        text = f"max abs difference {self.max_abs:.3e} at {self.max_abs_at}"
+        if self.nan_mismatches:
+            text += f"; NaN in {self.nan_mismatches} position(s) where the other is not, first at {self.first_nan_mismatch_at}"
+        return text
+
+
+def difference(ours: np.ndarray, source: np.ndarray) -> Difference:
+    a, e = np.asarray(ours, dtype=np.float64), np.asarray(source, dtype=np.float64)
+    if a.shape != e.shape:
+        raise AssertionError(f"shape {a.shape} differs from the source's {e.shape}")
+    nan_a, nan_e = np.isnan(a), np.isnan(e)
+    mismatch = nan_a != nan_e
+    with np.errstate(invalid="ignore"):
+        err = np.where(nan_a | nan_e | (a == e), 0.0, np.abs(a - e))  # a == e: equal infinities
+    at = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape)) if err.size else None
+    first = tuple(int(i) for i in np.argwhere(mismatch)[0]) if mismatch.any() else None
+    return Difference(float(err.max()) if err.size else 0.0, at, int(mismatch.sum()), first)
+
+
+def matches_source(ours: np.ndarray, source: np.ndarray, bar: float = SOURCE_BAR) -> bool:
+    return difference(ours, source).within(bar)
+
+
+def assert_matches_source(ours: np.ndarray, source: np.ndarray, what: str, bar: float = SOURCE_BAR) -> Difference:
+    """max |ours - source| <= `bar` (absolute, 1e-5 unless said), NaN exactly where the source has NaN."""
     __tracebackhide__ = True
-    result = compare(ours, source, SOURCE_TOLERANCE)
-    assert result.passed, f"{what}: {result.describe()} [bar: atol {SOURCE_TOLERANCE.atol:g}]"
+    result = difference(ours, source)
+    assert result.within(bar), f"{what}: {result.describe()} [bar: max abs difference <= {bar:g}]"
     return result
