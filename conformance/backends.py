@@ -1,9 +1,10 @@
 """Which backends and devices are here, and one way to build a model on any of them.
 
 Backends are imported lazily, only when asked for: the conformance package itself never imports
-PyTorch or JAX. `ROSETTA_BACKENDS=numpy,torch` (or pytest's `--backends`) restricts the set;
-`ROSETTA_DEVICES=cpu` restricts devices. A backend that is asked for but not importable is
-reported with the reason, never silently dropped.
+PyTorch or JAX. `ROSETTA_BACKENDS=numpy,torch` (or `--backends`) restricts the set;
+`ROSETTA_DEVICES=cpu` (or `--devices`) restricts devices, the CPU included. A backend that is
+asked for but not importable, and a device that is deselected or absent, are reported with the
+reason (`device_skip_reason`), never silently dropped.
 """
 
 from __future__ import annotations
@@ -80,16 +81,36 @@ def availability(names: list[str] | None = None) -> dict[str, str | None]:
     return result
 
 
-def devices(backend: str) -> list[str]:
-    """The device kinds present for a backend: always "cpu", plus "cuda"/"gpu" when present."""
-    allowed = [d.strip() for d in os.environ.get("ROSETTA_DEVICES", "").split(",") if d.strip()]
+# The device kinds each built-in backend can run on; "cuda" is torch's accelerator, "gpu" JAX's.
+DEVICE_KINDS = {"numpy": ("cpu",), "torch": ("cpu", "cuda"), "jax": ("cpu", "gpu")}
+DESELECTED = "deselected by --devices/ROSETTA_DEVICES"
+
+
+def device_kinds(backend: str) -> tuple[str, ...]:
+    """Every device kind `backend` could run on, present or not."""
+    return DEVICE_KINDS[kind(backend)]
+
+
+def requested_devices(option: str | None = None) -> list[str] | None:
+    """The device kinds asked for (`--devices` or $ROSETTA_DEVICES), or None for all of them."""
+    text = option if option is not None else os.environ.get("ROSETTA_DEVICES", "")
+    names = [d.strip() for d in text.split(",") if d.strip()]
+    known = sorted({d for kinds in DEVICE_KINDS.values() for d in kinds})
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown device {name!r} in ROSETTA_DEVICES/--devices; expected some of {known}")
+    return names or None
+
+
+def present_devices(backend: str) -> list[str]:
+    """The device kinds this machine has for a backend: "cpu", plus "cuda"/"gpu" when present."""
     found = ["cpu"]
-    if backend == "torch":
+    if kind(backend) == "torch":
         import torch
 
         if torch.cuda.is_available():
             found.append("cuda")
-    elif backend == "jax":
+    elif kind(backend) == "jax":
         import jax
 
         try:
@@ -97,14 +118,34 @@ def devices(backend: str) -> list[str]:
                 found.append("gpu")
         except RuntimeError:
             pass
-    return [d for d in found if not allowed or d in allowed]
+    return found
+
+
+def device_skip_reason(backend: str, device: str, requested: str | None = None) -> str | None:
+    """Why `backend` does not run on `device`, or None when it does.
+
+    The one place that decides which devices run, the CPU included: a device left out of
+    `requested` (default: $ROSETTA_DEVICES) is deselected, whether present or not; a device that
+    is selected but absent is reported as absent.
+    """
+    wanted = requested_devices(requested)
+    if wanted is not None and device not in wanted:
+        return DESELECTED
+    if device not in present_devices(backend):
+        return accelerator_skip_reason(backend)
+    return None
+
+
+def devices(backend: str, requested: str | None = None) -> list[str]:
+    """The device kinds `backend` runs on: present and selected."""
+    return [d for d in device_kinds(backend) if device_skip_reason(backend, d, requested) is None]
 
 
 def accelerator_skip_reason(backend: str) -> str:
     return {
         "torch": "no CUDA device: torch.cuda.is_available() is False",
         "jax": "no JAX GPU device: jax.devices('gpu') found none",
-    }.get(backend, f"the {backend} backend runs on the CPU only")
+    }.get(kind(backend), f"the {backend} backend runs on the CPU only")
 
 
 def dtypes(backend: str, device: str) -> list[str]:

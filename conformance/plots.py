@@ -56,36 +56,71 @@ def plot_attention(
     return size
 
 
+# The log axis cannot show an error of 0; a perfect cell is drawn at this floor.
+ERROR_FLOOR = 1e-18
+
+
+def check_points(report) -> dict[str, dict[str, list]]:
+    """What `plot_check` draws for each target label.
+
+    `measured`: (x, normalised error) for every cell whose verdict is a size, i.e. a pass, or a
+    failure by magnitude (drawn above its tolerance line). `failed`: the x of every failing cell
+    whose failure is not a size (NaN where the oracle has none or the reverse, a wrong shape, a
+    non-finite error, a tensor not returned, a backend that crashed): no point on the axis would
+    be true for it (its finite error may well be tiny), so it is marked at the top of the axis.
+    """
+    points = {}
+    for target in report.targets:
+        measured, failed = [], []
+        for x, tensor in enumerate(report.tensors):
+            cell = report.cells.get((tensor, target.label))
+            c = cell.comparison if cell is not None else None
+            if c is None:  # the tensor was not returned, or the backend could not run at all
+                if target.label in report.errors or (cell is not None and cell.error):
+                    failed.append(x)
+                continue
+            if not c.passed and (c.nan_mismatches or c.shape_problem or not np.isfinite(c.max_abs)):
+                failed.append(x)
+                continue
+            measured.append((x, max(c.max_abs / c.scale, ERROR_FLOOR)))
+        points[target.label] = {"measured": measured, "failed": failed}
+    return points
+
+
 def plot_check(report, path: str) -> tuple[int, int]:
-    """Max normalised error per tensor (forward order) for each target, with its tolerance."""
+    """Max normalised error per tensor (forward order) for each target, with its tolerance; a
+    failing cell that an error size cannot show is a marker at the top of the axis."""
     from conformance.tolerances import tolerance
 
     plt = _pyplot()
     tensors = report.tensors
-    fig, ax = plt.subplots(figsize=(max(8.0, 0.32 * len(tensors) + 2), 4.8), dpi=100)
+    # Room on the right for the legend, which sits beside the axis: the top holds failure markers.
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.32 * len(tensors) + 2) + 3.5, 4.8), dpi=100)
     x = np.arange(len(tensors))
+    points = check_points(report)
     for target in report.targets:
-        errors = []
-        for tensor in tensors:
-            cell = report.cells.get((tensor, target.label))
-            if cell is None or cell.comparison is None:
-                errors.append(np.nan)
-            else:
-                c = cell.comparison
-                errors.append(max(c.max_abs / c.scale, 1e-18))
+        errors = np.full(len(tensors), np.nan)  # a gap where there is no size to draw
+        for i, error in points[target.label]["measured"]:
+            errors[i] = error
         line, = ax.plot(x, errors, marker="o", markersize=3, label=target.label)
         tol = tolerance(target.dtype, target.device).atol
         ax.axhline(tol, color=line.get_color(), linestyle=":", linewidth=0.8)
+        failed = points[target.label]["failed"]
+        if failed:
+            # x in data coordinates, y as a fraction of the axis: the top, whatever the scale.
+            ax.plot(failed, [0.97] * len(failed), transform=ax.get_xaxis_transform(), linestyle="none",
+                    marker="v", markersize=7, color=line.get_color(), clip_on=False,
+                    label=f"{target.label}: FAIL (NaN positions, error)")
     ax.set_yscale("log")
     ax.set_xticks(x, labels=tensors, rotation=90, fontsize=6)
     ax.set_ylabel("max |backend - oracle| / scale")
     first = report.first_failure()
     ax.set_title(f"rosetta check: {report.source}" + (f" — first diverging: {first[0]} on {first[1]}" if first else ""),
                  fontsize=8)
-    ax.legend(fontsize=7, loc="upper left")
+    if report.targets:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path)
     size = tuple(int(v) for v in fig.get_size_inches() * fig.dpi)
     plt.close(fig)
     return size
-

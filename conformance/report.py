@@ -78,8 +78,14 @@ class Report:
     versions: dict[str, str] = field(default_factory=dict)
 
     @property
+    def checked(self) -> bool:
+        """Whether anything ran: with every target deselected, absent or skipped, nothing did."""
+        return bool(self.targets)
+
+    @property
     def passed(self) -> bool:
-        return not self.errors and all(cell.passed for cell in self.cells.values())
+        # all() of no cells is True: a run that compared nothing must not pass.
+        return self.checked and not self.errors and all(cell.passed for cell in self.cells.values())
 
     def first_failure(self, target: backends.Target | None = None) -> tuple[str, str] | None:
         """(tensor, label) of the earliest failing tensor in forward order (for one target or any)."""
@@ -103,25 +109,11 @@ class Report:
             "oracle: numpy/cpu/float64; each cell: max abs error, max rel error (where both are finite), "
             "verdict (FAIL:NaN: NaN where the oracle has none, or the reverse)",
             "",
-            "tensor".ljust(width) + "  " + "  ".join(label.ljust(col) for label in labels),
         ]
-        for tensor in self.tensors:
-            row = []
-            for label in labels:
-                cell = self.cells.get((tensor, label))
-                if label in self.errors:
-                    text = "ERROR"
-                elif cell is None:
-                    text = "-"
-                elif cell.error:
-                    text = "ERROR"
-                else:
-                    c = cell.comparison
-                    verdict = "ok" if c.passed else "FAIL:NaN" if c.nan_mismatches else "FAIL"
-                    text = f"{c.max_abs:8.1e} {c.max_rel:8.1e} {verdict}"
-                row.append(text.ljust(col))
-            lines.append(tensor.ljust(width) + "  " + "  ".join(row))
-        lines.append("")
+        if self.checked:  # with no target, a table of empty columns would only suggest agreement
+            lines.append("tensor".ljust(width) + "  " + "  ".join(label.ljust(col) for label in labels))
+            lines += [self._row(tensor, labels, width, col) for tensor in self.tensors]
+            lines.append("")
         for target in self.targets:
             tol = tolerance(target.dtype, target.device)
             where = self.first_failure(target)
@@ -138,7 +130,10 @@ class Report:
             lines.append(f"{name:<24} skipped: {reason}")
         first = self.first_failure()
         lines.append("")
-        if self.errors and not first:
+        if not self.checked:
+            lines.append("result: FAIL, nothing was checked: no backend, device and dtype asked for can run here "
+                         "(see skipped above)")
+        elif self.errors and not first:
             lines.append("result: FAIL (a backend could not run)")
         elif first:
             lines.append(f"result: FAIL; first diverging tensor: {first[0]} on {first[1]}")
@@ -146,12 +141,30 @@ class Report:
             lines.append("result: every backend agrees with the oracle within tolerance")
         return "\n".join(lines)
 
+    def _row(self, tensor: str, labels: list[str], width: int, col: int) -> str:
+        row = []
+        for label in labels:
+            cell = self.cells.get((tensor, label))
+            if label in self.errors:
+                text = "ERROR"
+            elif cell is None:
+                text = "-"
+            elif cell.error:
+                text = "ERROR"
+            else:
+                c = cell.comparison
+                verdict = "ok" if c.passed else "FAIL:NaN" if c.nan_mismatches else "FAIL"
+                text = f"{c.max_abs:8.1e} {c.max_rel:8.1e} {verdict}"
+            row.append(text.ljust(col))
+        return tensor.ljust(width) + "  " + "  ".join(row)
+
     def to_json(self) -> dict[str, Any]:
         first = self.first_failure()
         return {
             "source": self.source,
             "config": json.loads(self.config.to_json()),
             "passed": self.passed,
+            "checked": self.checked,
             "first_failure": {"tensor": first[0], "target": first[1]} if first else None,
             "targets": [
                 {"label": t.label, "backend": t.backend, "device": t.device, "dtype": t.dtype,
@@ -184,14 +197,24 @@ class Report:
         }
 
 
-def default_targets(names: list[str] | None = None, dtypes: list[str] | None = None) -> tuple[list[backends.Target], dict[str, str]]:
-    """Every requested, installed backend on every present device, at the requested dtypes."""
+def default_targets(names: list[str] | None = None, dtypes: list[str] | None = None,
+                    devices: str | None = None) -> tuple[list[backends.Target], dict[str, str]]:
+    """Every requested, installed backend on every selected, present device, at the requested
+    dtypes; what cannot run is in the second result with its reason.
+
+    `devices` is a comma-separated selection (default: $ROSETTA_DEVICES, else every device);
+    `backends.device_skip_reason` decides, as it does for the conformance suite.
+    """
     targets, skipped = [], {}
     for backend, reason in backends.availability(names).items():
         if reason:
             skipped[backend] = reason
             continue
-        for device in backends.devices(backend):
+        for device in backends.device_kinds(backend):
+            why = backends.device_skip_reason(backend, device, devices)
+            if why:
+                skipped[f"{backend}/{device}"] = why
+                continue
             for dtype in dtypes or ["float32", "float64"]:
                 if backend == "numpy" and dtype == "float64":
                     continue  # that is the oracle itself

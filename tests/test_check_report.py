@@ -105,3 +105,65 @@ def test_check_fails_and_names_the_first_tensor_float32_cannot_hold(tmp_path, ca
     assert report["first_failure"] == {"tensor": "encoder.1.ffn", "target": "numpy/cpu/float32"}
     cells = {t["tensor"]: t["results"]["numpy/cpu/float32"] for t in report["tensors"]}
     assert not cells["encoder.1.ffn"]["passed"] and cells["encoder.1.self_attn"]["passed"]
+
+
+@pytest.mark.parametrize("how", ["a dtype no backend runs", "a device that is not here"])
+def test_check_that_runs_nothing_says_so_and_fails(how, monkeypatch, capsys, tmp_path):
+    """`all()` over no cells is True: a run that compared nothing must not report agreement."""
+    out = tmp_path / "report.json"
+    if how == "a dtype no backend runs":
+        argv = ["check", "--backends", "numpy", "--dtypes", "float16"]
+    else:
+        monkeypatch.setattr(backends, "present_devices", lambda backend: ["cpu"])
+        monkeypatch.setenv("ROSETTA_DEVICES", "cuda")
+        argv = ["check"]
+    assert main(argv + ["--json", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "nothing was checked" in text and "every backend agrees" not in text
+    assert "tensor " not in text, "no table of empty columns"
+    report = json.loads(out.read_text())
+    assert report["passed"] is False and report["checked"] is False
+
+
+def drawn_figure(monkeypatch):
+    """The figure `plot_check` draws, kept for inspection when it is saved."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (figures.append(self), save(self, *a, **k))[1])
+    return figures
+
+
+def test_the_plot_marks_a_nan_failure_instead_of_drawing_it_as_agreement(monkeypatch, tmp_path):
+    """A failure by NaN positions can have a tiny finite error; drawn as that error it would look
+    like perfect agreement. It is a labelled marker at the top of the axis instead."""
+    from conformance.plots import plot_check
+
+    backend, edits, patches = BREAKS["mask fill changed"]
+    registered = broken_copy("mask fill changed", backend, edits, patches)
+    target = Target(registered, "cpu", "float64")
+    try:
+        report = run_check(CONFIG, init_params(CONFIG, seed=3), "test", [target])
+    finally:
+        backends.unregister_backend(registered)
+    nan_failures = [t for t in report.tensors
+                    if report.cells[(t, target.label)].comparison.nan_mismatches]
+    assert "decoder.0.self" in nan_failures
+    figures = drawn_figure(monkeypatch)
+    plot_check(report, str(tmp_path / "check.png"))
+    ax = figures[0].axes[0]
+    errors = next(line for line in ax.lines if line.get_label() == target.label)
+    marks = [line for line in ax.lines if line.get_label().startswith(f"{target.label}: FAIL")]
+    assert len(marks) == 1, [line.get_label() for line in ax.lines]
+    failed_x = {int(x) for x in marks[0].get_xdata()}
+    for tensor in nan_failures:
+        x = report.tensors.index(tensor)
+        assert np.isnan(errors.get_ydata()[x]), f"{tensor}: drawn as an error of {errors.get_ydata()[x]:.1e}"
+        assert x in failed_x
+    # At the top of the axis (y in axes coordinates), whatever the data's range.
+    assert marks[0].get_transform() == ax.get_xaxis_transform()
+    assert set(marks[0].get_ydata()) == {0.97}
+    passing = [report.tensors.index(t) for t in report.tensors if report.cells[(t, target.label)].passed]
+    assert passing and all(np.isfinite(errors.get_ydata()[x]) for x in passing)
+    assert not failed_x & set(passing)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 HELP = "Run every installed backend on a fixed batch and report, tensor by tensor, its error against the float64 NumPy oracle."
@@ -12,6 +13,7 @@ HELP = "Run every installed backend on a fixed batch and report, tensor by tenso
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
     parser.add_argument("--backends", help="comma-separated subset of numpy,torch,jax (default: every installed one; or $ROSETTA_BACKENDS)")
+    parser.add_argument("--devices", help="comma-separated subset of cpu,cuda,gpu (default: every device present; or $ROSETTA_DEVICES)")
     parser.add_argument("--dtypes", default="float32,float64", help="comma-separated dtypes to run (default: float32,float64)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw each backend's error per tensor against the oracle")
@@ -27,9 +29,13 @@ def run(args: argparse.Namespace) -> int:
         source = args.checkpoint
     else:
         config, params, source = default_model()
-    names = backends.requested_backends(args.backends)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    targets, skipped = default_targets(names, dtypes)
+    try:
+        names = backends.requested_backends(args.backends)
+        targets, skipped = default_targets(names, dtypes, devices=args.devices)
+    except ValueError as exc:  # an unknown backend or device name
+        print(f"rosetta check: error: {exc}", file=sys.stderr)
+        return 2
     report = run_check(config, params, source, targets, skipped)
     print(report.to_text())
     if args.json:
@@ -39,4 +45,4 @@ def run(args: argparse.Namespace) -> int:
 
         width, height = plot_check(report, args.plot)
         print(f"wrote {args.plot} ({width}x{height} px)")
-    return 0 if report.passed else 1
+    return 0 if report.passed else 1  # 1 also when nothing was checked

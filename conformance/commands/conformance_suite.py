@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "Run the conformance suite (pytest --pyargs conformance) against every installed backend."
+HELP = "Run the conformance suite (pytest -p conformance.pytest_plugin --pyargs conformance) against every installed backend."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import pytest
 
-    argv = ["--pyargs", "conformance", "--hypothesis-profile", args.profile, "-p", "no:cacheprovider"]
+    # The plugin is named explicitly so that its options, profiles and header exist from any
+    # working directory (a conftest inside the package is read too late outside the repository).
+    argv = ["-p", "conformance.pytest_plugin", "--pyargs", "conformance", "--hypothesis-profile", args.profile,
+            "-p", "no:cacheprovider"]
     if args.backends:
         argv += ["--backends", args.backends]
     if args.devices:

@@ -1,0 +1,68 @@
+"""`rosetta conformance` and `pytest --pyargs conformance` work from any directory.
+
+The suite's options, hypothesis profiles and header live in `conformance/pytest_plugin.py`. A
+conftest inside the package is read early only when `conformance` is a path under the current
+directory, so from anywhere else the plugin must be named (`-p conformance.pytest_plugin`), as
+`rosetta conformance` does. Each run here is a fresh process, started in an empty directory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER = "rosetta conformance: hypothesis profile"
+
+
+def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROSETTA_", "HYPOTHESIS_", "PYTEST_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    print(done.stdout[-3000:], done.stderr[-3000:])
+    return done
+
+
+def rosetta(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return run(["-m", "conformance.cli", *args], cwd)
+
+
+def test_rosetta_conformance_runs_from_another_directory(tmp_path):
+    done = rosetta("conformance", "--backends", "numpy", "--devices", "cpu", "--", "-k", "masks", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"{HEADER} 'ci'" in done.stdout
+    assert "numpy: numpy" in done.stdout
+    assert " passed" in done.stdout and "failed" not in done.stdout
+
+
+def test_rosetta_conformance_finds_the_thorough_profile_from_another_directory(tmp_path):
+    done = rosetta("conformance", "--profile", "thorough", "--backends", "numpy", "--", "--collect-only", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"{HEADER} 'thorough'" in done.stdout
+
+
+def test_pytest_on_the_installed_suite_from_another_directory(tmp_path):
+    """The README's command for the installed suite."""
+    done = run(["-m", "pytest", "-p", "no:cacheprovider", "-p", "conformance.pytest_plugin",
+                "--pyargs", "conformance.test_masks", "--backends", "numpy", "--devices", "cpu"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert HEADER in done.stdout
+
+
+@pytest.mark.parametrize("where", ["the repository", "elsewhere"])
+def test_the_conftest_loads_the_plugin_when_nobody_named_it(where, tmp_path):
+    """Without `-p` (and without this repository's addopts), the package's conftest registers
+    the plugin: from the repository before the options are parsed, from elsewhere in time to
+    parametrize the properties."""
+    if where == "the repository":
+        argv, cwd = ["conformance/test_masks.py", "--backends", "numpy"], ROOT
+    else:
+        argv, cwd = ["--pyargs", "conformance.test_masks", "-k", "numpy"], tmp_path
+    done = run(["-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", *argv], cwd)
+    assert done.returncode == 0, done.stderr
+    result = done.stdout.strip().splitlines()[-1]
+    assert " passed" in result and "skipped" not in result and "failed" not in result, result
