@@ -11,10 +11,28 @@ from typing import Mapping
 import numpy as np
 
 from conformance.backends import Target
-from conformance.compare import assert_close
+from conformance.compare import ORACLE, assert_close
 from conformance.config import ModelConfig
 from conformance.report import forward_order
 from conformance.tolerances import Tolerance, tolerance
+
+
+def compared(what: str) -> tuple[str, str]:
+    """A property's `what` -> (what qualifies the backend, what it is compared against).
+
+        ""                              -> ("", "the float64 oracle")
+        " (fast path)"                  -> (" (fast path)", "the float64 oracle")
+        " vs torch/cpu/float32"         -> ("", "torch/cpu/float32")
+        " (encode+decode vs forward)"   -> (" (encode+decode)", "forward")
+    """
+    text = what.strip()
+    bracketed = text.startswith("(") and text.endswith(")")
+    inner = text[1:-1] if bracketed else text
+    mine, sep, theirs = f" {inner}".partition(" vs ")
+    if not sep:
+        return what, ORACLE
+    mine = mine.strip()
+    return (f" ({mine})" if bracketed else f" {mine}") if mine else "", theirs.strip()
 
 
 def assert_tensors_close(
@@ -27,16 +45,21 @@ def assert_tensors_close(
     tol: Tolerance | None = None,
     names: list[str] | None = None,
 ) -> None:
-    """Every tensor of `expected` (in forward order) is in `got` and within tolerance."""
+    """Every tensor of `expected` (in forward order) is in `got` and within tolerance.
+
+    `what` says what is compared when it is not the float64 oracle: " vs torch/cpu/float32", or
+    " (encode+decode vs forward)" (see `compared`).
+    """
     __tracebackhide__ = True
+    qualifier, against = compared(what)
     tol = tol or tolerance(target.dtype, target.device)
     order = names or [n for n in forward_order(config) if n in expected]
     missing = [n for n in order if n not in got]
     if missing:
         raise AssertionError(f"{target.label}{what} did not return {missing[:5]}")
     for name in order:
-        assert_close(got[name], expected[name], tol, tensor=name, backend=target.backend + what,
-                     device=target.device, dtype=target.dtype, config=config)
+        assert_close(got[name], expected[name], tol, tensor=name, backend=target.backend + qualifier,
+                     device=target.device, dtype=target.dtype, config=config, against=against)
 
 
 def assert_bitwise_equal(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], target: Target, what: str) -> None:

@@ -44,19 +44,28 @@ class Comparison:
     first_nan_mismatch_at: tuple[int, ...] | None = None
     shape_problem: str | None = None
     scale: float = 1.0
+    # (actual, expected) at max_abs_at and at first_nan_mismatch_at: both values, not just the gap.
+    values_at_max_abs: tuple[float, float] | None = None
+    values_at_nan_mismatch: tuple[float, float] | None = None
 
     def describe(self) -> str:
         if self.shape_problem:
             return self.shape_problem
         parts = [
-            f"max abs error {self.max_abs:.3e} at {self.max_abs_at} (tensor scale {self.scale:.3g})",
+            f"max abs error {self.max_abs:.3e} at {self.max_abs_at}{_values(self.values_at_max_abs)} "
+            f"(tensor scale {self.scale:.3g})",
             f"max rel error {self.max_rel:.3e} at {self.max_rel_at}",
         ]
         if self.violations:
             parts.append(f"{self.violations} element(s) out of tolerance, first at {self.first_violation_at}")
         if self.nan_mismatches:
-            parts.append(f"{self.nan_mismatches} NaN position(s) differ, first at {self.first_nan_mismatch_at}")
+            parts.append(f"{self.nan_mismatches} NaN position(s) differ, first at {self.first_nan_mismatch_at}"
+                         f"{_values(self.values_at_nan_mismatch)}")
         return "; ".join(parts)
+
+
+def _values(pair: tuple[float, float] | None) -> str:
+    return "" if pair is None else f" (got {pair[0]:.9g}, expected {pair[1]:.9g})"
 
 
 def _index(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -85,7 +94,8 @@ def compare(actual: Any, expected: Any, tol: Tolerance) -> Comparison:
         count = int(diff.sum())
         first = _index(int(np.argmax(diff)), a.shape) if count else None
         return Comparison(passed=count == 0, violations=count, first_violation_at=first,
-                          max_abs=float(count > 0), max_abs_at=first)
+                          max_abs=float(count > 0), max_abs_at=first,
+                          values_at_max_abs=(float(a[first]), float(e[first])) if count else None)
     a, e = a.astype(np.float64), e.astype(np.float64)
     scale = tensor_scale(e)
     nan_a, nan_e = np.isnan(a), np.isnan(e)
@@ -100,6 +110,7 @@ def compare(actual: Any, expected: Any, tol: Tolerance) -> Comparison:
     if a.size:
         i = int(np.argmax(abs_err))
         result.max_abs, result.max_abs_at = float(abs_err.flat[i]), _index(i, a.shape)
+        result.values_at_max_abs = (float(a.flat[i]), float(e.flat[i]))
         j = int(np.argmax(rel_err))
         result.max_rel, result.max_rel_at = float(rel_err.flat[j]), _index(j, a.shape)
     if bad.any():
@@ -107,8 +118,13 @@ def compare(actual: Any, expected: Any, tol: Tolerance) -> Comparison:
         result.first_violation_at = _index(int(np.argmax(bad)), a.shape)
     if nan_diff.any():
         result.nan_mismatches = int(nan_diff.sum())
-        result.first_nan_mismatch_at = _index(int(np.argmax(nan_diff)), a.shape)
+        k = int(np.argmax(nan_diff))
+        result.first_nan_mismatch_at = _index(k, a.shape)
+        result.values_at_nan_mismatch = (float(a.flat[k]), float(e.flat[k]))
     return result
+
+
+ORACLE = "the float64 oracle"
 
 
 def assert_close(
@@ -121,14 +137,15 @@ def assert_close(
     device: str = "cpu",
     dtype: str = "",
     config: Any = None,
+    against: str = ORACLE,
 ) -> Comparison:
-    """Fail with a message that says who differs, where, and by how much."""
+    """Fail with a message that says who differs from what (`against`), where, and by how much."""
     __tracebackhide__ = True
     result = compare(actual, expected, tol)
     if not result.passed:
         summary = config.summary() if hasattr(config, "summary") else config
         raise AssertionError(
-            f"{backend} on {device} ({dtype}) differs from the float64 oracle in {tensor!r}: "
+            f"{backend} on {device} ({dtype}) differs from {against} in {tensor!r}: "
             f"{result.describe()} [tolerance atol={tol.atol:g}, rtol={tol.rtol:g}]; config: {summary}"
         )
     return result
