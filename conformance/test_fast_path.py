@@ -1,8 +1,8 @@
 """Property: without attention weights (the fast path: SDPA in torch), results still follow the
 config, including the NaN of a fully masked row under a -inf fill and its uniform average under
-a finite fill."""
+a finite fill. At every dtype: in float16 and bfloat16 torch's fused kernel is a different
+kernel again."""
 
-import pytest
 from hypothesis import assume, given
 
 from conformance import runner
@@ -12,7 +12,6 @@ from conformance.strategies import cases, shared_examples
 from conformance.tolerances import in_domain
 
 
-@pytest.mark.dtypes("float32", "float64")
 @shared_examples
 @given(case=cases())
 def test_fast_path_matches_the_oracle(target, case):

@@ -4,6 +4,10 @@ Each break is a small edit to a private copy of a backend's `model.py` (or a rep
 attribute), registered as an extra backend so that the conformance properties and `rosetta check`
 run against it exactly as against a real one. A break whose text no longer occurs in the model
 file fails loudly, so the breaks follow the code as it changes.
+
+`BREAKS` are the classic porting bugs: every tensor after the bug differs from the oracle, so
+`rosetta check` names where each one lives. `PROPERTY_BREAKS` are invisible to that comparison
+and each is planted for the one property that exists to catch it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,46 @@ BREAKS = {
         'self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None',
         "self.norm = None",
     )], {}),
+}
+
+
+# Breaks that the forward-vs-oracle property cannot see, each planted where only one other
+# property looks: name -> (the property's module in `conformance`, [(backend, edits, patches)]).
+# A break of the pairwise property needs two copies, compared with each other.
+DRIFT = 0.9e-12  # 0.9 x the float64 tolerance: one copy passes alone, two opposite ones differ by 1.8x
+PROPERTY_BREAKS = {
+    # torch's fused kernel returns 0 for a query without keys; the weights-returning path is fine.
+    "fast path returns 0 for fully masked rows": ("test_fast_path", [("torch", [(
+        "return torch.where(fix, math.nan if math.isinf(fill) else mean, heads)  # (B, H, Tq, K)",
+        "return heads  # (B, H, Tq, K)",
+    )], {})]),
+    # Like a model whose decode, given precomputed encoder outputs, drops their padding mask:
+    # only the full forward passes the source mask through.
+    "decode ignores the encoded source mask": ("test_encode_decode", [("numpy", [
+        ("def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True)",
+         "def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True, _src_mask=None)"),
+        ("cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None",
+         "cross_mask = _src_mask if self.config.cross_attn_src_mask else None"),
+        ("return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)",
+         "return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, _src_mask=encoded.src_mask)"),
+    ], {})]),
+    # A mask passed in is read in nn.MultiheadAttention's convention (True = may NOT attend);
+    # masks the model derives itself are read correctly.
+    "explicit masks read as True = masked": ("test_explicit_masks", [("numpy", [(
+        "check_mask_within_ids(argument, widened[0] if len(widened) else None)\n        return mask",
+        "check_mask_within_ids(argument, widened[0] if len(widened) else None)\n        return ~mask",
+    )], {})]),
+    # The softmax normaliser summed in a different order on every call, as atomics on a GPU
+    # do: the last bit changes, far below any tolerance.
+    "softmax sum in a random order": ("test_determinism", [("numpy", [(
+        "return e / e.sum(axis=-1, keepdims=True)",
+        "return e / e[..., np.random.permutation(e.shape[-1])].sum(axis=-1, keepdims=True)",
+    )], {})]),
+    # Two backends that each stay within tolerance of the oracle, drifting in opposite directions.
+    "two backends drift apart within tolerance": ("test_pairs", [
+        ("numpy", [("logits = y @ weight  # (B, T, V)", f"logits = (y @ weight) * (1 + {DRIFT!r})  # (B, T, V)")], {}),
+        ("numpy", [("logits = y @ weight  # (B, T, V)", f"logits = (y @ weight) * (1 - {DRIFT!r})  # (B, T, V)")], {}),
+    ]),
 }
 
 

@@ -5,13 +5,20 @@ port makes — registered as an extra backend. The properties then run against i
 run against a real backend, and at least one must fail. The oracle stays the pristine NumPy
 model. A break whose text no longer occurs in the model file fails loudly, so these tests follow
 the code as it changes.
+
+The classic port bugs (`BREAKS`) are caught by comparing tensors with the oracle. Every other
+property earns its place with a break of its own (`PROPERTY_BREAKS`) that it catches and the
+oracle comparison does not.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+
 import pytest
 
-from breaks import BREAKS, broken_copy
+from breaks import BREAKS, PROPERTY_BREAKS, broken_copy
 from conformance import backends
 from conformance.backends import Target
 
@@ -53,3 +60,55 @@ def test_the_pristine_copy_passes():
             prop(target=Target(registered, "cpu", "float64"))
     finally:
         backends.unregister_backend(registered)
+
+
+def the_property(module: str):
+    """The one test function of a property file (one property per file)."""
+    tests = [f for name, f in inspect.getmembers(importlib.import_module(f"conformance.{module}"))
+             if name.startswith("test_") and callable(f)]
+    assert len(tests) == 1, f"conformance/{module}.py should hold one property, has {len(tests)}"
+    return tests[0]
+
+
+def run_property(module: str, targets: list[Target]) -> None:
+    """Run a property on the given targets (two for the pairwise property)."""
+    prop = the_property(module)
+    if "target_pair" in inspect.signature(prop.hypothesis.inner_test).parameters:
+        prop(target_pair=tuple(targets))
+    else:
+        (target,) = targets
+        prop(target=target)
+
+
+def registered_copies(name: str, copies) -> list[str]:
+    return [broken_copy(f"{name} {i}", backend, edits, patches) for i, (backend, edits, patches) in enumerate(copies)]
+
+
+@pytest.mark.parametrize("name", sorted(PROPERTY_BREAKS))
+def test_each_property_catches_its_own_break(name):
+    module, copies = PROPERTY_BREAKS[name]
+    registered = registered_copies(name, copies)
+    targets = [Target(r, "cpu", "float64") for r in registered]
+    try:
+        # Invisible to the oracle comparison: each copy, alone, matches the oracle...
+        for target in targets:
+            forward.test_every_tensor_matches_the_oracle(target=target)
+        # ...and the property made for it fails.
+        with pytest.raises(AssertionError) as caught:
+            run_property(module, targets)
+    finally:
+        for r in registered:
+            backends.unregister_backend(r)
+    print(f"{name}: caught by conformance/{module}.py: {str(caught.value).splitlines()[0][:300]}")
+
+
+@pytest.mark.parametrize("module", sorted({module for module, _ in PROPERTY_BREAKS.values()}))
+def test_pristine_copies_pass_the_property(module):
+    """The same copies without their edit pass, so the break, not the copying, is what fails."""
+    copies = next(copies for m, copies in PROPERTY_BREAKS.values() if m == module)
+    registered = registered_copies(f"pristine {module}", [(backend, [], {}) for backend, _, _ in copies])
+    try:
+        run_property(module, [Target(r, "cpu", "float64") for r in registered])
+    finally:
+        for r in registered:
+            backends.unregister_backend(r)

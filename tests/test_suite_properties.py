@@ -1,0 +1,42 @@
+"""The suite's shape: one property per file, and every property has a planted break it catches.
+
+One property per file keeps a failure's file name a statement of what broke. The error contract
+(`test_errors.py`) is the one file with several tests: they are one property, "every backend
+refuses the same bad input with the same `InputError`", at its three entry points (a call, the
+parameters, the dtype), sharing one config and one way of catching the reference error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+from breaks import PROPERTY_BREAKS
+
+SUITE = Path(importlib.import_module("conformance").__file__).parent
+PROPERTY_FILES = sorted(p.stem for p in SUITE.glob("test_*.py"))
+SEVERAL_ENTRY_POINTS = {"test_errors"}  # see the module docstring
+CAUGHT_BY_THE_ORACLE_COMPARISON = {"test_forward", "test_masks", "test_fully_masked"}  # BREAKS, in test_suite_has_teeth.py
+
+
+def properties_of(module: str) -> list[str]:
+    return [name for name, f in inspect.getmembers(importlib.import_module(f"conformance.{module}"))
+            if name.startswith("test_") and callable(f)]
+
+
+@pytest.mark.parametrize("module", PROPERTY_FILES)
+def test_one_property_per_file(module):
+    tests = properties_of(module)
+    if module in SEVERAL_ENTRY_POINTS:
+        assert len(tests) >= 1
+    else:
+        assert len(tests) == 1, f"conformance/{module}.py holds {len(tests)} properties: {tests}"
+
+
+def test_every_property_has_a_break_to_catch():
+    planted = {module for module, _ in PROPERTY_BREAKS.values()}
+    missing = set(PROPERTY_FILES) - planted - CAUGHT_BY_THE_ORACLE_COMPARISON - SEVERAL_ENTRY_POINTS
+    assert not missing, f"no planted break shows that these properties catch anything: {sorted(missing)}"
