@@ -12,7 +12,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
     parser.add_argument("--src", required=True, help="source: digits for the toy model, or IDS ('5,6,7' or a .npy file)")
-    parser.add_argument("--tgt", help="decoder input IDS; default: <bos> followed by the model's own greedy output")
+    parser.add_argument("--tgt", help="decoder input IDS; default: <bos> followed by the model's own greedy output, up to its <eos>")
     parser.add_argument("--out", required=True, help="the PNG file to write")
     parser.add_argument("--row", type=int, default=0, help="which batch row to draw (default 0)")
     add_backend_argument(parser)
@@ -31,9 +31,12 @@ def run(args: argparse.Namespace) -> int:
     if args.tgt:
         tgt = parse_ids(args.tgt, "tgt")
     elif config.notes.get("task") == toy.TASK:
-        out = model.generate(src, max_len=config.max_len - 1, bos_id=toy.BOS, eos_id=toy.EOS)
-        tgt = np.concatenate([np.full((src.shape[0], 1), toy.BOS), to_numpy(out).astype(np.int64)], axis=1)
-        tgt = tgt[:, : config.max_len]
+        out = to_numpy(model.generate(src, max_len=config.max_len - 1, bos_id=toy.BOS, eos_id=toy.EOS)).astype(np.int64)
+        # The decoder's queries are what it read: <bos> and the tokens it generated. The <eos> it
+        # wrote last was never fed back, so its row would show a prediction nobody made.
+        ended = np.flatnonzero(out[args.row] == toy.EOS)
+        out = out[:, : ended[0] if ended.size else out.shape[1]]
+        tgt = np.concatenate([np.full((src.shape[0], 1), toy.BOS), out], axis=1)[:, : config.max_len]
     else:
         raise SystemExit("rosetta attention: --tgt is required for a checkpoint that is not the toy model")
     output = model(src, tgt)
