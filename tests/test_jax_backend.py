@@ -19,11 +19,12 @@ from hypothesis import given, strategies as st
 
 import impl_jax
 import impl_numpy
-from conformance import PRESETS, InputError, checkpoint, init_params, param_shapes, preset
+from conformance import PRESETS, InputError, checkpoint, init_params, param_shapes
 from conformance.compare import assert_close
 from conformance.strategies import cases, configs
 from conformance.tolerances import tolerance
 from impl_jax.model import Sinusoid
+from batches import SRC, TGT, small
 
 
 def has_gpu() -> bool:
@@ -47,18 +48,6 @@ def on(device: str, dtype: str = "float32"):
     with jax.default_device(jax.devices(device)[0]):
         with impl_jax.enable_x64() if dtype == "float64" else contextlib.nullcontext():
             yield
-
-
-def small(name="default", **changes):
-    sizes = dict(src_vocab_size=16, tgt_vocab_size=16, d_model=16, n_heads=2, d_ff=24,
-                 n_encoder_layers=2, n_decoder_layers=2, max_len=8)
-    return preset(name, **{**sizes, **changes})
-
-
-# Tokens 0 and 1 both appear, so that pad_id 0 and 1 mask different positions; the last source row
-# is entirely padding for pad_id 0, so a -inf fill gives NaN rows that must propagate as in the oracle.
-SRC = np.array([[3, 4, 5, 1, 0, 0], [6, 7, 8, 9, 10, 1], [0, 0, 0, 0, 0, 0]])
-TGT = np.array([[2, 3, 4, 0, 0], [2, 1, 6, 7, 8], [2, 3, 0, 0, 0]])
 
 
 def assert_matches_oracle(out, oracle, config, dtype: str, device: str):

@@ -8,19 +8,11 @@ import pytest
 
 import impl_jax
 import impl_numpy
-from conformance import InputError, init_params, preset
+from conformance import InputError, init_params
 from conformance.compare import assert_close
 from conformance.tolerances import tolerance
+from batches import SRC, TGT, small
 
-
-def small(name="default", **changes):
-    sizes = dict(src_vocab_size=16, tgt_vocab_size=16, d_model=16, n_heads=2, d_ff=24,
-                 n_encoder_layers=2, n_decoder_layers=2, max_len=8)
-    return preset(name, **{**sizes, **changes})
-
-
-SRC = np.array([[3, 4, 5, 1, 0, 0], [6, 7, 8, 9, 10, 1], [0, 0, 0, 0, 0, 0]])
-TGT = np.array([[2, 3, 4, 0, 0], [2, 1, 6, 7, 8], [2, 3, 0, 0, 0]])
 
 # Each config is one way bucket padding could leak into the real positions:
 #   finite fill:      the all-padding source row must average over its 6 real keys, not the 8

@@ -7,9 +7,10 @@ import pytest
 
 import impl_numpy
 import impl_numpy.model
-from conformance import InputError, ModelConfig, init_params, preset
+from conformance import InputError, ModelConfig, init_params
 from conformance.compare import assert_close
 from conformance.tolerances import tolerance
+from batches import SRC, TGT, small
 
 T, F = True, False
 
@@ -35,18 +36,6 @@ def test_masks_equal_hand_written_arrays():
         np.testing.assert_array_equal(tgt_mask, expected_tgt)
     np.testing.assert_array_equal(impl_numpy.causal_mask(3)[0, 0], np.tril(np.ones((3, 3), bool)))
     np.testing.assert_array_equal(impl_numpy.padding_mask(np.array([[1, 2, 1]]), 1)[0, 0, 0], [F, T, F])
-
-
-def small(name="default", **changes):
-    sizes = dict(src_vocab_size=16, tgt_vocab_size=16, d_model=16, n_heads=2, d_ff=24,
-                 n_encoder_layers=2, n_decoder_layers=2, max_len=8)
-    return preset(name, **{**sizes, **changes})
-
-
-# Token 0 and token 1 both appear, so that pad_id 0 and 1 mask different positions; the last
-# source row is entirely padding for pad_id 0, so a -inf fill shows NaN there.
-SRC = np.array([[3, 4, 5, 1, 0, 0], [6, 7, 8, 9, 10, 1], [0, 0, 0, 0, 0, 0]])
-TGT = np.array([[2, 3, 4, 0, 0], [2, 1, 6, 7, 8], [2, 3, 0, 0, 0]])
 
 
 def logits(config, seed=0):

@@ -27,16 +27,6 @@ from conformance.strategies import FILLS, cases, configs  # noqa: E402
 from conformance.tolerances import tolerance  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: a second intra-op thread only adds synchronisation, which on a
-    loaded 2-core machine made a forward pass up to 100x slower (4 ms -> 0.5 s, measured)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 MASK_SHAPES = ("keys", "rows", "per-head", "queries")  # (B,1,1,Tk) (B,1,Tq,Tk) (B,H,Tq,Tk) (B,1,Tq,1)
 
 

@@ -24,16 +24,6 @@ from conformance.strategies import cases  # noqa: E402
 from conformance.tolerances import tolerance  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: a second intra-op thread only adds synchronisation, which on a
-    loaded 2-core machine made a forward pass up to 100x slower (4 ms -> 0.5 s, measured)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 DTYPES = ("float32", "float64")
 SMALL = dict(src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, d_ff=32,
              n_encoder_layers=2, n_decoder_layers=2, max_len=8)

@@ -17,16 +17,6 @@ import impl_torch  # noqa: E402
 from conformance import CheckpointError, checkpoint, init_params, preset  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: a second intra-op thread only adds synchronisation, which on a
-    loaded 2-core machine made a forward pass up to 100x slower (4 ms -> 0.5 s, measured)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 NUMPY_DTYPES = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 CONFIGS = {
     "marian (shared, tied, final_logits_bias)": preset("hf-marian", d_model=16, n_heads=2, d_ff=32, max_len=8),

@@ -17,16 +17,6 @@ import impl_torch  # noqa: E402
 from conformance import InputError, init_params, preset  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: a second intra-op thread only adds synchronisation, which on a
-    loaded 2-core machine made a forward pass up to 100x slower (4 ms -> 0.5 s, measured)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 CONFIG = preset("default", max_len=6, src_vocab_size=10, tgt_vocab_size=12)
 PARAMS = init_params(CONFIG, seed=0)
 NUMPY = impl_numpy.Model(CONFIG, PARAMS)

@@ -26,16 +26,6 @@ from conformance.report import tensors_of  # noqa: E402
 from conformance.tolerances import tolerance  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: a second intra-op thread only adds synchronisation, which on a
-    loaded 2-core machine made a forward pass up to 100x slower (4 ms -> 0.5 s, measured)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False")
 SRC = np.array([[3, 4, 5, 0, 0], [6, 7, 8, 9, 10], [0, 0, 0, 0, 0]])
 TGT = np.array([[1, 2, 3, 0], [4, 5, 6, 7], [8, 0, 0, 0]])
