@@ -22,18 +22,22 @@ class Tolerance:
 
 # (dtype, device kind) -> Tolerance; device kind is "cpu" or "gpu". rtol is 0: the error of a
 # float computation follows the magnitudes it combines, which `atol * scale` already states.
-# Measured worst |backend - oracle| / scale (docs/tolerances.md), and the margin the table keeps:
-#   float64   torch 2.3e-14, jax 3.8e-15                      -> 1e-12  (44x)
-#   float32   numpy 7.3e-6, torch 7.9e-6, jax 5.2e-6;
-#             pairs numpy~torch 1.3e-5, jax~numpy 5.8e-6     -> 1e-4   (7.6x over the worst pair)
-#   float16   torch 1.3e-2, jax 1.6e-2                        -> 5e-2   (3x)
-#   bfloat16  torch 5.1e-2, jax 7.7e-2                        -> 2e-1   (2.6x)
+# Measured worst |backend - oracle| / scale (docs/tolerances.md: 10500 examples for numpy and
+# torch over 12 seeds, 500 for JAX, which compiles every new shape), and the margin kept:
+#   float64   torch 6.8e-14, jax 1.8e-14; pairs <= 2.6e-14                  -> 1e-12  (15x)
+#   float32   numpy 2.7e-5, torch 7.6e-5, jax 7.9e-6;
+#             pairs numpy~torch 5.8e-5, jax~torch 1.2e-5, jax~numpy 1.1e-5   -> 3e-4   (4x)
+#   float16   torch 8.7e-3, jax 3.7e-3; pair 5.3e-3                         -> 5e-2   (5.7x)
+#   bfloat16  torch 6.2e-2, jax 2.4e-2; pair 2.5e-2                         -> 2e-1   (3.2x)
+# float32 was 1e-4 on a 1500-example measurement (worst 7.9e-6); ten times as many examples found
+# 7.6e-5 (a peaked cross-attention row two layers deep at weight scale 2), which left a 1.3x
+# margin: a thorough run would soon have cried wolf.
 # GPU rows repeat the CPU rows until a GPU run measures them (TF32 is off for every comparison).
 TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("float64", "cpu"): Tolerance(atol=1e-12, rtol=0.0),
     ("float64", "gpu"): Tolerance(atol=1e-12, rtol=0.0),
-    ("float32", "cpu"): Tolerance(atol=1e-4, rtol=0.0),
-    ("float32", "gpu"): Tolerance(atol=1e-4, rtol=0.0),
+    ("float32", "cpu"): Tolerance(atol=3e-4, rtol=0.0),
+    ("float32", "gpu"): Tolerance(atol=3e-4, rtol=0.0),
     ("float16", "cpu"): Tolerance(atol=5e-2, rtol=0.0),
     ("float16", "gpu"): Tolerance(atol=5e-2, rtol=0.0),
     ("bfloat16", "cpu"): Tolerance(atol=2e-1, rtol=0.0),
