@@ -36,7 +36,7 @@ import numpy as np
 
 from conformance.config import ModelConfig
 from conformance.errors import CheckpointError, ConfigError, InputError
-from conformance.params import check_numpy_params, check_param_set, param_count, param_shapes
+from conformance.params import check_finite_array, check_numpy_params, check_param_set, param_count, param_shapes
 
 FORMAT_NAME = "rosetta-transformer"
 FORMAT_VERSION = "1"
@@ -270,9 +270,12 @@ def load(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
         found["config"] = config
 
     _, tensors = read_tensors(path, before_data=check_header)
-    config = found["config"]
-    check_params(config, tensors, path)  # what the header could not tell: finite values
-    return config, tensors
+    try:  # what the header could not tell: finite values
+        for name, value in tensors.items():
+            check_finite_array(name, value)
+    except InputError as exc:
+        raise CheckpointError(path, exc.problem) from None
+    return found["config"], tensors
 
 
 def check_params(config: ModelConfig, params: Mapping[str, Any], path: str | os.PathLike) -> None:

@@ -193,6 +193,11 @@ def check_finite(name: str, nonfinite: int, size: int) -> None:
         raise InputError("params", f"parameter {name!r} has {nonfinite} NaN or infinite value(s) out of {size}")
 
 
+def check_finite_array(name: str, value: np.ndarray) -> None:
+    """`check_finite` for a NumPy array."""
+    check_finite(name, value.size - int(np.count_nonzero(np.isfinite(value))), value.size)
+
+
 def check_numpy_params(config: ModelConfig, params: Mapping[str, np.ndarray]) -> None:
     """`check_param_set` and `check_finite` for NumPy arrays."""
     if not isinstance(params, Mapping):
@@ -205,5 +210,4 @@ def check_numpy_params(config: ModelConfig, params: Mapping[str, np.ndarray]) ->
             raise InputError("params", f"parameter {name!r} is not a rectangular array") from None
     check_param_set(config, {k: v.shape for k, v in arrays.items()}, {k: v.dtype.name for k, v in arrays.items()})
     for name, value in arrays.items():
-        nonfinite = value.size - int(np.count_nonzero(np.isfinite(value)))
-        check_finite(name, nonfinite, value.size)
+        check_finite_array(name, value)

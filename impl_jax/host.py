@@ -16,7 +16,7 @@ import numpy as np
 from conformance.config import ModelConfig
 from conformance.errors import InputError
 from conformance.inputs import check_dtype
-from conformance.params import check_finite, check_numpy_params, check_param_set, init_params
+from conformance.params import check_finite_array, check_numpy_params, check_param_set, init_params
 from impl_jax.precision import x64_enabled
 
 X64_ADVICE = (
@@ -66,8 +66,7 @@ def prepare_params(
         check_param_set(config, {k: v.shape for k, v in params.items()},
                         {k: np.dtype(v.dtype).name for k, v in params.items()})
         for name, value in params.items():
-            finite = int(np.count_nonzero(np.isfinite(np.asarray(value))))
-            check_finite(name, value.size - finite, value.size)
+            check_finite_array(name, np.asarray(value))
     else:
         check_numpy_params(config, params)
     first = next(iter(params.values()))
@@ -78,11 +77,13 @@ def prepare_params(
             cast = value.astype(resolved)
             values = np.asarray(cast) if cast.dtype != value.dtype else None  # only a cast can overflow
         else:
+            value = np.asarray(value)
             with np.errstate(over="ignore"):  # an overflow is refused just below, by name
-                values = np.asarray(value, dtype=resolved)
-            cast = jax.device_put(values)
+                cast = value.astype(resolved, copy=False)
+            values = cast if cast.dtype != value.dtype else None
+            cast = jax.device_put(cast)
         if values is not None:
-            check_finite(name, values.size - int(np.count_nonzero(np.isfinite(values))), values.size)
+            check_finite_array(name, values)
         converted[name] = cast
     return converted, resolved
 

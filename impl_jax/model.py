@@ -125,6 +125,11 @@ class Positions(nnx.Module):
 # -- Building blocks ---------------------------------------------------------------------------
 
 
+def at_least_float32(x: jax.Array) -> jax.Array:
+    """float16 / bfloat16 -> float32; float32 and float64 unchanged."""
+    return x.astype(reduction_dtype(x.dtype))
+
+
 def optional_param(params: Mapping[str, jax.Array], name: str) -> nnx.Param | None:
     """The parameter `name` if the config has it (biases are switches), else None."""
     return nnx.Param(params[name]) if name in params else None
@@ -165,7 +170,7 @@ class LayerNorm(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dtype = x.dtype
-        x = x.astype(reduction_dtype(dtype))
+        x = at_least_float32(x)
         mean = x.mean(axis=-1, keepdims=True)
         centered = x - mean
         if self.form == "standard":

@@ -32,7 +32,7 @@ from conformance.inputs import (
 )
 from conformance.errors import InputError
 from conformance.output import Encoded, ModelOutput
-from conformance.params import check_finite, check_numpy_params
+from conformance.params import check_finite_array, check_numpy_params
 from conformance.positions import sinusoid_table
 
 SUPPORTED_DTYPES = ("float32", "float64")
@@ -363,11 +363,13 @@ class Model:
             check_dtype(self.backend, str(dtype), SUPPORTED_DTYPES)
             raise
         check_dtype(self.backend, self.dtype.name, SUPPORTED_DTYPES)
+        given = {name: np.asarray(value) for name, value in params.items()}
         with np.errstate(over="ignore"):  # an overflow is refused just below, by name
-            params = {name: np.asarray(value, dtype=self.dtype) for name, value in params.items()}
-        # Checked again after the cast: 1e39 is a finite float64 and an infinite float32.
+            params = {name: value.astype(self.dtype, copy=False) for name, value in given.items()}
+        # What was cast is checked again: 1e39 is a finite float64 and an infinite float32.
         for name, value in params.items():
-            check_finite(name, value.size - int(np.count_nonzero(np.isfinite(value))), value.size)
+            if value.dtype != given[name].dtype:
+                check_finite_array(name, value)
         self.config = config
         self.params = params
         self.encoder = Encoder(config, params, self.dtype)
