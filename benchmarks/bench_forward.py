@@ -45,9 +45,9 @@ import torch
 
 import impl_torch
 from conformance import init_params, preset
-from conformance.compare import to_numpy
-from conformance.config import ModelConfig
-from conformance.positions import sinusoid_table
+from conformance.check.compare import to_numpy
+from conformance.core.config import ModelConfig
+from conformance.core.positions import sinusoid_table
 
 BASELINE = "nn.Transformer"
 

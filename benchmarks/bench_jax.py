@@ -45,7 +45,7 @@ import numpy as np
 import impl_jax
 import impl_numpy
 from conformance import init_params, preset
-from conformance.config import ModelConfig
+from conformance.core.config import ModelConfig
 
 BASELINE = "nn.Transformer"
 

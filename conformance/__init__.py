@@ -1,18 +1,43 @@
-"""Rosetta Transformer's contract and its checks.
+"""Rosetta Transformer's contract and its checks, in rooms by role.
 
-The framework-free core (this package's import surface, safe with only NumPy installed):
-`ModelConfig`, `preset`, the canonical parameter key space (`param_shapes`, `init_params`),
-`checkpoint.save` / `checkpoint.load`, the error types and the shared input checks. The
-cross-backend suite, the converters and the CLI live in submodules that import PyTorch or JAX
-lazily, only when they are used.
+    conformance/core/     the contract every backend imports: ModelConfig and presets, the
+                          canonical parameter key space, the checkpoint format, positions, input
+                          checks, result types and errors. Framework-free (NumPy, ml_dtypes).
+    conformance/convert/  the weight converters: foreign layouts to the canonical key space and
+                          back. Imports core only (PyTorch and Flax lazily, for their own files).
+    conformance/check/    the check-and-report tools: which backends and devices are here, how
+                          to build a model on any of them, comparison, tolerances, the report,
+                          plots, the built-in default model. Imports core, and backends lazily.
+    conformance/suite/    the hypothesis conformance suite and its pytest plugin
+                          (`-p conformance.suite.pytest_plugin`). Imports core and check.
+    conformance/cli/      the `rosetta` command line. May import everything above.
+
+Import direction (tests/test_architecture.py enforces it): core <- backends (impl_*) <- check <-
+suite <- cli, with convert beside the backends (it imports core only). This package's own names
+are the core's public surface, importable with only NumPy installed:
+
+    from conformance import ModelConfig, checkpoint, preset, init_params
 """
 
-from conformance import checkpoint
-from conformance.config import ModelConfig
-from conformance.errors import CheckpointError, ConfigError, InputError
-from conformance.output import Encoded, ModelOutput
-from conformance.params import init_params, param_shapes
-from conformance.presets import PRESETS, preset
+import sys as _sys
+
+from conformance.core import (
+    PRESETS,
+    CheckpointError,
+    ConfigError,
+    Encoded,
+    InputError,
+    ModelConfig,
+    ModelOutput,
+    checkpoint,
+    init_params,
+    param_shapes,
+    preset,
+)
+
+# `import conformance.checkpoint` (the contract's name for the format) keeps working: it is the
+# core's module, registered under its public name, not a copy.
+_sys.modules[__name__ + ".checkpoint"] = checkpoint
 
 __all__ = [
     "CheckpointError",

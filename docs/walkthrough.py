@@ -28,9 +28,9 @@ import math
 import numpy as np
 
 import impl_numpy
-from conformance import toy
-from conformance.defaults import default_model
-from conformance.positions import sinusoid_table
+from conformance.check import toy
+from conformance.check.defaults import default_model
+from conformance.core.positions import sinusoid_table
 
 np.set_printoptions(precision=4, suppress=True, linewidth=110)
 config, params, description = default_model()

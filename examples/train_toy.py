@@ -1,6 +1,6 @@
 """Train the built-in default model: a small Transformer that reverses strings of digits.
 
-    python examples/train_toy.py                      # writes conformance/data/default.safetensors
+    python examples/train_toy.py                      # writes conformance/check/data/default.safetensors
     python examples/train_toy.py --out /tmp/toy.safetensors --steps 500
 
 PyTorch with this project's own `impl_torch` model, teacher forcing, label smoothing, Adam with
@@ -21,9 +21,10 @@ import numpy as np
 import torch
 
 import impl_torch
-from conformance import init_params, preset, toy
+from conformance import init_params, preset
+from conformance.check import toy
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "conformance" / "data" / "default.safetensors"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "conformance" / "check" / "data" / "default.safetensors"
 
 
 def toy_config():

@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from conformance import checkpoint
+from conformance.core import checkpoint
 from impl_jax.compiled import clear_cache, compile_stats, reset_stats
 from impl_jax.host import bucket_length
 from impl_jax.model import (

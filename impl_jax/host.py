@@ -13,10 +13,10 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from conformance.config import ModelConfig
-from conformance.errors import InputError
-from conformance.inputs import check_dtype
-from conformance.params import check_finite_array, check_numpy_params, check_param_set, init_params
+from conformance.core.config import ModelConfig
+from conformance.core.errors import InputError
+from conformance.core.inputs import check_dtype
+from conformance.core.params import check_finite_array, check_numpy_params, check_param_set, init_params
 from impl_jax.precision import x64_enabled
 
 X64_ADVICE = (

@@ -34,8 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from conformance.config import ModelConfig
-from conformance.inputs import (
+from conformance.core.config import ModelConfig
+from conformance.core.inputs import (
     check_generate,
     check_ids,
     check_mask,
@@ -44,10 +44,10 @@ from conformance.inputs import (
     check_same_batch,
     expected_mask_shapes,
 )
-from conformance.errors import InputError
-from conformance.output import Encoded, ModelOutput
-from conformance.params import param_shapes
-from conformance.positions import sinusoid_table
+from conformance.core.errors import InputError
+from conformance.core.output import Encoded, ModelOutput
+from conformance.core.params import param_shapes
+from conformance.core.positions import sinusoid_table
 from impl_jax import compiled, host
 from impl_jax.precision import MATMUL_PRECISION, reduction_dtype
 
@@ -58,7 +58,7 @@ for _result, _fields in ((ModelOutput, ["logits", "attention", "intermediates"])
                          (Encoded, ["memory", "src_mask", "attention", "intermediates"])):
     try:
         jax.tree_util.register_dataclass(_result, data_fields=_fields, meta_fields=[])
-    except ValueError:  # already registered (by another JAX user of conformance.output)
+    except ValueError:  # already registered (by another JAX user of conformance.core.output)
         pass
 
 
@@ -418,7 +418,7 @@ class Output(nnx.Module):
 class Model(nnx.Module):
     """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
 
-    `Model(config, params)` takes the canonical parameters (see `conformance.params`) as NumPy
+    `Model(config, params)` takes the canonical parameters (see `conformance.core.params`) as NumPy
     or JAX arrays (None: the seeded `init_params(config)`); `dtype` casts them (float32, float64,
     float16 or bfloat16; default: their own dtype, or float32 for the seeded parameters); the cast
     values must be finite too. The parameters live on JAX's default device at construction.
@@ -444,7 +444,7 @@ class Model(nnx.Module):
     @property
     def params(self) -> dict[str, jax.Array]:
         """The canonical parameters by name, in checkpoint order: the model's `nnx.Param` state,
-        flattened with dots (exactly `conformance.params.param_shapes(config)`'s keys)."""
+        flattened with dots (exactly `conformance.core.params.param_shapes(config)`'s keys)."""
         flat = {".".join(str(part) for part in path): variable[...]
                 for path, variable in nnx.to_flat_state(nnx.state(self, nnx.Param))}
         return {name: flat[name] for name in param_shapes(self.config)}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from conformance import checkpoint
+from conformance.core import checkpoint
 from impl_numpy.model import (
     Model,
     causal_mask,

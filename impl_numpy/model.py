@@ -19,8 +19,8 @@ from typing import Mapping
 
 import numpy as np
 
-from conformance.config import ModelConfig
-from conformance.inputs import (
+from conformance.core.config import ModelConfig
+from conformance.core.inputs import (
     check_dtype,
     check_generate,
     check_ids,
@@ -30,10 +30,10 @@ from conformance.inputs import (
     check_same_batch,
     expected_mask_shapes,
 )
-from conformance.errors import InputError
-from conformance.output import Encoded, ModelOutput
-from conformance.params import check_finite_array, check_numpy_params
-from conformance.positions import sinusoid_table
+from conformance.core.errors import InputError
+from conformance.core.output import Encoded, ModelOutput
+from conformance.core.params import check_finite_array, check_numpy_params
+from conformance.core.positions import sinusoid_table
 
 SUPPORTED_DTYPES = ("float32", "float64")
 
@@ -347,7 +347,7 @@ class Output:
 class Model:
     """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
 
-    `Model(config, params)` takes the canonical parameters (see `conformance.params`) as NumPy
+    `Model(config, params)` takes the canonical parameters (see `conformance.core.params`) as NumPy
     arrays; `dtype` casts them (float32 or float64; default: their own dtype); the cast values
     must be finite too.
     """

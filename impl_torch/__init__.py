@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from conformance import checkpoint
+from conformance.core import checkpoint
 from impl_torch.arrays import to_numpy
 from impl_torch.model import (
     SUPPORTED_DTYPES,

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conformance.config import ModelConfig
-from conformance.inputs import (
+from conformance.core.config import ModelConfig
+from conformance.core.inputs import (
     check_dtype,
     check_generate,
     check_ids,
@@ -35,10 +35,10 @@ from conformance.inputs import (
     check_same_batch,
     expected_mask_shapes,
 )
-from conformance.errors import InputError
-from conformance.output import Encoded, ModelOutput
-from conformance.params import check_finite, check_param_set, init_params
-from conformance.positions import sinusoid_table
+from conformance.core.errors import InputError
+from conformance.core.output import Encoded, ModelOutput
+from conformance.core.params import check_finite, check_param_set, init_params
+from conformance.core.positions import sinusoid_table
 from impl_torch.arrays import dtype_name, id_bounds, param_facts, to_torch
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -444,7 +444,7 @@ class Model(nn.Module):
     """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
 
     `Model(config, params, dtype, device=...)` takes the canonical parameters (see
-    `conformance.params`) as NumPy arrays (e.g. from `conformance.checkpoint.load`) or torch
+    `conformance.core.params`) as NumPy arrays (e.g. from `conformance.core.checkpoint.load`) or torch
     tensors; `params=None` draws them with `conformance.init_params(config)` (float64). `dtype`
     casts them (float32, float64, float16 or bfloat16; default: their own dtype); the cast values
     must be finite too. `device` (keyword-only, so that the first three arguments mean the same

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance import backends
+from conformance.check import backends
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def swapped_sinusoid(max_len, d_model, form):
     """sin and cos exchanged: the even (or first-half) dims get cos, the others sin."""
-    from conformance.positions import sinusoid_table
+    from conformance.core.positions import sinusoid_table
 
     table = sinusoid_table(max_len, d_model, form)
     if form == "sinusoid-interleaved":

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conformance.profiles import load_default_profile
+from conformance.suite.profiles import load_default_profile
 
 
 def pytest_configure(config):

@@ -16,7 +16,9 @@ import time
 
 import numpy as np
 
-from conformance import checkpoint, init_params, preset
+from conformance.core import checkpoint
+
+from conformance import init_params, preset
 
 SIZES = dict(d_model=256, n_heads=4, d_ff=1024, src_vocab_size=4000, tgt_vocab_size=4000)
 
@@ -24,7 +26,8 @@ CHILD = textwrap.dedent(
     """
     import os, sys, time
     import numpy as np
-    from conformance import checkpoint, init_params, preset
+    from conformance.core import checkpoint
+    from conformance import init_params, preset
 
     path, mode = sys.argv[1], sys.argv[2]
     config = preset("default", **{sizes!r}).replace(layer_norm_eps=1e-6)

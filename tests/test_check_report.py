@@ -14,12 +14,17 @@ import numpy as np
 import pytest
 
 from breaks import BREAKS, broken_copy
-from conformance import backends, checkpoint, init_params
-from conformance.backends import Target
+from conformance.check import backends
+from conformance.core import checkpoint
+from conformance import init_params
+from conformance.check.backends import Target
 from conformance.cli import main
-from conformance.config import ModelConfig
-from conformance.defaults import default_model
-from conformance.report import fixed_batch, forward_order, run_check
+from conformance.core.config import ModelConfig
+from conformance.check.defaults import default_model
+from conformance.check.report import fixed_batch, run_check
+
+# Every switch a planted break can touch is set so that the break shows on `check`'s fixed batch:
+from conformance.core.output import forward_order
 
 # Every switch a planted break can touch is set so that the break shows on `check`'s fixed batch:
 # pre-LN with final norms, an epsilon other than the broken 1e-5, a scaled embedding, and padded
@@ -138,7 +143,7 @@ def drawn_figure(monkeypatch):
 def test_the_plot_marks_a_nan_failure_instead_of_drawing_it_as_agreement(monkeypatch, tmp_path):
     """A failure by NaN positions can have a tiny finite error; drawn as that error it would look
     like perfect agreement. It is a labelled marker at the top of the axis instead."""
-    from conformance.plots import plot_check
+    from conformance.check.plots import plot_check
 
     backend, edits, patches = BREAKS["mask fill changed"]
     registered = broken_copy("mask fill changed", backend, edits, patches)

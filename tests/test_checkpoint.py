@@ -8,8 +8,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conformance import CheckpointError, ModelConfig, checkpoint, init_params, preset
-from conformance.checkpoint import FORMAT_NAME, FORMAT_VERSION, read_tensors, write_tensors
+from conformance import CheckpointError, ModelConfig, init_params, preset
+
+from conformance.core import checkpoint
+from conformance.core.checkpoint import FORMAT_NAME, FORMAT_VERSION, read_tensors, write_tensors
 
 CONFIG = preset("hf-marian", n_encoder_layers=1, n_decoder_layers=1, d_model=16, n_heads=2, d_ff=24,
                 src_vocab_size=20, tgt_vocab_size=20, position="table", max_len=12)

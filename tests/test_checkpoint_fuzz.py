@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conformance import CheckpointError, checkpoint, init_params, preset
-from conformance.checkpoint import _canonical_digest
+from conformance import CheckpointError, init_params, preset
+
+from conformance.core import checkpoint
+from conformance.core.checkpoint import _canonical_digest
 
 CONFIG = preset("default", d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1,
                 src_vocab_size=6, tgt_vocab_size=6, max_len=4)

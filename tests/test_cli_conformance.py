@@ -1,8 +1,8 @@
-"""`rosetta conformance` and `pytest --pyargs conformance` work from any directory.
+"""`rosetta conformance` and `pytest --pyargs conformance.suite` work from any directory.
 
-The suite's options, hypothesis profiles and header live in `conformance/pytest_plugin.py`. A
+The suite's options, hypothesis profiles and header live in `conformance/suite/pytest_plugin.py`. A
 conftest inside the package is read early only when `conformance` is a path under the current
-directory, so from anywhere else the plugin must be named (`-p conformance.pytest_plugin`), as
+directory, so from anywhere else the plugin must be named (`-p conformance.suite.pytest_plugin`), as
 `rosetta conformance` does. Each run here is a fresh process, started in an empty directory.
 """
 
@@ -47,8 +47,8 @@ def test_rosetta_conformance_finds_the_thorough_profile_from_another_directory(t
 
 def test_pytest_on_the_installed_suite_from_another_directory(tmp_path):
     """The README's command for the installed suite."""
-    done = run(["-m", "pytest", "-p", "no:cacheprovider", "-p", "conformance.pytest_plugin",
-                "--pyargs", "conformance.test_masks", "--backends", "numpy", "--devices", "cpu"], tmp_path)
+    done = run(["-m", "pytest", "-p", "no:cacheprovider", "-p", "conformance.suite.pytest_plugin",
+                "--pyargs", "conformance.suite.test_masks", "--backends", "numpy", "--devices", "cpu"], tmp_path)
     assert done.returncode == 0, done.stderr
     assert HEADER in done.stdout
 
@@ -59,9 +59,9 @@ def test_the_conftest_loads_the_plugin_when_nobody_named_it(where, tmp_path):
     the plugin: from the repository before the options are parsed, from elsewhere in time to
     parametrize the properties."""
     if where == "the repository":
-        argv, cwd = ["conformance/test_masks.py", "--backends", "numpy"], ROOT
+        argv, cwd = ["conformance/suite/test_masks.py", "--backends", "numpy"], ROOT
     else:
-        argv, cwd = ["--pyargs", "conformance.test_masks", "-k", "numpy"], tmp_path
+        argv, cwd = ["--pyargs", "conformance.suite.test_masks", "-k", "numpy"], tmp_path
     done = run(["-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", *argv], cwd)
     assert done.returncode == 0, done.stderr
     result = done.stdout.strip().splitlines()[-1]

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from conformance import ConfigError, ModelConfig, PRESETS, param_shapes, preset
-from conformance.params import param_count
-from conformance.config import (
+from conformance.core.params import param_count
+from conformance.core.config import (
     ACTIVATIONS, FLOAT32_MAX, LAYER_NORM_FORMS, MAX_LEN_LIMIT, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS,
 )
 

@@ -18,9 +18,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="the CLI tests write PyTorch files")
 
 import impl_numpy  # noqa: E402
-from conformance import checkpoint  # noqa: E402
+from conformance.core import checkpoint  # noqa: E402
 from conformance.cli import main  # noqa: E402
-from conformance.commands.inspect import tensor_digest  # noqa: E402
+from conformance.cli.inspect import tensor_digest  # noqa: E402
 from conformance.convert import import_state_dict, read_state_dict, readers  # noqa: E402
 from conformance.convert.layout import LAYOUT_DIR  # noqa: E402
 from systems import from_scratch, randomize_, torch_tutorial  # noqa: E402

@@ -29,9 +29,9 @@ from conformance.convert import (
     import_state_dict,
     load_layout,
 )
-from conformance.errors import ConfigError, InputError
-from conformance.positions import sinusoid_table
-from conformance.presets import PRESETS
+from conformance.core.errors import ConfigError, InputError
+from conformance.core.positions import sinusoid_table
+from conformance.core.presets import PRESETS
 
 LAYOUTS = builtin_layout_names()
 SIZES = dict(d_model=16, n_heads=2, d_ff=24, n_encoder_layers=2, n_decoder_layers=3, max_len=11)

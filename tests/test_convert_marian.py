@@ -23,8 +23,8 @@ from conformance.convert import (  # noqa: E402
     from_hf_marian,
     import_state_dict,
 )
-from conformance.errors import ConfigError  # noqa: E402
-from conformance.presets import FLOAT32_MIN  # noqa: E402
+from conformance.core.errors import ConfigError  # noqa: E402
+from conformance.core.presets import FLOAT32_MIN  # noqa: E402
 from systems import randomize_  # noqa: E402
 from systems.harness import (  # noqa: E402
     BACKEND_PARAMS,
@@ -238,7 +238,7 @@ def test_export_to_marian_refuses_a_position_term_marian_would_replace(position)
 
 
 def test_a_save_pretrained_directory_converts_from_the_command_line(tmp_path, capsys):
-    from conformance import checkpoint
+    from conformance.core import checkpoint
     from conformance.cli import main
 
     model = marian()

@@ -27,7 +27,7 @@ from conformance.convert import (  # noqa: E402
     from_torch_nn_transformer,
     load_layout,
 )
-from conformance.errors import ConfigError  # noqa: E402
+from conformance.core.errors import ConfigError  # noqa: E402
 from systems import (  # noqa: E402
     annotated,
     from_scratch,

@@ -19,10 +19,11 @@ from hypothesis import given, strategies as st
 
 import impl_jax
 import impl_numpy
-from conformance import PRESETS, InputError, checkpoint, init_params, param_shapes
-from conformance.compare import assert_close
-from conformance.strategies import cases, configs
-from conformance.tolerances import tolerance
+from conformance import PRESETS, InputError, init_params, param_shapes
+from conformance.core import checkpoint
+from conformance.check.compare import assert_close
+from conformance.suite.strategies import cases, configs
+from conformance.check.tolerances import tolerance
 from impl_jax.model import Sinusoid
 from batches import SRC, TGT, small
 

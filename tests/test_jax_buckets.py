@@ -9,8 +9,8 @@ import pytest
 import impl_jax
 import impl_numpy
 from conformance import InputError, init_params
-from conformance.compare import assert_close
-from conformance.tolerances import tolerance
+from conformance.check.compare import assert_close
+from conformance.check.tolerances import tolerance
 from batches import SRC, TGT, small
 
 

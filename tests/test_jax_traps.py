@@ -19,10 +19,11 @@ from flax import nnx
 import impl_jax
 import impl_numpy
 import impl_numpy.model
-from conformance import InputError, checkpoint, init_params
-from conformance.compare import assert_close, compare
-from conformance.presets import FLOAT32_MIN
-from conformance.tolerances import tolerance
+from conformance import InputError, init_params
+from conformance.core import checkpoint
+from conformance.check.compare import assert_close, compare
+from conformance.core.presets import FLOAT32_MIN
+from conformance.check.tolerances import tolerance
 from impl_jax import compiled
 from impl_jax.model import LayerNorm, Model
 from batches import SRC, TGT, small
@@ -118,7 +119,7 @@ def test_bad_params_raise_the_numpy_backends_error_word_for_word(problem, kind):
 
 @pytest.mark.parametrize("dtype", ["int32", np.int64, "complex64", ml_dtypes.float8_e4m3fn, "bogus", object])
 def test_dtypes_the_backend_cannot_run_are_refused(dtype):
-    """The message of every backend (`conformance.inputs.check_dtype`), for names that are not
+    """The message of every backend (`conformance.core.inputs.check_dtype`), for names that are not
     dtypes at all too."""
     error = error_of(lambda: impl_jax.Model(small(), dtype=dtype))
     name = dtype if dtype == "bogus" else np.dtype(dtype).name
@@ -368,7 +369,7 @@ def test_enable_x64_is_scoped_and_a_float64_model_refuses_to_run_outside_it():
 
 
 def test_decode_refuses_memory_of_another_dtype_or_shape():
-    """The check every backend shares (`conformance.inputs.check_memory`), word for word."""
+    """The check every backend shares (`conformance.core.inputs.check_memory`), word for word."""
     config = small()
     params = init_params(config)
     model, reference = impl_jax.Model(config, params, dtype="float32"), impl_numpy.Model(config, params, dtype="float32")

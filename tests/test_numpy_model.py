@@ -8,8 +8,8 @@ import pytest
 import impl_numpy
 import impl_numpy.model
 from conformance import InputError, ModelConfig, init_params
-from conformance.compare import assert_close
-from conformance.tolerances import tolerance
+from conformance.check.compare import assert_close
+from conformance.check.tolerances import tolerance
 from batches import SRC, TGT, small
 
 T, F = True, False

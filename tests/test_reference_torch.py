@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch", reason="the independent reference needs PyT
 
 import impl_numpy  # noqa: E402
 from conformance import init_params, preset  # noqa: E402
-from conformance.compare import assert_close  # noqa: E402
-from conformance.tolerances import tolerance  # noqa: E402
+from conformance.check.compare import assert_close  # noqa: E402
+from conformance.check.tolerances import tolerance  # noqa: E402
 
 
 def paper_sinusoid(length, d_model):

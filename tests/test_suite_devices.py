@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import backends
-from conformance.pytest_plugin import all_targets
-from conformance.report import default_targets
+from conformance.check import backends
+from conformance.suite.pytest_plugin import all_targets
+from conformance.check.report import default_targets
 
 torch = pytest.importorskip("torch")
 

@@ -19,12 +19,12 @@ import inspect
 import pytest
 
 from breaks import BREAKS, PROPERTY_BREAKS, broken_copy
-from conformance import backends
-from conformance.backends import Target
+from conformance.check import backends
+from conformance.check.backends import Target
 
-import conformance.test_forward as forward
-import conformance.test_fully_masked as fully_masked
-import conformance.test_masks as masks
+import conformance.suite.test_forward as forward
+import conformance.suite.test_fully_masked as fully_masked
+import conformance.suite.test_masks as masks
 
 PROPERTIES = {
     "every tensor matches the oracle": forward.test_every_tensor_matches_the_oracle,
@@ -64,9 +64,9 @@ def test_the_pristine_copy_passes():
 
 def the_property(module: str):
     """The one test function of a property file (one property per file)."""
-    tests = [f for name, f in inspect.getmembers(importlib.import_module(f"conformance.{module}"))
+    tests = [f for name, f in inspect.getmembers(importlib.import_module(f"conformance.suite.{module}"))
              if name.startswith("test_") and callable(f)]
-    assert len(tests) == 1, f"conformance/{module}.py should hold one property, has {len(tests)}"
+    assert len(tests) == 1, f"conformance/suite/{module}.py should hold one property, has {len(tests)}"
     return tests[0]
 
 
@@ -99,7 +99,7 @@ def test_each_property_catches_its_own_break(name):
     finally:
         for r in registered:
             backends.unregister_backend(r)
-    print(f"{name}: caught by conformance/{module}.py: {str(caught.value).splitlines()[0][:300]}")
+    print(f"{name}: caught by conformance/suite/{module}.py: {str(caught.value).splitlines()[0][:300]}")
 
 
 @pytest.mark.parametrize("module", sorted({module for module, _ in PROPERTY_BREAKS.values()}))

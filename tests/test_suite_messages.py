@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance.assertions import assert_tensors_close
-from conformance.backends import Target
-from conformance.compare import compare
-from conformance.presets import preset
-from conformance.tolerances import tolerance
+from conformance.suite.assertions import assert_tensors_close
+from conformance.check.backends import Target
+from conformance.check.compare import compare
+from conformance.core.presets import preset
+from conformance.check.tolerances import tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = preset("default", d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1)

@@ -16,14 +16,14 @@ import pytest
 
 from breaks import PROPERTY_BREAKS
 
-SUITE = Path(importlib.import_module("conformance").__file__).parent
+SUITE = Path(importlib.import_module("conformance.suite").__file__).parent
 PROPERTY_FILES = sorted(p.stem for p in SUITE.glob("test_*.py"))
 SEVERAL_ENTRY_POINTS = {"test_errors"}  # see the module docstring
 CAUGHT_BY_THE_ORACLE_COMPARISON = {"test_forward", "test_masks", "test_fully_masked"}  # BREAKS, in test_suite_has_teeth.py
 
 
 def properties_of(module: str) -> list[str]:
-    return [name for name, f in inspect.getmembers(importlib.import_module(f"conformance.{module}"))
+    return [name for name, f in inspect.getmembers(importlib.import_module(f"conformance.suite.{module}"))
             if name.startswith("test_") and callable(f)]
 
 
@@ -33,7 +33,7 @@ def test_one_property_per_file(module):
     if module in SEVERAL_ENTRY_POINTS:
         assert len(tests) >= 1
     else:
-        assert len(tests) == 1, f"conformance/{module}.py holds {len(tests)} properties: {tests}"
+        assert len(tests) == 1, f"conformance/suite/{module}.py holds {len(tests)} properties: {tests}"
 
 
 def test_every_property_has_a_break_to_catch():

@@ -21,10 +21,10 @@ import impl_numpy  # noqa: E402
 import impl_torch  # noqa: E402
 import impl_torch.model  # noqa: E402
 from conformance import init_params, preset  # noqa: E402
-from conformance.compare import assert_close, to_numpy  # noqa: E402
-from conformance.report import tensors_of  # noqa: E402
-from conformance.strategies import FILLS, cases, configs  # noqa: E402
-from conformance.tolerances import tolerance  # noqa: E402
+from conformance.check.compare import assert_close, to_numpy  # noqa: E402
+from conformance.core.output import tensors_of  # noqa: E402
+from conformance.suite.strategies import FILLS, cases, configs  # noqa: E402
+from conformance.check.tolerances import tolerance  # noqa: E402
 
 
 MASK_SHAPES = ("keys", "rows", "per-head", "queries")  # (B,1,1,Tk) (B,1,Tq,Tk) (B,H,Tq,Tk) (B,1,Tq,1)

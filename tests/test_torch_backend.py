@@ -17,11 +17,12 @@ import impl_numpy  # noqa: E402
 import impl_torch  # noqa: E402
 import impl_torch.model  # noqa: E402
 from conformance import PRESETS, init_params, param_shapes, preset  # noqa: E402
-from conformance.compare import assert_close  # noqa: E402
-from conformance.presets import FLOAT32_MIN  # noqa: E402
-from conformance.report import fixed_batch, forward_order, tensors_of  # noqa: E402
-from conformance.strategies import cases  # noqa: E402
-from conformance.tolerances import tolerance  # noqa: E402
+from conformance.check.compare import assert_close  # noqa: E402
+from conformance.core.presets import FLOAT32_MIN  # noqa: E402
+from conformance.check.report import fixed_batch  # noqa: E402
+from conformance.core.output import forward_order, tensors_of  # noqa: E402
+from conformance.suite.strategies import cases  # noqa: E402
+from conformance.check.tolerances import tolerance  # noqa: E402
 
 
 DTYPES = ("float32", "float64")

@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch", reason="the PyTorch backend needs torch")
 
 import impl_numpy  # noqa: E402
 import impl_torch  # noqa: E402
-from conformance import CheckpointError, checkpoint, init_params, preset  # noqa: E402
+from conformance import CheckpointError, init_params, preset  # noqa: E402
+from conformance.core import checkpoint
 
 
 NUMPY_DTYPES = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}

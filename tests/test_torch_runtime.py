@@ -19,11 +19,11 @@ import impl_numpy  # noqa: E402
 import impl_torch  # noqa: E402
 import impl_torch.model  # noqa: E402
 from conformance import init_params, param_shapes, preset  # noqa: E402
-from conformance.compare import assert_close  # noqa: E402
-from conformance.config import PAD_MASK_SIDES  # noqa: E402
-from conformance.positions import sinusoid_table  # noqa: E402
-from conformance.report import tensors_of  # noqa: E402
-from conformance.tolerances import tolerance  # noqa: E402
+from conformance.check.compare import assert_close  # noqa: E402
+from conformance.core.config import PAD_MASK_SIDES  # noqa: E402
+from conformance.core.positions import sinusoid_table  # noqa: E402
+from conformance.core.output import tensors_of  # noqa: E402
+from conformance.check.tolerances import tolerance  # noqa: E402
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False")

@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 
 import impl_numpy
-from conformance import InputError, backends, checkpoint, toy
-from conformance.backends import Target
+from conformance import InputError
+from conformance.check import backends, toy
+from conformance.core import checkpoint
+from conformance.check.backends import Target
 from conformance.cli import main
-from conformance.compare import to_numpy
-from conformance.defaults import DEFAULT_CHECKPOINT, default_model
+from conformance.check.compare import to_numpy
+from conformance.check.defaults import DEFAULT_CHECKPOINT, default_model
 
 TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_toy.py"
 
@@ -116,7 +118,7 @@ def test_rosetta_attention_draws_every_layer_and_head(tmp_path, capsys):
 
 def test_rosetta_attention_queries_are_what_the_decoder_read(tmp_path, monkeypatch):
     """<bos> and the generated digits; not the final <eos>, which was written, never read."""
-    from conformance import plots
+    from conformance.check import plots
 
     drawn = {}
     draw = plots.plot_attention

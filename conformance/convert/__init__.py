@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from conformance.config import ModelConfig
+from conformance.core.config import ModelConfig
 from conformance.convert.engine import Conversion, check_exportable, convert_arrays, export_state_dict
 from conformance.convert.errors import (
     AmbiguousLayoutError,

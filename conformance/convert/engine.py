@@ -23,14 +23,14 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from conformance.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, ModelConfig
+from conformance.core.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, ModelConfig
 from conformance.convert.errors import KeyMismatchError, LayoutError, TensorError, listing, overrides_note, setting
 from conformance.convert.keys import alias_keys, check_keys, detect_layout, plan_keys, structural_overrides
 from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, Layout, load_layout
 from conformance.convert.transforms import TABLES, backward, forward, identical, recognise_positions
-from conformance.errors import ConfigError
-from conformance.params import PARAM_DTYPE_NAMES, check_numpy_params, param_shapes
-from conformance.positions import sinusoid_table
+from conformance.core.errors import ConfigError
+from conformance.core.params import PARAM_DTYPE_NAMES, check_numpy_params, param_shapes
+from conformance.core.positions import sinusoid_table
 
 _CONFIG_FIELDS = SWITCH_FIELDS | SIZE_FIELDS | {"notes"}
 _CHOICES = {"norm_placement": NORM_PLACEMENTS, "layer_norm_form": LAYER_NORM_FORMS, "position": POSITIONS,
@@ -267,7 +267,7 @@ def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: La
     The exact inverse of the import: importing the result gives back `config` and `params` bit
     for bit. Tied duplicates are written as copies so that `load_state_dict(strict=True)` works;
     keys the layout drops are not written. A position table the system stores is written even
-    when the config computes a sinusoid (as `conformance.positions.sinusoid_table`, in the
+    when the config computes a sinusoid (as `conformance.core.positions.sinusoid_table`, in the
     parameters' dtype), since the system reads its buffer. `target` names switches of a changed
     copy of the system (see `check_exportable`).
     """

@@ -12,10 +12,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from conformance.config import ModelConfig
+from conformance.core.config import ModelConfig
 from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, listing, overrides_note
 from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, Entry, Layout, builtin_layouts
-from conformance.params import param_shapes
+from conformance.core.params import param_shapes
 
 _LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.")
 

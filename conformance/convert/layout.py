@@ -1,7 +1,7 @@
 """Layouts: TOML files that describe a foreign key space, read into validated objects.
 
 A layout says, for one system (a tutorial, a library), which switches it implies (a preset from
-`conformance.presets` plus anything on top), how it stores a `d_in -> d_out` matrix, and for each
+`conformance.core.presets` plus anything on top), how it stores a `d_in -> d_out` matrix, and for each
 foreign key pattern the canonical key(s) it becomes and the transform on the way. The format is
 documented for users in `docs/porting.md`; in short:
 
@@ -35,11 +35,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from conformance.config import ModelConfig
+from conformance.core.config import ModelConfig
 from conformance.convert.errors import LayoutError
 from conformance.convert.patterns import CAPTURE, Capture, Pattern, glob
-from conformance.params import param_shapes
-from conformance.presets import PRESETS
+from conformance.core.params import param_shapes
+from conformance.core.presets import PRESETS
 
 LAYOUT_DIR = Path(__file__).parent / "layouts"
 
@@ -171,12 +171,12 @@ def _canonical_pattern(text: Any, captures: Mapping[str, Capture], where: str, k
     combos = list(pattern.combinations())
     valid = [values for values, key in combos if key in known]
     if not valid:
-        raise _fail(where, f"{combos[0][1]!r} (from {text!r}) is not a canonical parameter name (see conformance/params.py)")
+        raise _fail(where, f"{combos[0][1]!r} (from {text!r}) is not a canonical parameter name (see conformance/core/params.py)")
     for name, capture in captures.items():
         for _, word in capture.choices or ():
             if not any(values[name] == word for values in valid):
                 example = next(key for values, key in combos if values[name] == word)
-                raise _fail(where, f"{example!r} (from {text!r}) is not a canonical parameter name (see conformance/params.py)")
+                raise _fail(where, f"{example!r} (from {text!r}) is not a canonical parameter name (see conformance/core/params.py)")
     return pattern
 
 

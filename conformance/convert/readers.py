@@ -1,6 +1,6 @@
 """Reading foreign weight files into `{key: numpy array}`, without executing anything.
 
-    .safetensors          `conformance.checkpoint.read_tensors` (strict header validation)
+    .safetensors          `conformance.core.checkpoint.read_tensors` (strict header validation)
     .pt / .pth / .bin     `torch.load(..., weights_only=True, map_location="cpu")`
     .npz                  `numpy.load(..., allow_pickle=False)` (Flax / NumPy exports)
 
@@ -22,9 +22,9 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from conformance.checkpoint import read_tensors
+from conformance.core.checkpoint import read_tensors
 from conformance.convert.errors import TensorError
-from conformance.errors import CheckpointError
+from conformance.core.errors import CheckpointError
 
 SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch", ".npz": "npz"}
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from conformance.config import ModelConfig
+from conformance.core.config import ModelConfig
 from conformance.convert.engine import convert_arrays
 from conformance.convert.errors import TensorError
 from conformance.convert.readers import as_arrays, as_numpy
-from conformance.errors import ConfigError
+from conformance.core.errors import ConfigError
 
 # PyTorch's translation tutorial builds its PositionalEncoding with maxlen=5000.
 TUTORIAL_MAX_LEN = 5000

@@ -12,11 +12,11 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from conformance.config import POSITIONS
+from conformance.core.config import POSITIONS
 from conformance.convert.errors import TensorError
 from conformance.convert.layout import Entry, Layout, needs_transpose
-from conformance.errors import ConfigError
-from conformance.positions import sinusoid_table
+from conformance.core.errors import ConfigError
+from conformance.core.positions import sinusoid_table
 
 TABLES = ("encoder.position.table", "decoder.position.table")
 SINUSOIDS = ("sinusoid-interleaved", "sinusoid-split")

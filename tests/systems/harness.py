@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from conformance import backends
-from conformance.compare import to_numpy
+from conformance.check import backends
+from conformance.check.compare import to_numpy
 
 SOURCE_BAR = 1e-5
 

@@ -1,0 +1,13 @@
+"""The check-and-report tools behind `rosetta check` (and used by the suite).
+
+    backends     which backends and devices are here; one `build` for any target
+    compare      array comparison against the oracle, largest errors and where
+    tolerances   the per-dtype tolerance table (measured: docs/tolerances.md)
+    report       the tensor-by-tensor report of `rosetta check`, first diverging tensor
+    plots        the report's and the attention pictures (matplotlib, lazily)
+    defaults     the built-in default model (data/default.safetensors)
+    toy          the digit-reversal task the default model was trained on
+
+May import: the core, NumPy, and the backends (`impl_*`) lazily, by name, through `backends`.
+Never the suite or the CLI.
+"""

@@ -1,0 +1,242 @@
+"""The `rosetta check` report: every backend against the float64 NumPy oracle, tensor by tensor.
+
+Rows are tensors in forward order (embeddings, each layer's attention weights and sublayer
+outputs, the final outputs, the logits); columns are targets (backend/device/dtype). The first
+tensor that exceeds tolerance is named, because that is where a porting bug lives: everything
+downstream of it differs too.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from conformance.check import backends
+from conformance.check.compare import Comparison, compare, to_numpy
+from conformance.core.output import forward_order, tensors_of
+from conformance.core.config import ModelConfig
+from conformance.check.tolerances import tolerance
+
+
+def fixed_batch(config: ModelConfig, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Three rows that exercise padding: none, trailing, and all but one token."""
+    rng = np.random.default_rng(seed)
+    src_len, tgt_len = min(7, config.max_len), min(6, config.max_len)
+
+    def ids(vocab: int, length: int) -> np.ndarray:
+        choices = np.array([i for i in range(vocab) if i != config.pad_id])
+        rows = rng.choice(choices, size=(3, length))
+        rows[1, max(1, length - 2):] = config.pad_id
+        rows[2, 1:] = config.pad_id
+        return rows
+
+    return ids(config.src_vocab_size, src_len), ids(config.tgt_vocab_size, tgt_len)
+
+
+@dataclass
+class Cell:
+    comparison: Comparison | None = None
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.comparison is not None and self.comparison.passed
+
+
+@dataclass
+class Report:
+    config: ModelConfig
+    source: str
+    targets: list[backends.Target]
+    tensors: list[str]
+    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)  # (tensor, label) -> Cell
+    skipped: dict[str, str] = field(default_factory=dict)  # label or backend -> reason
+    errors: dict[str, str] = field(default_factory=dict)  # label -> error that stopped the run
+    seconds: dict[str, float] = field(default_factory=dict)
+    precision: dict[str, dict[str, Any]] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def checked(self) -> bool:
+        """Whether anything ran: with every target deselected, absent or skipped, nothing did."""
+        return bool(self.targets)
+
+    @property
+    def passed(self) -> bool:
+        # all() of no cells is True: a run that compared nothing must not pass.
+        return self.checked and not self.errors and all(cell.passed for cell in self.cells.values())
+
+    def first_failure(self, target: backends.Target | None = None) -> tuple[str, str] | None:
+        """(tensor, label) of the earliest failing tensor in forward order (for one target or any)."""
+        labels = [target.label] if target else [t.label for t in self.targets]
+        for tensor in self.tensors:
+            for label in labels:
+                cell = self.cells.get((tensor, label))
+                if cell is not None and not cell.passed:
+                    return tensor, label
+        return None
+
+    # Rendering ----------------------------------------------------------------------------------
+
+    def to_text(self) -> str:
+        labels = [t.label for t in self.targets]
+        width = max(len(n) for n in self.tensors + ["tensor"])
+        col = max(25, *(len(label) for label in labels)) if labels else 25
+        lines = [
+            f"rosetta check: {self.source}",
+            f"config: {self.config.summary()}",
+            "oracle: numpy/cpu/float64; each cell: max abs error, max rel error (where both are finite), "
+            "verdict (FAIL:NaN: NaN where the oracle has none, or the reverse)",
+            "",
+        ]
+        if self.checked:  # with no target, a table of empty columns would only suggest agreement
+            lines.append("tensor".ljust(width) + "  " + "  ".join(label.ljust(col) for label in labels))
+            lines += [self._row(tensor, labels, width, col) for tensor in self.tensors]
+            lines.append("")
+        for target in self.targets:
+            tol = tolerance(target.dtype, target.device)
+            where = self.first_failure(target)
+            if target.label in self.errors:
+                status = f"ERROR: {self.errors[target.label]}"
+            elif where:
+                cell = self.cells[where]
+                detail = cell.error or cell.comparison.describe()
+                status = f"FAIL, first diverging tensor: {where[0]} ({detail})"
+            else:
+                status = "pass"
+            lines.append(f"{target.label:<24} tol atol={tol.atol:g} rtol={tol.rtol:g}  {status}")
+        for name, reason in self.skipped.items():
+            lines.append(f"{name:<24} skipped: {reason}")
+        first = self.first_failure()
+        lines.append("")
+        if not self.checked:
+            lines.append("result: FAIL, nothing was checked: no backend, device and dtype asked for can run here "
+                         "(see skipped above)")
+        elif self.errors and not first:
+            lines.append("result: FAIL (a backend could not run)")
+        elif first:
+            lines.append(f"result: FAIL; first diverging tensor: {first[0]} on {first[1]}")
+        else:
+            lines.append("result: every backend agrees with the oracle within tolerance")
+        return "\n".join(lines)
+
+    def _row(self, tensor: str, labels: list[str], width: int, col: int) -> str:
+        row = []
+        for label in labels:
+            cell = self.cells.get((tensor, label))
+            if label in self.errors:
+                text = "ERROR"
+            elif cell is None:
+                text = "-"
+            elif cell.error:
+                text = "ERROR"
+            else:
+                c = cell.comparison
+                verdict = "ok" if c.passed else "FAIL:NaN" if c.nan_mismatches else "FAIL"
+                text = f"{c.max_abs:8.1e} {c.max_rel:8.1e} {verdict}"
+            row.append(text.ljust(col))
+        return tensor.ljust(width) + "  " + "  ".join(row)
+
+    def to_json(self) -> dict[str, Any]:
+        first = self.first_failure()
+        return {
+            "source": self.source,
+            "config": json.loads(self.config.to_json()),
+            "passed": self.passed,
+            "checked": self.checked,
+            "first_failure": {"tensor": first[0], "target": first[1]} if first else None,
+            "targets": [
+                {"label": t.label, "backend": t.backend, "device": t.device, "dtype": t.dtype,
+                 "atol": tolerance(t.dtype, t.device).atol, "rtol": tolerance(t.dtype, t.device).rtol,
+                 "seconds": self.seconds.get(t.label), "error": self.errors.get(t.label)}
+                for t in self.targets
+            ],
+            "skipped": self.skipped,
+            "versions": self.versions,
+            "precision": self.precision,
+            "tensors": [
+                {
+                    "tensor": tensor,
+                    "results": {
+                        label: (
+                            {"error": cell.error} if cell.error else {
+                                "max_abs": cell.comparison.max_abs,
+                                "max_abs_at": cell.comparison.max_abs_at,
+                                "max_rel": cell.comparison.max_rel,
+                                "max_rel_at": cell.comparison.max_rel_at,
+                                "nan_mismatches": cell.comparison.nan_mismatches,
+                                "passed": cell.comparison.passed,
+                            }
+                        )
+                        for (name, label), cell in self.cells.items() if name == tensor
+                    },
+                }
+                for tensor in self.tensors
+            ],
+        }
+
+
+def default_targets(names: list[str] | None = None, dtypes: list[str] | None = None,
+                    devices: str | None = None) -> tuple[list[backends.Target], dict[str, str]]:
+    """Every requested, installed backend on every selected, present device, at the requested
+    dtypes; what cannot run is in the second result with its reason.
+
+    `devices` is a comma-separated selection (default: $ROSETTA_DEVICES, else every device);
+    `backends.device_skip_reason` decides, as it does for the conformance suite.
+    """
+    targets, skipped = [], {}
+    for backend, reason in backends.availability(names).items():
+        if reason:
+            skipped[backend] = reason
+            continue
+        for device in backends.device_kinds(backend):
+            why = backends.device_skip_reason(backend, device, devices)
+            if why:
+                skipped[f"{backend}/{device}"] = why
+                continue
+            for dtype in dtypes or ["float32", "float64"]:
+                if backend == "numpy" and dtype == "float64":
+                    continue  # that is the oracle itself
+                if dtype in backends.dtypes(backend, device):
+                    targets.append(backends.Target(backend, device, dtype))
+                else:
+                    skipped[f"{backend}/{device}/{dtype}"] = f"the {backend} backend does not run {dtype}"
+    return targets, skipped
+
+
+def run_check(config: ModelConfig, params: dict[str, np.ndarray], source: str,
+              targets: list[backends.Target], skipped: dict[str, str] | None = None,
+              src_ids: np.ndarray | None = None, tgt_ids: np.ndarray | None = None) -> Report:
+    """Run the oracle and every target on the same batch and compare every tensor."""
+    import impl_numpy
+
+    if src_ids is None or tgt_ids is None:
+        src_ids, tgt_ids = fixed_batch(config)
+    report = Report(config=config, source=source, targets=targets, tensors=forward_order(config),
+                    skipped=dict(skipped or {}))
+    report.versions["numpy"] = backends.version("numpy")
+    oracle = tensors_of(impl_numpy.Model(config, params, dtype="float64")(src_ids, tgt_ids))
+    for target in targets:
+        report.versions.setdefault(target.backend, backends.version(target.backend))
+        tol = tolerance(target.dtype, target.device)
+        try:
+            started = time.perf_counter()
+            with backends.full_precision(target.backend), backends.dtype_scope(target):
+                report.precision[target.backend] = backends.precision_settings(target.backend)
+                model = backends.build(target, config, params)
+                got = tensors_of(model(src_ids, tgt_ids))
+                got = {name: to_numpy(value) for name, value in got.items()}
+            report.seconds[target.label] = time.perf_counter() - started
+        except Exception as exc:  # noqa: BLE001 - a backend that crashes is a finding, not a crash of the report
+            report.errors[target.label] = f"{type(exc).__name__}: {exc}"
+            continue
+        for tensor in report.tensors:
+            if tensor not in got:
+                report.cells[(tensor, target.label)] = Cell(error=f"{target.backend} did not return {tensor!r}")
+            else:
+                report.cells[(tensor, target.label)] = Cell(comparison=compare(got[tensor], oracle[tensor], tol))
+    return report

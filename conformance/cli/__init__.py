@@ -1,0 +1,53 @@
+"""The `rosetta` command line. Each command lives in `conformance/cli/<name>.py` and
+provides `HELP`, `add_arguments(parser)` and `run(args) -> int` (the exit status). Commands
+import PyTorch and JAX lazily, so `rosetta --help` works with only NumPy installed.
+
+May import every other part of `conformance` (the core, the check tools, the converters, the
+suite by name); nothing imports the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from conformance.core.errors import CheckpointError, ConfigError, InputError
+
+# command name -> module under conformance.cli
+COMMANDS = {
+    "check": "check",
+    "conformance": "conformance_suite",
+    "generate": "generate",
+    "attention": "attention",
+    "convert": "convert",
+    "layouts": "layouts",
+    "inspect": "inspect",
+    "run": "run",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rosetta",
+        description="One Transformer in NumPy, PyTorch and Flax: check, convert and inspect checkpoints.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(f"conformance.cli.{module_name}")
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (CheckpointError, ConfigError, InputError) as exc:
+        print(f"rosetta {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `rosetta inspect x | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
+

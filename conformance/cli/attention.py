@@ -1,0 +1,48 @@
+"""`rosetta attention CHECKPOINT --src ... --out attn.png`: every layer's and head's attention."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Draw every layer's and head's attention weights as labelled heatmaps (PNG)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from conformance.cli.common import add_backend_argument
+
+    parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
+    parser.add_argument("--src", required=True, help="source: digits for the toy model, or IDS ('5,6,7' or a .npy file)")
+    parser.add_argument("--tgt", help="decoder input IDS; default: <bos> followed by the model's own greedy output, up to its <eos>")
+    parser.add_argument("--out", required=True, help="the PNG file to write")
+    parser.add_argument("--row", type=int, default=0, help="which batch row to draw (default 0)")
+    add_backend_argument(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from conformance.check import toy
+    from conformance.cli.common import labels, load_model, parse_ids, parse_source
+    from conformance.check.compare import to_numpy
+    from conformance.check.plots import plot_attention
+
+    config, model = load_model(args.checkpoint, args.backend)
+    src = parse_source(config, args.src)
+    if args.tgt:
+        tgt = parse_ids(args.tgt, "tgt")
+    elif config.notes.get("task") == toy.TASK:
+        out = to_numpy(model.generate(src, max_len=config.max_len - 1, bos_id=toy.BOS, eos_id=toy.EOS)).astype(np.int64)
+        # The decoder's queries are what it read: <bos> and the tokens it generated. The <eos> it
+        # wrote last was never fed back, so its row would show a prediction nobody made.
+        ended = np.flatnonzero(out[args.row] == toy.EOS)
+        out = out[:, : ended[0] if ended.size else out.shape[1]]
+        tgt = np.concatenate([np.full((src.shape[0], 1), toy.BOS), out], axis=1)[:, : config.max_len]
+    else:
+        raise SystemExit("rosetta attention: --tgt is required for a checkpoint that is not the toy model")
+    output = model(src, tgt)
+    attention = {name: to_numpy(w) for name, w in output.attention.items()}
+    row = args.row
+    size = plot_attention(attention, labels(config, src[row]), labels(config, tgt[row]), args.out,
+                          title=f"{args.checkpoint or 'built-in default'} ({args.backend})", row=row)
+    print(f"wrote {args.out} ({size[0]}x{size[1]} px, {len(attention)} blocks x {config.n_heads} heads)")
+    return 0

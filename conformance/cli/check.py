@@ -1,0 +1,49 @@
+"""`rosetta check [CHECKPOINT]`: every installed backend against the float64 NumPy oracle."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "Run every installed backend on a fixed batch and report, tensor by tensor, its error against the float64 NumPy oracle."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
+    parser.add_argument("--backends", help="comma-separated subset of numpy,torch,jax (default: every installed one; or $ROSETTA_BACKENDS)")
+    parser.add_argument("--devices", help="comma-separated subset of cpu,cuda,gpu (default: every device present; or $ROSETTA_DEVICES)")
+    parser.add_argument("--dtypes", default="float32,float64", help="comma-separated dtypes to run (default: float32,float64)")
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="also draw each backend's error per tensor against the oracle")
+
+
+def run(args: argparse.Namespace) -> int:
+    from conformance.check import backends
+    from conformance.core import checkpoint
+    from conformance.check.defaults import default_model
+    from conformance.check.report import default_targets, run_check
+
+    if args.checkpoint:
+        config, params = checkpoint.load(args.checkpoint)
+        source = args.checkpoint
+    else:
+        config, params, source = default_model()
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    try:
+        names = backends.requested_backends(args.backends)
+        targets, skipped = default_targets(names, dtypes, devices=args.devices)
+    except ValueError as exc:  # an unknown backend or device name
+        print(f"rosetta check: error: {exc}", file=sys.stderr)
+        return 2
+    report = run_check(config, params, source, targets, skipped)
+    print(report.to_text())
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+    if args.plot:
+        from conformance.check.plots import plot_check
+
+        width, height = plot_check(report, args.plot)
+        print(f"wrote {args.plot} ({width}x{height} px)")
+    return 0 if report.passed else 1  # 1 also when nothing was checked

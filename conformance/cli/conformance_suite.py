@@ -1,0 +1,30 @@
+"""`rosetta conformance [--profile thorough]`: run the cross-backend property suite."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Run the conformance suite (pytest -p conformance.suite.pytest_plugin --pyargs conformance.suite) against every installed backend."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", default="ci", choices=["ci", "thorough"],
+                        help="hypothesis profile: ci (bounded, derandomized) or thorough (thousands of examples)")
+    parser.add_argument("--backends", help="comma-separated subset of numpy,torch,jax")
+    parser.add_argument("--devices", help="comma-separated subset of cpu,cuda,gpu")
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further arguments passed to pytest (after --)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import pytest
+
+    # The plugin is named explicitly so that its options, profiles and header exist from any
+    # working directory (a conftest inside the package is read too late outside the repository).
+    argv = ["-p", "conformance.suite.pytest_plugin", "--pyargs", "conformance.suite", "--hypothesis-profile", args.profile,
+            "-p", "no:cacheprovider"]
+    if args.backends:
+        argv += ["--backends", args.backends]
+    if args.devices:
+        argv += ["--devices", args.devices]
+    extra = [a for a in args.pytest_args if a != "--"]
+    return int(pytest.main(argv + extra))

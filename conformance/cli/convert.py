@@ -1,0 +1,95 @@
+"""`rosetta convert SRC DST`: a foreign checkpoint in, a rosetta checkpoint out."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+HELP = ("Convert a foreign checkpoint (.safetensors, .pt/.pth/.bin state dict, .npz) into a rosetta checkpoint, "
+        "choosing the layout by its keys unless --layout is given.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", help="the foreign weights file (never modified)")
+    parser.add_argument("dst", help="the rosetta checkpoint to write (.safetensors; written atomically)")
+    parser.add_argument("--layout", metavar="NAME|FILE", help="a built-in layout (see `rosetta layouts`) or a layout TOML file; default: auto-detect")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="a ModelConfig field the tensors cannot tell or that your copy of the system changed, e.g. n_heads=8 (repeatable)")
+    parser.add_argument("--dtype", choices=["float64", "float32", "float16", "bfloat16"], help="cast every parameter (default: keep the stored dtype)")
+    parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model)")
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """`["n_heads=8", "mask_fill=-inf"]` -> `{"n_heads": 8, "mask_fill": -inf}`, typed by ModelConfig.
+
+    A field given twice must be given the same value both times (`true` and `1` are the same bool);
+    otherwise which one wins would be an accident of argument order."""
+    from conformance.core.config import ModelConfig
+    from conformance.core.errors import ConfigError
+
+    types = {f.name: f.type for f in dataclasses.fields(ModelConfig) if f.name != "notes"}
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name, text = name.strip(), text.strip()
+        if not sep or not name:
+            raise ConfigError(name or item, f"--set {item!r} must look like KEY=VALUE")
+        if name not in types:
+            raise ConfigError(name, "is not a ModelConfig field (--set)")
+        kind = types[name]
+        try:
+            if kind == "bool":
+                lowered = text.lower()
+                if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                value = lowered in ("true", "1", "yes")
+            elif kind == "int":
+                value = int(text)
+            elif kind == "float":
+                value = float(text)
+            else:
+                value = text
+        except ValueError:
+            raise ConfigError(name, f"--set {name}={text!r}: expected a {kind}") from None
+        if name in out and repr(out[name]) != repr(value):  # repr: NaN is NaN, and 1e-5 is 0.00001
+            raise ConfigError(name, f"given twice with different values: --set {name}={spelled[name]} and "
+                              f"--set {name}={text}; give it once")
+        out[name], spelled[name] = value, text
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from conformance.core import checkpoint
+    from conformance.convert import convert_arrays, read_state_dict
+    from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, TensorError
+    from conformance.core.errors import CheckpointError
+
+    src, dst = Path(args.src), Path(args.dst)
+    if dst.suffix != ".safetensors":
+        raise CheckpointError(dst, "a rosetta checkpoint is a .safetensors file; name the output *.safetensors")
+    if dst.exists() and src.exists() and os.path.samefile(src, dst):
+        raise CheckpointError(dst, "is the input file; converting never overwrites its input")
+    if not dst.parent.is_dir() and str(dst.parent):
+        raise CheckpointError(dst, f"directory {dst.parent} does not exist")
+    overrides = parse_sets(args.sets)
+    try:
+        arrays = read_state_dict(src, key=args.key)
+        result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name}, **overrides)
+    except (LayoutError, NoMatchingLayoutError, AmbiguousLayoutError, TensorError) as exc:
+        # Nothing has been written: the checkpoint is built in memory and saved only at the end.
+        print(f"rosetta convert: error: {exc}", file=sys.stderr)
+        return 2
+    checkpoint.save(dst, result.config, result.params)
+    total = sum(int(v.size) for v in result.params.values())
+    dtypes = sorted({v.dtype.name for v in result.params.values()})
+    print(f"{src} -> {dst}")
+    for line in result.decisions:
+        print(f"  {line}")
+    print(f"  config: {result.config.summary()}")
+    print(f"  {len(result.params)} parameters, {total:,} values, {'/'.join(dtypes)}")
+    return 0

@@ -1,0 +1,93 @@
+"""`rosetta inspect FILE`: what a weights file holds, read without executing anything.
+
+Works on any .safetensors file (our checkpoints and foreign ones: the header is validated by
+`conformance.core.checkpoint.read_tensors` before any data is read), and on .pt/.pth/.bin state dicts
+(`torch.load(weights_only=True)`) and .npz files. Prints the config of a rosetta checkpoint, a
+parameter table (name, shape, dtype, count), the total, and a sha256 of the tensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from typing import Mapping
+
+import numpy as np
+
+HELP = "Show a weights file's config (for rosetta checkpoints), its tensors (name, shape, dtype, count), the total and a sha256 of the tensors."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="a .safetensors, .pt/.pth/.bin or .npz file")
+    parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict")
+
+
+def tensor_digest(tensors: Mapping[str, np.ndarray]) -> str:
+    """sha256 over the tensors alone, in name order: for each, the UTF-8 name, NUL, the
+    safetensors dtype code, the JSON shape, NUL, then the little-endian bytes. Two files with the
+    same tensors have the same digest whatever their header order, metadata or container."""
+    from conformance.core.checkpoint import DTYPES, dtype_code
+
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        value = np.asarray(tensors[name])
+        code = dtype_code(value.dtype)
+        digest.update(name.encode() + b"\0" + code.encode() + json.dumps(list(value.shape)).encode() + b"\0")
+        digest.update(np.ascontiguousarray(value, dtype=DTYPES[code]).tobytes())
+    return digest.hexdigest()
+
+
+def run(args: argparse.Namespace) -> int:
+    from conformance.core import checkpoint
+    from conformance.core.checkpoint import FORMAT_NAME, read_tensors
+    from conformance.convert import NoMatchingLayoutError, read_state_dict
+    from conformance.convert.errors import AmbiguousLayoutError, LayoutError
+    from conformance.convert.keys import detect_layout
+    from conformance.convert.readers import file_kind
+    from conformance.core.errors import CheckpointError
+
+    path = args.checkpoint
+    metadata: dict[str, str] = {}
+    if file_kind(path) == "safetensors":
+        if args.key:
+            raise CheckpointError(path, "--key applies to PyTorch files only")
+        metadata, tensors = read_tensors(path)
+    else:
+        tensors = read_state_dict(path, key=args.key)
+    print(f"{path}")
+    status = 0
+    if metadata.get("format") == FORMAT_NAME:
+        try:
+            config, _ = checkpoint.load(path)
+            print(f"  rosetta checkpoint, format_version {metadata.get('format_version')}: valid")
+            print(f"  config: {config.summary()}")
+            for name, value in config.to_dict().items():
+                print(f"    {name} = {value!r}")
+        except CheckpointError as exc:
+            print(f"  rosetta checkpoint, but NOT loadable: {exc.problem}")
+            status = 2
+    else:
+        print(f"  not a rosetta checkpoint{': metadata ' + ', '.join(sorted(metadata)) if metadata else ''}")
+        try:
+            print(f"  keys match the built-in layout: {detect_layout(tensors).name} (rosetta convert needs no --layout)")
+        except (NoMatchingLayoutError, AmbiguousLayoutError, LayoutError) as exc:
+            first = str(exc).splitlines()
+            print(f"  layout: {first[0]}" + (f"\n  {first[1].strip()}" if len(first) > 1 else ""))
+    rows = [(name, "x".join(map(str, np.shape(v))) or "scalar", np.asarray(v).dtype.name, int(np.size(v))) for name, v in tensors.items()]
+    if rows:
+        widths = [max(len(str(r[i])) for r in rows + [("name", "shape", "dtype", "count")]) for i in range(4)]
+        print(f"  {'name':<{widths[0]}}  {'shape':<{widths[1]}}  {'dtype':<{widths[2]}}  {'count':>{widths[3]}}")
+        for name, shape, dtype, count in rows:
+            print(f"  {name:<{widths[0]}}  {shape:<{widths[1]}}  {dtype:<{widths[2]}}  {count:>{widths[3]},}")
+    total = sum(r[3] for r in rows)
+    print(f"  total: {len(rows)} tensors, {total:,} values")
+    try:
+        print(f"  sha256 (tensors): {tensor_digest(tensors)}")
+    except ValueError as exc:  # a dtype safetensors cannot name (e.g. complex)
+        print(f"  sha256 (tensors): not computed ({exc})")
+    if "sha256" in metadata:
+        print(f"  sha256 (file digest, verified): {metadata['sha256']}")
+    sys.stdout.flush()
+    return status

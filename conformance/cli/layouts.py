@@ -1,0 +1,101 @@
+"""`rosetta layouts [NAME|FILE]`: the built-in layouts, or one layout's rules in full."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "List the built-in weight layouts, or show one layout (built-in name or TOML file) rule by rule."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("layout", nargs="?", metavar="NAME|FILE", help="show this layout's switches and key rules")
+
+
+def _transform(layout, entry) -> str:
+    from conformance.convert.layout import needs_transpose
+
+    words = []
+    if entry.squeeze is not None:
+        words.append(f"squeeze axis {entry.squeeze}")
+    if entry.kind == "split":
+        words.append(f"split axis {entry.axis} into {len(entry.targets)}")
+    if entry.kind == "copy":
+        words.append(f"one tensor for {len(entry.targets)} keys")
+    if any(needs_transpose(layout, entry, key) for target in entry.targets for key in target.examples()):
+        words.append("matrices transposed")
+    if entry.optional:
+        words.append("optional")
+    if entry.recomputed:
+        words.append("recomputed by the system on load")
+    return f"  [{', '.join(words)}]" if words else ""
+
+
+def _switch_rows(layout) -> list[str]:
+    """Every ModelConfig switch as an import through `layout` sets it: the value and its origin
+    (the layout's [switches], its preset, or ModelConfig's default), and what --set can change."""
+    from conformance.core.config import ModelConfig
+    from conformance.convert.engine import alternatives, setting
+    from conformance.convert.layout import SWITCH_FIELDS
+    from conformance.core.presets import PRESETS
+
+    preset = PRESETS[layout.preset] if layout.preset else {}
+    values = {**ModelConfig().to_dict(), **layout.base_switches()}
+    rows = []
+    for name in (f for f in ModelConfig.__dataclass_fields__ if f in SWITCH_FIELDS):
+        origin = "layout" if name in layout.switches else "preset" if name in preset else "ModelConfig default"
+        value = setting(values[name])
+        hint = f"; {layout.hints[name]}" if name in layout.hints else ""
+        if name in layout.required:
+            value, origin = "(--set)", f"required: --set {name}={alternatives(name)}{hint}"
+        elif name in layout.free:
+            origin += f"; free: --set {name}={alternatives(name, values[name])} if yours differs{hint}"
+        elif name == "position" and layout.stores_positions():
+            form = values[name]
+            optional = all(e.optional for e in layout.entries if any(t.text.endswith("position.table") for t in e.targets))
+            value, origin = "table", (f"a stored table{f' ({form} when none is stored)' if optional else ''}; read as "
+                                      f"{form} when it is exactly that sinusoid, or with --set position={form}")
+        rows.append((name, value, origin))
+    widths = [max(len(r[i]) for r in rows) for i in (0, 1)]
+    return [f"{name:<{widths[0]}}  {value:<{widths[1]}}  {origin}" for name, value, origin in rows]
+
+
+def run(args: argparse.Namespace) -> int:
+    from conformance.convert import LayoutError, builtin_layouts, load_layout
+
+    if not args.layout:
+        layouts = builtin_layouts()
+        width = max(len(layout.name) for layout in layouts)
+        for layout in layouts:
+            print(f"{layout.name:<{width}}  {layout.description}")
+        print("\n`rosetta layouts NAME` shows a layout's rules; docs/porting.md explains how to write your own.")
+        return 0
+    try:
+        layout = load_layout(args.layout)
+    except LayoutError as exc:
+        print(f"rosetta layouts: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{layout.name}: {layout.description}")
+    if layout.path:
+        print(f"  file: {layout.path}")
+    print(f"  preset: {layout.preset or '(none: ModelConfig defaults)'}")
+    print(f"  matrices stored: {layout.matrices or 'not said'}")
+    free = sorted(layout.free - layout.required)
+    if free:
+        print(f"  free (the user's to set; an import not told takes the value below and says so): {', '.join(free)}")
+    if layout.required:
+        print(f"  required (--set): {', '.join(sorted(layout.required))}")
+    print("  switches (value, and where it comes from):")
+    for line in _switch_rows(layout):
+        print(f"    {line}")
+    print("  n_heads always, and max_len when no position table is stored, come from --set.")
+    if layout.drop:
+        print(f"  dropped: {', '.join(layout.drop)}")
+    print("  keys:")
+    for entry in layout.entries:
+        if entry.kind == "alias":
+            target = f"same tensor as {entry.same_as.text}"
+        else:
+            target = ", ".join(t.text for t in entry.targets)
+        print(f"    {entry.source.text}\n      -> {target}{_transform(layout, entry)}")
+    return 0

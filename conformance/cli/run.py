@@ -1,0 +1,84 @@
+"""`rosetta run CHECKPOINT --backend B --src IDS --tgt IDS --out FILE.npz`: one forward pass, saved."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HELP = ("Run a checkpoint on one backend for given source and target ids and write the logits, attention "
+        "weights (and optionally intermediates) to an .npz file.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="a rosetta checkpoint")
+    parser.add_argument("--backend", required=True, choices=["numpy", "torch", "jax"])
+    parser.add_argument("--src", required=True, metavar="IDS", help="source ids: a .npy int array (B, S) or rows like 1,2,3;4,5,6")
+    parser.add_argument("--tgt", required=True, metavar="IDS", help="decoder input ids: a .npy int array (B, T) or rows like 1,2;3,4")
+    parser.add_argument("--out", required=True, metavar="FILE.npz", help="where to write logits, attention/*, src, tgt, config")
+    parser.add_argument("--dtype", choices=["float64", "float32", "float16", "bfloat16"], help="default: the checkpoint's dtype")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "gpu"], help="cuda (torch) or gpu (jax); default cpu")
+    parser.add_argument("--intermediates", action="store_true", help="also write intermediates/* (each sublayer's output)")
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write beside `path` and rename into place: a failed run leaves no partial file."""
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=".npz", dir=directory)
+    try:
+        # mkstemp makes the file private (0600); give it the mode of the file it replaces.
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    from conformance.check import backends
+    from conformance.core import checkpoint
+    from conformance.cli.common import parse_ids
+    from conformance.core.errors import InputError
+
+    out_path = Path(args.out)
+    if out_path.suffix != ".npz":
+        raise InputError("--out", f"{args.out} must end in .npz")
+    config, params = checkpoint.load(args.checkpoint)
+    src, tgt = parse_ids(args.src, "src"), parse_ids(args.tgt, "tgt")
+    dtype = args.dtype or next(iter(params.values())).dtype.name
+    try:
+        backends.import_backend(args.backend)
+    except ImportError as exc:
+        raise InputError("backend", f"the {args.backend} backend is not importable here: {exc}") from None
+    target = backends.Target(args.backend, args.device, dtype)
+    with backends.full_precision(args.backend), backends.dtype_scope(target):
+        model = backends.build(target, config, params)
+        out = model(src, tgt)
+        arrays = {"logits": _host(out.logits, dtype), "src": src, "tgt": tgt, "config": np.array(config.to_json())}
+        arrays |= {f"attention/{name}": _host(value, dtype) for name, value in out.attention.items()}
+        if args.intermediates:
+            arrays |= {f"intermediates/{name}": _host(value, dtype) for name, value in out.intermediates.items()}
+    _save_npz(out_path, arrays)
+    logits = arrays["logits"]
+    nan = int(np.isnan(logits.astype(np.float64)).sum())
+    print(f"{args.backend}/{args.device}/{dtype}: logits {logits.shape}, {len(out.attention)} attention maps"
+          + (f", {nan} NaN logits" if nan else "") + f" -> {out_path}")
+    return 0
+
+
+def _host(value, dtype: str) -> np.ndarray:
+    """A backend array on the host in the dtype it was computed in. `to_numpy` widens floats to
+    float64; narrowing back is exact. bfloat16 is written as float32 (also exact), because .npz
+    has no bfloat16 type that every reader understands."""
+    from conformance.check.compare import to_numpy
+
+    array = to_numpy(value)
+    if array.dtype.kind == "f":
+        array = array.astype(np.float32 if dtype == "bfloat16" else np.dtype(dtype))
+    return array

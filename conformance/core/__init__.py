@@ -1,0 +1,36 @@
+"""The framework-free core: the contract every backend imports.
+
+    config       ModelConfig, every switch of the family (variants.md)
+    presets      one named config per known system
+    params       the canonical parameter key space, its checks and a seeded initialiser
+    checkpoint   the one interchange file (safetensors + config + digest)
+    positions    the sinusoid tables, computed once in float64
+    inputs       host-side input checks and conversions shared by every backend
+    output       the result types (ModelOutput, Encoded) and the names of their tensors
+    errors       ConfigError, InputError, CheckpointError
+
+May import: the standard library, NumPy, ml_dtypes, and itself. Never PyTorch, JAX, hypothesis,
+pytest, a backend or another subpackage of `conformance` (tests/test_architecture.py imports
+it with those absent).
+"""
+
+from conformance.core import checkpoint
+from conformance.core.config import ModelConfig
+from conformance.core.errors import CheckpointError, ConfigError, InputError
+from conformance.core.output import Encoded, ModelOutput
+from conformance.core.params import init_params, param_shapes
+from conformance.core.presets import PRESETS, preset
+
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "Encoded",
+    "InputError",
+    "ModelConfig",
+    "ModelOutput",
+    "PRESETS",
+    "checkpoint",
+    "init_params",
+    "param_shapes",
+    "preset",
+]

@@ -1,0 +1,285 @@
+"""The model config: one frozen dataclass that can express every variant in the family.
+
+Every switch listed in `variants.md` is a field here, and every backend reads the same field the
+same way. A switch is never implied by another one: a port that forgets to set a switch gets the
+default written below, and the default is the paper's choice (Vaswani et al., 2017) wherever the
+paper makes one.
+
+This module is framework-free (standard library only) so that every backend can import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from conformance.core.errors import ConfigError
+
+NORM_PLACEMENTS = ("post", "pre")
+LAYER_NORM_FORMS = ("standard", "std-eps")
+POSITIONS = ("sinusoid-interleaved", "sinusoid-split", "table")
+PAD_MASK_SIDES = ("keys", "queries", "none")
+ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu")
+
+# float32's largest finite value. Scores are formed and filled in at least float32 in every
+# backend, so a finite fill below -FLOAT32_MAX would silently become -inf there (NaN rows instead
+# of the uniform ones the float64 oracle computes).
+FLOAT32_MAX = 3.4028234663852886e38
+
+# Every backend precomputes a (max_len, d_model) sinusoid per model, so max_len is bounded: a
+# config read from a file must not be able to ask for terabytes. 65536 positions is far beyond the
+# systems in variants.md (512 to 5000) and still an explicit, documented limit.
+MAX_LEN_LIMIT = 65536
+
+_SIZE_FIELDS = (
+    "src_vocab_size",
+    "tgt_vocab_size",
+    "d_model",
+    "n_heads",
+    "d_ff",
+    "max_len",
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Every number and switch that decides what an encoder-decoder Transformer computes.
+
+    Sizes:
+        src_vocab_size, tgt_vocab_size: token vocabularies (V_src, V). Logits are over the target
+            vocabulary.
+        d_model (D), n_heads (H), d_ff (F): the paper's d_model, h and d_ff (section 3.2.2, 3.3).
+        n_encoder_layers, n_decoder_layers: stack depths (the paper's N; 0 is allowed, giving a
+            model that is only embeddings, final norms and the output projection).
+        max_len: the longest source or target sequence accepted; also the rows of a stored table.
+
+    Layer structure:
+        norm_placement: "post" is the paper's `x = LN(x + sublayer(x))` (section 5.4); "pre" is
+            `x = x + sublayer(LN(x))`.
+        final_encoder_norm, final_decoder_norm: one LayerNorm after the last layer of each stack
+            (pre-LN models need them; `torch.nn.Transformer` always has both).
+        layer_norm_eps: passed explicitly everywhere; PyTorch defaults to 1e-5, Flax to 1e-6.
+        layer_norm_form: "standard" is `(x - mean) / sqrt(var + eps)` with the biased variance;
+            "std-eps" is the Annotated Transformer's `(x - mean) / (std + eps)` with the unbiased
+            standard deviation.
+
+    Embeddings and positions:
+        scale_embedding: multiply token embeddings by sqrt(d_model) before adding positions
+            (section 3.4).
+        position: "sinusoid-interleaved" (sin on even dims, cos on odd dims, section 3.5),
+            "sinusoid-split" (first half sin, second half cos: Marian, tensor2tensor), or "table"
+            (a stored `(max_len, D)` table per stack: learned, or a sinusoid saved as a buffer).
+        share_embeddings: the decoder uses the encoder's token embedding (needs equal vocabs).
+        tie_output: the output projection is the target embedding transposed (section 3.4).
+
+    Attention:
+        qkv_bias: the q, k and v projections have a bias.
+        out_proj_bias: the attention output projection has a bias.
+        mask_fill: the value written over masked scores before the softmax. `-inf` makes a row
+            with every key masked NaN (0/0); a finite value (-1e9, -1e4, ...) makes it a uniform
+            average over all keys. Softmax runs in at least float32, so fills such as -1e9 stay
+            finite even for float16 models.
+        tgt_pad_mask: where target padding is masked: "keys" `(B, 1, 1, T)` or "queries"
+            `(B, 1, T, 1)`, combined by AND with the causal `(1, 1, T, T)`; or "none", causal
+            only: Marian and BART start every decoder input with the pad id, so masking padding
+            would hide that start token from every query.
+        cross_attn_src_mask: whether source padding is masked in the decoder's cross-attention.
+        pad_id: the padding token id (source and target).
+
+    Feed-forward and output:
+        activation: "relu" (paper), "gelu" (erf form), "gelu-tanh" (tanh approximation), "silu".
+        output_bias: the output projection has its own bias `output.bias`.
+        final_logits_bias: a separate `final_logits_bias` vector added to the logits (Marian).
+    """
+
+    src_vocab_size: int = 32
+    tgt_vocab_size: int = 32
+    d_model: int = 32
+    n_heads: int = 4
+    d_ff: int = 64
+    n_encoder_layers: int = 2
+    n_decoder_layers: int = 2
+    max_len: int = 64
+
+    norm_placement: str = "post"
+    final_encoder_norm: bool = False
+    final_decoder_norm: bool = False
+    layer_norm_eps: float = 1e-5
+    layer_norm_form: str = "standard"
+
+    scale_embedding: bool = True
+    position: str = "sinusoid-interleaved"
+    share_embeddings: bool = False
+    tie_output: bool = False
+
+    qkv_bias: bool = True
+    out_proj_bias: bool = True
+    mask_fill: float = -1e9
+    tgt_pad_mask: str = "keys"
+    cross_attn_src_mask: bool = True
+    pad_id: int = 0
+
+    activation: str = "relu"
+    output_bias: bool = True
+    final_logits_bias: bool = False
+
+    # Free-form provenance (e.g. {"layout": "hf-marian"}); never changes the numbers.
+    notes: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        # A private copy, so that the caller's dict cannot change the config afterwards; `notes`
+        # takes no part in equality or hashing (compare=False).
+        if not isinstance(self.notes, Mapping):
+            raise ConfigError("notes", f"must map strings to strings, got {type(self.notes).__name__}")
+        object.__setattr__(self, "notes", dict(self.notes))
+        # An int where a float is expected is accepted as that float; one too large for a float is
+        # refused here rather than overflowing in a later comparison.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
+                try:
+                    object.__setattr__(self, f.name, float(value))
+                except OverflowError:
+                    raise ConfigError(f.name, f"{value} is too large for a float") from None
+        self.validate()
+
+    @property
+    def head_dim(self) -> int:
+        """K, the size of one head: d_model / n_heads (section 3.2.2)."""
+        return self.d_model // self.n_heads
+
+    def validate(self) -> None:
+        """Raise `ConfigError` (a `ValueError`) naming the first field that is not valid."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "notes":
+                if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+                    raise ConfigError("notes", "must map strings to strings")
+            elif f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f.name, f"must be an int, got {value!r}")
+            elif f.type == "bool" and not isinstance(value, bool):
+                raise ConfigError(f.name, f"must be a bool, got {value!r}")
+            elif f.type == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ConfigError(f.name, f"must be a number, got {value!r}")
+            elif f.type == "str" and not isinstance(value, str):
+                raise ConfigError(f.name, f"must be a string, got {value!r}")
+        for name in _SIZE_FIELDS:
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"must be positive, got {getattr(self, name)}")
+        if self.max_len > MAX_LEN_LIMIT:
+            raise ConfigError(
+                "max_len", f"{self.max_len} exceeds the supported {MAX_LEN_LIMIT}: every backend precomputes a "
+                           f"(max_len, d_model) position table"
+            )
+        for name in ("n_encoder_layers", "n_decoder_layers"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                "n_heads", f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
+            )
+        choices = {
+            "norm_placement": NORM_PLACEMENTS,
+            "layer_norm_form": LAYER_NORM_FORMS,
+            "position": POSITIONS,
+            "tgt_pad_mask": PAD_MASK_SIDES,
+            "activation": ACTIVATIONS,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    name, f"unknown value {getattr(self, name)!r}; expected one of {list(allowed)}"
+                )
+        if self.position.startswith("sinusoid") and self.d_model % 2:
+            raise ConfigError("d_model", f"a sinusoid needs an even d_model, got {self.d_model}")
+        if not (self.layer_norm_eps > 0 and math.isfinite(self.layer_norm_eps)):
+            raise ConfigError("layer_norm_eps", f"must be positive and finite, got {self.layer_norm_eps}")
+        if math.isnan(self.mask_fill) or self.mask_fill == math.inf or self.mask_fill >= 0:
+            raise ConfigError("mask_fill", f"must be negative (finite or -inf), got {self.mask_fill}")
+        if math.isfinite(self.mask_fill) and self.mask_fill < -FLOAT32_MAX:
+            raise ConfigError(
+                "mask_fill", f"a finite fill must be representable in float32 (>= {-FLOAT32_MAX:.8g}), got "
+                             f"{self.mask_fill}: scores are filled in at least float32, where it would become -inf"
+            )
+        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
+            raise ConfigError(
+                "pad_id",
+                f"{self.pad_id} is not a valid id for both vocabularies "
+                f"(src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.tgt_vocab_size})",
+            )
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ConfigError(
+                "share_embeddings",
+                f"needs src_vocab_size == tgt_vocab_size, got {self.src_vocab_size} and "
+                f"{self.tgt_vocab_size}",
+            )
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with some fields changed (validated like any new config)."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise ConfigError(sorted(unknown)[0], "is not a ModelConfig field")
+        return dataclasses.replace(self, **changes)
+
+    # JSON -------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["notes"] = dict(self.notes)
+        # JSON has no infinity; "-inf" is spelled out so that any JSON parser can read the file.
+        if math.isinf(out["mask_fill"]):
+            out["mask_fill"] = "-inf"
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, complete: bool = False) -> "ModelConfig":
+        """A config from a mapping (e.g. parsed JSON). Absent fields take their defaults, unless
+        `complete`: a stored config must name every field, because a default silently filled in
+        (post-LN for a missing `norm_placement`) is a plausible wrong answer."""
+        if not isinstance(data, Mapping):
+            raise ConfigError("config", f"must be a JSON object, got {type(data).__name__}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ConfigError(str(unknown[0]), "is not a ModelConfig field")
+        if complete:
+            missing = [name for name in known if name not in data]
+            if missing:
+                raise ConfigError(missing[0], "is missing (a stored config names every field)")
+        values = dict(data)
+        if "mask_fill" in values and isinstance(values["mask_fill"], str):
+            try:
+                values["mask_fill"] = float(values["mask_fill"])
+            except ValueError:
+                raise ConfigError("mask_fill", f"must be a number or '-inf', got {values['mask_fill']!r}") from None
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, text: str, *, complete: bool = False) -> "ModelConfig":
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, TypeError, RecursionError) as exc:
+            raise ConfigError("config", f"is not valid JSON: {type(exc).__name__}: {exc}") from None
+        return cls.from_dict(data, complete=complete)
+
+    def summary(self) -> str:
+        """One line naming the sizes and the switches that differ from the defaults."""
+        default = ModelConfig()
+        sizes = (
+            f"D={self.d_model} H={self.n_heads} F={self.d_ff} "
+            f"L={self.n_encoder_layers}+{self.n_decoder_layers} "
+            f"V={self.src_vocab_size}/{self.tgt_vocab_size}"
+        )
+        switches = [
+            f"{f.name}={getattr(self, f.name)}"
+            for f in fields(self)
+            if f.name not in _SIZE_FIELDS + ("n_encoder_layers", "n_decoder_layers", "notes")
+            and getattr(self, f.name) != getattr(default, f.name)
+        ]
+        return " ".join([sizes, *switches])

@@ -1,0 +1,125 @@
+"""Input validation shared by every backend, so that the same bad input gets the same error.
+
+A backend extracts plain facts from its own array type (shape, whether the dtype is an integer,
+the smallest and largest id, ...) and calls these checks; the checks decide and word the error.
+The facts are computed on the host before any compiled or device code runs: JAX would clamp an
+out-of-range id and CUDA would fail with an opaque device-side assert.
+
+This module is framework-free (standard library only).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from conformance.core.config import ModelConfig
+from conformance.core.errors import InputError
+
+
+def check_ids(
+    argument: str,
+    shape: Sequence[int],
+    dtype: str,
+    is_integer: bool,
+    bounds: Callable[[], tuple[int, int]],
+    vocab_size: int,
+    max_len: int,
+) -> None:
+    """Token ids must be an integer array of shape (B, L), 1 <= L <= max_len, in [0, vocab_size).
+
+    `bounds()` returns (min id, max id); it is only called once the shape is known to be valid
+    and non-empty, because on an accelerator it costs a device-to-host sync.
+    """
+    length_name = "S" if argument.startswith("src") else "T"
+    if not is_integer:
+        raise InputError(argument, f"token ids must have an integer dtype, got {dtype}")
+    if len(shape) != 2:
+        raise InputError(argument, f"expected shape (B, {length_name}) of rank 2, got shape {tuple(shape)}")
+    batch, length = shape
+    if batch == 0:
+        raise InputError(argument, f"empty batch: shape {tuple(shape)} has B=0")
+    if length == 0:
+        raise InputError(argument, f"zero-length sequence: shape {tuple(shape)} has {length_name}=0")
+    if length > max_len:
+        raise InputError(argument, f"length {length_name}={length} exceeds max_len={max_len}")
+    low, high = bounds()
+    if low < 0:
+        raise InputError(argument, f"negative token id {low}; ids must lie in [0, {vocab_size})")
+    if high >= vocab_size:
+        raise InputError(argument, f"token id {high} out of range; ids must lie in [0, {vocab_size})")
+
+
+def check_memory(config: ModelConfig, shape: Sequence[int], dtype: str, model_dtype: str) -> None:
+    """`encoded.memory` given to `decode` must be (B, S, D) with 1 <= S <= max_len, in the model's
+    dtype: a memory from another model (or edited by hand) would otherwise fail deep inside a
+    matmul, or be silently promoted."""
+    shape = tuple(shape)
+    if len(shape) != 3 or shape[2] != config.d_model or not 1 <= shape[1] <= config.max_len:
+        raise InputError("encoded", f"memory must have shape (B, S, D={config.d_model}) with 1 <= S <= "
+                                    f"max_len={config.max_len}, got {shape}")
+    if dtype != model_dtype:
+        raise InputError("encoded", f"memory has dtype {dtype}, the model computes in {model_dtype}")
+
+
+def check_same_batch(src_shape: Sequence[int], tgt_shape: Sequence[int]) -> None:
+    if src_shape[0] != tgt_shape[0]:
+        raise InputError(
+            "tgt_ids", f"batch size B={tgt_shape[0]} does not match src_ids batch size B={src_shape[0]}"
+        )
+
+
+def check_mask(
+    argument: str, shape: Sequence[int], dtype: str, is_bool: bool, expected: Sequence[int], legend: str
+) -> None:
+    """A mask must be boolean (True = may attend), rank 4, and broadcastable to `expected`.
+
+    Integer and float masks are refused rather than guessed at: PyTorch's own modules read a
+    boolean True as "may not attend" and add float masks to the scores.
+    """
+    if not is_bool:
+        raise InputError(argument, f"masks must be boolean (True = may attend), got dtype {dtype}")
+    if len(shape) != 4 or any(s not in (1, e) for s, e in zip(shape, expected)):
+        raise InputError(
+            argument,
+            f"shape {tuple(shape)} does not broadcast to {legend} = {tuple(expected)}",
+        )
+
+
+def check_dtype(backend: str, dtype: str, supported: Sequence[str]) -> None:
+    if dtype not in supported:
+        raise InputError("dtype", f"the {backend} backend cannot run {dtype}; it supports {', '.join(supported)}")
+
+
+def expected_mask_shapes(config: ModelConfig, batch: int, src_len: int, tgt_len: int):
+    """The shapes user masks must broadcast to, with their legends."""
+    heads = config.n_heads
+    return {
+        "src_mask": ((batch, heads, 1, src_len), "(B, H, 1, S)"),
+        "tgt_mask": ((batch, heads, tgt_len, tgt_len), "(B, H, T, T)"),
+    }
+
+
+def check_mask_within_ids(argument: str, first_violation: Sequence[int] | None) -> None:
+    """An explicit mask may only narrow the mask derived from the ids, never widen it.
+
+    `first_violation` is the first (b, h, q, k) where the given mask allows attention that the
+    ids forbid (a padding key, or for the target a future position), or None. Letting a query
+    see padding or the future would silently change results, so it is refused.
+    """
+    if first_violation is not None:
+        where = tuple(int(i) for i in first_violation)
+        raise InputError(
+            argument,
+            f"contradicts the ids: it allows attention at (b, h, q, k) = {where}, which the ids forbid "
+            "(a padding key or a future position); an explicit mask may only narrow the mask derived from the ids",
+        )
+
+
+def check_generate(config: ModelConfig, max_len, bos_id, eos_id) -> None:
+    """Arguments of greedy decoding: 1 <= max_len <= config.max_len (the decoder input grows to
+    max_len tokens), and bos_id / eos_id valid target ids."""
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or not 1 <= max_len <= config.max_len:
+        raise InputError("max_len", f"must be an int in [1, {config.max_len}] (the model's max_len), got {max_len!r}")
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < config.tgt_vocab_size:
+            raise InputError(name, f"must be a target token id in [0, {config.tgt_vocab_size}), got {value!r}")

@@ -1,0 +1,213 @@
+"""The canonical parameter key space and a seeded initialiser.
+
+One flat, dot-separated key space serves every backend: the torch `state_dict()`, the flattened
+Flax state and the checkpoint file all use exactly these names. Matrices are stored
+`(d_in, d_out)` so that the math reads `y = x @ W + b` as in the paper; embeddings are `(V, D)`.
+
+    encoder.embedding.weight                      (V_src, D)
+    encoder.position.table                        (max_len, D)   position == "table"
+    encoder.layers.{i}.self_attn.{q,k,v,o}_proj.weight  (D, D)
+    encoder.layers.{i}.self_attn.{q,k,v}_proj.bias      (D,)     qkv_bias
+    encoder.layers.{i}.self_attn.o_proj.bias            (D,)     out_proj_bias
+    encoder.layers.{i}.self_attn_norm.{weight,bias}     (D,)
+    encoder.layers.{i}.ffn.linear1.{weight,bias}        (D, F), (F,)
+    encoder.layers.{i}.ffn.linear2.{weight,bias}        (F, D), (D,)
+    encoder.layers.{i}.ffn_norm.{weight,bias}           (D,)
+    encoder.norm.{weight,bias}                    (D,)          final_encoder_norm
+    decoder.embedding.weight                      (V, D)        unless share_embeddings
+    decoder.position.table                        (max_len, D)  position == "table"
+    decoder.layers.{i}.self_attn.* / self_attn_norm.* / cross_attn.* / cross_attn_norm.* /
+        ffn.* / ffn_norm.*
+    decoder.norm.{weight,bias}                    (D,)          final_decoder_norm
+    output.weight                                 (D, V)        unless tie_output
+    output.bias                                   (V,)          output_bias
+    final_logits_bias                             (V,)          final_logits_bias
+
+This module is framework-free (NumPy only).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from conformance.core.config import ModelConfig
+from conformance.core.errors import InputError
+
+Shape = tuple[int, ...]
+
+
+def _attention_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
+    d = config.d_model
+    shapes: dict[str, Shape] = {}
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        shapes[f"{prefix}.{proj}.weight"] = (d, d)
+        has_bias = config.out_proj_bias if proj == "o_proj" else config.qkv_bias
+        if has_bias:
+            shapes[f"{prefix}.{proj}.bias"] = (d,)
+    return shapes
+
+
+def _norm_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
+    return {f"{prefix}.weight": (config.d_model,), f"{prefix}.bias": (config.d_model,)}
+
+
+def _ffn_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
+    d, f = config.d_model, config.d_ff
+    return {
+        f"{prefix}.linear1.weight": (d, f),
+        f"{prefix}.linear1.bias": (f,),
+        f"{prefix}.linear2.weight": (f, d),
+        f"{prefix}.linear2.bias": (d,),
+    }
+
+
+def param_shapes(config: ModelConfig) -> dict[str, Shape]:
+    """Every parameter name of `config` with its shape, in forward order."""
+    d = config.d_model
+    shapes: dict[str, Shape] = {"encoder.embedding.weight": (config.src_vocab_size, d)}
+    if config.position == "table":
+        shapes["encoder.position.table"] = (config.max_len, d)
+    for i in range(config.n_encoder_layers):
+        layer = f"encoder.layers.{i}"
+        shapes |= _attention_shapes(f"{layer}.self_attn", config)
+        shapes |= _norm_shapes(f"{layer}.self_attn_norm", config)
+        shapes |= _ffn_shapes(f"{layer}.ffn", config)
+        shapes |= _norm_shapes(f"{layer}.ffn_norm", config)
+    if config.final_encoder_norm:
+        shapes |= _norm_shapes("encoder.norm", config)
+
+    if not config.share_embeddings:
+        shapes["decoder.embedding.weight"] = (config.tgt_vocab_size, d)
+    if config.position == "table":
+        shapes["decoder.position.table"] = (config.max_len, d)
+    for i in range(config.n_decoder_layers):
+        layer = f"decoder.layers.{i}"
+        shapes |= _attention_shapes(f"{layer}.self_attn", config)
+        shapes |= _norm_shapes(f"{layer}.self_attn_norm", config)
+        shapes |= _attention_shapes(f"{layer}.cross_attn", config)
+        shapes |= _norm_shapes(f"{layer}.cross_attn_norm", config)
+        shapes |= _ffn_shapes(f"{layer}.ffn", config)
+        shapes |= _norm_shapes(f"{layer}.ffn_norm", config)
+    if config.final_decoder_norm:
+        shapes |= _norm_shapes("decoder.norm", config)
+
+    if not config.tie_output:
+        shapes["output.weight"] = (d, config.tgt_vocab_size)
+    if config.output_bias:
+        shapes["output.bias"] = (config.tgt_vocab_size,)
+    if config.final_logits_bias:
+        shapes["final_logits_bias"] = (config.tgt_vocab_size,)
+    return shapes
+
+
+def param_count(config: ModelConfig) -> int:
+    """len(param_shapes(config)), without building it: every layer of a stack has the same
+    parameters, so the count is linear in the layer counts. A hostile file may claim 10**9 layers;
+    this answers at once."""
+    bare = config.replace(n_encoder_layers=0, n_decoder_layers=0)
+    base = len(param_shapes(bare))
+    per_encoder_layer = len(param_shapes(bare.replace(n_encoder_layers=1))) - base
+    per_decoder_layer = len(param_shapes(bare.replace(n_decoder_layers=1))) - base
+    return base + per_encoder_layer * config.n_encoder_layers + per_decoder_layer * config.n_decoder_layers
+
+
+def _init_std(name: str, shape: Shape, config: ModelConfig) -> tuple[float, float]:
+    """(mean, std) for one parameter: O(1) activations, and no value that hides a mistake.
+
+    LayerNorm scales are drawn around 1 and every bias around 0 with a visible spread, so that a
+    swapped scale/bias, a wrong epsilon or a missing norm changes the output.
+    """
+    parts = name.split(".")
+    leaf = parts[-1]
+    is_norm = len(parts) > 1 and parts[-2].endswith("norm")
+    if is_norm:
+        return (1.0, 0.2) if leaf == "weight" else (0.0, 0.2)
+    if leaf == "bias" or name == "final_logits_bias":
+        return 0.0, 0.2
+    if leaf == "table":
+        return 0.0, 0.5
+    if name.endswith("embedding.weight"):
+        # Scaled by sqrt(D) in the forward pass when scale_embedding is set (section 3.4).
+        return 0.0, config.d_model**-0.5 if config.scale_embedding else 0.5
+    return 0.0, shape[0] ** -0.5  # (d_in, d_out): keeps x @ W at the scale of x
+
+
+def init_params(
+    config: ModelConfig, seed: int = 0, dtype=np.float64, scale: float = 1.0
+) -> dict[str, np.ndarray]:
+    """Seeded random parameters for `config`, as NumPy arrays of `dtype`.
+
+    Each parameter has its own random stream keyed by (seed, name), so turning one switch on or
+    off never changes the values of the parameters the two configs share. `scale` multiplies
+    every standard deviation (weights far from 1 stress the tolerances and the masking).
+    """
+    params = {}
+    for name, shape in param_shapes(config).items():
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        mean, std = _init_std(name, shape, config)
+        values = mean + scale * std * rng.standard_normal(shape)
+        params[name] = values.astype(dtype)
+    return params
+
+
+PARAM_DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
+
+
+def check_param_set(
+    config: ModelConfig, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, str]
+) -> None:
+    """Raise `InputError("params", ...)` unless the parameters are exactly those of `config`.
+
+    `shapes` and `dtypes` map each given parameter name to its shape and dtype name ("float32",
+    "bfloat16", ...), so every backend can describe its own arrays. One float dtype for all.
+    """
+    expected = param_shapes(config)
+    missing = [k for k in expected if k not in shapes]
+    unexpected = sorted(set(shapes) - set(expected))
+
+    def listing(names: list[str]) -> str:
+        return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+    if missing:
+        raise InputError("params", f"missing parameter(s) for this config: {listing(missing)}")
+    if unexpected:
+        raise InputError("params", f"unexpected parameter(s) for this config: {listing(unexpected)}")
+    for name, shape in expected.items():
+        if tuple(shapes[name]) != shape:
+            raise InputError("params", f"parameter {name!r} has shape {tuple(shapes[name])}, the config needs {shape}")
+        if dtypes[name] not in PARAM_DTYPE_NAMES:
+            raise InputError(
+                "params", f"parameter {name!r} has dtype {dtypes[name]}; parameters must be one of {', '.join(PARAM_DTYPE_NAMES)}"
+            )
+    found = sorted(set(dtypes.values()))
+    if len(found) > 1:
+        raise InputError("params", f"parameters mix dtypes {found}; a model holds one dtype")
+
+
+def check_finite(name: str, nonfinite: int, size: int) -> None:
+    """NaN or infinite weights are refused: they only ever produce NaN logits far from their cause."""
+    if nonfinite:
+        raise InputError("params", f"parameter {name!r} has {nonfinite} NaN or infinite value(s) out of {size}")
+
+
+def check_finite_array(name: str, value: np.ndarray) -> None:
+    """`check_finite` for a NumPy array."""
+    check_finite(name, value.size - int(np.count_nonzero(np.isfinite(value))), value.size)
+
+
+def check_numpy_params(config: ModelConfig, params: Mapping[str, np.ndarray]) -> None:
+    """`check_param_set` and `check_finite` for NumPy arrays."""
+    if not isinstance(params, Mapping):
+        raise InputError("params", f"must map parameter names to arrays, got {type(params).__name__}")
+    arrays = {}
+    for name, value in params.items():
+        try:
+            arrays[name] = np.asarray(value)
+        except ValueError:
+            raise InputError("params", f"parameter {name!r} is not a rectangular array") from None
+    check_param_set(config, {k: v.shape for k, v in arrays.items()}, {k: v.dtype.name for k, v in arrays.items()})
+    for name, value in arrays.items():
+        check_finite_array(name, value)

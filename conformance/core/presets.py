@@ -1,0 +1,86 @@
+"""Named configs: one per known system in `variants.md`, plus the paper and the built-in default.
+
+A preset fixes the switches (the numerics) of a system; the sizes are small defaults that a caller
+overrides (`preset("hf-marian", d_model=512, n_heads=8)`). The weight converters start from these
+same presets, so a switch is written down in exactly one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.core.config import FLOAT32_MAX, ModelConfig
+from conformance.core.errors import ConfigError
+
+# float32's most negative finite value: Hugging Face fills masked scores with `finfo(dtype).min`.
+FLOAT32_MIN = -FLOAT32_MAX
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Vaswani et al. (2017): post-LN, shared source/target embedding tied to the output (3.4).
+    "paper": dict(
+        norm_placement="post", scale_embedding=True, position="sinusoid-interleaved",
+        share_embeddings=True, tie_output=True, output_bias=False, mask_fill=-1e9,
+    ),
+    # S0 "Transformer-from-Scratch": only the encoder has a final norm; q/k/v without bias;
+    # target padding on the queries; the decoder's cross-attention sees every source position.
+    "from-scratch": dict(
+        norm_placement="post", final_encoder_norm=True, final_decoder_norm=False,
+        scale_embedding=True, position="sinusoid-interleaved", qkv_bias=False, out_proj_bias=True,
+        mask_fill=-1e9, tgt_pad_mask="queries", cross_attn_src_mask=False, pad_id=0,
+    ),
+    # S1 "LLMHub": post-LN, -inf fill, target padding on the keys, padding id 0.
+    "llmhub": dict(
+        norm_placement="post", scale_embedding=True, position="sinusoid-interleaved",
+        mask_fill=float("-inf"), tgt_pad_mask="keys", pad_id=0,
+    ),
+    # S2 hyunwoongko/transformer: LayerNorm eps 1e-12, no embedding scale, -1e4 fill, pad id 1.
+    "hyunwoongko": dict(
+        norm_placement="post", layer_norm_eps=1e-12, scale_embedding=False,
+        position="sinusoid-interleaved", mask_fill=-1e4, tgt_pad_mask="queries", pad_id=1,
+    ),
+    # S3 "sublayer-norm": each sublayer owns its residual and norm, which is post-LN.
+    "sublayer-norm": dict(
+        norm_placement="post", scale_embedding=False, position="sinusoid-interleaved",
+        mask_fill=-1e9, tgt_pad_mask="queries", pad_id=0,
+    ),
+    # S4 "pre-ln-tutorial": pre-LN with final norms on both stacks, -inf fill.
+    "pre-ln-tutorial": dict(
+        norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True,
+        scale_embedding=True, position="sinusoid-interleaved", mask_fill=float("-inf"),
+        tgt_pad_mask="keys", pad_id=0,
+    ),
+    # P1 torch.nn.Transformer wrapped as in PyTorch's translation tutorial: both final norms are
+    # always present; boolean masks mean -inf; the tutorial's PAD_IDX is 1.
+    "torch-nn-transformer": dict(
+        norm_placement="post", final_encoder_norm=True, final_decoder_norm=True,
+        scale_embedding=True, position="sinusoid-interleaved", mask_fill=float("-inf"),
+        tgt_pad_mask="keys", cross_attn_src_mask=True, pad_id=1,
+    ),
+    # P2 Hugging Face Marian: SiLU, split sinusoid, shared and tied embeddings plus a separate
+    # final_logits_bias, masked scores at the dtype's most negative finite value, and a causal-only
+    # target mask (its decoder_start_token_id is the pad id).
+    "hf-marian": dict(
+        norm_placement="post", scale_embedding=True, position="sinusoid-split",
+        share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True,
+        activation="silu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none",
+    ),
+    # P4 The Annotated Transformer: pre-LN via SublayerConnection, its own (x-mean)/(std+eps)
+    # LayerNorm with eps 1e-6, final norms on both stacks.
+    "annotated-transformer": dict(
+        norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True,
+        layer_norm_eps=1e-6, layer_norm_form="std-eps", scale_embedding=True,
+        position="sinusoid-interleaved", mask_fill=-1e9, tgt_pad_mask="keys",
+    ),
+    # The built-in default for `rosetta check`: small, post-LN, with padding on both sides.
+    "default": dict(
+        src_vocab_size=24, tgt_vocab_size=24, d_model=32, n_heads=4, d_ff=64,
+        n_encoder_layers=2, n_decoder_layers=2, max_len=32,
+    ),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """The config of a named system, with any field overridden (sizes, usually)."""
+    if name not in PRESETS:
+        raise ConfigError("preset", f"unknown preset {name!r}; expected one of {sorted(PRESETS)}")
+    return ModelConfig(**{**PRESETS[name], **overrides})

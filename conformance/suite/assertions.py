@@ -1,0 +1,72 @@
+"""Assertion helpers for the properties: compare every tensor in forward order, fail on the first.
+
+Hidden from tracebacks (`__tracebackhide__`), so a failure points at the property and the
+message says which backend, device, dtype, config and tensor diverged, and by how much.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from conformance.check.backends import Target
+from conformance.check.compare import ORACLE, assert_close
+from conformance.core.config import ModelConfig
+from conformance.core.output import forward_order
+from conformance.check.tolerances import Tolerance, tolerance
+
+
+def compared(what: str) -> tuple[str, str]:
+    """A property's `what` -> (what qualifies the backend, what it is compared against).
+
+        ""                              -> ("", "the float64 oracle")
+        " (fast path)"                  -> (" (fast path)", "the float64 oracle")
+        " vs torch/cpu/float32"         -> ("", "torch/cpu/float32")
+        " (encode+decode vs forward)"   -> (" (encode+decode)", "forward")
+    """
+    text = what.strip()
+    bracketed = text.startswith("(") and text.endswith(")")
+    inner = text[1:-1] if bracketed else text
+    mine, sep, theirs = f" {inner}".partition(" vs ")
+    if not sep:
+        return what, ORACLE
+    mine = mine.strip()
+    return (f" ({mine})" if bracketed else f" {mine}") if mine else "", theirs.strip()
+
+
+def assert_tensors_close(
+    got: Mapping[str, np.ndarray],
+    expected: Mapping[str, np.ndarray],
+    target: Target,
+    config: ModelConfig,
+    *,
+    what: str = "",
+    tol: Tolerance | None = None,
+    names: list[str] | None = None,
+) -> None:
+    """Every tensor of `expected` (in forward order) is in `got` and within tolerance.
+
+    `what` says what is compared when it is not the float64 oracle: " vs torch/cpu/float32", or
+    " (encode+decode vs forward)" (see `compared`).
+    """
+    __tracebackhide__ = True
+    qualifier, against = compared(what)
+    tol = tol or tolerance(target.dtype, target.device)
+    order = names or [n for n in forward_order(config) if n in expected]
+    missing = [n for n in order if n not in got]
+    if missing:
+        raise AssertionError(f"{target.label}{what} did not return {missing[:5]}")
+    for name in order:
+        assert_close(got[name], expected[name], tol, tensor=name, backend=target.backend + qualifier,
+                     device=target.device, dtype=target.dtype, config=config, against=against)
+
+
+def assert_bitwise_equal(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], target: Target, what: str) -> None:
+    __tracebackhide__ = True
+    assert list(a) == list(b), f"{target.label}: {what}: different tensor names"
+    for name in a:
+        x, y = np.asarray(a[name]), np.asarray(b[name])
+        if x.shape != y.shape or x.tobytes() != y.tobytes():
+            diff = np.nanmax(np.abs(x.astype(np.float64) - y.astype(np.float64))) if x.shape == y.shape else "shape"
+            raise AssertionError(f"{target.label}: {what}: {name!r} differs bitwise (max diff {diff})")

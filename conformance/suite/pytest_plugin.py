@@ -1,0 +1,148 @@
+"""The conformance suite's pytest plugin: which backends, devices and dtypes run, and the header.
+
+    pytest -p conformance.suite.pytest_plugin --pyargs conformance.suite                     from any directory
+    pytest -p conformance.suite.pytest_plugin --pyargs conformance.suite --backends torch,jax (or ROSETTA_BACKENDS)
+    pytest -p conformance.suite.pytest_plugin --pyargs conformance.suite --devices cpu       (or ROSETTA_DEVICES)
+    pytest -p conformance.suite.pytest_plugin --pyargs conformance.suite --hypothesis-profile thorough
+
+`rosetta conformance` passes `-p conformance.suite.pytest_plugin` itself, and so does this repository's
+pyproject.toml (`addopts`); `conformance/suite/conftest.py` loads it for a run that reaches the suite
+without either. Options must exist before pytest parses the command line, which a conftest
+inside the package cannot guarantee (pytest reads it early only when `conformance` is a path
+under the current directory): hence an explicit plugin.
+
+It is deliberately not a `pytest11` entry point, which would load it into every pytest run of
+every project installed next to it: `--backends`/`--devices` would be taken there and the `ci`
+hypothesis profile would become that project's default.
+
+A backend that is asked for but not installed, and a device that is deselected or absent,
+appear as skipped tests with the reason: never silently absent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+# Tiny models: a second intra-op thread only adds synchronisation, and on a loaded 2-core machine
+# it made a torch forward pass up to 100x slower (4 ms -> 0.5 s, measured). Set before any
+# framework is imported; a user's own setting wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest
+
+from conformance.check import backends
+from conformance.check.backends import Target
+from conformance.suite.profiles import load_default_profile  # registers the profiles before hypothesis reads --hypothesis-profile
+
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+SUITE = Path(__file__).resolve().parent  # the properties are the test_*.py files beside this one
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("rosetta conformance")
+    group.addoption("--backends", default=None, help="comma-separated backends to test (numpy,torch,jax)")
+    group.addoption("--devices", default=None, help="comma-separated device kinds to test (cpu,cuda,gpu)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "dtypes(*names): run the property only at these dtypes")
+    load_default_profile(config)
+    try:
+        if config.getoption("--backends", None):
+            os.environ["ROSETTA_BACKENDS"] = config.getoption("--backends")
+            backends.requested_backends()
+        if config.getoption("--devices", None):
+            os.environ["ROSETTA_DEVICES"] = config.getoption("--devices")
+        backends.requested_devices()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def in_suite(path) -> bool:
+    return Path(str(path)).resolve().parent == SUITE
+
+
+def header_lines() -> list[str]:
+    from hypothesis import settings
+
+    lines = [f"rosetta conformance: hypothesis profile {settings._current_profile!r}"]
+    for name, reason in backends.availability().items():
+        if reason:
+            lines.append(f"  {name}: SKIPPED ({reason})")
+            continue
+        skipped = {d: backends.device_skip_reason(name, d) for d in backends.device_kinds(name)}
+        running = [d for d, why in skipped.items() if why is None]
+        not_running = "".join(f"; {d} skipped ({why})" for d, why in skipped.items() if why)
+        with backends.full_precision(name):
+            precision = backends.precision_settings(name)
+        settings_text = ", ".join(f"{k}={v}" for k, v in precision.items()) or "n/a"
+        lines.append(f"  {name}: {backends.version(name)}; devices {running}{not_running}; "
+                     f"precision during runs: {settings_text}")
+    return lines
+
+
+def pytest_report_collectionfinish(config, items):
+    """The header, once the suite's properties are collected: a run of other tests in the same
+    session (this repository's own) does not pay for importing every framework to print it."""
+    if config.get_verbosity() < 0 or config.getoption("no_header", False):
+        return []
+    if not any(in_suite(item.path) for item in items):
+        return []
+    return header_lines()
+
+
+def all_targets(dtypes=DTYPES) -> list:
+    """Every (backend, device, dtype) as a pytest param, with a skip mark and reason if it cannot run."""
+    available = backends.availability()
+    params = []
+    for name in backends.requested_backends():
+        for device in backends.device_kinds(name):
+            reason = available[name] and f"{name}: {available[name]}"
+            reason = reason or backends.device_skip_reason(name, device)
+            for dtype in dtypes:
+                if name == "numpy" and dtype != "float32":
+                    continue  # numpy float64 is the oracle; numpy runs float32 and float64 only
+                target = Target(name, device, dtype)
+                marks = [pytest.mark.skip(reason=reason)] if reason else []
+                params.append(pytest.param(target, id=target.label, marks=marks))
+    return params
+
+
+def target_pairs(dtypes=("float32", "float64")) -> list:
+    """Pairs of runnable targets that should agree with each other: same dtype, different backend
+    or device (e.g. torch/cpu vs jax/cpu, torch/cuda vs torch/cpu)."""
+    flat = [p for p in all_targets(dtypes)]
+    params = []
+    for a, b in itertools.combinations(flat, 2):
+        ta, tb = a.values[0], b.values[0]
+        if ta.dtype != tb.dtype or (ta.backend, ta.device) == (tb.backend, tb.device):
+            continue
+        marks = list(a.marks) + list(b.marks)
+        params.append(pytest.param((ta, tb), id=f"{ta.label}~{tb.label}", marks=marks[:1]))
+    return params
+
+
+def pytest_generate_tests(metafunc):
+    if not in_suite(metafunc.definition.path):
+        return  # another test's own `target` argument is none of our business
+    marker = metafunc.definition.get_closest_marker("dtypes")
+    dtypes = tuple(marker.args) if marker else DTYPES
+    if "target" in metafunc.fixturenames:
+        metafunc.parametrize("target", all_targets(dtypes))
+    if "target_pair" in metafunc.fixturenames:
+        metafunc.parametrize("target_pair", target_pairs(dtypes))
+
+
+def pytest_terminal_summary(terminalreporter):
+    import sys
+
+    runner = sys.modules.get("conformance.suite.runner")  # imported only if a property ran
+    if runner is None or not runner.TIMINGS:
+        return
+    terminalreporter.section("rosetta conformance: time per target (model build, compile and run)")
+    for label, seconds in sorted(runner.TIMINGS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"  {label:<28} {seconds:7.1f} s")
+    for line in backends.compile_report():
+        terminalreporter.write_line(f"  {line}")

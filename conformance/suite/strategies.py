@@ -1,0 +1,146 @@
+"""Hypothesis strategies: configs over every switch, token batches with hostile padding, weights.
+
+Sizes are small (d_model 8-64, 1-4 heads, 1-3 layers per side, vocab 5-64) so that thousands of
+examples run in minutes. Sequence lengths are drawn from a short list and max_len from two
+values, so that a jit-compiling backend (JAX) sees a bounded set of shapes: each new
+(config, shape) costs a compile, which the suite reports separately from run time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+
+from conformance.core.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, ModelConfig
+from conformance.core.params import init_params
+from conformance.core.presets import FLOAT32_MIN, PRESETS, preset
+
+# Lengths a batch may have. Few values keep JAX compiles bounded; 1 is the edge case of a
+# single token; max_len itself is always reachable.
+LENGTHS = (1, 2, 3, 5, 8)
+MAX_LENS = (8, 16)
+FILLS = (-math.inf, -1e9, -1e4, FLOAT32_MIN)
+PADDING_PATTERNS = ("none", "trailing", "all-but-one", "whole-row")
+WEIGHT_SCALES = (0.5, 1.0, 2.0)
+
+
+@st.composite
+def configs(draw, max_layers: int = 3) -> ModelConfig:
+    """Any valid config: every switch drawn independently, small sizes."""
+    heads = draw(st.integers(1, 4))
+    head_dim = draw(st.sampled_from([2, 4, 8, 16]).filter(lambda k: 8 <= heads * k <= 64))
+    share = draw(st.booleans())
+    src_vocab = draw(st.integers(5, 64))
+    return ModelConfig(
+        src_vocab_size=src_vocab,
+        tgt_vocab_size=src_vocab if share else draw(st.integers(5, 64)),
+        d_model=heads * head_dim,
+        n_heads=heads,
+        d_ff=draw(st.sampled_from([8, 16, 32, 64, 128])),
+        n_encoder_layers=draw(st.integers(1, max_layers)),
+        n_decoder_layers=draw(st.integers(1, max_layers)),
+        max_len=draw(st.sampled_from(MAX_LENS)),
+        norm_placement=draw(st.sampled_from(NORM_PLACEMENTS)),
+        final_encoder_norm=draw(st.booleans()),
+        final_decoder_norm=draw(st.booleans()),
+        layer_norm_eps=draw(st.sampled_from([1e-5, 1e-6, 1e-12])),
+        layer_norm_form=draw(st.sampled_from(LAYER_NORM_FORMS)),
+        scale_embedding=draw(st.booleans()),
+        position=draw(st.sampled_from(POSITIONS)),
+        share_embeddings=share,
+        tie_output=draw(st.booleans()),
+        qkv_bias=draw(st.booleans()),
+        out_proj_bias=draw(st.booleans()),
+        mask_fill=draw(st.sampled_from(FILLS)),
+        tgt_pad_mask=draw(st.sampled_from(PAD_MASK_SIDES)),
+        cross_attn_src_mask=draw(st.booleans()),
+        pad_id=draw(st.integers(0, 1)),
+        activation=draw(st.sampled_from(ACTIVATIONS)),
+        output_bias=draw(st.booleans()),
+        final_logits_bias=draw(st.booleans()),
+    )
+
+
+def preset_configs() -> st.SearchStrategy[ModelConfig]:
+    """The named presets at a small size (the systems users actually port)."""
+    small = dict(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, max_len=8,
+                 src_vocab_size=20, tgt_vocab_size=20)
+    return st.sampled_from(sorted(PRESETS)).map(lambda name: preset(name, **small))
+
+
+def any_configs() -> st.SearchStrategy[ModelConfig]:
+    return st.one_of(preset_configs(), configs())
+
+
+@st.composite
+def token_ids(draw, vocab: int, pad_id: int, batch: int, length: int, allow_empty_rows: bool) -> np.ndarray:
+    """(batch, length) ids; each row gets a padding pattern. Real tokens never equal pad_id."""
+    real = st.integers(0, vocab - 1).filter(lambda i: i != pad_id)
+    rows = []
+    patterns = PADDING_PATTERNS if allow_empty_rows else PADDING_PATTERNS[:-1]
+    for _ in range(batch):
+        pattern = draw(st.sampled_from(patterns))
+        row = [draw(real) for _ in range(length)]
+        if pattern == "trailing" and length > 1:
+            keep = draw(st.integers(1, length - 1))
+            row[keep:] = [pad_id] * (length - keep)
+        elif pattern == "all-but-one":
+            row[1:] = [pad_id] * (length - 1)
+        elif pattern == "whole-row":
+            row = [pad_id] * length
+        rows.append(row)
+    return np.array(rows, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One conformance example: a config, its weights (by seed and scale) and a batch."""
+
+    config: ModelConfig
+    seed: int
+    scale: float
+    src_ids: np.ndarray
+    tgt_ids: np.ndarray
+
+    def params(self, dtype=np.float64) -> dict[str, np.ndarray]:
+        return init_params(self.config, seed=self.seed, dtype=dtype, scale=self.scale)
+
+    def __repr__(self) -> str:  # what hypothesis prints for a failing example
+        return (f"Case(config=ModelConfig.from_json({self.config.to_json()!r}), seed={self.seed}, "
+                f"scale={self.scale}, src_ids=np.{self.src_ids!r}, tgt_ids=np.{self.tgt_ids!r})")
+
+
+@st.composite
+def cases(draw, config_strategy: st.SearchStrategy[ModelConfig] | None = None,
+          allow_empty_source_rows: bool = True) -> Case:
+    """A config, seeded weights at one of a few scales, and a padded batch (B 1-4)."""
+    config = draw(config_strategy if config_strategy is not None else any_configs())
+    lengths = [n for n in LENGTHS if n <= config.max_len] + [config.max_len]
+    batch = draw(st.integers(1, 4))
+    src_len = draw(st.sampled_from(lengths))
+    tgt_len = draw(st.sampled_from(lengths))
+    src = draw(token_ids(config.src_vocab_size, config.pad_id, batch, src_len, allow_empty_source_rows))
+    # The target always starts with a real token (a BOS), as every decoder input does.
+    tgt = draw(token_ids(config.tgt_vocab_size, config.pad_id, batch, tgt_len, allow_empty_rows=False))
+    seed = draw(st.integers(0, 2**16))
+    scale = draw(st.sampled_from(WEIGHT_SCALES))
+    return Case(config=config, seed=seed, scale=scale, src_ids=src, tgt_ids=tgt)
+
+
+def shared_examples(test):
+    """Give every property the same example sequence (under the `ci` profile, or when
+    $ROSETTA_SEED is set), so a jit-compiling backend compiles each (config, shape) once for
+    the whole suite instead of once per property. The `thorough` profile explores freely."""
+    import os
+
+    from hypothesis import seed, settings
+
+    chosen = os.environ.get("ROSETTA_SEED")
+    if chosen is not None:
+        return seed(int(chosen))(test)
+    if settings().derandomize:
+        return seed(0)(test)
+    return test

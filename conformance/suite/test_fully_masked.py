@@ -1,0 +1,49 @@
+"""Property: a query with no key to attend to follows the config, not the kernel.
+
+`-inf` fill: the row is NaN (0 / 0), in exactly the oracle's positions, and the NaN spreads
+downstream exactly as in the oracle. Finite fill: the row is a uniform average over all keys.
+"""
+
+import math
+
+import numpy as np
+from hypothesis import assume, given
+
+from conformance.suite import runner
+from conformance.suite.strategies import cases, shared_examples
+from conformance.check.tolerances import in_domain, tolerance
+
+
+def with_empty_rows(case):
+    """Force a whole source row of padding, so the encoder and cross-attention have empty rows."""
+    src = case.src_ids.copy()
+    src[-1, :] = case.config.pad_id
+    return type(case)(case.config, case.seed, case.scale, src, case.tgt_ids)
+
+
+@shared_examples
+@given(case=cases().map(with_empty_rows))
+def test_fully_masked_rows_follow_the_fill(target, case):
+    assume(in_domain(target.dtype, case.scale))
+    expected = runner.oracle(case)
+    got = runner.run(target, case)
+    tol = tolerance(target.dtype, target.device)
+    for name, weights in got.items():
+        nan_got, nan_expected = np.isnan(weights), np.isnan(expected[name])
+        if not np.array_equal(nan_got, nan_expected):
+            where = tuple(np.argwhere(nan_got != nan_expected)[0])
+            raise AssertionError(
+                f"{target.label}: {name!r} has NaN where the oracle does not (or vice versa), first at {where}; "
+                f"mask_fill={case.config.mask_fill}; config {case.config.summary()}"
+            )
+    # Encoder self-attention rows of the empty source row: nothing to attend to.
+    empty = got["encoder.0.self"][-1]  # (H, S, S)
+    if math.isinf(case.config.mask_fill):
+        assert np.isnan(empty).all(), f"{target.label}: -inf fill must give NaN rows, got {empty[0, 0]}"
+    else:
+        uniform = 1.0 / empty.shape[-1]
+        error = np.abs(empty - uniform).max()
+        assert error <= tol.atol + tol.rtol * uniform, (
+            f"{target.label}: a finite fill ({case.config.mask_fill}) must give uniform weights 1/{empty.shape[-1]}, "
+            f"max deviation {error:.3e}"
+        )
