@@ -23,8 +23,9 @@ import os
 import numpy as np
 
 from conformance.core import checkpoint
+from conformance.core.surface import BACKEND_API
 from impl_jax.compiled import clear_cache, compile_stats, reset_stats
-from impl_jax.host import bucket_length
+from impl_jax.host import bucket_length, to_numpy
 from impl_jax.model import (
     SUPPORTED_DTYPES,
     Model,
@@ -38,11 +39,12 @@ from impl_jax.model import (
 from impl_jax.precision import enable_x64, full_precision, precision_settings, x64_enabled
 
 
-def load(path: str | os.PathLike, dtype=None, *, buckets=None) -> Model:
-    """A `Model` from a checkpoint file; `dtype` casts the parameters (default: their own dtype;
-    a float64 checkpoint needs `enable_x64()`, or `dtype="float32"`)."""
+def load(path: str | os.PathLike, dtype=None, *, device=None, buckets=None) -> Model:
+    """A `Model` from a checkpoint file on `device` (default: JAX's default device); `dtype`
+    casts the parameters (default: their own dtype; a float64 checkpoint needs `enable_x64()`,
+    or `dtype="float32"`)."""
     config, params = checkpoint.load(path)
-    return Model(config, params, dtype=dtype, buckets=buckets)
+    return Model(config, params, dtype, device=device, buckets=buckets)
 
 
 def save(model: Model, path: str | os.PathLike) -> None:
@@ -52,23 +54,7 @@ def save(model: Model, path: str | os.PathLike) -> None:
     checkpoint.save(path, model.config, params)
 
 
-__all__ = [
-    "Model",
-    "SUPPORTED_DTYPES",
-    "bucket_length",
-    "causal_mask",
-    "clear_cache",
-    "compile_stats",
-    "enable_x64",
-    "full_precision",
-    "load",
-    "make_masks",
-    "padding_mask",
-    "precision_settings",
-    "reset_stats",
-    "save",
-    "scaled_dot_product_attention",
-    "softmax",
-    "target_mask",
-    "x64_enabled",
-]
+# The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
+__all__ = list(BACKEND_API)
+# What only this backend has, importable by name but not part of the shared surface.
+BACKEND_EXTRAS = ("bucket_length", "clear_cache", "compile_stats", "enable_x64", "reset_stats", "x64_enabled")

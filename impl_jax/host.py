@@ -15,8 +15,9 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
-from conformance.core.inputs import check_dtype
-from conformance.core.params import check_finite_array, check_numpy_params, check_param_set, init_params
+from conformance.core.inputs import check_device
+from conformance.core.params import dtype_name
+from conformance.core.params import prepare_params as core_prepare_params
 from impl_jax.precision import x64_enabled
 
 X64_ADVICE = (
@@ -26,66 +27,53 @@ X64_ADVICE = (
 )
 
 
-# Parameters ----------------------------------------------------------------------------------
+# Parameters and devices ----------------------------------------------------------------------
 
 
-def resolve_dtype(dtype: Any, supported: Sequence[str]) -> np.dtype:
-    """`dtype` (a name, NumPy/JAX/ml_dtypes type) as a NumPy dtype the backend can run."""
-    try:
-        resolved = np.dtype(dtype)
-    except TypeError:  # not a dtype NumPy knows: the same InputError as any refused dtype
-        check_dtype("jax", str(dtype), supported)
-        raise
-    check_dtype("jax", resolved.name, supported)
-    if resolved == np.float64 and not x64_enabled():
-        raise InputError("dtype", X64_ADVICE)
-    return resolved
+def resolve_device(device: Any) -> jax.Device:
+    """`device` ("cpu", "gpu", a `jax.Device`; None: JAX's default device) as a device present
+    here; anything else is an `InputError` naming it."""
+    if device is None:
+        return jax.devices()[0]
+    if isinstance(device, jax.Device):
+        return device
+    if not isinstance(device, str):
+        raise InputError("device", f"{device!r} is not a JAX device (e.g. 'cpu', 'gpu' or a jax.Device)")
+    found, absent = [], None
+    if device in ("cpu", "gpu"):
+        try:
+            found = jax.devices(device)
+        except RuntimeError as exc:  # no such platform here
+            absent = f"jax.devices({device!r}) found none ({str(exc).splitlines()[0]})"
+        if not found and absent is None:
+            absent = f"jax.devices({device!r}) found none"
+    check_device("jax", device, ("cpu", "gpu"), absent)
+    return found[0]
 
 
 def check_runnable(dtype: np.dtype) -> None:
-    """A float64 model built inside `enable_x64()` cannot run after the scope has closed."""
+    """float64 runs only with 64-bit JAX; a float64 model built inside `enable_x64()` cannot run
+    after the scope has closed."""
     if dtype == np.float64 and not x64_enabled():
         raise InputError("dtype", X64_ADVICE)
 
 
 def prepare_params(
-    config: ModelConfig, params: Mapping[str, Any] | None, dtype: Any, supported: Sequence[str]
+    config: ModelConfig, params: Mapping[str, Any] | None, dtype: Any, supported: Sequence[str], device: jax.Device
 ) -> tuple[dict[str, jax.Array], np.dtype]:
-    """Check `params` exactly as the NumPy backend does, cast them, and put them on the device.
+    """The core's parameter preparation (`conformance.core.params.prepare_params`: checked, cast
+    on the host, re-checked), then placed on `device`. None means the seeded
+    `init_params(config)` held in float32 (float64 would need x64)."""
+    arrays, name = core_prepare_params(config, params, None if dtype is None else dtype_name(dtype), "jax",
+                                       supported, default_dtype="float32")
+    resolved = next(iter(arrays.values())).dtype
+    check_runnable(resolved)
+    return {key: jax.device_put(value, device) for key, value in arrays.items()}, resolved
 
-    NumPy inputs are cast on the host (one rounding from their own dtype, as `ml_dtypes` and NumPy
-    do it); JAX inputs are cast where they live. None means the seeded `init_params(config)`
-    (float64 values), cast to `dtype` or float32. Cast values are checked for finiteness again
-    (1e5 is a finite float32 and an infinite float16).
-    """
-    if params is None:
-        params = init_params(config)
-        dtype = np.float32 if dtype is None else dtype
-    if any(isinstance(value, jax.Array) for value in params.values()):
-        # The same checks on facts read from JAX arrays (finiteness needs their values: a copy).
-        check_param_set(config, {k: v.shape for k, v in params.items()},
-                        {k: np.dtype(v.dtype).name for k, v in params.items()})
-        for name, value in params.items():
-            check_finite_array(name, np.asarray(value))
-    else:
-        check_numpy_params(config, params)
-    first = next(iter(params.values()))
-    resolved = resolve_dtype(dtype if dtype is not None else first.dtype, supported)
-    converted = {}
-    for name, value in params.items():
-        if isinstance(value, jax.Array):
-            cast = value.astype(resolved)
-            values = np.asarray(cast) if cast.dtype != value.dtype else None  # only a cast can overflow
-        else:
-            value = np.asarray(value)
-            with np.errstate(over="ignore"):  # an overflow is refused just below, by name
-                cast = value.astype(resolved, copy=False)
-            values = cast if cast.dtype != value.dtype else None
-            cast = jax.device_put(cast)
-        if values is not None:
-            check_finite_array(name, values)
-        converted[name] = cast
-    return converted, resolved
+
+def to_numpy(array: Any) -> np.ndarray:
+    """A result (or parameter) as a host NumPy array with the same bits; bfloat16 stays ml_dtypes'."""
+    return np.asarray(array)
 
 
 # Buckets -------------------------------------------------------------------------------------

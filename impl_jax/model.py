@@ -35,16 +35,15 @@ import numpy as np
 from flax import nnx
 
 from conformance.core.config import ModelConfig
+from conformance.core.errors import InputError
 from conformance.core.inputs import (
     check_generate,
-    check_ids,
-    check_mask,
-    check_mask_within_ids,
     check_memory,
     check_same_batch,
     expected_mask_shapes,
+    host_ids,
+    host_mask,
 )
-from conformance.core.errors import InputError
 from conformance.core.output import Encoded, ModelOutput
 from conformance.core.params import param_shapes
 from conformance.core.positions import sinusoid_table
@@ -53,7 +52,7 @@ from impl_jax.precision import MATMUL_PRECISION, reduction_dtype
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
-# The result types are pytrees, so that `Model.apply` can return them from jit, vmap and friends.
+# The result types are pytrees, so that `Model.traceable_forward` can return them from jit, vmap and friends.
 for _result, _fields in ((ModelOutput, ["logits", "attention", "intermediates"]),
                          (Encoded, ["memory", "src_mask", "attention", "intermediates"])):
     try:
@@ -215,7 +214,7 @@ def softmax(scores: jax.Array) -> jax.Array:
     return jnp.where(empty, jnp.nan, e / e.sum(axis=-1, keepdims=True))
 
 
-def scaled_dot_product_attention(q, k, v, mask, fill: float, real_keys=None):
+def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
@@ -256,12 +255,12 @@ class MultiHeadAttention(nnx.Module):
         x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
         return x.transpose(0, 2, 1, 3)  # (B, H, L, K)
 
-    def __call__(self, x: jax.Array, memory: jax.Array, mask, real_keys=None):
+    def __call__(self, x: jax.Array, memory: jax.Array, mask, *, real_keys=None):
         """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention)."""
         q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
-        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys=real_keys)
         batch, _, length, _ = heads.shape
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
         return self.o_proj(concat), weights
@@ -297,10 +296,10 @@ class EncoderLayer(nnx.Module):
         self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
         self.pre_ln = config.norm_placement == "pre"
 
-    def __call__(self, x: jax.Array, src_mask, name: str, out: ModelOutput | Encoded, src_real=None) -> jax.Array:
+    def __call__(self, x: jax.Array, src_mask, name: str, out: ModelOutput | Encoded, *, src_real=None) -> jax.Array:
         # Self-attention: each source position attends to every unmasked source position.
         h = self.self_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask, src_real)
+        h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask, real_keys=src_real)
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
@@ -325,17 +324,17 @@ class DecoderLayer(nnx.Module):
         self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
         self.pre_ln = config.norm_placement == "pre"
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput,
+    def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
                  tgt_real=None, src_real=None) -> jax.Array:
         # Masked self-attention: position t attends to target positions <= t.
         h = self.self_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask, tgt_real)
+        h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask, real_keys=tgt_real)
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
         h = self.cross_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask, src_real)
+        h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask, real_keys=src_real)
         x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
         out.intermediates[f"{name}.cross_attn"] = x
 
@@ -369,9 +368,9 @@ class Encoder(nnx.Module):
             [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)])
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
 
-    def __call__(self, x: jax.Array, src_mask, out: Encoded, src_real=None) -> jax.Array:
+    def __call__(self, x: jax.Array, src_mask, out: Encoded, *, src_real=None) -> jax.Array:
         for i, layer in enumerate(self.layers):
-            x = layer(x, src_mask, f"encoder.{i}", out, src_real)
+            x = layer(x, src_mask, f"encoder.{i}", out, src_real=src_real)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -387,9 +386,9 @@ class Decoder(nnx.Module):
             [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)])
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, tgt_real=None, src_real=None) -> jax.Array:
+    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, tgt_real=None, src_real=None) -> jax.Array:
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, tgt_real, src_real)
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, tgt_real=tgt_real, src_real=src_real)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
@@ -418,10 +417,12 @@ class Output(nnx.Module):
 class Model(nnx.Module):
     """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
 
-    `Model(config, params)` takes the canonical parameters (see `conformance.core.params`) as NumPy
-    or JAX arrays (None: the seeded `init_params(config)`); `dtype` casts them (float32, float64,
-    float16 or bfloat16; default: their own dtype, or float32 for the seeded parameters); the cast
-    values must be finite too. The parameters live on JAX's default device at construction.
+    `Model(config, params)` takes the canonical parameters (see `conformance.core.params`) as
+    NumPy or JAX arrays (None: the seeded `init_params(config)`, held in float32 unless `dtype`
+    says otherwise, because float64 needs x64); `dtype` casts them (float32, float64, float16 or
+    bfloat16; default: their own dtype); the cast values must be finite too. `device`
+    (keyword-only: "cpu", "gpu", or a `jax.Device`; default: JAX's default device) is where the
+    parameters live and every computation runs; one that is not present is an `InputError`.
     float64 needs 64-bit JAX (see `impl_jax.enable_x64`).
 
     `buckets` (e.g. (8, 16, 32)) pads every source and target length up to the next bucket
@@ -432,8 +433,8 @@ class Model(nnx.Module):
     backend = "jax"
 
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array] | None = None, dtype=None, *,
-                 buckets=None):
-        params, self.dtype = host.prepare_params(config, params, dtype, SUPPORTED_DTYPES)
+                 device=None, buckets=None):
+        params, self.dtype = host.prepare_params(config, params, dtype, SUPPORTED_DTYPES, host.resolve_device(device))
         self.config = config
         self.buckets = host.check_buckets(buckets)
         self.encoder = Encoder(config, params, self.dtype)
@@ -460,25 +461,13 @@ class Model(nnx.Module):
         # Host-side facts: a JAX array's values are copied here, because checking them is the point.
         if isinstance(ids, jax.core.Tracer):
             raise InputError(argument, "is traced (the model was called inside jax.jit, vmap or similar); the checked "
-                                       "call runs on the host: use `model.apply` inside transforms, with checked ids")
-        try:
-            ids = np.asarray(ids)
-        except ValueError:
-            raise InputError(argument, "is not a rectangular array of token ids") from None
-        is_integer = np.issubdtype(ids.dtype, np.integer)
-        bounds = lambda: (int(ids.min()), int(ids.max()))  # noqa: E731
-        check_ids(argument, ids.shape, ids.dtype.name, is_integer, bounds, vocab_size, self.config.max_len)
+                                       "call runs on the host: use `model.traceable_forward` inside transforms, with "
+                                       "checked ids")
+        ids = host_ids(argument, ids, vocab_size, self.config.max_len)
         return ids.astype(np.int32)  # in [0, vocab_size); int64 would need x64
 
     def _mask(self, argument: str, mask, expected, derived: np.ndarray) -> np.ndarray:
-        try:
-            mask = np.asarray(mask)  # a JAX mask is copied to the host: its values are checked
-        except ValueError:
-            raise InputError(argument, "is not a rectangular array of booleans") from None
-        check_mask(argument, mask.shape, mask.dtype.name, mask.dtype == np.bool_, *expected)
-        widened = np.argwhere(mask & ~derived)  # (b, h, q, k) the ids forbid but the mask allows
-        check_mask_within_ids(argument, widened[0] if len(widened) else None)
-        return mask
+        return host_mask(argument, mask, expected, derived)  # a JAX mask is copied: its values are checked
 
     def make_masks(self, src_ids, tgt_ids) -> tuple[jax.Array, jax.Array]:
         src_mask, tgt_mask = make_masks(self.config, np.asarray(src_ids), np.asarray(tgt_ids))
@@ -520,7 +509,7 @@ class Model(nnx.Module):
         encoded = Encoded(memory=None, src_mask=src_mask)
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
-        encoded.memory = self.encoder(x, src_mask, encoded, src_real)
+        encoded.memory = self.encoder(x, src_mask, encoded, src_real=src_real)
         if not return_attention:
             encoded.attention.clear()  # never leaves the executable, so XLA does not store it
         return encoded.memory, encoded.attention, encoded.intermediates
@@ -561,7 +550,7 @@ class Model(nnx.Module):
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
         y = self.embed(tgt_ids, embedding, self.decoder.position)
         out.intermediates["decoder.embeddings"] = y
-        y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real, src_real)
+        y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real=tgt_real, src_real=src_real)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias[...]
@@ -571,7 +560,8 @@ class Model(nnx.Module):
             out.attention.clear()
         return out.logits, out.attention, out.intermediates
 
-    def apply(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def traceable_forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *,
+                          return_attention: bool = True) -> ModelOutput:
         """The same forward pass as a call, traceable and unchecked: for use inside `jax.jit`,
         `vmap` or `shard_map` (a call checks its inputs on the host, which a tracer cannot do).
 

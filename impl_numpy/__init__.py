@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 
 from conformance.core import checkpoint
+from conformance.core.surface import BACKEND_API
 from impl_numpy.model import (
+    SUPPORTED_DTYPES,
     Model,
     causal_mask,
     make_masks,
@@ -18,12 +20,14 @@ from impl_numpy.model import (
     softmax,
     target_mask,
 )
+from impl_numpy.precision import full_precision, precision_settings, to_numpy
 
 
-def load(path: str | os.PathLike, dtype=None) -> Model:
-    """A `Model` from a checkpoint file; `dtype` casts the parameters (float32 or float64)."""
+def load(path: str | os.PathLike, dtype=None, *, device=None) -> Model:
+    """A `Model` from a checkpoint file; `dtype` casts the parameters (float32 or float64).
+    `device` is the host, "cpu" (the same surface as the other backends)."""
     config, params = checkpoint.load(path)
-    return Model(config, params, dtype=dtype)
+    return Model(config, params, dtype, device=device)
 
 
 def save(model: Model, path: str | os.PathLike) -> None:
@@ -31,14 +35,7 @@ def save(model: Model, path: str | os.PathLike) -> None:
     checkpoint.save(path, model.config, model.params)
 
 
-__all__ = [
-    "Model",
-    "causal_mask",
-    "load",
-    "make_masks",
-    "padding_mask",
-    "save",
-    "scaled_dot_product_attention",
-    "softmax",
-    "target_mask",
-]
+# The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
+__all__ = list(BACKEND_API)
+# What only this backend has, importable by name but not part of the shared surface.
+BACKEND_EXTRAS = ()

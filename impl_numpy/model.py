@@ -21,18 +21,16 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.inputs import (
-    check_dtype,
+    check_device,
     check_generate,
-    check_ids,
-    check_mask,
-    check_mask_within_ids,
     check_memory,
     check_same_batch,
     expected_mask_shapes,
+    host_ids,
+    host_mask,
 )
-from conformance.core.errors import InputError
 from conformance.core.output import Encoded, ModelOutput
-from conformance.core.params import check_finite_array, check_numpy_params
+from conformance.core.params import prepare_params
 from conformance.core.positions import sinusoid_table
 
 SUPPORTED_DTYPES = ("float32", "float64")
@@ -347,29 +345,19 @@ class Output:
 class Model:
     """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
 
-    `Model(config, params)` takes the canonical parameters (see `conformance.core.params`) as NumPy
-    arrays; `dtype` casts them (float32 or float64; default: their own dtype); the cast values
-    must be finite too.
+    `Model(config, params)` takes the canonical parameters (see `conformance.core.params`) as
+    NumPy arrays (None: the seeded `init_params(config)`, float64); `dtype` casts them (float32 or
+    float64; default: their own dtype); the cast values must be finite too. `device` is accepted
+    for the same surface as the other backends: NumPy runs on the host, "cpu".
     """
 
     backend = "numpy"
 
-    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], dtype=None):
-        check_numpy_params(config, params)
-        first = next(iter(params.values()))
-        try:
-            self.dtype = np.dtype(dtype if dtype is not None else first.dtype)
-        except TypeError:  # not a dtype NumPy knows: the same InputError as any refused dtype
-            check_dtype(self.backend, str(dtype), SUPPORTED_DTYPES)
-            raise
-        check_dtype(self.backend, self.dtype.name, SUPPORTED_DTYPES)
-        given = {name: np.asarray(value) for name, value in params.items()}
-        with np.errstate(over="ignore"):  # an overflow is refused just below, by name
-            params = {name: value.astype(self.dtype, copy=False) for name, value in given.items()}
-        # What was cast is checked again: 1e39 is a finite float64 and an infinite float32.
-        for name, value in params.items():
-            if value.dtype != given[name].dtype:
-                check_finite_array(name, value)
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray] | None = None, dtype=None, *,
+                 device: str | None = None):
+        check_device(self.backend, "cpu" if device is None else device, ("cpu",))
+        params, dtype_name = prepare_params(config, params, dtype, self.backend, SUPPORTED_DTYPES)
+        self.dtype = np.dtype(dtype_name)
         self.config = config
         self.params = params
         self.encoder = Encoder(config, params, self.dtype)
@@ -377,27 +365,22 @@ class Model:
         self.output = Output(config, params)
         self.final_logits_bias = params.get("final_logits_bias")
 
+    @property
+    def device(self) -> str:
+        """The device the parameters (and so every computation) live on.
+
+        NumPy has only the host: "cpu"."""
+        return "cpu"
+
     # Inputs ------------------------------------------------------------------------------------
+    # Ids and masks are read and checked on the host by the core (`host_ids`, `host_mask`), the
+    # same code and the same errors as every other backend.
 
     def _ids(self, argument: str, ids, vocab_size: int) -> np.ndarray:
-        try:
-            ids = np.asarray(ids)
-        except ValueError:
-            raise InputError(argument, "is not a rectangular array of token ids") from None
-        is_integer = np.issubdtype(ids.dtype, np.integer)
-        bounds = lambda: (int(ids.min()), int(ids.max()))  # noqa: E731
-        check_ids(argument, ids.shape, ids.dtype.name, is_integer, bounds, vocab_size, self.config.max_len)
-        return ids
+        return host_ids(argument, ids, vocab_size, self.config.max_len)
 
     def _mask(self, argument: str, mask, expected, derived: np.ndarray) -> np.ndarray:
-        try:
-            mask = np.asarray(mask)
-        except ValueError:
-            raise InputError(argument, "is not a rectangular array of booleans") from None
-        check_mask(argument, mask.shape, mask.dtype.name, mask.dtype == np.bool_, *expected)
-        widened = np.argwhere(mask & ~derived)  # (b, h, q, k) the ids forbid but the mask allows
-        check_mask_within_ids(argument, widened[0] if len(widened) else None)
-        return mask
+        return host_mask(argument, mask, expected, derived)
 
     def make_masks(self, src_ids, tgt_ids) -> tuple[np.ndarray, np.ndarray]:
         return make_masks(self.config, np.asarray(src_ids), np.asarray(tgt_ids))

@@ -1,6 +1,6 @@
 """The PyTorch backend: the same model as `impl_numpy`, as a first-class `torch.nn.Module`.
 
-    model = impl_torch.load("model.safetensors", device="cuda", dtype=torch.float32)
+    model = impl_torch.load("model.safetensors", torch.float32, device="cuda")
     with torch.inference_mode():
         out = model(src_ids, tgt_ids)                     # .logits, .attention, .intermediates
         fast = model(src_ids, tgt_ids, return_attention=False)   # fused attention, no weights
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from conformance.core import checkpoint
+from conformance.core.surface import BACKEND_API
 from impl_torch.arrays import to_numpy
 from impl_torch.model import (
     SUPPORTED_DTYPES,
@@ -33,11 +34,11 @@ from impl_torch.model import (
 from impl_torch.precision import full_precision, precision_settings
 
 
-def load(path: str | os.PathLike, device: torch.device | str = "cpu", dtype: Any = None) -> Model:
-    """A `Model` from a checkpoint file on `device`; `dtype` casts the parameters (default: the
-    stored dtype; float32, float64, float16 or bfloat16)."""
+def load(path: str | os.PathLike, dtype: Any = None, *, device: torch.device | str | None = None) -> Model:
+    """A `Model` from a checkpoint file on `device` (default: the CPU); `dtype` casts the
+    parameters (default: the stored dtype; float32, float64, float16 or bfloat16)."""
     config, params = checkpoint.load(path)
-    return Model(config, params, device=device, dtype=dtype)
+    return Model(config, params, dtype, device=device)
 
 
 def save(model: Model, path: str | os.PathLike) -> None:
@@ -46,19 +47,7 @@ def save(model: Model, path: str | os.PathLike) -> None:
     checkpoint.save(path, model.config, {name: to_numpy(value) for name, value in model.state_dict().items()})
 
 
-__all__ = [
-    "SUPPORTED_DTYPES",
-    "Model",
-    "causal_mask",
-    "fast_attention",
-    "full_precision",
-    "load",
-    "make_masks",
-    "padding_mask",
-    "precision_settings",
-    "save",
-    "scaled_dot_product_attention",
-    "softmax",
-    "target_mask",
-    "to_numpy",
-]
+# The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
+__all__ = list(BACKEND_API)
+# What only this backend has, importable by name but not part of the shared surface.
+BACKEND_EXTRAS = ("fast_attention",)

@@ -1,5 +1,5 @@
 """Moving parameters between NumPy and torch bit for bit, and the facts the shared checks read
-(dtype names, parameter facts, id bounds) as they need them.
+(dtype names, id bounds, which device) as they need them.
 
 NumPy has no bfloat16 of its own (checkpoints use ml_dtypes'), and torch cannot read ml_dtypes
 arrays, so bfloat16 crosses as its 16-bit patterns. Casts of NumPy input happen in NumPy, so
@@ -14,6 +14,9 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from conformance.core.errors import InputError
+from conformance.core.inputs import check_device
+
 
 def dtype_name(dtype: Any) -> str:
     """The plain name of a torch, NumPy or string dtype ("float32"), as the shared checks spell it."""
@@ -23,16 +26,6 @@ def dtype_name(dtype: Any) -> str:
         return np.dtype(dtype).name
     except TypeError:
         return str(dtype)
-
-
-def param_facts(value: Any) -> tuple[tuple[int, ...], str, int]:
-    """(shape, dtype name, count of NaN/inf) of one parameter, torch tensor or array-like."""
-    if isinstance(value, torch.Tensor):
-        nonfinite = value.numel() - int(torch.isfinite(value).sum()) if value.is_floating_point() else 0
-        return tuple(value.shape), dtype_name(value.dtype), nonfinite
-    array = np.asarray(value)
-    nonfinite = array.size - int(np.count_nonzero(np.isfinite(array))) if array.dtype.kind in "fV" else 0
-    return array.shape, array.dtype.name, nonfinite
 
 
 def id_bounds(ids: torch.Tensor) -> tuple[int, int]:
@@ -72,9 +65,32 @@ def to_torch(value: Any, dtype: str) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
-def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A parameter as a host NumPy array with the same bits; bfloat16 becomes ml_dtypes'."""
+def to_numpy(tensor: Any) -> np.ndarray:
+    """A tensor as a host NumPy array with the same bits (bfloat16 becomes ml_dtypes'); anything
+    else as `np.asarray` reads it."""
+    if not isinstance(tensor, torch.Tensor):
+        return np.asarray(tensor)
     tensor = tensor.detach().cpu()
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return tensor.numpy()
+
+
+def resolve_device(device: Any) -> torch.device:
+    """`device` ("cpu", "cuda", "cuda:1", a torch.device; None: the CPU) as a torch.device that is
+    present here; anything else is an `InputError` naming it."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError("device", f"{device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1')") from None
+    absent = None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            absent = "no CUDA device: torch.cuda.is_available() is False"
+        elif resolved.index is not None and resolved.index >= count:
+            absent = f"there are {count} CUDA device(s), so index {resolved.index} does not exist"
+    check_device("torch", resolved.type, ("cpu", "cuda"), absent)
+    return resolved

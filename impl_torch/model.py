@@ -19,14 +19,12 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from conformance.core.config import ModelConfig
 from conformance.core.inputs import (
-    check_dtype,
     check_generate,
     check_ids,
     check_mask,
@@ -34,12 +32,13 @@ from conformance.core.inputs import (
     check_memory,
     check_same_batch,
     expected_mask_shapes,
+    host_ids,
+    host_mask,
 )
-from conformance.core.errors import InputError
 from conformance.core.output import Encoded, ModelOutput
-from conformance.core.params import check_finite, check_param_set, init_params
+from conformance.core.params import prepare_params
 from conformance.core.positions import sinusoid_table
-from impl_torch.arrays import dtype_name, id_bounds, param_facts, to_torch
+from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
@@ -55,7 +54,7 @@ def padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     return (torch.as_tensor(ids) != pad_id)[:, None, None, :]
 
 
-def causal_mask(length: int, device: torch.device | str | None = None) -> torch.Tensor:
+def causal_mask(length: int, *, device: torch.device | str | None = None) -> torch.Tensor:
     """(1, 1, T, T) lower triangle: position t may attend to positions <= t (section 3.2.3)."""
     return torch.tril(torch.ones((length, length), dtype=torch.bool, device=device))[None, None, :, :]
 
@@ -72,7 +71,7 @@ def target_mask(config: ModelConfig, tgt_ids: torch.Tensor) -> torch.Tensor:
         tgt_pad = tgt_pad.transpose(2, 3)  # (B, 1, T, 1)
     elif config.tgt_pad_mask == "none":
         tgt_pad = tgt_pad | True  # causal only: the decoder's start token may be the pad id
-    return tgt_pad & causal_mask(tgt_ids.shape[1], tgt_ids.device)  # (B, 1, T, T)
+    return tgt_pad & causal_mask(tgt_ids.shape[1], device=tgt_ids.device)  # (B, 1, T, T)
 
 
 def make_masks(config: ModelConfig, src_ids: torch.Tensor, tgt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,7 +261,7 @@ class MultiHeadAttention(nn.Module):
         x = x.view(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
         return x.transpose(1, 2)  # (B, H, L, K)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, mask, return_attention: bool):
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, mask, *, return_attention: bool = True):
         """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention).
 
         Returns the output (B, Tq, D) and the weights (B, H, Tq, Tk), or None for the weights
@@ -314,10 +313,11 @@ class EncoderLayer(nn.Module):
         self.ffn_norm = LayerNorm(config, dtype)
         self.pre_ln = config.norm_placement == "pre"
 
-    def forward(self, x: torch.Tensor, src_mask, name: str, out: ModelOutput | Encoded, return_attention: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, src_mask, name: str, out: ModelOutput | Encoded, *,
+                return_attention: bool = True) -> torch.Tensor:
         # Self-attention: each source position attends to every unmasked source position.
         h = self.self_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask, return_attention)
+        h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask, return_attention=return_attention)
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
@@ -343,16 +343,17 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = LayerNorm(config, dtype)
         self.pre_ln = config.norm_placement == "pre"
 
-    def forward(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, return_attention: bool) -> torch.Tensor:
+    def forward(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
+                return_attention: bool = True) -> torch.Tensor:
         # Masked self-attention: position t attends to target positions <= t.
         h = self.self_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask, return_attention)
+        h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask, return_attention=return_attention)
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
         h = self.cross_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask, return_attention)
+        h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask, return_attention=return_attention)
         x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
         out.intermediates[f"{name}.cross_attn"] = x
 
@@ -389,9 +390,9 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(config, dtype) for _ in range(config.n_encoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_encoder_norm else None
 
-    def forward(self, x: torch.Tensor, src_mask, out: Encoded, return_attention: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, src_mask, out: Encoded, *, return_attention: bool = True) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
-            x = layer(x, src_mask, f"encoder.{i}", out, return_attention)
+            x = layer(x, src_mask, f"encoder.{i}", out, return_attention=return_attention)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -408,9 +409,10 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.n_decoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_decoder_norm else None
 
-    def forward(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, return_attention: bool) -> torch.Tensor:
+    def forward(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *,
+                return_attention: bool = True) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, return_attention)
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, return_attention=return_attention)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
@@ -444,11 +446,12 @@ class Model(nn.Module):
     """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
 
     `Model(config, params, dtype, device=...)` takes the canonical parameters (see
-    `conformance.core.params`) as NumPy arrays (e.g. from `conformance.core.checkpoint.load`) or torch
+    `conformance.core.params`) as NumPy arrays (e.g. from `conformance.checkpoint.load`) or torch
     tensors; `params=None` draws them with `conformance.init_params(config)` (float64). `dtype`
     casts them (float32, float64, float16 or bfloat16; default: their own dtype); the cast values
     must be finite too. `device` (keyword-only, so that the first three arguments mean the same
-    in every backend) is where the parameters are created.
+    in every backend; default "cpu") is where the parameters are created; one that is not
+    present here is an `InputError`.
 
     The model is an ordinary `nn.Module`: `.to("cuda")`, `.to(torch.float16)`, `torch.compile`,
     `torch.inference_mode()` and autograd all apply. `.to(dtype)` casts the sinusoid buffer along
@@ -459,17 +462,12 @@ class Model(nn.Module):
     backend = "torch"
 
     def __init__(self, config: ModelConfig, params: Mapping[str, Any] | None = None, dtype: Any = None, *,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str | None = None):
         super().__init__()
-        if params is None:
-            params = init_params(config)
-        facts = {name: param_facts(value) for name, value in params.items()}
-        check_param_set(config, {k: f[0] for k, f in facts.items()}, {k: f[1] for k, f in facts.items()})
-        for name, (shape, _, nonfinite) in facts.items():
-            check_finite(name, nonfinite, math.prod(shape))
-        first = next(iter(facts.values()))
-        model_dtype = dtype_name(dtype) if dtype is not None else first[1]
-        check_dtype(self.backend, model_dtype, SUPPORTED_DTYPES)
+        device = resolve_device(device)
+        # Checked, cast and re-checked on the host by the core, like every backend's parameters.
+        params, model_dtype = prepare_params(config, params, None if dtype is None else dtype_name(dtype),
+                                             self.backend, SUPPORTED_DTYPES, as_numpy=to_numpy)
         dtype = getattr(torch, model_dtype)
         self.config = config
         # Factory functions inside create the (still uninitialised) tensors on `device` directly.
@@ -479,17 +477,8 @@ class Model(nn.Module):
             self.output = Output(config, dtype)
             self.final_logits_bias = nn.Parameter(torch.empty(config.tgt_vocab_size, dtype=dtype)) if config.final_logits_bias else None
         # A strict key-for-key copy: state_dict() names are the checkpoint's names. copy_ moves
-        # each value to the device (and casts tensors; arrays arrive cast, see to_torch).
-        with np.errstate(over="ignore"):  # an overflow is refused just below, by name
-            self.load_state_dict({key: to_torch(value, model_dtype) for key, value in params.items()}, strict=True)
-        # Checked again after the cast (1e5 is a finite float32 and an infinite float16), in one
-        # host sync for all the parameters that were cast.
-        cast = [name for name, (_, given, _) in facts.items() if given != model_dtype]
-        if cast:
-            state = self.state_dict()
-            counts = torch.stack([(~torch.isfinite(state[name])).sum() for name in cast]).tolist()
-            for name, nonfinite in zip(cast, counts):
-                check_finite(name, nonfinite, state[name].numel())
+        # each value to the device.
+        self.load_state_dict({key: to_torch(value, model_dtype) for key, value in params.items()}, strict=True)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -497,6 +486,7 @@ class Model(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """The device the parameters (and so every computation) live on."""
         return self.encoder.embedding.weight.device
 
     # Inputs ------------------------------------------------------------------------------------
@@ -506,32 +496,21 @@ class Model(nn.Module):
 
     @torch.compiler.disable  # host-side checks: torch.compile runs them eagerly, outside the graph
     def _ids(self, argument: str, ids, vocab_size: int) -> torch.Tensor:
-        if isinstance(ids, torch.Tensor):
-            is_integer = not (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool)
-            bounds = lambda: id_bounds(ids)  # noqa: E731
-            check_ids(argument, ids.shape, dtype_name(ids.dtype), is_integer, bounds, vocab_size, self.config.max_len)
-            return ids.to(device=self.device, dtype=torch.long)
-        try:
-            ids = np.asarray(ids)
-        except ValueError:
-            raise InputError(argument, "is not a rectangular array of token ids") from None
-        is_integer = np.issubdtype(ids.dtype, np.integer)
-        bounds = lambda: (int(ids.min()), int(ids.max()))  # noqa: E731
-        check_ids(argument, ids.shape, ids.dtype.name, is_integer, bounds, vocab_size, self.config.max_len)
-        return torch.tensor(ids, dtype=torch.long, device=self.device)
+        if not isinstance(ids, torch.Tensor):
+            ids = host_ids(argument, ids, vocab_size, self.config.max_len)
+            return torch.tensor(ids, dtype=torch.long, device=self.device)
+        is_integer = not (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool)
+        bounds = lambda: id_bounds(ids)  # noqa: E731
+        check_ids(argument, ids.shape, dtype_name(ids.dtype), is_integer, bounds, vocab_size, self.config.max_len)
+        return ids.to(device=self.device, dtype=torch.long)
 
     @torch.compiler.disable
     def _mask(self, argument: str, mask, expected, derived: torch.Tensor) -> torch.Tensor:
-        if isinstance(mask, torch.Tensor):
-            check_mask(argument, mask.shape, dtype_name(mask.dtype), mask.dtype == torch.bool, *expected)
-            mask = mask.to(self.device)
-        else:
-            try:
-                mask = np.asarray(mask)
-            except ValueError:
-                raise InputError(argument, "is not a rectangular array of booleans") from None
-            check_mask(argument, mask.shape, mask.dtype.name, mask.dtype == np.bool_, *expected)
-            mask = torch.tensor(mask, device=self.device)
+        if not isinstance(mask, torch.Tensor):
+            mask = host_mask(argument, mask, expected, derived.cpu().numpy())
+            return torch.tensor(mask, device=self.device)
+        check_mask(argument, mask.shape, dtype_name(mask.dtype), mask.dtype == torch.bool, *expected)
+        mask = mask.to(self.device)
         widened = torch.argwhere(mask & ~derived)  # (b, h, q, k) the ids forbid but the mask allows
         check_mask_within_ids(argument, widened[0].tolist() if len(widened) else None)
         return mask
@@ -561,7 +540,7 @@ class Model(nn.Module):
         encoded = Encoded(memory=None, src_mask=src_mask)
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
-        encoded.memory = self.encoder(x, src_mask, encoded, return_attention)
+        encoded.memory = self.encoder(x, src_mask, encoded, return_attention=return_attention)
         if not return_attention:
             encoded.attention.clear()  # the fast path recorded None for each block
         return encoded
@@ -584,7 +563,7 @@ class Model(nn.Module):
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
         y = self.embed(tgt_ids, embedding, self.decoder.position)
         out.intermediates["decoder.embeddings"] = y
-        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention)
+        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention=return_attention)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias
@@ -596,8 +575,9 @@ class Model(nn.Module):
 
     def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
         """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
-        attention weights (`return_attention`; without them attention runs through the fused
-        kernel) and the intermediates by name."""
+        attention weights (`return_attention`) and the intermediates by name.
+
+        Without the attention weights, attention runs through PyTorch's fused kernel."""
         encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
         return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
 

@@ -341,18 +341,18 @@ def test_an_explicit_mask_may_narrow_the_derived_one():
                                   np.asarray(model(SRC, TGT).intermediates["encoder.embeddings"]))
 
 
-def test_apply_is_the_traceable_forward_for_jit_and_vmap():
+def test_traceable_forward_runs_under_jit_and_vmap():
     config = small("hf-marian")
     model = impl_jax.Model(config)
     expected = model(SRC, TGT)
-    out = jax.jit(lambda m, s, t: m.apply(s, t))(model, SRC, TGT)
-    assert_close(out.logits, expected.logits, tolerance("float32"), tensor="logits", backend="jax (jit apply)")
+    out = jax.jit(lambda m, s, t: m.traceable_forward(s, t))(model, SRC, TGT)
+    assert_close(out.logits, expected.logits, tolerance("float32"), tensor="logits", backend="jax (jit traceable_forward)")
     assert set(out.attention) == set(expected.attention) and set(out.intermediates) == set(expected.intermediates)
     # vmap over a leading axis of two batches: each equals its own call.
-    logits = jax.vmap(lambda s, t: model.apply(s, t, return_attention=False).logits)(
+    logits = jax.vmap(lambda s, t: model.traceable_forward(s, t, return_attention=False).logits)(
         np.stack([SRC, SRC[::-1]]), np.stack([TGT, TGT[::-1]]))
     assert_close(logits[1], model(SRC[::-1], TGT[::-1]).logits, tolerance("float32"), tensor="logits",
-                 backend="jax (vmap apply)")
+                 backend="jax (vmap traceable_forward)")
     # The checked call refuses to be traced rather than skip its checks.
     with pytest.raises(InputError, match="^src_ids: is traced"):
         jax.jit(lambda m, s, t: m(s, t).logits)(model, SRC, TGT)

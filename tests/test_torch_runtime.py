@@ -2,7 +2,6 @@
 precision settings, and encode/decode.
 """
 
-import inspect
 import math
 import subprocess
 import sys
@@ -154,18 +153,6 @@ def test_half_precision_keeps_a_finite_fill_finite():
     assert all(t.isfinite().all() for t in out.values())
     weights = out["encoder.0.self"][2]  # the all-padding source row
     assert torch.equal(weights, torch.full_like(weights, 1 / SRC.shape[1]))
-
-
-def test_constructor_is_config_params_dtype_as_in_the_other_backends():
-    """`Model(config, params, dtype)` means the same in every backend; torch's device is keyword-only."""
-    config = preset("default")
-    params = init_params(config)
-    assert impl_torch.Model(config, params, torch.float32).dtype == torch.float32
-    signature = inspect.signature(impl_torch.Model).parameters
-    assert list(signature)[:3] == list(inspect.signature(impl_numpy.Model).parameters) == ["config", "params", "dtype"]
-    assert signature["device"].kind is inspect.Parameter.KEYWORD_ONLY and signature["device"].default == "cpu"
-    # load keeps its documented (path, device, dtype).
-    assert list(inspect.signature(impl_torch.load).parameters) == ["path", "device", "dtype"]
 
 
 def test_full_precision_sets_and_restores_the_switches():

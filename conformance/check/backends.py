@@ -148,39 +148,21 @@ def accelerator_skip_reason(backend: str) -> str:
     }.get(kind(backend), f"the {backend} backend runs on the CPU only")
 
 
-def dtypes(backend: str, device: str) -> list[str]:
-    """The dtypes a backend supports on a device kind."""
-    if backend == "numpy":
-        return ["float64", "float32"]
-    return ["float64", "float32", "float16", "bfloat16"]
+def dtypes(backend: str, device: str | None = None) -> list[str]:
+    """The dtypes a backend supports (its own `SUPPORTED_DTYPES`, read, never repeated here)."""
+    return list(import_backend(backend).SUPPORTED_DTYPES)
 
 
 def build(target: Target, config, params) -> Any:
-    """A model of `target.backend` on `target.device` in `target.dtype`."""
-    module = import_backend(target.backend)
-    if kind(target.backend) == "numpy":
-        return module.Model(config, params, dtype=target.dtype)
-    if kind(target.backend) == "torch":
-        import torch
-
-        device = "cuda" if target.device == "cuda" else "cpu"
-        return module.Model(config, params, device=device, dtype=getattr(torch, target.dtype))
-    import jax
-
-    model_dtype = getattr(jax.numpy, target.dtype)
-    if target.device == "gpu":
-        with jax.default_device(jax.devices("gpu")[0]):
-            return module.Model(config, params, dtype=model_dtype)
-    with jax.default_device(jax.devices("cpu")[0]):
-        return module.Model(config, params, dtype=model_dtype)
+    """A model of `target.backend` on `target.device` in `target.dtype`: one call, the same for
+    every backend (`Model(config, params, dtype, *, device)` is the shared surface)."""
+    return import_backend(target.backend).Model(config, params, target.dtype, device=target.device)
 
 
 @contextlib.contextmanager
 def full_precision(backend: str) -> Iterator[None]:
     """Full-float32 matmuls (TF32 off) for the duration, where the backend has such a switch."""
-    module = import_backend(backend)
-    manager = getattr(module, "full_precision", None)
-    with manager() if manager is not None else contextlib.nullcontext():
+    with import_backend(backend).full_precision():
         yield
 
 
@@ -196,9 +178,7 @@ def dtype_scope(target: Target) -> Iterator[None]:
 
 def precision_settings(backend: str) -> dict[str, Any]:
     """The backend's matmul-precision settings, for reports and the pytest header."""
-    module = import_backend(backend)
-    report = getattr(module, "precision_settings", None)
-    return dict(report()) if report is not None else {}
+    return dict(import_backend(backend).precision_settings())
 
 
 def version(backend: str) -> str:

@@ -12,6 +12,9 @@
 A layout is a TOML file (`conformance/convert/layouts/*.toml` for the built-in ones; see
 `docs/porting.md` to write your own). PyTorch is imported only when a torch tensor, file or
 module is handed in.
+
+May import: the core, NumPy, ml_dtypes, and (lazily) the framework of the file or module handed
+in. Never a backend, the check tools, the suite or the CLI: a conversion needs no model to run.
 """
 
 from __future__ import annotations

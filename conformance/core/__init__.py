@@ -7,6 +7,7 @@
     positions    the sinusoid tables, computed once in float64
     inputs       host-side input checks and conversions shared by every backend
     output       the result types (ModelOutput, Encoded) and the names of their tensors
+    surface      the names every backend package exports (`BACKEND_API`)
     errors       ConfigError, InputError, CheckpointError
 
 May import: the standard library, NumPy, ml_dtypes, and itself. Never PyTorch, JAX, hypothesis,

@@ -5,12 +5,18 @@ the smallest and largest id, ...) and calls these checks; the checks decide and 
 The facts are computed on the host before any compiled or device code runs: JAX would clamp an
 out-of-range id and CUDA would fail with an opaque device-side assert.
 
-This module is framework-free (standard library only).
+`host_ids` and `host_mask` do the whole job for anything NumPy can read (lists, NumPy arrays,
+JAX arrays, CPU tensors): every backend converts its host-side input through them, so the same
+input gets the same error, word for word.
+
+This module is framework-free (NumPy and the standard library).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
@@ -123,3 +129,37 @@ def check_generate(config: ModelConfig, max_len, bos_id, eos_id) -> None:
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < config.tgt_vocab_size:
             raise InputError(name, f"must be a target token id in [0, {config.tgt_vocab_size}), got {value!r}")
+
+
+def host_ids(argument: str, ids: Any, vocab_size: int, max_len: int) -> np.ndarray:
+    """Token ids read on the host and checked (`check_ids`): a NumPy integer array (B, L)."""
+    try:
+        ids = np.asarray(ids)
+    except (ValueError, TypeError, OverflowError):
+        raise InputError(argument, "is not a rectangular array of token ids") from None
+    is_integer = np.issubdtype(ids.dtype, np.integer)
+    bounds = lambda: (int(ids.min()), int(ids.max()))  # noqa: E731
+    check_ids(argument, ids.shape, ids.dtype.name, is_integer, bounds, vocab_size, max_len)
+    return ids
+
+
+def host_mask(argument: str, mask: Any, expected: tuple[Sequence[int], str], derived: np.ndarray) -> np.ndarray:
+    """An explicit mask read on the host and checked: boolean, broadcastable to `expected`
+    (shape, legend), and no wider than the mask `derived` from the ids (`check_mask_within_ids`)."""
+    try:
+        mask = np.asarray(mask)
+    except (ValueError, TypeError):
+        raise InputError(argument, "is not a rectangular array of booleans") from None
+    check_mask(argument, mask.shape, mask.dtype.name, mask.dtype == np.bool_, *expected)
+    widened = np.argwhere(mask & ~np.asarray(derived))  # (b, h, q, k) the ids forbid but the mask allows
+    check_mask_within_ids(argument, widened[0] if len(widened) else None)
+    return mask
+
+
+def check_device(backend: str, device: str, kinds: Sequence[str], absent: str | None = None) -> None:
+    """A device must be one the backend knows (`kinds`) and present on this machine (`absent`
+    is the reason it is not, or None)."""
+    if device not in kinds:
+        raise InputError("device", f"the {backend} backend runs on {' or '.join(kinds)}, not {device!r}")
+    if absent:
+        raise InputError("device", f"{device!r} is not available to the {backend} backend here: {absent}")

@@ -29,12 +29,14 @@ This module is framework-free (NumPy only).
 from __future__ import annotations
 
 import zlib
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
+from conformance.core.inputs import check_dtype
 
 Shape = tuple[int, ...]
 
@@ -198,16 +200,70 @@ def check_finite_array(name: str, value: np.ndarray) -> None:
     check_finite(name, value.size - int(np.count_nonzero(np.isfinite(value))), value.size)
 
 
-def check_numpy_params(config: ModelConfig, params: Mapping[str, np.ndarray]) -> None:
-    """`check_param_set` and `check_finite` for NumPy arrays."""
+def check_numpy_params(
+    config: ModelConfig, params: Mapping[str, Any], as_numpy: Callable[[Any], np.ndarray] = np.asarray
+) -> dict[str, np.ndarray]:
+    """`check_param_set` and `check_finite` for parameters `as_numpy` can read on the host;
+    returns them as NumPy arrays (no copy where `as_numpy` makes none)."""
     if not isinstance(params, Mapping):
         raise InputError("params", f"must map parameter names to arrays, got {type(params).__name__}")
     arrays = {}
     for name, value in params.items():
         try:
-            arrays[name] = np.asarray(value)
-        except ValueError:
+            arrays[name] = as_numpy(value)
+        except (ValueError, TypeError):
             raise InputError("params", f"parameter {name!r} is not a rectangular array") from None
     check_param_set(config, {k: v.shape for k, v in arrays.items()}, {k: v.dtype.name for k, v in arrays.items()})
     for name, value in arrays.items():
         check_finite_array(name, value)
+    return arrays
+
+
+def dtype_name(dtype: Any) -> str:
+    """The plain name the shared checks use ("float32", "bfloat16") of a NumPy, ml_dtypes, JAX
+    or PyTorch dtype, or of a name. Unknown names come back as they are, for `check_dtype` to refuse."""
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype).removeprefix("torch.")
+
+
+def prepare_params(
+    config: ModelConfig,
+    params: Mapping[str, Any] | None,
+    dtype: Any,
+    backend: str,
+    supported: Sequence[str],
+    *,
+    as_numpy: Callable[[Any], np.ndarray] = np.asarray,
+    default_dtype: str = "float64",
+) -> tuple[dict[str, np.ndarray], str]:
+    """The one parameter preparation every backend runs before it builds its model.
+
+    1. `params=None` draws the seeded `init_params(config)` (float64 values), held in `dtype` or
+       `default_dtype`;
+    2. the parameter set is checked (names, shapes, one float dtype, every value finite);
+    3. the dtype is resolved (default: the parameters' own) and refused unless `supported`;
+    4. the values are cast on the host by NumPy (ml_dtypes for bfloat16): one rounding from their
+       own dtype, so every backend starts from the same weights;
+    5. what was cast is checked for finiteness again: 1e39 is a finite float64 and an infinite
+       float32, 1e5 a finite float32 and an infinite float16.
+
+    Returns the host arrays, ready for the backend to place on its device, and the dtype's name.
+    `as_numpy` reads one of the backend's own arrays on the host (a CUDA or bfloat16 tensor needs
+    the backend's help).
+    """
+    if params is None:
+        params = init_params(config)
+        dtype = default_dtype if dtype is None else dtype
+    arrays = check_numpy_params(config, params, as_numpy)
+    name = dtype_name(dtype) if dtype is not None else next(iter(arrays.values())).dtype.name
+    check_dtype(backend, name, supported)
+    target = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+    cast = {}
+    for key, value in arrays.items():
+        with np.errstate(over="ignore"):  # an overflow is refused just below, by name
+            cast[key] = value.astype(target, copy=False)
+        if value.dtype != target:
+            check_finite_array(key, cast[key])
+    return cast, name

@@ -34,9 +34,12 @@ import pytest
 
 from conformance.check import backends
 from conformance.check.backends import Target
+from conformance.core.params import PARAM_DTYPE_NAMES
 from conformance.suite.profiles import load_default_profile  # registers the profiles before hypothesis reads --hypothesis-profile
 
-DTYPES = ("float32", "float64", "float16", "bfloat16")
+# Every dtype a parameter may have; each target runs those its backend supports.
+DTYPES = PARAM_DTYPE_NAMES
+ORACLE_TARGET = ("numpy", "cpu", "float64")  # what every target is compared with
 SUITE = Path(__file__).resolve().parent  # the properties are the test_*.py files beside this one
 
 
@@ -98,12 +101,13 @@ def all_targets(dtypes=DTYPES) -> list:
     available = backends.availability()
     params = []
     for name in backends.requested_backends():
+        supported = dtypes if available[name] else backends.dtypes(name)
         for device in backends.device_kinds(name):
             reason = available[name] and f"{name}: {available[name]}"
             reason = reason or backends.device_skip_reason(name, device)
             for dtype in dtypes:
-                if name == "numpy" and dtype != "float32":
-                    continue  # numpy float64 is the oracle; numpy runs float32 and float64 only
+                if dtype not in supported or (name, device, dtype) == ORACLE_TARGET:
+                    continue  # a dtype the backend cannot run, or the oracle compared with itself
                 target = Target(name, device, dtype)
                 marks = [pytest.mark.skip(reason=reason)] if reason else []
                 params.append(pytest.param(target, id=target.label, marks=marks))

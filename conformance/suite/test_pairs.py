@@ -4,7 +4,6 @@ Agreement with the oracle bounds the pair's difference by twice the tolerance; t
 holds them to one tolerance, which is what the measured pairwise errors support.
 """
 
-import numpy as np
 from hypothesis import assume, given
 
 from conformance.suite import runner

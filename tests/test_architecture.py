@@ -1,0 +1,170 @@
+"""The architecture, enforced: rooms by role and the direction of every import.
+
+    core  <-  backends (impl_numpy, impl_torch, impl_jax)  <-  check  <-  suite  <-  cli
+    core  <-  convert                                          (beside the backends)
+
+Every `import` statement is read from the source (including the lazy ones inside functions and
+`importlib.import_module("...")` with a literal name), so a forbidden import fails here even when
+no test happens to execute it. The core is also imported for real in a fresh interpreter in which
+torch, jax, flax, hypothesis and pytest cannot be imported at all.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Which first-party packages each room may import (besides the standard library and itself).
+FIRST_PARTY = ("conformance", "impl_numpy", "impl_torch", "impl_jax")
+ALLOWED = {
+    "conformance.core": {"conformance.core"},
+    "conformance.convert": {"conformance.core", "conformance.convert"},
+    "impl_numpy": {"conformance.core", "impl_numpy"},
+    "impl_torch": {"conformance.core", "impl_torch"},
+    "impl_jax": {"conformance.core", "impl_jax"},
+    "conformance.check": {"conformance.core", "conformance.check", "impl_numpy", "impl_torch", "impl_jax"},
+    "conformance.suite": {"conformance.core", "conformance.check", "conformance.suite",
+                          "impl_numpy", "impl_torch", "impl_jax"},
+    "conformance.cli": {"conformance", "impl_numpy", "impl_torch", "impl_jax"},
+}
+# Third-party imports each room may make; None = any. The core is NumPy, ml_dtypes and the stdlib.
+THIRD_PARTY = {
+    "conformance.core": {"numpy", "ml_dtypes"},
+    "impl_numpy": {"numpy"},
+    "impl_torch": {"numpy", "torch", "ml_dtypes"},
+    "impl_jax": {"numpy", "jax", "flax", "ml_dtypes"},
+}
+STDLIB = set(sys.stdlib_module_names)
+
+
+def room_of(module: str) -> str | None:
+    for room in sorted(ALLOWED, key=len, reverse=True):
+        if module == room or module.startswith(room + "."):
+            return room
+    return None
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file, however deeply nested."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the file's package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module
+            # `from conformance import checkpoint` imports conformance.checkpoint: name the submodule.
+            found += [(node.lineno, f"{name}.{alias.name}") for alias in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def resolves_to(imported: str) -> str:
+    """The first-party room an imported name lands in (`conformance.checkpoint` is the core's)."""
+    if imported in ("conformance", "conformance.checkpoint") or imported.startswith("conformance.checkpoint."):
+        return "conformance.core"
+    if imported.startswith("conformance.") and imported.split(".")[1] in {
+            "ModelConfig", "CheckpointError", "ConfigError", "InputError", "Encoded", "ModelOutput", "PRESETS",
+            "init_params", "param_shapes", "preset"}:
+        return "conformance.core"  # the package's top-level names are the core's, re-exported
+    return room_of(imported) or imported
+
+
+SOURCES = sorted(p for package in FIRST_PARTY for p in (ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_inwards(path):
+    room = room_of(module_name(path))
+    if room is None:
+        assert module_name(path) == "conformance", f"{path} lies in no room of the architecture"
+        room = "conformance.core"  # the package's own __init__ re-exports the core and nothing else
+    for line, imported in imports_of(path):
+        top = imported.split(".")[0]
+        where = f"{path.relative_to(ROOT)}:{line} imports {imported}"
+        if top in FIRST_PARTY:
+            target = resolves_to(imported)
+            assert any(target == allowed or target.startswith(allowed + ".") for allowed in ALLOWED[room]), (
+                f"{where}: the {room} room may import only {sorted(ALLOWED[room])}")
+        elif top not in STDLIB and room in THIRD_PARTY:
+            assert top in THIRD_PARTY[room], f"{where}: the {room} room may use only {sorted(THIRD_PARTY[room])}"
+
+
+@pytest.mark.parametrize("package", ["conformance", *[room for room in ALLOWED if room.startswith("conformance.")]])
+def test_every_room_says_what_it_holds_and_may_import(package):
+    init = ROOT / Path(*package.split(".")) / "__init__.py"
+    doc = ast.get_docstring(ast.parse(init.read_text()))
+    assert doc, f"{init} has no docstring"
+    if package != "conformance":
+        assert "May import" in doc or "may import" in doc or "Imports" in doc, f"{init}: say what the room may import"
+
+
+def test_the_core_imports_with_no_framework_and_no_test_tools():
+    """`import conformance` and every core module work where torch, jax, flax, hypothesis and
+    pytest cannot be imported, and none of them is pulled in."""
+    blocked = ["torch", "jax", "jaxlib", "flax", "optax", "orbax", "hypothesis", "pytest", "transformers", "matplotlib"]
+    core = sorted(module_name(p) for p in (ROOT / "conformance" / "core").glob("*.py"))
+    script = textwrap.dedent(f"""
+        import importlib, sys
+        BLOCKED = {blocked!r}
+
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in BLOCKED:
+                    raise ImportError(f"{{name}} is blocked for this test")
+
+        sys.meta_path.insert(0, Block())
+        import conformance
+        for name in {core!r}:
+            importlib.import_module(name)
+        from conformance import ModelConfig, checkpoint, init_params, preset
+        config = preset("paper", src_vocab_size=11, tgt_vocab_size=11, d_model=8, n_heads=2, d_ff=16,
+                         n_encoder_layers=1, n_decoder_layers=1, max_len=8)
+        assert set(init_params(config)) and ModelConfig.from_json(config.to_json()) == config
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+        assert not leaked, leaked
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_forbidden_import_is_caught(tmp_path, monkeypatch):
+    """The checker itself has teeth: a backend that imports another backend, or the core that
+    imports the suite, is refused with the line named."""
+    fake_root = tmp_path
+    (fake_root / "impl_numpy").mkdir()
+    bad = fake_root / "impl_numpy" / "bad.py"
+    bad.write_text("def f():\n    import impl_torch\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", fake_root)
+    with pytest.raises(AssertionError, match=r"bad.py:2 imports impl_torch"):
+        test_imports_point_inwards(bad)
+    (fake_root / "conformance" / "core").mkdir(parents=True)
+    core = fake_root / "conformance" / "core" / "bad.py"
+    core.write_text("from conformance.suite import runner\n")
+    with pytest.raises(AssertionError, match="conformance.core room may import only"):
+        test_imports_point_inwards(core)
+    core.write_text("import torch\n")
+    with pytest.raises(AssertionError, match="may use only"):
+        test_imports_point_inwards(core)

@@ -1,0 +1,154 @@
+"""The three `model.py` files are one model written three times: this test fails when they drift.
+
+It parses `impl_numpy/model.py`, `impl_torch/model.py` and `impl_jax/model.py` and compares, in
+order: the section headers, the top-level names, the methods of each class, the positional
+parameters of every function and method, and the first paragraph of every docstring (where the
+equation lives). What differs for a framework's own reasons is on the allowlists below, each
+with its reason; anything else that differs is drift.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = ("numpy", "torch", "jax")
+REFERENCE = "numpy"  # the oracle is the file the others are read next to
+
+# Top-level names only some backends have, and why.
+IDIOM_NAMES = {
+    "at_least_float32": ({"torch", "jax"}, "float16/bfloat16 are upcast for reductions; NumPy runs float32/64 only"),
+    "fast_attention": ({"torch"}, "PyTorch's fused SDPA kernel, the path without attention weights"),
+    "Sinusoid": ({"jax"}, "an nnx.Variable kind for the position constant: neither a parameter nor saved"),
+    "optional_param": ({"jax"}, "nnx.Param or None, for the switchable biases"),
+}
+# Methods only some backends' classes have, and why.
+IDIOM_METHODS = {
+    "extra_repr": ({"torch"}, "nn.Module's printed summary"),
+    "dtype": ({"torch"}, "a property: torch reads the dtype off a parameter; the others store it"),
+    "params": ({"jax"}, "a property: the flattened nnx.Param state; NumPy keeps the dict, torch has state_dict()"),
+    "_encode": ({"jax"}, "the compiled part of encode (one XLA executable per shape)"),
+    "_decode": ({"jax"}, "the compiled part of decode"),
+    "traceable_forward": ({"jax"}, "the unchecked forward for use inside jax.jit / vmap (host checks cannot trace)"),
+}
+# Method names that mean the same: torch's nn.Module runs `forward` through `__call__`.
+ALIASES = {"torch": {"forward": "__call__"}}
+# Constructors are framework idioms: torch modules create empty parameters from (config, dtype)
+# and the model loads its state dict once; NumPy and Flax wrap the given arrays by name.
+CONSTRUCTOR_BACKENDS = {"numpy", "jax"}
+SECTION = re.compile(r"^# -- (.+?) -+$", re.M)
+
+
+def source(backend: str) -> str:
+    return (ROOT / f"impl_{backend}" / "model.py").read_text()
+
+
+def skeleton(text: str, backend: str) -> dict:
+    """Sections, top-level names, and per function/method (methods under their canonical name):
+    positional parameters and docstring."""
+    tree = ast.parse(text)
+    names, classes, signatures, docs = [], {}, {}, {}
+
+    def record(qualname: str, node) -> None:
+        docs[qualname] = (ast.get_docstring(node) or "").split("\n\n")[0]
+        if isinstance(node, ast.FunctionDef):
+            args = node.args
+            signatures[qualname] = [a.arg for a in args.posonlyargs + args.args if a.arg != "self"]
+
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.append(node.name)
+            record(node.name, node)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+        if isinstance(node, ast.ClassDef):
+            methods = []
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    methods.append(canonical(backend, item.name))
+                    record(f"{node.name}.{canonical(backend, item.name)}", item)
+            classes[node.name] = methods
+    return {"sections": SECTION.findall(text), "names": names, "classes": classes,
+            "signatures": signatures, "docs": docs}
+
+
+def canonical(backend: str, name: str) -> str:
+    return ALIASES.get(backend, {}).get(name, name)
+
+
+def shared(names, backend: str, idioms: dict) -> list[str]:
+    """`names` without the idioms that backend is allowed to have."""
+    return [n for n in names if not (n in idioms and backend in idioms[n][0])]
+
+
+def drift(reference: dict, other: dict, backend: str) -> list[str]:
+    problems = []
+    if reference["sections"] != other["sections"]:
+        problems.append(f"sections differ: {reference['sections']} vs {other['sections']}")
+    ref_names = shared(reference["names"], REFERENCE, IDIOM_NAMES)
+    names = shared(other["names"], backend, IDIOM_NAMES)
+    if ref_names != names:
+        problems.append(f"top-level names differ (order matters): {ref_names} vs {names}")
+    for cls, ref_methods in reference["classes"].items():
+        if cls not in other["classes"]:
+            continue  # reported with the names
+        ref = shared(ref_methods, REFERENCE, IDIOM_METHODS)
+        got = shared(other["classes"][cls], backend, IDIOM_METHODS)
+        if ref != got:
+            problems.append(f"methods of {cls} differ (order matters): {ref} vs {got}")
+    for qualname, params in reference["signatures"].items():
+        theirs = other["signatures"].get(qualname)
+        if theirs is None:
+            continue  # a missing name is reported above
+        if qualname.endswith("__init__") and not {REFERENCE, backend} <= CONSTRUCTOR_BACKENDS:
+            continue
+        if params != theirs:
+            problems.append(f"positional parameters of {qualname} differ: {params} vs {theirs} "
+                            "(backend extras must be keyword-only)")
+    for qualname, doc in reference["docs"].items():
+        theirs = other["docs"].get(qualname)
+        if theirs is not None and theirs != doc:
+            problems.append(f"docstring of {qualname} differs in its first paragraph:\n  {doc!r}\n  {theirs!r}")
+    return problems
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != REFERENCE])
+def test_model_files_are_parallel(backend):
+    problems = drift(skeleton(source(REFERENCE), REFERENCE), skeleton(source(backend), backend), backend)
+    assert not problems, f"impl_{backend}/model.py drifted from impl_{REFERENCE}/model.py:\n" + "\n".join(problems)
+
+
+def test_the_allowlists_name_only_what_exists():
+    """An allowlist entry that no longer matches anything hides nothing and must go."""
+    skeletons = {b: skeleton(source(b), b) for b in BACKENDS}
+    for name, (owners, why) in IDIOM_NAMES.items():
+        for backend in owners:
+            assert name in skeletons[backend]["names"], f"{name} ({why}) is not in impl_{backend}/model.py"
+    for name, (owners, why) in IDIOM_METHODS.items():
+        for backend in owners:
+            assert any(name in methods for methods in skeletons[backend]["classes"].values()), (
+                f"method {name} ({why}) is in no class of impl_{backend}/model.py")
+
+
+def test_drift_is_caught():
+    """The comparison has teeth: a renamed function, a reordered section, an extra positional
+    parameter and an edited equation are each reported."""
+    reference = source(REFERENCE)
+    text = source("torch")
+    cases = {
+        "top-level names differ": text.replace("def causal_mask(", "def lower_triangle("),
+        "sections differ": text.replace("# -- Feed-forward", "# -- Feedforward"),
+        "positional parameters of EncoderLayer.__call__ differ": re.sub(
+            r"def forward\(self, x: torch.Tensor, src_mask, name: str, out",
+            "def forward(self, x: torch.Tensor, src_mask, name: str, extra, out", text, count=1),
+        "docstring of scaled_dot_product_attention differs": text.replace(
+            "Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V", "Attention(Q, K, V) = softmax(Q K^T) V"),
+    }
+    for expected, broken in cases.items():
+        assert broken != text, f"the planted drift for {expected!r} did not apply"
+        problems = drift(skeleton(reference, REFERENCE), skeleton(broken, "torch"), "torch")
+        assert any(expected in p for p in problems), f"{expected!r} not reported: {problems}"
