@@ -28,6 +28,7 @@ import json
 import os
 import struct
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -167,15 +168,52 @@ def _validate_index(path: Path, header: Mapping[str, Any], data_len: int) -> lis
     return entries
 
 
-def _canonical_digest(header: Mapping[str, Any], data: bytes | bytearray | memoryview) -> str:
-    """sha256 of the header (without its own digest) in canonical JSON, then the data."""
+def _header_digest(header: Mapping[str, Any]) -> "hashlib._Hash":
+    """sha256 started with the header (without its own digest) in canonical JSON; the data
+    follows (`_canonical_digest`)."""
     stripped = dict(header)
     meta = dict(stripped.get("__metadata__", {}))
     meta.pop("sha256", None)
     stripped["__metadata__"] = meta
-    digest = hashlib.sha256(json.dumps(stripped, sort_keys=True, separators=(",", ":")).encode())
+    return hashlib.sha256(json.dumps(stripped, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _canonical_digest(header: Mapping[str, Any], data: bytes | bytearray | memoryview) -> str:
+    """sha256 of the header (without its own digest) in canonical JSON, then the data."""
+    digest = _header_digest(header)
     digest.update(data)
     return digest.hexdigest()
+
+
+READ_CHUNK = 16 * 1024 * 1024
+
+
+def _read_data(f, length: int, digest) -> np.ndarray | None:
+    """The data section as one uint8 buffer (None if the file ends early), hashed into `digest`
+    as it arrives.
+
+    Reading and hashing overlap: each 16 MiB chunk is handed to one worker thread that updates
+    the digest (hashlib releases the GIL on large updates) while the next chunk is read (file
+    reads release it too), so loading costs about max(read, hash) instead of their sum. The
+    buffer is not zero-filled first: every byte of it is read from the file.
+    """
+    data = np.empty(length, dtype=np.uint8)
+    view = memoryview(data)
+    pending = None
+    with ThreadPoolExecutor(max_workers=1) as hasher:
+        position = 0
+        while position < length:
+            got = f.readinto(view[position: position + READ_CHUNK])
+            if not got:
+                return None
+            if digest is not None:
+                if pending is not None:
+                    pending.result()
+                pending = hasher.submit(digest.update, view[position: position + got])
+            position += got
+        if pending is not None:
+            pending.result()
+    return data
 
 
 def read_tensors(
@@ -214,8 +252,9 @@ def read_tensors(
             entries = _validate_index(path, header, data_len)
             if before_data is not None:
                 before_data(metadata, entries)
-            data = bytearray(data_len)
-            if f.readinto(data) != data_len:
+            digest = _header_digest(header) if "sha256" in metadata else None
+            data = _read_data(f, data_len, digest)
+            if data is None:
                 raise CheckpointError(path, "truncated: the file ended inside the data")
     except FileNotFoundError:
         raise CheckpointError(path, "no such file") from None
@@ -223,7 +262,7 @@ def read_tensors(
         raise CheckpointError(path, "is a directory, not a checkpoint file") from None
     except PermissionError:
         raise CheckpointError(path, "permission denied") from None
-    if "sha256" in metadata and _canonical_digest(header, data) != metadata["sha256"]:
+    if digest is not None and digest.hexdigest() != metadata["sha256"]:
         raise CheckpointError(path, "corrupt: the sha256 digest does not match the header and data")
     tensors = {}
     for name, code, shape, begin, end in entries:
