@@ -50,16 +50,16 @@ def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool
 def oracle(case: Case) -> dict[str, np.ndarray]:
     """The float64 NumPy result for a case (cached: several properties share examples)."""
     return _oracle_cached(case.config.to_json(), case.seed, case.scale, case.src_ids.tobytes(),
-                          case.src_ids.shape, case.tgt_ids.tobytes(), case.tgt_ids.shape)
+                          case.src_ids.shape, case.tgt_ids.tobytes(), case.tgt_ids.shape, case.trained)
 
 
 @lru_cache(maxsize=256)
-def _oracle_cached(config_json, seed, scale, src_bytes, src_shape, tgt_bytes, tgt_shape) -> dict[str, np.ndarray]:
+def _oracle_cached(config_json, seed, scale, src_bytes, src_shape, tgt_bytes, tgt_shape, trained=None) -> dict[str, np.ndarray]:
     from conformance.core.config import ModelConfig
 
     case = Case(ModelConfig.from_json(config_json), seed, scale,
                 np.frombuffer(src_bytes, np.int64).reshape(src_shape),
-                np.frombuffer(tgt_bytes, np.int64).reshape(tgt_shape))
+                np.frombuffer(tgt_bytes, np.int64).reshape(tgt_shape), trained)
     return run(Target("numpy", "cpu", "float64"), case)
 
 
