@@ -110,6 +110,7 @@ class Trained:
     qk_gain       query and key projections multiplied by this: attention logits grow by its square;
                   their rows for the outlier dimensions are divided by `outlier_size` (attention
                   reads the outliers at the typical size, or the logits reach the thousands)
+    v_gain        value projections multiplied by this
     """
 
     offset: float = 0.0
@@ -117,6 +118,7 @@ class Trained:
     outlier_size: float = 1.0
     ln_gain: float = 1.0
     qk_gain: float = 1.0
+    v_gain: float = 1.0
 
     def apply(self, config: ModelConfig, params: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
         params = dict(params)
@@ -135,6 +137,8 @@ class Trained:
                 value = value * self.qk_gain
                 if name.endswith(".weight"):  # (D, D): rows read the outlier dims at their typical size
                     value[list(self.outliers), :] /= self.outlier_size
+            elif ".v_proj." in name:
+                value = value * self.v_gain
             params[name] = value
         return params
 
@@ -218,8 +222,9 @@ LONG_MAX_LENS = (2048, 512)
 def trained(draw, d_model: int, kinds: tuple[str, ...] = KINDS) -> Trained:
     """A `Trained` transformation of one kind:
 
-    offset    rows with |mean| / std of 300-1000 (query and key weights divided by the offset, so
-              that the offset does not also drive the logits into the thousands)
+    offset    rows with |mean| / std of 300-1000 (query, key and value weights divided by the
+              offset, so that the offset drives neither the logits into the thousands nor, through
+              the values, a post-LN residual's spread up to its mean)
     outliers  1-2 dimensions 50-1000x the typical size, carried by the embeddings and by
               LayerNorm gains of that size, and LayerNorm gains far from 1 elsewhere
     sharp     query and key weights that give attention logits of 50-150
@@ -227,7 +232,7 @@ def trained(draw, d_model: int, kinds: tuple[str, ...] = KINDS) -> Trained:
     kind = draw(st.sampled_from(kinds))
     if kind == "offset":
         offset = draw(st.sampled_from(OFFSETS))
-        return Trained(offset=offset, qk_gain=1 / offset)
+        return Trained(offset=offset, qk_gain=1 / offset, v_gain=1 / offset)
     if kind == "outliers":
         n_outliers = draw(st.integers(1, 2))
         dims = draw(st.sets(st.integers(0, d_model - 1), min_size=n_outliers, max_size=n_outliers))
@@ -259,8 +264,8 @@ def long_cases(draw) -> Case:
     max_len = draw(st.sampled_from(LONG_MAX_LENS))
     base = draw(configs(max_layers=1).filter(lambda c: c.d_model in (16, 32)))
     config = replace(base, max_len=max_len)
-    src_len = draw(st.sampled_from((max_len // 2, max_len)))
-    tgt_len = draw(st.sampled_from((max_len // 2, max_len)))
+    src_len = draw(st.sampled_from((max_len, max_len // 2)))  # the full length first
+    tgt_len = draw(st.sampled_from((max_len, max_len // 2)))
     # Thousands of ids drawn one by one cost seconds of generation per example: one seed instead.
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     src = _long_row(rng, config.src_vocab_size, config.pad_id, src_len, draw(st.integers(1, src_len)))
