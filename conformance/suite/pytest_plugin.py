@@ -52,6 +52,9 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "dtypes(*names): run the property only at these dtypes")
     load_default_profile(config)
+    from conformance.suite import runner
+
+    runner.PROGRESS = full_size_progress(config)
     try:
         if config.getoption("--backends", None):
             os.environ["ROSETTA_BACKENDS"] = config.getoption("--backends")
@@ -61,6 +64,37 @@ def pytest_configure(config):
         backends.requested_devices()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def full_size_progress(config):
+    """A `runner.PROGRESS` callback: under a full-size profile (`scale`), one line per model run,
+    with the time since the session started, written past pytest's output capture."""
+    import time
+
+    from conformance.suite.profiles import full_size
+
+    started = time.perf_counter()
+
+    def report(target, case, seconds):
+        if not full_size() or case.config.d_model < 512:
+            return
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            return
+        elapsed = int(time.perf_counter() - started)
+        c = case.config
+        kind = "seeded" if case.trained is None else ("offset" if case.trained.offset else "outliers")
+        line = (f"[scale {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}] {target.label:<20} "
+                f"d_model {c.d_model}, {c.n_encoder_layers}+{c.n_decoder_layers} layers, vocab {c.tgt_vocab_size}, "
+                f"src {case.src_ids.shape[1]} tgt {case.tgt_ids.shape[1]}, {kind}: {seconds:.1f} s")
+        if capture is None:
+            reporter.write_line(line)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(line)
+
+    return report
 
 
 def in_suite(path) -> bool:

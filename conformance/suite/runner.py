@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from conformance.suite.strategies import Case
 
 # Wall time spent per target, so the session summary can show where the minutes went.
 TIMINGS: dict[str, float] = defaultdict(float)
+# Called as PROGRESS(target, case, seconds) after every run when set: the plugin prints a line per
+# full-size model run under the `scale` profile, where one run takes a minute.
+PROGRESS: Callable[[Target, Case, float], None] | None = None
 
 
 def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool = False,
@@ -45,6 +48,8 @@ def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool
             return results[0] if repeat == 1 else results
     finally:
         TIMINGS[target.label] += time.perf_counter() - started
+        if PROGRESS is not None:
+            PROGRESS(target, case, time.perf_counter() - started)
 
 
 def oracle(case: Case) -> dict[str, np.ndarray]:
