@@ -1,7 +1,7 @@
 """The statistics the realistic strategies borrow from a trained model: `python benchmarks/realistic_stats.py`.
 
 Runs the built-in default model (trained on the reverse-digits task, `conformance.check.toy`)
-in the float64 oracle on held-out task inputs and prints, as Markdown rows for docs/realistic.md:
+in the float64 oracle on held-out task inputs and prints, as Markdown rows for docs/tolerances.md:
 
 - LayerNorm gain and bias ranges;
 - token-embedding row norms (after the sqrt(d_model) scale when the config applies it);

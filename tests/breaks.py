@@ -163,7 +163,7 @@ def float16_sum_softmax(scores):
 # Not in the table, because the suite cannot honestly catch it: a sinusoid computed in float32 at
 # float32 moves the embeddings by 1.7e-5 x their scale at position 2047 (50x a correct float32
 # backend's 3e-7, but 17x below the float32 tolerance 3e-4, which the attention weights of
-# trained-scale examples need: measured, docs/realistic.md). `float32_sinusoid` stays for that
+# trained-scale examples need: measured, docs/tolerances.md). `float32_sinusoid` stays for that
 # measurement. In float16 (below) the same bug is caught.
 #
 # name -> (backend, dtype, [(text in model.py, replacement)], {module attribute: replacement}, tame_misses)

@@ -136,6 +136,7 @@ def test_rosetta_conformance_offers_the_scale_profile_and_counts_its_runs():
     try:
         # The oracle, then numpy at float32 (numpy has no half precision).
         assert conformance_suite.full_size_runs_per_example("numpy") == 2
+        assert conformance_suite.drawn_scale_sizes()[0] == (1024, 1024, 1024)
     finally:
         if previous is None:
             os.environ.pop("ROSETTA_BACKENDS", None)

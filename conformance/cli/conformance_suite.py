@@ -44,10 +44,9 @@ def forward_flops(d_model: int, d_ff: int, layers: int, vocab: int, src: int, tg
     return layers * (encoder + decoder) + 2 * tgt * d * vocab
 
 
-def full_size_runs_per_example(requested: str | None) -> float:
+def full_size_runs_per_example(requested: str | None) -> int:
     """Model runs per drawn full-size example: the oracle, then every target of the realistic
-    property that runs full size (compiling backends at float32 only; half precision on the half
-    of the examples with seeded weights)."""
+    property that runs full size (compiling backends at float32 only)."""
     import os
 
     from conformance.check import backends
@@ -56,7 +55,7 @@ def full_size_runs_per_example(requested: str | None) -> float:
 
     if requested:
         os.environ["ROSETTA_BACKENDS"] = requested
-    runs = 1.0
+    runs = 1
     available = backends.availability()
     for name in backends.requested_backends():
         if available[name]:
@@ -66,14 +65,34 @@ def full_size_runs_per_example(requested: str | None) -> float:
                 continue
             if backends.kind(name) in COMPILING and dtype != "float32":
                 continue
-            runs += 0.5 if dtype in ("float16", "bfloat16") else 1.0
+            runs += 1
     return runs
 
 
+def drawn_scale_sizes() -> list[tuple[int, int, int]]:
+    """(d_model, source length, target length) of the full-size examples the `scale` profile draws
+    (derandomized: the same every run), without building a model."""
+    from hypothesis import given, seed, settings
+
+    from conformance.suite import strategies
+    from conformance.suite.profiles import SCALE_EXAMPLES
+
+    sizes = []
+
+    @seed(0)
+    @settings(max_examples=SCALE_EXAMPLES, derandomize=True, database=None, deadline=None)
+    @given(case=strategies.scale_cases())
+    def draw(case):
+        sizes.append((case.config.d_model, case.src_ids.shape[1], case.tgt_ids.shape[1]))
+
+    draw()
+    return sizes
+
+
 def scale_estimate(requested: str | None) -> str:
-    """The `scale` profile's time, estimated before it starts: one full-size run of the oracle
-    (d_model 512, 6+6 layers, vocab 32000, 128 tokens a side: build and forward) is timed, scaled by
-    the FLOPs of the average drawn size, and multiplied by the runs per example and the examples."""
+    """The `scale` profile's time, estimated before it starts: one full-size oracle run (d_model
+    512, 6+6 layers, vocab 32000, 512 tokens a side: build and forward) is timed, scaled by the FLOPs
+    of each example the profile draws, and multiplied by the runs per example."""
     import time
 
     import numpy as np
@@ -81,9 +100,8 @@ def scale_estimate(requested: str | None) -> str:
     from conformance.check.backends import Target
     from conformance.core.presets import preset
     from conformance.suite import runner, strategies
-    from conformance.suite.profiles import SCALE_EXAMPLES
 
-    d, length = strategies.SCALE_D_MODELS[0], strategies.SCALE_LENGTHS[0]
+    d, length = 512, 512
     config = preset("paper", d_model=d, n_heads=d // strategies.SCALE_HEAD_DIM, d_ff=4 * d,
                     n_encoder_layers=strategies.SCALE_LAYERS, n_decoder_layers=strategies.SCALE_LAYERS,
                     src_vocab_size=strategies.SCALE_VOCAB, tgt_vocab_size=strategies.SCALE_VOCAB, max_len=length)
@@ -95,13 +113,13 @@ def scale_estimate(requested: str | None) -> str:
     def flops(d_model: int, src: int, tgt: int) -> float:
         return forward_flops(d_model, 4 * d_model, strategies.SCALE_LAYERS, strategies.SCALE_VOCAB, src, tgt)
 
-    sizes = [(dm, n, t) for dm in strategies.SCALE_D_MODELS for n in strategies.SCALE_LENGTHS for t in (n, n // 2)]
-    mean_ratio = sum(flops(*s) for s in sizes) / len(sizes) / flops(d, length, length)
+    sizes = drawn_scale_sizes()
+    ratio = sum(flops(*s) for s in sizes) / flops(d, length, length)
     runs = full_size_runs_per_example(requested)
-    per_example = measured * mean_ratio * runs
-    total = per_example * SCALE_EXAMPLES
+    total = measured * ratio * runs
+    shown = ", ".join(f"d_model {dm} {src}/{tgt} tokens" for dm, src, tgt in sizes)
     return (f"rosetta conformance --profile scale: one full-size oracle run (d_model {d}, 6+6 layers, vocab "
-            f"{strategies.SCALE_VOCAB}, {length} tokens) took {measured:.1f} s; the drawn sizes average "
-            f"{mean_ratio:.1f}x its FLOPs; {runs:g} runs per example x {SCALE_EXAMPLES} examples: about "
+            f"{strategies.SCALE_VOCAB}, {length} tokens a side) took {measured:.1f} s; the {len(sizes)} examples "
+            f"({shown}) cost {ratio:.1f}x its FLOPs; {runs} runs each (oracle and targets): about "
             f"{total / 60:.0f} min for the full-size property (estimate: every target priced at the float64 "
-            f"oracle's speed), plus the small properties at {SCALE_EXAMPLES} examples each.")
+            f"oracle's speed), plus the small properties at {len(sizes)} examples each.")

@@ -97,7 +97,7 @@ def token_ids(draw, vocab: int, pad_id: int, batch: int, length: int, allow_empt
 
 @dataclass(frozen=True)
 class Trained:
-    """What training does to the numbers, applied to seeded weights (docs/realistic.md says where
+    """What training does to the numbers, applied to seeded weights (docs/tolerances.md ("Realistic numbers") says where
     each statistic comes from). Deterministic: the same seed and fields give the same weights.
 
     offset        every token embedding gets a common per-feature offset of `offset` embedding
@@ -200,13 +200,13 @@ def shared_examples(test):
     return test
 
 
-# -- Realistic examples: the numbers trained models produce (docs/realistic.md) -----------------
+# -- Realistic examples: the numbers trained models produce (docs/tolerances.md) ----------------
 #
-# Each value below is justified in docs/realistic.md, from the built-in default model after
+# Each value below is justified in docs/tolerances.md ("Realistic numbers"), from the built-in default model after
 # training (`benchmarks/realistic_stats.py`) and from what is published for large Transformers.
 # Three kinds, one phenomenon each, so that a correct backend's error stays what that phenomenon
 # costs (every kind at once drives logits into the thousands, where float32 softmax weights are
-# off by 1e-3 without any bug: measured, docs/realistic.md). The first value of each tuple is the
+# off by 1e-3 without any bug: measured, docs/tolerances.md). The first value of each tuple is the
 # one a derandomized run meets first: the realistic extreme.
 KINDS = ("offset", "outliers", "sharp")
 OFFSETS = (1000.0, 300.0)  # row |mean| / std of the embeddings; E[x^2] - E[x]^2 cancels in float32 from ~300
