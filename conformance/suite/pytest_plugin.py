@@ -84,7 +84,8 @@ def full_size_progress(config):
             return
         elapsed = int(time.perf_counter() - started)
         c = case.config
-        kind = "seeded" if case.trained is None else ("offset" if case.trained.offset else "outliers")
+        kind = "seeded" if case.trained is None else ("offset" if case.trained.offset else
+                                                      "outliers" if case.trained.outliers else "sharp")
         line = (f"[scale {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}] {target.label:<20} "
                 f"d_model {c.d_model}, {c.n_encoder_layers}+{c.n_decoder_layers} layers, vocab {c.tgt_vocab_size}, "
                 f"src {case.src_ids.shape[1]} tgt {case.tgt_ids.shape[1]}, {kind}: {seconds:.1f} s")

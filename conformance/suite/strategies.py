@@ -297,9 +297,12 @@ SCALE_HEAD_DIM = 64
 def scale_cases(draw) -> Case:
     """One full-size model (every switch drawn as in `configs`, then d_model 512 or 1024 with
     heads of 64, d_ff 4 x d_model, 6 layers a side, vocab 32000) and one sequence pair of 128-1024
-    tokens (B 1). Half the examples carry trained-like weights of the offset or outlier kind,
-    the first drawn among them (not sharp: query and key gains of 8 in six layers make attention rows one-hot and the error a
-    measure of that ill-conditioning, docs/tolerances.md)."""
+    tokens (B 1). Half the examples carry trained-like weights of the outlier kind, the first
+    drawn among them. Not sharp: query and key gains of 8 in six layers make attention rows one-hot
+    and the error a measure of that ill-conditioning. Not offset: rows with |mean| / std of 1000
+    carried through a pre-LN residual stream cost a correct float32 backend 2e-3-3e-3 at d_model
+    1024 (measured), and the first scale run failed torch at float64 on a post-LN offset example
+    (docs/tolerances.md): both need a tolerance law of their own, which is not measured yet."""
     d_model = draw(st.sampled_from(SCALE_D_MODELS))
     length = draw(st.sampled_from(SCALE_LENGTHS))
     base = draw(configs(max_layers=1))
@@ -308,11 +311,13 @@ def scale_cases(draw) -> Case:
                      src_vocab_size=SCALE_VOCAB, tgt_vocab_size=SCALE_VOCAB, max_len=length)
     tgt_len = draw(st.sampled_from((length, length // 2)))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    src = _long_row(rng, config.src_vocab_size, config.pad_id, length, draw(st.integers(1, length)))
-    tgt = _long_row(rng, config.tgt_vocab_size, config.pad_id, tgt_len, draw(st.integers(1, tgt_len)))
+    # Real tokens: the whole row first (the simplest integer draw would be 1 real token of 1024).
+    src = _long_row(rng, config.src_vocab_size, config.pad_id, length, draw(st.sampled_from((length, length // 2, 1))))
+    tgt = _long_row(rng, config.tgt_vocab_size, config.pad_id, tgt_len,
+                    draw(st.sampled_from((tgt_len, tgt_len // 2, 1))))
     shaped = draw(st.sampled_from((True, False)))
     return Case(config=config, seed=draw(st.integers(0, 2**16)), scale=1.0, src_ids=src, tgt_ids=tgt,
-                trained=draw(trained(d_model, ("offset", "outliers"))) if shaped else None)
+                trained=draw(trained(d_model, ("outliers",))) if shaped else None)
 
 
 @st.composite
