@@ -31,8 +31,9 @@ covers every point). `conformance.check.tolerances.SIZE_LAWS` holds the result, 
 docs/tolerances.md, the fitted law, the margin the suite's tolerance keeps at every point, and
 writes the plot `docs/tolerance_law.png`.
 
-    python benchmarks/tolerance_law.py            # the published run (a few minutes on 2 cores)
-    python benchmarks/tolerance_law.py --quick    # three points per sweep, one seed (a smoke run)
+    python benchmarks/tolerance_law.py --jax                          # post-LN, the published run (~3.5 min)
+    python benchmarks/tolerance_law.py --placement pre --seeds 1      # pre-LN with final norms
+    python benchmarks/tolerance_law.py --quick                        # three points per sweep, one seed
 """
 
 from __future__ import annotations
@@ -91,9 +92,14 @@ def points(sweeps: dict[str, tuple[int, ...]]) -> list[dict[str, int]]:
     return out
 
 
+PLACEMENT = {"placement": "post"}  # set by --placement: "post" (the paper's, default) or "pre"
+
+
 def case_at(point: dict[str, int], seed: int, trained: Trained | None) -> Case:
     d, length, depth = point["d_model"], point["length"], point["depth"]
-    config = preset("paper", d_model=d, n_heads=max(1, d // 64) if d >= 64 else 2, d_ff=4 * d,
+    pre = PLACEMENT["placement"] == "pre"
+    config = preset("paper", norm_placement=PLACEMENT["placement"], final_encoder_norm=pre, final_decoder_norm=pre,
+                    d_model=d, n_heads=max(1, d // 64) if d >= 64 else 2, d_ff=4 * d,
                     n_encoder_layers=depth, n_decoder_layers=depth, max_len=length,
                     src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
     rng = np.random.default_rng([seed, length])
@@ -175,9 +181,9 @@ def plot(rows: list[dict], pairs: list[tuple[str, str]], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("worst max |backend - oracle| / scale")
     axes[2].legend(fontsize=7, loc="center right")
-    fig.suptitle("Error against the float64 oracle by size (worst over numpy, torch and JAX at float32; torch at "
-                 "half precision); dotted: the suite's tolerance, conformance.check.tolerances.scaled_tolerance",
-                 fontsize=9)
+    fig.suptitle(f"{PLACEMENT['placement']}-LN: error against the float64 oracle by size (worst over the float32 "
+                 "backends measured; torch at float64 and half precision); dotted: the suite's tolerance, "
+                 "conformance.check.tolerances.scaled_tolerance", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print(f"wrote {path}")
@@ -188,11 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="three points per sweep, one seed")
     parser.add_argument("--jax", action="store_true", help="also JAX at float32 (one compile per point)")
     parser.add_argument("--plot", default=str(ROOT / "docs" / "tolerance_law.png"))
+    parser.add_argument("--placement", choices=["post", "pre"], default="post",
+                        help="LayerNorm placement of the measured models (pre: with final norms)")
+    parser.add_argument("--seeds", type=int, default=2, help="seeds per size and kind of weights")
     parser.add_argument("--save", help="write the measured rows to this JSON file")
     parser.add_argument("--load", help="fit, tabulate and plot rows saved by --save instead of measuring")
     args = parser.parse_args(argv)
     sweeps = {k: (v[0], BASE[k], v[-1]) if args.quick else v for k, v in SWEEPS.items()}
-    seeds = (0,) if args.quick else (0, 1)
+    seeds = (0,) if args.quick else tuple(range(args.seeds))
+    PLACEMENT["placement"] = args.placement
     targets = [Target("numpy", "cpu", "float32"), Target("torch", "cpu", "float32"), Target("torch", "cpu", "float64"),
                Target("torch", "cpu", "float16"), Target("torch", "cpu", "bfloat16")]
     if args.jax:

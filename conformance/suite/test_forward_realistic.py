@@ -21,7 +21,7 @@ from conformance.suite.profiles import full_size
 from conformance.suite.assertions import assert_tensors_close
 from conformance.suite.strategies import any_realistic_cases, realistic_in_domain, shared_examples
 
-CI_EXAMPLES = 6  # measured CI seconds in docs/realistic.md
+CI_EXAMPLES = 6  # a bounded sample for CI (its seconds are not quoted in the docs yet)
 # A compiling backend compiles every new (config, shape): it runs the realistic small cases at
 # float32 only, and no long case (a 2048-token compile per example) except under `scale`. Its
 # float64 and half paths share the float32 code; numpy and torch cover them at full length.
