@@ -145,3 +145,43 @@ def test_rosetta_conformance_offers_the_scale_profile_and_counts_its_runs():
     small = conformance_suite.forward_flops(512, 2048, 6, 32000, 128, 128)
     assert conformance_suite.forward_flops(1024, 4096, 6, 32000, 128, 128) > 3 * small
     assert conformance_suite.forward_flops(512, 2048, 6, 32000, 1024, 1024) > 7 * small
+
+
+def test_the_scale_profile_prints_a_line_per_full_size_run_and_nothing_otherwise():
+    import numpy as np
+
+    from conformance.check.backends import Target
+    from conformance.core.presets import preset
+    from conformance.suite import pytest_plugin
+
+    lines = []
+
+    class Reporter:
+        def write_line(self, line):
+            lines.append(line)
+
+    class Plugins:
+        def get_plugin(self, name):
+            return Reporter() if name == "terminalreporter" else None
+
+    class Config:
+        pluginmanager = Plugins()
+
+    report = pytest_plugin.full_size_progress(Config())
+    config = preset("paper", d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6,
+                    max_len=256, src_vocab_size=32000, tgt_vocab_size=32000)
+    case = strategies.Case(config, 0, 1.0, np.ones((1, 256), np.int64), np.ones((1, 128), np.int64),
+                           strategies.Trained(outliers=(3,), outlier_size=1000.0))
+    previous = settings._current_profile
+    try:
+        settings.load_profile("ci")
+        report(Target("numpy", "cpu", "float32"), case, 12.34)
+        assert lines == []
+        settings.load_profile("scale")
+        report(Target("numpy", "cpu", "float32"), case, 12.34)
+    finally:
+        settings.load_profile(previous)
+    assert len(lines) == 1
+    line = lines[0]
+    assert line.startswith("[scale 0:00:") and "numpy/cpu/float32" in line and "d_model 512, 6+6 layers" in line
+    assert "src 256 tgt 128, outliers: 12.3 s" in line
