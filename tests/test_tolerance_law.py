@@ -185,3 +185,23 @@ def test_the_scale_profile_prints_a_line_per_full_size_run_and_nothing_otherwise
     line = lines[0]
     assert line.startswith("[scale 0:00:") and "numpy/cpu/float32" in line and "d_model 512, 6+6 layers" in line
     assert "src 256 tgt 128, outliers: 12.3 s" in line
+
+
+def test_full_size_oracle_results_are_kept_for_a_few_examples_only():
+    """A full-size oracle result is gigabytes: the `scale` profile keeps `FULL_SIZE_CACHED` of them,
+    not the 256 the small examples share."""
+    import numpy as np
+
+    from conformance.core.presets import preset
+    from conformance.suite import runner
+
+    config = preset("paper", d_model=runner.FULL_SIZE_D_MODEL, n_heads=8, d_ff=64, n_encoder_layers=1,
+                    n_decoder_layers=1, max_len=4, src_vocab_size=10, tgt_vocab_size=10)
+    ids = np.ones((1, 2), np.int64)
+    small_before = runner._oracle_cached.cache_info().currsize
+    first = runner.oracle(strategies.Case(config, 0, 1.0, ids, ids))
+    assert runner.oracle(strategies.Case(config, 0, 1.0, ids, ids)) is first
+    for seed_ in range(1, runner.FULL_SIZE_CACHED + 2):
+        runner.oracle(strategies.Case(config, seed_, 1.0, ids, ids))
+    assert runner._full_size_oracle_cached.cache_info().currsize == runner.FULL_SIZE_CACHED
+    assert runner._oracle_cached.cache_info().currsize == small_before
