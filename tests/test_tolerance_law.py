@@ -205,3 +205,16 @@ def test_full_size_oracle_results_are_kept_for_a_few_examples_only():
         runner.oracle(strategies.Case(config, seed_, 1.0, ids, ids))
     assert runner._full_size_oracle_cached.cache_info().currsize == runner.FULL_SIZE_CACHED
     assert runner._oracle_cached.cache_info().currsize == small_before
+
+
+def test_a_profile_named_on_the_command_line_is_loaded_before_the_properties_are_decorated():
+    class Config:
+        def getoption(self, name, default=None):
+            return "scale" if name == "hypothesis_profile" else default
+
+    previous = settings._current_profile
+    try:
+        profiles.load_default_profile(Config())
+        assert settings._current_profile == "scale" and profiles.full_size()
+    finally:
+        settings.load_profile(previous)

@@ -55,7 +55,9 @@ def full_size() -> bool:
 
 
 def load_default_profile(pytest_config=None) -> None:
-    """Load `$HYPOTHESIS_PROFILE` (default `ci`) unless `--hypothesis-profile` chose one."""
+    """Load `--hypothesis-profile` if given, else `$HYPOTHESIS_PROFILE` (default `ci`), now: the
+    properties are decorated when collection imports them, and a decorator that reads the profile
+    (`bounded_sample`) must see the chosen one, not hypothesis' own later load (under `scale`, the
+    realistic property was decorated with the `ci` settings: six examples, and shrinking)."""
     chosen = pytest_config.getoption("hypothesis_profile", None) if pytest_config is not None else None
-    if chosen is None:
-        settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+    settings.load_profile(chosen if chosen is not None else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
