@@ -5,8 +5,9 @@
     scale     full-size models: the realistic property (`test_forward_realistic.py`) draws
               d_model 512-1024, 6+6 layers, vocab 32000 and lengths 128-1024 (`full_size()`,
               read by `conformance.suite.strategies.any_realistic_cases`); three examples per
-              property, derandomized, no shrinking (each example costs a minute, and a shrink
-              would run hundreds). The other properties keep their small strategies, with three
+              property, derandomized, no shrinking and no example database (each example costs a
+              minute; a shrink, or a replay of the examples an earlier run saved, would run
+              hundreds). The other properties keep their small strategies, with three
               examples each. `rosetta conformance --profile scale` prints an estimate of its time
               first and a line per full-size model run. Never loaded by default: CI does not run it.
 
@@ -43,7 +44,8 @@ settings.register_profile(
     max_examples=SCALE_EXAMPLES,
     deadline=None,
     print_blob=True,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    phases=[Phase.explicit, Phase.generate],
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 FULL_SIZE_PROFILES = frozenset({"scale"})

@@ -174,6 +174,24 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("target_pair", target_pairs(dtypes))
 
 
+def pytest_collection_finish(session):
+    """Under a full-size profile (`scale`), an estimate of the run's time before it starts. Here,
+    after collection, and not in `rosetta conformance` before pytest starts: importing the
+    properties before the profile is loaded ran them with hypothesis' defaults (100 examples)."""
+    from conformance.suite.profiles import full_size
+
+    if not full_size() or not any(in_suite(item.path) for item in session.items):
+        return
+    from conformance.cli.conformance_suite import scale_estimate
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    line = scale_estimate()
+    if reporter is not None:
+        reporter.write_line(line)
+    else:
+        print(line, flush=True)
+
+
 def pytest_terminal_summary(terminalreporter):
     import sys
 
