@@ -166,7 +166,7 @@ def test_a_nested_pytorch_checkpoint_needs_key(tmp_path, system, capsys):
 @pytest.mark.parametrize("argv, words", [
     ([], "ModelConfig.n_heads: cannot be read from tensor shapes"),
     (["--set", "n_heads=2", "--set", "d_model=64"], "ModelConfig.d_model: 64 (given) contradicts encoder_embedding.weight"),
-    (["--set", "n_heads=two"], "expected a int"),
+    (["--set", "n_heads=two"], "expected an integer"),
     (["--set", "heads=2"], "ModelConfig.heads: is not a ModelConfig field"),
     (["--set", "n_heads=2", "--set", "mask_fill=-inf", "--set", "n_heads=4"],
      "ModelConfig.n_heads: given twice with different values: --set n_heads=2 and --set n_heads=4"),

@@ -386,7 +386,7 @@ matrices = "out-in"
     (GOOD + '"a" = { same_as = "b.{i}" }\n', "may only use the captures"),
     (GOOD.replace('matrices = "out-in"\n', "") + '"w" = "output.weight"\n', "say how the system stores matrices"),
     (GOOD + "[switches]\nd_model = 8\n", "is a size"),
-    (GOOD + '[switches]\nqkv_bias = "yes"\n', "must be a bool"),
+    (GOOD + '[switches]\nqkv_bias = "yes"\n', "must be true or false"),
     (GOOD + "[switches]\nwarp = 9\n", "not a ModelConfig switch"),
     (GOOD + '"a.{i}" = { to = "encoder.layers.{i}.ffn_norm.weight", recomputed = true }\n', "recomputed applies to position tables only"),
     ('free = ["pad_id"]\n' + GOOD.replace("[keys]", '[hints]\nactivation = "nn.Transformer(activation=...)"\n[keys]'), "not listed in free or required"),

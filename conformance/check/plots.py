@@ -50,7 +50,7 @@ def plot_attention(
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, format="png")
     size = tuple(int(v) for v in fig.get_size_inches() * fig.dpi)
     plt.close(fig)
     return size
@@ -120,7 +120,7 @@ def plot_check(report, path: str) -> tuple[int, int]:
     if report.targets:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, format="png")
     size = tuple(int(v) for v in fig.get_size_inches() * fig.dpi)
     plt.close(fig)
     return size

@@ -29,6 +29,7 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     A field given twice must be given the same value both times (`true` and `1` are the same bool);
     otherwise which one wins would be an accident of argument order."""
     from conformance.core.config import ModelConfig
+    from conformance.convert.errors import KIND_WORDS
     from conformance.core.errors import ConfigError
 
     types = {f.name: f.type for f in dataclasses.fields(ModelConfig) if f.name != "notes"}
@@ -55,7 +56,7 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
             else:
                 value = text
         except ValueError:
-            raise ConfigError(name, f"--set {name}={text!r}: expected a {kind}") from None
+            raise ConfigError(name, f"--set {name}={text!r}: expected {KIND_WORDS[kind]}") from None
         if name in out and repr(out[name]) != repr(value):  # repr: NaN is NaN, and 1e-5 is 0.00001
             raise ConfigError(name, f"given twice with different values: --set {name}={spelled[name]} and "
                               f"--set {name}={text}; give it once")

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from conformance.core.config import ModelConfig
-from conformance.convert.errors import LayoutError
+from conformance.convert.errors import KIND_WORDS, LayoutError
 from conformance.convert.patterns import CAPTURE, Capture, Pattern, glob
 from conformance.core.params import param_shapes
 from conformance.core.presets import PRESETS
@@ -253,7 +253,7 @@ def _check_switch(name: str, value: Any, where: str) -> None:
         "str": isinstance(value, str),
     }[kind]
     if not ok:
-        raise _fail(where, f"[switches] {name} must be a {kind}, got {value!r}")
+        raise _fail(where, f"[switches] {name} must be {KIND_WORDS[kind]}, got {value!r}")
 
 
 def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -> Layout:
@@ -342,6 +342,12 @@ def read_layout_file(path: str | Path) -> Layout:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise LayoutError(str(path), "no such file") from None
+    except IsADirectoryError:
+        raise LayoutError(str(path), "is a directory; give a layout's .toml file or a built-in layout's name") from None
+    except PermissionError:
+        raise LayoutError(str(path), "permission denied") from None
+    except UnicodeDecodeError:
+        raise LayoutError(str(path), "not valid TOML: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise LayoutError(str(path), f"not valid TOML: {exc}") from None
     return parse_layout(data, path.stem, path)
