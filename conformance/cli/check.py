@@ -24,16 +24,16 @@ def run(args: argparse.Namespace) -> int:
     from conformance.core import checkpoint
     from conformance.check.defaults import default_model
     from conformance.check.report import default_targets, run_check
-    from conformance.cli.common import check_output, distinct_outputs, write_outputs
+    from conformance.cli.common import check_output, write_outputs
     from conformance.core.errors import InputError
 
     # Every output is checked before the (long) run, and written only if all of them can be.
+    # (--json and --plot cannot name the same file: their suffixes differ.)
     outputs = {}
     if args.json:
         outputs["--json"] = check_output(args.json, "--json", (".json",))
     if args.plot:
         outputs["--plot"] = check_output(args.plot, "--plot", (".png",))
-    distinct_outputs(outputs)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     unknown = [d for d in dtypes if d not in DTYPES]
     if unknown or not dtypes:

@@ -67,6 +67,20 @@ def parse_source(config: ModelConfig, text: str, argument: str = "src") -> np.nd
     return parse_ids(text, argument)
 
 
+def source_form(config: ModelConfig, text: str, ids: np.ndarray) -> str | None:
+    """For the toy model, which of its two forms `--src` was read as (None for other models,
+    which read ids only): "3,1,4" is three token ids, not the digits 3 1 4."""
+    from conformance.check import toy
+
+    if config.notes.get("task") != toy.TASK:
+        return None
+    if text.endswith(".npy") or "," in text:
+        shown = "; ".join(" ".join(toy.token_labels(row)) for row in ids[:3]) + (" ..." if len(ids) > 3 else "")
+        return (f"--src {_brief(text)} read as token ids ({shown}); to give digits, separate them with spaces: "
+                f"--src \"3 1 4\"")
+    return f"--src {_brief(text)} read as digits (token ids {','.join(str(int(i)) for i in ids[0])})"
+
+
 def labels(config: ModelConfig, ids) -> list[str]:
     from conformance.check import toy
 
@@ -131,16 +145,6 @@ def check_output(path: str, argument: str, suffixes: tuple[str, ...] = ()) -> Pa
     if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise InputError(argument, f"cannot write {path}: permission denied")
     return out
-
-
-def distinct_outputs(outputs: dict[str, Path]) -> None:
-    """Two requested outputs must not be the same file: the second would silently replace the first."""
-    seen: dict[Path, str] = {}
-    for argument, path in outputs.items():
-        key = path.resolve()
-        if key in seen:
-            raise InputError(argument, f"{path} is also the file given to {seen[key]}; give each output its own file")
-        seen[key] = argument
 
 
 def write_outputs(files: dict[str, tuple[Path, bytes]]) -> None:
