@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,7 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from conformance.core import checkpoint
     from conformance.convert import convert_arrays, read_state_dict
+    from conformance.convert.engine import PaddingWarning
     from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, TensorError
     from conformance.core.errors import CheckpointError
 
@@ -80,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
     overrides = parse_sets(args.sets)
     try:
         arrays = read_state_dict(src, key=args.key)
-        result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name}, **overrides)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PaddingWarning)
+            result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name}, **overrides)
     except (LayoutError, NoMatchingLayoutError, AmbiguousLayoutError, TensorError) as exc:
         # Nothing has been written: the checkpoint is built in memory and saved only at the end.
         print(f"rosetta convert: error: {exc}", file=sys.stderr)
@@ -90,7 +94,39 @@ def run(args: argparse.Namespace) -> int:
     dtypes = sorted({v.dtype.name for v in result.params.values()})
     print(f"{src} -> {dst}")
     for line in result.decisions:
-        print(f"  {line}")
+        if not line.startswith("WARNING:"):  # said on stderr below
+            print(f"  {line}")
     print(f"  config: {result.config.summary()}")
     print(f"  {len(result.params)} parameters, {total:,} values, {'/'.join(dtypes)}")
+    problems = [str(w.message) for w in caught if issubclass(w.category, PaddingWarning)]
+    problems += trial_run(result.config, result.params)
+    for problem in problems:
+        print(f"rosetta convert: warning: {problem}", file=sys.stderr)
+    if not problems:
+        print("  trial forward pass (NumPy, 3 padded rows): every logit finite")
     return 0
+
+
+def trial_run(config, params) -> list[str]:
+    """One small forward pass of the converted model on the NumPy backend: a model whose logits
+    are not finite was converted with a wrong switch (often pad_id or mask_fill), and it is better
+    said now than found at the first real batch. Returns the problems found (none: [])."""
+    import numpy as np
+
+    import impl_numpy
+    from conformance.check.report import fixed_batch
+
+    src, tgt = fixed_batch(config)
+    # In the stored dtype where NumPy has it: float32 overflows where float64 would not.
+    stored = next(iter(params.values())).dtype.name
+    with np.errstate(all="ignore"):
+        stored = stored if stored in ("float32", "float64") else "float32"
+        model = impl_numpy.Model(config, params, dtype=stored)
+        logits = np.asarray(model(src, tgt).logits)
+    bad = logits.size - int(np.isfinite(logits).sum())
+    if not bad:
+        return []
+    rows = sorted({int(r) for r in np.argwhere(~np.isfinite(logits))[:, 0]})
+    return [f"a trial forward pass on 3 padded rows (pad_id={config.pad_id}) gave {bad} of {logits.size} logits that are "
+            f"NaN or infinite (rows {', '.join(map(str, rows))}) computed in {stored}: "
+            "check pad_id, mask_fill and norm_placement (--set), and the weights' magnitudes"]
