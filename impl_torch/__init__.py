@@ -34,10 +34,11 @@ from impl_torch.precision import full_precision, precision_settings
 
 
 def load(path: str | os.PathLike, device: torch.device | str = "cpu", dtype: Any = None) -> Model:
-    """A `Model` from a checkpoint file on `device`; `dtype` casts the parameters (default: the
+    """A `Model` from a checkpoint file on `device`, in `eval()` mode as PyTorch's loaded models
+    are for inference (call `.train()` to fine-tune); `dtype` casts the parameters (default: the
     stored dtype; float32, float64, float16 or bfloat16)."""
     config, params = checkpoint.load(path)
-    return Model(config, params, device=device, dtype=dtype)
+    return Model(config, params, device=device, dtype=dtype).eval()
 
 
 def save(model: Model, path: str | os.PathLike) -> None:
