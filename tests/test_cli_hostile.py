@@ -129,6 +129,9 @@ CASES = [
     ("convert foreign.safetensors out.safetensors --set tie_output=maybe", ["tie_output", "expected true or false"]),
     ("convert foreign.safetensors out.safetensors --set warp=9", ["warp", "not a ModelConfig field"]),
     ("convert foreign.safetensors out.safetensors --key model", ["--key", "PyTorch files only"]),
+    ("convert foreign.safetensors out.safetensors --rename emb", ["--rename", "OLD=NEW"]),
+    ("convert foreign.safetensors out.safetensors --rename nothing.=x.", ["--rename", "no key starts with 'nothing.'"]),
+    ("convert foreign.safetensors out.safetensors --rename a=b --rename a=c", ["--rename", "renamed twice"]),
     # -- layouts -------------------------------------------------------------------------------
     ("layouts folder", ["layout folder", "is a directory"]),
     ("layouts folder/", ["folder", "is a directory"]),
@@ -142,6 +145,8 @@ CASES = [
     ("inspect text.safetensors", ["text.safetensors", "truncated"]),
     ("inspect missing.pt", ["missing.pt", "no such file"]),
     ("inspect bad.toml", ["bad.toml", "unknown file type"]),
+    ("inspect foreign.safetensors --layout folder", ["layout folder", "is a directory"]),
+    ("inspect foreign.safetensors --layout nope", ["layout nope", "no built-in layout"]),
     # -- conformance ---------------------------------------------------------------------------
     ("conformance --backends tensorflow", ["--backends", "tensorflow"]),
     ("conformance --devices tpu", ["--devices", "tpu"]),

@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a ModelConfig field the tensors cannot tell or that your copy of the system changed, e.g. n_heads=8 (repeatable)")
     parser.add_argument("--dtype", choices=["float64", "float32", "float16", "bfloat16"], help="cast every parameter (default: keep the stored dtype)")
     parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model)")
+    parser.add_argument("--rename", dest="renames", action="append", default=[], metavar="OLD=NEW",
+                        help="rename a key prefix before matching a layout, e.g. embed_src.=src_tok_emb.embedding. "
+                             "(repeatable): your own wrapper, a built-in layout, no layout file")
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
@@ -65,9 +68,25 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def parse_renames(items: list[str]) -> dict[str, str]:
+    """`["embed_src.=src_tok_emb.embedding."]` -> `{"embed_src.": "src_tok_emb.embedding."}`."""
+    from conformance.core.errors import InputError
+
+    out: dict[str, str] = {}
+    for item in items:
+        old, sep, new = item.partition("=")
+        if not sep or not old:
+            raise InputError("--rename", f"{item!r} must look like OLD=NEW (a key prefix and its new name)")
+        if old in out and out[old] != new:
+            raise InputError("--rename", f"{old!r} is renamed twice ({out[old]!r} and {new!r}); give it once")
+        out[old] = new
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from conformance.core import checkpoint
-    from conformance.convert import convert_arrays, read_state_dict
+    from conformance.convert import convert_arrays, read_state_dict, rename_prefixes
+    from conformance.core.errors import InputError
     from conformance.convert.engine import PaddingWarning
     from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, TensorError
     from conformance.core.errors import CheckpointError
@@ -80,8 +99,14 @@ def run(args: argparse.Namespace) -> int:
     if not dst.parent.is_dir() and str(dst.parent):
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
     overrides = parse_sets(args.sets)
+    renames = parse_renames(args.renames)
     try:
         arrays = read_state_dict(src, key=args.key)
+        if renames:
+            try:
+                arrays = rename_prefixes(arrays, renames)
+            except KeyError as exc:
+                raise InputError("--rename", exc.args[0]) from None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", PaddingWarning)
             result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name}, **overrides)
