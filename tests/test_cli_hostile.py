@@ -34,6 +34,8 @@ def workdir(tmp_path_factory) -> Path:
     (root / "folder").mkdir()
     (root / "folder.npz").mkdir()  # a folder whose name looks like an output file
     (root / "pics.png").mkdir()
+    (root / "ids.npy").mkdir()
+    (root / "out.safetensors").mkdir()  # an output name taken by a folder
     (root / "text.pt").write_text("hello, this is not a checkpoint\n")
     (root / "text.npz").write_text("hello, this is not an archive\n")
     (root / "text.safetensors").write_text("hello\n")
@@ -83,6 +85,7 @@ CASES = [
     ("run model.safetensors --backend numpy --src , --tgt 1,2 --out o.npz", ["src", "expected ids"]),
     ("run model.safetensors --backend numpy --src 1,99 --tgt 1,2 --out o.npz", ["src_ids", "99"]),
     ("run model.safetensors --backend numpy --src missing.npy --tgt 1,2 --out o.npz", ["src", "no such file"]),
+    ("run model.safetensors --backend numpy --src ids.npy --tgt 1,2 --out o.npz", ["src", "is a directory"]),
     # -- generate ------------------------------------------------------------------------------
     ("generate --src " + HUGE + ",1", ["src", "64-bit"]),
     ("generate model.safetensors --src 1," + HUGE + " --bos 1 --eos 2", ["src", "64-bit"]),
@@ -115,23 +118,24 @@ CASES = [
     ("check --backends numpy --devices tpu", ["--devices", "tpu"]),
     ("check text.pt --backends numpy", ["text.pt", "not a rosetta checkpoint"]),
     # -- convert -------------------------------------------------------------------------------
-    ("convert text.pt out.safetensors", ["text.pt", "not a PyTorch file", "it is text"]),
-    ("convert text.npz out.safetensors", ["text.npz", "not an .npz file", "it is text"]),
-    ("convert folder out.safetensors", ["folder", "is a directory"]),
-    ("convert missing.pt out.safetensors", ["missing.pt", "no such file"]),
-    ("convert notes.toml.txt out.safetensors", ["notes.toml.txt", "unknown file type"]),
+    ("convert text.pt new.safetensors", ["text.pt", "not a PyTorch file", "it is text"]),
+    ("convert text.npz new.safetensors", ["text.npz", "not an .npz file", "it is text"]),
+    ("convert folder new.safetensors", ["folder", "is a directory"]),
+    ("convert missing.pt new.safetensors", ["missing.pt", "no such file"]),
+    ("convert notes.toml.txt new.safetensors", ["notes.toml.txt", "unknown file type"]),
     ("convert foreign.safetensors nodir/out.safetensors", ["nodir", "does not exist"]),
     ("convert foreign.safetensors out.pt", ["out.pt", ".safetensors"]),
-    ("convert foreign.safetensors out.safetensors --layout folder", ["layout folder", "is a directory"]),
-    ("convert foreign.safetensors out.safetensors --layout missing.toml", ["missing.toml", "no such file"]),
-    ("convert foreign.safetensors out.safetensors --layout bad.toml", ["bad.toml", "not valid TOML"]),
-    ("convert foreign.safetensors out.safetensors --set n_heads=two", ["n_heads", "expected an integer"]),
-    ("convert foreign.safetensors out.safetensors --set tie_output=maybe", ["tie_output", "expected true or false"]),
-    ("convert foreign.safetensors out.safetensors --set warp=9", ["warp", "not a ModelConfig field"]),
-    ("convert foreign.safetensors out.safetensors --key model", ["--key", "PyTorch files only"]),
-    ("convert foreign.safetensors out.safetensors --rename emb", ["--rename", "OLD=NEW"]),
-    ("convert foreign.safetensors out.safetensors --rename nothing.=x.", ["--rename", "no key starts with 'nothing.'"]),
-    ("convert foreign.safetensors out.safetensors --rename a=b --rename a=c", ["--rename", "renamed twice"]),
+    ("convert foreign.safetensors out.safetensors", ["out.safetensors", "is a directory"]),
+    ("convert foreign.safetensors new.safetensors --layout folder", ["layout folder", "is a directory"]),
+    ("convert foreign.safetensors new.safetensors --layout missing.toml", ["missing.toml", "no such file"]),
+    ("convert foreign.safetensors new.safetensors --layout bad.toml", ["bad.toml", "not valid TOML"]),
+    ("convert foreign.safetensors new.safetensors --set n_heads=two", ["n_heads", "expected an integer"]),
+    ("convert foreign.safetensors new.safetensors --set tie_output=maybe", ["tie_output", "expected true or false"]),
+    ("convert foreign.safetensors new.safetensors --set warp=9", ["warp", "not a ModelConfig field"]),
+    ("convert foreign.safetensors new.safetensors --key model", ["--key", "PyTorch files only"]),
+    ("convert foreign.safetensors new.safetensors --rename emb", ["--rename", "OLD=NEW"]),
+    ("convert foreign.safetensors new.safetensors --rename nothing.=x.", ["--rename", "no key starts with 'nothing.'"]),
+    ("convert foreign.safetensors new.safetensors --rename a=b --rename a=c", ["--rename", "renamed twice"]),
     # -- layouts -------------------------------------------------------------------------------
     ("layouts folder", ["layout folder", "is a directory"]),
     ("layouts folder/", ["folder", "is a directory"]),

@@ -32,6 +32,8 @@ def parse_ids(text: str, argument: str) -> np.ndarray:
 
 def _load_ids(path: str, argument: str) -> np.ndarray:
     """A `.npy` file of integer ids `(B, L)`; anything else is an `InputError` naming the argument."""
+    if Path(path).is_dir():
+        raise InputError(argument, f"{path!r} is a directory, not a .npy file of ids")
     if not Path(path).is_file():
         raise InputError(argument, f"no such file {path!r}")
     try:

@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         raise CheckpointError(dst, "is the input file; converting never overwrites its input")
     if not dst.parent.is_dir() and str(dst.parent):
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
+    if dst.is_dir():
+        raise CheckpointError(dst, "is a directory; name the checkpoint file to write")
     overrides = parse_sets(args.sets)
     renames = parse_renames(args.renames)
     try:
