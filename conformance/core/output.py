@@ -24,7 +24,7 @@ class Encoded:
 
     memory: Any  # (B, S, D)
     src_mask: Any  # (B, 1|H, 1, S) boolean, True = may attend
-    attention: dict[str, Any] = field(default_factory=dict)
+    attention: dict[str, Any] | None = field(default_factory=dict)
     intermediates: dict[str, Any] = field(default_factory=dict)
 
 
@@ -34,7 +34,7 @@ class ModelOutput:
     `attention` is None when the call was made with `return_attention=False`."""
 
     logits: Any  # (B, T, V)
-    attention: dict[str, Any] = field(default_factory=dict)
+    attention: dict[str, Any] | None = field(default_factory=dict)
     intermediates: dict[str, Any] = field(default_factory=dict)
 
 
