@@ -502,6 +502,8 @@ class Model(nnx.Module):
         encoded = Encoded(memory=None, src_mask=jax.device_put(src_mask, self.device))
         encoded.memory, encoded.attention, encoded.intermediates = padding.unpad(
             self.device, memory=memory, attention=attention, intermediates=intermediates)
+        if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
+            encoded.attention = None
         return encoded
 
     def _encode(self, src_ids, src_mask, src_real, *, return_attention: bool):
@@ -536,11 +538,11 @@ class Model(nnx.Module):
             self, Model._decode, args, self.device, return_attention=return_attention)
         logits, attention, intermediates = padding.unpad(
             self.device, logits=logits, attention=attention, intermediates=intermediates)
-        out = ModelOutput(logits=logits, attention=dict(encoded.attention), intermediates=dict(encoded.intermediates))
+        out = ModelOutput(logits=logits, attention=dict(encoded.attention or {}), intermediates=dict(encoded.intermediates))
         out.attention.update(attention)
         out.intermediates.update(intermediates)
         if not return_attention:
-            out.attention.clear()
+            out.attention = None
         return out
 
     def _decode(self, tgt_ids, tgt_mask, memory, cross_mask, tgt_real, src_real, *, return_attention: bool):
@@ -578,7 +580,7 @@ class Model(nnx.Module):
         memory, attention, intermediates = self._encode(src_ids, src_mask, None, return_attention=return_attention)
         logits, dec_attention, dec_intermediates = self._decode(
             tgt_ids, tgt_mask, memory, cross_mask, None, None, return_attention=return_attention)
-        return ModelOutput(logits=logits, attention={**attention, **dec_attention},
+        return ModelOutput(logits=logits, attention={**attention, **dec_attention} if return_attention else None,
                            intermediates={**intermediates, **dec_intermediates})
 
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:

@@ -408,8 +408,8 @@ class Model:
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
         encoded.memory = self.encoder(x, src_mask, encoded)
-        if not return_attention:
-            encoded.attention.clear()  # the other backends skip them for speed; here they are free
+        if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
+            encoded.attention = None
         return encoded
 
     def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
@@ -425,7 +425,7 @@ class Model:
             shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
             tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
         cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
-        out = ModelOutput(logits=None, attention=dict(encoded.attention), intermediates=dict(encoded.intermediates))
+        out = ModelOutput(logits=None, attention=dict(encoded.attention or {}), intermediates=dict(encoded.intermediates))
 
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
         y = self.embed(tgt_ids, embedding, self.decoder.position)
@@ -437,7 +437,7 @@ class Model:
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
         out.logits = logits
         if not return_attention:
-            out.attention.clear()
+            out.attention = None
         return out
 
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:

@@ -35,10 +35,11 @@ from impl_torch.precision import full_precision, precision_settings
 
 
 def load(path: str | os.PathLike, dtype: Any = None, *, device: torch.device | str | None = None) -> Model:
-    """A `Model` from a checkpoint file on `device` (default: the CPU); `dtype` casts the
+    """A `Model` from a checkpoint file on `device` (default: the CPU), in `eval()` mode as
+    PyTorch's loaded models are for inference (call `.train()` to fine-tune); `dtype` casts the
     parameters (default: the stored dtype; float32, float64, float16 or bfloat16)."""
     config, params = checkpoint.load(path)
-    return Model(config, params, dtype, device=device)
+    return Model(config, params, dtype, device=device).eval()
 
 
 def save(model: Model, path: str | os.PathLike) -> None:

@@ -541,8 +541,8 @@ class Model(nn.Module):
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
         encoded.memory = self.encoder(x, src_mask, encoded, return_attention=return_attention)
-        if not return_attention:
-            encoded.attention.clear()  # the fast path recorded None for each block
+        if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
+            encoded.attention = None
         return encoded
 
     def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
@@ -558,7 +558,7 @@ class Model(nn.Module):
             shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
             tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
         cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
-        out = ModelOutput(logits=None, attention=dict(encoded.attention), intermediates=dict(encoded.intermediates))
+        out = ModelOutput(logits=None, attention=dict(encoded.attention or {}), intermediates=dict(encoded.intermediates))
 
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
         y = self.embed(tgt_ids, embedding, self.decoder.position)
@@ -570,7 +570,7 @@ class Model(nn.Module):
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
         out.logits = logits
         if not return_attention:
-            out.attention.clear()
+            out.attention = None
         return out
 
     def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:

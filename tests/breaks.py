@@ -65,6 +65,11 @@ PROPERTY_BREAKS = {
         "return torch.where(fix, math.nan if math.isinf(fill) else mean, heads)  # (B, H, Tq, K)",
         "return heads  # (B, H, Tq, K)",
     )], {})]),
+    # An empty dict where no attention was asked for: reads as "this model has no attention layers".
+    "no attention asked for gives {}": ("test_fast_path", [("numpy", [(
+        "        if not return_attention:\n            out.attention = None",
+        "        if not return_attention:\n            out.attention = {}",
+    )], {})]),
     # Like a model whose decode, given precomputed encoder outputs, drops their padding mask:
     # only the full forward passes the source mask through.
     "decode ignores the encoded source mask": ("test_encode_decode", [("numpy", [

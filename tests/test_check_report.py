@@ -170,5 +170,8 @@ def test_the_plot_marks_a_nan_failure_instead_of_drawing_it_as_agreement(monkeyp
     assert marks[0].get_transform() == ax.get_xaxis_transform()
     assert set(marks[0].get_ydata()) == {0.97}
     passing = [report.tensors.index(t) for t in report.tensors if report.cells[(t, target.label)].passed]
-    assert passing and all(np.isfinite(errors.get_ydata()[x]) for x in passing)
+    # A passing cell is a point, or (an error of exactly 0) a marker along the bottom: never both, never neither.
+    exact = {int(x) for line in ax.lines if line.get_label() == f"{target.label}: exactly 0 (identical)"
+             for x in line.get_xdata()}
+    assert passing and all(np.isfinite(errors.get_ydata()[x]) != (x in exact) for x in passing)
     assert not failed_x & set(passing)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 HELP = "Run every installed backend on a fixed batch and report, tensor by tensor, its error against the float64 NumPy oracle."
 
@@ -20,30 +18,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import io
+
     from conformance.check import backends
     from conformance.core import checkpoint
     from conformance.check.defaults import default_model
     from conformance.check.report import default_targets, run_check
+    from conformance.cli.common import check_output, write_outputs
+    from conformance.core.errors import InputError
 
+    # Every output is checked before the (long) run, and written only if all of them can be.
+    # (--json and --plot cannot name the same file: their suffixes differ.)
+    outputs = {}
+    if args.json:
+        outputs["--json"] = check_output(args.json, "--json", (".json",))
+    if args.plot:
+        outputs["--plot"] = check_output(args.plot, "--plot", (".png",))
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown or not dtypes:
+        raise InputError("--dtypes", f"unknown dtype {unknown[0]!r}; expected some of {', '.join(DTYPES)}" if unknown
+                         else "names no dtype; expected some of " + ", ".join(DTYPES))
+    try:
+        names = backends.requested_backends(args.backends)
+        targets, skipped = default_targets(names, dtypes, devices=args.devices)
+    except ValueError as exc:  # an unknown backend or device name
+        raise InputError("--backends" if "backend" in str(exc) else "--devices", str(exc)) from None
     if args.checkpoint:
         config, params = checkpoint.load(args.checkpoint)
         source = args.checkpoint
     else:
         config, params, source = default_model()
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    try:
-        names = backends.requested_backends(args.backends)
-        targets, skipped = default_targets(names, dtypes, devices=args.devices)
-    except ValueError as exc:  # an unknown backend or device name
-        print(f"rosetta check: error: {exc}", file=sys.stderr)
-        return 2
     report = run_check(config, params, source, targets, skipped)
     print(report.to_text())
+    files = {}
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+        files["--json"] = (outputs["--json"], (json.dumps(report.to_json(), indent=2) + "\n").encode())
     if args.plot:
         from conformance.check.plots import plot_check
 
-        width, height = plot_check(report, args.plot)
-        print(f"wrote {args.plot} ({width}x{height} px)")
+        picture = io.BytesIO()
+        width, height = plot_check(report, picture)
+        files["--plot"] = (outputs["--plot"], picture.getvalue())
+    write_outputs(files)
+    if args.json:
+        print(f"wrote {outputs['--json']} (the report as JSON)")
+    if args.plot:
+        print(f"wrote {outputs['--plot']} ({width}x{height} px)")
     return 0 if report.passed else 1  # 1 also when nothing was checked
+
+
+DTYPES = ("float64", "float32", "float16", "bfloat16")

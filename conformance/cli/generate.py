@@ -19,10 +19,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
+    import numpy as np
+
     from conformance.check import toy
-    from conformance.cli.common import labels, load_model, parse_source
+    from conformance.check.compare import to_numpy
+    from conformance.cli.common import labels, load_model, parse_source, source_form
     from conformance.core.errors import InputError
 
+    if args.max_len is not None and args.max_len < 1:  # 0 is not "the default"
+        raise InputError("--max-len", f"must be at least 1, got {args.max_len}")
     config, model = load_model(args.checkpoint, args.backend)
     is_toy = config.notes.get("task") == toy.TASK
     bos = args.bos if args.bos is not None else (toy.BOS if is_toy else None)
@@ -30,8 +37,15 @@ def run(args: argparse.Namespace) -> int:
     if bos is None or eos is None:
         raise InputError("--bos/--eos", "this checkpoint does not say its special ids; pass --bos and --eos")
     src = parse_source(config, args.src)
-    generated = model.generate(src, max_len=args.max_len or config.max_len, bos_id=bos, eos_id=eos)
+    form = source_form(config, args.src, src)
+    if form:
+        print(f"rosetta generate: {form}", file=sys.stderr)
+    generated = to_numpy(model.generate(src, max_len=args.max_len if args.max_len is not None else config.max_len,
+                                        bos_id=bos, eos_id=eos)).astype(np.int64)
     for row in generated:
+        # A row ends at its <eos>; what follows is the padding of rows that ended early.
+        ended = np.flatnonzero(row == eos)
+        row = row[: ended[0]] if ended.size else row
         if is_toy:
             print(toy.decode_ids(row))
         else:

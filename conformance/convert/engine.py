@@ -16,6 +16,7 @@ Export runs the same plan backwards and is the exact inverse.
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -141,8 +142,8 @@ def _build_config(layout, canonical, origin, layers, overrides, position, rows, 
     for fieldname in sorted(layout.required):
         if fieldname not in overrides:
             raise ConfigError(fieldname, f"the {layout.name} layout cannot tell it (it differs between copies of that "
-                              f"system and is not in the tensors); give it: --set {fieldname}="
-                              f"{alternatives(fieldname)}{_hint(layout, fieldname)}")
+                              f"system and is not in the tensors); give it: {fieldname}=... in Python, --set {fieldname}="
+                              f"{alternatives(fieldname)} on the command line{_hint(layout, fieldname)}")
     return ModelConfig(**values, notes={**(notes or {}), "converted_from": layout.name})
 
 
@@ -150,6 +151,54 @@ def check_overrides(overrides: Mapping[str, Any]) -> None:
     unknown = sorted(set(overrides) - _CONFIG_FIELDS)
     if unknown:
         raise ConfigError(unknown[0], "is not a ModelConfig field")
+    pad = overrides.get("pad_id")
+    if isinstance(pad, int) and not isinstance(pad, bool) and pad < 0:
+        # Refused here, before any placeholder config can blame placeholder vocabulary sizes.
+        raise ConfigError("pad_id", f"{pad} is negative; it must be a token id of both vocabularies (0 <= pad_id)")
+
+
+class PaddingWarning(UserWarning):
+    """The padding id given (or defaulted) is not the one the embeddings' zero row shows."""
+
+
+def padding_evidence(canonical: Mapping[str, np.ndarray]) -> tuple[int, str] | None:
+    """`(row, where)` when exactly one row is all zeros in every token embedding: the mark
+    `nn.Embedding(padding_idx=row)` leaves (it zeroes that row and never trains it). None otherwise."""
+    tables = [k for k in ("encoder.embedding.weight", "decoder.embedding.weight") if k in canonical]
+    if not tables:
+        return None
+    rows = None
+    for key in tables:
+        table = np.asarray(canonical[key])
+        if table.ndim != 2 or table.shape[1] == 0:
+            return None
+        zero = set(np.flatnonzero(~table.astype(np.float64).any(axis=1)).tolist())
+        rows = zero if rows is None else rows & zero
+    if rows is None or len(rows) != 1:
+        return None
+    row = rows.pop()
+    where = "both token embeddings" if len(tables) == 2 else "the token embedding"
+    return row, f"row {row} of {where} is all zeros, the mark nn.Embedding(padding_idx={row}) leaves"
+
+
+def _padding(layout: Layout, canonical, overrides: dict[str, Any], decisions: list[str]) -> None:
+    """Use the evidence the weights carry for pad_id: take it when the user did not say, warn
+    when what they said (or the preset's value) contradicts it."""
+    evidence = padding_evidence(canonical)
+    if evidence is None:
+        return
+    row, mark = evidence
+    user_says = "pad_id" in layout.free or "pad_id" in layout.required
+    if "pad_id" not in overrides and user_says:
+        overrides["pad_id"] = row
+        decisions.append(f"pad_id={row} (read from the weights: {mark}; --set pad_id=N if yours differs)")
+        return
+    value = overrides.get("pad_id", layout.base_switches().get("pad_id", ModelConfig().pad_id))
+    if value != row:
+        message = (f"pad_id={value} ({'given' if 'pad_id' in overrides else 'the layout preset'}), but {mark}; "
+                   "a wrong padding id masks real tokens and attends to padding: check the model's padding id")
+        decisions.append(f"WARNING: {message}")
+        warnings.warn(message, PaddingWarning, stacklevel=3)
 
 
 def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None = None, *, dtype: str | None = None,
@@ -204,6 +253,8 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
             raise TensorError(origin[odd], f"has dtype {canonical[odd].dtype} while the other tensors are {common}; a "
                               f"model holds one dtype: pass dtype='{common}' (--dtype {common}) to cast")
 
+    overrides = dict(overrides)
+    _padding(layout, canonical, overrides, decisions)
     position, rows = recognise_positions(layout, canonical, origin, overrides, decisions)
     config = _build_config(layout, canonical, origin, check.layers, overrides, position, rows, notes)
     defaulted = _defaulted(layout, overrides, config, rows is not None)

@@ -21,6 +21,16 @@ documented for users in `docs/porting.md`; in short:
     "pos.pe" = { copy = ["encoder.position.table", "decoder.position.table"], squeeze = 0 }
     "lm_head.weight" = { same_as = "model.shared.weight", optional = true }
 
+A layout may start from another: `extends = "torch-nn-transformer"` (a built-in name, or a .toml
+path relative to this file) takes everything from it, and this file's tables and lists replace
+what they name: a `[keys]` entry replaces the base's entry for the same canonical key(s) (or the
+same foreign pattern), `[switches]` and `[hints]` entries replace the base's one by one, and
+`free`, `required`, `drop`, `preset`, `matrices` given here replace the base's whole.
+
+    extends = "torch-nn-transformer"
+    [keys]
+    "src_emb.weight" = "encoder.embedding.weight"     # instead of src_tok_emb.embedding.weight
+
 Patterns: `{i}` captures a layer index (any name without a colon captures a number);
 `{p:a|b}` captures one of the listed words, `{p:a=x|b=y}` also maps the foreign word `a` to the
 canonical word `x`. The canonical side uses the same captures as `{i}`, `{p}`.
@@ -36,7 +46,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from conformance.core.config import ModelConfig
-from conformance.convert.errors import LayoutError
+from conformance.convert.errors import KIND_WORDS, LayoutError
 from conformance.convert.patterns import CAPTURE, Capture, Pattern, glob
 from conformance.core.params import param_shapes
 from conformance.core.presets import PRESETS
@@ -49,7 +59,7 @@ SIZE_FIELDS = frozenset({"src_vocab_size", "tgt_vocab_size", "d_model", "n_heads
 SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {"notes"}
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
 
-_TOP_KEYS = {"name", "description", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys"}
+_TOP_KEYS = {"name", "description", "extends", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys"}
 _ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed"}
 
 
@@ -253,7 +263,7 @@ def _check_switch(name: str, value: Any, where: str) -> None:
         "str": isinstance(value, str),
     }[kind]
     if not ok:
-        raise _fail(where, f"[switches] {name} must be a {kind}, got {value!r}")
+        raise _fail(where, f"[switches] {name} must be {KIND_WORDS[kind]}, got {value!r}")
 
 
 def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -> Layout:
@@ -337,14 +347,70 @@ def needs_transpose(layout: Layout, entry: Entry, canonical_key: str) -> bool:
 
 def read_layout_file(path: str | Path) -> Layout:
     path = Path(path)
+    return parse_layout(_with_base(_read_toml(path), path, ()), path.stem, path)
+
+
+def _targets(spec: Any) -> frozenset[str]:
+    """The canonical key(s) a raw `[keys]` value gives (empty for an alias)."""
+    if isinstance(spec, str):
+        return frozenset([spec])
+    if isinstance(spec, dict):
+        for name in ("split", "copy"):
+            if isinstance(spec.get(name), list):
+                return frozenset(str(t) for t in spec[name])
+        if isinstance(spec.get("to"), str):
+            return frozenset([spec["to"]])
+    return frozenset()
+
+
+def _with_base(data: dict[str, Any], path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    """`data` on top of the layout it `extends` (recursively), as one raw layout table."""
+    if "extends" not in data:
+        return data
+    base_name = data["extends"]
+    if not isinstance(base_name, str) or not base_name:
+        raise _fail(str(path), f"extends must be a built-in layout's name or a .toml path, got {base_name!r}")
+    if base_name in builtin_layout_names():
+        base_path = LAYOUT_DIR / f"{base_name}.toml"
+    else:
+        base_path = (path.parent / base_name) if not Path(base_name).is_absolute() else Path(base_name)
+        if not base_path.is_file():
+            raise _fail(str(path), f"extends {base_name!r}: no built-in layout of that name "
+                        f"({', '.join(builtin_layout_names())}) and no such file {str(base_path)!r}")
+    if base_path.resolve() in seen or base_path.resolve() == path.resolve():
+        raise _fail(str(path), f"extends {base_name!r}, which extends this layout again (a cycle)")
+    base = _with_base(_read_toml(base_path), base_path, seen + (path.resolve(),))
+    merged = {k: v for k, v in base.items() if k not in ("extends", "name", "description")}
+    for key, value in data.items():
+        if key == "extends":
+            continue
+        if key in ("switches", "hints") and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        elif key == "keys" and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            replaced = {t for spec in value.values() for t in _targets(spec)}
+            kept = {pattern: spec for pattern, spec in merged["keys"].items()
+                    if pattern not in value and not (_targets(spec) & replaced)}
+            merged[key] = {**kept, **value}
+        else:
+            merged[key] = value
+    merged.setdefault("description", f"{base.get('description', base_name)} (extended by {path.name})")
+    return merged
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
         raise LayoutError(str(path), "no such file") from None
+    except IsADirectoryError:
+        raise LayoutError(str(path), "is a directory; give a layout's .toml file or a built-in layout's name") from None
+    except PermissionError:
+        raise LayoutError(str(path), "permission denied") from None
+    except UnicodeDecodeError:
+        raise LayoutError(str(path), "not valid TOML: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise LayoutError(str(path), f"not valid TOML: {exc}") from None
-    return parse_layout(data, path.stem, path)
 
 
 def builtin_layout_names() -> list[str]:

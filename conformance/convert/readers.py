@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from conformance.core.checkpoint import read_tensors
-from conformance.convert.errors import TensorError
+from conformance.convert.errors import TensorError, a_type
 from conformance.core.errors import CheckpointError
 
 SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch", ".npz": "npz"}
@@ -43,7 +43,7 @@ def as_numpy(value: Any, key: str) -> np.ndarray:
         return tensor.numpy()
     if hasattr(value, "__array__") and hasattr(value, "shape"):
         return np.asarray(value)
-    raise TensorError(str(key), f"is a {type(value).__name__}, not a tensor or array")
+    raise TensorError(str(key), f"is {a_type(value)}, not a tensor or array")
 
 
 def as_arrays(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -58,10 +58,36 @@ def as_arrays(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 def file_kind(path: str | os.PathLike) -> str:
+    if Path(path).is_dir():
+        raise CheckpointError(path, "is a directory, not a weights file; name the file inside it")
     suffix = Path(path).suffix.lower()
     if suffix not in SUFFIXES:
         raise CheckpointError(path, f"unknown file type {suffix!r}; expected one of {', '.join(SUFFIXES)}")
     return SUFFIXES[suffix]
+
+
+def _first_bytes(path: Path, n: int = 8) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""  # the reader that follows says what is wrong with the file
+
+
+def _not_this_kind(path: Path, what: str) -> CheckpointError:
+    """The file's name says `what`, its first bytes say otherwise: say what they look like."""
+    head = _first_bytes(path, 64)
+    if not head:
+        looks = "it is empty"
+    elif head.startswith(b"\x93NUMPY"):
+        looks = "it is a single .npy array"
+    elif len(head) >= 8 and int.from_bytes(head[:8], "little") < 100_000_000 and head[8:9] == b"{":
+        looks = "it is a .safetensors file; rename it *.safetensors"
+    elif all(32 <= b < 127 or b in b"\t\r\n" for b in head):
+        looks = f"it is text, starting {head[:24].decode('ascii')!r}"
+    else:
+        looks = f"it starts with bytes {head[:8]!r}"
+    return CheckpointError(path, f"not {what} ({looks})")
 
 
 def _reason(exc: Exception) -> str:
@@ -82,6 +108,9 @@ def _torch_file(path: Path) -> Any:
         raise CheckpointError(path, "no such file")
     if path.is_dir():
         raise CheckpointError(path, "is a directory, not a weights file")
+    # torch.save writes a zip archive (legacy files: a pickle, whose first byte is PROTO 0x80).
+    if not _first_bytes(path).startswith((b"PK\x03\x04", b"\x80")):
+        raise _not_this_kind(path, "a PyTorch file: torch.save writes a zip archive or a pickle, and this is neither")
     try:
         with warnings.catch_warnings():
             # A file that is not a pickle at all makes the unpickler warn before it fails.
@@ -98,6 +127,8 @@ def _torch_file(path: Path) -> Any:
 
 
 def _npz_file(path: Path) -> dict[str, np.ndarray]:
+    if path.is_file() and not _first_bytes(path).startswith((b"PK\x03\x04", b"\x93NUMPY")):
+        raise _not_this_kind(path, "an .npz file: np.savez writes a zip archive of .npy arrays, and this is not one")
     try:
         with np.load(path, allow_pickle=False) as archive:
             if not isinstance(archive, np.lib.npyio.NpzFile):
@@ -124,7 +155,7 @@ def _tensor_dict(path: Path, obj: Any, key: str | None) -> dict[str, np.ndarray]
             raise CheckpointError(path, f"has no entry {key!r} (top-level entries: {', '.join(found) or 'none'})")
         obj = obj[key]
     if not isinstance(obj, Mapping):
-        raise CheckpointError(path, f"holds a {type(obj).__name__}, not a state dict (a mapping of names to tensors)")
+        raise CheckpointError(path, f"holds {a_type(obj)}, not a state dict (a mapping of names to tensors)")
     nested = [str(k) for k, v in obj.items() if isinstance(v, Mapping)]
     others = [str(k) for k, v in obj.items() if not isinstance(v, Mapping) and not hasattr(v, "shape")]
     if nested or others:

@@ -30,7 +30,9 @@ def identical(a: np.ndarray, b: np.ndarray) -> bool:
 def forward(layout: Layout, entry: Entry, values: dict[str, str], key: str, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
     """One stored tensor -> its canonical tensor(s)."""
     targets = [t.format(values) for t in entry.targets]
-    if entry.squeeze is not None:
+    if all(t.endswith("position.table") for t in targets):
+        x = _position_table(entry, key, x)
+    elif entry.squeeze is not None:
         if not -x.ndim <= entry.squeeze < x.ndim or x.shape[entry.squeeze] != 1:
             raise TensorError(key, f"has shape {x.shape}; the layout squeezes axis {entry.squeeze}, which must have size 1")
         x = np.squeeze(x, axis=entry.squeeze)
@@ -50,6 +52,20 @@ def forward(layout: Layout, entry: Entry, values: dict[str, str], key: str, x: n
             part = part.T  # (d_out, d_in) -> (d_in, d_out)
         out.append((ckey, part))
     return out
+
+
+def _position_table(entry: Entry, key: str, x: np.ndarray) -> np.ndarray:
+    """A stored position buffer as (max_len, D), whichever of the usual forms it takes:
+    (max_len, D), batch-first (1, max_len, D) or sequence-first (max_len, 1, D). The layout's
+    `squeeze` names the form its system uses; a user's copy that chose the other still fits."""
+    if x.ndim == 2:
+        return x
+    if x.ndim == 3:
+        for axis in ([entry.squeeze] if entry.squeeze in (0, 1) else []) + [0, 1]:
+            if x.shape[axis] == 1:
+                return np.squeeze(x, axis=axis)
+    raise TensorError(key, f"has shape {x.shape}; a position table is (max_len, d_model), (1, max_len, d_model) or "
+                      "(max_len, 1, d_model)")
 
 
 def backward(layout: Layout, entry: Entry, fkey: str, tensors: list[np.ndarray], ckeys: list[str]) -> np.ndarray:

@@ -27,6 +27,7 @@ TIMINGS: dict[str, float] = defaultdict(float)
 def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool = False,
         return_attention: bool = True, repeat: int = 1) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
     """All tensors of one model call (`encode` then `decode` when `split`), as host arrays.
+    With `return_attention=False` the call's `attention` must be None (AssertionError otherwise).
 
     With `repeat` > 1, the same model is called that many times and a list is returned.
     """
@@ -41,6 +42,9 @@ def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool
                     output = model.decode(case.tgt_ids, encoded, tgt_mask, return_attention=return_attention)
                 else:
                     output = model(case.src_ids, case.tgt_ids, src_mask, tgt_mask, return_attention=return_attention)
+                # Not asked for is None in every backend: an empty dict would read as "no attention layers".
+                assert return_attention or output.attention is None, (
+                    f"{target.label}: return_attention=False must give attention=None, got {output.attention!r:.80}")
                 results.append({name: to_numpy(value) for name, value in tensors_of(output).items()})
             return results[0] if repeat == 1 else results
     finally:
