@@ -23,7 +23,9 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from conformance.core.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, ModelConfig
+from conformance.core.config import (
+    ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, SRC_PAD_MASK_SIDES, ModelConfig,
+)
 from conformance.convert.errors import KeyMismatchError, LayoutError, TensorError, listing, overrides_note, setting
 from conformance.convert.keys import alias_keys, check_keys, detect_layout, plan_keys, structural_overrides
 from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, Layout, load_layout
@@ -34,7 +36,7 @@ from conformance.core.positions import sinusoid_table
 
 _CONFIG_FIELDS = SWITCH_FIELDS | SIZE_FIELDS | {"notes"}
 _CHOICES = {"norm_placement": NORM_PLACEMENTS, "layer_norm_form": LAYER_NORM_FORMS, "position": POSITIONS,
-            "tgt_pad_mask": PAD_MASK_SIDES, "activation": ACTIVATIONS}
+            "tgt_pad_mask": PAD_MASK_SIDES, "src_pad_mask": SRC_PAD_MASK_SIDES, "activation": ACTIVATIONS}
 
 
 # -- Import ------------------------------------------------------------------------------------
