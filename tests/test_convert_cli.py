@@ -328,7 +328,7 @@ def test_layouts_shows_every_switch_a_layout_implies(tmp_path, capsys):
     status, out, _ = cli(capsys, "layouts", "hyunwoongko")
     assert status == 0
     rows = switch_rows(out)
-    assert len(rows) == 18  # every ModelConfig switch
+    assert len(rows) == 20  # every ModelConfig switch (18, plus src_pad_mask and scale_logits)
     # The preset's switches, and ModelConfig's defaults for the ones the preset does not set.
     assert rows["layer_norm_eps"] == ["1e-12", "preset"] and rows["scale_embedding"] == ["false", "preset"]
     assert rows["mask_fill"] == ["-10000.0", "preset"] and rows["tgt_pad_mask"] == ["queries", "preset"]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HELP = ("Convert a foreign checkpoint (.safetensors, .pt/.pth/.bin state dict, .npz) into a rosetta checkpoint, "
+HELP = ("Convert a foreign checkpoint (.safetensors, .pt/.pth/.bin state dict, .npz, Flax .msgpack, an Orbax directory) into a rosetta checkpoint, "
         "choosing the layout by its keys unless --layout is given.")
 
 
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="a ModelConfig field the tensors cannot tell or that your copy of the system changed, e.g. n_heads=8 (repeatable)")
     parser.add_argument("--dtype", choices=["float64", "float32", "float16", "bfloat16"], help="cast every parameter (default: keep the stored dtype)")
-    parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model)")
+    parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model), or the dotted path of the parameter tree in a Flax msgpack file or Orbax checkpoint (e.g. params)")
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
