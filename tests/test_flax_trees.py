@@ -105,3 +105,46 @@ def test_corrupt_and_foreign_files_name_themselves(tmp_path):
     plain.mkdir()
     with pytest.raises(CheckpointError, match="plain_dir.*not an Orbax checkpoint"):
         read_state_dict(plain)
+
+
+def test_a_model_trained_in_pytorch_exports_to_wmt_files_that_reproduce_its_logits(tmp_path, capsys):
+    """Trained a few steps with torch autograd, saved as a rosetta checkpoint, then written out
+    with `rosetta convert --to flax-wmt` as msgpack and as Orbax; wmt's apply on either file
+    gives the torch model's logits."""
+    import torch
+
+    import impl_torch
+    from conformance import init_params, preset
+
+    config = preset("flax-wmt", src_vocab_size=17, tgt_vocab_size=17, d_model=16, n_heads=2, d_ff=24,
+                    n_encoder_layers=1, n_decoder_layers=1, max_len=MAX_LEN, share_embeddings=True,
+                    tie_output=True, output_bias=False, scale_logits=True)
+    model = impl_torch.Model(config, init_params(config, seed=3, dtype=np.float32))
+    src, tgt = padded_batch(0, 17, 17, seed=8)
+    shifted = np.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        logits = model(src, shifted, return_attention=False).logits
+        loss = torch.nn.functional.cross_entropy(logits[tgt > 0], torch.as_tensor(tgt[tgt > 0]))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    params = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    checkpoint.save(tmp_path / "trained.safetensors", config, params)
+    with torch.no_grad():
+        ours = model(src, shifted).logits.numpy()
+
+    wmt_config = wmt.WmtConfig(vocab_size=17, output_vocab_size=17, share_embeddings=True, logits_via_embedding=True,
+                               emb_dim=16, num_heads=2, qkv_dim=16, mlp_dim=24, num_layers=1, max_len=MAX_LEN)
+    real = tgt > 0
+    for out in (tmp_path / "trained.msgpack", tmp_path / "trained_orbax"):
+        assert main(["convert", str(tmp_path / "trained.safetensors"), str(out), "--to", "flax-wmt"]) == 0
+        if out.suffix == ".msgpack":
+            tree = serialization.msgpack_restore(out.read_bytes())
+        else:
+            import orbax.checkpoint as ocp
+
+            tree = ocp.StandardCheckpointer().restore(out.resolve())
+        source = wmt.apply(wmt_config, tree, src, tgt)
+        assert_matches_source(ours[real], source[real], f"torch-trained model vs examples/wmt from {out.name}")
+    capsys.readouterr()

@@ -104,9 +104,13 @@ def test_wmt_attend_path_in_float64_is_float32_rounded_there():
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_linen_canonical_linen_round_trip_is_bit_exact(variant):
     c = config(variant, num_heads=2)
-    tree = flat(wmt.init(c, seed=4))
+    nested = wmt.init(c, seed=4)
+    tree = flat(nested)
     converted = convert_arrays(tree, "flax-wmt", max_len=MAX_LEN)
-    back = export_state_dict(converted.config, converted.params, "flax-wmt")
+    exported = export_state_dict(converted.config, converted.params, "flax-wmt")
+    assert isinstance(exported["decoder"], dict)  # the nested tree linen's apply takes
+    assert jax.tree_util.tree_structure(exported) == jax.tree_util.tree_structure(nested)
+    back = flat(exported)
     assert sorted(back) == sorted(tree)
     for key, value in tree.items():
         assert back[key].dtype == value.dtype and back[key].shape == value.shape, key
@@ -127,7 +131,7 @@ def test_a_model_made_elsewhere_exports_to_wmt_and_runs_under_its_apply():
     ours_config = preset("flax-wmt", src_vocab_size=19, tgt_vocab_size=23, d_model=32, n_heads=4, d_ff=48,
                          max_len=MAX_LEN)
     params = {k: np.asarray(v, np.float32) for k, v in init_params(ours_config).items()}
-    tree = traverse_util.unflatten_dict(export_state_dict(ours_config, params, "flax-wmt"), sep=".")
+    tree = export_state_dict(ours_config, params, "flax-wmt")
     c = config("separate-logitdense")
     src, tgt, shifted = batch(c)
     source = wmt.apply(c, tree, src, tgt)

@@ -279,7 +279,8 @@ def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: La
 
     The exact inverse of the import: importing the result gives back `config` and `params` bit
     for bit. Tied duplicates are written as copies so that `load_state_dict(strict=True)` works;
-    keys the layout drops are not written. A position table the system stores is written even
+    keys the layout drops are not written. A `nested` layout (Flax) is returned as its nested tree
+    of dicts, ready for `Module.apply({"params": tree}, ...)`. A position table the system stores is written even
     when the config computes a sinusoid (as `conformance.core.positions.sinusoid_table`, in the
     parameters' dtype), since the system reads its buffer. `target` names switches of a changed
     copy of the system (see `check_exportable`).
@@ -298,4 +299,18 @@ def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: La
            for fkey, (entry, _, ckeys) in plan.items()}
     for alias, (stored, _) in alias_keys(layout, list(out)).items():
         out[alias] = out[stored].copy()
+    if layout.nested:
+        return unflatten(out)
     return out
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """`{"a.b": x}` -> `{"a": {"b": x}}`: a Flax system's tree from its dotted keys."""
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree

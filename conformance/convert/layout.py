@@ -55,7 +55,8 @@ SIZE_FIELDS = frozenset({"src_vocab_size", "tgt_vocab_size", "d_model", "n_heads
 SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {"notes"}
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
 
-_TOP_KEYS = {"name", "description", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys", "infer"}
+_TOP_KEYS = {"name", "description", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys", "infer",
+             "nested"}
 _ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed", "heads", "when"}
 # How a system stores a projection per head (Flax DenseGeneral): "out" is (d_in, H, K), merged
 # to (d_in, H*K); "in" is (H, K, d_out), merged to (H*K, d_out). Head h owns columns (rows)
@@ -115,6 +116,9 @@ class Layout:
     # (foreign key, switches when it is present, switches when it is absent): structure that the
     # key set itself tells (a shared embedding, a logits projection), for systems that have both.
     infer: tuple[tuple[str, Mapping[str, Any], Mapping[str, Any]], ...] = ()
+    # The system keeps its parameters as a nested tree (Flax): keys are its path joined with ".",
+    # and an export returns the tree.
+    nested: bool = False
     _drop_regex: tuple[re.Pattern, ...] = field(default=(), repr=False, compare=False)
 
     def base_switches(self) -> dict[str, Any]:
@@ -350,6 +354,9 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
     for entry in entries:
         if entry.kind == "alias" and entry.same_as.text in aliases:
             raise _fail(where, f"[keys] {entry.text!r} is an alias of another alias; point it at the stored key")
+    nested = data.get("nested", False)
+    if not isinstance(nested, bool):
+        raise _fail(where, f"nested must be true or false, got {nested!r}")
     infer = []
     rules = data.get("infer", [])
     if not isinstance(rules, list):
@@ -372,7 +379,7 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
         name=name, description=str(data.get("description", "")), preset=preset, switches=dict(switches),
         matrices=matrices, free=frozenset(lists["free"]) | frozenset(lists["required"]),
         required=frozenset(lists["required"]), drop=tuple(lists["drop"]), entries=entries, path=path,
-        hints=dict(hints), infer=tuple(infer), _drop_regex=tuple(glob(d) for d in lists["drop"]),
+        hints=dict(hints), infer=tuple(infer), nested=nested, _drop_regex=tuple(glob(d) for d in lists["drop"]),
     )
 
 
