@@ -16,7 +16,7 @@ HELP = ("Convert a foreign checkpoint (.safetensors, .pt/.pth/.bin state dict, .
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", help="the foreign weights file (never modified)")
+    parser.add_argument("src", help="the foreign weights file, Orbax directory or Hugging Face model folder (never modified)")
     parser.add_argument("dst", help="the rosetta checkpoint to write (.safetensors; written atomically)")
     parser.add_argument("--layout", metavar="NAME|FILE", help="a built-in layout (see `rosetta layouts`) or a layout TOML file; default: auto-detect")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -84,9 +84,16 @@ def run(args: argparse.Namespace) -> int:
     if not dst.parent.is_dir() and str(dst.parent):
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
     overrides = parse_sets(args.sets)
+    from conformance.convert.hf_folder import convert_folder, is_hf_folder
+
     try:
-        arrays = read_state_dict(src, key=args.key)
-        result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name}, **overrides)
+        if is_hf_folder(src):
+            if args.layout not in (None, "hf-marian") or args.key:
+                raise CheckpointError(src, "a model folder converts with the hf-marian layout and no --key")
+            result = convert_folder(src, dtype=args.dtype, **overrides)
+        else:
+            arrays = read_state_dict(src, key=args.key)
+            result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name}, **overrides)
     except (LayoutError, NoMatchingLayoutError, AmbiguousLayoutError, TensorError) as exc:
         # Nothing has been written: the checkpoint is built in memory and saved only at the end.
         print(f"rosetta convert: error: {exc}", file=sys.stderr)

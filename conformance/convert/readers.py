@@ -5,6 +5,7 @@
     .npz                  `numpy.load(..., allow_pickle=False)` (Flax / NumPy exports)
     .msgpack              `flax.serialization.msgpack_restore` (Flax's `to_bytes`), flattened
     an Orbax directory    `orbax.checkpoint.PyTreeCheckpointer().restore`, flattened
+    a model folder        its weights (`conformance.convert.hf_folder`: config.json beside them)
     (see `conformance.convert.trees`: nested Flax trees become keys joined with ".")
 
 A pickle is a program: `weights_only=True` runs PyTorch's restricted unpickler, which builds
@@ -67,11 +68,13 @@ def as_arrays(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 def file_kind(path: str | os.PathLike) -> str:
+    if (Path(path) / "config.json").is_file():
+        return "hf-folder"
     if trees.is_orbax_dir(Path(path)):
         return "orbax"
     if Path(path).is_dir():
-        raise CheckpointError(path, "is a directory, but not an Orbax checkpoint (it has none of "
-                              f"{', '.join(trees.ORBAX_MARKERS)})")
+        raise CheckpointError(path, "is a directory, but neither a model folder (config.json) nor an Orbax checkpoint "
+                              f"(it has none of {', '.join(trees.ORBAX_MARKERS)})")
     suffix = Path(path).suffix.lower()
     if suffix not in SUFFIXES:
         raise CheckpointError(path, f"unknown file type {suffix!r}; expected one of {', '.join(SUFFIXES)}")
@@ -162,6 +165,12 @@ def read_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str
         return dict(read_tensors(path)[1])
     if kind == "npz":
         return _tensor_dict(path, _npz_file(path), key)
+    if kind == "hf-folder":
+        from conformance.convert.hf_folder import read_weights
+
+        if key is not None:
+            raise CheckpointError(path, "--key does not apply to a model folder")
+        return read_weights(path)
     if kind in ("msgpack", "orbax"):
         tree = trees.read_msgpack(path) if kind == "msgpack" else trees.read_orbax(path)
         flat = trees.flatten(trees.select(tree, key, path), str(path))
