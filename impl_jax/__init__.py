@@ -3,6 +3,7 @@
     model = impl_jax.load("model.safetensors")            # or impl_jax.Model(config, params)
     out = model(src_ids, tgt_ids)                         # .logits, .attention, .intermediates
     impl_jax.save(model, "copy.safetensors")              # the canonical checkpoint, bit for bit
+    impl_jax.save_state(model, "ckpt/")                   # an Orbax directory; impl_jax.load_state("ckpt/")
 
     with impl_jax.enable_x64():                           # float64 only inside this scope
         out64 = impl_jax.load("model.safetensors", dtype="float64")(src_ids, tgt_ids)
@@ -36,6 +37,7 @@ from impl_jax.model import (
     target_mask,
 )
 from impl_jax.precision import enable_x64, full_precision, precision_settings, x64_enabled
+from impl_jax.state import load_state, save_state
 
 
 def load(path: str | os.PathLike, dtype=None, *, buckets=None) -> Model:
@@ -62,11 +64,13 @@ __all__ = [
     "enable_x64",
     "full_precision",
     "load",
+    "load_state",
     "make_masks",
     "padding_mask",
     "precision_settings",
     "reset_stats",
     "save",
+    "save_state",
     "scaled_dot_product_attention",
     "softmax",
     "target_mask",
