@@ -118,3 +118,41 @@ def test_a_folder_without_weights_or_with_broken_json_names_the_file(tmp_path, f
     (empty / "config.json").write_text("{")
     with pytest.raises(CheckpointError, match="config.json.*JSON"):
         from_hf_folder(empty)
+
+
+def test_a_flax_marian_folder_reads_as_the_same_model(tmp_path, folder, model):
+    """transformers 5 has no Flax models, so this folder's flax_model.msgpack is written here by
+    the naming rule transformers <= 4.x used (kernel = weight transposed, scale / embedding =
+    weight; tied lm_head and the sinusoid tables not saved): it checks our reading of that rule
+    and the plumbing, not a file written by transformers itself."""
+    from flax import serialization, traverse_util
+
+    expected_config, expected = from_hf_folder(folder)
+    state = {k: v.detach().numpy() for k, v in model.state_dict().items()
+             if k not in ("lm_head.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
+             and "embed_positions" not in k}
+    flax_flat = {}
+    for key, value in state.items():
+        stem, _, leaf = key.rpartition(".")
+        if key == "model.shared.weight":
+            flax_flat["model.shared.embedding"] = value
+        elif leaf == "weight" and value.ndim == 2:
+            flax_flat[f"{stem}.kernel"] = value.T
+        elif leaf == "weight":
+            flax_flat[f"{stem}.scale"] = value
+        else:
+            flax_flat[key] = value
+    flax_folder = tmp_path / "flax"
+    flax_folder.mkdir()
+    shutil.copy(folder / "config.json", flax_folder / "config.json")
+    (flax_folder / "flax_model.msgpack").write_bytes(
+        serialization.msgpack_serialize(traverse_util.unflatten_dict(flax_flat, sep=".")))
+    config, params = from_hf_folder(flax_folder)
+    assert config == expected_config and sorted(params) == sorted(expected)
+    for key in expected:
+        assert np.array_equal(params[key], expected[key]), key
+
+
+def test_inspect_reads_a_folder(capsys, folder):
+    assert main(["inspect", str(folder)]) == 0
+    assert "keys match the built-in layout: hf-marian" in capsys.readouterr().out

@@ -8,6 +8,8 @@ The weights are whichever of these the folder holds (the first found):
     model.safetensors                               one file
     model.safetensors.index.json + its shards       `weight_map` names the shard of every key
     pytorch_model.bin                               a state dict, through PyTorch's weights-only unpickler
+    flax_model.msgpack                              what transformers <= 4.x wrote for Flax Marian, renamed
+                                                    to PyTorch's names by transformers' own rule (below)
 
 `config.json` gives every switch the `hf-marian` layout leaves free or required (activation,
 embedding scale, pad id, head count, sizes); a field this layout cannot express is a
@@ -87,8 +89,32 @@ def read_weights(folder: Path) -> dict[str, np.ndarray]:
         return out
     if (folder / "pytorch_model.bin").is_file():
         return read_state_dict(folder / "pytorch_model.bin")
+    if (folder / "flax_model.msgpack").is_file():
+        return flax_to_torch_names(read_state_dict(folder / "flax_model.msgpack"), folder / "flax_model.msgpack")
     raise CheckpointError(folder, "holds no weights this reader knows: model.safetensors, model.safetensors.index.json "
-                          "with its shards, or pytorch_model.bin")
+                          "with its shards, pytorch_model.bin, or flax_model.msgpack")
+
+
+def flax_to_torch_names(flat: dict[str, np.ndarray], path: Path) -> dict[str, np.ndarray]:
+    """A transformers Flax model's flattened parameters under its PyTorch twin's names, by the rule
+    transformers itself converts them with: a Dense `kernel` (d_in, d_out) is the Linear `weight`
+    transposed; a LayerNorm `scale` and an Embed `embedding` are the `weight`. Everything else
+    (biases, `final_logits_bias`) keeps its name."""
+    out: dict[str, np.ndarray] = {}
+    for key, value in flat.items():
+        stem, _, leaf = key.rpartition(".")
+        if leaf == "kernel":
+            if value.ndim != 2:
+                raise CheckpointError(path, f"{key} has shape {value.shape}; a Dense kernel is 2-D")
+            name, value = f"{stem}.weight", np.ascontiguousarray(value.T)
+        elif leaf in ("scale", "embedding"):
+            name = f"{stem}.weight"
+        else:
+            name = key
+        if name in out:
+            raise CheckpointError(path, f"{key} and another entry both become {name}")
+        out[name] = value
+    return out
 
 
 def _field(hf: dict, name: str, path: Path, kind=int):
