@@ -84,7 +84,8 @@ def test_orbax_checkpoint_converts_and_runs_on_every_backend(tmp_path, capsys, t
         logits = result["logits"]
     source = wmt.apply(CONFIG, tree, src, tgt)
     real = tgt > 0
-    assert_matches_source(logits[real], source[real], f"rosetta run {backend} vs examples/wmt")
+    result = assert_matches_source(logits[real], source[real], f"rosetta run {backend} vs examples/wmt")
+    print(f"Orbax -> rosetta convert -> rosetta run {backend}: {result.describe()}")
 
 
 def test_corrupt_and_foreign_files_name_themselves(tmp_path):

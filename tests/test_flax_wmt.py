@@ -64,7 +64,8 @@ def test_wmt_logits_reproduced_in_float32(variant, backend):
     assert converted.layout.name == "flax-wmt" and converted.config.n_heads == c.num_heads
     ours = run_backend(backend, converted.config, converted.params, src, shifted)
     real = tgt > 0
-    assert_matches_source(ours[real], source[real], f"{backend} vs examples/wmt ({variant}), float32")
+    result = assert_matches_source(ours[real], source[real], f"{backend} vs examples/wmt ({variant}), float32")
+    print(f"flax-wmt {variant} {backend} float32: {result.describe()}")
 
 
 def test_wmt_float64_matches_the_oracle():
@@ -80,9 +81,10 @@ def test_wmt_float64_matches_the_oracle():
 
     out = numpy_model.Model(converted.config, converted.params)(src, shifted)
     real = tgt > 0
-    assert_matches_source(out.logits[real], source[real], "numpy float64 vs examples/wmt float64", bar=1e-12)
+    logits = assert_matches_source(out.logits[real], source[real], "numpy float64 vs examples/wmt float64", bar=1e-12)
     # Every position of the encoder output, padding included: padded queries see no key there.
-    assert_matches_source(out.intermediates["encoder.output"], encoded, "encoder output incl. padding", bar=1e-12)
+    memory = assert_matches_source(out.intermediates["encoder.output"], encoded, "encoder output incl. padding", bar=1e-12)
+    print(f"flax-wmt logitdense numpy float64: logits {logits.describe()}; encoder output {memory.describe()}")
 
 
 def test_wmt_attend_path_in_float64_is_float32_rounded_there():
@@ -98,6 +100,7 @@ def test_wmt_attend_path_in_float64_is_float32_rounded_there():
 
     logits = numpy_model.Model(converted.config, converted.params)(src, shifted).logits
     err = np.abs(logits - source)[tgt > 0].max()
+    print(f"flax-wmt shared-attend numpy float64: max abs difference {err:.3e} (wmt rounds y to float32 before attend)")
     assert FLOAT64_BAR < err < 1e-6, err
 
 

@@ -74,7 +74,8 @@ def test_a_saved_folder_converts_with_no_set_and_matches_transformers(tmp_path, 
     src, tgt = padded_batch(PAD, VOCAB, VOCAB)
     reference = hf_logits(model, src, tgt)
     for backend in ("numpy", "torch"):
-        assert_matches_source(run_backend(backend, config, params, src, tgt), reference, f"Marian folder on {backend}")
+        result = assert_matches_source(run_backend(backend, config, params, src, tgt), reference, f"Marian folder on {backend}")
+        print(f"Marian folder (gelu, scaled) {backend} float32: {result.describe()}")
 
 
 def test_sharded_and_bin_folders_give_the_same_parameters(tmp_path, folder, model):
