@@ -141,3 +141,13 @@ def test_a_model_made_elsewhere_exports_to_wmt_and_runs_under_its_apply():
     ours = run_backend("torch", ours_config, params, src, shifted)
     real = tgt > 0
     assert_matches_source(ours[real], source[real], "torch model exported to examples/wmt, float32")
+
+
+def test_an_export_wmt_cannot_compute_is_refused_by_name():
+    """wmt's logits are either `logitdense` (with a bias) or the embedding's attend / sqrt(D)."""
+    from conformance import init_params, preset
+
+    config = preset("flax-wmt", d_model=16, n_heads=2, d_ff=24, max_len=8, tie_output=True, scale_logits=False,
+                    output_bias=False)
+    with pytest.raises(ConfigError, match="tie_output.*neither"):
+        export_state_dict(config, init_params(config), "flax-wmt")

@@ -257,6 +257,14 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
     position term; one that rebuilds its table on load (`recomputed`, Marian) only its own.
     """
     check_overrides(target)
+    for key, present, absent in layout.infer:
+        # A structure the system can have: the switches of one side of each rule, all together.
+        sides = [side for side in (present, absent) if all(getattr(config, k) == v for k, v in side.items())]
+        if not sides:
+            wrong = next(k for k, v in present.items() if getattr(config, k) != v)
+            raise ConfigError(wrong, f"the {layout.name} system has {', '.join(f'{k}={v!r}' for k, v in present.items())} "
+                              f"(with {key}) or {', '.join(f'{k}={v!r}' for k, v in absent.items())} (without it); this "
+                              f"config's {', '.join(f'{k}={getattr(config, k)!r}' for k in present)} is neither")
     expected = {**layout.base_switches(), **target}
     for name in sorted(SWITCH_FIELDS):
         if name in layout.free or name in layout.inferred_names() or name not in expected:
