@@ -151,3 +151,10 @@ def test_an_export_wmt_cannot_compute_is_refused_by_name():
                     output_bias=False)
     with pytest.raises(ConfigError, match="tie_output.*neither"):
         export_state_dict(config, init_params(config), "flax-wmt")
+
+
+def test_an_attention_width_other_than_d_model_is_refused_by_name():
+    c = wmt.WmtConfig(vocab_size=11, output_vocab_size=11, emb_dim=16, num_heads=2, qkv_dim=32, mlp_dim=24,
+                      num_layers=1, max_len=MAX_LEN)
+    with pytest.raises(ConfigError, match="d_model.*qkv_dim"):
+        convert_arrays(flat(wmt.init(c)), "flax-wmt", max_len=MAX_LEN)

@@ -194,6 +194,13 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
     canonical, origin, heads = {}, {}, None
     for key, (entry, values) in check.effective.items():
         h = stored_heads(entry, np.asarray(stored[key]))
+        if h is not None:
+            shape = np.shape(stored[key])
+            width, d_model = (shape[1] * shape[2], shape[0]) if entry.heads == "out" else (shape[0] * shape[1], shape[2])
+            if width != d_model:
+                raise ConfigError("d_model", f"{key} has shape {shape}: an attention width H*K={width} (Flax's "
+                                  f"qkv_features, wmt's qkv_dim) other than d_model={d_model}, which ModelConfig cannot "
+                                  "express (its heads split d_model)")
         if h is not None and heads is not None and h != heads[0]:
             raise TensorError(key, f"stores {h} heads, but {heads[1]} stores {heads[0]}")
         heads = heads or ((h, key) if h is not None else None)
