@@ -104,7 +104,7 @@ def test_corrupt_and_foreign_files_name_themselves(tmp_path):
         read_state_dict(fake)
     plain = tmp_path / "plain_dir"
     plain.mkdir()
-    with pytest.raises(CheckpointError, match="plain_dir.*not an Orbax checkpoint"):
+    with pytest.raises(CheckpointError, match="plain_dir.*neither a model folder.*nor an Orbax checkpoint"):
         read_state_dict(plain)
 
 
