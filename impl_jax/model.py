@@ -171,7 +171,8 @@ class LayerNorm(nnx.Module):
 
     Not `nnx.LayerNorm`: its epsilon defaults to 1e-6 (PyTorch's is 1e-5) and its fast variance
     E[x^2] - E[x]^2 cancels catastrophically when |mean| >> std. Here epsilon always comes from the
-    config and the variance is the mean of squared deviations, as in the oracle. Float16 and
+    config and the variance is the mean of squared deviations, as in the oracle, unless the config
+    names the fast form (to reproduce a Flax model, exactly as the oracle computes it). Float16 and
     bfloat16 inputs are normalised in float32 (PyTorch's kernels do the same).
     """
 
