@@ -54,14 +54,26 @@ def target_mask(config: ModelConfig, tgt_ids: np.ndarray) -> np.ndarray:
     """(B, 1, T, T): target padding AND causal.
 
     Target padding is masked on the keys (B, 1, 1, T), or, in the tutorials that do so, on the
-    queries (B, 1, T, 1), or not at all (Marian: its start token is the pad id).
+    queries (B, 1, T, 1), or on both (B, 1, T, T), or not at all (Marian: its start token is the
+    pad id).
     """
     tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
     if config.tgt_pad_mask == "queries":
         tgt_pad = tgt_pad.transpose(0, 1, 3, 2)  # (B, 1, T, 1)
+    elif config.tgt_pad_mask == "both":
+        tgt_pad = tgt_pad & tgt_pad.transpose(0, 1, 3, 2)  # (B, 1, T, T)
     elif config.tgt_pad_mask == "none":
         tgt_pad = tgt_pad | True  # causal only: the decoder's start token may be the pad id
     return tgt_pad & causal_mask(tgt_ids.shape[1])  # (B, 1, T, T)
+
+
+def encoder_self_mask(config: ModelConfig, src_mask):
+    """The encoder self-attention's mask from the source mask (B, H|1, 1, S): the source mask
+    itself (padding on the keys), or with padding on the queries too (B, H|1, S, S), as Flax
+    `examples/wmt` masks it. Cross-attention always takes the source mask on the keys only."""
+    if config.src_pad_mask == "both" and src_mask is not None:
+        return src_mask & src_mask.swapaxes(-1, -2)  # (B, H|1, S, S)
+    return src_mask
 
 
 def make_masks(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -108,9 +120,10 @@ class Linear:
 class LayerNorm:
     """LayerNorm over the last axis, in the form the config names.
 
-    standard:  y = (x - mean) / sqrt(var + eps) * weight + bias        (biased variance)
-    std-eps:   y = (x - mean) / (std + eps) * weight + bias            (unbiased std; the
-               Annotated Transformer's own LayerNorm)
+    standard:       y = (x - mean) / sqrt(var + eps) * weight + bias   (biased variance)
+    std-eps:        y = (x - mean) / (std + eps) * weight + bias       (unbiased std; the
+                    Annotated Transformer's own LayerNorm)
+    fast-variance:  as standard, with var = max(E[x^2] - E[x]^2, 0)    (Flax nn.LayerNorm)
     """
 
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
@@ -124,6 +137,9 @@ class LayerNorm:
         centered = x - mean
         if self.form == "standard":
             var = (centered * centered).mean(axis=-1, keepdims=True)
+            normed = centered / np.sqrt(var + self.eps)
+        elif self.form == "fast-variance":
+            var = np.maximum((x * x).mean(axis=-1, keepdims=True) - mean * mean, 0)
             normed = centered / np.sqrt(var + self.eps)
         else:
             std = np.sqrt((centered * centered).sum(axis=-1, keepdims=True) / (x.shape[-1] - 1))
@@ -292,14 +308,16 @@ class Embedding:
 
 class Encoder:
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], dtype):
+        self.config = config
         self.embedding = Embedding(params, "encoder.embedding")
         self.position = Positions(config, params, "encoder.position", dtype)
         self.layers = [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)]
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
 
     def __call__(self, x: np.ndarray, src_mask, out: Encoded) -> np.ndarray:
+        self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
         for i, layer in enumerate(self.layers):
-            x = layer(x, src_mask, f"encoder.{i}", out)
+            x = layer(x, self_mask, f"encoder.{i}", out)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -325,15 +343,19 @@ class Decoder:
 
 class Output:
     """logits = y W_out + b_out. W_out is `output.weight` (D, V), or the target embedding
-    transposed when the output is tied to it (section 3.4)."""
+    transposed when the output is tied to it (section 3.4). With `scale_logits`,
+    logits = y W_out / sqrt(D) + b_out (Flax examples/wmt's `logits_via_embedding`)."""
 
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray]):
         self.weight = None if config.tie_output else params["output.weight"]
         self.bias = params.get("output.bias")
+        self.scale_logits = config.scale_logits
 
     def __call__(self, y: np.ndarray, tied_embedding: Embedding) -> np.ndarray:
         weight = tied_embedding.weight.T if self.weight is None else self.weight  # (D, V)
         logits = y @ weight  # (B, T, V)
+        if self.scale_logits:
+            logits = logits / math.sqrt(y.shape[-1])
         if self.bias is not None:
             logits = logits + self.bias
         return logits

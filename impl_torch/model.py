@@ -63,15 +63,27 @@ def target_mask(config: ModelConfig, tgt_ids: torch.Tensor) -> torch.Tensor:
     """(B, 1, T, T): target padding AND causal.
 
     Target padding is masked on the keys (B, 1, 1, T), or, in the tutorials that do so, on the
-    queries (B, 1, T, 1), or not at all (Marian: its start token is the pad id).
+    queries (B, 1, T, 1), or on both (B, 1, T, T), or not at all (Marian: its start token is the
+    pad id).
     """
     tgt_ids = torch.as_tensor(tgt_ids)
     tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
     if config.tgt_pad_mask == "queries":
         tgt_pad = tgt_pad.transpose(2, 3)  # (B, 1, T, 1)
+    elif config.tgt_pad_mask == "both":
+        tgt_pad = tgt_pad & tgt_pad.transpose(2, 3)  # (B, 1, T, T)
     elif config.tgt_pad_mask == "none":
         tgt_pad = tgt_pad | True  # causal only: the decoder's start token may be the pad id
     return tgt_pad & causal_mask(tgt_ids.shape[1], device=tgt_ids.device)  # (B, 1, T, T)
+
+
+def encoder_self_mask(config: ModelConfig, src_mask):
+    """The encoder self-attention's mask from the source mask (B, H|1, 1, S): the source mask
+    itself (padding on the keys), or with padding on the queries too (B, H|1, S, S), as Flax
+    `examples/wmt` masks it. Cross-attention always takes the source mask on the keys only."""
+    if config.src_pad_mask == "both" and src_mask is not None:
+        return src_mask & src_mask.transpose(-1, -2)  # (B, H|1, S, S)
+    return src_mask
 
 
 def make_masks(config: ModelConfig, src_ids: torch.Tensor, tgt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,9 +155,10 @@ class Linear(nn.Module):
 class LayerNorm(nn.Module):
     """LayerNorm over the last axis, in the form the config names.
 
-    standard:  y = (x - mean) / sqrt(var + eps) * weight + bias        (biased variance)
-    std-eps:   y = (x - mean) / (std + eps) * weight + bias            (unbiased std; the
-               Annotated Transformer's own LayerNorm)
+    standard:       y = (x - mean) / sqrt(var + eps) * weight + bias   (biased variance)
+    std-eps:        y = (x - mean) / (std + eps) * weight + bias       (unbiased std; the
+                    Annotated Transformer's own LayerNorm)
+    fast-variance:  as standard, with var = max(E[x^2] - E[x]^2, 0)    (Flax nn.LayerNorm)
 
     Statistics and the affine are computed in at least float32 (float16 would lose the mean of a
     large residual) and cast once at the end, as JAX does.
@@ -169,8 +182,12 @@ class LayerNorm(nn.Module):
         x32 = at_least_float32(x)
         mean = x32.mean(dim=-1, keepdim=True)
         centered = x32 - mean
-        std = torch.sqrt((centered * centered).sum(dim=-1, keepdim=True) / (x.shape[-1] - 1))
-        normed = centered / (std + self.eps)
+        if self.form == "fast-variance":
+            var = torch.clamp_min((x32 * x32).mean(dim=-1, keepdim=True) - mean * mean, 0)
+            normed = centered / torch.sqrt(var + self.eps)
+        else:
+            std = torch.sqrt((centered * centered).sum(dim=-1, keepdim=True) / (x.shape[-1] - 1))
+            normed = centered / (std + self.eps)
         return (normed * self.weight + self.bias).to(x.dtype)
 
 
@@ -385,14 +402,16 @@ class Embedding(nn.Module):
 class Encoder(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
+        self.config = config
         self.embedding = Embedding(config.src_vocab_size, config.d_model, dtype)
         self.position = Positions(config, dtype)
         self.layers = nn.ModuleList(EncoderLayer(config, dtype) for _ in range(config.n_encoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_encoder_norm else None
 
     def forward(self, x: torch.Tensor, src_mask, out: Encoded, *, return_attention: bool = True) -> torch.Tensor:
+        self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
         for i, layer in enumerate(self.layers):
-            x = layer(x, src_mask, f"encoder.{i}", out, return_attention=return_attention)
+            x = layer(x, self_mask, f"encoder.{i}", out, return_attention=return_attention)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -421,16 +440,21 @@ class Decoder(nn.Module):
 
 class Output(nn.Module):
     """logits = y W_out + b_out. W_out is `output.weight` (D, V), or the target embedding
-    transposed when the output is tied to it (section 3.4)."""
+    transposed when the output is tied to it (section 3.4). With `scale_logits`,
+    logits = y W_out / sqrt(D) + b_out (Flax examples/wmt's `logits_via_embedding`)."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
         d, v = config.d_model, config.tgt_vocab_size
         self.weight = None if config.tie_output else nn.Parameter(torch.empty(d, v, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(v, dtype=dtype)) if config.output_bias else None
+        self.scale_logits = config.scale_logits
 
     def forward(self, y: torch.Tensor, tied_embedding: Embedding) -> torch.Tensor:
         weight = tied_embedding.weight.T if self.weight is None else self.weight  # (D, V)
+        if self.scale_logits:
+            logits = (y @ weight) / math.sqrt(y.shape[-1])  # (B, T, V)
+            return logits if self.bias is None else logits + self.bias
         if self.bias is None:
             return y @ weight  # (B, T, V)
         # The bias rides in the GEMM: at V = 32000 a separate `+ b` is another pass over (and a

@@ -328,7 +328,7 @@ def test_layouts_shows_every_switch_a_layout_implies(tmp_path, capsys):
     status, out, _ = cli(capsys, "layouts", "hyunwoongko")
     assert status == 0
     rows = switch_rows(out)
-    assert len(rows) == 18  # every ModelConfig switch
+    assert len(rows) == 20  # every ModelConfig switch (18, plus src_pad_mask and scale_logits)
     # The preset's switches, and ModelConfig's defaults for the ones the preset does not set.
     assert rows["layer_norm_eps"] == ["1e-12", "preset"] and rows["scale_embedding"] == ["false", "preset"]
     assert rows["mask_fill"] == ["-10000.0", "preset"] and rows["tgt_pad_mask"] == ["queries", "preset"]
@@ -461,3 +461,24 @@ def test_run_refuses_bad_ids_and_writes_nothing(tmp_path, converted_checkpoint, 
                          "--out", tmp_path / "run.npz")
     assert status == 2 and words in err, err
     assert not (tmp_path / "run.npz").exists()
+
+
+def test_convert_to_a_flat_layout_writes_its_state_dict(tmp_path, capsys):
+    """`rosetta convert model.safetensors out.safetensors --to LAYOUT`: the foreign keys, no rosetta
+    metadata; reading them back through the layout gives the same model."""
+    from conformance import init_params, preset
+
+    config = preset("annotated-transformer", src_vocab_size=11, tgt_vocab_size=11, d_model=8, n_heads=2, d_ff=12,
+                    n_encoder_layers=1, n_decoder_layers=1, max_len=6, pad_id=2)
+    params = init_params(config, seed=1, dtype=np.float32)
+    checkpoint.save(tmp_path / "model.safetensors", config, params)
+    status, _, _ = cli(capsys, "convert", tmp_path / "model.safetensors", tmp_path / "at.safetensors", "--to",
+                       "annotated-transformer")
+    assert status == 0
+    state = read_state_dict(tmp_path / "at.safetensors")
+    assert "src_embed.0.lut.weight" in state
+    back_config, back = import_state_dict(state, "annotated-transformer", n_heads=2, pad_id=2)
+    assert back_config == config and all(np.array_equal(back[k], params[k]) for k in params)
+    status, _, err = cli(capsys, "convert", tmp_path / "model.safetensors", tmp_path / "at.safetensors", "--to",
+                         "annotated-transformer")
+    assert status == 2 and "exists" in err, err

@@ -1,4 +1,4 @@
-"""`rosetta convert SRC DST`: a foreign checkpoint in, a rosetta checkpoint out."""
+"""`rosetta convert SRC DST`: a foreign checkpoint in, a rosetta checkpoint out (with --to LAYOUT, the other way)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,23 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-HELP = ("Convert a foreign checkpoint (.safetensors, .pt/.pth/.bin state dict, .npz) into a rosetta checkpoint, "
+import numpy as np
+
+HELP = ("Convert a foreign checkpoint (.safetensors, .pt/.pth/.bin state dict, .npz, Flax .msgpack, an Orbax directory) into a rosetta checkpoint, "
         "choosing the layout by its keys unless --layout is given.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", help="the foreign weights file (never modified)")
+    parser.add_argument("src", help="the foreign weights file, Orbax directory or Hugging Face model folder (never modified)")
     parser.add_argument("dst", help="the rosetta checkpoint to write (.safetensors; written atomically)")
     parser.add_argument("--layout", metavar="NAME|FILE", help="a built-in layout (see `rosetta layouts`) or a layout TOML file; default: auto-detect")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="a ModelConfig field the tensors cannot tell or that your copy of the system changed, e.g. n_heads=8 (repeatable)")
     parser.add_argument("--dtype", choices=["float64", "float32", "float16", "bfloat16"], help="cast every parameter (default: keep the stored dtype)")
-    parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model)")
+    parser.add_argument("--to", metavar="LAYOUT", help="the other direction: SRC is a rosetta checkpoint, DST the "
+                        "foreign file in LAYOUT's key space (.safetensors, .msgpack for Flax's msgpack, or a "
+                        "new directory for an Orbax checkpoint)")
+    parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model), or the dotted path of the parameter tree in a Flax msgpack file or Orbax checkpoint (e.g. params)")
     parser.add_argument("--rename", dest="renames", action="append", default=[], metavar="OLD=NEW",
                         help="rename a key prefix before matching a layout, e.g. embed_src.=src_tok_emb.embedding. "
                              "(repeatable): your own wrapper, a built-in layout, no layout file")
@@ -92,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     from conformance.core.errors import CheckpointError
 
     src, dst = Path(args.src), Path(args.dst)
+    if getattr(args, "to", None):
+        return export(src, dst, args.to, parse_sets(args.sets))
     if dst.suffix != ".safetensors":
         raise CheckpointError(dst, "a rosetta checkpoint is a .safetensors file; name the output *.safetensors")
     if dst.exists() and src.exists() and os.path.samefile(src, dst):
@@ -102,16 +109,23 @@ def run(args: argparse.Namespace) -> int:
         raise CheckpointError(dst, "is a directory; name the checkpoint file to write")
     overrides = parse_sets(args.sets)
     renames = parse_renames(args.renames)
+    from conformance.convert.hf_folder import convert_folder, is_hf_folder
+
     try:
-        arrays = read_state_dict(src, key=args.key)
-        if renames:
-            try:
-                arrays = rename_prefixes(arrays, renames)
-            except KeyError as exc:
-                raise InputError("--rename", exc.args[0]) from None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", PaddingWarning)
-            result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name}, **overrides)
+            if is_hf_folder(src):
+                if args.layout not in (None, "hf-marian") or args.key or renames:
+                    raise CheckpointError(src, "a model folder converts with the hf-marian layout, no --key and no --rename")
+                result = convert_folder(src, dtype=args.dtype, **overrides)
+            else:
+                arrays = read_state_dict(src, key=args.key)
+                if renames:
+                    try:
+                        arrays = rename_prefixes(arrays, renames)
+                    except KeyError as exc:
+                        raise InputError("--rename", exc.args[0]) from None
+                result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name}, **overrides)
     except (LayoutError, NoMatchingLayoutError, AmbiguousLayoutError, TensorError) as exc:
         # Nothing has been written: the checkpoint is built in memory and saved only at the end.
         print(f"rosetta convert: error: {exc}", file=sys.stderr)
@@ -157,3 +171,40 @@ def trial_run(config, params) -> list[str]:
     return [f"a trial forward pass on 3 padded rows (pad_id={config.pad_id}) gave {bad} of {logits.size} logits that are "
             f"NaN or infinite (rows {', '.join(map(str, rows))}) computed in {stored}: "
             "check pad_id, mask_fill and norm_placement (--set), and the weights' magnitudes"]
+
+
+def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any]) -> int:
+    """`rosetta convert model.safetensors OUT --to LAYOUT`: a rosetta checkpoint out to a foreign
+    layout. A nested (Flax) tree goes to a .msgpack file or an Orbax directory; a flat state
+    dict to a .safetensors file (its keys only, no rosetta metadata)."""
+    from conformance.core import checkpoint
+    from conformance.convert import export_state_dict, load_layout
+    from conformance.convert.engine import unflatten
+    from conformance.convert import trees
+    from conformance.core.errors import CheckpointError
+
+    layout = load_layout(layout_name)
+    if dst.exists():
+        raise CheckpointError(dst, "already exists; converting never overwrites a file or directory")
+    if not dst.parent.is_dir() and str(dst.parent):
+        raise CheckpointError(dst, f"directory {dst.parent} does not exist")
+    config, params = checkpoint.load(src)
+    exported = export_state_dict(config, params, layout, **target)
+    tree = exported if layout.nested else unflatten(exported)
+    if dst.suffix == ".msgpack":
+        trees.write_msgpack(dst, tree)
+        kind = "Flax msgpack"
+    elif dst.suffix == ".safetensors":
+        from safetensors.numpy import save_file
+
+        flat = trees.flatten(tree) if layout.nested else exported
+        save_file({k: np.ascontiguousarray(v) for k, v in flat.items()}, str(dst))
+        kind = "safetensors"
+    elif dst.suffix == "":
+        trees.write_orbax(dst, tree)
+        kind = "Orbax checkpoint"
+    else:
+        raise CheckpointError(dst, "name the output *.msgpack, *.safetensors, or a new directory (Orbax)")
+    print(f"{src} -> {dst} ({kind}, layout {layout.name})")
+    print(f"  config: {config.summary()}")
+    return 0

@@ -9,6 +9,7 @@
 
     from conformance.convert import from_hf_marian, from_torch_nn_transformer
     config, params = from_hf_marian(marian_mt_model)
+    config, params = from_hf_folder("opus-mt-en-de/")        # a published folder: config.json read too
     config, params = from_torch_nn_transformer(model.transformer, model.src_tok_emb, model.tgt_tok_emb, model.generator)
 
 A layout is a TOML file (`conformance/convert/layouts/*.toml` for the built-in ones; see
@@ -36,6 +37,7 @@ from conformance.convert.errors import (
 )
 from conformance.convert.keys import check_keys, detect_layout
 from conformance.convert.layout import Layout, builtin_layout_names, builtin_layouts, load_layout
+from conformance.convert.hf_folder import from_hf_folder
 from conformance.convert.readers import as_arrays, read_state_dict
 from conformance.convert.sources import from_hf_marian, from_torch_nn_transformer
 
@@ -102,6 +104,7 @@ __all__ = [
     "convert_arrays",
     "detect_layout",
     "export_state_dict",
+    "from_hf_folder",
     "from_hf_marian",
     "from_torch_nn_transformer",
     "import_state_dict",

@@ -24,18 +24,20 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from conformance.core.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, ModelConfig
+from conformance.core.config import (
+    ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, SRC_PAD_MASK_SIDES, ModelConfig,
+)
 from conformance.convert.errors import KeyMismatchError, LayoutError, TensorError, listing, overrides_note, setting
 from conformance.convert.keys import alias_keys, check_keys, detect_layout, plan_keys, structural_overrides
 from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, Layout, load_layout
-from conformance.convert.transforms import TABLES, backward, forward, identical, recognise_positions
+from conformance.convert.transforms import TABLES, backward, forward, identical, recognise_positions, stored_heads
 from conformance.core.errors import ConfigError
 from conformance.core.params import PARAM_DTYPE_NAMES, check_numpy_params, param_shapes
 from conformance.core.positions import sinusoid_table
 
 _CONFIG_FIELDS = SWITCH_FIELDS | SIZE_FIELDS | {"notes"}
 _CHOICES = {"norm_placement": NORM_PLACEMENTS, "layer_norm_form": LAYER_NORM_FORMS, "position": POSITIONS,
-            "tgt_pad_mask": PAD_MASK_SIDES, "activation": ACTIVATIONS}
+            "tgt_pad_mask": PAD_MASK_SIDES, "src_pad_mask": SRC_PAD_MASK_SIDES, "activation": ACTIVATIONS}
 
 
 # -- Import ------------------------------------------------------------------------------------
@@ -109,9 +111,14 @@ def _defaulted(layout: Layout, overrides: Mapping[str, Any], config: ModelConfig
     return lines
 
 
-def _build_config(layout, canonical, origin, layers, overrides, position, rows, notes) -> ModelConfig:
+def _build_config(layout, canonical, origin, layers, overrides, position, rows, notes, heads=None) -> ModelConfig:
     values = layout.base_switches()
     inferred = _infer_sizes(canonical)
+    if heads is not None:  # (H, the foreign key that stores it per head)
+        given = overrides.get("n_heads")
+        if given is not None and given != heads[0]:
+            raise ConfigError("n_heads", f"{given!r} (given) contradicts {heads[1]}, which stores {heads[0]} heads")
+        values["n_heads"] = heads[0]
     if rows is not None:
         inferred["max_len"] = (rows, TABLES[0])
     for fieldname, (value, ckey) in inferred.items():
@@ -133,7 +140,7 @@ def _build_config(layout, canonical, origin, layers, overrides, position, rows, 
         values["position"] = position
     if layers["encoder"] + layers["decoder"] == 0:
         values.setdefault("n_heads", 1)  # no attention at all: the head count is meaningless
-    elif "n_heads" not in overrides:
+    elif "n_heads" not in overrides and heads is None:
         raise ConfigError("n_heads", "cannot be read from tensor shapes (every head count splits d_model the same "
                           "way); give it: n_heads=8 in Python, --set n_heads=8 on the command line")
     if "max_len" not in values:
@@ -207,6 +214,8 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
     check_overrides(overrides)
     detected = layout is None
     layout = detect_layout(arrays, **overrides) if detected else load_layout(layout)
+    # Structure the key set tells (a shared embedding, a logits projection): as if given.
+    overrides = {**layout.inferred_switches(arrays), **overrides}
     note = overrides_note(structural_overrides(layout, overrides), overrides)
     try:
         check = check_keys(layout, arrays, overrides)
@@ -231,8 +240,19 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
     if check.aliases:
         decisions.append(f"verified {len(check.aliases)} tied duplicate(s): {listing(sorted(check.aliases))}")
 
-    canonical, origin = {}, {}
+    canonical, origin, heads = {}, {}, None
     for key, (entry, values) in check.effective.items():
+        h = stored_heads(entry, np.asarray(stored[key]))
+        if h is not None:
+            shape = np.shape(stored[key])
+            width, d_model = (shape[1] * shape[2], shape[0]) if entry.heads == "out" else (shape[0] * shape[1], shape[2])
+            if width != d_model:
+                raise ConfigError("d_model", f"{key} has shape {shape}: an attention width H*K={width} (Flax's "
+                                  f"qkv_features, wmt's qkv_dim) other than d_model={d_model}, which ModelConfig cannot "
+                                  "express (its heads split d_model)")
+        if h is not None and heads is not None and h != heads[0]:
+            raise TensorError(key, f"stores {h} heads, but {heads[1]} stores {heads[0]}")
+        heads = heads or ((h, key) if h is not None else None)
         for ckey, array in forward(layout, entry, values, key, np.asarray(stored[key])):
             if ckey in canonical:
                 raise LayoutError(layout.name, f"{origin[ckey]!r} and {key!r} both give {ckey!r}")
@@ -256,7 +276,7 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
     overrides = dict(overrides)
     _padding(layout, canonical, overrides, decisions)
     position, rows = recognise_positions(layout, canonical, origin, overrides, decisions)
-    config = _build_config(layout, canonical, origin, check.layers, overrides, position, rows, notes)
+    config = _build_config(layout, canonical, origin, check.layers, overrides, position, rows, notes, heads)
     defaulted = _defaulted(layout, overrides, config, rows is not None)
     if defaulted:
         decisions.extend(defaulted)
@@ -295,9 +315,17 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
     position term; one that rebuilds its table on load (`recomputed`, Marian) only its own.
     """
     check_overrides(target)
+    for key, present, absent in layout.infer:
+        # A structure the system can have: the switches of one side of each rule, all together.
+        sides = [side for side in (present, absent) if all(getattr(config, k) == v for k, v in side.items())]
+        if not sides:
+            wrong = next(k for k, v in present.items() if getattr(config, k) != v)
+            raise ConfigError(wrong, f"the {layout.name} system has {', '.join(f'{k}={v!r}' for k, v in present.items())} "
+                              f"(with {key}) or {', '.join(f'{k}={v!r}' for k, v in absent.items())} (without it); this "
+                              f"config's {', '.join(f'{k}={getattr(config, k)!r}' for k in present)} is neither")
     expected = {**layout.base_switches(), **target}
     for name in sorted(SWITCH_FIELDS):
-        if name in layout.free or name not in expected:
+        if name in layout.free or name in layout.inferred_names() or name not in expected:
             continue
         if name == "position" and layout.computes_with_stored_positions():
             continue
@@ -317,7 +345,8 @@ def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: La
 
     The exact inverse of the import: importing the result gives back `config` and `params` bit
     for bit. Tied duplicates are written as copies so that `load_state_dict(strict=True)` works;
-    keys the layout drops are not written. A position table the system stores is written even
+    keys the layout drops are not written. A `nested` layout (Flax) is returned as its nested tree
+    of dicts, ready for `Module.apply({"params": tree}, ...)`. A position table the system stores is written even
     when the config computes a sinusoid (as `conformance.core.positions.sinusoid_table`, in the
     parameters' dtype), since the system reads its buffer. `target` names switches of a changed
     copy of the system (see `check_exportable`).
@@ -331,9 +360,23 @@ def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: La
         dtype = next(iter(arrays.values())).dtype
         table = sinusoid_table(config.max_len, config.d_model, config.position).astype(dtype)
         canonical.update({name: table for name in TABLES})
-    plan = plan_keys(layout, canonical)
-    out = {fkey: backward(layout, entry, fkey, [canonical[c] for c in ckeys], ckeys)
+    plan = plan_keys(layout, canonical, config.to_dict())
+    out = {fkey: backward(layout, entry, fkey, [canonical[c] for c in ckeys], ckeys, config.n_heads)
            for fkey, (entry, _, ckeys) in plan.items()}
     for alias, (stored, _) in alias_keys(layout, list(out)).items():
         out[alias] = out[stored].copy()
+    if layout.nested:
+        return unflatten(out)
     return out
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """`{"a.b": x}` -> `{"a": {"b": x}}`: a Flax system's tree from its dotted keys."""
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree

@@ -20,12 +20,18 @@ documented for users in `docs/porting.md`; in short:
     "in_proj_weight" = { split = ["...q_proj.weight", "...k_proj.weight", "...v_proj.weight"] }
     "pos.pe" = { copy = ["encoder.position.table", "decoder.position.table"], squeeze = 0 }
     "lm_head.weight" = { same_as = "model.shared.weight", optional = true }
+    "...query.kernel" = { to = "...q_proj.weight", heads = "out" }   # (D, H, K) -> (D, H*K)
+    "...out.kernel" = { to = "...o_proj.weight", heads = "in" }      # (H, K, D) -> (H*K, D)
+    [[infer]]                            # switches that the presence of a key decides
+    key = "decoder.logitdense.kernel"
+    present = { tie_output = false }
+    absent = { tie_output = true }
 
 A layout may start from another: `extends = "torch-nn-transformer"` (a built-in name, or a .toml
 path relative to this file) takes everything from it, and this file's tables and lists replace
 what they name: a `[keys]` entry replaces the base's entry for the same canonical key(s) (or the
 same foreign pattern), `[switches]` and `[hints]` entries replace the base's one by one, and
-`free`, `required`, `drop`, `preset`, `matrices` given here replace the base's whole.
+`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]` and `nested` given here replace the base's whole.
 
     extends = "torch-nn-transformer"
     [keys]
@@ -59,8 +65,13 @@ SIZE_FIELDS = frozenset({"src_vocab_size", "tgt_vocab_size", "d_model", "n_heads
 SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {"notes"}
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
 
-_TOP_KEYS = {"name", "description", "extends", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys"}
-_ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed"}
+_TOP_KEYS = {"name", "description", "extends", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys", "infer",
+             "nested"}
+_ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed", "heads", "when"}
+# How a system stores a projection per head (Flax DenseGeneral): "out" is (d_in, H, K), merged
+# to (d_in, H*K); "in" is (H, K, d_out), merged to (H*K, d_out). Head h owns columns (rows)
+# h*K .. (h+1)*K - 1, as in the canonical matrices.
+HEAD_AXES = ("out", "in")
 
 
 # -- Entries and layouts -----------------------------------------------------------------------
@@ -88,6 +99,13 @@ class Entry:
     # sinusoids): what it holds after a save and load is the preset's position term, whatever
     # was written.
     recomputed: bool = False
+    heads: str | None = None  # see HEAD_AXES
+    # Switches the entry applies under (`when = { share_embeddings = true }`): a system that stores
+    # one canonical tensor under different names depending on its structure.
+    when: Mapping[str, Any] = field(default_factory=dict)
+
+    def applies(self, switches: Mapping[str, Any]) -> bool:
+        return all(switches.get(k) == v for k, v in self.when.items())
 
 
 @dataclass(frozen=True)
@@ -105,12 +123,29 @@ class Layout:
     # free or required switch -> where the system keeps it ("nn.Transformer(norm_first=...)"),
     # quoted when an import defaults it or asks for it.
     hints: Mapping[str, str] = field(default_factory=dict)
+    # (foreign key, switches when it is present, switches when it is absent): structure that the
+    # key set itself tells (a shared embedding, a logits projection), for systems that have both.
+    infer: tuple[tuple[str, Mapping[str, Any], Mapping[str, Any]], ...] = ()
+    # The system keeps its parameters as a nested tree (Flax): keys are its path joined with ".",
+    # and an export returns the tree.
+    nested: bool = False
     _drop_regex: tuple[re.Pattern, ...] = field(default=(), repr=False, compare=False)
 
     def base_switches(self) -> dict[str, Any]:
         """The switches the system implies: its preset, then the layout's own additions."""
         base = dict(PRESETS[self.preset]) if self.preset else {}
         return {**base, **self.switches}
+
+    def inferred_switches(self, keys) -> dict[str, Any]:
+        """The switches the `[[infer]]` rules read from a set of foreign keys."""
+        keys = set(keys)
+        out: dict[str, Any] = {}
+        for key, present, absent in self.infer:
+            out.update(present if key in keys else absent)
+        return out
+
+    def inferred_names(self) -> set[str]:
+        return {name for _, present, absent in self.infer for name in (*present, *absent)}
 
     def is_dropped(self, key: str) -> bool:
         return any(r.fullmatch(key) for r in self._drop_regex)
@@ -245,9 +280,20 @@ def _entry(text: str, spec: Any, where: str, known: set[str]) -> Entry:
         if not isinstance(listed, list) or len(listed) < 2:
             raise _fail(where, f"{kind} needs a list of at least two canonical keys, got {listed!r}")
         targets = tuple(_canonical_pattern(t, captures, where, known) for t in listed)
+    when = spec.get("when", {})
+    if not isinstance(when, dict):
+        raise _fail(where, "when must be a table of switches")
+    for key, value in when.items():
+        if key not in SWITCH_FIELDS:
+            raise _fail(where, f"when: {key} is not a ModelConfig switch")
+        _check_switch(key, value, where)
+    heads = spec.get("heads")
+    if heads is not None and (heads not in HEAD_AXES or kind != "rename"):
+        raise _fail(where, f"heads must be one of {list(HEAD_AXES)} on a single-target entry, got {heads!r}")
     entry = Entry(
         text, kind, source, targets, axis=spec.get("axis", 0), squeeze=spec.get("squeeze"),
         transpose=spec.get("transpose"), optional=spec.get("optional", False), recomputed=spec.get("recomputed", False),
+        heads=heads, when=dict(when),
     )
     if entry.recomputed and not all(t.text.endswith("position.table") for t in targets):
         raise _fail(where, "recomputed applies to position tables only (a table the system rebuilds when it loads a model)")
@@ -318,11 +364,32 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
     for entry in entries:
         if entry.kind == "alias" and entry.same_as.text in aliases:
             raise _fail(where, f"[keys] {entry.text!r} is an alias of another alias; point it at the stored key")
+    nested = data.get("nested", False)
+    if not isinstance(nested, bool):
+        raise _fail(where, f"nested must be true or false, got {nested!r}")
+    infer = []
+    rules = data.get("infer", [])
+    if not isinstance(rules, list):
+        raise _fail(where, "[[infer]] must be an array of tables")
+    for rule in rules:
+        if not isinstance(rule, dict) or set(rule) - {"key", "present", "absent"} or not isinstance(rule.get("key"), str):
+            raise _fail(where, f"an [[infer]] rule is key = \"foreign key\", present = {{...}}, absent = {{...}}; got {rule!r}")
+        sides = []
+        for side in ("present", "absent"):
+            table = rule.get(side, {})
+            if not isinstance(table, dict):
+                raise _fail(where, f"[[infer]] {rule['key']!r}: {side} must be a table of switches")
+            for key, value in table.items():
+                if key not in SWITCH_FIELDS:
+                    raise _fail(where, f"[[infer]] {rule['key']!r}: {key} is not a ModelConfig switch")
+                _check_switch(key, value, where)
+            sides.append(dict(table))
+        infer.append((rule["key"], sides[0], sides[1]))
     return Layout(
         name=name, description=str(data.get("description", "")), preset=preset, switches=dict(switches),
         matrices=matrices, free=frozenset(lists["free"]) | frozenset(lists["required"]),
         required=frozenset(lists["required"]), drop=tuple(lists["drop"]), entries=entries, path=path,
-        hints=dict(hints), _drop_regex=tuple(glob(d) for d in lists["drop"]),
+        hints=dict(hints), infer=tuple(infer), nested=nested, _drop_regex=tuple(glob(d) for d in lists["drop"]),
     )
 
 

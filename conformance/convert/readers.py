@@ -3,6 +3,10 @@
     .safetensors          `conformance.core.checkpoint.read_tensors` (strict header validation)
     .pt / .pth / .bin     `torch.load(..., weights_only=True, map_location="cpu")`
     .npz                  `numpy.load(..., allow_pickle=False)` (Flax / NumPy exports)
+    .msgpack              `flax.serialization.msgpack_restore` (Flax's `to_bytes`), flattened
+    an Orbax directory    `orbax.checkpoint.PyTreeCheckpointer().restore`, flattened
+    a model folder        its weights (`conformance.convert.hf_folder`: config.json beside them)
+    (see `conformance.convert.trees`: nested Flax trees become keys joined with ".")
 
 A pickle is a program: `weights_only=True` runs PyTorch's restricted unpickler, which builds
 tensors and plain containers and refuses every other global, so a file that needs more (a
@@ -24,9 +28,11 @@ import numpy as np
 
 from conformance.core.checkpoint import read_tensors
 from conformance.convert.errors import TensorError, a_type
+from conformance.convert import trees
 from conformance.core.errors import CheckpointError
 
-SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch", ".npz": "npz"}
+SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch", ".npz": "npz",
+            ".msgpack": "msgpack"}
 
 
 def as_numpy(value: Any, key: str) -> np.ndarray:
@@ -47,6 +53,10 @@ def as_numpy(value: Any, key: str) -> np.ndarray:
 
 
 def as_arrays(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """A flat state dict, or a nested Flax tree (linen `variables["params"]`, `nnx.State`), as
+    `{key: NumPy array}`; a tree's keys are joined with "."."""
+    if trees.is_tree(state_dict):
+        state_dict = trees.flatten(state_dict)
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"a state dict must be a mapping of names to tensors, got {type(state_dict).__name__}")
     out = {}
@@ -58,8 +68,13 @@ def as_arrays(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 def file_kind(path: str | os.PathLike) -> str:
+    if (Path(path) / "config.json").is_file():
+        return "hf-folder"
+    if trees.is_orbax_dir(Path(path)):
+        return "orbax"
     if Path(path).is_dir():
-        raise CheckpointError(path, "is a directory, not a weights file; name the file inside it")
+        raise CheckpointError(path, "is a directory, but neither a model folder (config.json) nor an Orbax checkpoint "
+                              f"(it has none of {', '.join(trees.ORBAX_MARKERS)})")
     suffix = Path(path).suffix.lower()
     if suffix not in SUFFIXES:
         raise CheckpointError(path, f"unknown file type {suffix!r}; expected one of {', '.join(SUFFIXES)}")
@@ -169,7 +184,8 @@ def _tensor_dict(path: Path, obj: Any, key: str | None) -> dict[str, np.ndarray]
 
 def read_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarray]:
     """Every tensor in a weights file, by name, as NumPy arrays. `key` selects a nested state
-    dict in a PyTorch file (`{"model": state_dict, "epoch": 3}` -> `key="model"`)."""
+    dict in a PyTorch file (`{"model": state_dict, "epoch": 3}` -> `key="model"`), or a subtree
+    of a Flax msgpack file or Orbax directory by its dotted path (`key="params"`)."""
     path = Path(path)
     kind = file_kind(path)
     if kind == "safetensors":
@@ -178,4 +194,21 @@ def read_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str
         return dict(read_tensors(path)[1])
     if kind == "npz":
         return _tensor_dict(path, _npz_file(path), key)
+    if kind == "hf-folder":
+        from conformance.convert.hf_folder import read_weights
+
+        if key is not None:
+            raise CheckpointError(path, "--key does not apply to a model folder")
+        return read_weights(path)
+    if kind in ("msgpack", "orbax"):
+        tree = trees.read_msgpack(path) if kind == "msgpack" else trees.read_orbax(path)
+        flat = trees.flatten(trees.select(tree, key, path), str(path))
+        for name, value in flat.items():
+            if not hasattr(value, "shape"):
+                raise CheckpointError(path, f"entry {name!r} is a {type(value).__name__}, not an array (pass --key to "
+                                      "select the parameter tree, e.g. --key params)")
+        try:
+            return as_arrays(flat)
+        except TensorError as exc:
+            raise CheckpointError(path, str(exc)) from None
     return _tensor_dict(path, _torch_file(path), key)

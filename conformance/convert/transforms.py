@@ -19,7 +19,7 @@ from conformance.core.errors import ConfigError
 from conformance.core.positions import sinusoid_table
 
 TABLES = ("encoder.position.table", "decoder.position.table")
-SINUSOIDS = ("sinusoid-interleaved", "sinusoid-split")
+SINUSOIDS = ("sinusoid-interleaved", "sinusoid-split", "sinusoid-t2t")
 
 
 def identical(a: np.ndarray, b: np.ndarray) -> bool:
@@ -44,6 +44,11 @@ def forward(layout: Layout, entry: Entry, values: dict[str, str], key: str, x: n
         parts = np.split(x, n, axis=entry.axis)
     else:
         parts = [x] * len(targets)  # rename: one target; copy: the same tensor for each target
+    if entry.heads is not None:
+        if x.ndim != 3:
+            raise TensorError(key, f"has shape {x.shape}; the layout stores it per head "
+                              f"({'(d_in, H, K)' if entry.heads == 'out' else '(H, K, d_out)'}), so it must be 3-D")
+        parts = [x.reshape(x.shape[0], -1) if entry.heads == "out" else x.reshape(-1, x.shape[-1])]
     out = []
     for ckey, part in zip(targets, parts):
         if needs_transpose(layout, entry, ckey):
@@ -68,9 +73,21 @@ def _position_table(entry: Entry, key: str, x: np.ndarray) -> np.ndarray:
                       "(max_len, 1, d_model)")
 
 
-def backward(layout: Layout, entry: Entry, fkey: str, tensors: list[np.ndarray], ckeys: list[str]) -> np.ndarray:
+def stored_heads(entry: Entry, x: np.ndarray) -> int | None:
+    """H as a per-head tensor stores it (`heads`), or None."""
+    if entry.heads is None or x.ndim != 3:
+        return None
+    return int(x.shape[1] if entry.heads == "out" else x.shape[0])
+
+
+def backward(layout: Layout, entry: Entry, fkey: str, tensors: list[np.ndarray], ckeys: list[str],
+             n_heads: int | None = None) -> np.ndarray:
     """The inverse of `forward`: canonical tensor(s) -> the one stored tensor."""
     parts = [t.T if needs_transpose(layout, entry, c) else t for t, c in zip(tensors, ckeys)]
+    if entry.heads == "out":
+        parts = [p.reshape(p.shape[0], n_heads, -1) for p in parts]  # (d_in, H, K)
+    elif entry.heads == "in":
+        parts = [p.reshape(n_heads, -1, p.shape[-1]) for p in parts]  # (H, K, d_out)
     if entry.kind == "split":
         x = np.concatenate(parts, axis=entry.axis)
     elif entry.kind == "copy":

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from conformance.core.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, ModelConfig
+from conformance.core.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, SRC_PAD_MASK_SIDES, ModelConfig
 from conformance.core.params import init_params
 from conformance.core.presets import FLOAT32_MIN, PRESETS, preset
 
@@ -56,11 +56,13 @@ def configs(draw, max_layers: int = 3) -> ModelConfig:
         out_proj_bias=draw(st.booleans()),
         mask_fill=draw(st.sampled_from(FILLS)),
         tgt_pad_mask=draw(st.sampled_from(PAD_MASK_SIDES)),
+        src_pad_mask=draw(st.sampled_from(SRC_PAD_MASK_SIDES)),
         cross_attn_src_mask=draw(st.booleans()),
         pad_id=draw(st.integers(0, 1)),
         activation=draw(st.sampled_from(ACTIVATIONS)),
         output_bias=draw(st.booleans()),
         final_logits_bias=draw(st.booleans()),
+        scale_logits=draw(st.booleans()),
     )
 
 
