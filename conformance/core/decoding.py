@@ -125,19 +125,41 @@ def _check_finite(logits: np.ndarray, live: np.ndarray, step: int) -> None:
 def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max_len: int, bos_id: int, eos_id: int,
            pad_id: int, *, num_beams: int = 1, length_penalty: float = 1.0, early_stopping: bool | str = False,
            length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids: Sequence[int] = (),
-           as_numpy: Callable[[Any], np.ndarray] = np.asarray) -> tuple[np.ndarray, np.ndarray]:
+           as_numpy: Callable[[Any], np.ndarray] = np.asarray,
+           trace: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Greedy (num_beams=1) or beam search. Returns the best sequence per row after `bos_id`,
     (B, n) int64 with n <= max_len, padded with `pad_id` after the end token, and its score (B,)
-    float64: the summed log-probabilities divided by `penalty(length)`."""
+    float64: the summed log-probabilities divided by `penalty(length)`.
+
+    `trace`, a list, receives per step the closest call of each source row, for the conformance
+    suite: {"gap": (B,), "scale": (B,)}, the smallest score difference between two candidates
+    whose order decided something (greedy: the best two tokens; beam search: neighbours among the
+    ranked candidates and finished hypotheses), and max(1, largest |logit|) of the row's beams.
+    """
     banned = tuple(banned_ids)
     if num_beams == 1:
         return _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, length_penalty_form,
-                       forced_eos, banned, as_numpy)
+                       forced_eos, banned, as_numpy, trace)
     return _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, early_stopping,
-                 length_penalty_form, forced_eos, banned, as_numpy)
+                 length_penalty_form, forced_eos, banned, as_numpy, trace)
 
 
-def _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, form, forced_eos, banned, as_numpy):
+def _scale(logits: np.ndarray) -> np.ndarray:
+    """max(1, largest finite |logit|) per row (the magnitude the tolerance table's atol scales)."""
+    finite = np.where(np.isfinite(logits), np.abs(logits), 0.0)
+    return np.maximum(1.0, finite.max(axis=-1))
+
+
+def _neighbour_gap(scores: np.ndarray, k: int) -> np.ndarray:
+    """Smallest difference between neighbours among the k + 1 best finite scores per row."""
+    ranked = -np.sort(-scores, axis=1)[:, :k + 1]
+    gaps = np.where(np.isfinite(ranked[:, :-1]) & np.isfinite(ranked[:, 1:]) & (ranked[:, 1:] > NEG / 2),
+                    ranked[:, :-1] - ranked[:, 1:], np.inf)
+    return gaps.min(axis=1)
+
+
+def _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, form, forced_eos, banned, as_numpy,
+            trace=None):
     tokens = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
     done = np.zeros(batch, dtype=bool)
     summed = np.zeros(batch)
@@ -146,6 +168,8 @@ def _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, form, 
         logits = np.array(as_numpy(step(tokens, None)), dtype=np.float64)  # (B, V)
         _check_finite(logits, ~done, i)
         log_probs = _processed(log_softmax(logits), i, max_len, eos_id, banned, forced_eos)
+        if trace is not None:
+            trace.append({"gap": np.where(done, np.inf, _neighbour_gap(log_probs, 1)), "scale": _scale(logits)})
         logits = _processed(logits, i, max_len, eos_id, banned, forced_eos)
         # The choice reads the logits, as Hugging Face's greedy search does (same argmax, fewer roundings).
         next_id = np.where(done, pad_id, logits.argmax(-1))  # (B,)
@@ -169,7 +193,7 @@ def _top(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, early_stopping, form,
-          forced_eos, banned, as_numpy):
+          forced_eos, banned, as_numpy, trace=None):
     beams, keep = num_beams, 2 * num_beams  # 2 x beams candidates, so that beams stay open after ends
     width = max_len + 1  # the start token and at most max_len generated ones
     running = np.full((batch, beams, width), pad_id, dtype=np.int64)  # (B, beams, 1 + max_len)
@@ -215,6 +239,9 @@ def _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalt
         scored = scored + (full | ~improvable)[:, None] * NEG + ~just_ended * NEG
         merged = np.concatenate([finished_scores, scored], axis=1)
         best = _top(merged, beams)
+        if trace is not None:
+            gap = np.minimum(_neighbour_gap(totals, keep), _neighbour_gap(merged, beams))
+            trace.append({"gap": gap, "scale": _scale(logits).reshape(batch, beams).max(axis=1)})
         finished = _take(np.concatenate([finished, sequences], axis=1), best)
         finished_scores = np.take_along_axis(merged, best, axis=1)
         finished_lengths = np.take_along_axis(
