@@ -35,6 +35,7 @@ import numpy as np
 from flax import nnx
 
 from conformance.core.config import ModelConfig
+from conformance.core.decoding import DecoderCache, search
 from conformance.core.errors import InputError
 from conformance.core.inputs import (
     check_generate,
@@ -54,7 +55,9 @@ SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 # The result types are pytrees, so that `Model.traceable_forward` can return them from jit, vmap and friends.
 for _result, _fields in ((ModelOutput, ["logits", "attention", "intermediates"]),
-                         (Encoded, ["memory", "src_mask", "attention", "intermediates"])):
+                         (Encoded, ["memory", "src_mask", "attention", "intermediates"]),
+                         (DecoderCache, ["keys", "values", "cross_keys", "cross_values", "tgt_ids", "cross_mask",
+                                         "length"])):
     try:
         jax.tree_util.register_dataclass(_result, data_fields=_fields, meta_fields=[])
     except ValueError:  # already registered (by another JAX user of conformance.core.output)
@@ -108,6 +111,20 @@ def make_masks(config: ModelConfig, src_ids, tgt_ids) -> tuple[np.ndarray | jax.
     return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
 
 
+def step_mask(config: ModelConfig, tgt_ids: jax.Array, position) -> jax.Array:
+    """(B, 1, 1, T): row `position` of `target_mask`, what the newest position may attend to.
+
+    A cached decoding step has one query, at `position`; its keys are the positions so far.
+    `position` may be traced (one executable serves every step).
+    """
+    tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
+    if config.tgt_pad_mask == "queries":
+        tgt_pad = jax.lax.dynamic_slice_in_dim(tgt_pad, position, 1, axis=3)  # (B, 1, 1, 1): the query's own padding
+    elif config.tgt_pad_mask == "none":
+        tgt_pad = tgt_pad | True
+    return tgt_pad & (jnp.arange(tgt_ids.shape[1]) <= position)  # (B, 1, 1, T)
+
+
 # -- Positions ---------------------------------------------------------------------------------
 
 
@@ -131,6 +148,10 @@ class Positions(nnx.Module):
 
     def __call__(self, length: int) -> jax.Array:
         return self.table[...][None, :length, :]  # (1, L, D)
+
+    def at(self, position) -> jax.Array:
+        """The term of one position, for a cached decoding step."""
+        return jax.lax.dynamic_slice_in_dim(self.table[...], position, 1)[None, :, :]  # (1, 1, D)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
@@ -282,6 +303,18 @@ class MultiHeadAttention(nnx.Module):
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
         return self.o_proj(concat), weights
 
+    def keys_values(self, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The projected keys and values of `memory` (B, Tk, D), each (B, H, Tk, K), for the cache."""
+        return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
+
+    def attend(self, x: jax.Array, k: jax.Array, v: jax.Array, mask, *, real_keys=None):
+        """Attention of queries x (B, Tq, D) to keys and values already projected (the cache)."""
+        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys=real_keys)
+        batch, _, length, _ = heads.shape
+        concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
+        return self.o_proj(concat), weights
+
 
 # -- Feed-forward ------------------------------------------------------------------------------
 
@@ -362,6 +395,33 @@ class DecoderLayer(nnx.Module):
         out.intermediates[f"{name}.ffn"] = x
         return x
 
+    def step(self, x: jax.Array, cache: DecoderCache, i: int, self_mask, cross_mask) -> jax.Array:
+        """The same layer for one new position x (B, 1, D) against layer i's cache: its key and
+        value are written at position `cache.length`, the memory's were projected once.
+
+        The buffers keep their full length L (static shapes: one executable for every step); the
+        positions after `cache.length` are not keys yet and get weight exactly 0 (`real_keys`).
+        """
+        t = cache.length
+        real = jnp.arange(cache.keys[i].shape[2]) <= t  # (L,)
+        # Masked self-attention: the new position attends to the positions so far and itself.
+        h = self.self_attn_norm(x) if self.pre_ln else x
+        k, v = self.self_attn.keys_values(h)  # (B, H, 1, K)
+        cache.keys[i] = jax.lax.dynamic_update_slice_in_dim(cache.keys[i], k, t, axis=2)
+        cache.values[i] = jax.lax.dynamic_update_slice_in_dim(cache.values[i], v, t, axis=2)
+        h, _ = self.self_attn.attend(h, cache.keys[i], cache.values[i], self_mask, real_keys=real)
+        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+
+        # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
+        h = self.cross_attn_norm(x) if self.pre_ln else x
+        h, _ = self.cross_attn.attend(h, cache.cross_keys[i], cache.cross_values[i], cross_mask)
+        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
+
+        # Position-wise feed-forward.
+        h = self.ffn_norm(x) if self.pre_ln else x
+        h = self.ffn(h)
+        return x + h if self.pre_ln else self.ffn_norm(x + h)
+
 
 # -- Encoder and decoder -----------------------------------------------------------------------
 
@@ -411,6 +471,14 @@ class Decoder(nnx.Module):
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
+        return x
+
+    def step(self, x: jax.Array, cache: DecoderCache, self_mask, cross_mask) -> jax.Array:
+        """One new position x (B, 1, D) through every layer, against the cache."""
+        for i, layer in enumerate(self.layers):
+            x = layer.step(x, cache, i, self_mask, cross_mask)
+        if self.norm is not None:
+            x = self.norm(x)
         return x
 
 
@@ -612,27 +680,113 @@ class Model(nnx.Module):
         encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
         return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
 
-    # Generation --------------------------------------------------------------------------------
+    # Generation ------------------------------------------------------------------------------
+    # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,
+    # and the memory's keys and values are projected once per source, so that a step costs O(T).
+    # The cache is a fixed-size buffer and the position a traced scalar: `_start_cache`,
+    # `_decode_step` and `_reorder_cache` compile once per (rows, source length, buffer length),
+    # whatever the number of steps (`generate` always asks for config.max_len positions).
 
-    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int) -> np.ndarray:
-        """Greedy decoding: encode once, then append the most likely next token, step by step.
+    def start_cache(self, encoded: Encoded, length: int) -> DecoderCache:
+        """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
+        host.check_runnable(self.dtype)
+        cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
+        (cache,) = compiled.call(self, Model._start_cache, (encoded.memory, cross_mask), self.device, length=length)
+        return cache
 
-        A plain loop that runs the decoder over the whole prefix at every step (no KV cache).
-        Returns the tokens after `bos_id`, shape (B, n) with n <= max_len; a row that has
-        produced `eos_id` continues with `pad_id`. Stops once every row has produced `eos_id`.
+    def _start_cache(self, memory, cross_mask, *, length: int):
+        """The compiled part of `start_cache`."""
+        config = self.config
+        batch = memory.shape[0]
+        shape = (batch, config.n_heads, length, config.d_model // config.n_heads)  # (B, H, L, K)
+        cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
+                             tgt_ids=jnp.full((batch, length), config.pad_id, dtype=jnp.int32),
+                             cross_mask=cross_mask, length=jnp.zeros((), dtype=jnp.int32))
+        for layer in self.decoder.layers:
+            cache.keys.append(jnp.zeros(shape, dtype=self.dtype))
+            cache.values.append(jnp.zeros(shape, dtype=self.dtype))
+            k, v = layer.cross_attn.keys_values(memory)  # (B, H, S, K)
+            cache.cross_keys.append(k)
+            cache.cross_values.append(v)
+        return (cache,)
+
+    def decode_step(self, tgt_ids, cache: DecoderCache) -> jax.Array:
+        """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
+        `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
+        tgt_ids = self._ids("tgt_ids", np.asarray(tgt_ids).reshape(-1, 1), self.config.tgt_vocab_size)
+        if int(cache.length) >= cache.tgt_ids.shape[1]:
+            raise InputError("cache", f"is full: it holds {cache.tgt_ids.shape[1]} positions")
+        host.check_runnable(self.dtype)
+        logits, advanced = compiled.call(self, Model._decode_step, (tgt_ids[:, 0], cache), self.device)
+        cache.__dict__.update(advanced.__dict__)  # in place, as in the other backends
+        return logits
+
+    def _decode_step(self, tgt_ids, cache: DecoderCache):
+        """The compiled part of `decode_step`: ids (B,) checked, position traced."""
+        t = cache.length
+        cache = DecoderCache(keys=list(cache.keys), values=list(cache.values), cross_keys=cache.cross_keys,
+                             cross_values=cache.cross_values, cross_mask=cache.cross_mask, length=t,
+                             tgt_ids=jax.lax.dynamic_update_slice_in_dim(cache.tgt_ids, tgt_ids[:, None], t, axis=1))
+        self_mask = step_mask(self.config, cache.tgt_ids, t)  # (B, 1, 1, L)
+        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
+        y = embedding(tgt_ids[:, None])  # (B, 1, D)
+        if self.config.scale_embedding:
+            y = y * math.sqrt(self.config.d_model)
+        y = y + self.decoder.position.at(t)
+        y = self.decoder.step(y, cache, self_mask, cache.cross_mask)
+        logits = self.output(y, embedding)[:, 0]  # (B, V)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias[...]
+        cache.length = t + 1
+        return logits, cache
+
+    def reorder_cache(self, cache: DecoderCache, rows) -> DecoderCache:
+        """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
+        (cache,) = compiled.call(self, Model._reorder_cache, (cache, np.asarray(rows, dtype=np.int32)), self.device)
+        return cache
+
+    def _reorder_cache(self, cache: DecoderCache, rows):
+        """The compiled part of `reorder_cache`."""
+        return (DecoderCache(keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values],
+                             cross_keys=cache.cross_keys, cross_values=cache.cross_values,
+                             tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length),)
+
+    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
+                 length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
+                 length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
+                 return_scores: bool = False):
+        """Greedy (num_beams=1) or beam search decoding: the best sequence per row after `bos_id`.
+
+        Returns (B, n) ids with n <= max_len, `pad_id` after a row's `eos_id` (and its scores (B,)
+        with `return_scores`). The choices are made by `conformance.core.decoding.search` from this
+        model's step logits, with Hugging Face's semantics (docs/decoding.md). `use_cache=False`
+        runs the decoder over the whole prefix at every step: the plain loop, O(T^2).
         """
-        # Each new prefix length is a new shape: with `buckets` set, at most len(buckets) + 1
+        # With the cache, one executable per (rows, source length) serves every step. Without it,
+        # each new prefix length is a new shape: with `buckets` set, at most len(buckets) + 1
         # compiles serve every step; without, one per length.
-        check_generate(self.config, max_len, bos_id, eos_id)
+        banned = check_generate(self.config, max_len, bos_id, eos_id, num_beams=num_beams,
+                                length_penalty=length_penalty, early_stopping=early_stopping,
+                                use_cache=use_cache, length_penalty_form=length_penalty_form,
+                                forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
         encoded = self.encode(src_ids, return_attention=False)
         batch = encoded.memory.shape[0]
-        tokens = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
-        done = np.zeros(batch, dtype=bool)
-        for _ in range(max_len):
-            logits = self.decode(tokens, encoded, return_attention=False).logits  # (B, t, V)
-            next_id = np.where(done, self.config.pad_id, np.asarray(logits[:, -1]).argmax(-1))  # (B,)
-            tokens = np.concatenate([tokens, next_id[:, None]], axis=1)  # (B, t + 1)
-            done |= next_id == eos_id
-            if done.all():
-                break
-        return tokens[:, 1:]
+        rows = np.repeat(np.arange(batch), num_beams)  # (N,): each source once per beam
+        encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
+        state = {"cache": self.start_cache(encoded, self.config.max_len) if use_cache else None}
+
+        def step(tokens: np.ndarray, parents) -> jax.Array:
+            if not use_cache:
+                return self.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
+            if parents is not None:
+                state["cache"] = self.reorder_cache(state["cache"], parents)
+            return self.decode_step(tokens[:, -1], state["cache"])  # (N, V)
+
+        ids, scores = search(step, batch, max_len, bos_id, eos_id, self.config.pad_id, num_beams=num_beams,
+                             length_penalty=length_penalty, early_stopping=early_stopping,
+                             length_penalty_form=length_penalty_form, forced_eos=forced_eos, banned_ids=banned,
+                             as_numpy=np.asarray)
+        ids = jax.device_put(ids.astype(np.int32), self.device)  # int64 would need x64
+        if not return_scores:
+            return ids
+        return ids, jax.device_put(scores if jax.config.jax_enable_x64 else scores.astype(np.float32), self.device)

@@ -103,6 +103,13 @@ PROPERTY_BREAKS = {
         "return e / e.sum(axis=-1, keepdims=True)",
         "return e / e[..., np.random.permutation(e.shape[-1])].sum(axis=-1, keepdims=True)",
     )], {})]),
+    # A KV cache that loses the newest position's key and value (an off-by-one in the slice):
+    # the full forward pass never reads the cache, so only decoding sees it.
+    "cached decoding drops the newest key": ("test_generate", [("numpy", [(
+        "h, _ = self.self_attn.attend(h, cache.keys[i][:, :, :t + 1], cache.values[i][:, :, :t + 1], self_mask)",
+        "h, _ = self.self_attn.attend(h, cache.keys[i][:, :, :max(t, 1)], cache.values[i][:, :, :max(t, 1)], "
+        "self_mask[..., :max(t, 1)])",
+    )], {})]),
     # Two backends that each stay within tolerance of the oracle, drifting in opposite directions.
     "two backends drift apart within tolerance": ("test_pairs", [
         # Added, not multiplied: the float64 tolerance is absolute (atol), so a relative drift of

@@ -27,13 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from conformance.convert.sources import GENERATION_KEYS
 from conformance.core.checkpoint import read_tensors
 from conformance.core.config import ModelConfig
 from conformance.core.errors import CheckpointError, ConfigError
 
-# Decoding defaults and special ids a decoder needs, as generation_config.json names them.
-GENERATION_FIELDS = ("decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id", "forced_eos_token_id",
-                     "num_beams", "length_penalty", "max_length", "max_new_tokens", "bad_words_ids")
 
 # Marian-family config fields whose non-default value the hf-marian layout cannot express.
 # (field, the value Marian models have, why another one cannot be converted)
@@ -169,7 +167,7 @@ def read_generation(folder: Path) -> dict[str, Any]:
     for name in ("generation_config.json", "config.json"):
         if (folder / name).is_file():
             data = _json(folder / name)
-            for key in GENERATION_FIELDS:
+            for key in GENERATION_KEYS:
                 if key in data and data[key] is not None and key not in found:
                     found[key] = data[key]
     return found

@@ -72,3 +72,42 @@ def masks(target: Target, case: Case) -> tuple[Any, Any]:
     module = backends.import_backend(target.backend)
     src_mask, tgt_mask = module.make_masks(case.config, case.src_ids, case.tgt_ids)
     return to_numpy(src_mask), to_numpy(tgt_mask)
+
+
+def generate(target: Target, gcase) -> np.ndarray:
+    """`model.generate` of a `GenerationCase` on one target: the ids as a host int64 array."""
+    started = time.perf_counter()
+    try:
+        case = gcase.case
+        with backends.full_precision(target.backend), backends.dtype_scope(target):
+            model = backends.build(target, case.config, case.params())
+            ids = model.generate(case.src_ids, gcase.max_len, gcase.bos_id, gcase.eos_id, **gcase.arguments())
+            return to_numpy(ids).astype(np.int64)
+    finally:
+        TIMINGS[target.label] += time.perf_counter() - started
+
+
+def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
+    """The float64 NumPy ids of a `GenerationCase` and the search's closest calls per step
+    (`conformance.core.decoding.search`'s `trace`), from the oracle's cached decoder: the same
+    steps as its `generate`, with the trace switched on."""
+    from conformance.core.decoding import search
+    from conformance.core.output import Encoded
+
+    case, arguments = gcase.case, gcase.arguments()
+    beams = arguments["num_beams"]
+    model = backends.build(Target("numpy", "cpu", "float64"), case.config, case.params())
+    encoded = model.encode(case.src_ids, return_attention=False)
+    rows = np.repeat(np.arange(len(case.src_ids)), beams)
+    encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
+    state = {"cache": model.start_cache(encoded, gcase.max_len)}
+
+    def step(tokens, parents):
+        if parents is not None:
+            state["cache"] = model.reorder_cache(state["cache"], parents)
+        return model.decode_step(tokens[:, -1], state["cache"])
+
+    trace: list[dict] = []
+    ids, _ = search(step, len(case.src_ids), gcase.max_len, gcase.bos_id, gcase.eos_id, case.config.pad_id,
+                    trace=trace, **arguments)
+    return ids, trace
