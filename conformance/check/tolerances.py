@@ -56,7 +56,8 @@ def tolerance(dtype: str, device: str = "cpu") -> Tolerance:
 
 # Gradients (`loss_and_grads`, docs/training.md) against the float64 NumPy backward pass, by the
 # same criterion, each gradient its own tensor. Measured with `python -m
-# conformance.suite.measure_gradients --torch-autograd` (docs/tolerances.md, "Gradients"):
+# conformance.suite.measure_gradients --torch-autograd` (docs/tolerances.md, "Gradients"; 847
+# examples over seeds 0-3):
 #   float64   PyTorch autograd 7.4e-13                                       -> 1e-11  (14x)
 #   float32   numpy 2.9e-4, PyTorch autograd 2.9e-4                          -> 2e-3   (7x)
 # float32 gradients sit ~4x above the forward's worst: a backward pass multiplies by the same
