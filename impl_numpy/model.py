@@ -24,15 +24,18 @@ from conformance.core.decoding import DecoderCache, search
 from conformance.core.inputs import (
     check_device,
     check_generate,
+    check_label_smoothing,
     check_memory,
     check_same_batch,
     expected_mask_shapes,
     host_ids,
+    host_labels,
     host_mask,
 )
 from conformance.core.output import Encoded, ModelOutput
 from conformance.core.params import prepare_params
 from conformance.core.positions import sinusoid_table
+from impl_numpy import backward as backprop
 
 SUPPORTED_DTYPES = ("float32", "float64")
 
@@ -129,6 +132,7 @@ class Linear:
         self.bias = params.get(f"{prefix}.bias")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        self.input = x  # kept for the backward pass (impl_numpy/backward.py), as every cache below
         y = x @ self.weight
         if self.bias is not None:
             y = y + self.bias
@@ -151,6 +155,7 @@ class LayerNorm:
         self.form = config.layer_norm_form
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        self.input = x
         mean = x.mean(axis=-1, keepdims=True)
         centered = x - mean
         if self.form == "standard":
@@ -228,6 +233,7 @@ class MultiHeadAttention:
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
+        self.saved = (q, k, v, weights, mask)
         batch, _, length, _ = heads.shape
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
         return self.o_proj(concat), weights
@@ -257,7 +263,8 @@ class FeedForward:
         self.activation = config.activation
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.linear2(activation(self.activation, self.linear1(x)))
+        self.hidden = self.linear1(x)  # (B, L, F), before the activation
+        return self.linear2(activation(self.activation, self.hidden))
 
 
 # -- Encoder layer -----------------------------------------------------------------------------
@@ -412,6 +419,7 @@ class Output:
         self.scale_logits = config.scale_logits
 
     def __call__(self, y: np.ndarray, tied_embedding: Embedding) -> np.ndarray:
+        self.input = y
         weight = tied_embedding.weight.T if self.weight is None else self.weight  # (D, V)
         logits = y @ weight  # (B, T, V)
         if self.scale_logits:
@@ -527,6 +535,26 @@ class Model:
         attention weights (`return_attention`) and the intermediates by name."""
         encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
         return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
+
+    # Training ----------------------------------------------------------------------------------
+
+    def loss_and_grads(self, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0):
+        """The training loss of docs/training.md and its gradient for every parameter.
+
+        Token-level cross-entropy against `labels` (B, T), with label smoothing, ignoring labels
+        equal to pad_id and averaged over those that count; the same number as
+        `torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels.reshape(-1),
+        ignore_index=pad_id, label_smoothing=label_smoothing)`. Returns `(loss, grads)`: a float
+        and a dict keyed like `param_shapes(config)`, arrays of the model's dtype. The backward
+        pass is written out by hand, layer by layer, in impl_numpy/backward.py.
+        """
+        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_same_batch(src_ids.shape, tgt_ids.shape)
+        labels = host_labels(self.config, labels, tgt_ids.shape)
+        check_label_smoothing(label_smoothing)
+        out = self(src_ids, tgt_ids)  # the forward pass; every module keeps what its backward needs
+        return backprop.loss_and_grads(self, src_ids, tgt_ids, labels, float(label_smoothing), out)
 
     # Generation ------------------------------------------------------------------------------
     # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,

@@ -1,7 +1,8 @@
 """Deliberately broken copies of a backend: the mistakes a port makes, planted one at a time.
 
-Each break is a small edit to a private copy of a backend's `model.py` (or a replaced module
-attribute), registered as an extra backend so that the conformance properties and `rosetta check`
+Each break is a small edit to a private copy of a backend's `model.py` (or of the NumPy
+backward pass, `impl_numpy/backward.py`: an edit `("backward.py", old, new)`), or a replaced module
+attribute, registered as an extra backend so that the conformance properties and `rosetta check`
 run against it exactly as against a real one. A break whose text no longer occurs in the model
 file fails loudly, so the breaks follow the code as it changes.
 
@@ -110,6 +111,20 @@ PROPERTY_BREAKS = {
         "h, _ = self.self_attn.attend(h, cache.keys[i][:, :, :max(t, 1)], cache.values[i][:, :, :max(t, 1)], "
         "self_mask[..., :max(t, 1)])",
     )], {})]),
+    # The backward pass (impl_numpy/backward.py): invisible to every forward property.
+    # LayerNorm's gradient without the term through the variance, which depends on the whole row.
+    "LayerNorm gradient misses the variance term": ("test_gradients", [("numpy", [(
+        "backward.py",
+        "- normed * (d_normed * normed).mean(axis=-1, keepdims=True))",
+        ")",
+    )], {})]),
+    # The softmax gradient sent on to masked scores: wrong only where a row is uniform over
+    # masked keys (a finite fill with every key masked), where the softmax gradient is not 0.
+    "softmax gradient ignores the mask": ("test_gradients", [("numpy", [(
+        "backward.py",
+        "d_scores = np.where(mask, d_scores, 0)",
+        "d_scores = d_scores",
+    )], {})]),
     # Two backends that each stay within tolerance of the oracle, drifting in opposite directions.
     "two backends drift apart within tolerance": ("test_pairs", [
         # Added, not multiplied: the float64 tolerance is absolute (atol), so a relative drift of
@@ -120,18 +135,33 @@ PROPERTY_BREAKS = {
 }
 
 
-def broken_copy(name: str, backend: str, edits, patches):
-    """A private copy of `impl_<backend>.model` with the edits applied, as a registered backend."""
-    source = (ROOT / f"impl_{backend}" / "model.py").read_text()
+def edited_module(name: str, module_name: str, path: Path, edits):
+    """A private module from the file at `path` with the `(old, new)` edits applied."""
+    source = path.read_text()
     for old, new in edits:
         count = source.count(old)
-        assert count >= 1, f"break {name!r}: {old!r} no longer occurs in impl_{backend}/model.py"
+        assert count >= 1, f"break {name!r}: {old!r} no longer occurs in {path.relative_to(ROOT)}"
         source = source.replace(old, new)
-    module_name = "broken_" + "".join(c if c.isalnum() else "_" for c in name)
     spec = importlib.util.spec_from_loader(module_name, loader=None)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     exec(compile(source, f"<{module_name}>", "exec"), module.__dict__)
+    return module
+
+
+def broken_copy(name: str, backend: str, edits, patches):
+    """A private copy of `impl_<backend>.model` with the edits applied, as a registered backend.
+
+    An edit `(old, new)` applies to model.py; `("backward.py", old, new)` to a private copy of
+    impl_numpy/backward.py, which the copied model then uses as its `backprop`."""
+    module_name = "broken_" + "".join(c if c.isalnum() else "_" for c in name)
+    model_edits = [edit for edit in edits if len(edit) == 2]
+    backward_edits = [edit[1:] for edit in edits if len(edit) == 3]
+    assert all(edit[0] == "backward.py" for edit in edits if len(edit) == 3), f"break {name!r}: unknown file"
+    module = edited_module(name, module_name, ROOT / f"impl_{backend}" / "model.py", model_edits)
+    if backward_edits:
+        patches = {**patches, "backprop": edited_module(
+            name, module_name + "_backward", ROOT / f"impl_{backend}" / "backward.py", backward_edits)}
     for attribute, value in patches.items():
         assert hasattr(module, attribute), f"break {name!r}: impl_{backend}.model has no {attribute!r}"
         setattr(module, attribute, value)

@@ -173,3 +173,60 @@ def check_device(backend: str, device: str, kinds: Sequence[str], absent: str | 
         raise InputError("device", f"the {backend} backend runs on {' or '.join(kinds)}, not {device!r}")
     if absent:
         raise InputError("device", f"{device!r} is not available to the {backend} backend here: {absent}")
+
+
+# -- Training arguments (the loss of docs/training.md) -------------------------------------------
+
+
+def check_label_smoothing(value: Any) -> None:
+    """Label smoothing ε must be a real number in [0, 1): ε = 1 would train towards the uniform
+    distribution alone, and a NaN or a bool is a mistake, never a setting."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InputError("label_smoothing", f"must be a float in [0, 1), got {value!r}")
+    if not 0.0 <= float(value) < 1.0:  # NaN fails this comparison too
+        raise InputError("label_smoothing", f"must lie in [0, 1), got {float(value)!r}")
+
+
+def check_labels(
+    config: ModelConfig,
+    shape: Sequence[int],
+    dtype: str,
+    is_integer: bool,
+    bounds: Callable[[], tuple[int, int]],
+    tgt_shape: Sequence[int],
+    counted: Callable[[], int],
+) -> None:
+    """Labels must be an integer array of the decoder input's shape (B, T), every id in
+    [0, tgt_vocab_size), and at least one of them must differ from `pad_id` (the loss is a mean
+    over the labels that count: with none, it is 0 / 0).
+
+    `bounds()` returns (min label, max label) and `counted()` the number of labels != pad_id;
+    both are only called once the shape is known to be valid (each may cost a device sync).
+    """
+    vocab = config.tgt_vocab_size
+    if not is_integer:
+        raise InputError("labels", f"labels must have an integer dtype, got {dtype}")
+    if tuple(shape) != tuple(tgt_shape):
+        raise InputError("labels", f"expected the shape of tgt_ids (B, T) = {tuple(tgt_shape)}, got {tuple(shape)}")
+    low, high = bounds()
+    if low < 0:
+        raise InputError("labels", f"negative label {low}; labels must lie in [0, {vocab}) (padding is "
+                                   f"pad_id={config.pad_id}, not a negative ignore index)")
+    if high >= vocab:
+        raise InputError("labels", f"label {high} out of range; labels must lie in [0, {vocab})")
+    if counted() == 0:
+        raise InputError("labels", f"no label counts: every label equals pad_id={config.pad_id}, and the "
+                                   "loss is a mean over the labels that count")
+
+
+def host_labels(config: ModelConfig, labels: Any, tgt_shape: Sequence[int]) -> np.ndarray:
+    """Labels read on the host and checked (`check_labels`): a NumPy integer array (B, T)."""
+    try:
+        labels = np.asarray(labels)
+    except (ValueError, TypeError, OverflowError):
+        raise InputError("labels", "is not a rectangular array of token ids") from None
+    is_integer = np.issubdtype(labels.dtype, np.integer)
+    bounds = lambda: (int(labels.min()), int(labels.max()))  # noqa: E731
+    counted = lambda: int(np.count_nonzero(labels != config.pad_id))  # noqa: E731
+    check_labels(config, labels.shape, labels.dtype.name, is_integer, bounds, tgt_shape, counted)
+    return labels

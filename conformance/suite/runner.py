@@ -87,6 +87,21 @@ def generate(target: Target, gcase) -> np.ndarray:
         TIMINGS[target.label] += time.perf_counter() - started
 
 
+def gradients(target: Target, training) -> dict[str, np.ndarray]:
+    """`loss_and_grads` of one training case on one target, as host arrays: the loss under the
+    name "loss", then every parameter's gradient by its canonical name."""
+    started = time.perf_counter()
+    case = training.case
+    try:
+        with backends.full_precision(target.backend), backends.dtype_scope(target):
+            model = backends.build(target, case.config, case.params())
+            loss, grads = model.loss_and_grads(case.src_ids, case.tgt_ids, training.labels,
+                                               label_smoothing=training.label_smoothing)
+            return {"loss": to_numpy(loss), **{name: to_numpy(g) for name, g in grads.items()}}
+    finally:
+        TIMINGS[target.label] += time.perf_counter() - started
+
+
 def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
     """The float64 NumPy ids of a `GenerationCase` and the search's closest calls per step
     (`conformance.core.decoding.search`'s `trace`), from the oracle's cached decoder: the same
@@ -111,3 +126,30 @@ def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
     ids, _ = search(step, len(case.src_ids), gcase.max_len, gcase.bos_id, gcase.eos_id, case.config.pad_id,
                     trace=trace, **arguments)
     return ids, trace
+
+
+def has_gradients(target: Target) -> bool:
+    """Whether the target's backend offers `Model.loss_and_grads` (issue 13: not every one yet)."""
+    return hasattr(backends.import_backend(target.backend).Model, "loss_and_grads")
+
+
+def relu_kink_distance(case: Case) -> float:
+    """How far the oracle's ReLU inputs stay from the kink at 0: min |pre-activation| / scale over
+    every FFN of the float64 forward (inf for other activations).
+
+    ReLU's derivative jumps at 0. An input within rounding of 0 may land on the other side in a
+    lower precision (measured: |x| = 4.9e-7 in float64, negative in float32), and the gradient then
+    legitimately differs by that unit's whole contribution (2.5e-2). A gradient comparison in a
+    lower precision is only a claim where the inputs are further from 0 than its forward tolerance.
+    """
+    from conformance.check.compare import tensor_scale
+
+    if case.config.activation != "relu":
+        return float("inf")
+    model = backends.build(Target("numpy", "cpu", "float64"), case.config, case.params())
+    model(case.src_ids, case.tgt_ids)
+    hidden = [layer.ffn.hidden for layer in [*model.encoder.layers, *model.decoder.layers]]
+    return min(float(np.nanmin(np.abs(h))) / tensor_scale(h) for h in hidden)
+
+
+ORACLE = Target("numpy", "cpu", "float64")
