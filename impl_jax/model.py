@@ -47,6 +47,7 @@ from conformance.core.inputs import (
 from conformance.core.output import Encoded, ModelOutput
 from conformance.core.params import param_shapes
 from conformance.core.positions import sinusoid_table
+from conformance.core.training import check_label_smoothing, host_labels
 from impl_jax import compiled, host
 from impl_jax.precision import MATMUL_PRECISION, reduction_dtype
 
@@ -214,7 +215,7 @@ def softmax(scores: jax.Array) -> jax.Array:
     return jnp.where(empty, jnp.nan, e / e.sum(axis=-1, keepdims=True))
 
 
-def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None):
+def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None, empty_rows=None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
@@ -225,6 +226,11 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None):
     keys that exist only because the length was padded up to a bucket: they get weight exactly 0
     (a -inf score, even in a fully masked row, whose uniform average stays over the real keys),
     and their values are zeroed so that a NaN there cannot leak into real rows as 0 * NaN.
+
+    `empty_rows` (keyword-only; the loss sets it to 0.0, docs/training.md) gives a query with no
+    key to attend to weights `empty_rows` instead of the -inf fill's NaN, so that a NaN activation
+    cannot reach a weight gradient as 0 * NaN. (`softmax` already keeps exp away from that row,
+    and the gradient of a `where` selects, so no NaN enters the backward pass.)
     """
     dtype = reduction_dtype(q.dtype)
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=MATMUL_PRECISION,
@@ -235,6 +241,9 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None):
         scores = jnp.where(real_keys, scores, -jnp.inf)
         v = jnp.where(real_keys[:, None], v, 0)
     weights = softmax(scores).astype(q.dtype)  # (B, H, Tq, Tk)
+    if empty_rows is not None:
+        empty = scores.max(axis=-1, keepdims=True) == -jnp.inf  # (B, H, Tq, 1): queries without a key
+        weights = jnp.where(empty, jnp.asarray(empty_rows, weights.dtype), weights)
     return jnp.einsum("bhqk,bhkd->bhqd", weights, v, precision=MATMUL_PRECISION), weights  # (B, H, Tq, K)
 
 
@@ -249,6 +258,7 @@ class MultiHeadAttention(nnx.Module):
         self.o_proj = Linear(params, f"{prefix}.o_proj")
         self.n_heads = config.n_heads
         self.fill = config.mask_fill
+        self.empty_rows = None  # 0.0 while the loss runs (see scaled_dot_product_attention)
 
     def split_heads(self, x: jax.Array) -> jax.Array:
         batch, length, d_model = x.shape
@@ -260,7 +270,8 @@ class MultiHeadAttention(nnx.Module):
         q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
-        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys=real_keys)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys=real_keys,
+                                                      empty_rows=self.empty_rows)
         batch, _, length, _ = heads.shape
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
         return self.o_proj(concat), weights
@@ -586,6 +597,62 @@ class Model(nnx.Module):
         attention weights (`return_attention`) and the intermediates by name."""
         encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
         return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
+
+    # Training ----------------------------------------------------------------------------------
+
+    def loss_and_grads(self, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0):
+        """The training loss (docs/training.md) and its gradient, by `nnx.value_and_grad`.
+
+            loss = 1/N · sum over the N counted tokens (labels != pad_id) of
+                   (1 - ε) · -log p(label) + ε · 1/V · sum_v -log p(v),   p = softmax(logits)
+
+        which is PyTorch's `cross_entropy(..., ignore_index=pad_id, label_smoothing=ε)`. Returns
+        the loss (a 0-d array, at least float32) and the gradients as a dict keyed by the
+        canonical parameter names, each of its parameter's shape and dtype, on the model's
+        device. Ids and labels are checked on the host first, then one compiled executable per
+        (config, dtype, shapes) runs (`impl_jax.compiled`, bounded like the forward); ε is an
+        argument of it, not a constant, so a new ε does not recompile.
+        """
+        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_same_batch(src_ids.shape, tgt_ids.shape)
+        labels = host_labels(self.config, labels, tgt_ids.shape).astype(np.int32)
+        epsilon = np.asarray(check_label_smoothing(label_smoothing), reduction_dtype(self.dtype))
+        host.check_runnable(self.dtype)
+        src_mask, tgt_mask = make_masks(self.config, src_ids, tgt_ids)
+        # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
+        # loss runs: a NaN activation would reach every weight gradient as 0 * NaN. The flag is
+        # static, so the loss compiles apart from the forward.
+        attention = [m for _, m in nnx.iter_modules(self) if isinstance(m, MultiHeadAttention)]
+        for module in attention:
+            module.empty_rows = 0.0
+        try:
+            loss, grads = compiled.call(self, Model._loss_and_grads,
+                                        (src_ids, tgt_ids, src_mask, tgt_mask, labels, epsilon), self.device)
+        finally:
+            for module in attention:
+                module.empty_rows = None
+        return loss, grads
+
+    def _loss_and_grads(self, src_ids, tgt_ids, src_mask, tgt_mask, labels, epsilon):
+        """The compiled part of `loss_and_grads`: ids, masks and labels checked on the host."""
+        counted = labels != self.config.pad_id  # (B, T)
+
+        def loss_fn(model):
+            logits = model.traceable_forward(src_ids, tgt_ids, src_mask, tgt_mask, return_attention=False).logits
+            # The counted positions are selected before the log-softmax (the first where), and the
+            # gradient of a where selects: a padded row is never multiplied by 0, so a NaN there
+            # reaches neither the loss nor the gradient (JAX's where-gradient NaN trap).
+            logits = jnp.where(counted[..., None], at_least_float32(logits), 0)  # (B, T, V)
+            logp = jax.nn.log_softmax(logits, axis=-1)  # (B, T, V)
+            nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]  # (B, T)
+            smooth = -logp.mean(axis=-1)  # (B, T)
+            per_token = (1 - epsilon) * nll + epsilon * smooth  # (B, T)
+            return jnp.where(counted, per_token, 0).sum() / counted.sum()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(self)
+        flat = {".".join(str(part) for part in path): variable[...] for path, variable in nnx.to_flat_state(grads)}
+        return loss, {name: flat[name] for name in param_shapes(self.config)}
 
     # Generation --------------------------------------------------------------------------------
 

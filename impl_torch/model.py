@@ -36,8 +36,9 @@ from conformance.core.inputs import (
     host_mask,
 )
 from conformance.core.output import Encoded, ModelOutput
-from conformance.core.params import prepare_params
+from conformance.core.params import param_shapes, prepare_params
 from conformance.core.positions import sinusoid_table
+from conformance.core.training import check_label_smoothing, host_labels
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -195,12 +196,17 @@ def softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1)
 
 
-def scaled_dot_product_attention(q, k, v, mask, fill: float):
+def scaled_dot_product_attention(q, k, v, mask, fill: float, *, empty_rows: float | None = None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
     None. Masked scores are replaced by `fill` before the softmax. Returns the output
     (B, H, Tq, K) and the weights (B, H, Tq, Tk).
+
+    `empty_rows` (keyword-only; the loss sets it to 0.0, docs/training.md) gives a query with no
+    key to attend to weights `empty_rows` instead of the -inf fill's NaN: the row is selected out
+    of the softmax (a double where, so that neither its value nor its gradient sees 0 / 0), and
+    a NaN there cannot reach a weight gradient as 0 * NaN. A finite fill is left as it is.
 
     The scores are formed, filled and normalised in at least float32, as fused kernels do:
     float16 cannot even hold a fill of -1e9 (its largest magnitude is 65504), and a bfloat16
@@ -211,6 +217,10 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float):
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
     if mask is not None:
         scores = torch.where(mask, scores, fill)
+    if empty_rows is not None and mask is not None and math.isinf(fill):
+        empty = ~mask.any(dim=-1, keepdim=True)  # (B, H, Tq, 1): queries without a key
+        weights = torch.where(empty, empty_rows, softmax(torch.where(empty, 0.0, scores))).to(v.dtype)
+        return weights @ v, weights  # (B, H, Tq, K)
     weights = softmax(scores).to(v.dtype)  # (B, H, Tq, Tk)
     return weights @ v, weights  # (B, H, Tq, K)
 
@@ -252,6 +262,7 @@ class MultiHeadAttention(nn.Module):
         self.o_proj = Linear(d, d, config.out_proj_bias, dtype)
         self.n_heads = config.n_heads
         self.fill = config.mask_fill
+        self.empty_rows = None  # 0.0 while the loss runs (see scaled_dot_product_attention)
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, mask_fill={self.fill:g}"
@@ -271,7 +282,7 @@ class MultiHeadAttention(nn.Module):
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
         if return_attention:
-            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
+            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, empty_rows=self.empty_rows)
         else:
             heads, weights = fast_attention(q, k, v, mask, self.fill), None
         batch, _, length, _ = heads.shape
@@ -580,6 +591,49 @@ class Model(nn.Module):
         Without the attention weights, attention runs through PyTorch's fused kernel."""
         encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
         return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
+
+    # Training ----------------------------------------------------------------------------------
+
+    def loss_and_grads(self, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0):
+        """The training loss (docs/training.md) and its gradient, by autograd.
+
+            loss = 1/N · sum over the N counted tokens (labels != pad_id) of
+                   (1 - ε) · -log p(label) + ε · 1/V · sum_v -log p(v),   p = softmax(logits)
+
+        which is `F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=pad_id,
+        label_smoothing=ε)`. Returns the loss (a 0-d tensor, at least float32) and the gradients
+        as a dict keyed by the canonical parameter names (`state_dict()`'s), each of its
+        parameter's shape and dtype, on the model's device. The ids are checked as by `forward`;
+        labels (B, T) must be target ids with at least one that is not `pad_id`.
+        """
+        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_same_batch(src_ids.shape, tgt_ids.shape)
+        labels = host_labels(self.config, labels.cpu() if isinstance(labels, torch.Tensor) else labels,
+                             tuple(tgt_ids.shape))
+        epsilon = check_label_smoothing(label_smoothing)
+        counted = torch.tensor(labels != self.config.pad_id, device=self.device)  # (B, T)
+        targets = torch.tensor(labels, dtype=torch.long, device=self.device)[counted]  # (N,)
+        names, params = zip(*self.named_parameters())
+        # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
+        # loss runs: a NaN activation would reach every weight gradient as 0 * NaN.
+        attention = [m for m in self.modules() if isinstance(m, MultiHeadAttention)]
+        for module in attention:
+            module.empty_rows = 0.0
+        try:
+            with torch.enable_grad():
+                logits = self(src_ids, tgt_ids).logits  # (B, T, V)
+                # The counted positions are selected before the log-softmax, never multiplied by
+                # 0: a padded row is not read at all, so a NaN there reaches neither the loss nor
+                # the gradient.
+                selected = at_least_float32(logits[counted])  # (N, V)
+                loss = F.cross_entropy(selected, targets, label_smoothing=epsilon)
+                grads = torch.autograd.grad(loss, params, materialize_grads=True)
+        finally:
+            for module in attention:
+                module.empty_rows = None
+        grads = dict(zip(names, grads))
+        return loss.detach(), {name: grads[name] for name in param_shapes(self.config)}  # checkpoint order
 
     # Generation --------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ IDIOM_METHODS = {
     "params": ({"jax"}, "a property: the flattened nnx.Param state; NumPy keeps the dict, torch has state_dict()"),
     "_encode": ({"jax"}, "the compiled part of encode (one XLA executable per shape)"),
     "_decode": ({"jax"}, "the compiled part of decode"),
+    "_loss_and_grads": ({"jax"}, "the compiled part of loss_and_grads (one XLA executable per shape)"),
     "traceable_forward": ({"jax"}, "the unchecked forward for use inside jax.jit / vmap (host checks cannot trace)"),
 }
 # Method names that mean the same: torch's nn.Module runs `forward` through `__call__`.
