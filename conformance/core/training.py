@@ -81,3 +81,16 @@ def paper_lrate(step: int, d_model: int, warmup: int = PAPER_WARMUP) -> float:
     if step < 1:
         raise InputError("step", f"the schedule counts steps from 1, got {step}")
     return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def check_grads(param_shapes: dict[str, tuple[int, ...]], names: Sequence[str], shape_of) -> None:
+    """Gradients given to an optimizer step: exactly the model's parameter names, each of its
+    parameter's shape (`shape_of(name)` reads the gradient's shape)."""
+    missing = [name for name in param_shapes if name not in names]
+    unknown = [name for name in names if name not in param_shapes]
+    if missing or unknown:
+        raise InputError("grads", f"keys must be the model's parameter names; missing {missing[:3]}, "
+                                  f"unknown {unknown[:3]}")
+    for name, shape in param_shapes.items():
+        if tuple(shape_of(name)) != tuple(shape):
+            raise InputError("grads", f"{name} has shape {tuple(shape_of(name))}, its parameter {tuple(shape)}")
