@@ -59,4 +59,13 @@ def save(model: Model, path: str | os.PathLike) -> None:
 # The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
-BACKEND_EXTRAS = ("bucket_length", "clear_cache", "compile_stats", "enable_x64", "load_state", "reset_stats", "save_state", "x64_enabled")
+BACKEND_EXTRAS = ("Adam", "bucket_length", "clear_cache", "compile_stats", "enable_x64", "load_state", "reset_stats", "save_state", "train_step", "x64_enabled")
+
+
+def __getattr__(name: str):
+    # The optimizer needs optax (the `jax` extra): imported on first use, not with the model.
+    if name in ("Adam", "train_step"):
+        from impl_jax import train
+
+        return getattr(train, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -45,9 +45,11 @@ from conformance.core.inputs import (
     host_ids,
     host_mask,
 )
+from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput
 from conformance.core.params import param_shapes
 from conformance.core.positions import sinusoid_table
+from conformance.core.training import check_label_smoothing, host_labels
 from impl_jax import compiled, host
 from impl_jax.precision import MATMUL_PRECISION, reduction_dtype
 
@@ -233,6 +235,17 @@ def activation(name: str, x: jax.Array) -> jax.Array:
     return x * (0.5 * (1 + jnp.tanh(0.5 * x)))
 
 
+def apply_dropout(x: jax.Array, dropout, site: str) -> jax.Array:
+    """Inverted dropout (section 5.4): x / (1 - rate) where the site's mask keeps, 0 where it drops.
+
+    `dropout` is None (off: x itself) or a `conformance.core.dropout.Dropout` whose masks, drawn
+    from one NumPy seed, every backend receives, so a training step with dropout is the same
+    computation everywhere. A select, not a product: a dropped NaN is 0 as in PyTorch's kernel."""
+    if dropout is None:
+        return x
+    return jnp.where(dropout.masks[site], x / (1 - dropout.rate), 0).astype(x.dtype)  # (B, L, D)
+
+
 # -- Attention ---------------------------------------------------------------------------------
 
 
@@ -252,7 +265,7 @@ def softmax(scores: jax.Array) -> jax.Array:
     return jnp.where(empty, jnp.nan, e / e.sum(axis=-1, keepdims=True))
 
 
-def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None):
+def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None, empty_rows=None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
@@ -263,6 +276,11 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None):
     keys that exist only because the length was padded up to a bucket: they get weight exactly 0
     (a -inf score, even in a fully masked row, whose uniform average stays over the real keys),
     and their values are zeroed so that a NaN there cannot leak into real rows as 0 * NaN.
+
+    `empty_rows` (keyword-only; the loss sets it to 0.0, docs/training.md) gives a query with no
+    key to attend to weights `empty_rows` instead of the -inf fill's NaN, so that a NaN activation
+    cannot reach a weight gradient as 0 * NaN. (`softmax` already keeps exp away from that row,
+    and the gradient of a `where` selects, so no NaN enters the backward pass.)
     """
     dtype = reduction_dtype(q.dtype)
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=MATMUL_PRECISION,
@@ -273,6 +291,9 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None):
         scores = jnp.where(real_keys, scores, -jnp.inf)
         v = jnp.where(real_keys[:, None], v, 0)
     weights = softmax(scores).astype(q.dtype)  # (B, H, Tq, Tk)
+    if empty_rows is not None:
+        empty = scores.max(axis=-1, keepdims=True) == -jnp.inf  # (B, H, Tq, 1): queries without a key
+        weights = jnp.where(empty, jnp.asarray(empty_rows, weights.dtype), weights)
     return jnp.einsum("bhqk,bhkd->bhqd", weights, v, precision=MATMUL_PRECISION), weights  # (B, H, Tq, K)
 
 
@@ -287,6 +308,7 @@ class MultiHeadAttention(nnx.Module):
         self.o_proj = Linear(params, f"{prefix}.o_proj")
         self.n_heads = config.n_heads
         self.fill = config.mask_fill
+        self.empty_rows = None  # 0.0 while the loss runs (see scaled_dot_product_attention)
 
     def split_heads(self, x: jax.Array) -> jax.Array:
         batch, length, d_model = x.shape
@@ -298,7 +320,8 @@ class MultiHeadAttention(nnx.Module):
         q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
-        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys=real_keys)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys=real_keys,
+                                                      empty_rows=self.empty_rows)
         batch, _, length, _ = heads.shape
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
         return self.o_proj(concat), weights
@@ -346,16 +369,19 @@ class EncoderLayer(nnx.Module):
         self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
         self.pre_ln = config.norm_placement == "pre"
 
-    def __call__(self, x: jax.Array, src_mask, name: str, out: ModelOutput | Encoded, *, src_real=None) -> jax.Array:
+    def __call__(self, x: jax.Array, src_mask, name: str, out: ModelOutput | Encoded, *, src_real=None,
+                 dropout=None) -> jax.Array:
         # Self-attention: each source position attends to every unmasked source position.
         h = self.self_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask, real_keys=src_real)
+        h = apply_dropout(h, dropout, f"{name}.self_attn")
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Position-wise feed-forward.
         h = self.ffn_norm(x) if self.pre_ln else x
         h = self.ffn(h)
+        h = apply_dropout(h, dropout, f"{name}.ffn")
         x = x + h if self.pre_ln else self.ffn_norm(x + h)
         out.intermediates[f"{name}.ffn"] = x
         return x
@@ -375,22 +401,25 @@ class DecoderLayer(nnx.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                 tgt_real=None, src_real=None) -> jax.Array:
+                 tgt_real=None, src_real=None, dropout=None) -> jax.Array:
         # Masked self-attention: position t attends to target positions <= t.
         h = self.self_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask, real_keys=tgt_real)
+        h = apply_dropout(h, dropout, f"{name}.self_attn")
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
         h = self.cross_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask, real_keys=src_real)
+        h = apply_dropout(h, dropout, f"{name}.cross_attn")
         x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
         out.intermediates[f"{name}.cross_attn"] = x
 
         # Position-wise feed-forward.
         h = self.ffn_norm(x) if self.pre_ln else x
         h = self.ffn(h)
+        h = apply_dropout(h, dropout, f"{name}.ffn")
         x = x + h if self.pre_ln else self.ffn_norm(x + h)
         out.intermediates[f"{name}.ffn"] = x
         return x
@@ -446,10 +475,10 @@ class Encoder(nnx.Module):
             [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)])
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
 
-    def __call__(self, x: jax.Array, src_mask, out: Encoded, *, src_real=None) -> jax.Array:
+    def __call__(self, x: jax.Array, src_mask, out: Encoded, *, src_real=None, dropout=None) -> jax.Array:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self_mask, f"encoder.{i}", out, src_real=src_real)
+            x = layer(x, self_mask, f"encoder.{i}", out, src_real=src_real, dropout=dropout)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -465,9 +494,11 @@ class Decoder(nnx.Module):
             [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)])
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, tgt_real=None, src_real=None) -> jax.Array:
+    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, tgt_real=None, src_real=None,
+                 dropout=None) -> jax.Array:
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, tgt_real=tgt_real, src_real=src_real)
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, tgt_real=tgt_real, src_real=src_real,
+                      dropout=dropout)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
@@ -575,10 +606,11 @@ class Model(nnx.Module):
             x = x * math.sqrt(self.config.d_model)
         return x + position(ids.shape[1])
 
-    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True) -> Encoded:
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
+        dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
         else:
@@ -588,8 +620,12 @@ class Model(nnx.Module):
         host.check_runnable(self.dtype)
         padding = host.Padding(self.config, self.buckets, src_len=src_len)
         args = (padding.ids(src_ids, "src"), padding.mask(src_mask, keys="src"), padding.real("src"))
+        static = {}
+        if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
+            args += ({site: padding.positions(m, "src") for site, m in dropout.masks.items()},)
+            static["dropout_rate"] = dropout.rate
         memory, attention, intermediates = compiled.call(
-            self, Model._encode, args, self.device, return_attention=return_attention)
+            self, Model._encode, args, self.device, return_attention=return_attention, **static)
         encoded = Encoded(memory=None, src_mask=jax.device_put(src_mask, self.device))
         encoded.memory, encoded.attention, encoded.intermediates = padding.unpad(
             self.device, memory=memory, attention=attention, intermediates=intermediates)
@@ -597,22 +633,27 @@ class Model(nnx.Module):
             encoded.attention = None
         return encoded
 
-    def _encode(self, src_ids, src_mask, src_real, *, return_attention: bool):
+    def _encode(self, src_ids, src_mask, src_real, dropout_masks=None, *, return_attention: bool,
+                dropout_rate: float | None = None):
         """The compiled part of `encode`: ids (B, S) and mask checked, S possibly bucket-padded."""
         encoded = Encoded(memory=None, src_mask=src_mask)
+        dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
-        encoded.memory = self.encoder(x, src_mask, encoded, src_real=src_real)
+        x = apply_dropout(x, dropout, "encoder.embeddings")
+        encoded.memory = self.encoder(x, src_mask, encoded, src_real=src_real, dropout=dropout)
         if not return_attention:
             encoded.attention.clear()  # never leaves the executable, so XLA does not store it
         return encoded.memory, encoded.attention, encoded.intermediates
 
-    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
+               dropout=None) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_memory(self.config, encoded.memory.shape, np.dtype(encoded.memory.dtype).name, self.dtype.name)
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
         batch, tgt_len = tgt_ids.shape
+        dropout = host_dropout(self.config, dropout, "decoder", batch, tgt_len)
         derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
         if tgt_mask is None:
             tgt_mask = derived
@@ -625,8 +666,12 @@ class Model(nnx.Module):
         args = (padding.ids(tgt_ids, "tgt"), padding.mask(tgt_mask, queries="tgt", keys="tgt"),
                 padding.memory(encoded.memory), padding.mask(cross_mask, keys="src"),
                 padding.real("tgt"), padding.real("src"))
+        static = {}
+        if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
+            args += ({site: padding.positions(m, "tgt") for site, m in dropout.masks.items()},)
+            static["dropout_rate"] = dropout.rate
         logits, attention, intermediates = compiled.call(
-            self, Model._decode, args, self.device, return_attention=return_attention)
+            self, Model._decode, args, self.device, return_attention=return_attention, **static)
         logits, attention, intermediates = padding.unpad(
             self.device, logits=logits, attention=attention, intermediates=intermediates)
         out = ModelOutput(logits=logits, attention=dict(encoded.attention or {}), intermediates=dict(encoded.intermediates))
@@ -636,14 +681,17 @@ class Model(nnx.Module):
             out.attention = None
         return out
 
-    def _decode(self, tgt_ids, tgt_mask, memory, cross_mask, tgt_real, src_real, *, return_attention: bool):
+    def _decode(self, tgt_ids, tgt_mask, memory, cross_mask, tgt_real, src_real, dropout_masks=None, *,
+                return_attention: bool, dropout_rate: float | None = None):
         """The compiled part of `decode`: ids (B, T) and masks checked, T and S possibly bucket-padded."""
         out = ModelOutput(logits=None)
 
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
+        dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
         y = self.embed(tgt_ids, embedding, self.decoder.position)
         out.intermediates["decoder.embeddings"] = y
-        y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real=tgt_real, src_real=src_real)
+        y = apply_dropout(y, dropout, "decoder.embeddings")
+        y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real=tgt_real, src_real=src_real, dropout=dropout)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias[...]
@@ -654,31 +702,106 @@ class Model(nnx.Module):
         return out.logits, out.attention, out.intermediates
 
     def traceable_forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *,
-                          return_attention: bool = True) -> ModelOutput:
+                          return_attention: bool = True, dropout=None) -> ModelOutput:
         """The same forward pass as a call, traceable and unchecked: for use inside `jax.jit`,
         `vmap` or `shard_map` (a call checks its inputs on the host, which a tracer cannot do).
 
         Nothing is validated: out-of-range ids are clamped by JAX, not refused, so check them
         before (a call of the model on the same shapes does, and raises the NumPy backend's errors).
         Returned through jit, the attention and intermediates dicts come back with their keys
-        sorted (JAX's order for dicts), so look tensors up by name.
+        sorted (JAX's order for dicts), so look tensors up by name. `dropout`: a `Dropout` whose
+        masks may be traced (unchecked too), or None.
         """
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
         if tgt_mask is None:
             tgt_mask = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
         cross_mask = src_mask if self.config.cross_attn_src_mask else None
-        memory, attention, intermediates = self._encode(src_ids, src_mask, None, return_attention=return_attention)
+        masks, rate = (None, None) if dropout is None else (dropout.masks, dropout.rate)
+        memory, attention, intermediates = self._encode(src_ids, src_mask, None, masks,
+                                                        return_attention=return_attention, dropout_rate=rate)
         logits, dec_attention, dec_intermediates = self._decode(
-            tgt_ids, tgt_mask, memory, cross_mask, None, None, return_attention=return_attention)
+            tgt_ids, tgt_mask, memory, cross_mask, None, None, masks,
+            return_attention=return_attention, dropout_rate=rate)
         return ModelOutput(logits=logits, attention={**attention, **dec_attention} if return_attention else None,
                            intermediates={**intermediates, **dec_intermediates})
 
-    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True,
+                 dropout=None) -> ModelOutput:
         """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
-        attention weights (`return_attention`) and the intermediates by name."""
-        encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
-        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
+        attention weights (`return_attention`) and the intermediates by name.
+
+        `dropout` (keyword-only, training): a `conformance.core.dropout.Dropout` (masks drawn by
+        `draw_dropout` from one NumPy seed); None, the default, is inference: no dropout."""
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout)
+
+    # Training ----------------------------------------------------------------------------------
+
+    def loss_and_grads(self, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0, dropout=None):
+        """The training loss of docs/training.md and its gradient for every parameter.
+
+        By `nnx.value_and_grad`, jit-compiled:
+
+            loss = 1/N · sum over the N counted tokens (labels != pad_id) of
+                   (1 - ε) · -log p(label) + ε · 1/V · sum_v -log p(v),   p = softmax(logits)
+
+        which is PyTorch's `cross_entropy(..., ignore_index=pad_id, label_smoothing=ε)`. Returns
+        the loss (a 0-d array, at least float32) and the gradients as a dict keyed by the
+        canonical parameter names, each of its parameter's shape and dtype, on the model's
+        device. Ids and labels are checked on the host first, then one compiled executable per
+        (config, dtype, shapes) runs (`impl_jax.compiled`, bounded like the forward); ε is an
+        argument of it, not a constant, so a new ε does not recompile. `dropout`: as for a call.
+        """
+        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_same_batch(src_ids.shape, tgt_ids.shape)
+        labels = host_labels(self.config, labels, tgt_ids.shape).astype(np.int32)
+        epsilon = np.asarray(check_label_smoothing(label_smoothing), reduction_dtype(self.dtype))
+        batch, src_len = src_ids.shape
+        encoder_drop = host_dropout(self.config, dropout, "encoder", batch, src_len)
+        decoder_drop = host_dropout(self.config, dropout, "decoder", batch, tgt_ids.shape[1])
+        host.check_runnable(self.dtype)
+        src_mask, tgt_mask = make_masks(self.config, src_ids, tgt_ids)
+        args, static = (src_ids, tgt_ids, src_mask, tgt_mask, labels, epsilon), {}
+        if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
+            args += ({**encoder_drop.masks, **decoder_drop.masks},)
+            static["dropout_rate"] = encoder_drop.rate
+        # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
+        # loss runs: a NaN activation would reach every weight gradient as 0 * NaN. The flag is
+        # static, so the loss compiles apart from the forward.
+        attention = [m for _, m in nnx.iter_modules(self) if isinstance(m, MultiHeadAttention)]
+        for module in attention:
+            module.empty_rows = 0.0
+        try:
+            loss, grads = compiled.call(self, Model._loss_and_grads, args, self.device, **static)
+        finally:
+            for module in attention:
+                module.empty_rows = None
+        return loss, grads
+
+    def _loss_and_grads(self, src_ids, tgt_ids, src_mask, tgt_mask, labels, epsilon, dropout_masks=None, *,
+                        dropout_rate: float | None = None):
+        """The compiled part of `loss_and_grads`: ids, masks and labels checked on the host."""
+        counted = labels != self.config.pad_id  # (B, T)
+
+        def loss_fn(model):
+            dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
+            logits = model.traceable_forward(src_ids, tgt_ids, src_mask, tgt_mask, return_attention=False,
+                                             dropout=dropout).logits
+            # The counted positions are selected before the log-softmax (the first where), and the
+            # gradient of a where selects: a padded row is never multiplied by 0, so a NaN there
+            # reaches neither the loss nor the gradient (JAX's where-gradient NaN trap).
+            logits = jnp.where(counted[..., None], at_least_float32(logits), 0)  # (B, T, V)
+            logp = jax.nn.log_softmax(logits, axis=-1)  # (B, T, V)
+            nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]  # (B, T)
+            smooth = -logp.mean(axis=-1)  # (B, T)
+            per_token = (1 - epsilon) * nll + epsilon * smooth  # (B, T)
+            return jnp.where(counted, per_token, 0).sum() / counted.sum()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(self)
+        flat = {".".join(str(part) for part in path): variable[...] for path, variable in nnx.to_flat_state(grads)}
+        return loss, {name: flat[name] for name in param_shapes(self.config)}
 
     # Generation ------------------------------------------------------------------------------
     # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,

@@ -195,12 +195,22 @@ def feed_forward_backward(ffn, prefix: str, d_y: np.ndarray, grads: Grads) -> np
 # The residual path passes the gradient through unchanged; that is why deep stacks train.
 
 
-def residual_backward(pre_ln: bool, norm, prefix: str, sublayer_backward, d_out: np.ndarray, grads: Grads):
-    """The gradient through one residual sublayer; `sublayer_backward(d)` is f'(d)."""
+def dropout_backward(d_y: np.ndarray, dropout, site: str) -> np.ndarray:
+    """y = where(keep, x / (1 - rate), 0)  (inverted dropout, section 5.4)  ->
+    dx = where(keep, dy / (1 - rate), 0): the same mask, the same scale. No dropout: dx = dy."""
+    if dropout is None:
+        return d_y
+    return np.where(dropout.masks[site], d_y / (1 - dropout.rate), 0)
+
+
+def residual_backward(pre_ln: bool, norm, prefix: str, sublayer_backward, d_out: np.ndarray, grads: Grads,
+                      dropout=None, site: str = ""):
+    """The gradient through one residual sublayer; `sublayer_backward(d)` is f'(d). With dropout
+    the sublayer's output was dropped at `site` before the sum: f' reads through that mask."""
     if pre_ln:
-        return d_out + layer_norm_backward(norm, prefix, sublayer_backward(d_out), grads)
+        return d_out + layer_norm_backward(norm, prefix, sublayer_backward(dropout_backward(d_out, dropout, site)), grads)
     d_sum = layer_norm_backward(norm, prefix, d_out, grads)
-    return d_sum + sublayer_backward(d_sum)
+    return d_sum + sublayer_backward(dropout_backward(d_sum, dropout, site))
 
 
 def self_attention_backward(attn, prefix: str, grads: Grads):
@@ -211,18 +221,21 @@ def self_attention_backward(attn, prefix: str, grads: Grads):
     return backward
 
 
-def encoder_layer_backward(layer, prefix: str, d_x: np.ndarray, grads: Grads) -> np.ndarray:
-    """The encoder layer backwards: the feed-forward sublayer first, then self-attention."""
+def encoder_layer_backward(layer, prefix: str, name: str, d_x: np.ndarray, grads: Grads, dropout=None) -> np.ndarray:
+    """The encoder layer backwards: the feed-forward sublayer first, then self-attention. `name`
+    is the layer's name in the forward's records and dropout sites (`encoder.{i}`)."""
     d_x = residual_backward(layer.pre_ln, layer.ffn_norm, f"{prefix}.ffn_norm",
-                            lambda d: feed_forward_backward(layer.ffn, f"{prefix}.ffn", d, grads), d_x, grads)
+                            lambda d: feed_forward_backward(layer.ffn, f"{prefix}.ffn", d, grads), d_x, grads,
+                            dropout, f"{name}.ffn")
     return residual_backward(layer.pre_ln, layer.self_attn_norm, f"{prefix}.self_attn_norm",
-                             self_attention_backward(layer.self_attn, f"{prefix}.self_attn", grads), d_x, grads)
+                             self_attention_backward(layer.self_attn, f"{prefix}.self_attn", grads), d_x, grads,
+                             dropout, f"{name}.self_attn")
 
 
 # -- Decoder layer -----------------------------------------------------------------------------
 
 
-def decoder_layer_backward(layer, prefix: str, d_x: np.ndarray, grads: Grads):
+def decoder_layer_backward(layer, prefix: str, name: str, d_x: np.ndarray, grads: Grads, dropout=None):
     """The decoder layer backwards: feed-forward, cross-attention, masked self-attention.
     Returns (d_x, d_memory): cross-attention's keys and values come from the encoder's memory."""
     d_memory = []
@@ -233,11 +246,13 @@ def decoder_layer_backward(layer, prefix: str, d_x: np.ndarray, grads: Grads):
         return d_q_input
 
     d_x = residual_backward(layer.pre_ln, layer.ffn_norm, f"{prefix}.ffn_norm",
-                            lambda d: feed_forward_backward(layer.ffn, f"{prefix}.ffn", d, grads), d_x, grads)
+                            lambda d: feed_forward_backward(layer.ffn, f"{prefix}.ffn", d, grads), d_x, grads,
+                            dropout, f"{name}.ffn")
     d_x = residual_backward(layer.pre_ln, layer.cross_attn_norm, f"{prefix}.cross_attn_norm",
-                            cross_attention_backward, d_x, grads)
+                            cross_attention_backward, d_x, grads, dropout, f"{name}.cross_attn")
     d_x = residual_backward(layer.pre_ln, layer.self_attn_norm, f"{prefix}.self_attn_norm",
-                            self_attention_backward(layer.self_attn, f"{prefix}.self_attn", grads), d_x, grads)
+                            self_attention_backward(layer.self_attn, f"{prefix}.self_attn", grads), d_x, grads,
+                            dropout, f"{name}.self_attn")
     return d_x, d_memory[0]
 
 
@@ -258,18 +273,18 @@ def embed_backward(config, name: str, position_prefix: str, ids: np.ndarray, d_x
     embedding_backward(name, ids, d_x, grads)
 
 
-def encoder_backward(encoder, d_memory: np.ndarray, grads: Grads) -> np.ndarray:
+def encoder_backward(encoder, d_memory: np.ndarray, grads: Grads, dropout=None) -> np.ndarray:
     """The encoder stack backwards: the final norm, then the layers from the last to the first.
     Returns the gradient of the embeddings (B, S, D)."""
     d_x = d_memory
     if encoder.norm is not None:
         d_x = layer_norm_backward(encoder.norm, "encoder.norm", d_x, grads)
     for i in reversed(range(len(encoder.layers))):
-        d_x = encoder_layer_backward(encoder.layers[i], f"encoder.layers.{i}", d_x, grads)
-    return d_x
+        d_x = encoder_layer_backward(encoder.layers[i], f"encoder.layers.{i}", f"encoder.{i}", d_x, grads, dropout)
+    return dropout_backward(d_x, dropout, "encoder.embeddings")
 
 
-def decoder_backward(decoder, d_y: np.ndarray, grads: Grads):
+def decoder_backward(decoder, d_y: np.ndarray, grads: Grads, dropout=None):
     """The decoder stack backwards. Returns the gradient of its embeddings (B, T, D) and of the
     encoder's memory (B, S, D): every layer's cross-attention reads the same memory, so their
     gradients add up."""
@@ -277,9 +292,10 @@ def decoder_backward(decoder, d_y: np.ndarray, grads: Grads):
         d_y = layer_norm_backward(decoder.norm, "decoder.norm", d_y, grads)
     d_memory = 0
     for i in reversed(range(len(decoder.layers))):
-        d_y, d_layer_memory = decoder_layer_backward(decoder.layers[i], f"decoder.layers.{i}", d_y, grads)
+        d_y, d_layer_memory = decoder_layer_backward(decoder.layers[i], f"decoder.layers.{i}", f"decoder.{i}", d_y,
+                                                     grads, dropout)
         d_memory = d_memory + d_layer_memory
-    return d_y, d_memory
+    return dropout_backward(d_y, dropout, "decoder.embeddings"), d_memory
 
 
 def output_backward(output, config, tied_embedding, d_logits: np.ndarray, grads: Grads) -> np.ndarray:
@@ -344,9 +360,9 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray, pad_id: int, label_smo
 
 
 def loss_and_grads(model, src_ids: np.ndarray, tgt_ids: np.ndarray, labels: np.ndarray,
-                   label_smoothing: float, out) -> tuple:
-    """The backward pass of `model`'s forward call `out = model(src_ids, tgt_ids)`, which has
-    just run and left its caches on the modules. Returns (loss, grads)."""
+                   label_smoothing: float, out, dropout=None) -> tuple:
+    """The backward pass of `model`'s forward call `out = model(src_ids, tgt_ids, dropout=dropout)`,
+    which has just run and left its caches on the modules. Returns (loss, grads)."""
     config = model.config
     grads = {name: np.zeros(shape, model.dtype) for name, shape in param_shapes(config).items()}
     loss, d_logits = cross_entropy(out.logits, labels, config.pad_id, label_smoothing)  # (B, T, V)
@@ -358,8 +374,8 @@ def loss_and_grads(model, src_ids: np.ndarray, tgt_ids: np.ndarray, labels: np.n
     d_y = output_backward(model.output, config, tgt_embedding, d_logits, grads)  # (B, T, D)
 
     # The decoder, then the encoder through the memory every cross-attention read.
-    d_y, d_memory = decoder_backward(model.decoder, d_y, grads)  # (B, T, D), (B, S, D)
-    d_x = encoder_backward(model.encoder, d_memory, grads)  # (B, S, D)
+    d_y, d_memory = decoder_backward(model.decoder, d_y, grads, dropout)  # (B, T, D), (B, S, D)
+    d_x = encoder_backward(model.encoder, d_memory, grads, dropout)  # (B, S, D)
 
     # The embeddings: with shared embeddings both lookups add to encoder.embedding.weight.
     embed_backward(config, tied_name(config), "decoder.position", tgt_ids, d_y, grads)

@@ -32,6 +32,7 @@ from conformance.core.inputs import (
     host_labels,
     host_mask,
 )
+from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput
 from conformance.core.params import prepare_params
 from conformance.core.positions import sinusoid_table
@@ -185,6 +186,17 @@ def activation(name: str, x: np.ndarray) -> np.ndarray:
     return x * (0.5 * (1 + np.tanh(0.5 * x)))
 
 
+def apply_dropout(x: np.ndarray, dropout, site: str) -> np.ndarray:
+    """Inverted dropout (section 5.4): x / (1 - rate) where the site's mask keeps, 0 where it drops.
+
+    `dropout` is None (off: x itself) or a `conformance.core.dropout.Dropout` whose masks, drawn
+    from one NumPy seed, every backend receives, so a training step with dropout is the same
+    computation everywhere. A select, not a product: a dropped NaN is 0 as in PyTorch's kernel."""
+    if dropout is None:
+        return x
+    return np.where(dropout.masks[site], x / (1 - dropout.rate), 0).astype(x.dtype)  # (B, L, D)
+
+
 # -- Attention ---------------------------------------------------------------------------------
 
 
@@ -281,16 +293,19 @@ class EncoderLayer:
         self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
         self.pre_ln = config.norm_placement == "pre"
 
-    def __call__(self, x: np.ndarray, src_mask, name: str, out: ModelOutput | Encoded) -> np.ndarray:
+    def __call__(self, x: np.ndarray, src_mask, name: str, out: ModelOutput | Encoded, *,
+                 dropout=None) -> np.ndarray:
         # Self-attention: each source position attends to every unmasked source position.
         h = self.self_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask)
+        h = apply_dropout(h, dropout, f"{name}.self_attn")
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Position-wise feed-forward.
         h = self.ffn_norm(x) if self.pre_ln else x
         h = self.ffn(h)
+        h = apply_dropout(h, dropout, f"{name}.ffn")
         x = x + h if self.pre_ln else self.ffn_norm(x + h)
         out.intermediates[f"{name}.ffn"] = x
         return x
@@ -309,22 +324,26 @@ class DecoderLayer:
         self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
         self.pre_ln = config.norm_placement == "pre"
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput) -> np.ndarray:
+    def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
+                 dropout=None) -> np.ndarray:
         # Masked self-attention: position t attends to target positions <= t.
         h = self.self_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask)
+        h = apply_dropout(h, dropout, f"{name}.self_attn")
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
         h = self.cross_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask)
+        h = apply_dropout(h, dropout, f"{name}.cross_attn")
         x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
         out.intermediates[f"{name}.cross_attn"] = x
 
         # Position-wise feed-forward.
         h = self.ffn_norm(x) if self.pre_ln else x
         h = self.ffn(h)
+        h = apply_dropout(h, dropout, f"{name}.ffn")
         x = x + h if self.pre_ln else self.ffn_norm(x + h)
         out.intermediates[f"{name}.ffn"] = x
         return x
@@ -373,10 +392,10 @@ class Encoder:
         self.layers = [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)]
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
 
-    def __call__(self, x: np.ndarray, src_mask, out: Encoded) -> np.ndarray:
+    def __call__(self, x: np.ndarray, src_mask, out: Encoded, *, dropout=None) -> np.ndarray:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self_mask, f"encoder.{i}", out)
+            x = layer(x, self_mask, f"encoder.{i}", out, dropout=dropout)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -391,9 +410,9 @@ class Decoder:
         self.layers = [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)]
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput) -> np.ndarray:
+    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, dropout=None) -> np.ndarray:
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out)
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, dropout=dropout)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
@@ -484,10 +503,11 @@ class Model:
             x = x * math.sqrt(self.config.d_model)
         return x + position(ids.shape[1])
 
-    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True) -> Encoded:
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
+        dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
         else:
@@ -497,17 +517,20 @@ class Model:
         encoded = Encoded(memory=None, src_mask=src_mask)
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
-        encoded.memory = self.encoder(x, src_mask, encoded)
+        x = apply_dropout(x, dropout, "encoder.embeddings")
+        encoded.memory = self.encoder(x, src_mask, encoded, dropout=dropout)
         if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
             encoded.attention = None
         return encoded
 
-    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
+               dropout=None) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_memory(self.config, encoded.memory.shape, encoded.memory.dtype.name, self.dtype.name)
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
         batch, tgt_len = tgt_ids.shape
+        dropout = host_dropout(self.config, dropout, "decoder", batch, tgt_len)
         derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
         if tgt_mask is None:
             tgt_mask = derived
@@ -520,7 +543,9 @@ class Model:
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
         y = self.embed(tgt_ids, embedding, self.decoder.position)
         out.intermediates["decoder.embeddings"] = y
-        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out)
+        y = apply_dropout(y, dropout, "decoder.embeddings")
+        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out,
+                              dropout=dropout)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias
@@ -530,15 +555,19 @@ class Model:
             out.attention = None
         return out
 
-    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True,
+                 dropout=None) -> ModelOutput:
         """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
-        attention weights (`return_attention`) and the intermediates by name."""
-        encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
-        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
+        attention weights (`return_attention`) and the intermediates by name.
+
+        `dropout` (keyword-only, training): a `conformance.core.dropout.Dropout` (masks drawn by
+        `draw_dropout` from one NumPy seed); None, the default, is inference: no dropout."""
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout)
 
     # Training ----------------------------------------------------------------------------------
 
-    def loss_and_grads(self, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0):
+    def loss_and_grads(self, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0, dropout=None):
         """The training loss of docs/training.md and its gradient for every parameter.
 
         Token-level cross-entropy against `labels` (B, T), with label smoothing, ignoring labels
@@ -546,15 +575,22 @@ class Model:
         `torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels.reshape(-1),
         ignore_index=pad_id, label_smoothing=label_smoothing)`. Returns `(loss, grads)`: a float
         and a dict keyed like `param_shapes(config)`, arrays of the model's dtype. The backward
-        pass is written out by hand, layer by layer, in impl_numpy/backward.py.
+        pass is written out by hand, layer by layer, in impl_numpy/backward.py. `dropout`: as for
+        a call; the backward reads through the same masks.
         """
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_same_batch(src_ids.shape, tgt_ids.shape)
         labels = host_labels(self.config, labels, tgt_ids.shape)
         check_label_smoothing(label_smoothing)
-        out = self(src_ids, tgt_ids)  # the forward pass; every module keeps what its backward needs
-        return backprop.loss_and_grads(self, src_ids, tgt_ids, labels, float(label_smoothing), out)
+        batch, src_len = src_ids.shape
+        encoder_drop = host_dropout(self.config, dropout, "encoder", batch, src_len)
+        decoder_drop = host_dropout(self.config, dropout, "decoder", batch, tgt_ids.shape[1])
+        if dropout is not None:  # one Dropout with every site's checked host mask
+            dropout = Dropout(encoder_drop.rate, {**encoder_drop.masks, **decoder_drop.masks})
+        # The forward pass; every module keeps what its backward needs.
+        out = self(src_ids, tgt_ids, dropout=dropout)
+        return backprop.loss_and_grads(self, src_ids, tgt_ids, labels, float(label_smoothing), out, dropout)
 
     # Generation ------------------------------------------------------------------------------
     # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,

@@ -47,8 +47,9 @@ def save(model: Model, path: str | os.PathLike) -> None:
     model's current dtype, so a model trained or converted in PyTorch can go to any backend."""
     checkpoint.save(path, model.config, {name: to_numpy(value) for name, value in model.state_dict().items()})
 
+from impl_torch.train import Adam, train_step  # the paper's optimizer (docs/training.md)
 
 # The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
-BACKEND_EXTRAS = ("fast_attention",)
+BACKEND_EXTRAS = ("Adam", "fast_attention", "train_step")

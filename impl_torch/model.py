@@ -36,9 +36,11 @@ from conformance.core.inputs import (
     host_ids,
     host_mask,
 )
+from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput
-from conformance.core.params import prepare_params
+from conformance.core.params import param_shapes, prepare_params
 from conformance.core.positions import sinusoid_table
+from conformance.core.training import check_label_smoothing, host_labels
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -223,6 +225,17 @@ def activation(name: str, x: torch.Tensor) -> torch.Tensor:
     return F.silu(x)
 
 
+def apply_dropout(x: torch.Tensor, dropout, site: str) -> torch.Tensor:
+    """Inverted dropout (section 5.4): x / (1 - rate) where the site's mask keeps, 0 where it drops.
+
+    `dropout` is None (off: x itself) or a `conformance.core.dropout.Dropout` whose masks, drawn
+    from one NumPy seed, every backend receives, so a training step with dropout is the same
+    computation everywhere. A select, not a product: a dropped NaN is 0 as in PyTorch's kernel."""
+    if dropout is None:
+        return x
+    return torch.where(dropout.masks[site], x / (1 - dropout.rate), 0.0)  # (B, L, D)
+
+
 # -- Attention ---------------------------------------------------------------------------------
 
 
@@ -231,12 +244,17 @@ def softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1)
 
 
-def scaled_dot_product_attention(q, k, v, mask, fill: float):
+def scaled_dot_product_attention(q, k, v, mask, fill: float, *, empty_rows: float | None = None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
     None. Masked scores are replaced by `fill` before the softmax. Returns the output
     (B, H, Tq, K) and the weights (B, H, Tq, Tk).
+
+    `empty_rows` (keyword-only; the loss sets it to 0.0, docs/training.md) gives a query with no
+    key to attend to weights `empty_rows` instead of the -inf fill's NaN: the row is selected out
+    of the softmax (a double where, so that neither its value nor its gradient sees 0 / 0), and
+    a NaN there cannot reach a weight gradient as 0 * NaN. A finite fill is left as it is.
 
     The scores are formed, filled and normalised in at least float32, as fused kernels do:
     float16 cannot even hold a fill of -1e9 (its largest magnitude is 65504), and a bfloat16
@@ -247,6 +265,10 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float):
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
     if mask is not None:
         scores = torch.where(mask, scores, fill)
+    if empty_rows is not None and mask is not None and math.isinf(fill):
+        empty = ~mask.any(dim=-1, keepdim=True)  # (B, H, Tq, 1): queries without a key
+        weights = torch.where(empty, empty_rows, softmax(torch.where(empty, 0.0, scores))).to(v.dtype)
+        return weights @ v, weights  # (B, H, Tq, K)
     weights = softmax(scores).to(v.dtype)  # (B, H, Tq, Tk)
     return weights @ v, weights  # (B, H, Tq, K)
 
@@ -288,6 +310,7 @@ class MultiHeadAttention(nn.Module):
         self.o_proj = Linear(d, d, config.out_proj_bias, dtype)
         self.n_heads = config.n_heads
         self.fill = config.mask_fill
+        self.empty_rows = None  # 0.0 while the loss runs (see scaled_dot_product_attention)
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, mask_fill={self.fill:g}"
@@ -307,7 +330,7 @@ class MultiHeadAttention(nn.Module):
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
         if return_attention:
-            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
+            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, empty_rows=self.empty_rows)
         else:
             heads, weights = fast_attention(q, k, v, mask, self.fill), None
         batch, _, length, _ = heads.shape
@@ -364,16 +387,18 @@ class EncoderLayer(nn.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def forward(self, x: torch.Tensor, src_mask, name: str, out: ModelOutput | Encoded, *,
-                return_attention: bool = True) -> torch.Tensor:
+                return_attention: bool = True, dropout=None) -> torch.Tensor:
         # Self-attention: each source position attends to every unmasked source position.
         h = self.self_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask, return_attention=return_attention)
+        h = apply_dropout(h, dropout, f"{name}.self_attn")
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Position-wise feed-forward.
         h = self.ffn_norm(x) if self.pre_ln else x
         h = self.ffn(h)
+        h = apply_dropout(h, dropout, f"{name}.ffn")
         x = x + h if self.pre_ln else self.ffn_norm(x + h)
         out.intermediates[f"{name}.ffn"] = x
         return x
@@ -394,22 +419,25 @@ class DecoderLayer(nn.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def forward(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                return_attention: bool = True) -> torch.Tensor:
+                return_attention: bool = True, dropout=None) -> torch.Tensor:
         # Masked self-attention: position t attends to target positions <= t.
         h = self.self_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask, return_attention=return_attention)
+        h = apply_dropout(h, dropout, f"{name}.self_attn")
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
         h = self.cross_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask, return_attention=return_attention)
+        h = apply_dropout(h, dropout, f"{name}.cross_attn")
         x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
         out.intermediates[f"{name}.cross_attn"] = x
 
         # Position-wise feed-forward.
         h = self.ffn_norm(x) if self.pre_ln else x
         h = self.ffn(h)
+        h = apply_dropout(h, dropout, f"{name}.ffn")
         x = x + h if self.pre_ln else self.ffn_norm(x + h)
         out.intermediates[f"{name}.ffn"] = x
         return x
@@ -463,10 +491,11 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(config, dtype) for _ in range(config.n_encoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_encoder_norm else None
 
-    def forward(self, x: torch.Tensor, src_mask, out: Encoded, *, return_attention: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, src_mask, out: Encoded, *, return_attention: bool = True,
+                dropout=None) -> torch.Tensor:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self_mask, f"encoder.{i}", out, return_attention=return_attention)
+            x = layer(x, self_mask, f"encoder.{i}", out, return_attention=return_attention, dropout=dropout)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -484,9 +513,10 @@ class Decoder(nn.Module):
         self.norm = LayerNorm(config, dtype) if config.final_decoder_norm else None
 
     def forward(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *,
-                return_attention: bool = True) -> torch.Tensor:
+                return_attention: bool = True, dropout=None) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, return_attention=return_attention)
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, return_attention=return_attention,
+                      dropout=dropout)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
@@ -614,10 +644,11 @@ class Model(nn.Module):
             x = x * math.sqrt(self.config.d_model)
         return x + position(ids.shape[1])
 
-    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True) -> Encoded:
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
+        dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
         else:
@@ -625,19 +656,24 @@ class Model(nn.Module):
             derived = padding_mask(src_ids, self.config.pad_id)
             src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
         encoded = Encoded(memory=None, src_mask=src_mask)
+        if dropout is not None:  # the checked host masks, on the model's device
+            dropout = Dropout(dropout.rate, {site: torch.tensor(m, device=self.device) for site, m in dropout.masks.items()})
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
-        encoded.memory = self.encoder(x, src_mask, encoded, return_attention=return_attention)
+        x = apply_dropout(x, dropout, "encoder.embeddings")
+        encoded.memory = self.encoder(x, src_mask, encoded, return_attention=return_attention, dropout=dropout)
         if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
             encoded.attention = None
         return encoded
 
-    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
+               dropout=None) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_memory(self.config, encoded.memory.shape, dtype_name(encoded.memory.dtype), dtype_name(self.dtype))
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
         batch, tgt_len = tgt_ids.shape
+        dropout = host_dropout(self.config, dropout, "decoder", batch, tgt_len)
         derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
         if tgt_mask is None:
             tgt_mask = derived
@@ -647,10 +683,14 @@ class Model(nn.Module):
         cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
         out = ModelOutput(logits=None, attention=dict(encoded.attention or {}), intermediates=dict(encoded.intermediates))
 
+        if dropout is not None:  # the checked host masks, on the model's device
+            dropout = Dropout(dropout.rate, {site: torch.tensor(m, device=self.device) for site, m in dropout.masks.items()})
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
         y = self.embed(tgt_ids, embedding, self.decoder.position)
         out.intermediates["decoder.embeddings"] = y
-        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention=return_attention)
+        y = apply_dropout(y, dropout, "decoder.embeddings")
+        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention=return_attention,
+                              dropout=dropout)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias
@@ -660,13 +700,63 @@ class Model(nn.Module):
             out.attention = None
         return out
 
-    def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True,
+                dropout=None) -> ModelOutput:
         """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
         attention weights (`return_attention`) and the intermediates by name.
 
+        `dropout` (keyword-only, training): a `conformance.core.dropout.Dropout` (masks drawn by
+        `draw_dropout` from one NumPy seed); None, the default, is inference: no dropout.
+
         Without the attention weights, attention runs through PyTorch's fused kernel."""
-        encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
-        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout)
+
+    # Training ----------------------------------------------------------------------------------
+
+    def loss_and_grads(self, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0, dropout=None):
+        """The training loss of docs/training.md and its gradient for every parameter.
+
+        By autograd:
+
+            loss = 1/N · sum over the N counted tokens (labels != pad_id) of
+                   (1 - ε) · -log p(label) + ε · 1/V · sum_v -log p(v),   p = softmax(logits)
+
+        which is `F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=pad_id,
+        label_smoothing=ε)`. Returns the loss (a 0-d tensor, at least float32) and the gradients
+        as a dict keyed by the canonical parameter names (`state_dict()`'s), each of its
+        parameter's shape and dtype, on the model's device. The ids are checked as by `forward`;
+        labels (B, T) must be target ids with at least one that is not `pad_id`. `dropout`: as for
+        `forward` (masks from `conformance.core.dropout.draw_dropout`), None for none.
+        """
+        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_same_batch(src_ids.shape, tgt_ids.shape)
+        labels = host_labels(self.config, labels.cpu() if isinstance(labels, torch.Tensor) else labels,
+                             tuple(tgt_ids.shape))
+        epsilon = check_label_smoothing(label_smoothing)
+        counted = torch.tensor(labels != self.config.pad_id, device=self.device)  # (B, T)
+        targets = torch.tensor(labels, dtype=torch.long, device=self.device)[counted]  # (N,)
+        names, params = zip(*self.named_parameters())
+        # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
+        # loss runs: a NaN activation would reach every weight gradient as 0 * NaN.
+        attention = [m for m in self.modules() if isinstance(m, MultiHeadAttention)]
+        for module in attention:
+            module.empty_rows = 0.0
+        try:
+            with torch.enable_grad():
+                logits = self(src_ids, tgt_ids, dropout=dropout).logits  # (B, T, V)
+                # The counted positions are selected before the log-softmax, never multiplied by
+                # 0: a padded row is not read at all, so a NaN there reaches neither the loss nor
+                # the gradient.
+                selected = at_least_float32(logits[counted])  # (N, V)
+                loss = F.cross_entropy(selected, targets, label_smoothing=epsilon)
+                grads = torch.autograd.grad(loss, params, materialize_grads=True)
+        finally:
+            for module in attention:
+                module.empty_rows = None
+        grads = dict(zip(names, grads))
+        return loss.detach(), {name: grads[name] for name in param_shapes(self.config)}  # checkpoint order
 
     # Generation ------------------------------------------------------------------------------
     # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,

@@ -41,7 +41,8 @@ THIRD_PARTY = {
     "impl_torch": {"numpy", "torch", "ml_dtypes"},
     # orbax: the JAX ecosystem's checkpoint library, for impl_jax.save_state / load_state (its own
     # state format beside our interchange file), imported only when those are called.
-    "impl_jax": {"numpy", "jax", "flax", "ml_dtypes", "orbax"},
+    # optax: the paper's Adam in impl_jax/train.py (issue 13 asks for optax, not a re-derivation).
+    "impl_jax": {"numpy", "jax", "flax", "ml_dtypes", "orbax", "optax"},
 }
 STDLIB = set(sys.stdlib_module_names)
 

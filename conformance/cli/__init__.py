@@ -23,6 +23,7 @@ COMMANDS = {
     "layouts": "layouts",
     "inspect": "inspect",
     "run": "run",
+    "train-check": "train_check",
 }
 
 
