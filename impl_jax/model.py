@@ -39,17 +39,19 @@ from conformance.core.decoding import DecoderCache, search
 from conformance.core.errors import InputError
 from conformance.core.inputs import (
     check_generate,
+    check_label_smoothing,
+    check_labels_finite,
     check_memory,
     check_same_batch,
     expected_mask_shapes,
     host_ids,
+    host_labels,
     host_mask,
 )
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput
 from conformance.core.params import param_shapes
 from conformance.core.positions import sinusoid_table
-from conformance.core.training import check_label_smoothing, host_labels
 from impl_jax import compiled, host
 from impl_jax.precision import MATMUL_PRECISION, reduction_dtype
 
@@ -757,6 +759,7 @@ class Model(nnx.Module):
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_same_batch(src_ids.shape, tgt_ids.shape)
         labels = host_labels(self.config, labels, tgt_ids.shape).astype(np.int32)
+        check_labels_finite(self.config, src_ids, tgt_ids, labels)
         epsilon = np.asarray(check_label_smoothing(label_smoothing), reduction_dtype(self.dtype))
         batch, src_len = src_ids.shape
         encoder_drop = host_dropout(self.config, dropout, "encoder", batch, src_len)

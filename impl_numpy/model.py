@@ -29,6 +29,7 @@ from conformance.core.inputs import (
     check_same_batch,
     expected_mask_shapes,
     host_ids,
+    check_labels_finite,
     host_labels,
     host_mask,
 )
@@ -582,6 +583,7 @@ class Model:
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_same_batch(src_ids.shape, tgt_ids.shape)
         labels = host_labels(self.config, labels, tgt_ids.shape)
+        check_labels_finite(self.config, src_ids, tgt_ids, labels)
         check_label_smoothing(label_smoothing)
         batch, src_len = src_ids.shape
         encoder_drop = host_dropout(self.config, dropout, "encoder", batch, src_len)

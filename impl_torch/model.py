@@ -27,6 +27,8 @@ from conformance.core.config import ModelConfig
 from conformance.core.decoding import DecoderCache, search
 from conformance.core.inputs import (
     check_generate,
+    check_label_smoothing,
+    check_labels_finite,
     check_ids,
     check_mask,
     check_mask_within_ids,
@@ -34,13 +36,13 @@ from conformance.core.inputs import (
     check_same_batch,
     expected_mask_shapes,
     host_ids,
+    host_labels,
     host_mask,
 )
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput
 from conformance.core.params import param_shapes, prepare_params
 from conformance.core.positions import sinusoid_table
-from conformance.core.training import check_label_smoothing, host_labels
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -734,6 +736,7 @@ class Model(nn.Module):
         check_same_batch(src_ids.shape, tgt_ids.shape)
         labels = host_labels(self.config, labels.cpu() if isinstance(labels, torch.Tensor) else labels,
                              tuple(tgt_ids.shape))
+        check_labels_finite(self.config, src_ids.cpu().numpy(), tgt_ids.cpu().numpy(), labels)
         epsilon = check_label_smoothing(label_smoothing)
         counted = torch.tensor(labels != self.config.pad_id, device=self.device)  # (B, T)
         targets = torch.tensor(labels, dtype=torch.long, device=self.device)[counted]  # (N,)

@@ -166,13 +166,15 @@ def test_nan_rows_are_selected_out():
     assert_gradients_close(grads, kept, "dead batch element dropped")
 
 
-def test_a_counted_nan_row_gives_nan():
-    """A label that counts at a position the forward left NaN makes the loss NaN: not hidden."""
+def test_a_counted_nan_row_is_refused():
+    """A label that counts at a position the forward leaves NaN would make the loss NaN: refused,
+    naming where (tests/test_training_nan.py has the rule and the other backends)."""
     config = tiny("llmhub")
     src, tgt, labels = batch(config)
     labels[-1, 0] = 5  # the all-padding source row's element is NaN throughout
-    loss, _ = impl_numpy.Model(config).loss_and_grads(src, tgt, labels)
-    assert np.isnan(loss)
+    with pytest.raises(InputError, match="count where the logits are NaN") as raised:
+        impl_numpy.Model(config).loss_and_grads(src, tgt, labels)
+    assert raised.value.argument == "labels"
 
 
 def test_float32_gradients_keep_their_dtype():

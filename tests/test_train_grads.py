@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import impl_jax
+import impl_numpy
 import impl_torch
 from conformance import InputError, init_params, param_shapes
 from impl_jax import enable_x64
@@ -128,17 +129,18 @@ BAD = [
     ("labels", lambda labels: labels[:, :-1], "expected the shape of tgt_ids"),
     ("labels", lambda labels: labels.astype(np.float32), "integer dtype"),
     ("labels", lambda labels: np.where(labels > 0, 16, labels), "out of range"),
-    ("labels", lambda labels: np.where(labels >= 0, -1, labels), "out of range"),
+    ("labels", lambda labels: np.where(labels >= 0, -1, labels), "negative label"),
     ("labels", lambda labels: np.zeros_like(labels), "no label counts"),
 ]
 
 
 @pytest.mark.parametrize("argument,change,words", BAD, ids=[words for _, _, words in BAD])
-def test_bad_labels_get_the_same_error_from_both(argument, change, words):
+def test_bad_labels_get_the_same_error_from_every_backend(argument, change, words):
     config = tiny("default")
     params = init_params(config)
     labels = change(labels_for(config))
-    for model in (impl_torch.Model(config, params, "float32"), impl_jax.Model(config, params, "float32")):
+    for model in (impl_numpy.Model(config, params, "float32"), impl_torch.Model(config, params, "float32"),
+                  impl_jax.Model(config, params, "float32")):
         with pytest.raises(InputError, match=words) as error:
             model.loss_and_grads(SRC, TGT, labels)
         assert error.value.argument == argument

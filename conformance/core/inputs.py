@@ -178,13 +178,14 @@ def check_device(backend: str, device: str, kinds: Sequence[str], absent: str | 
 # -- Training arguments (the loss of docs/training.md) -------------------------------------------
 
 
-def check_label_smoothing(value: Any) -> None:
+def check_label_smoothing(value: Any) -> float:
     """Label smoothing ε must be a real number in [0, 1): ε = 1 would train towards the uniform
-    distribution alone, and a NaN or a bool is a mistake, never a setting."""
+    distribution alone, and a NaN or a bool is a mistake, never a setting. Returns ε as a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise InputError("label_smoothing", f"must be a float in [0, 1), got {value!r}")
     if not 0.0 <= float(value) < 1.0:  # NaN fails this comparison too
         raise InputError("label_smoothing", f"must lie in [0, 1), got {float(value)!r}")
+    return float(value)
 
 
 def check_labels(
@@ -230,3 +231,54 @@ def host_labels(config: ModelConfig, labels: Any, tgt_shape: Sequence[int]) -> n
     counted = lambda: int(np.count_nonzero(labels != config.pad_id))  # noqa: E731
     check_labels(config, labels.shape, labels.dtype.name, is_integer, bounds, tgt_shape, counted)
     return labels
+
+
+def nan_positions(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray) -> np.ndarray:
+    """Which logits (B, T) the forward pass gives as NaN, read from the ids alone (host arrays).
+
+    Only a `-inf` mask fill makes NaN (finite weights, no overflow): a query whose every key is
+    masked gets softmax(-inf, ..., -inf) = 0 / 0. From there NaN spreads by two rules. A residual,
+    LayerNorm and the feed-forward keep a position's NaN at that position. And attention computes
+    `weights @ V` over every key, masked ones included with weight 0, and 0 * NaN is NaN: one NaN
+    key or value makes every query of that attention NaN. So, per batch element: after an encoder
+    layer, a source position is NaN if its query had no key or any position already was; after a
+    decoder layer, likewise through its self-attention, then through cross-attention from any NaN
+    memory position (or a query with no source key). Equal to `np.isnan(logits).any(-1)` of the
+    NumPy oracle (tests/test_training_nan.py)."""
+    batch, tgt_len = tgt_ids.shape
+    if not np.isinf(config.mask_fill):
+        return np.zeros((batch, tgt_len), dtype=bool)
+    src_real = src_ids != config.pad_id  # (B, S)
+    tgt_real = tgt_ids != config.pad_id  # (B, T)
+    # Encoder self-attention: a query with no key (padding on the keys; on the queries too with "both").
+    enc_empty = ~src_real.any(-1, keepdims=True) | (~src_real if config.src_pad_mask == "both" else False)  # (B, S)
+    src_nan = np.zeros_like(src_real)
+    for _ in range(config.n_encoder_layers):
+        src_nan = src_nan | enc_empty | src_nan.any(-1, keepdims=True)
+    # Decoder self-attention: causal, with the target padding where tgt_pad_mask puts it.
+    allowed = np.tril(np.ones((tgt_len, tgt_len), dtype=bool))[None]  # (1, T, T): query, key
+    if config.tgt_pad_mask in ("keys", "both"):
+        allowed = allowed & tgt_real[:, None, :]
+    if config.tgt_pad_mask in ("queries", "both"):
+        allowed = allowed & tgt_real[:, :, None]
+    self_empty = ~allowed.any(-1)  # (B, T)
+    cross_empty = (~src_real.any(-1, keepdims=True) if config.cross_attn_src_mask
+                   else np.zeros((batch, 1), dtype=bool))  # (B, 1)
+    memory_nan = src_nan.any(-1, keepdims=True)  # (B, 1)
+    tgt_nan = np.zeros_like(tgt_real)
+    for _ in range(config.n_decoder_layers):
+        tgt_nan = tgt_nan | self_empty | tgt_nan.any(-1, keepdims=True)
+        tgt_nan = tgt_nan | cross_empty | memory_nan
+    return tgt_nan
+
+
+def check_labels_finite(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray, labels: np.ndarray) -> None:
+    """A label that counts must sit where the logits are finite (`nan_positions`): a loss over a
+    NaN logit is NaN, and autograd frameworks disagree on what such a gradient is. Refused in
+    every backend with the same `InputError`, before any work."""
+    bad = np.argwhere(nan_positions(config, src_ids, tgt_ids) & (labels != config.pad_id))
+    if bad.size:
+        b, t = (int(i) for i in bad[0])
+        raise InputError("labels", f"{len(bad)} label(s) count where the logits are NaN, first at (row {b}, "
+                                   f"position {t}): with mask_fill=-inf a query with no key to attend to is NaN, "
+                                   "and attention spreads it; give those labels pad_id, or use a finite mask_fill")

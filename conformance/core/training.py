@@ -1,8 +1,6 @@
-"""What every backend's training code shares, framework-free: the host checks of the loss's
-arguments and the paper's learning-rate schedule (docs/training.md).
-
-The label checks here are the small host checks of issue 13 part B; part A adds the shared
-label checks to `conformance.core.inputs`, and these then become thin calls of those.
+"""What every backend's training code shares, framework-free: the optimizer's host checks and
+the paper's learning-rate schedule (docs/training.md). The loss's arguments (labels, label
+smoothing) are checked in `conformance.core.inputs`, beside the ids.
 
 This module is framework-free (NumPy and the standard library).
 """
@@ -16,38 +14,6 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
-
-
-def host_labels(config: ModelConfig, labels: Any, tgt_shape: Sequence[int]) -> np.ndarray:
-    """The target labels (B, T), read on the host and checked: integers in [0, tgt_vocab_size),
-    the shape of `tgt_ids`, and at least one label that is not `pad_id` (the mean of the loss is
-    over the counted tokens: with none it would be 0 / 0)."""
-    try:
-        labels = np.asarray(labels)
-    except (ValueError, TypeError, OverflowError):
-        raise InputError("labels", "is not a rectangular array of token ids") from None
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise InputError("labels", f"labels must have an integer dtype, got {labels.dtype.name}")
-    if labels.shape != tuple(tgt_shape):
-        raise InputError("labels", f"expected the shape of tgt_ids (B, T) = {tuple(tgt_shape)}, got {labels.shape}")
-    low, high = int(labels.min()), int(labels.max())
-    if low < 0 or high >= config.tgt_vocab_size:
-        bad = low if low < 0 else high
-        raise InputError("labels", f"label {bad} out of range; labels must lie in [0, {config.tgt_vocab_size})")
-    if not (labels != config.pad_id).any():
-        raise InputError("labels", f"no label counts: every label is pad_id={config.pad_id}, so the mean "
-                                   "over counted tokens is undefined")
-    return labels
-
-
-def check_label_smoothing(label_smoothing: Any) -> float:
-    """ε of label smoothing: a real number in [0, 1] (PyTorch's `cross_entropy` range)."""
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float, np.floating, np.integer)):
-        raise InputError("label_smoothing", f"must be a float in [0, 1], got {label_smoothing!r}")
-    value = float(label_smoothing)
-    if not 0.0 <= value <= 1.0:
-        raise InputError("label_smoothing", f"must lie in [0, 1], got {value!r}")
-    return value
 
 
 # The paper's optimizer (section 5.3) ----------------------------------------------------------

@@ -12,9 +12,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from conformance.core.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, SRC_PAD_MASK_SIDES, ModelConfig
+from conformance.core.inputs import nan_positions
 from conformance.core.params import init_params
 from conformance.core.presets import FLOAT32_MIN, PRESETS, preset
 
@@ -207,7 +209,7 @@ def training_cases(draw, config_strategy: st.SearchStrategy[ModelConfig] | None 
     to pad_id), pad_id after it. Half the batches of two or more rows get a last source row of
     padding only: with a finite fill its attention rows are uniform (the gradient must not reach
     the masked scores); with a -inf fill its whole batch element is NaN, so its labels are all pad
-    (a fully padded label row). The first label always counts, so the loss is never 0 / 0."""
+    (a fully padded label row). The first position that may count always does, so the loss is never 0 / 0."""
     case = draw(cases(config_strategy))
     config = case.config
     pad = config.pad_id
@@ -219,11 +221,13 @@ def training_cases(draw, config_strategy: st.SearchStrategy[ModelConfig] | None 
     if batch >= 2 and draw(st.booleans()):
         src[-1] = pad
     labels = np.full(case.tgt_ids.shape, pad, dtype=np.int64)
-    for b in range(batch):
-        if math.isinf(config.mask_fill) and (src[b] == pad).all():
-            continue  # a NaN batch element: nothing of it may count
-        for t in range(labels.shape[1]):
-            if case.tgt_ids[b, t] != pad and ((b, t) == (0, 0) or draw(st.integers(0, 4)) > 0):
-                labels[b, t] = draw(real)
+    # Where a -inf fill makes the logits NaN nothing may count (core.inputs.nan_positions; the
+    # backends refuse such labels): the NaN batch elements and positions keep pad labels.
+    may_count = (case.tgt_ids != pad) & ~nan_positions(config, src, case.tgt_ids)
+    first = next(iter(map(tuple, np.argwhere(may_count))), None)
+    assume(first is not None)  # some label must count: the loss is a mean over them
+    for b, t in map(tuple, np.argwhere(may_count)):
+        if (b, t) == first or draw(st.integers(0, 4)) > 0:
+            labels[b, t] = draw(real)
     case = Case(config=config, seed=case.seed, scale=case.scale, src_ids=src, tgt_ids=case.tgt_ids)
     return TrainingCase(case=case, labels=labels, label_smoothing=draw(st.sampled_from(LABEL_SMOOTHINGS)))
