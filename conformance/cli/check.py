@@ -15,6 +15,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", help="comma-separated subset of numpy,torch,jax (default: every installed one; or $ROSETTA_BACKENDS)")
     parser.add_argument("--devices", help="comma-separated subset of cpu,cuda,gpu (default: every device present; or $ROSETTA_DEVICES)")
     parser.add_argument("--dtypes", default="float32,float64", help="comma-separated dtypes to run (default: float32,float64)")
+    parser.add_argument("--length", type=int, metavar="N",
+                        help="source and target length of the fixed batch (default: 7 and 6 tokens)")
+    parser.add_argument("--max-memory", metavar="SIZE",
+                        help="memory the check may use, e.g. 900M or 2G (default: the kernel's MemAvailable); "
+                             "when holding the oracle's tensors would exceed it, they are compared one at a time")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw each backend's error per tensor against the oracle")
 
@@ -23,8 +28,10 @@ def run(args: argparse.Namespace) -> int:
     from conformance.check import backends
     from conformance.core import checkpoint
     from conformance.check.defaults import default_model
-    from conformance.check.report import default_targets, run_check
+    from conformance.check.plan import estimate, parse_bytes, plan_check
+    from conformance.check.report import default_targets, fixed_batch, run_check
 
+    budget = parse_bytes(args.max_memory) if args.max_memory else None
     if args.checkpoint:
         config, params = checkpoint.load(args.checkpoint)
         source = args.checkpoint
@@ -37,7 +44,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # an unknown backend or device name
         print(f"rosetta check: error: {exc}", file=sys.stderr)
         return 2
-    report = run_check(config, params, source, targets, skipped)
+    src_ids, tgt_ids = fixed_batch(config, length=args.length)
+    dtypes = [t.dtype for t in targets]
+    needed = estimate(config, params, dtypes, len(src_ids), src_ids.shape[1], tgt_ids.shape[1])
+    plan = plan_check(needed, dtypes, budget)
+    print(plan.describe(), file=sys.stderr)  # stderr: the report itself is the same on either path
+    report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan)
     print(report.to_text())
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
