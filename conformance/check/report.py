@@ -17,7 +17,7 @@ import numpy as np
 
 from conformance.check import backends
 from conformance.check.compare import Comparison, compare
-from conformance.check.plan import OracleTensors, Plan, estimate, plan_check
+from conformance.check.plan import OracleTensors, Plan, estimate, plan_check, release_freed_memory
 from conformance.core.output import forward_order, tensors_of
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
@@ -239,8 +239,10 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray], source: str,
         wanted = set(report.tensors)
         _release_into(tensors_of(impl_numpy.Model(config, params, dtype="float64")(src_ids, tgt_ids)),
                       lambda name, value: oracle.put(name, value) if name in wanted else None)
+        release_freed_memory()
         for target in targets:
             _check_target(report, target, config, params, src_ids, tgt_ids, oracle)
+            release_freed_memory()
     return report
 
 
@@ -252,7 +254,10 @@ def _check_target(report: Report, target: backends.Target, config: ModelConfig, 
         started = time.perf_counter()
         with backends.full_precision(target.backend), backends.dtype_scope(target):
             report.precision[target.backend] = backends.precision_settings(target.backend)
-            got = tensors_of(backends.build(target, config, params)(src_ids, tgt_ids))  # the model goes here
+            model = backends.build(target, config, params)
+            with backends.forward_only(target.backend):
+                got = tensors_of(model(src_ids, tgt_ids))
+            del model  # before the comparisons: one model alive at a time
             for value in got.values():
                 if hasattr(value, "block_until_ready"):  # JAX dispatches asynchronously
                     value.block_until_ready()
