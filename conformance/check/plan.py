@@ -25,6 +25,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from conformance.check.compare import CHUNK
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 from conformance.core.output import forward_order
@@ -34,10 +35,9 @@ ALL_AT_ONCE = "all-at-once"
 ONE_AT_A_TIME = "one-at-a-time"
 ORACLE_DTYPE = "float64"
 
-# compare() holds about this many float64 arrays of a tensor's size at once (both operands in
-# float64, the absolute and relative errors, their temporaries); measured with tracemalloc on
-# the logits, the largest tensor.
-COMPARE_COPIES = 6
+# compare() works in chunks of `compare.CHUNK` elements and holds about this many float64 arrays
+# of a chunk at once (both operands, the absolute and relative errors, their temporaries).
+COMPARE_COPIES = 8
 
 
 def tensor_shapes(config: ModelConfig, batch: int, src_len: int, tgt_len: int) -> dict[str, tuple[int, ...]]:
@@ -69,12 +69,13 @@ class Estimate:
     source_params: int  # the parameters as the caller holds them, kept for the whole run
     model_params: dict[str, int]  # dtype -> one model's parameters in that dtype
     outputs: dict[str, int]  # dtype -> every tensor of one model call in that dtype
-    largest_tensor: int  # the largest tensor, in float64 (what compare() works in)
+    largest_tensor: int  # the largest tensor, in float64 (the oracle's, read back to compare)
 
     def step(self, dtype: str) -> int:
         """One model in `dtype`, built (a host cast and the backend's own copy of the
-        parameters), run (all its tensors), comparing its largest tensor."""
-        return 2 * self.model_params[dtype] + self.outputs[dtype] + COMPARE_COPIES * self.largest_tensor
+        parameters), run (all its tensors), comparing its largest tensor with the oracle's."""
+        working = self.largest_tensor + COMPARE_COPIES * CHUNK * 8
+        return 2 * self.model_params[dtype] + self.outputs[dtype] + working
 
     def peak(self, mode: str, dtypes: Iterable[str]) -> int:
         steps = max([self.step(ORACLE_DTYPE)] + [self.step(d) for d in dtypes])
