@@ -114,7 +114,9 @@ class Plan:
 
 
 def _size(nbytes: int) -> str:
-    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
+    if nbytes >= 1e9:
+        return f"{nbytes / 1e9:.2f} GB"
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e5 else f"{nbytes} bytes"
 
 
 def plan_check(estimated: Estimate, dtypes: Iterable[str], budget: int | None = None,
