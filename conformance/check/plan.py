@@ -135,6 +135,14 @@ def plan_check(estimated: Estimate, dtypes: Iterable[str], budget: int | None = 
     return Plan(mode=ALL_AT_ONCE if fits else ONE_AT_A_TIME, budget=budget, budget_source=budget_source, peaks=peaks)
 
 
+def plan_batch(config: ModelConfig, params: Mapping[str, np.ndarray], dtypes: Iterable[str],
+               src_ids: np.ndarray, tgt_ids: np.ndarray, budget: int | None = None) -> Plan:
+    """The plan for checking `config` at `dtypes` on this (B, S) x (B, T) batch (`plan_check`)."""
+    dtypes = list(dtypes)
+    needed = estimate(config, params, dtypes, src_ids.shape[0], src_ids.shape[1], tgt_ids.shape[1])
+    return plan_check(needed, dtypes, budget)
+
+
 def available_memory(meminfo: str | Path = "/proc/meminfo") -> int | None:
     """MemAvailable in bytes (the kernel's estimate of what can be allocated without swapping)."""
     try:

@@ -17,7 +17,7 @@ import numpy as np
 
 from conformance.check import backends
 from conformance.check.compare import Comparison, compare
-from conformance.check.plan import OracleTensors, Plan, estimate, plan_check, release_freed_memory
+from conformance.check.plan import OracleTensors, Plan, plan_batch, release_freed_memory
 from conformance.core.output import forward_order, tensors_of
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
@@ -221,7 +221,7 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray], source: str,
               plan: Plan | None = None) -> Report:
     """Run the oracle and every target on the same batch and compare every tensor.
 
-    `plan` says how the oracle's tensors are held (default: `plan_check` against MemAvailable);
+    `plan` says how the oracle's tensors are held (default: `plan_batch` against MemAvailable);
     the report is the same either way. One model is alive at a time, and each of a target's
     tensors is released as soon as it has been compared.
     """
@@ -230,8 +230,7 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray], source: str,
     if src_ids is None or tgt_ids is None:
         src_ids, tgt_ids = fixed_batch(config)
     if plan is None:
-        dtypes = [t.dtype for t in targets]
-        plan = plan_check(estimate(config, params, dtypes, len(src_ids), src_ids.shape[1], tgt_ids.shape[1]), dtypes)
+        plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids)
     report = Report(config=config, source=source, targets=targets, tensors=forward_order(config),
                     skipped=dict(skipped or {}))
     report.versions["numpy"] = backends.version("numpy")

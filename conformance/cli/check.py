@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from conformance.check import backends
     from conformance.core import checkpoint
     from conformance.check.defaults import default_model
-    from conformance.check.plan import estimate, parse_bytes, plan_check
+    from conformance.check.plan import parse_bytes, plan_batch
     from conformance.check.report import default_targets, fixed_batch, run_check
 
     budget = parse_bytes(args.max_memory) if args.max_memory else None
@@ -45,9 +45,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rosetta check: error: {exc}", file=sys.stderr)
         return 2
     src_ids, tgt_ids = fixed_batch(config, length=args.length)
-    dtypes = [t.dtype for t in targets]
-    needed = estimate(config, params, dtypes, len(src_ids), src_ids.shape[1], tgt_ids.shape[1])
-    plan = plan_check(needed, dtypes, budget)
+    plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget)
     print(plan.describe(), file=sys.stderr)  # stderr: the report itself is the same on either path
     report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan)
     print(report.to_text())
