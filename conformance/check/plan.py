@@ -11,7 +11,9 @@ float64). Two ways to hold them, with the same report:
 
 In both, a target's model is released before the next one is built and each of its tensors is
 released once compared. `plan_check` estimates the peak of both paths (`estimate`) and takes
-all-at-once when it fits the budget: `--max-memory`, else the kernel's MemAvailable.
+all-at-once when it fits the budget: `--max-memory`, else the kernel's MemAvailable. The estimate
+counts the check's own data (parameters, tensors, comparisons), not the interpreter and the
+frameworks, which are loaded before the plan is made (0.4 GB for NumPy, PyTorch, JAX and Flax).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--length", type=int, metavar="N",
                         help="source and target length of the fixed batch (default: 7 and 6 tokens)")
     parser.add_argument("--max-memory", metavar="SIZE",
-                        help="memory the check may use, e.g. 900M or 2G (default: the kernel's MemAvailable); "
+                        help="memory the check's parameters and tensors may use, on top of the loaded frameworks, "
+                             "e.g. 900M or 2G (default: the kernel's MemAvailable); "
                              "when holding the oracle's tensors would exceed it, they are compared one at a time")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw each backend's error per tensor against the oracle")
