@@ -185,7 +185,7 @@ def release_freed_memory() -> None:
     try:
         libc = ctypes.CDLL(None)
         trim = libc.malloc_trim
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: Windows has no CDLL(None)
         return
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
