@@ -9,7 +9,7 @@ label smoothing 0.1), backward, and the paper's Adam with its schedule. Base con
 
     impl_torch            impl_torch.train_step(model, impl_torch.Adam(...), ...)
     impl_jax              impl_jax.train_step(...): compiled; the compile is excluded and reported
-    impl_numpy float32    impl_numpy.train_step(...), once impl_numpy has loss_and_grads (issue 13a)
+    impl_numpy float32    impl_numpy.train_step(...): the hand-written backward pass and Adam
     nn.Transformer        PyTorch's own encoder-decoder with the same weights (benchmarks/bench_forward.py),
                           F.cross_entropy, torch.optim.Adam + LambdaLR: the baseline
 

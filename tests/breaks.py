@@ -85,12 +85,13 @@ PROPERTY_BREAKS = {
     # Like a model whose decode, given precomputed encoder outputs, drops their padding mask:
     # only the full forward passes the source mask through.
     "decode ignores the encoded source mask": ("test_encode_decode", [("numpy", [
-        ("def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True)",
-         "def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True, _src_mask=None)"),
+        ("def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,\n",
+         "def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True, _src_mask=None,\n"),
         ("cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None",
          "cross_mask = _src_mask if self.config.cross_attn_src_mask else None"),
-        ("return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)",
-         "return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, _src_mask=encoded.src_mask)"),
+        ("return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout)",
+         "return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout, "
+         "_src_mask=encoded.src_mask)"),
     ], {})]),
     # A mask passed in is read in nn.MultiheadAttention's convention (True = may NOT attend);
     # masks the model derives itself are read correctly.

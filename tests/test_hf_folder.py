@@ -157,3 +157,21 @@ def test_a_flax_marian_folder_reads_as_the_same_model(tmp_path, folder, model):
 def test_inspect_reads_a_folder(capsys, folder):
     assert main(["inspect", str(folder)]) == 0
     assert "keys match the built-in layout: hf-marian" in capsys.readouterr().out
+
+
+def test_rosetta_generate_decodes_a_folder_as_its_generation_config_says(tmp_path, capsys, folder, model):
+    """No decoding flag at all: the start, end and banned ids, the beam count, the length penalty,
+    the maximum length and forced EOS all come from the folder's generation_config.json, and the
+    ids are those of transformers' `generate` with the same defaults."""
+    out = tmp_path / "marian.safetensors"
+    assert main(["convert", str(folder), str(out)]) == 0
+    capsys.readouterr()
+    src = np.array([[5, 6, 7, 8, 9, 10]])
+    assert main(["generate", str(out), "--src", ",".join(map(str, src[0])), "--backend", "numpy"]) == 0
+    printed = [int(token) for token in capsys.readouterr().out.split()]
+    with torch.no_grad():
+        expected = model.generate(input_ids=torch.from_numpy(src), attention_mask=torch.ones_like(torch.from_numpy(src)))
+    assert model.generation_config.num_beams == 3 and model.generation_config.length_penalty == 0.7
+    row = expected[0, 1:].numpy()  # after the decoder start token
+    ended = np.flatnonzero(row == 0)  # eos_token_id = 0: the CLI prints each row up to its end
+    assert printed == row[: ended[0] if ended.size else len(row)].tolist()
