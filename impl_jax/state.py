@@ -18,28 +18,8 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.errors import CheckpointError, ConfigError
+from conformance.core.params import flatten_dotted, nest_dotted
 from impl_jax.model import Model
-
-
-def _nest(flat: dict) -> dict:
-    tree: dict = {}
-    for key, value in flat.items():
-        node = tree
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return tree
-
-
-def _flatten(tree, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def save_state(model: Model, path: str | os.PathLike) -> None:
@@ -49,7 +29,7 @@ def save_state(model: Model, path: str | os.PathLike) -> None:
     path = Path(path)
     if path.exists():
         raise CheckpointError(path, "already exists; save_state writes a new Orbax checkpoint directory")
-    params = _nest({name: np.asarray(value) for name, value in model.params.items()})
+    params = nest_dotted({name: np.asarray(value) for name, value in model.params.items()})
     checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
     checkpointer.save(path.resolve(), ocp.args.Composite(params=ocp.args.StandardSave(params),
                                                          config=ocp.args.JsonSave(model.config.to_dict())))
@@ -76,6 +56,6 @@ def load_state(path: str | os.PathLike, dtype=None, *, buckets=None) -> Model:
     if not isinstance(params, dict):
         raise CheckpointError(path, "its params item is not a tree of named arrays")
     try:
-        return Model(config, {k: np.asarray(v) for k, v in _flatten(params).items()}, dtype=dtype, buckets=buckets)
+        return Model(config, {k: np.asarray(v) for k, v in flatten_dotted(params).items()}, dtype=dtype, buckets=buckets)
     except (ValueError, KeyError) as exc:
         raise CheckpointError(path, f"its parameters do not fit its config: {exc}") from None

@@ -27,6 +27,7 @@ import numpy as np
 from conformance.core.config import (
     ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, SRC_PAD_MASK_SIDES, ModelConfig,
 )
+from conformance.core.params import nest_dotted
 from conformance.convert.errors import KeyMismatchError, LayoutError, TensorError, listing, overrides_note, setting
 from conformance.convert.keys import alias_keys, check_keys, detect_layout, plan_keys, structural_overrides
 from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, Layout, load_layout
@@ -370,13 +371,5 @@ def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: La
     return out
 
 
-def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """`{"a.b": x}` -> `{"a": {"b": x}}`: a Flax system's tree from its dotted keys."""
-    tree: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = tree
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return tree
+# A Flax system's tree from its dotted keys (written once, in the core, for impl_jax too).
+unflatten = nest_dotted
