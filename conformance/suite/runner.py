@@ -20,6 +20,9 @@ from conformance.check.compare import to_numpy
 from conformance.core.output import tensors_of
 from conformance.suite.strategies import Case
 
+# The float64 NumPy model every property compares with.
+ORACLE = Target("numpy", "cpu", "float64")
+
 # Wall time spent per target, so the session summary can show where the minutes went.
 TIMINGS: dict[str, float] = defaultdict(float)
 
@@ -64,7 +67,7 @@ def _oracle_cached(config_json, seed, scale, src_bytes, src_shape, tgt_bytes, tg
     case = Case(ModelConfig.from_json(config_json), seed, scale,
                 np.frombuffer(src_bytes, np.int64).reshape(src_shape),
                 np.frombuffer(tgt_bytes, np.int64).reshape(tgt_shape))
-    return run(Target("numpy", "cpu", "float64"), case)
+    return run(ORACLE, case)
 
 
 def masks(target: Target, case: Case) -> tuple[Any, Any]:
@@ -111,7 +114,7 @@ def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
 
     case, arguments = gcase.case, gcase.arguments()
     beams = arguments["num_beams"]
-    model = backends.build(Target("numpy", "cpu", "float64"), case.config, case.params())
+    model = backends.build(ORACLE, case.config, case.params())
     encoded = model.encode(case.src_ids, return_attention=False)
     rows = np.repeat(np.arange(len(case.src_ids)), beams)
     encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
@@ -146,10 +149,8 @@ def relu_kink_distance(case: Case) -> float:
 
     if case.config.activation != "relu":
         return float("inf")
-    model = backends.build(Target("numpy", "cpu", "float64"), case.config, case.params())
+    model = backends.build(ORACLE, case.config, case.params())
     model(case.src_ids, case.tgt_ids)
     hidden = [layer.ffn.hidden for layer in [*model.encoder.layers, *model.decoder.layers]]
     return min(float(np.nanmin(np.abs(h))) / tensor_scale(h) for h in hidden)
 
-
-ORACLE = Target("numpy", "cpu", "float64")
