@@ -3,6 +3,7 @@ file and against the safetensors library's own `load_file`, interleaved in one r
 
     python benchmarks/bench_checkpoint.py              # the base config at vocab 32000 (~373 MB float32)
     python benchmarks/bench_checkpoint.py --quick      # a ~40 MB file
+    python benchmarks/bench_checkpoint.py --file CKPT  # an existing checkpoint
 
 `load` does more than either: it validates the header before reading data, verifies the sha256
 digest of header and data, and checks every value is finite. The digest is computed while the
@@ -48,13 +49,15 @@ def plain_read(path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small (~40 MB) file")
+    parser.add_argument("--file", type=Path, help="measure this checkpoint instead of making one")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     from safetensors.numpy import load_file
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model.safetensors"
-        make_checkpoint(path, args.quick)
+        path = args.file or Path(tmp) / "model.safetensors"
+        if not args.file:
+            make_checkpoint(path, args.quick)
         size = os.path.getsize(path)
         contenders = {"plain read": plain_read, "safetensors load_file": load_file, "checkpoint.load": checkpoint.load}
         times: dict[str, list[float]] = {name: [] for name in contenders}

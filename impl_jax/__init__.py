@@ -3,6 +3,7 @@
     model = impl_jax.load("model.safetensors")            # or impl_jax.Model(config, params)
     out = model(src_ids, tgt_ids)                         # .logits, .attention, .intermediates
     impl_jax.save(model, "copy.safetensors")              # the canonical checkpoint, bit for bit
+    impl_jax.save_state(model, "ckpt/")                   # an Orbax directory; impl_jax.load_state("ckpt/")
 
     with impl_jax.enable_x64():                           # float64 only inside this scope
         out64 = impl_jax.load("model.safetensors", dtype="float64")(src_ids, tgt_ids)
@@ -37,6 +38,7 @@ from impl_jax.model import (
     target_mask,
 )
 from impl_jax.precision import enable_x64, full_precision, precision_settings, x64_enabled
+from impl_jax.state import load_state, save_state
 
 
 def load(path: str | os.PathLike, dtype=None, *, device=None, buckets=None) -> Model:
@@ -57,4 +59,13 @@ def save(model: Model, path: str | os.PathLike) -> None:
 # The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
-BACKEND_EXTRAS = ("bucket_length", "clear_cache", "compile_stats", "enable_x64", "reset_stats", "x64_enabled")
+BACKEND_EXTRAS = ("Adam", "bucket_length", "clear_cache", "compile_stats", "enable_x64", "load_state", "reset_stats", "save_state", "train_step", "x64_enabled")
+
+
+def __getattr__(name: str):
+    # The optimizer needs optax (the `jax` extra): imported on first use, not with the model.
+    if name in ("Adam", "train_step"):
+        from impl_jax import train
+
+        return getattr(train, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -125,6 +125,12 @@ class Padding:
             return ids
         return self._pad(ids, {1: self.padded[side] - self.length[side]}, self.pad_id)
 
+    def positions(self, x, side: str):
+        """(B, L, ...) -> (B, L_bucket, ...), False/0 at the added positions (cut off by `unpad`)."""
+        if x is None or not self.active:
+            return x
+        return self._pad(x, {1: self.padded[side] - self.length[side]}, np.zeros((), np.asarray(x).dtype))
+
     def mask(self, mask, *, queries: str | None = None, keys: str | None = None):
         """Pad a mask's query axis (2) and key axis (3) where they have the real length.
 

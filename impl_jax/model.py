@@ -35,15 +35,20 @@ import numpy as np
 from flax import nnx
 
 from conformance.core.config import ModelConfig
+from conformance.core.decoding import DecoderCache, search
 from conformance.core.errors import InputError
 from conformance.core.inputs import (
     check_generate,
+    check_label_smoothing,
+    check_labels_finite,
     check_memory,
     check_same_batch,
     expected_mask_shapes,
     host_ids,
+    host_labels,
     host_mask,
 )
+from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput
 from conformance.core.params import param_shapes
 from conformance.core.positions import sinusoid_table
@@ -54,7 +59,9 @@ SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 # The result types are pytrees, so that `Model.traceable_forward` can return them from jit, vmap and friends.
 for _result, _fields in ((ModelOutput, ["logits", "attention", "intermediates"]),
-                         (Encoded, ["memory", "src_mask", "attention", "intermediates"])):
+                         (Encoded, ["memory", "src_mask", "attention", "intermediates"]),
+                         (DecoderCache, ["keys", "values", "cross_keys", "cross_values", "tgt_ids", "cross_mask",
+                                         "length"])):
     try:
         jax.tree_util.register_dataclass(_result, data_fields=_fields, meta_fields=[])
     except ValueError:  # already registered (by another JAX user of conformance.core.output)
@@ -81,19 +88,45 @@ def target_mask(config: ModelConfig, tgt_ids: np.ndarray | jax.Array) -> np.ndar
     """(B, 1, T, T): target padding AND causal.
 
     Target padding is masked on the keys (B, 1, 1, T), or, in the tutorials that do so, on the
-    queries (B, 1, T, 1), or not at all (Marian: its start token is the pad id).
+    queries (B, 1, T, 1), or on both (B, 1, T, T), or not at all (Marian: its start token is the
+    pad id).
     """
     tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
     if config.tgt_pad_mask == "queries":
         tgt_pad = tgt_pad.transpose(0, 1, 3, 2)  # (B, 1, T, 1)
+    elif config.tgt_pad_mask == "both":
+        tgt_pad = tgt_pad & tgt_pad.transpose(0, 1, 3, 2)  # (B, 1, T, T)
     elif config.tgt_pad_mask == "none":
         tgt_pad = tgt_pad | True  # causal only: the decoder's start token may be the pad id
     return tgt_pad & causal_mask(tgt_ids.shape[1])  # (B, 1, T, T)
 
 
+def encoder_self_mask(config: ModelConfig, src_mask):
+    """The encoder self-attention's mask from the source mask (B, H|1, 1, S): the source mask
+    itself (padding on the keys), or with padding on the queries too (B, H|1, S, S), as Flax
+    `examples/wmt` masks it. Cross-attention always takes the source mask on the keys only."""
+    if config.src_pad_mask == "both" and src_mask is not None:
+        return src_mask & src_mask.swapaxes(-1, -2)  # (B, H|1, S, S)
+    return src_mask
+
+
 def make_masks(config: ModelConfig, src_ids, tgt_ids) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
     """The masks a model derives from its ids: src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)."""
     return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
+
+
+def step_mask(config: ModelConfig, tgt_ids: jax.Array, position) -> jax.Array:
+    """(B, 1, 1, T): row `position` of `target_mask`, what the newest position may attend to.
+
+    A cached decoding step has one query, at `position`; its keys are the positions so far.
+    `position` may be traced (one executable serves every step).
+    """
+    tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
+    if config.tgt_pad_mask == "queries":
+        tgt_pad = jax.lax.dynamic_slice_in_dim(tgt_pad, position, 1, axis=3)  # (B, 1, 1, 1): the query's own padding
+    elif config.tgt_pad_mask == "none":
+        tgt_pad = tgt_pad | True
+    return tgt_pad & (jnp.arange(tgt_ids.shape[1]) <= position)  # (B, 1, 1, T)
 
 
 # -- Positions ---------------------------------------------------------------------------------
@@ -119,6 +152,10 @@ class Positions(nnx.Module):
 
     def __call__(self, length: int) -> jax.Array:
         return self.table[...][None, :length, :]  # (1, L, D)
+
+    def at(self, position) -> jax.Array:
+        """The term of one position, for a cached decoding step."""
+        return jax.lax.dynamic_slice_in_dim(self.table[...], position, 1)[None, :, :]  # (1, 1, D)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
@@ -151,13 +188,15 @@ class Linear(nnx.Module):
 class LayerNorm(nnx.Module):
     """LayerNorm over the last axis, in the form the config names.
 
-    standard:  y = (x - mean) / sqrt(var + eps) * weight + bias        (biased variance)
-    std-eps:   y = (x - mean) / (std + eps) * weight + bias            (unbiased std; the
-               Annotated Transformer's own LayerNorm)
+    standard:       y = (x - mean) / sqrt(var + eps) * weight + bias   (biased variance)
+    std-eps:        y = (x - mean) / (std + eps) * weight + bias       (unbiased std; the
+                    Annotated Transformer's own LayerNorm)
+    fast-variance:  as standard, with var = max(E[x^2] - E[x]^2, 0)    (Flax nn.LayerNorm)
 
     Not `nnx.LayerNorm`: its epsilon defaults to 1e-6 (PyTorch's is 1e-5) and its fast variance
     E[x^2] - E[x]^2 cancels catastrophically when |mean| >> std. Here epsilon always comes from the
-    config and the variance is the mean of squared deviations, as in the oracle. Float16 and
+    config and the variance is the mean of squared deviations, as in the oracle, unless the config
+    names the fast form (to reproduce a Flax model, exactly as the oracle computes it). Float16 and
     bfloat16 inputs are normalised in float32 (PyTorch's kernels do the same).
     """
 
@@ -174,6 +213,9 @@ class LayerNorm(nnx.Module):
         centered = x - mean
         if self.form == "standard":
             var = (centered * centered).mean(axis=-1, keepdims=True)
+            normed = centered / jnp.sqrt(var + self.eps)
+        elif self.form == "fast-variance":
+            var = jnp.maximum((x * x).mean(axis=-1, keepdims=True) - mean * mean, 0)
             normed = centered / jnp.sqrt(var + self.eps)
         else:
             std = jnp.sqrt((centered * centered).sum(axis=-1, keepdims=True) / (x.shape[-1] - 1))
@@ -195,6 +237,17 @@ def activation(name: str, x: jax.Array) -> jax.Array:
     return x * (0.5 * (1 + jnp.tanh(0.5 * x)))
 
 
+def apply_dropout(x: jax.Array, dropout, site: str) -> jax.Array:
+    """Inverted dropout (section 5.4): x / (1 - rate) where the site's mask keeps, 0 where it drops.
+
+    `dropout` is None (off: x itself) or a `conformance.core.dropout.Dropout` whose masks, drawn
+    from one NumPy seed, every backend receives, so a training step with dropout is the same
+    computation everywhere. A select, not a product: a dropped NaN is 0 as in PyTorch's kernel."""
+    if dropout is None:
+        return x
+    return jnp.where(dropout.masks[site], x / (1 - dropout.rate), 0).astype(x.dtype)  # (B, L, D)
+
+
 # -- Attention ---------------------------------------------------------------------------------
 
 
@@ -214,7 +267,7 @@ def softmax(scores: jax.Array) -> jax.Array:
     return jnp.where(empty, jnp.nan, e / e.sum(axis=-1, keepdims=True))
 
 
-def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None):
+def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None, empty_rows=None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
@@ -225,6 +278,11 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None):
     keys that exist only because the length was padded up to a bucket: they get weight exactly 0
     (a -inf score, even in a fully masked row, whose uniform average stays over the real keys),
     and their values are zeroed so that a NaN there cannot leak into real rows as 0 * NaN.
+
+    `empty_rows` (keyword-only; the loss sets it to 0.0, docs/training.md) gives a query with no
+    key to attend to weights `empty_rows` instead of the -inf fill's NaN, so that a NaN activation
+    cannot reach a weight gradient as 0 * NaN. (`softmax` already keeps exp away from that row,
+    and the gradient of a `where` selects, so no NaN enters the backward pass.)
     """
     dtype = reduction_dtype(q.dtype)
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=MATMUL_PRECISION,
@@ -235,6 +293,9 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None):
         scores = jnp.where(real_keys, scores, -jnp.inf)
         v = jnp.where(real_keys[:, None], v, 0)
     weights = softmax(scores).astype(q.dtype)  # (B, H, Tq, Tk)
+    if empty_rows is not None:
+        empty = scores.max(axis=-1, keepdims=True) == -jnp.inf  # (B, H, Tq, 1): queries without a key
+        weights = jnp.where(empty, jnp.asarray(empty_rows, weights.dtype), weights)
     return jnp.einsum("bhqk,bhkd->bhqd", weights, v, precision=MATMUL_PRECISION), weights  # (B, H, Tq, K)
 
 
@@ -249,6 +310,7 @@ class MultiHeadAttention(nnx.Module):
         self.o_proj = Linear(params, f"{prefix}.o_proj")
         self.n_heads = config.n_heads
         self.fill = config.mask_fill
+        self.empty_rows = None  # 0.0 while the loss runs (see scaled_dot_product_attention)
 
     def split_heads(self, x: jax.Array) -> jax.Array:
         batch, length, d_model = x.shape
@@ -260,6 +322,19 @@ class MultiHeadAttention(nnx.Module):
         q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys=real_keys,
+                                                      empty_rows=self.empty_rows)
+        batch, _, length, _ = heads.shape
+        concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
+        return self.o_proj(concat), weights
+
+    def keys_values(self, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The projected keys and values of `memory` (B, Tk, D), each (B, H, Tk, K), for the cache."""
+        return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
+
+    def attend(self, x: jax.Array, k: jax.Array, v: jax.Array, mask, *, real_keys=None):
+        """Attention of queries x (B, Tq, D) to keys and values already projected (the cache)."""
+        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys=real_keys)
         batch, _, length, _ = heads.shape
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
@@ -296,16 +371,19 @@ class EncoderLayer(nnx.Module):
         self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
         self.pre_ln = config.norm_placement == "pre"
 
-    def __call__(self, x: jax.Array, src_mask, name: str, out: ModelOutput | Encoded, *, src_real=None) -> jax.Array:
+    def __call__(self, x: jax.Array, src_mask, name: str, out: ModelOutput | Encoded, *, src_real=None,
+                 dropout=None) -> jax.Array:
         # Self-attention: each source position attends to every unmasked source position.
         h = self.self_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask, real_keys=src_real)
+        h = apply_dropout(h, dropout, f"{name}.self_attn")
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Position-wise feed-forward.
         h = self.ffn_norm(x) if self.pre_ln else x
         h = self.ffn(h)
+        h = apply_dropout(h, dropout, f"{name}.ffn")
         x = x + h if self.pre_ln else self.ffn_norm(x + h)
         out.intermediates[f"{name}.ffn"] = x
         return x
@@ -325,25 +403,55 @@ class DecoderLayer(nnx.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                 tgt_real=None, src_real=None) -> jax.Array:
+                 tgt_real=None, src_real=None, dropout=None) -> jax.Array:
         # Masked self-attention: position t attends to target positions <= t.
         h = self.self_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask, real_keys=tgt_real)
+        h = apply_dropout(h, dropout, f"{name}.self_attn")
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
         h = self.cross_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask, real_keys=src_real)
+        h = apply_dropout(h, dropout, f"{name}.cross_attn")
         x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
         out.intermediates[f"{name}.cross_attn"] = x
 
         # Position-wise feed-forward.
         h = self.ffn_norm(x) if self.pre_ln else x
         h = self.ffn(h)
+        h = apply_dropout(h, dropout, f"{name}.ffn")
         x = x + h if self.pre_ln else self.ffn_norm(x + h)
         out.intermediates[f"{name}.ffn"] = x
         return x
+
+    def step(self, x: jax.Array, cache: DecoderCache, i: int, self_mask, cross_mask) -> jax.Array:
+        """The same layer for one new position x (B, 1, D) against layer i's cache: its key and
+        value are written at position `cache.length`, the memory's were projected once.
+
+        The buffers keep their full length L (static shapes: one executable for every step); the
+        positions after `cache.length` are not keys yet and get weight exactly 0 (`real_keys`).
+        """
+        t = cache.length
+        real = jnp.arange(cache.keys[i].shape[2]) <= t  # (L,)
+        # Masked self-attention: the new position attends to the positions so far and itself.
+        h = self.self_attn_norm(x) if self.pre_ln else x
+        k, v = self.self_attn.keys_values(h)  # (B, H, 1, K)
+        cache.keys[i] = jax.lax.dynamic_update_slice_in_dim(cache.keys[i], k, t, axis=2)
+        cache.values[i] = jax.lax.dynamic_update_slice_in_dim(cache.values[i], v, t, axis=2)
+        h, _ = self.self_attn.attend(h, cache.keys[i], cache.values[i], self_mask, real_keys=real)
+        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+
+        # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
+        h = self.cross_attn_norm(x) if self.pre_ln else x
+        h, _ = self.cross_attn.attend(h, cache.cross_keys[i], cache.cross_values[i], cross_mask)
+        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
+
+        # Position-wise feed-forward.
+        h = self.ffn_norm(x) if self.pre_ln else x
+        h = self.ffn(h)
+        return x + h if self.pre_ln else self.ffn_norm(x + h)
 
 
 # -- Encoder and decoder -----------------------------------------------------------------------
@@ -362,15 +470,17 @@ class Embedding(nnx.Module):
 
 class Encoder(nnx.Module):
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], dtype):
+        self.config = config
         self.embedding = Embedding(params, "encoder.embedding")
         self.position = Positions(config, params, "encoder.position", dtype)
         self.layers = nnx.List(
             [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)])
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
 
-    def __call__(self, x: jax.Array, src_mask, out: Encoded, *, src_real=None) -> jax.Array:
+    def __call__(self, x: jax.Array, src_mask, out: Encoded, *, src_real=None, dropout=None) -> jax.Array:
+        self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
         for i, layer in enumerate(self.layers):
-            x = layer(x, src_mask, f"encoder.{i}", out, src_real=src_real)
+            x = layer(x, self_mask, f"encoder.{i}", out, src_real=src_real, dropout=dropout)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -386,26 +496,40 @@ class Decoder(nnx.Module):
             [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)])
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, tgt_real=None, src_real=None) -> jax.Array:
+    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, tgt_real=None, src_real=None,
+                 dropout=None) -> jax.Array:
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, tgt_real=tgt_real, src_real=src_real)
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, tgt_real=tgt_real, src_real=src_real,
+                      dropout=dropout)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
         return x
 
+    def step(self, x: jax.Array, cache: DecoderCache, self_mask, cross_mask) -> jax.Array:
+        """One new position x (B, 1, D) through every layer, against the cache."""
+        for i, layer in enumerate(self.layers):
+            x = layer.step(x, cache, i, self_mask, cross_mask)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x
+
 
 class Output(nnx.Module):
     """logits = y W_out + b_out. W_out is `output.weight` (D, V), or the target embedding
-    transposed when the output is tied to it (section 3.4)."""
+    transposed when the output is tied to it (section 3.4). With `scale_logits`,
+    logits = y W_out / sqrt(D) + b_out (Flax examples/wmt's `logits_via_embedding`)."""
 
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array]):
         self.weight = None if config.tie_output else nnx.Param(params["output.weight"])
         self.bias = optional_param(params, "output.bias")
+        self.scale_logits = config.scale_logits
 
     def __call__(self, y: jax.Array, tied_embedding: Embedding) -> jax.Array:
         weight = tied_embedding.weight[...].T if self.weight is None else self.weight[...]  # (D, V)
         logits = jnp.matmul(y, weight, precision=MATMUL_PRECISION)  # (B, T, V)
+        if self.scale_logits:
+            logits = logits / math.sqrt(y.shape[-1])
         if self.bias is not None:
             logits = logits + self.bias[...]
         return logits
@@ -484,10 +608,11 @@ class Model(nnx.Module):
             x = x * math.sqrt(self.config.d_model)
         return x + position(ids.shape[1])
 
-    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True) -> Encoded:
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
+        dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
         else:
@@ -497,29 +622,40 @@ class Model(nnx.Module):
         host.check_runnable(self.dtype)
         padding = host.Padding(self.config, self.buckets, src_len=src_len)
         args = (padding.ids(src_ids, "src"), padding.mask(src_mask, keys="src"), padding.real("src"))
+        static = {}
+        if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
+            args += ({site: padding.positions(m, "src") for site, m in dropout.masks.items()},)
+            static["dropout_rate"] = dropout.rate
         memory, attention, intermediates = compiled.call(
-            self, Model._encode, args, self.device, return_attention=return_attention)
+            self, Model._encode, args, self.device, return_attention=return_attention, **static)
         encoded = Encoded(memory=None, src_mask=jax.device_put(src_mask, self.device))
         encoded.memory, encoded.attention, encoded.intermediates = padding.unpad(
             self.device, memory=memory, attention=attention, intermediates=intermediates)
+        if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
+            encoded.attention = None
         return encoded
 
-    def _encode(self, src_ids, src_mask, src_real, *, return_attention: bool):
+    def _encode(self, src_ids, src_mask, src_real, dropout_masks=None, *, return_attention: bool,
+                dropout_rate: float | None = None):
         """The compiled part of `encode`: ids (B, S) and mask checked, S possibly bucket-padded."""
         encoded = Encoded(memory=None, src_mask=src_mask)
+        dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
-        encoded.memory = self.encoder(x, src_mask, encoded, src_real=src_real)
+        x = apply_dropout(x, dropout, "encoder.embeddings")
+        encoded.memory = self.encoder(x, src_mask, encoded, src_real=src_real, dropout=dropout)
         if not return_attention:
             encoded.attention.clear()  # never leaves the executable, so XLA does not store it
         return encoded.memory, encoded.attention, encoded.intermediates
 
-    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
+               dropout=None) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_memory(self.config, encoded.memory.shape, np.dtype(encoded.memory.dtype).name, self.dtype.name)
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
         batch, tgt_len = tgt_ids.shape
+        dropout = host_dropout(self.config, dropout, "decoder", batch, tgt_len)
         derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
         if tgt_mask is None:
             tgt_mask = derived
@@ -532,25 +668,32 @@ class Model(nnx.Module):
         args = (padding.ids(tgt_ids, "tgt"), padding.mask(tgt_mask, queries="tgt", keys="tgt"),
                 padding.memory(encoded.memory), padding.mask(cross_mask, keys="src"),
                 padding.real("tgt"), padding.real("src"))
+        static = {}
+        if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
+            args += ({site: padding.positions(m, "tgt") for site, m in dropout.masks.items()},)
+            static["dropout_rate"] = dropout.rate
         logits, attention, intermediates = compiled.call(
-            self, Model._decode, args, self.device, return_attention=return_attention)
+            self, Model._decode, args, self.device, return_attention=return_attention, **static)
         logits, attention, intermediates = padding.unpad(
             self.device, logits=logits, attention=attention, intermediates=intermediates)
-        out = ModelOutput(logits=logits, attention=dict(encoded.attention), intermediates=dict(encoded.intermediates))
+        out = ModelOutput(logits=logits, attention=dict(encoded.attention or {}), intermediates=dict(encoded.intermediates))
         out.attention.update(attention)
         out.intermediates.update(intermediates)
         if not return_attention:
-            out.attention.clear()
+            out.attention = None
         return out
 
-    def _decode(self, tgt_ids, tgt_mask, memory, cross_mask, tgt_real, src_real, *, return_attention: bool):
+    def _decode(self, tgt_ids, tgt_mask, memory, cross_mask, tgt_real, src_real, dropout_masks=None, *,
+                return_attention: bool, dropout_rate: float | None = None):
         """The compiled part of `decode`: ids (B, T) and masks checked, T and S possibly bucket-padded."""
         out = ModelOutput(logits=None)
 
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
+        dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
         y = self.embed(tgt_ids, embedding, self.decoder.position)
         out.intermediates["decoder.embeddings"] = y
-        y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real=tgt_real, src_real=src_real)
+        y = apply_dropout(y, dropout, "decoder.embeddings")
+        y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real=tgt_real, src_real=src_real, dropout=dropout)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias[...]
@@ -561,53 +704,215 @@ class Model(nnx.Module):
         return out.logits, out.attention, out.intermediates
 
     def traceable_forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *,
-                          return_attention: bool = True) -> ModelOutput:
+                          return_attention: bool = True, dropout=None) -> ModelOutput:
         """The same forward pass as a call, traceable and unchecked: for use inside `jax.jit`,
         `vmap` or `shard_map` (a call checks its inputs on the host, which a tracer cannot do).
 
         Nothing is validated: out-of-range ids are clamped by JAX, not refused, so check them
         before (a call of the model on the same shapes does, and raises the NumPy backend's errors).
         Returned through jit, the attention and intermediates dicts come back with their keys
-        sorted (JAX's order for dicts), so look tensors up by name.
+        sorted (JAX's order for dicts), so look tensors up by name. `dropout`: a `Dropout` whose
+        masks may be traced (unchecked too), or None.
         """
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
         if tgt_mask is None:
             tgt_mask = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
         cross_mask = src_mask if self.config.cross_attn_src_mask else None
-        memory, attention, intermediates = self._encode(src_ids, src_mask, None, return_attention=return_attention)
+        masks, rate = (None, None) if dropout is None else (dropout.masks, dropout.rate)
+        memory, attention, intermediates = self._encode(src_ids, src_mask, None, masks,
+                                                        return_attention=return_attention, dropout_rate=rate)
         logits, dec_attention, dec_intermediates = self._decode(
-            tgt_ids, tgt_mask, memory, cross_mask, None, None, return_attention=return_attention)
-        return ModelOutput(logits=logits, attention={**attention, **dec_attention},
+            tgt_ids, tgt_mask, memory, cross_mask, None, None, masks,
+            return_attention=return_attention, dropout_rate=rate)
+        return ModelOutput(logits=logits, attention={**attention, **dec_attention} if return_attention else None,
                            intermediates={**intermediates, **dec_intermediates})
 
-    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True,
+                 dropout=None) -> ModelOutput:
         """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
-        attention weights (`return_attention`) and the intermediates by name."""
-        encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
-        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
+        attention weights (`return_attention`) and the intermediates by name.
 
-    # Generation --------------------------------------------------------------------------------
+        `dropout` (keyword-only, training): a `conformance.core.dropout.Dropout` (masks drawn by
+        `draw_dropout` from one NumPy seed); None, the default, is inference: no dropout."""
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout)
 
-    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int) -> np.ndarray:
-        """Greedy decoding: encode once, then append the most likely next token, step by step.
+    # Training ----------------------------------------------------------------------------------
 
-        A plain loop that runs the decoder over the whole prefix at every step (no KV cache).
-        Returns the tokens after `bos_id`, shape (B, n) with n <= max_len; a row that has
-        produced `eos_id` continues with `pad_id`. Stops once every row has produced `eos_id`.
+    def loss_and_grads(self, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0, dropout=None):
+        """The training loss of docs/training.md and its gradient for every parameter.
+
+        By `nnx.value_and_grad`, jit-compiled:
+
+            loss = 1/N · sum over the N counted tokens (labels != pad_id) of
+                   (1 - ε) · -log p(label) + ε · 1/V · sum_v -log p(v),   p = softmax(logits)
+
+        which is PyTorch's `cross_entropy(..., ignore_index=pad_id, label_smoothing=ε)`. Returns
+        the loss (a 0-d array, at least float32) and the gradients as a dict keyed by the
+        canonical parameter names, each of its parameter's shape and dtype, on the model's
+        device. Ids and labels are checked on the host first, then one compiled executable per
+        (config, dtype, shapes) runs (`impl_jax.compiled`, bounded like the forward); ε is an
+        argument of it, not a constant, so a new ε does not recompile. `dropout`: as for a call.
         """
-        # Each new prefix length is a new shape: with `buckets` set, at most len(buckets) + 1
+        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_same_batch(src_ids.shape, tgt_ids.shape)
+        labels = host_labels(self.config, labels, tgt_ids.shape).astype(np.int32)
+        check_labels_finite(self.config, src_ids, tgt_ids, labels)
+        epsilon = np.asarray(check_label_smoothing(label_smoothing), reduction_dtype(self.dtype))
+        batch, src_len = src_ids.shape
+        encoder_drop = host_dropout(self.config, dropout, "encoder", batch, src_len)
+        decoder_drop = host_dropout(self.config, dropout, "decoder", batch, tgt_ids.shape[1])
+        host.check_runnable(self.dtype)
+        src_mask, tgt_mask = make_masks(self.config, src_ids, tgt_ids)
+        args, static = (src_ids, tgt_ids, src_mask, tgt_mask, labels, epsilon), {}
+        if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
+            args += ({**encoder_drop.masks, **decoder_drop.masks},)
+            static["dropout_rate"] = encoder_drop.rate
+        # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
+        # loss runs: a NaN activation would reach every weight gradient as 0 * NaN. The flag is
+        # static, so the loss compiles apart from the forward.
+        attention = [m for _, m in nnx.iter_modules(self) if isinstance(m, MultiHeadAttention)]
+        for module in attention:
+            module.empty_rows = 0.0
+        try:
+            loss, grads = compiled.call(self, Model._loss_and_grads, args, self.device, **static)
+        finally:
+            for module in attention:
+                module.empty_rows = None
+        return loss, grads
+
+    def _loss_and_grads(self, src_ids, tgt_ids, src_mask, tgt_mask, labels, epsilon, dropout_masks=None, *,
+                        dropout_rate: float | None = None):
+        """The compiled part of `loss_and_grads`: ids, masks and labels checked on the host."""
+        counted = labels != self.config.pad_id  # (B, T)
+
+        def loss_fn(model):
+            dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
+            logits = model.traceable_forward(src_ids, tgt_ids, src_mask, tgt_mask, return_attention=False,
+                                             dropout=dropout).logits
+            # The counted positions are selected before the log-softmax (the first where), and the
+            # gradient of a where selects: a padded row is never multiplied by 0, so a NaN there
+            # reaches neither the loss nor the gradient (JAX's where-gradient NaN trap).
+            logits = jnp.where(counted[..., None], at_least_float32(logits), 0)  # (B, T, V)
+            logp = jax.nn.log_softmax(logits, axis=-1)  # (B, T, V)
+            nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]  # (B, T)
+            smooth = -logp.mean(axis=-1)  # (B, T)
+            per_token = (1 - epsilon) * nll + epsilon * smooth  # (B, T)
+            return jnp.where(counted, per_token, 0).sum() / counted.sum()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(self)
+        flat = {".".join(str(part) for part in path): variable[...] for path, variable in nnx.to_flat_state(grads)}
+        return loss, {name: flat[name] for name in param_shapes(self.config)}
+
+    # Generation ------------------------------------------------------------------------------
+    # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,
+    # and the memory's keys and values are projected once per source, so that a step costs O(T).
+    # The cache is a fixed-size buffer and the position a traced scalar: `_start_cache`,
+    # `_decode_step` and `_reorder_cache` compile once per (rows, source length, buffer length),
+    # whatever the number of steps (`generate` always asks for config.max_len positions).
+
+    def start_cache(self, encoded: Encoded, length: int) -> DecoderCache:
+        """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
+        host.check_runnable(self.dtype)
+        cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
+        (cache,) = compiled.call(self, Model._start_cache, (encoded.memory, cross_mask), self.device, length=length)
+        return cache
+
+    def _start_cache(self, memory, cross_mask, *, length: int):
+        """The compiled part of `start_cache`."""
+        config = self.config
+        batch = memory.shape[0]
+        shape = (batch, config.n_heads, length, config.d_model // config.n_heads)  # (B, H, L, K)
+        cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
+                             tgt_ids=jnp.full((batch, length), config.pad_id, dtype=jnp.int32),
+                             cross_mask=cross_mask, length=jnp.zeros((), dtype=jnp.int32))
+        for layer in self.decoder.layers:
+            cache.keys.append(jnp.zeros(shape, dtype=self.dtype))
+            cache.values.append(jnp.zeros(shape, dtype=self.dtype))
+            k, v = layer.cross_attn.keys_values(memory)  # (B, H, S, K)
+            cache.cross_keys.append(k)
+            cache.cross_values.append(v)
+        return (cache,)
+
+    def decode_step(self, tgt_ids, cache: DecoderCache) -> jax.Array:
+        """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
+        `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
+        tgt_ids = self._ids("tgt_ids", np.asarray(tgt_ids).reshape(-1, 1), self.config.tgt_vocab_size)
+        if int(cache.length) >= cache.tgt_ids.shape[1]:
+            raise InputError("cache", f"is full: it holds {cache.tgt_ids.shape[1]} positions")
+        host.check_runnable(self.dtype)
+        logits, advanced = compiled.call(self, Model._decode_step, (tgt_ids[:, 0], cache), self.device)
+        cache.__dict__.update(advanced.__dict__)  # in place, as in the other backends
+        return logits
+
+    def _decode_step(self, tgt_ids, cache: DecoderCache):
+        """The compiled part of `decode_step`: ids (B,) checked, position traced."""
+        t = cache.length
+        cache = DecoderCache(keys=list(cache.keys), values=list(cache.values), cross_keys=cache.cross_keys,
+                             cross_values=cache.cross_values, cross_mask=cache.cross_mask, length=t,
+                             tgt_ids=jax.lax.dynamic_update_slice_in_dim(cache.tgt_ids, tgt_ids[:, None], t, axis=1))
+        self_mask = step_mask(self.config, cache.tgt_ids, t)  # (B, 1, 1, L)
+        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
+        y = embedding(tgt_ids[:, None])  # (B, 1, D)
+        if self.config.scale_embedding:
+            y = y * math.sqrt(self.config.d_model)
+        y = y + self.decoder.position.at(t)
+        y = self.decoder.step(y, cache, self_mask, cache.cross_mask)
+        logits = self.output(y, embedding)[:, 0]  # (B, V)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias[...]
+        cache.length = t + 1
+        return logits, cache
+
+    def reorder_cache(self, cache: DecoderCache, rows) -> DecoderCache:
+        """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
+        (cache,) = compiled.call(self, Model._reorder_cache, (cache, np.asarray(rows, dtype=np.int32)), self.device)
+        return cache
+
+    def _reorder_cache(self, cache: DecoderCache, rows):
+        """The compiled part of `reorder_cache`."""
+        return (DecoderCache(keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values],
+                             cross_keys=cache.cross_keys, cross_values=cache.cross_values,
+                             tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length),)
+
+    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
+                 length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
+                 length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
+                 return_scores: bool = False):
+        """Greedy (num_beams=1) or beam search decoding: the best sequence per row after `bos_id`.
+
+        Returns (B, n) ids with n <= max_len, `pad_id` after a row's `eos_id` (and its scores (B,)
+        with `return_scores`). The choices are made by `conformance.core.decoding.search` from this
+        model's step logits, with Hugging Face's semantics (docs/decoding.md). `use_cache=False`
+        runs the decoder over the whole prefix at every step: the plain loop, O(T^2).
+        """
+        # With the cache, one executable per (rows, source length) serves every step. Without it,
+        # each new prefix length is a new shape: with `buckets` set, at most len(buckets) + 1
         # compiles serve every step; without, one per length.
-        check_generate(self.config, max_len, bos_id, eos_id)
+        banned = check_generate(self.config, max_len, bos_id, eos_id, num_beams=num_beams,
+                                length_penalty=length_penalty, early_stopping=early_stopping,
+                                use_cache=use_cache, length_penalty_form=length_penalty_form,
+                                forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
         encoded = self.encode(src_ids, return_attention=False)
         batch = encoded.memory.shape[0]
-        tokens = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
-        done = np.zeros(batch, dtype=bool)
-        for _ in range(max_len):
-            logits = self.decode(tokens, encoded, return_attention=False).logits  # (B, t, V)
-            next_id = np.where(done, self.config.pad_id, np.asarray(logits[:, -1]).argmax(-1))  # (B,)
-            tokens = np.concatenate([tokens, next_id[:, None]], axis=1)  # (B, t + 1)
-            done |= next_id == eos_id
-            if done.all():
-                break
-        return tokens[:, 1:]
+        rows = np.repeat(np.arange(batch), num_beams)  # (N,): each source once per beam
+        encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
+        state = {"cache": self.start_cache(encoded, self.config.max_len) if use_cache else None}
+
+        def step(tokens: np.ndarray, parents) -> jax.Array:
+            if not use_cache:
+                return self.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
+            if parents is not None:
+                state["cache"] = self.reorder_cache(state["cache"], parents)
+            return self.decode_step(tokens[:, -1], state["cache"])  # (N, V)
+
+        ids, scores = search(step, batch, max_len, bos_id, eos_id, self.config.pad_id, num_beams=num_beams,
+                             length_penalty=length_penalty, early_stopping=early_stopping,
+                             length_penalty_form=length_penalty_form, forced_eos=forced_eos, banned_ids=banned,
+                             as_numpy=np.asarray)
+        ids = jax.device_put(ids.astype(np.int32), self.device)  # int64 would need x64
+        if not return_scores:
+            return ids
+        return ids, jax.device_put(scores if jax.config.jax_enable_x64 else scores.astype(np.float32), self.device)

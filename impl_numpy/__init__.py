@@ -34,8 +34,9 @@ def save(model: Model, path: str | os.PathLike) -> None:
     """Write the model's config and parameters as a canonical checkpoint."""
     checkpoint.save(path, model.config, model.params)
 
+from impl_numpy.train import Adam, train_step  # the paper's optimizer (docs/training.md)
 
 # The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
-BACKEND_EXTRAS = ()
+BACKEND_EXTRAS = ("Adam", "train_step")

@@ -20,18 +20,24 @@ from typing import Mapping
 import numpy as np
 
 from conformance.core.config import ModelConfig
+from conformance.core.decoding import DecoderCache, search
 from conformance.core.inputs import (
     check_device,
     check_generate,
+    check_label_smoothing,
     check_memory,
     check_same_batch,
     expected_mask_shapes,
     host_ids,
+    check_labels_finite,
+    host_labels,
     host_mask,
 )
+from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput
 from conformance.core.params import prepare_params
 from conformance.core.positions import sinusoid_table
+from impl_numpy import backward as backprop
 
 SUPPORTED_DTYPES = ("float32", "float64")
 
@@ -54,19 +60,44 @@ def target_mask(config: ModelConfig, tgt_ids: np.ndarray) -> np.ndarray:
     """(B, 1, T, T): target padding AND causal.
 
     Target padding is masked on the keys (B, 1, 1, T), or, in the tutorials that do so, on the
-    queries (B, 1, T, 1), or not at all (Marian: its start token is the pad id).
+    queries (B, 1, T, 1), or on both (B, 1, T, T), or not at all (Marian: its start token is the
+    pad id).
     """
     tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
     if config.tgt_pad_mask == "queries":
         tgt_pad = tgt_pad.transpose(0, 1, 3, 2)  # (B, 1, T, 1)
+    elif config.tgt_pad_mask == "both":
+        tgt_pad = tgt_pad & tgt_pad.transpose(0, 1, 3, 2)  # (B, 1, T, T)
     elif config.tgt_pad_mask == "none":
         tgt_pad = tgt_pad | True  # causal only: the decoder's start token may be the pad id
     return tgt_pad & causal_mask(tgt_ids.shape[1])  # (B, 1, T, T)
 
 
+def encoder_self_mask(config: ModelConfig, src_mask):
+    """The encoder self-attention's mask from the source mask (B, H|1, 1, S): the source mask
+    itself (padding on the keys), or with padding on the queries too (B, H|1, S, S), as Flax
+    `examples/wmt` masks it. Cross-attention always takes the source mask on the keys only."""
+    if config.src_pad_mask == "both" and src_mask is not None:
+        return src_mask & src_mask.swapaxes(-1, -2)  # (B, H|1, S, S)
+    return src_mask
+
+
 def make_masks(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The masks a model derives from its ids: src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)."""
     return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
+
+
+def step_mask(config: ModelConfig, tgt_ids: np.ndarray, position: int) -> np.ndarray:
+    """(B, 1, 1, T): row `position` of `target_mask`, what the newest position may attend to.
+
+    A cached decoding step has one query, at `position`; its keys are the positions so far.
+    """
+    tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
+    if config.tgt_pad_mask == "queries":
+        tgt_pad = tgt_pad[:, :, :, position:position + 1]  # (B, 1, 1, 1): the query's own padding
+    elif config.tgt_pad_mask == "none":
+        tgt_pad = tgt_pad | True
+    return tgt_pad & (np.arange(tgt_ids.shape[1]) <= position)  # (B, 1, 1, T)
 
 
 # -- Positions ---------------------------------------------------------------------------------
@@ -87,6 +118,10 @@ class Positions:
     def __call__(self, length: int) -> np.ndarray:
         return self.table[None, :length, :]  # (1, L, D)
 
+    def at(self, position: int) -> np.ndarray:
+        """The term of one position, for a cached decoding step."""
+        return self.table[None, position:position + 1, :]  # (1, 1, D)
+
 
 # -- Building blocks ---------------------------------------------------------------------------
 
@@ -99,6 +134,7 @@ class Linear:
         self.bias = params.get(f"{prefix}.bias")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        self.input = x  # kept for the backward pass (impl_numpy/backward.py), as every cache below
         y = x @ self.weight
         if self.bias is not None:
             y = y + self.bias
@@ -108,9 +144,10 @@ class Linear:
 class LayerNorm:
     """LayerNorm over the last axis, in the form the config names.
 
-    standard:  y = (x - mean) / sqrt(var + eps) * weight + bias        (biased variance)
-    std-eps:   y = (x - mean) / (std + eps) * weight + bias            (unbiased std; the
-               Annotated Transformer's own LayerNorm)
+    standard:       y = (x - mean) / sqrt(var + eps) * weight + bias   (biased variance)
+    std-eps:        y = (x - mean) / (std + eps) * weight + bias       (unbiased std; the
+                    Annotated Transformer's own LayerNorm)
+    fast-variance:  as standard, with var = max(E[x^2] - E[x]^2, 0)    (Flax nn.LayerNorm)
     """
 
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
@@ -120,10 +157,14 @@ class LayerNorm:
         self.form = config.layer_norm_form
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        self.input = x
         mean = x.mean(axis=-1, keepdims=True)
         centered = x - mean
         if self.form == "standard":
             var = (centered * centered).mean(axis=-1, keepdims=True)
+            normed = centered / np.sqrt(var + self.eps)
+        elif self.form == "fast-variance":
+            var = np.maximum((x * x).mean(axis=-1, keepdims=True) - mean * mean, 0)
             normed = centered / np.sqrt(var + self.eps)
         else:
             std = np.sqrt((centered * centered).sum(axis=-1, keepdims=True) / (x.shape[-1] - 1))
@@ -144,6 +185,17 @@ def activation(name: str, x: np.ndarray) -> np.ndarray:
         return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     # silu(x) = x * sigmoid(x), with sigmoid(x) = (1 + tanh(x / 2)) / 2, which cannot overflow.
     return x * (0.5 * (1 + np.tanh(0.5 * x)))
+
+
+def apply_dropout(x: np.ndarray, dropout, site: str) -> np.ndarray:
+    """Inverted dropout (section 5.4): x / (1 - rate) where the site's mask keeps, 0 where it drops.
+
+    `dropout` is None (off: x itself) or a `conformance.core.dropout.Dropout` whose masks, drawn
+    from one NumPy seed, every backend receives, so a training step with dropout is the same
+    computation everywhere. A select, not a product: a dropped NaN is 0 as in PyTorch's kernel."""
+    if dropout is None:
+        return x
+    return np.where(dropout.masks[site], x / (1 - dropout.rate), 0).astype(x.dtype)  # (B, L, D)
 
 
 # -- Attention ---------------------------------------------------------------------------------
@@ -194,6 +246,19 @@ class MultiHeadAttention:
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
+        self.saved = (q, k, v, weights, mask)
+        batch, _, length, _ = heads.shape
+        concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
+        return self.o_proj(concat), weights
+
+    def keys_values(self, memory: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The projected keys and values of `memory` (B, Tk, D), each (B, H, Tk, K), for the cache."""
+        return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
+
+    def attend(self, x: np.ndarray, k: np.ndarray, v: np.ndarray, mask):
+        """Attention of queries x (B, Tq, D) to keys and values already projected (the cache)."""
+        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
         batch, _, length, _ = heads.shape
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
         return self.o_proj(concat), weights
@@ -211,7 +276,8 @@ class FeedForward:
         self.activation = config.activation
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.linear2(activation(self.activation, self.linear1(x)))
+        self.hidden = self.linear1(x)  # (B, L, F), before the activation
+        return self.linear2(activation(self.activation, self.hidden))
 
 
 # -- Encoder layer -----------------------------------------------------------------------------
@@ -228,16 +294,19 @@ class EncoderLayer:
         self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
         self.pre_ln = config.norm_placement == "pre"
 
-    def __call__(self, x: np.ndarray, src_mask, name: str, out: ModelOutput | Encoded) -> np.ndarray:
+    def __call__(self, x: np.ndarray, src_mask, name: str, out: ModelOutput | Encoded, *,
+                 dropout=None) -> np.ndarray:
         # Self-attention: each source position attends to every unmasked source position.
         h = self.self_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask)
+        h = apply_dropout(h, dropout, f"{name}.self_attn")
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Position-wise feed-forward.
         h = self.ffn_norm(x) if self.pre_ln else x
         h = self.ffn(h)
+        h = apply_dropout(h, dropout, f"{name}.ffn")
         x = x + h if self.pre_ln else self.ffn_norm(x + h)
         out.intermediates[f"{name}.ffn"] = x
         return x
@@ -256,25 +325,51 @@ class DecoderLayer:
         self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
         self.pre_ln = config.norm_placement == "pre"
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput) -> np.ndarray:
+    def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
+                 dropout=None) -> np.ndarray:
         # Masked self-attention: position t attends to target positions <= t.
         h = self.self_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask)
+        h = apply_dropout(h, dropout, f"{name}.self_attn")
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
         h = self.cross_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask)
+        h = apply_dropout(h, dropout, f"{name}.cross_attn")
         x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
         out.intermediates[f"{name}.cross_attn"] = x
 
         # Position-wise feed-forward.
         h = self.ffn_norm(x) if self.pre_ln else x
         h = self.ffn(h)
+        h = apply_dropout(h, dropout, f"{name}.ffn")
         x = x + h if self.pre_ln else self.ffn_norm(x + h)
         out.intermediates[f"{name}.ffn"] = x
         return x
+
+    def step(self, x: np.ndarray, cache: DecoderCache, i: int, self_mask, cross_mask) -> np.ndarray:
+        """The same layer for one new position x (B, 1, D) against layer i's cache: its key and
+        value are written at position `cache.length`, the memory's were projected once."""
+        t = cache.length
+        # Masked self-attention: the new position attends to the positions so far and itself.
+        h = self.self_attn_norm(x) if self.pre_ln else x
+        k, v = self.self_attn.keys_values(h)  # (B, H, 1, K)
+        cache.keys[i][:, :, t] = k[:, :, 0]
+        cache.values[i][:, :, t] = v[:, :, 0]
+        h, _ = self.self_attn.attend(h, cache.keys[i][:, :, :t + 1], cache.values[i][:, :, :t + 1], self_mask)
+        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+
+        # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
+        h = self.cross_attn_norm(x) if self.pre_ln else x
+        h, _ = self.cross_attn.attend(h, cache.cross_keys[i], cache.cross_values[i], cross_mask)
+        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
+
+        # Position-wise feed-forward.
+        h = self.ffn_norm(x) if self.pre_ln else x
+        h = self.ffn(h)
+        return x + h if self.pre_ln else self.ffn_norm(x + h)
 
 
 # -- Encoder and decoder -----------------------------------------------------------------------
@@ -292,14 +387,16 @@ class Embedding:
 
 class Encoder:
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], dtype):
+        self.config = config
         self.embedding = Embedding(params, "encoder.embedding")
         self.position = Positions(config, params, "encoder.position", dtype)
         self.layers = [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)]
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
 
-    def __call__(self, x: np.ndarray, src_mask, out: Encoded) -> np.ndarray:
+    def __call__(self, x: np.ndarray, src_mask, out: Encoded, *, dropout=None) -> np.ndarray:
+        self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
         for i, layer in enumerate(self.layers):
-            x = layer(x, src_mask, f"encoder.{i}", out)
+            x = layer(x, self_mask, f"encoder.{i}", out, dropout=dropout)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -314,26 +411,39 @@ class Decoder:
         self.layers = [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)]
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput) -> np.ndarray:
+    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, dropout=None) -> np.ndarray:
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out)
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, dropout=dropout)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
         return x
 
+    def step(self, x: np.ndarray, cache: DecoderCache, self_mask, cross_mask) -> np.ndarray:
+        """One new position x (B, 1, D) through every layer, against the cache."""
+        for i, layer in enumerate(self.layers):
+            x = layer.step(x, cache, i, self_mask, cross_mask)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x
+
 
 class Output:
     """logits = y W_out + b_out. W_out is `output.weight` (D, V), or the target embedding
-    transposed when the output is tied to it (section 3.4)."""
+    transposed when the output is tied to it (section 3.4). With `scale_logits`,
+    logits = y W_out / sqrt(D) + b_out (Flax examples/wmt's `logits_via_embedding`)."""
 
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray]):
         self.weight = None if config.tie_output else params["output.weight"]
         self.bias = params.get("output.bias")
+        self.scale_logits = config.scale_logits
 
     def __call__(self, y: np.ndarray, tied_embedding: Embedding) -> np.ndarray:
+        self.input = y
         weight = tied_embedding.weight.T if self.weight is None else self.weight  # (D, V)
         logits = y @ weight  # (B, T, V)
+        if self.scale_logits:
+            logits = logits / math.sqrt(y.shape[-1])
         if self.bias is not None:
             logits = logits + self.bias
         return logits
@@ -394,10 +504,11 @@ class Model:
             x = x * math.sqrt(self.config.d_model)
         return x + position(ids.shape[1])
 
-    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True) -> Encoded:
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
+        dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
         else:
@@ -407,17 +518,20 @@ class Model:
         encoded = Encoded(memory=None, src_mask=src_mask)
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
-        encoded.memory = self.encoder(x, src_mask, encoded)
-        if not return_attention:
-            encoded.attention.clear()  # the other backends skip them for speed; here they are free
+        x = apply_dropout(x, dropout, "encoder.embeddings")
+        encoded.memory = self.encoder(x, src_mask, encoded, dropout=dropout)
+        if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
+            encoded.attention = None
         return encoded
 
-    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
+               dropout=None) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_memory(self.config, encoded.memory.shape, encoded.memory.dtype.name, self.dtype.name)
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
         batch, tgt_len = tgt_ids.shape
+        dropout = host_dropout(self.config, dropout, "decoder", batch, tgt_len)
         derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
         if tgt_mask is None:
             tgt_mask = derived
@@ -425,46 +539,136 @@ class Model:
             shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
             tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
         cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
-        out = ModelOutput(logits=None, attention=dict(encoded.attention), intermediates=dict(encoded.intermediates))
+        out = ModelOutput(logits=None, attention=dict(encoded.attention or {}), intermediates=dict(encoded.intermediates))
 
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
         y = self.embed(tgt_ids, embedding, self.decoder.position)
         out.intermediates["decoder.embeddings"] = y
-        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out)
+        y = apply_dropout(y, dropout, "decoder.embeddings")
+        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out,
+                              dropout=dropout)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
         out.logits = logits
         if not return_attention:
-            out.attention.clear()
+            out.attention = None
         return out
 
-    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True,
+                 dropout=None) -> ModelOutput:
         """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
-        attention weights (`return_attention`) and the intermediates by name."""
-        encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
-        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
+        attention weights (`return_attention`) and the intermediates by name.
 
-    # Generation --------------------------------------------------------------------------------
+        `dropout` (keyword-only, training): a `conformance.core.dropout.Dropout` (masks drawn by
+        `draw_dropout` from one NumPy seed); None, the default, is inference: no dropout."""
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout)
 
-    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int) -> np.ndarray:
-        """Greedy decoding: encode once, then append the most likely next token, step by step.
+    # Training ----------------------------------------------------------------------------------
 
-        A plain loop that runs the decoder over the whole prefix at every step (no KV cache).
-        Returns the tokens after `bos_id`, shape (B, n) with n <= max_len; a row that has
-        produced `eos_id` continues with `pad_id`. Stops once every row has produced `eos_id`.
+    def loss_and_grads(self, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0, dropout=None):
+        """The training loss of docs/training.md and its gradient for every parameter.
+
+        Token-level cross-entropy against `labels` (B, T), with label smoothing, ignoring labels
+        equal to pad_id and averaged over those that count; the same number as
+        `torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels.reshape(-1),
+        ignore_index=pad_id, label_smoothing=label_smoothing)`. Returns `(loss, grads)`: a float
+        and a dict keyed like `param_shapes(config)`, arrays of the model's dtype. The backward
+        pass is written out by hand, layer by layer, in impl_numpy/backward.py. `dropout`: as for
+        a call; the backward reads through the same masks.
         """
-        check_generate(self.config, max_len, bos_id, eos_id)
+        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_same_batch(src_ids.shape, tgt_ids.shape)
+        labels = host_labels(self.config, labels, tgt_ids.shape)
+        check_labels_finite(self.config, src_ids, tgt_ids, labels)
+        check_label_smoothing(label_smoothing)
+        batch, src_len = src_ids.shape
+        encoder_drop = host_dropout(self.config, dropout, "encoder", batch, src_len)
+        decoder_drop = host_dropout(self.config, dropout, "decoder", batch, tgt_ids.shape[1])
+        if dropout is not None:  # one Dropout with every site's checked host mask
+            dropout = Dropout(encoder_drop.rate, {**encoder_drop.masks, **decoder_drop.masks})
+        # The forward pass; every module keeps what its backward needs.
+        out = self(src_ids, tgt_ids, dropout=dropout)
+        return backprop.loss_and_grads(self, src_ids, tgt_ids, labels, float(label_smoothing), out, dropout)
+
+    # Generation ------------------------------------------------------------------------------
+    # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,
+    # and the memory's keys and values are projected once per source, so that a step costs O(T).
+
+    def start_cache(self, encoded: Encoded, length: int) -> DecoderCache:
+        """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
+        config = self.config
+        batch, src_len = encoded.memory.shape[:2]
+        shape = (batch, config.n_heads, length, config.d_model // config.n_heads)  # (B, H, L, K)
+        cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
+                             tgt_ids=np.full((batch, length), config.pad_id, dtype=np.int64),
+                             cross_mask=encoded.src_mask if config.cross_attn_src_mask else None)
+        for layer in self.decoder.layers:
+            cache.keys.append(np.zeros(shape, dtype=self.dtype))
+            cache.values.append(np.zeros(shape, dtype=self.dtype))
+            k, v = layer.cross_attn.keys_values(encoded.memory)  # (B, H, S, K)
+            cache.cross_keys.append(k)
+            cache.cross_values.append(v)
+        return cache
+
+    def decode_step(self, tgt_ids, cache: DecoderCache) -> np.ndarray:
+        """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
+        `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
+        tgt_ids = self._ids("tgt_ids", np.asarray(tgt_ids).reshape(-1, 1), self.config.tgt_vocab_size)
+        t = cache.length
+        cache.tgt_ids[:, t] = tgt_ids[:, 0]
+        self_mask = step_mask(self.config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
+        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
+        y = embedding(tgt_ids)  # (B, 1, D)
+        if self.config.scale_embedding:
+            y = y * math.sqrt(self.config.d_model)
+        y = y + self.decoder.position.at(t)
+        y = self.decoder.step(y, cache, self_mask, cache.cross_mask)
+        logits = self.output(y, embedding)[:, 0]  # (B, V)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias
+        cache.length = t + 1
+        return logits
+
+    def reorder_cache(self, cache: DecoderCache, rows) -> DecoderCache:
+        """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
+        rows = np.asarray(rows)
+        return DecoderCache(keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values],
+                            cross_keys=cache.cross_keys, cross_values=cache.cross_values,
+                            tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length)
+
+    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
+                 length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
+                 length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
+                 return_scores: bool = False):
+        """Greedy (num_beams=1) or beam search decoding: the best sequence per row after `bos_id`.
+
+        Returns (B, n) ids with n <= max_len, `pad_id` after a row's `eos_id` (and its scores (B,)
+        with `return_scores`). The choices are made by `conformance.core.decoding.search` from this
+        model's step logits, with Hugging Face's semantics (docs/decoding.md). `use_cache=False`
+        runs the decoder over the whole prefix at every step: the plain loop, O(T^2).
+        """
+        banned = check_generate(self.config, max_len, bos_id, eos_id, num_beams=num_beams,
+                                length_penalty=length_penalty, early_stopping=early_stopping,
+                                use_cache=use_cache, length_penalty_form=length_penalty_form,
+                                forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
         encoded = self.encode(src_ids, return_attention=False)
         batch = encoded.memory.shape[0]
-        tokens = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
-        done = np.zeros(batch, dtype=bool)
-        for _ in range(max_len):
-            logits = self.decode(tokens, encoded, return_attention=False).logits  # (B, t, V)
-            next_id = np.where(done, self.config.pad_id, logits[:, -1].argmax(-1))  # (B,)
-            tokens = np.concatenate([tokens, next_id[:, None]], axis=1)  # (B, t + 1)
-            done |= next_id == eos_id
-            if done.all():
-                break
-        return tokens[:, 1:]
+        rows = np.repeat(np.arange(batch), num_beams)  # (N,): each source once per beam
+        encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
+        state = {"cache": self.start_cache(encoded, max_len) if use_cache else None}
+
+        def step(tokens: np.ndarray, parents) -> np.ndarray:
+            if not use_cache:
+                return self.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
+            if parents is not None:
+                state["cache"] = self.reorder_cache(state["cache"], parents)
+            return self.decode_step(tokens[:, -1], state["cache"])  # (N, V)
+
+        ids, scores = search(step, batch, max_len, bos_id, eos_id, self.config.pad_id, num_beams=num_beams,
+                             length_penalty=length_penalty, early_stopping=early_stopping,
+                             length_penalty_form=length_penalty_form, forced_eos=forced_eos, banned_ids=banned)
+        return (ids, scores) if return_scores else ids

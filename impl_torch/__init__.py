@@ -35,10 +35,11 @@ from impl_torch.precision import full_precision, precision_settings
 
 
 def load(path: str | os.PathLike, dtype: Any = None, *, device: torch.device | str | None = None) -> Model:
-    """A `Model` from a checkpoint file on `device` (default: the CPU); `dtype` casts the
+    """A `Model` from a checkpoint file on `device` (default: the CPU), in `eval()` mode as
+    PyTorch's loaded models are for inference (call `.train()` to fine-tune); `dtype` casts the
     parameters (default: the stored dtype; float32, float64, float16 or bfloat16)."""
     config, params = checkpoint.load(path)
-    return Model(config, params, dtype, device=device)
+    return Model(config, params, dtype, device=device).eval()
 
 
 def save(model: Model, path: str | os.PathLike) -> None:
@@ -46,8 +47,9 @@ def save(model: Model, path: str | os.PathLike) -> None:
     model's current dtype, so a model trained or converted in PyTorch can go to any backend."""
     checkpoint.save(path, model.config, {name: to_numpy(value) for name, value in model.state_dict().items()})
 
+from impl_torch.train import Adam, train_step  # the paper's optimizer (docs/training.md)
 
 # The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
-BACKEND_EXTRAS = ("fast_attention",)
+BACKEND_EXTRAS = ("Adam", "fast_attention", "train_step")

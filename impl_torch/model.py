@@ -24,8 +24,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from conformance.core.config import ModelConfig
+from conformance.core.decoding import DecoderCache, search
 from conformance.core.inputs import (
     check_generate,
+    check_label_smoothing,
+    check_labels_finite,
     check_ids,
     check_mask,
     check_mask_within_ids,
@@ -33,10 +36,12 @@ from conformance.core.inputs import (
     check_same_batch,
     expected_mask_shapes,
     host_ids,
+    host_labels,
     host_mask,
 )
+from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput
-from conformance.core.params import prepare_params
+from conformance.core.params import param_shapes, prepare_params
 from conformance.core.positions import sinusoid_table
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 
@@ -63,20 +68,46 @@ def target_mask(config: ModelConfig, tgt_ids: torch.Tensor) -> torch.Tensor:
     """(B, 1, T, T): target padding AND causal.
 
     Target padding is masked on the keys (B, 1, 1, T), or, in the tutorials that do so, on the
-    queries (B, 1, T, 1), or not at all (Marian: its start token is the pad id).
+    queries (B, 1, T, 1), or on both (B, 1, T, T), or not at all (Marian: its start token is the
+    pad id).
     """
     tgt_ids = torch.as_tensor(tgt_ids)
     tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
     if config.tgt_pad_mask == "queries":
         tgt_pad = tgt_pad.transpose(2, 3)  # (B, 1, T, 1)
+    elif config.tgt_pad_mask == "both":
+        tgt_pad = tgt_pad & tgt_pad.transpose(2, 3)  # (B, 1, T, T)
     elif config.tgt_pad_mask == "none":
         tgt_pad = tgt_pad | True  # causal only: the decoder's start token may be the pad id
     return tgt_pad & causal_mask(tgt_ids.shape[1], device=tgt_ids.device)  # (B, 1, T, T)
 
 
+def encoder_self_mask(config: ModelConfig, src_mask):
+    """The encoder self-attention's mask from the source mask (B, H|1, 1, S): the source mask
+    itself (padding on the keys), or with padding on the queries too (B, H|1, S, S), as Flax
+    `examples/wmt` masks it. Cross-attention always takes the source mask on the keys only."""
+    if config.src_pad_mask == "both" and src_mask is not None:
+        return src_mask & src_mask.transpose(-1, -2)  # (B, H|1, S, S)
+    return src_mask
+
+
 def make_masks(config: ModelConfig, src_ids: torch.Tensor, tgt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The masks a model derives from its ids: src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)."""
     return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
+
+
+def step_mask(config: ModelConfig, tgt_ids: torch.Tensor, position: int) -> torch.Tensor:
+    """(B, 1, 1, T): row `position` of `target_mask`, what the newest position may attend to.
+
+    A cached decoding step has one query, at `position`; its keys are the positions so far.
+    """
+    tgt_ids = torch.as_tensor(tgt_ids)
+    tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
+    if config.tgt_pad_mask == "queries":
+        tgt_pad = tgt_pad[:, :, :, position:position + 1]  # (B, 1, 1, 1): the query's own padding
+    elif config.tgt_pad_mask == "none":
+        tgt_pad = tgt_pad | True
+    return tgt_pad & (torch.arange(tgt_ids.shape[1], device=tgt_ids.device) <= position)  # (B, 1, 1, T)
 
 
 # -- Positions ---------------------------------------------------------------------------------
@@ -107,6 +138,10 @@ class Positions(nn.Module):
 
     def forward(self, length: int) -> torch.Tensor:
         return self.table[None, :length, :]  # (1, L, D)
+
+    def at(self, position: int) -> torch.Tensor:
+        """The term of one position, for a cached decoding step."""
+        return self.table[None, position:position + 1, :]  # (1, 1, D)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
@@ -143,9 +178,10 @@ class Linear(nn.Module):
 class LayerNorm(nn.Module):
     """LayerNorm over the last axis, in the form the config names.
 
-    standard:  y = (x - mean) / sqrt(var + eps) * weight + bias        (biased variance)
-    std-eps:   y = (x - mean) / (std + eps) * weight + bias            (unbiased std; the
-               Annotated Transformer's own LayerNorm)
+    standard:       y = (x - mean) / sqrt(var + eps) * weight + bias   (biased variance)
+    std-eps:        y = (x - mean) / (std + eps) * weight + bias       (unbiased std; the
+                    Annotated Transformer's own LayerNorm)
+    fast-variance:  as standard, with var = max(E[x^2] - E[x]^2, 0)    (Flax nn.LayerNorm)
 
     Statistics and the affine are computed in at least float32 (float16 would lose the mean of a
     large residual) and cast once at the end, as JAX does.
@@ -169,8 +205,12 @@ class LayerNorm(nn.Module):
         x32 = at_least_float32(x)
         mean = x32.mean(dim=-1, keepdim=True)
         centered = x32 - mean
-        std = torch.sqrt((centered * centered).sum(dim=-1, keepdim=True) / (x.shape[-1] - 1))
-        normed = centered / (std + self.eps)
+        if self.form == "fast-variance":
+            var = torch.clamp_min((x32 * x32).mean(dim=-1, keepdim=True) - mean * mean, 0)
+            normed = centered / torch.sqrt(var + self.eps)
+        else:
+            std = torch.sqrt((centered * centered).sum(dim=-1, keepdim=True) / (x.shape[-1] - 1))
+            normed = centered / (std + self.eps)
         return (normed * self.weight + self.bias).to(x.dtype)
 
 
@@ -187,6 +227,17 @@ def activation(name: str, x: torch.Tensor) -> torch.Tensor:
     return F.silu(x)
 
 
+def apply_dropout(x: torch.Tensor, dropout, site: str) -> torch.Tensor:
+    """Inverted dropout (section 5.4): x / (1 - rate) where the site's mask keeps, 0 where it drops.
+
+    `dropout` is None (off: x itself) or a `conformance.core.dropout.Dropout` whose masks, drawn
+    from one NumPy seed, every backend receives, so a training step with dropout is the same
+    computation everywhere. A select, not a product: a dropped NaN is 0 as in PyTorch's kernel."""
+    if dropout is None:
+        return x
+    return torch.where(dropout.masks[site], x / (1 - dropout.rate), 0.0)  # (B, L, D)
+
+
 # -- Attention ---------------------------------------------------------------------------------
 
 
@@ -195,12 +246,17 @@ def softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1)
 
 
-def scaled_dot_product_attention(q, k, v, mask, fill: float):
+def scaled_dot_product_attention(q, k, v, mask, fill: float, *, empty_rows: float | None = None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
     None. Masked scores are replaced by `fill` before the softmax. Returns the output
     (B, H, Tq, K) and the weights (B, H, Tq, Tk).
+
+    `empty_rows` (keyword-only; the loss sets it to 0.0, docs/training.md) gives a query with no
+    key to attend to weights `empty_rows` instead of the -inf fill's NaN: the row is selected out
+    of the softmax (a double where, so that neither its value nor its gradient sees 0 / 0), and
+    a NaN there cannot reach a weight gradient as 0 * NaN. A finite fill is left as it is.
 
     The scores are formed, filled and normalised in at least float32, as fused kernels do:
     float16 cannot even hold a fill of -1e9 (its largest magnitude is 65504), and a bfloat16
@@ -211,6 +267,10 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float):
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
     if mask is not None:
         scores = torch.where(mask, scores, fill)
+    if empty_rows is not None and mask is not None and math.isinf(fill):
+        empty = ~mask.any(dim=-1, keepdim=True)  # (B, H, Tq, 1): queries without a key
+        weights = torch.where(empty, empty_rows, softmax(torch.where(empty, 0.0, scores))).to(v.dtype)
+        return weights @ v, weights  # (B, H, Tq, K)
     weights = softmax(scores).to(v.dtype)  # (B, H, Tq, Tk)
     return weights @ v, weights  # (B, H, Tq, K)
 
@@ -252,6 +312,7 @@ class MultiHeadAttention(nn.Module):
         self.o_proj = Linear(d, d, config.out_proj_bias, dtype)
         self.n_heads = config.n_heads
         self.fill = config.mask_fill
+        self.empty_rows = None  # 0.0 while the loss runs (see scaled_dot_product_attention)
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, mask_fill={self.fill:g}"
@@ -271,9 +332,23 @@ class MultiHeadAttention(nn.Module):
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
         if return_attention:
-            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
+            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, empty_rows=self.empty_rows)
         else:
             heads, weights = fast_attention(q, k, v, mask, self.fill), None
+        batch, _, length, _ = heads.shape
+        concat = heads.transpose(1, 2).reshape(batch, length, -1)  # (B, Tq, D)
+        return self.o_proj(concat), weights
+
+    def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The projected keys and values of `memory` (B, Tk, D), each (B, H, Tk, K), for the cache."""
+        return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
+
+    def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask):
+        """Attention of queries x (B, Tq, D) to keys and values already projected (the cache).
+
+        Through the fused kernel, as a call without attention weights (which `generate` makes)."""
+        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        heads, weights = fast_attention(q, k, v, mask, self.fill), None
         batch, _, length, _ = heads.shape
         concat = heads.transpose(1, 2).reshape(batch, length, -1)  # (B, Tq, D)
         return self.o_proj(concat), weights
@@ -314,16 +389,18 @@ class EncoderLayer(nn.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def forward(self, x: torch.Tensor, src_mask, name: str, out: ModelOutput | Encoded, *,
-                return_attention: bool = True) -> torch.Tensor:
+                return_attention: bool = True, dropout=None) -> torch.Tensor:
         # Self-attention: each source position attends to every unmasked source position.
         h = self.self_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask, return_attention=return_attention)
+        h = apply_dropout(h, dropout, f"{name}.self_attn")
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Position-wise feed-forward.
         h = self.ffn_norm(x) if self.pre_ln else x
         h = self.ffn(h)
+        h = apply_dropout(h, dropout, f"{name}.ffn")
         x = x + h if self.pre_ln else self.ffn_norm(x + h)
         out.intermediates[f"{name}.ffn"] = x
         return x
@@ -344,25 +421,50 @@ class DecoderLayer(nn.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def forward(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                return_attention: bool = True) -> torch.Tensor:
+                return_attention: bool = True, dropout=None) -> torch.Tensor:
         # Masked self-attention: position t attends to target positions <= t.
         h = self.self_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask, return_attention=return_attention)
+        h = apply_dropout(h, dropout, f"{name}.self_attn")
         x = x + h if self.pre_ln else self.self_attn_norm(x + h)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
         h = self.cross_attn_norm(x) if self.pre_ln else x
         h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask, return_attention=return_attention)
+        h = apply_dropout(h, dropout, f"{name}.cross_attn")
         x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
         out.intermediates[f"{name}.cross_attn"] = x
 
         # Position-wise feed-forward.
         h = self.ffn_norm(x) if self.pre_ln else x
         h = self.ffn(h)
+        h = apply_dropout(h, dropout, f"{name}.ffn")
         x = x + h if self.pre_ln else self.ffn_norm(x + h)
         out.intermediates[f"{name}.ffn"] = x
         return x
+
+    def step(self, x: torch.Tensor, cache: DecoderCache, i: int, self_mask, cross_mask) -> torch.Tensor:
+        """The same layer for one new position x (B, 1, D) against layer i's cache: its key and
+        value are written at position `cache.length`, the memory's were projected once."""
+        t = cache.length
+        # Masked self-attention: the new position attends to the positions so far and itself.
+        h = self.self_attn_norm(x) if self.pre_ln else x
+        k, v = self.self_attn.keys_values(h)  # (B, H, 1, K)
+        cache.keys[i][:, :, t] = k[:, :, 0]
+        cache.values[i][:, :, t] = v[:, :, 0]
+        h, _ = self.self_attn.attend(h, cache.keys[i][:, :, :t + 1], cache.values[i][:, :, :t + 1], self_mask)
+        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+
+        # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
+        h = self.cross_attn_norm(x) if self.pre_ln else x
+        h, _ = self.cross_attn.attend(h, cache.cross_keys[i], cache.cross_values[i], cross_mask)
+        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
+
+        # Position-wise feed-forward.
+        h = self.ffn_norm(x) if self.pre_ln else x
+        h = self.ffn(h)
+        return x + h if self.pre_ln else self.ffn_norm(x + h)
 
 
 # -- Encoder and decoder -----------------------------------------------------------------------
@@ -385,14 +487,17 @@ class Embedding(nn.Module):
 class Encoder(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
+        self.config = config
         self.embedding = Embedding(config.src_vocab_size, config.d_model, dtype)
         self.position = Positions(config, dtype)
         self.layers = nn.ModuleList(EncoderLayer(config, dtype) for _ in range(config.n_encoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_encoder_norm else None
 
-    def forward(self, x: torch.Tensor, src_mask, out: Encoded, *, return_attention: bool = True) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, src_mask, out: Encoded, *, return_attention: bool = True,
+                dropout=None) -> torch.Tensor:
+        self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
         for i, layer in enumerate(self.layers):
-            x = layer(x, src_mask, f"encoder.{i}", out, return_attention=return_attention)
+            x = layer(x, self_mask, f"encoder.{i}", out, return_attention=return_attention, dropout=dropout)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -410,27 +515,41 @@ class Decoder(nn.Module):
         self.norm = LayerNorm(config, dtype) if config.final_decoder_norm else None
 
     def forward(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *,
-                return_attention: bool = True) -> torch.Tensor:
+                return_attention: bool = True, dropout=None) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, return_attention=return_attention)
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, return_attention=return_attention,
+                      dropout=dropout)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
         return x
 
+    def step(self, x: torch.Tensor, cache: DecoderCache, self_mask, cross_mask) -> torch.Tensor:
+        """One new position x (B, 1, D) through every layer, against the cache."""
+        for i, layer in enumerate(self.layers):
+            x = layer.step(x, cache, i, self_mask, cross_mask)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x
+
 
 class Output(nn.Module):
     """logits = y W_out + b_out. W_out is `output.weight` (D, V), or the target embedding
-    transposed when the output is tied to it (section 3.4)."""
+    transposed when the output is tied to it (section 3.4). With `scale_logits`,
+    logits = y W_out / sqrt(D) + b_out (Flax examples/wmt's `logits_via_embedding`)."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
         d, v = config.d_model, config.tgt_vocab_size
         self.weight = None if config.tie_output else nn.Parameter(torch.empty(d, v, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(v, dtype=dtype)) if config.output_bias else None
+        self.scale_logits = config.scale_logits
 
     def forward(self, y: torch.Tensor, tied_embedding: Embedding) -> torch.Tensor:
         weight = tied_embedding.weight.T if self.weight is None else self.weight  # (D, V)
+        if self.scale_logits:
+            logits = (y @ weight) / math.sqrt(y.shape[-1])  # (B, T, V)
+            return logits if self.bias is None else logits + self.bias
         if self.bias is None:
             return y @ weight  # (B, T, V)
         # The bias rides in the GEMM: at V = 32000 a separate `+ b` is another pass over (and a
@@ -527,10 +646,11 @@ class Model(nn.Module):
             x = x * math.sqrt(self.config.d_model)
         return x + position(ids.shape[1])
 
-    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True) -> Encoded:
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
+        dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
         else:
@@ -538,19 +658,24 @@ class Model(nn.Module):
             derived = padding_mask(src_ids, self.config.pad_id)
             src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
         encoded = Encoded(memory=None, src_mask=src_mask)
+        if dropout is not None:  # the checked host masks, on the model's device
+            dropout = Dropout(dropout.rate, {site: torch.tensor(m, device=self.device) for site, m in dropout.masks.items()})
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
-        encoded.memory = self.encoder(x, src_mask, encoded, return_attention=return_attention)
-        if not return_attention:
-            encoded.attention.clear()  # the fast path recorded None for each block
+        x = apply_dropout(x, dropout, "encoder.embeddings")
+        encoded.memory = self.encoder(x, src_mask, encoded, return_attention=return_attention, dropout=dropout)
+        if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
+            encoded.attention = None
         return encoded
 
-    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
+               dropout=None) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_memory(self.config, encoded.memory.shape, dtype_name(encoded.memory.dtype), dtype_name(self.dtype))
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
         batch, tgt_len = tgt_ids.shape
+        dropout = host_dropout(self.config, dropout, "decoder", batch, tgt_len)
         derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
         if tgt_mask is None:
             tgt_mask = derived
@@ -558,49 +683,162 @@ class Model(nn.Module):
             shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
             tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
         cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
-        out = ModelOutput(logits=None, attention=dict(encoded.attention), intermediates=dict(encoded.intermediates))
+        out = ModelOutput(logits=None, attention=dict(encoded.attention or {}), intermediates=dict(encoded.intermediates))
 
+        if dropout is not None:  # the checked host masks, on the model's device
+            dropout = Dropout(dropout.rate, {site: torch.tensor(m, device=self.device) for site, m in dropout.masks.items()})
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
         y = self.embed(tgt_ids, embedding, self.decoder.position)
         out.intermediates["decoder.embeddings"] = y
-        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention=return_attention)
+        y = apply_dropout(y, dropout, "decoder.embeddings")
+        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention=return_attention,
+                              dropout=dropout)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
         out.logits = logits
         if not return_attention:
-            out.attention.clear()
+            out.attention = None
         return out
 
-    def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True) -> ModelOutput:
+    def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True,
+                dropout=None) -> ModelOutput:
         """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
         attention weights (`return_attention`) and the intermediates by name.
 
+        `dropout` (keyword-only, training): a `conformance.core.dropout.Dropout` (masks drawn by
+        `draw_dropout` from one NumPy seed); None, the default, is inference: no dropout.
+
         Without the attention weights, attention runs through PyTorch's fused kernel."""
-        encoded = self.encode(src_ids, src_mask, return_attention=return_attention)
-        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout)
 
-    # Generation --------------------------------------------------------------------------------
+    # Training ----------------------------------------------------------------------------------
 
-    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int) -> torch.Tensor:
-        """Greedy decoding: encode once, then append the most likely next token, step by step.
+    def loss_and_grads(self, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0, dropout=None):
+        """The training loss of docs/training.md and its gradient for every parameter.
 
-        A plain loop that runs the decoder over the whole prefix at every step (no KV cache).
-        Returns the tokens after `bos_id`, shape (B, n) with n <= max_len; a row that has
-        produced `eos_id` continues with `pad_id`. Stops once every row has produced `eos_id`.
+        By autograd:
+
+            loss = 1/N · sum over the N counted tokens (labels != pad_id) of
+                   (1 - ε) · -log p(label) + ε · 1/V · sum_v -log p(v),   p = softmax(logits)
+
+        which is `F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=pad_id,
+        label_smoothing=ε)`. Returns the loss (a 0-d tensor, at least float32) and the gradients
+        as a dict keyed by the canonical parameter names (`state_dict()`'s), each of its
+        parameter's shape and dtype, on the model's device. The ids are checked as by `forward`;
+        labels (B, T) must be target ids with at least one that is not `pad_id`. `dropout`: as for
+        `forward` (masks from `conformance.core.dropout.draw_dropout`), None for none.
         """
-        check_generate(self.config, max_len, bos_id, eos_id)
+        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_same_batch(src_ids.shape, tgt_ids.shape)
+        labels = host_labels(self.config, labels.cpu() if isinstance(labels, torch.Tensor) else labels,
+                             tuple(tgt_ids.shape))
+        check_labels_finite(self.config, src_ids.cpu().numpy(), tgt_ids.cpu().numpy(), labels)
+        epsilon = check_label_smoothing(label_smoothing)
+        counted = torch.tensor(labels != self.config.pad_id, device=self.device)  # (B, T)
+        targets = torch.tensor(labels, dtype=torch.long, device=self.device)[counted]  # (N,)
+        names, params = zip(*self.named_parameters())
+        # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
+        # loss runs: a NaN activation would reach every weight gradient as 0 * NaN.
+        attention = [m for m in self.modules() if isinstance(m, MultiHeadAttention)]
+        for module in attention:
+            module.empty_rows = 0.0
+        try:
+            with torch.enable_grad():
+                logits = self(src_ids, tgt_ids, dropout=dropout).logits  # (B, T, V)
+                # The counted positions are selected before the log-softmax, never multiplied by
+                # 0: a padded row is not read at all, so a NaN there reaches neither the loss nor
+                # the gradient.
+                selected = at_least_float32(logits[counted])  # (N, V)
+                loss = F.cross_entropy(selected, targets, label_smoothing=epsilon)
+                grads = torch.autograd.grad(loss, params, materialize_grads=True)
+        finally:
+            for module in attention:
+                module.empty_rows = None
+        grads = dict(zip(names, grads))
+        return loss.detach(), {name: grads[name] for name in param_shapes(self.config)}  # checkpoint order
+
+    # Generation ------------------------------------------------------------------------------
+    # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,
+    # and the memory's keys and values are projected once per source, so that a step costs O(T).
+
+    def start_cache(self, encoded: Encoded, length: int) -> DecoderCache:
+        """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
+        config = self.config
+        batch, src_len = encoded.memory.shape[:2]
+        shape = (batch, config.n_heads, length, config.d_model // config.n_heads)  # (B, H, L, K)
+        cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
+                             tgt_ids=torch.full((batch, length), config.pad_id, dtype=torch.long, device=self.device),
+                             cross_mask=encoded.src_mask if config.cross_attn_src_mask else None)
+        for layer in self.decoder.layers:
+            cache.keys.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
+            cache.values.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
+            k, v = layer.cross_attn.keys_values(encoded.memory)  # (B, H, S, K)
+            cache.cross_keys.append(k)
+            cache.cross_values.append(v)
+        return cache
+
+    def decode_step(self, tgt_ids, cache: DecoderCache) -> torch.Tensor:
+        """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
+        `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
+        tgt_ids = self._ids("tgt_ids", torch.as_tensor(tgt_ids).reshape(-1, 1), self.config.tgt_vocab_size)
+        t = cache.length
+        cache.tgt_ids[:, t] = tgt_ids[:, 0]
+        self_mask = step_mask(self.config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
+        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
+        y = embedding(tgt_ids)  # (B, 1, D)
+        if self.config.scale_embedding:
+            y = y * math.sqrt(self.config.d_model)
+        y = y + self.decoder.position.at(t)
+        y = self.decoder.step(y, cache, self_mask, cache.cross_mask)
+        logits = self.output(y, embedding)[:, 0]  # (B, V)
+        if self.final_logits_bias is not None:
+            logits = logits + self.final_logits_bias
+        cache.length = t + 1
+        return logits
+
+    def reorder_cache(self, cache: DecoderCache, rows) -> DecoderCache:
+        """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
+        rows = torch.as_tensor(rows, device=self.device)
+        return DecoderCache(keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values],
+                            cross_keys=cache.cross_keys, cross_values=cache.cross_values,
+                            tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length)
+
+    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
+                 length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
+                 length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
+                 return_scores: bool = False):
+        """Greedy (num_beams=1) or beam search decoding: the best sequence per row after `bos_id`.
+
+        Returns (B, n) ids with n <= max_len, `pad_id` after a row's `eos_id` (and its scores (B,)
+        with `return_scores`). The choices are made by `conformance.core.decoding.search` from this
+        model's step logits, with Hugging Face's semantics (docs/decoding.md). `use_cache=False`
+        runs the decoder over the whole prefix at every step: the plain loop, O(T^2).
+        """
+        banned = check_generate(self.config, max_len, bos_id, eos_id, num_beams=num_beams,
+                                length_penalty=length_penalty, early_stopping=early_stopping,
+                                use_cache=use_cache, length_penalty_form=length_penalty_form,
+                                forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
         with torch.inference_mode():
             encoded = self.encode(src_ids, return_attention=False)
             batch = encoded.memory.shape[0]
-            tokens = torch.full((batch, 1), bos_id, dtype=torch.int64, device=self.device)  # (B, 1)
-            done = torch.zeros(batch, dtype=torch.bool, device=self.device)
-            for _ in range(max_len):
-                logits = self.decode(tokens, encoded, return_attention=False).logits  # (B, t, V)
-                next_id = torch.where(done, self.config.pad_id, logits[:, -1].argmax(-1))  # (B,)
-                tokens = torch.cat([tokens, next_id[:, None]], dim=1)  # (B, t + 1)
-                done |= next_id == eos_id
-                if done.all():
-                    break
-        return tokens[:, 1:]
+            rows = torch.arange(batch, device=self.device).repeat_interleave(num_beams)  # (N,): each source once per beam
+            encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
+            state = {"cache": self.start_cache(encoded, max_len) if use_cache else None}
+
+            def step(tokens, parents) -> torch.Tensor:
+                if not use_cache:
+                    return self.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
+                if parents is not None:
+                    state["cache"] = self.reorder_cache(state["cache"], parents)
+                return self.decode_step(tokens[:, -1], state["cache"])  # (N, V)
+
+            ids, scores = search(step, batch, max_len, bos_id, eos_id, self.config.pad_id, num_beams=num_beams,
+                                 length_penalty=length_penalty, early_stopping=early_stopping,
+                                 length_penalty_form=length_penalty_form, forced_eos=forced_eos,
+                                 banned_ids=banned, as_numpy=to_numpy)
+        ids, scores = torch.as_tensor(ids, device=self.device), torch.as_tensor(scores, device=self.device)
+        return (ids, scores) if return_scores else ids

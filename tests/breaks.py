@@ -1,7 +1,8 @@
 """Deliberately broken copies of a backend: the mistakes a port makes, planted one at a time.
 
-Each break is a small edit to a private copy of a backend's `model.py` (or a replaced module
-attribute), registered as an extra backend so that the conformance properties and `rosetta check`
+Each break is a small edit to a private copy of a backend's `model.py` (or of the NumPy
+backward pass, `impl_numpy/backward.py`: an edit `("backward.py", old, new)`), or a replaced module
+attribute, registered as an extra backend so that the conformance properties and `rosetta check`
 run against it exactly as against a real one. A break whose text no longer occurs in the model
 file fails loudly, so the breaks follow the code as it changes.
 
@@ -34,6 +35,13 @@ def swapped_sinusoid(max_len, d_model, form):
     return np.concatenate([table[:, half:], table[:, :half]], axis=1)
 
 
+def paper_timescales_for_t2t(max_len, d_model, form):
+    """The t2t sinusoid built with the paper's timescales (spaced over D/2, not D/2 - 1)."""
+    from conformance.core.positions import sinusoid_table
+
+    return sinusoid_table(max_len, d_model, "sinusoid-split" if form == "sinusoid-t2t" else form)
+
+
 # name -> (backend, [(text in model.py, replacement)], {module attribute: replacement})
 BREAKS = {
     "wrong LayerNorm epsilon": ("numpy", [("self.eps = config.layer_norm_eps", "self.eps = 1e-5")], {}),
@@ -48,6 +56,10 @@ BREAKS = {
         "x = x.reshape(batch, length, d_model // self.n_heads, self.n_heads).swapaxes(2, 3)",
     )], {}),
     "mask fill changed": ("numpy", [("self.fill = config.mask_fill", "self.fill = -1e9")], {}),
+    "t2t sinusoid with the paper's timescales": ("numpy", [], {"sinusoid_table": paper_timescales_for_t2t}),
+    "source padding masked on the keys only": ("numpy", [('if config.src_pad_mask == "both" and src_mask is not None:',
+                                                          "if False:")], {}),
+    "logits not divided by sqrt(D)": ("numpy", [("        if self.scale_logits:\n", "        if False:\n")], {}),
     "final norm dropped": ("numpy", [(
         'self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None',
         "self.norm = None",
@@ -65,15 +77,21 @@ PROPERTY_BREAKS = {
         "return torch.where(fix, math.nan if math.isinf(fill) else mean, heads)  # (B, H, Tq, K)",
         "return heads  # (B, H, Tq, K)",
     )], {})]),
+    # An empty dict where no attention was asked for: reads as "this model has no attention layers".
+    "no attention asked for gives {}": ("test_fast_path", [("numpy", [(
+        "        if not return_attention:\n            out.attention = None",
+        "        if not return_attention:\n            out.attention = {}",
+    )], {})]),
     # Like a model whose decode, given precomputed encoder outputs, drops their padding mask:
     # only the full forward passes the source mask through.
     "decode ignores the encoded source mask": ("test_encode_decode", [("numpy", [
-        ("def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True)",
-         "def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True, _src_mask=None)"),
+        ("def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,\n",
+         "def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True, _src_mask=None,\n"),
         ("cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None",
          "cross_mask = _src_mask if self.config.cross_attn_src_mask else None"),
-        ("return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention)",
-         "return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, _src_mask=encoded.src_mask)"),
+        ("return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout)",
+         "return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout, "
+         "_src_mask=encoded.src_mask)"),
     ], {})]),
     # A mask passed in is read in nn.MultiheadAttention's convention (True = may NOT attend);
     # masks the model derives itself are read correctly.
@@ -87,26 +105,64 @@ PROPERTY_BREAKS = {
         "return e / e.sum(axis=-1, keepdims=True)",
         "return e / e[..., np.random.permutation(e.shape[-1])].sum(axis=-1, keepdims=True)",
     )], {})]),
+    # A KV cache that loses the newest position's key and value (an off-by-one in the slice):
+    # the full forward pass never reads the cache, so only decoding sees it.
+    "cached decoding drops the newest key": ("test_generate", [("numpy", [(
+        "h, _ = self.self_attn.attend(h, cache.keys[i][:, :, :t + 1], cache.values[i][:, :, :t + 1], self_mask)",
+        "h, _ = self.self_attn.attend(h, cache.keys[i][:, :, :max(t, 1)], cache.values[i][:, :, :max(t, 1)], "
+        "self_mask[..., :max(t, 1)])",
+    )], {})]),
+    # The backward pass (impl_numpy/backward.py): invisible to every forward property.
+    # LayerNorm's gradient without the term through the variance, which depends on the whole row.
+    "LayerNorm gradient misses the variance term": ("test_gradients", [("numpy", [(
+        "backward.py",
+        "- normed * (d_normed * normed).mean(axis=-1, keepdims=True))",
+        ")",
+    )], {})]),
+    # The softmax gradient sent on to masked scores: wrong only where a row is uniform over
+    # masked keys (a finite fill with every key masked), where the softmax gradient is not 0.
+    "softmax gradient ignores the mask": ("test_gradients", [("numpy", [(
+        "backward.py",
+        "d_scores = np.where(mask, d_scores, 0)",
+        "d_scores = d_scores",
+    )], {})]),
     # Two backends that each stay within tolerance of the oracle, drifting in opposite directions.
     "two backends drift apart within tolerance": ("test_pairs", [
-        ("numpy", [("logits = y @ weight  # (B, T, V)", f"logits = (y @ weight) * (1 + {DRIFT!r})  # (B, T, V)")], {}),
-        ("numpy", [("logits = y @ weight  # (B, T, V)", f"logits = (y @ weight) * (1 - {DRIFT!r})  # (B, T, V)")], {}),
+        # Added, not multiplied: the float64 tolerance is absolute (atol), so a relative drift of
+        # 0.9e-12 leaves it on logits larger than 1.1 (hypothesis draws them).
+        ("numpy", [("logits = y @ weight  # (B, T, V)", f"logits = (y @ weight) + {DRIFT!r}  # (B, T, V)")], {}),
+        ("numpy", [("logits = y @ weight  # (B, T, V)", f"logits = (y @ weight) - {DRIFT!r}  # (B, T, V)")], {}),
     ]),
 }
 
 
-def broken_copy(name: str, backend: str, edits, patches):
-    """A private copy of `impl_<backend>.model` with the edits applied, as a registered backend."""
-    source = (ROOT / f"impl_{backend}" / "model.py").read_text()
+def edited_module(name: str, module_name: str, path: Path, edits):
+    """A private module from the file at `path` with the `(old, new)` edits applied."""
+    source = path.read_text()
     for old, new in edits:
         count = source.count(old)
-        assert count >= 1, f"break {name!r}: {old!r} no longer occurs in impl_{backend}/model.py"
+        assert count >= 1, f"break {name!r}: {old!r} no longer occurs in {path.relative_to(ROOT)}"
         source = source.replace(old, new)
-    module_name = "broken_" + "".join(c if c.isalnum() else "_" for c in name)
     spec = importlib.util.spec_from_loader(module_name, loader=None)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     exec(compile(source, f"<{module_name}>", "exec"), module.__dict__)
+    return module
+
+
+def broken_copy(name: str, backend: str, edits, patches):
+    """A private copy of `impl_<backend>.model` with the edits applied, as a registered backend.
+
+    An edit `(old, new)` applies to model.py; `("backward.py", old, new)` to a private copy of
+    impl_numpy/backward.py, which the copied model then uses as its `backprop`."""
+    module_name = "broken_" + "".join(c if c.isalnum() else "_" for c in name)
+    model_edits = [edit for edit in edits if len(edit) == 2]
+    backward_edits = [edit[1:] for edit in edits if len(edit) == 3]
+    assert all(edit[0] == "backward.py" for edit in edits if len(edit) == 3), f"break {name!r}: unknown file"
+    module = edited_module(name, module_name, ROOT / f"impl_{backend}" / "model.py", model_edits)
+    if backward_edits:
+        patches = {**patches, "backprop": edited_module(
+            name, module_name + "_backward", ROOT / f"impl_{backend}" / "backward.py", backward_edits)}
     for attribute, value in patches.items():
         assert hasattr(module, attribute), f"break {name!r}: impl_{backend}.model has no {attribute!r}"
         setattr(module, attribute, value)

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 from conformance import ConfigError, ModelConfig, PRESETS, param_shapes, preset
 from conformance.core.params import param_count
 from conformance.core.config import (
-    ACTIVATIONS, FLOAT32_MAX, LAYER_NORM_FORMS, MAX_LEN_LIMIT, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS,
+    ACTIVATIONS, FLOAT32_MAX, LAYER_NORM_FORMS, MAX_LEN_LIMIT, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, SRC_PAD_MASK_SIDES,
 )
 
 
@@ -35,18 +35,20 @@ def configs(draw):
         layer_norm_eps=draw(st.sampled_from([1e-5, 1e-6, 1e-12])),
         layer_norm_form=draw(st.sampled_from(LAYER_NORM_FORMS)),
         scale_embedding=draw(st.booleans()),
-        position=draw(st.sampled_from(POSITIONS)),
+        position=draw(st.sampled_from(POSITIONS).filter(lambda p: d_model >= 4 or p != "sinusoid-t2t")),
         share_embeddings=share,
         tie_output=draw(st.booleans()),
         qkv_bias=draw(st.booleans()),
         out_proj_bias=draw(st.booleans()),
         mask_fill=draw(st.sampled_from([-math.inf, -1e9, -1e4, -3.4028234663852886e38])),
         tgt_pad_mask=draw(st.sampled_from(PAD_MASK_SIDES)),
+        src_pad_mask=draw(st.sampled_from(SRC_PAD_MASK_SIDES)),
         cross_attn_src_mask=draw(st.booleans()),
         pad_id=draw(st.integers(0, 1)),
         activation=draw(st.sampled_from(ACTIVATIONS)),
         output_bias=draw(st.booleans()),
         final_logits_bias=draw(st.booleans()),
+        scale_logits=draw(st.booleans()),
         notes={"layout": "test"},
     )
 
@@ -88,7 +90,7 @@ def test_every_variants_switch_is_a_field():
         (dict(layer_norm_form="rms"), "layer_norm_form", "unknown value"),
         (dict(position="rotary"), "position", "unknown value"),
         (dict(activation="tanh"), "activation", "unknown value"),
-        (dict(tgt_pad_mask="both"), "tgt_pad_mask", "unknown value"),
+        (dict(tgt_pad_mask="sides"), "tgt_pad_mask", "unknown value"),
         (dict(layer_norm_eps=0.0), "layer_norm_eps", "positive"),
         (dict(layer_norm_eps=math.nan), "layer_norm_eps", "positive"),
         (dict(mask_fill=0.0), "mask_fill", "negative"),
@@ -207,3 +209,29 @@ def test_param_count_answers_for_absurd_layer_counts_without_building_the_key_sp
     per_layer = len(param_shapes(config.replace(n_encoder_layers=1, n_decoder_layers=1))) - len(
         param_shapes(config.replace(n_encoder_layers=0, n_decoder_layers=0)))
     assert param_count(config) == len(param_shapes(config.replace(n_encoder_layers=0, n_decoder_layers=0))) + 10**9 * per_layer
+
+
+def test_a_stored_config_from_before_the_added_fields_keeps_its_old_meaning():
+    # Written before src_pad_mask and scale_logits existed: every other field is named.
+    old = {k: v for k, v in ModelConfig().to_dict().items() if k not in ("src_pad_mask", "scale_logits")}
+    config = ModelConfig.from_dict(old, complete=True)
+    assert config.src_pad_mask == "keys" and config.scale_logits is False
+    # Any other missing field is still refused by name.
+    with pytest.raises(ConfigError, match="norm_placement"):
+        ModelConfig.from_dict({k: v for k, v in old.items() if k != "norm_placement"}, complete=True)
+
+
+def test_new_fields_round_trip_through_json():
+    config = preset("flax-wmt", scale_logits=True, tie_output=True, output_bias=False, tgt_pad_mask="both")
+    again = ModelConfig.from_json(config.to_json(), complete=True)
+    assert again == config and again.src_pad_mask == "both" and again.layer_norm_form == "fast-variance"
+
+
+def test_t2t_sinusoid_needs_four_dims():
+    with pytest.raises(ConfigError, match="d_model"):
+        ModelConfig(d_model=2, n_heads=1, position="sinusoid-t2t")
+
+
+def test_unknown_src_pad_mask_is_named():
+    with pytest.raises(ConfigError, match="src_pad_mask"):
+        ModelConfig(src_pad_mask="queries")

@@ -139,15 +139,15 @@ def test_torch_nn_transformer_needs_its_norm_placement_and_names_its_defaults(tm
     assert not out_path.exists()
 
     status, out, err = cli(capsys, "convert", tmp_path / "model.pt", out_path, "--set", "n_heads=2",
-                           "--set", "norm_placement=pre", "--set", "layer_norm_eps=1e-5")
+                           "--set", "norm_placement=pre", "--set", "layer_norm_eps=1e-5", "--set", "pad_id=1")
     assert status == 0, err
     lines = [line.strip() for line in out.splitlines()]
     defaulted = [line for line in lines if "(the layout's default" in line]
-    assert [line.split(" ")[0] for line in defaulted] == ["activation=relu", "pad_id=1"], out
+    assert [line.split(" ")[0] for line in defaulted] == ["activation=relu"], out
     assert "--set activation=gelu|gelu-tanh|silu if your model differs" in defaulted[0]
-    assert "nn.Transformer(activation=...)" in defaulted[0] and "--set pad_id=N" in defaulted[1]
+    assert "nn.Transformer(activation=...)" in defaulted[0]
     config, params = checkpoint.load(out_path)
-    assert config.norm_placement == "pre" and config.notes["layout_defaults"] == "activation=relu, pad_id=1"
+    assert config.norm_placement == "pre" and config.notes["layout_defaults"] == "activation=relu"
     src, tgt = padded_batch(torch_tutorial.PAD, SIZES["src_vocab"], SIZES["tgt_vocab"])
     with torch.no_grad():
         reference = torch_tutorial.logits(model, torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
@@ -166,7 +166,7 @@ def test_a_nested_pytorch_checkpoint_needs_key(tmp_path, system, capsys):
 @pytest.mark.parametrize("argv, words", [
     ([], "ModelConfig.n_heads: cannot be read from tensor shapes"),
     (["--set", "n_heads=2", "--set", "d_model=64"], "ModelConfig.d_model: 64 (given) contradicts encoder_embedding.weight"),
-    (["--set", "n_heads=two"], "expected a int"),
+    (["--set", "n_heads=two"], "expected an integer"),
     (["--set", "heads=2"], "ModelConfig.heads: is not a ModelConfig field"),
     (["--set", "n_heads=2", "--set", "mask_fill=-inf", "--set", "n_heads=4"],
      "ModelConfig.n_heads: given twice with different values: --set n_heads=2 and --set n_heads=4"),
@@ -310,8 +310,8 @@ def test_layouts_lists_and_explains(tmp_path, capsys):
         assert name in out
     status, out, _ = cli(capsys, "layouts", "torch-nn-transformer")
     assert status == 0 and "transformer.encoder.layers.{i}.self_attn.in_proj_{w:weight|bias}" in out
-    assert "split axis 0 into 3" in out and "activation, layer_norm_eps, pad_id\n" in out
-    assert "required (--set): norm_placement\n" in out
+    assert "split axis 0 into 3" in out and "activation, layer_norm_eps\n" in out
+    assert "required (--set): norm_placement, pad_id\n" in out
     bad = tmp_path / "bad.toml"
     bad.write_text("[keys]\n")
     status, _, err = cli(capsys, "layouts", bad)
@@ -328,7 +328,7 @@ def test_layouts_shows_every_switch_a_layout_implies(tmp_path, capsys):
     status, out, _ = cli(capsys, "layouts", "hyunwoongko")
     assert status == 0
     rows = switch_rows(out)
-    assert len(rows) == 18  # every ModelConfig switch
+    assert len(rows) == 20  # every ModelConfig switch (18, plus src_pad_mask and scale_logits)
     # The preset's switches, and ModelConfig's defaults for the ones the preset does not set.
     assert rows["layer_norm_eps"] == ["1e-12", "preset"] and rows["scale_embedding"] == ["false", "preset"]
     assert rows["mask_fill"] == ["-10000.0", "preset"] and rows["tgt_pad_mask"] == ["queries", "preset"]
@@ -461,3 +461,24 @@ def test_run_refuses_bad_ids_and_writes_nothing(tmp_path, converted_checkpoint, 
                          "--out", tmp_path / "run.npz")
     assert status == 2 and words in err, err
     assert not (tmp_path / "run.npz").exists()
+
+
+def test_convert_to_a_flat_layout_writes_its_state_dict(tmp_path, capsys):
+    """`rosetta convert model.safetensors out.safetensors --to LAYOUT`: the foreign keys, no rosetta
+    metadata; reading them back through the layout gives the same model."""
+    from conformance import init_params, preset
+
+    config = preset("annotated-transformer", src_vocab_size=11, tgt_vocab_size=11, d_model=8, n_heads=2, d_ff=12,
+                    n_encoder_layers=1, n_decoder_layers=1, max_len=6, pad_id=2)
+    params = init_params(config, seed=1, dtype=np.float32)
+    checkpoint.save(tmp_path / "model.safetensors", config, params)
+    status, _, _ = cli(capsys, "convert", tmp_path / "model.safetensors", tmp_path / "at.safetensors", "--to",
+                       "annotated-transformer")
+    assert status == 0
+    state = read_state_dict(tmp_path / "at.safetensors")
+    assert "src_embed.0.lut.weight" in state
+    back_config, back = import_state_dict(state, "annotated-transformer", n_heads=2, pad_id=2)
+    assert back_config == config and all(np.array_equal(back[k], params[k]) for k in params)
+    status, _, err = cli(capsys, "convert", tmp_path / "model.safetensors", tmp_path / "at.safetensors", "--to",
+                         "annotated-transformer")
+    assert status == 2 and "exists" in err, err

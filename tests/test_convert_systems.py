@@ -58,7 +58,7 @@ SYSTEMS = {
     "sublayer-norm": (sublayer_norm, {}),
     "pre-ln-tutorial": (pre_ln_tutorial, {}),
     "annotated-transformer": (annotated, {"pad_id": annotated.PAD}),
-    "torch-nn-transformer": (torch_tutorial, {"norm_placement": "post"}),  # nn.Transformer's default norm_first=False
+    "torch-nn-transformer": (torch_tutorial, {"norm_placement": "post", "pad_id": torch_tutorial.PAD}),  # norm_first=False (the default); the tutorial's PAD_IDX
 }
 
 
@@ -301,7 +301,8 @@ def test_from_torch_nn_transformer(norm_first, backend):
     converted_models = []
     for batch_first in (False, True):
         model = randomize_(torch_tutorial.make(**SIZES, norm_first=norm_first, batch_first=batch_first), seed=5)
-        config, params = from_torch_nn_transformer(model.transformer, model.src_tok_emb, model.tgt_tok_emb, model.generator)
+        config, params = from_torch_nn_transformer(model.transformer, model.src_tok_emb, model.tgt_tok_emb, model.generator,
+                                                   pad_id=torch_tutorial.PAD)
         assert config.norm_placement == ("pre" if norm_first else "post")
         assert config.notes["batch_first"] == str(batch_first)
         # No position module is passed: the tutorial's sinusoid is computed (float64 here, float32
@@ -319,7 +320,8 @@ def test_from_torch_nn_transformer(norm_first, backend):
 
 def test_from_torch_nn_transformer_reads_activation_and_epsilon():
     model = randomize_(torch_tutorial.make(**SIZES, activation="gelu", layer_norm_eps=1e-3, norm_first=True), seed=6)
-    config, params = from_torch_nn_transformer(model.transformer, model.src_tok_emb, model.tgt_tok_emb, model.generator)
+    config, params = from_torch_nn_transformer(model.transformer, model.src_tok_emb, model.tgt_tok_emb, model.generator,
+                                                   pad_id=torch_tutorial.PAD)
     assert (config.activation, config.layer_norm_eps, config.n_heads) == ("gelu", 1e-3, SIZES["n_heads"])
     src, tgt = padded_batch(torch_tutorial.PAD, SIZES["src_vocab"], SIZES["tgt_vocab"])
     with torch.no_grad():
@@ -345,7 +347,7 @@ def test_from_torch_nn_transformer_takes_plain_embeddings_and_a_bias_free_genera
     transformer = torch.nn.Transformer(d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=24)
     src_emb, tgt_emb = torch.nn.Embedding(11, 16), torch.nn.Embedding(13, 16)
     generator = torch.nn.Linear(16, 13, bias=False)
-    config, params = from_torch_nn_transformer(transformer.eval(), src_emb, tgt_emb, generator)
+    config, params = from_torch_nn_transformer(transformer.eval(), src_emb, tgt_emb, generator, pad_id=0)
     assert not config.output_bias and "output.bias" not in params
     assert (config.src_vocab_size, config.tgt_vocab_size) == (11, 13)
     np.testing.assert_array_equal(params["output.weight"], generator.weight.detach().numpy().T)
@@ -361,9 +363,9 @@ def test_from_torch_nn_transformer_reads_what_the_layout_requires():
     module import reads it from norm_first, and without layers it places no norm at all."""
     empty = torch.nn.Transformer(d_model=16, nhead=2, num_encoder_layers=0, num_decoder_layers=0, dim_feedforward=24)
     config, _ = from_torch_nn_transformer(empty.eval(), torch.nn.Embedding(5, 16), torch.nn.Embedding(5, 16),
-                                          torch.nn.Linear(16, 5))
+                                          torch.nn.Linear(16, 5), pad_id=0)
     assert config.n_encoder_layers == config.n_decoder_layers == 0 and config.norm_placement == "post"
-    assert config.notes["layout_defaults"] == "activation=relu, pad_id=1"
+    assert config.notes["layout_defaults"] == "activation=relu"
 
 
 def test_from_torch_nn_transformer_refuses_what_modelconfig_cannot_express():

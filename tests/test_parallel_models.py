@@ -33,6 +33,10 @@ IDIOM_METHODS = {
     "params": ({"jax"}, "a property: the flattened nnx.Param state; NumPy keeps the dict, torch has state_dict()"),
     "_encode": ({"jax"}, "the compiled part of encode (one XLA executable per shape)"),
     "_decode": ({"jax"}, "the compiled part of decode"),
+    "_start_cache": ({"jax"}, "the compiled part of start_cache"),
+    "_decode_step": ({"jax"}, "the compiled part of decode_step (one executable for every step)"),
+    "_reorder_cache": ({"jax"}, "the compiled part of reorder_cache"),
+    "_loss_and_grads": ({"jax"}, "the compiled part of loss_and_grads (one XLA executable per shape)"),
     "traceable_forward": ({"jax"}, "the unchecked forward for use inside jax.jit / vmap (host checks cannot trace)"),
 }
 # Method names that mean the same: torch's nn.Module runs `forward` through `__call__`.

@@ -176,6 +176,20 @@ def dtype_scope(target: Target) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def forward_only(backend: str) -> Iterator[None]:
+    """No autograd record for the duration: a torch model's parameters require gradients, so a
+    forward pass outside `torch.inference_mode` keeps every activation for a backward pass that a
+    check never takes (1.5 GB more for a base-size model at length 512)."""
+    if kind(backend) == "torch":
+        import torch
+
+        with torch.inference_mode():
+            yield
+    else:
+        yield
+
+
 def precision_settings(backend: str) -> dict[str, Any]:
     """The backend's matmul-precision settings, for reports and the pytest header."""
     return dict(import_backend(backend).precision_settings())

@@ -72,10 +72,51 @@ def _index(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(i) for i in np.unravel_index(flat_index, shape))
 
 
+# compare() works through a tensor this many elements at a time, so that its float64 temporaries
+# (both operands, the errors, the masks) take a few tens of MB whatever the tensor's size; a
+# base-size model's logits at length 512 are 260 MB in float64 alone.
+CHUNK = 1 << 20
+
+
+def on_host(x: Any) -> np.ndarray:
+    """Any backend's array as a NumPy array on the host, in its own dtype where NumPy has it
+    (a torch bfloat16 tensor comes back as float32, which holds it exactly)."""
+    if hasattr(x, "detach"):  # torch.Tensor
+        x = x.detach().cpu()
+        if str(x.dtype) == "torch.bfloat16":
+            x = x.float()
+        return x.numpy()
+    return np.asarray(x)
+
+
+def _chunks(*arrays: np.ndarray):
+    """(offset, float64 slices of each array) over the flattened arrays, CHUNK elements at a time."""
+    flat = [a.reshape(-1) for a in arrays]
+    for start in range(0, flat[0].size, CHUNK):
+        yield start, [f[start: start + CHUNK].astype(np.float64) for f in flat]
+
+
 def tensor_scale(expected: np.ndarray) -> float:
     """max(1, largest finite |value|): the magnitude that `atol` is measured against."""
-    finite = np.abs(expected[np.isfinite(expected)])
-    return max(1.0, float(finite.max())) if finite.size else 1.0
+    largest = 0.0
+    for _, (e,) in _chunks(np.asarray(expected)):
+        finite = np.abs(e[np.isfinite(e)])
+        if finite.size:
+            largest = max(largest, float(finite.max()))
+    return max(1.0, largest)
+
+
+class _FirstMax:
+    """The running np.argmax over chunks: the first largest value, a NaN counting as largest."""
+
+    def __init__(self):
+        self.value, self.index = None, None
+
+    def offer(self, values: np.ndarray, offset: int) -> None:
+        i = int(np.argmax(values))
+        value = float(values[i])
+        if self.value is None or (not np.isnan(self.value) and (np.isnan(value) or value > self.value)):
+            self.value, self.index = value, offset + i
 
 
 def compare(actual: Any, expected: Any, tol: Tolerance) -> Comparison:
@@ -84,9 +125,10 @@ def compare(actual: Any, expected: Any, tol: Tolerance) -> Comparison:
 
     A float computation's error is proportional to the magnitudes it combines, not to each
     element's own size: a small element of a large residual stream carries the rounding of the
-    large ones. Scaling `atol` by the tensor's magnitude states that directly.
+    large ones. Scaling `atol` by the tensor's magnitude states that directly. The work goes in
+    chunks of `CHUNK` elements, with the same result as on the whole tensor at once.
     """
-    a, e = to_numpy(actual), to_numpy(expected)
+    a, e = on_host(actual), on_host(expected)
     if a.shape != e.shape:
         return Comparison(passed=False, shape_problem=f"shape {a.shape} differs from the oracle's {e.shape}")
     if a.dtype == np.bool_ or e.dtype == np.bool_ or a.dtype.kind in "iu":
@@ -96,31 +138,36 @@ def compare(actual: Any, expected: Any, tol: Tolerance) -> Comparison:
         return Comparison(passed=count == 0, violations=count, first_violation_at=first,
                           max_abs=float(count > 0), max_abs_at=first,
                           values_at_max_abs=(float(a[first]), float(e[first])) if count else None)
-    a, e = a.astype(np.float64), e.astype(np.float64)
     scale = tensor_scale(e)
-    nan_a, nan_e = np.isnan(a), np.isnan(e)
-    nan_diff = nan_a != nan_e
-    both = ~(nan_a | nan_e)
-    with np.errstate(invalid="ignore", over="ignore"):
-        abs_err = np.where(both, np.abs(a - e), 0.0)
-        abs_err = np.where(both & (a == e), 0.0, abs_err)  # equal infinities are not an error
-        rel_err = np.where(both, abs_err / np.maximum(np.abs(e), np.finfo(np.float64).tiny), 0.0)
-        bad = both & ~(abs_err <= tol.atol * scale + tol.rtol * np.abs(e))
-    result = Comparison(passed=not bad.any() and not nan_diff.any(), scale=scale)
+    result = Comparison(passed=True, scale=scale)
+    worst_abs, worst_rel = _FirstMax(), _FirstMax()
+    for offset, (a_part, e_part) in _chunks(a, e):
+        nan_a, nan_e = np.isnan(a_part), np.isnan(e_part)
+        nan_diff = nan_a != nan_e
+        both = ~(nan_a | nan_e)
+        with np.errstate(invalid="ignore", over="ignore"):
+            abs_err = np.where(both, np.abs(a_part - e_part), 0.0)
+            abs_err = np.where(both & (a_part == e_part), 0.0, abs_err)  # equal infinities are not an error
+            rel_err = np.where(both, abs_err / np.maximum(np.abs(e_part), np.finfo(np.float64).tiny), 0.0)
+            bad = both & ~(abs_err <= tol.atol * scale + tol.rtol * np.abs(e_part))
+        worst_abs.offer(abs_err, offset)
+        worst_rel.offer(rel_err, offset)
+        if bad.any():
+            if not result.violations:
+                result.first_violation_at = _index(offset + int(np.argmax(bad)), a.shape)
+            result.violations += int(bad.sum())
+        if nan_diff.any():
+            if not result.nan_mismatches:
+                k = int(np.argmax(nan_diff))
+                result.first_nan_mismatch_at = _index(offset + k, a.shape)
+                result.values_at_nan_mismatch = (float(a_part[k]), float(e_part[k]))
+            result.nan_mismatches += int(nan_diff.sum())
+    result.passed = not result.violations and not result.nan_mismatches
     if a.size:
-        i = int(np.argmax(abs_err))
-        result.max_abs, result.max_abs_at = float(abs_err.flat[i]), _index(i, a.shape)
+        i = worst_abs.index
+        result.max_abs, result.max_abs_at = worst_abs.value, _index(i, a.shape)
         result.values_at_max_abs = (float(a.flat[i]), float(e.flat[i]))
-        j = int(np.argmax(rel_err))
-        result.max_rel, result.max_rel_at = float(rel_err.flat[j]), _index(j, a.shape)
-    if bad.any():
-        result.violations = int(bad.sum())
-        result.first_violation_at = _index(int(np.argmax(bad)), a.shape)
-    if nan_diff.any():
-        result.nan_mismatches = int(nan_diff.sum())
-        k = int(np.argmax(nan_diff))
-        result.first_nan_mismatch_at = _index(k, a.shape)
-        result.values_at_nan_mismatch = (float(a.flat[k]), float(e.flat[k]))
+        result.max_rel, result.max_rel_at = worst_rel.value, _index(worst_rel.index, a.shape)
     return result
 
 

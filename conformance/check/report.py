@@ -16,16 +16,23 @@ from typing import Any
 import numpy as np
 
 from conformance.check import backends
-from conformance.check.compare import Comparison, compare, to_numpy
+from conformance.check.compare import Comparison, compare
+from conformance.check.plan import OracleTensors, Plan, plan_batch, release_freed_memory
 from conformance.core.output import forward_order, tensors_of
 from conformance.core.config import ModelConfig
+from conformance.core.errors import InputError
 from conformance.check.tolerances import tolerance
 
 
-def fixed_batch(config: ModelConfig, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Three rows that exercise padding: none, trailing, and all but one token."""
+def fixed_batch(config: ModelConfig, seed: int = 0, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Three rows that exercise padding: none, trailing, and all but one token.
+
+    Source and target are 7 and 6 tokens long (at most `max_len`), or both `length` tokens.
+    """
+    if length is not None and not 1 <= length <= config.max_len:
+        raise InputError("length", f"must be between 1 and the config's max_len {config.max_len}, got {length}")
     rng = np.random.default_rng(seed)
-    src_len, tgt_len = min(7, config.max_len), min(6, config.max_len)
+    src_len, tgt_len = (length, length) if length is not None else (min(7, config.max_len), min(6, config.max_len))
 
     def ids(vocab: int, length: int) -> np.ndarray:
         choices = np.array([i for i in range(vocab) if i != config.pad_id])
@@ -35,6 +42,10 @@ def fixed_batch(config: ModelConfig, seed: int = 0) -> tuple[np.ndarray, np.ndar
         return rows
 
     return ids(config.src_vocab_size, src_len), ids(config.tgt_vocab_size, tgt_len)
+
+
+# A passing cell with a relative error this large (1%) is footnoted: it looks like a bug and is not.
+REL_NOTE = 1e-2
 
 
 @dataclass
@@ -91,11 +102,18 @@ class Report:
             f"config: {self.config.summary()}",
             "oracle: numpy/cpu/float64; each cell: max abs error, max rel error (where both are finite), "
             "verdict (FAIL:NaN: NaN where the oracle has none, or the reverse)",
+            "verdict: ok when every |error| <= atol * scale, scale = max(1, max |oracle| of the tensor); the rel "
+            "error does not decide it",
             "",
         ]
         if self.checked:  # with no target, a table of empty columns would only suggest agreement
             lines.append("tensor".ljust(width) + "  " + "  ".join(label.ljust(col) for label in labels))
             lines += [self._row(tensor, labels, width, col) for tensor in self.tensors]
+            if any(self._near_zero(self.cells.get((tensor, label)), label) for tensor in self.tensors for label in labels):
+                lines.append(f"ok*: passes with a max rel error >= {REL_NOTE:g}: it passes, so that element's |error| <= "
+                             f"atol * scale, and its oracle value is near 0\n     (|oracle| <= {1 / REL_NOTE:g} * atol * "
+                             "scale: an attention weight of ~0, a residual crossing 0), where any rounding is a large "
+                             "fraction of the value")
             lines.append("")
         for target in self.targets:
             tol = tolerance(target.dtype, target.device)
@@ -136,10 +154,18 @@ class Report:
                 text = "ERROR"
             else:
                 c = cell.comparison
-                verdict = "ok" if c.passed else "FAIL:NaN" if c.nan_mismatches else "FAIL"
+                verdict = "FAIL:NaN" if c.nan_mismatches else "FAIL"
+                if c.passed:
+                    verdict = "ok*" if self._near_zero(cell, label) else "ok"
                 text = f"{c.max_abs:8.1e} {c.max_rel:8.1e} {verdict}"
             row.append(text.ljust(col))
         return tensor.ljust(width) + "  " + "  ".join(row)
+
+    def _near_zero(self, cell: Cell | None, label: str) -> bool:
+        """A passing cell whose relative error alone would look like a failure (footnoted "ok*")."""
+        if cell is None or cell.error or cell.comparison is None or not cell.comparison.passed:
+            return False
+        return cell.comparison.max_rel >= REL_NOTE
 
     def to_json(self) -> dict[str, Any]:
         first = self.first_failure()
@@ -210,33 +236,68 @@ def default_targets(names: list[str] | None = None, dtypes: list[str] | None = N
 
 def run_check(config: ModelConfig, params: dict[str, np.ndarray], source: str,
               targets: list[backends.Target], skipped: dict[str, str] | None = None,
-              src_ids: np.ndarray | None = None, tgt_ids: np.ndarray | None = None) -> Report:
-    """Run the oracle and every target on the same batch and compare every tensor."""
+              src_ids: np.ndarray | None = None, tgt_ids: np.ndarray | None = None,
+              plan: Plan | None = None) -> Report:
+    """Run the oracle and every target on the same batch and compare every tensor.
+
+    `plan` says how the oracle's tensors are held (default: `plan_batch` against MemAvailable);
+    the report is the same either way. One model is alive at a time, and each of a target's
+    tensors is released as soon as it has been compared.
+    """
     import impl_numpy
 
     if src_ids is None or tgt_ids is None:
         src_ids, tgt_ids = fixed_batch(config)
+    if plan is None:
+        plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids)
     report = Report(config=config, source=source, targets=targets, tensors=forward_order(config),
                     skipped=dict(skipped or {}))
     report.versions["numpy"] = backends.version("numpy")
-    oracle = tensors_of(impl_numpy.Model(config, params, dtype="float64")(src_ids, tgt_ids))
-    for target in targets:
-        report.versions.setdefault(target.backend, backends.version(target.backend))
-        tol = tolerance(target.dtype, target.device)
-        try:
-            started = time.perf_counter()
-            with backends.full_precision(target.backend), backends.dtype_scope(target):
-                report.precision[target.backend] = backends.precision_settings(target.backend)
-                model = backends.build(target, config, params)
-                got = tensors_of(model(src_ids, tgt_ids))
-                got = {name: to_numpy(value) for name, value in got.items()}
-            report.seconds[target.label] = time.perf_counter() - started
-        except Exception as exc:  # noqa: BLE001 - a backend that crashes is a finding, not a crash of the report
-            report.errors[target.label] = f"{type(exc).__name__}: {exc}"
-            continue
-        for tensor in report.tensors:
-            if tensor not in got:
-                report.cells[(tensor, target.label)] = Cell(error=f"{target.backend} did not return {tensor!r}")
-            else:
-                report.cells[(tensor, target.label)] = Cell(comparison=compare(got[tensor], oracle[tensor], tol))
+    with OracleTensors(plan.mode) as oracle:
+        wanted = set(report.tensors)
+        _release_into(tensors_of(impl_numpy.Model(config, params, dtype="float64")(src_ids, tgt_ids)),
+                      lambda name, value: oracle.put(name, value) if name in wanted else None)
+        release_freed_memory()
+        for target in targets:
+            _check_target(report, target, config, params, src_ids, tgt_ids, oracle)
+            release_freed_memory()
     return report
+
+
+def _check_target(report: Report, target: backends.Target, config: ModelConfig, params: dict[str, np.ndarray],
+                  src_ids: np.ndarray, tgt_ids: np.ndarray, oracle: OracleTensors) -> None:
+    report.versions.setdefault(target.backend, backends.version(target.backend))
+    tol = tolerance(target.dtype, target.device)
+    try:
+        started = time.perf_counter()
+        with backends.full_precision(target.backend), backends.dtype_scope(target):
+            report.precision[target.backend] = backends.precision_settings(target.backend)
+            model = backends.build(target, config, params)
+            with backends.forward_only(target.backend):
+                got = tensors_of(model(src_ids, tgt_ids))
+            del model  # before the comparisons: one model alive at a time
+            for value in got.values():
+                if hasattr(value, "block_until_ready"):  # JAX dispatches asynchronously
+                    value.block_until_ready()
+        report.seconds[target.label] = time.perf_counter() - started
+    except Exception as exc:  # noqa: BLE001 - a backend that crashes is a finding, not a crash of the report
+        report.errors[target.label] = f"{type(exc).__name__}: {exc}"
+        return
+
+    def record(tensor: str, value) -> None:
+        if tensor in oracle:  # every tensor of the report, and only those
+            report.cells[(tensor, target.label)] = Cell(comparison=compare(value, oracle[tensor], tol))
+
+    _release_into(got, record)
+    for tensor in report.tensors:
+        if (tensor, target.label) not in report.cells:
+            report.cells[(tensor, target.label)] = Cell(error=f"{target.backend} did not return {tensor!r}")
+
+
+def _release_into(tensors: dict[str, Any], consume) -> None:
+    """consume(name, tensor) for each tensor, dropping it from `tensors` first, so that each one is
+    freed once consumed (the caller must hold no other reference to the tensors)."""
+    for name in list(tensors):
+        value = tensors.pop(name)
+        consume(name, value)
+        del value

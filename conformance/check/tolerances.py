@@ -54,6 +54,32 @@ def tolerance(dtype: str, device: str = "cpu") -> Tolerance:
         raise KeyError(f"no tolerance for dtype {dtype!r} on {kind}; known: {sorted(TOLERANCES)}") from None
 
 
+# Gradients (`loss_and_grads`, docs/training.md) against the float64 NumPy backward pass, by the
+# same criterion, each gradient its own tensor. Measured with `python -m
+# conformance.suite.measure_gradients --torch-autograd` (docs/tolerances.md, "Gradients"; 847
+# examples over seeds 0-3):
+#   float64   PyTorch autograd 7.4e-13                                       -> 1e-11  (14x)
+#   float32   numpy 2.9e-4, PyTorch autograd 2.9e-4                          -> 2e-3   (7x)
+# float32 gradients sit ~4x above the forward's worst: a backward pass multiplies by the same
+# peaked softmax Jacobians and LayerNorm 1/std twice, once each way. Examples whose ReLU inputs
+# come within the forward tolerance of 0 are left out below float64 (`runner.relu_kink_distance`).
+# Half precision has no gradient row: nothing has measured it yet.
+GRADIENT_TOLERANCES: dict[tuple[str, str], Tolerance] = {
+    ("float64", "cpu"): Tolerance(atol=1e-11, rtol=0.0),
+    ("float64", "gpu"): Tolerance(atol=1e-11, rtol=0.0),
+    ("float32", "cpu"): Tolerance(atol=2e-3, rtol=0.0),
+    ("float32", "gpu"): Tolerance(atol=2e-3, rtol=0.0),
+}
+
+
+def gradient_tolerance(dtype: str, device: str = "cpu") -> Tolerance:
+    """The tolerance for gradients computed in `dtype` on a device of kind `device`."""
+    kind = "cpu" if device.split(":")[0] == "cpu" else "gpu"
+    try:
+        return GRADIENT_TOLERANCES[(dtype, kind)]
+    except KeyError:
+        raise KeyError(f"no gradient tolerance for dtype {dtype!r} on {kind}; known: {sorted(GRADIENT_TOLERANCES)}") from None
+
 # Half precision is specified for weights at the scale of a trained model (the initialiser's
 # scale <= 1). At scale 2, attention scores reach magnitudes of ~50, and bfloat16's 8-bit
 # mantissa moves them by ~0.2, which a sharp softmax turns into attention weights off by up to

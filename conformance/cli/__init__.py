@@ -23,6 +23,7 @@ COMMANDS = {
     "layouts": "layouts",
     "inspect": "inspect",
     "run": "run",
+    "train-check": "train_check",
 }
 
 
@@ -41,13 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, TensorError
+
     args = build_parser().parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except (CheckpointError, ConfigError, InputError) as exc:
+    except (CheckpointError, ConfigError, InputError, LayoutError, NoMatchingLayoutError, AmbiguousLayoutError,
+            TensorError) as exc:
         print(f"rosetta {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `rosetta inspect x | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
-
+    except OSError as exc:  # a file the commands did not foresee (a full disk, a vanished folder)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"rosetta {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2

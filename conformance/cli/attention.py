@@ -13,21 +13,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
     parser.add_argument("--src", required=True, help="source: digits for the toy model, or IDS ('5,6,7' or a .npy file)")
     parser.add_argument("--tgt", help="decoder input IDS; default: <bos> followed by the model's own greedy output, up to its <eos>")
-    parser.add_argument("--out", required=True, help="the PNG file to write")
+    parser.add_argument("--out", required=True, help="the PNG file to write (its name must end in .png)")
     parser.add_argument("--row", type=int, default=0, help="which batch row to draw (default 0)")
     add_backend_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    import io
+
     import numpy as np
 
     from conformance.check import toy
-    from conformance.cli.common import labels, load_model, parse_ids, parse_source
+    from conformance.cli.common import check_output, labels, load_model, parse_ids, parse_source, write_outputs
     from conformance.check.compare import to_numpy
     from conformance.check.plots import plot_attention
+    from conformance.core.errors import InputError
 
+    out_path = check_output(args.out, "--out", (".png",))
+    if args.row < 0:
+        raise InputError("--row", f"must be a batch row index >= 0, got {args.row}")
     config, model = load_model(args.checkpoint, args.backend)
     src = parse_source(config, args.src)
+    if args.row >= src.shape[0]:
+        raise InputError("--row", f"row {args.row} does not exist: --src has {src.shape[0]} row(s), numbered from 0")
     if args.tgt:
         tgt = parse_ids(args.tgt, "tgt")
     elif config.notes.get("task") == toy.TASK:
@@ -38,11 +46,14 @@ def run(args: argparse.Namespace) -> int:
         out = out[:, : ended[0] if ended.size else out.shape[1]]
         tgt = np.concatenate([np.full((src.shape[0], 1), toy.BOS), out], axis=1)[:, : config.max_len]
     else:
-        raise SystemExit("rosetta attention: --tgt is required for a checkpoint that is not the toy model")
+        raise InputError("--tgt", "is required for a checkpoint that is not the built-in toy model "
+                         "(the decoder input ids to draw attention for)")
     output = model(src, tgt)
     attention = {name: to_numpy(w) for name, w in output.attention.items()}
     row = args.row
-    size = plot_attention(attention, labels(config, src[row]), labels(config, tgt[row]), args.out,
+    picture = io.BytesIO()
+    size = plot_attention(attention, labels(config, src[row]), labels(config, tgt[row]), picture,
                           title=f"{args.checkpoint or 'built-in default'} ({args.backend})", row=row)
-    print(f"wrote {args.out} ({size[0]}x{size[1]} px, {len(attention)} blocks x {config.n_heads} heads)")
+    write_outputs({"--out": (out_path, picture.getvalue())})
+    print(f"wrote {out_path} ({size[0]}x{size[1]} px, {len(attention)} blocks x {config.n_heads} heads)")
     return 0

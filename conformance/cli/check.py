@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 HELP = "Run every installed backend on a fixed batch and report, tensor by tensor, its error against the float64 NumPy oracle."
 
@@ -15,35 +13,71 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", help="comma-separated subset of numpy,torch,jax (default: every installed one; or $ROSETTA_BACKENDS)")
     parser.add_argument("--devices", help="comma-separated subset of cpu,cuda,gpu (default: every device present; or $ROSETTA_DEVICES)")
     parser.add_argument("--dtypes", default="float32,float64", help="comma-separated dtypes to run (default: float32,float64)")
+    parser.add_argument("--length", type=int, metavar="N",
+                        help="source and target length of the fixed batch (default: 7 and 6 tokens)")
+    parser.add_argument("--max-memory", metavar="SIZE",
+                        help="memory the check's parameters and tensors may use, on top of the loaded frameworks, "
+                             "e.g. 900M or 2G (default: the kernel's MemAvailable); "
+                             "when holding the oracle's tensors would exceed it, they are compared one at a time")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw each backend's error per tensor against the oracle")
 
 
 def run(args: argparse.Namespace) -> int:
+    import io
+    import sys
+
     from conformance.check import backends
     from conformance.core import checkpoint
     from conformance.check.defaults import default_model
-    from conformance.check.report import default_targets, run_check
+    from conformance.check.plan import parse_bytes, plan_batch
+    from conformance.check.report import default_targets, fixed_batch, run_check
+    from conformance.cli.common import check_output, write_outputs
+    from conformance.core.errors import InputError
 
+    # Every output is checked before the (long) run, and written only if all of them can be.
+    # (--json and --plot cannot name the same file: their suffixes differ.)
+    outputs = {}
+    if args.json:
+        outputs["--json"] = check_output(args.json, "--json", (".json",))
+    if args.plot:
+        outputs["--plot"] = check_output(args.plot, "--plot", (".png",))
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown or not dtypes:
+        raise InputError("--dtypes", f"unknown dtype {unknown[0]!r}; expected some of {', '.join(DTYPES)}" if unknown
+                         else "names no dtype; expected some of " + ", ".join(DTYPES))
+    try:
+        names = backends.requested_backends(args.backends)
+        targets, skipped = default_targets(names, dtypes, devices=args.devices)
+    except ValueError as exc:  # an unknown backend or device name
+        raise InputError("--backends" if "backend" in str(exc) else "--devices", str(exc)) from None
+    budget = parse_bytes(args.max_memory) if args.max_memory else None
     if args.checkpoint:
         config, params = checkpoint.load(args.checkpoint)
         source = args.checkpoint
     else:
         config, params, source = default_model()
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    try:
-        names = backends.requested_backends(args.backends)
-        targets, skipped = default_targets(names, dtypes, devices=args.devices)
-    except ValueError as exc:  # an unknown backend or device name
-        print(f"rosetta check: error: {exc}", file=sys.stderr)
-        return 2
-    report = run_check(config, params, source, targets, skipped)
+    src_ids, tgt_ids = fixed_batch(config, length=args.length)
+    plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget)
+    print(plan.describe(), file=sys.stderr)  # stderr: the report itself is the same on either path
+    report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan)
     print(report.to_text())
+    files = {}
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+        files["--json"] = (outputs["--json"], (json.dumps(report.to_json(), indent=2) + "\n").encode())
     if args.plot:
         from conformance.check.plots import plot_check
 
-        width, height = plot_check(report, args.plot)
-        print(f"wrote {args.plot} ({width}x{height} px)")
+        picture = io.BytesIO()
+        width, height = plot_check(report, picture)
+        files["--plot"] = (outputs["--plot"], picture.getvalue())
+    write_outputs(files)
+    if args.json:
+        print(f"wrote {outputs['--json']} (the report as JSON)")
+    if args.plot:
+        print(f"wrote {outputs['--plot']} ({width}x{height} px)")
     return 0 if report.passed else 1  # 1 also when nothing was checked
+
+
+DTYPES = ("float64", "float32", "float16", "bfloat16")

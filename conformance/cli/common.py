@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,12 @@ def parse_ids(text: str, argument: str) -> np.ndarray:
     try:
         rows = [[int(v) for v in row.split(",") if v.strip()] for row in text.split(";")]
     except ValueError:
-        raise InputError(argument, f"expected ids like '1,2,3;4,5,6' or a .npy file, got {text!r}") from None
+        raise InputError(argument, f"expected ids like '1,2,3;4,5,6' or a .npy file, got {_brief(text)}") from None
+    for row in rows:
+        for value in row:
+            _int64(value, argument, text)
+    if not any(rows):
+        raise InputError(argument, f"expected ids like '1,2,3;4,5,6' or a .npy file, got {text!r}")
     if len({len(r) for r in rows}) != 1:
         raise InputError(argument, f"rows have different lengths in {text!r}; pad them with the pad id")
     return np.array(rows, dtype=np.int64)
@@ -25,6 +32,8 @@ def parse_ids(text: str, argument: str) -> np.ndarray:
 
 def _load_ids(path: str, argument: str) -> np.ndarray:
     """A `.npy` file of integer ids `(B, L)`; anything else is an `InputError` naming the argument."""
+    if Path(path).is_dir():
+        raise InputError(argument, f"{path!r} is a directory, not a .npy file of ids")
     if not Path(path).is_file():
         raise InputError(argument, f"no such file {path!r}")
     try:
@@ -43,6 +52,8 @@ def _load_ids(path: str, argument: str) -> np.ndarray:
         raise InputError(argument, f"{path}: must hold integer token ids, got {ids.dtype}")
     if ids.ndim != 2:
         raise InputError(argument, f"{path}: must be a (B, L) array of ids, got shape {ids.shape}")
+    if ids.dtype.kind == "u" and ids.size and int(ids.max()) > INT64.max:
+        raise InputError(argument, f"{path}: id {int(ids.max())} does not fit in a 64-bit integer")
     return ids
 
 
@@ -56,6 +67,20 @@ def parse_source(config: ModelConfig, text: str, argument: str = "src") -> np.nd
         except ValueError as exc:
             raise InputError(argument, str(exc)) from None
     return parse_ids(text, argument)
+
+
+def source_form(config: ModelConfig, text: str, ids: np.ndarray) -> str | None:
+    """For the toy model, which of its two forms `--src` was read as (None for other models,
+    which read ids only): "3,1,4" is three token ids, not the digits 3 1 4."""
+    from conformance.check import toy
+
+    if config.notes.get("task") != toy.TASK:
+        return None
+    if text.endswith(".npy") or "," in text:
+        shown = "; ".join(" ".join(toy.token_labels(row)) for row in ids[:3]) + (" ..." if len(ids) > 3 else "")
+        return (f"--src {_brief(text)} read as token ids ({shown}); to give digits, separate them with spaces: "
+                f"--src \"3 1 4\"")
+    return f"--src {_brief(text)} read as digits (token ids {','.join(str(int(i)) for i in ids[0])})"
 
 
 def labels(config: ModelConfig, ids) -> list[str]:
@@ -83,3 +108,90 @@ def load_model(checkpoint_path: str | None, backend: str, dtype: str = "float32"
     else:
         config, params, _ = default_model()
     return config, backends.build(Target(backend, "cpu", dtype), config, params)
+
+
+# Ids -----------------------------------------------------------------------------------------
+
+INT64 = np.iinfo(np.int64)
+
+
+def _int64(value: int, argument: str, text: str) -> int:
+    if not INT64.min <= value <= INT64.max:
+        raise InputError(argument, f"id {value} in {_brief(text)} does not fit in a 64-bit integer; token ids are "
+                         "small non-negative integers below the vocabulary size")
+    return value
+
+
+def _brief(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+# Outputs -------------------------------------------------------------------------------------
+
+
+def check_output(path: str, argument: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """`path` as a Path, or an `InputError` naming `argument` when a file cannot be written there.
+
+    Called for every output before any work starts, so that a run that would fail at the end
+    fails at once and writes nothing."""
+    out = Path(path)
+    if suffixes and out.suffix.lower() not in suffixes:
+        raise InputError(argument, f"{path} must end in {' or '.join(suffixes)}")
+    if out.is_dir():
+        raise InputError(argument, f"{path} is a directory; give a file name")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.exists():
+        raise InputError(argument, f"cannot write {path}: the directory {str(parent)!r} does not exist")
+    if not parent.is_dir():
+        raise InputError(argument, f"cannot write {path}: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise InputError(argument, f"cannot write {path}: permission denied")
+    return out
+
+
+def write_outputs(files: dict[str, tuple[Path, bytes]]) -> None:
+    """Write every `argument -> (path, bytes)` atomically, and only if all of them can be written.
+
+    Each file is first written in full to a temporary file beside its target; only when every
+    one exists are they renamed into place. A failure before that removes the temporaries and
+    leaves every target as it was (an `InputError` naming the argument)."""
+    staged: list[tuple[str, str, Path]] = []
+    try:
+        for argument, (path, data) in files.items():
+            directory = path.parent if str(path.parent) else Path(".")
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=directory)
+            except OSError as exc:
+                raise InputError(argument, f"cannot write {path}: {exc.strerror or exc}") from None
+            staged.append((argument, tmp, path))
+            # mkstemp makes the file private (0600); give it the mode of the file it replaces.
+            os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                raise InputError(argument, f"cannot write {path}: {exc.strerror or exc}") from None
+        for _, tmp, path in staged:
+            os.replace(tmp, path)
+    except BaseException:
+        for _, tmp, _ in staged:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        raise
+
+
+# Devices -------------------------------------------------------------------------------------
+
+
+def check_device(backend: str, device: str, argument: str = "--device") -> None:
+    """An `InputError` unless `backend` can run on `device` and this machine has it."""
+    from conformance.check import backends
+
+    kinds = backends.device_kinds(backend)
+    if device not in kinds:
+        raise InputError(argument, f"the {backend} backend runs on {' or '.join(kinds)}, not {device!r}"
+                         + ("" if backend == "numpy" else f" ({'cuda is torch' if device == 'cuda' else 'gpu is JAX'}'s name)"))
+    if device not in backends.present_devices(backend):
+        raise InputError(argument, f"{device} is not available here: {backends.accelerator_skip_reason(backend)}")

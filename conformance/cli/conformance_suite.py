@@ -21,6 +21,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import pytest
 
+    from conformance.check import backends
+    from conformance.core.errors import InputError
+
+    # Refused here, in one line, rather than by pytest as a usage error (exit 4) after collection.
+    for option, parse in (("--backends", backends.requested_backends), ("--devices", backends.requested_devices)):
+        value = getattr(args, option[2:])
+        if value is not None:
+            try:
+                parse(value)
+            except ValueError as exc:
+                raise InputError(option, str(exc)) from None
+
     # The plugin is named explicitly so that its options, profiles and header exist from any
     # working directory (a conftest inside the package is read too late outside the repository).
     argv = ["-p", "conformance.suite.pytest_plugin", "--pyargs", "conformance.suite", "--hypothesis-profile", args.profile,

@@ -1,4 +1,4 @@
-"""`rosetta convert SRC DST`: a foreign checkpoint in, a rosetta checkpoint out."""
+"""`rosetta convert SRC DST`: a foreign checkpoint in, a rosetta checkpoint out (with --to LAYOUT, the other way)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,30 @@ import argparse
 import dataclasses
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-HELP = ("Convert a foreign checkpoint (.safetensors, .pt/.pth/.bin state dict, .npz) into a rosetta checkpoint, "
+import numpy as np
+
+HELP = ("Convert a foreign checkpoint (.safetensors, .pt/.pth/.bin state dict, .npz, Flax .msgpack, an Orbax directory) into a rosetta checkpoint, "
         "choosing the layout by its keys unless --layout is given.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", help="the foreign weights file (never modified)")
+    parser.add_argument("src", help="the foreign weights file, Orbax directory or Hugging Face model folder (never modified)")
     parser.add_argument("dst", help="the rosetta checkpoint to write (.safetensors; written atomically)")
     parser.add_argument("--layout", metavar="NAME|FILE", help="a built-in layout (see `rosetta layouts`) or a layout TOML file; default: auto-detect")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="a ModelConfig field the tensors cannot tell or that your copy of the system changed, e.g. n_heads=8 (repeatable)")
     parser.add_argument("--dtype", choices=["float64", "float32", "float16", "bfloat16"], help="cast every parameter (default: keep the stored dtype)")
-    parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model)")
+    parser.add_argument("--to", metavar="LAYOUT", help="the other direction: SRC is a rosetta checkpoint, DST the "
+                        "foreign file in LAYOUT's key space (.safetensors, .msgpack for Flax's msgpack, or a "
+                        "new directory for an Orbax checkpoint)")
+    parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model), or the dotted path of the parameter tree in a Flax msgpack file or Orbax checkpoint (e.g. params)")
+    parser.add_argument("--rename", dest="renames", action="append", default=[], metavar="OLD=NEW",
+                        help="rename a key prefix before matching a layout, e.g. embed_src.=src_tok_emb.embedding. "
+                             "(repeatable): your own wrapper, a built-in layout, no layout file")
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
@@ -29,6 +38,7 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     A field given twice must be given the same value both times (`true` and `1` are the same bool);
     otherwise which one wins would be an accident of argument order."""
     from conformance.core.config import ModelConfig
+    from conformance.convert.errors import KIND_WORDS
     from conformance.core.errors import ConfigError
 
     types = {f.name: f.type for f in dataclasses.fields(ModelConfig) if f.name != "notes"}
@@ -55,7 +65,7 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
             else:
                 value = text
         except ValueError:
-            raise ConfigError(name, f"--set {name}={text!r}: expected a {kind}") from None
+            raise ConfigError(name, f"--set {name}={text!r}: expected {KIND_WORDS[kind]}") from None
         if name in out and repr(out[name]) != repr(value):  # repr: NaN is NaN, and 1e-5 is 0.00001
             raise ConfigError(name, f"given twice with different values: --set {name}={spelled[name]} and "
                               f"--set {name}={text}; give it once")
@@ -63,23 +73,59 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def parse_renames(items: list[str]) -> dict[str, str]:
+    """`["embed_src.=src_tok_emb.embedding."]` -> `{"embed_src.": "src_tok_emb.embedding."}`."""
+    from conformance.core.errors import InputError
+
+    out: dict[str, str] = {}
+    for item in items:
+        old, sep, new = item.partition("=")
+        if not sep or not old:
+            raise InputError("--rename", f"{item!r} must look like OLD=NEW (a key prefix and its new name)")
+        if old in out and out[old] != new:
+            raise InputError("--rename", f"{old!r} is renamed twice ({out[old]!r} and {new!r}); give it once")
+        out[old] = new
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from conformance.core import checkpoint
-    from conformance.convert import convert_arrays, read_state_dict
+    from conformance.convert import convert_arrays, read_state_dict, rename_prefixes
+    from conformance.core.errors import InputError
+    from conformance.convert.engine import PaddingWarning
     from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, TensorError
     from conformance.core.errors import CheckpointError
 
     src, dst = Path(args.src), Path(args.dst)
+    if getattr(args, "to", None):
+        return export(src, dst, args.to, parse_sets(args.sets))
     if dst.suffix != ".safetensors":
         raise CheckpointError(dst, "a rosetta checkpoint is a .safetensors file; name the output *.safetensors")
     if dst.exists() and src.exists() and os.path.samefile(src, dst):
         raise CheckpointError(dst, "is the input file; converting never overwrites its input")
     if not dst.parent.is_dir() and str(dst.parent):
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
+    if dst.is_dir():
+        raise CheckpointError(dst, "is a directory; name the checkpoint file to write")
     overrides = parse_sets(args.sets)
+    renames = parse_renames(args.renames)
+    from conformance.convert.hf_folder import convert_folder, is_hf_folder
+
     try:
-        arrays = read_state_dict(src, key=args.key)
-        result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name}, **overrides)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PaddingWarning)
+            if is_hf_folder(src):
+                if args.layout not in (None, "hf-marian") or args.key or renames:
+                    raise CheckpointError(src, "a model folder converts with the hf-marian layout, no --key and no --rename")
+                result = convert_folder(src, dtype=args.dtype, **overrides)
+            else:
+                arrays = read_state_dict(src, key=args.key)
+                if renames:
+                    try:
+                        arrays = rename_prefixes(arrays, renames)
+                    except KeyError as exc:
+                        raise InputError("--rename", exc.args[0]) from None
+                result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name}, **overrides)
     except (LayoutError, NoMatchingLayoutError, AmbiguousLayoutError, TensorError) as exc:
         # Nothing has been written: the checkpoint is built in memory and saved only at the end.
         print(f"rosetta convert: error: {exc}", file=sys.stderr)
@@ -89,7 +135,76 @@ def run(args: argparse.Namespace) -> int:
     dtypes = sorted({v.dtype.name for v in result.params.values()})
     print(f"{src} -> {dst}")
     for line in result.decisions:
-        print(f"  {line}")
+        if not line.startswith("WARNING:"):  # said on stderr below
+            print(f"  {line}")
     print(f"  config: {result.config.summary()}")
     print(f"  {len(result.params)} parameters, {total:,} values, {'/'.join(dtypes)}")
+    problems = [str(w.message) for w in caught if issubclass(w.category, PaddingWarning)]
+    problems += trial_run(result.config, result.params)
+    for problem in problems:
+        print(f"rosetta convert: warning: {problem}", file=sys.stderr)
+    if not problems:
+        print("  trial forward pass (NumPy, 3 padded rows): every logit finite")
+    return 0
+
+
+def trial_run(config, params) -> list[str]:
+    """One small forward pass of the converted model on the NumPy backend: a model whose logits
+    are not finite was converted with a wrong switch (often pad_id or mask_fill), and it is better
+    said now than found at the first real batch. Returns the problems found (none: [])."""
+    import numpy as np
+
+    import impl_numpy
+    from conformance.check.report import fixed_batch
+
+    src, tgt = fixed_batch(config)
+    # In the stored dtype where NumPy has it: float32 overflows where float64 would not.
+    stored = next(iter(params.values())).dtype.name
+    with np.errstate(all="ignore"):
+        stored = stored if stored in ("float32", "float64") else "float32"
+        model = impl_numpy.Model(config, params, dtype=stored)
+        logits = np.asarray(model(src, tgt).logits)
+    bad = logits.size - int(np.isfinite(logits).sum())
+    if not bad:
+        return []
+    rows = sorted({int(r) for r in np.argwhere(~np.isfinite(logits))[:, 0]})
+    return [f"a trial forward pass on 3 padded rows (pad_id={config.pad_id}) gave {bad} of {logits.size} logits that are "
+            f"NaN or infinite (rows {', '.join(map(str, rows))}) computed in {stored}: "
+            "check pad_id, mask_fill and norm_placement (--set), and the weights' magnitudes"]
+
+
+def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any]) -> int:
+    """`rosetta convert model.safetensors OUT --to LAYOUT`: a rosetta checkpoint out to a foreign
+    layout. A nested (Flax) tree goes to a .msgpack file or an Orbax directory; a flat state
+    dict to a .safetensors file (its keys only, no rosetta metadata)."""
+    from conformance.core import checkpoint
+    from conformance.convert import export_state_dict, load_layout
+    from conformance.convert.engine import unflatten
+    from conformance.convert import trees
+    from conformance.core.errors import CheckpointError
+
+    layout = load_layout(layout_name)
+    if dst.exists():
+        raise CheckpointError(dst, "already exists; converting never overwrites a file or directory")
+    if not dst.parent.is_dir() and str(dst.parent):
+        raise CheckpointError(dst, f"directory {dst.parent} does not exist")
+    config, params = checkpoint.load(src)
+    exported = export_state_dict(config, params, layout, **target)
+    tree = exported if layout.nested else unflatten(exported)
+    if dst.suffix == ".msgpack":
+        trees.write_msgpack(dst, tree)
+        kind = "Flax msgpack"
+    elif dst.suffix == ".safetensors":
+        from safetensors.numpy import save_file
+
+        flat = trees.flatten(tree) if layout.nested else exported
+        save_file({k: np.ascontiguousarray(v) for k, v in flat.items()}, str(dst))
+        kind = "safetensors"
+    elif dst.suffix == "":
+        trees.write_orbax(dst, tree)
+        kind = "Orbax checkpoint"
+    else:
+        raise CheckpointError(dst, "name the output *.msgpack, *.safetensors, or a new directory (Orbax)")
+    print(f"{src} -> {dst} ({kind}, layout {layout.name})")
+    print(f"  config: {config.summary()}")
     return 0

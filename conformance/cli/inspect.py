@@ -22,6 +22,8 @@ HELP = "Show a weights file's config (for rosetta checkpoints), its tensors (nam
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="a .safetensors, .pt/.pth/.bin or .npz file")
     parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict")
+    parser.add_argument("--layout", metavar="NAME|FILE", help="compare a foreign file's keys with this layout (built-in "
+                        "name or TOML file) and list every missing and unexpected key; default: the closest built-in one")
 
 
 def tensor_digest(tensors: Mapping[str, np.ndarray]) -> str:
@@ -39,12 +41,28 @@ def tensor_digest(tensors: Mapping[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
+def _print_fit(name: str, missing: list[str], unexpected: list[str]) -> None:
+    """Every missing and unexpected key, one a line: what a wrapper renamed, or left out."""
+    if not missing and not unexpected:
+        print(f"  keys match the layout {name} exactly")
+        return
+    print(f"  against the layout {name}: {len(missing)} missing, {len(unexpected)} unexpected")
+    for key in missing:
+        print(f"    missing:    {key}")
+    for key in unexpected:
+        print(f"    unexpected: {key}")
+    if missing and unexpected:
+        print("  if these are the same modules under other names: rosetta convert --rename OLD.=NEW. (a key prefix), "
+              f"or a layout file with extends = \"{name}\" that renames them (docs/porting.md)")
+
+
 def run(args: argparse.Namespace) -> int:
     from conformance.core import checkpoint
     from conformance.core.checkpoint import FORMAT_NAME, read_tensors
     from conformance.convert import NoMatchingLayoutError, read_state_dict
     from conformance.convert.errors import AmbiguousLayoutError, LayoutError
-    from conformance.convert.keys import detect_layout
+    from conformance.convert import load_layout
+    from conformance.convert.keys import check_keys, detect_layout
     from conformance.convert.readers import file_kind
     from conformance.core.errors import CheckpointError
 
@@ -70,11 +88,26 @@ def run(args: argparse.Namespace) -> int:
             status = 2
     else:
         print(f"  not a rosetta checkpoint{': metadata ' + ', '.join(sorted(metadata)) if metadata else ''}")
-        try:
-            print(f"  keys match the built-in layout: {detect_layout(tensors).name} (rosetta convert needs no --layout)")
-        except (NoMatchingLayoutError, AmbiguousLayoutError, LayoutError) as exc:
-            first = str(exc).splitlines()
-            print(f"  layout: {first[0]}" + (f"\n  {first[1].strip()}" if len(first) > 1 else ""))
+        if args.layout:
+            layout = load_layout(args.layout)
+            try:
+                check = check_keys(layout, tensors, {})
+                _print_fit(layout.name, check.missing, check.unexpected)
+            except LayoutError as exc:
+                print(f"  layout {layout.name}: {exc.problem}")
+        else:
+            try:
+                print(f"  keys match the built-in layout: {detect_layout(tensors).name} (rosetta convert needs no --layout)")
+            except NoMatchingLayoutError as exc:
+                print("  keys match no built-in layout exactly; the closest:")
+                name, missing, unexpected = exc.candidates[0]
+                _print_fit(name, missing, unexpected)
+                others = ", ".join(f"{n} ({len(m)} missing, {len(u)} unexpected)" for n, m, u in exc.candidates[1:3])
+                if others:
+                    print(f"  next closest: {others}")
+            except (AmbiguousLayoutError, LayoutError) as exc:
+                first = str(exc).splitlines()
+                print(f"  layout: {first[0]}" + (f"\n  {first[1].strip()}" if len(first) > 1 else ""))
     rows = [(name, "x".join(map(str, np.shape(v))) or "scalar", np.asarray(v).dtype.name, int(np.size(v))) for name, v in tensors.items()]
     if rows:
         widths = [max(len(str(r[i])) for r in rows + [("name", "shape", "dtype", "count")]) for i in range(4)]

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
-from pathlib import Path
+import io
 
 import numpy as np
 
@@ -24,51 +22,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intermediates", action="store_true", help="also write intermediates/* (each sublayer's output)")
 
 
-def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write beside `path` and rename into place: a failed run leaves no partial file."""
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=".npz", dir=directory)
-    try:
-        # mkstemp makes the file private (0600); give it the mode of the file it replaces.
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """The .npz file's bytes, built in memory: written only once everything has been computed."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
 
 
 def run(args: argparse.Namespace) -> int:
     from conformance.check import backends
     from conformance.core import checkpoint
-    from conformance.cli.common import parse_ids
+    from conformance.cli.common import check_device, check_output, parse_ids, write_outputs
     from conformance.core.errors import InputError
 
-    out_path = Path(args.out)
-    if out_path.suffix != ".npz":
-        raise InputError("--out", f"{args.out} must end in .npz")
-    config, params = checkpoint.load(args.checkpoint)
-    src, tgt = parse_ids(args.src, "src"), parse_ids(args.tgt, "tgt")
-    dtype = args.dtype or next(iter(params.values())).dtype.name
+    # Everything that can be refused is refused before the model runs.
+    out_path = check_output(args.out, "--out", (".npz",))
     try:
         backends.import_backend(args.backend)
     except ImportError as exc:
-        raise InputError("backend", f"the {args.backend} backend is not importable here: {exc}") from None
+        raise InputError("--backend", f"the {args.backend} backend is not importable here: {exc}") from None
+    check_device(args.backend, args.device)
+    config, params = checkpoint.load(args.checkpoint)
+    src, tgt = parse_ids(args.src, "src"), parse_ids(args.tgt, "tgt")
+    dtype = args.dtype or next(iter(params.values())).dtype.name
     target = backends.Target(args.backend, args.device, dtype)
     with backends.full_precision(args.backend), backends.dtype_scope(target):
         model = backends.build(target, config, params)
         out = model(src, tgt)
+        attention = out.attention or {}
         arrays = {"logits": _host(out.logits, dtype), "src": src, "tgt": tgt, "config": np.array(config.to_json())}
-        arrays |= {f"attention/{name}": _host(value, dtype) for name, value in out.attention.items()}
+        arrays |= {f"attention/{name}": _host(value, dtype) for name, value in attention.items()}
         if args.intermediates:
             arrays |= {f"intermediates/{name}": _host(value, dtype) for name, value in out.intermediates.items()}
-    _save_npz(out_path, arrays)
+    write_outputs({"--out": (out_path, _npz_bytes(arrays))})
     logits = arrays["logits"]
     nan = int(np.isnan(logits.astype(np.float64)).sum())
-    print(f"{args.backend}/{args.device}/{dtype}: logits {logits.shape}, {len(out.attention)} attention maps"
-          + (f", {nan} NaN logits" if nan else "") + f" -> {out_path}")
+    print(f"{args.backend}/{args.device}/{dtype}: logits {logits.shape}, {len(attention)} attention maps"
+          + (f", {nan} NaN logits" if nan else "") + f"; wrote {out_path}")
     return 0
 
 

@@ -3,10 +3,13 @@
     from conformance.convert import import_state_dict, export_state_dict
     config, params = import_state_dict(model.state_dict(), "annotated-transformer", n_heads=8, pad_id=2)
     config, params = import_state_dict(state_dict, None, n_heads=8)        # auto-detect the layout
+    config, params = import_state_dict(rename_prefixes(state_dict, {"embed_src.": "src_tok_emb.embedding."}),
+                                       "torch-nn-transformer", n_heads=8, pad_id=0, norm_placement="post")
     state_dict = export_state_dict(config, params, "annotated-transformer")  # NumPy arrays
 
     from conformance.convert import from_hf_marian, from_torch_nn_transformer
     config, params = from_hf_marian(marian_mt_model)
+    config, params = from_hf_folder("opus-mt-en-de/")        # a published folder: config.json read too
     config, params = from_torch_nn_transformer(model.transformer, model.src_tok_emb, model.tgt_tok_emb, model.generator)
 
 A layout is a TOML file (`conformance/convert/layouts/*.toml` for the built-in ones; see
@@ -34,8 +37,31 @@ from conformance.convert.errors import (
 )
 from conformance.convert.keys import check_keys, detect_layout
 from conformance.convert.layout import Layout, builtin_layout_names, builtin_layouts, load_layout
+from conformance.convert.hf_folder import from_hf_folder
 from conformance.convert.readers import as_arrays, read_state_dict
 from conformance.convert.sources import from_hf_marian, from_torch_nn_transformer
+
+
+def rename_prefixes(state_dict: Mapping[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:
+    """A copy of `state_dict` with key prefixes renamed: `{"embed_src.": "src_tok_emb.embedding."}`
+    turns `embed_src.weight` into `src_tok_emb.embedding.weight`, so a wrapper that names a few
+    modules differently fits a built-in layout without a layout file of its own.
+
+    Each key is renamed by the longest prefix that matches it. A prefix that matches no key, and
+    two keys that would get the same name, are `KeyError`s naming them (nothing is guessed)."""
+    unused = [old for old in renames if not any(key.startswith(old) for key in state_dict)]
+    if unused:
+        raise KeyError(f"no key starts with {unused[0]!r} (keys start with: "
+                       f"{', '.join(sorted({k.split('.')[0] + ('.' if '.' in k else '') for k in state_dict})[:8])})")
+    out: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for key, value in state_dict.items():
+        old = max((p for p in renames if key.startswith(p)), key=len, default=None)
+        new = key if old is None else renames[old] + key[len(old):]
+        if new in out:
+            raise KeyError(f"{origin[new]!r} and {key!r} would both be named {new!r}")
+        out[new], origin[new] = value, key
+    return out
 
 
 def import_state_dict(state_dict: Mapping[str, Any], layout: str | Layout | None = None, *, dtype: str | None = None,
@@ -78,9 +104,11 @@ __all__ = [
     "convert_arrays",
     "detect_layout",
     "export_state_dict",
+    "from_hf_folder",
     "from_hf_marian",
     "from_torch_nn_transformer",
     "import_state_dict",
     "load_layout",
     "read_state_dict",
+    "rename_prefixes",
 ]

@@ -16,6 +16,7 @@ Export runs the same plan backwards and is the exact inverse.
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -23,18 +24,21 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from conformance.core.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, ModelConfig
+from conformance.core.config import (
+    ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, SRC_PAD_MASK_SIDES, ModelConfig,
+)
+from conformance.core.params import nest_dotted
 from conformance.convert.errors import KeyMismatchError, LayoutError, TensorError, listing, overrides_note, setting
 from conformance.convert.keys import alias_keys, check_keys, detect_layout, plan_keys, structural_overrides
 from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, Layout, load_layout
-from conformance.convert.transforms import TABLES, backward, forward, identical, recognise_positions
+from conformance.convert.transforms import TABLES, backward, forward, identical, recognise_positions, stored_heads
 from conformance.core.errors import ConfigError
 from conformance.core.params import PARAM_DTYPE_NAMES, check_numpy_params, param_shapes
 from conformance.core.positions import sinusoid_table
 
 _CONFIG_FIELDS = SWITCH_FIELDS | SIZE_FIELDS | {"notes"}
 _CHOICES = {"norm_placement": NORM_PLACEMENTS, "layer_norm_form": LAYER_NORM_FORMS, "position": POSITIONS,
-            "tgt_pad_mask": PAD_MASK_SIDES, "activation": ACTIVATIONS}
+            "tgt_pad_mask": PAD_MASK_SIDES, "src_pad_mask": SRC_PAD_MASK_SIDES, "activation": ACTIVATIONS}
 
 
 # -- Import ------------------------------------------------------------------------------------
@@ -108,9 +112,14 @@ def _defaulted(layout: Layout, overrides: Mapping[str, Any], config: ModelConfig
     return lines
 
 
-def _build_config(layout, canonical, origin, layers, overrides, position, rows, notes) -> ModelConfig:
+def _build_config(layout, canonical, origin, layers, overrides, position, rows, notes, heads=None) -> ModelConfig:
     values = layout.base_switches()
     inferred = _infer_sizes(canonical)
+    if heads is not None:  # (H, the foreign key that stores it per head)
+        given = overrides.get("n_heads")
+        if given is not None and given != heads[0]:
+            raise ConfigError("n_heads", f"{given!r} (given) contradicts {heads[1]}, which stores {heads[0]} heads")
+        values["n_heads"] = heads[0]
     if rows is not None:
         inferred["max_len"] = (rows, TABLES[0])
     for fieldname, (value, ckey) in inferred.items():
@@ -132,7 +141,7 @@ def _build_config(layout, canonical, origin, layers, overrides, position, rows, 
         values["position"] = position
     if layers["encoder"] + layers["decoder"] == 0:
         values.setdefault("n_heads", 1)  # no attention at all: the head count is meaningless
-    elif "n_heads" not in overrides:
+    elif "n_heads" not in overrides and heads is None:
         raise ConfigError("n_heads", "cannot be read from tensor shapes (every head count splits d_model the same "
                           "way); give it: n_heads=8 in Python, --set n_heads=8 on the command line")
     if "max_len" not in values:
@@ -141,8 +150,8 @@ def _build_config(layout, canonical, origin, layers, overrides, position, rows, 
     for fieldname in sorted(layout.required):
         if fieldname not in overrides:
             raise ConfigError(fieldname, f"the {layout.name} layout cannot tell it (it differs between copies of that "
-                              f"system and is not in the tensors); give it: --set {fieldname}="
-                              f"{alternatives(fieldname)}{_hint(layout, fieldname)}")
+                              f"system and is not in the tensors); give it: {fieldname}=... in Python, --set {fieldname}="
+                              f"{alternatives(fieldname)} on the command line{_hint(layout, fieldname)}")
     return ModelConfig(**values, notes={**(notes or {}), "converted_from": layout.name})
 
 
@@ -150,6 +159,54 @@ def check_overrides(overrides: Mapping[str, Any]) -> None:
     unknown = sorted(set(overrides) - _CONFIG_FIELDS)
     if unknown:
         raise ConfigError(unknown[0], "is not a ModelConfig field")
+    pad = overrides.get("pad_id")
+    if isinstance(pad, int) and not isinstance(pad, bool) and pad < 0:
+        # Refused here, before any placeholder config can blame placeholder vocabulary sizes.
+        raise ConfigError("pad_id", f"{pad} is negative; it must be a token id of both vocabularies (0 <= pad_id)")
+
+
+class PaddingWarning(UserWarning):
+    """The padding id given (or defaulted) is not the one the embeddings' zero row shows."""
+
+
+def padding_evidence(canonical: Mapping[str, np.ndarray]) -> tuple[int, str] | None:
+    """`(row, where)` when exactly one row is all zeros in every token embedding: the mark
+    `nn.Embedding(padding_idx=row)` leaves (it zeroes that row and never trains it). None otherwise."""
+    tables = [k for k in ("encoder.embedding.weight", "decoder.embedding.weight") if k in canonical]
+    if not tables:
+        return None
+    rows = None
+    for key in tables:
+        table = np.asarray(canonical[key])
+        if table.ndim != 2 or table.shape[1] == 0:
+            return None
+        zero = set(np.flatnonzero(~table.astype(np.float64).any(axis=1)).tolist())
+        rows = zero if rows is None else rows & zero
+    if rows is None or len(rows) != 1:
+        return None
+    row = rows.pop()
+    where = "both token embeddings" if len(tables) == 2 else "the token embedding"
+    return row, f"row {row} of {where} is all zeros, the mark nn.Embedding(padding_idx={row}) leaves"
+
+
+def _padding(layout: Layout, canonical, overrides: dict[str, Any], decisions: list[str]) -> None:
+    """Use the evidence the weights carry for pad_id: take it when the user did not say, warn
+    when what they said (or the preset's value) contradicts it."""
+    evidence = padding_evidence(canonical)
+    if evidence is None:
+        return
+    row, mark = evidence
+    user_says = "pad_id" in layout.free or "pad_id" in layout.required
+    if "pad_id" not in overrides and user_says:
+        overrides["pad_id"] = row
+        decisions.append(f"pad_id={row} (read from the weights: {mark}; --set pad_id=N if yours differs)")
+        return
+    value = overrides.get("pad_id", layout.base_switches().get("pad_id", ModelConfig().pad_id))
+    if value != row:
+        message = (f"pad_id={value} ({'given' if 'pad_id' in overrides else 'the layout preset'}), but {mark}; "
+                   "a wrong padding id masks real tokens and attends to padding: check the model's padding id")
+        decisions.append(f"WARNING: {message}")
+        warnings.warn(message, PaddingWarning, stacklevel=3)
 
 
 def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None = None, *, dtype: str | None = None,
@@ -158,6 +215,8 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
     check_overrides(overrides)
     detected = layout is None
     layout = detect_layout(arrays, **overrides) if detected else load_layout(layout)
+    # Structure the key set tells (a shared embedding, a logits projection): as if given.
+    overrides = {**layout.inferred_switches(arrays), **overrides}
     note = overrides_note(structural_overrides(layout, overrides), overrides)
     try:
         check = check_keys(layout, arrays, overrides)
@@ -182,8 +241,19 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
     if check.aliases:
         decisions.append(f"verified {len(check.aliases)} tied duplicate(s): {listing(sorted(check.aliases))}")
 
-    canonical, origin = {}, {}
+    canonical, origin, heads = {}, {}, None
     for key, (entry, values) in check.effective.items():
+        h = stored_heads(entry, np.asarray(stored[key]))
+        if h is not None:
+            shape = np.shape(stored[key])
+            width, d_model = (shape[1] * shape[2], shape[0]) if entry.heads == "out" else (shape[0] * shape[1], shape[2])
+            if width != d_model:
+                raise ConfigError("d_model", f"{key} has shape {shape}: an attention width H*K={width} (Flax's "
+                                  f"qkv_features, wmt's qkv_dim) other than d_model={d_model}, which ModelConfig cannot "
+                                  "express (its heads split d_model)")
+        if h is not None and heads is not None and h != heads[0]:
+            raise TensorError(key, f"stores {h} heads, but {heads[1]} stores {heads[0]}")
+        heads = heads or ((h, key) if h is not None else None)
         for ckey, array in forward(layout, entry, values, key, np.asarray(stored[key])):
             if ckey in canonical:
                 raise LayoutError(layout.name, f"{origin[ckey]!r} and {key!r} both give {ckey!r}")
@@ -204,8 +274,10 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
             raise TensorError(origin[odd], f"has dtype {canonical[odd].dtype} while the other tensors are {common}; a "
                               f"model holds one dtype: pass dtype='{common}' (--dtype {common}) to cast")
 
+    overrides = dict(overrides)
+    _padding(layout, canonical, overrides, decisions)
     position, rows = recognise_positions(layout, canonical, origin, overrides, decisions)
-    config = _build_config(layout, canonical, origin, check.layers, overrides, position, rows, notes)
+    config = _build_config(layout, canonical, origin, check.layers, overrides, position, rows, notes, heads)
     defaulted = _defaulted(layout, overrides, config, rows is not None)
     if defaulted:
         decisions.extend(defaulted)
@@ -244,9 +316,17 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
     position term; one that rebuilds its table on load (`recomputed`, Marian) only its own.
     """
     check_overrides(target)
+    for key, present, absent in layout.infer:
+        # A structure the system can have: the switches of one side of each rule, all together.
+        sides = [side for side in (present, absent) if all(getattr(config, k) == v for k, v in side.items())]
+        if not sides:
+            wrong = next(k for k, v in present.items() if getattr(config, k) != v)
+            raise ConfigError(wrong, f"the {layout.name} system has {', '.join(f'{k}={v!r}' for k, v in present.items())} "
+                              f"(with {key}) or {', '.join(f'{k}={v!r}' for k, v in absent.items())} (without it); this "
+                              f"config's {', '.join(f'{k}={getattr(config, k)!r}' for k in present)} is neither")
     expected = {**layout.base_switches(), **target}
     for name in sorted(SWITCH_FIELDS):
-        if name in layout.free or name not in expected:
+        if name in layout.free or name in layout.inferred_names() or name not in expected:
             continue
         if name == "position" and layout.computes_with_stored_positions():
             continue
@@ -266,7 +346,8 @@ def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: La
 
     The exact inverse of the import: importing the result gives back `config` and `params` bit
     for bit. Tied duplicates are written as copies so that `load_state_dict(strict=True)` works;
-    keys the layout drops are not written. A position table the system stores is written even
+    keys the layout drops are not written. A `nested` layout (Flax) is returned as its nested tree
+    of dicts, ready for `Module.apply({"params": tree}, ...)`. A position table the system stores is written even
     when the config computes a sinusoid (as `conformance.core.positions.sinusoid_table`, in the
     parameters' dtype), since the system reads its buffer. `target` names switches of a changed
     copy of the system (see `check_exportable`).
@@ -280,9 +361,15 @@ def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: La
         dtype = next(iter(arrays.values())).dtype
         table = sinusoid_table(config.max_len, config.d_model, config.position).astype(dtype)
         canonical.update({name: table for name in TABLES})
-    plan = plan_keys(layout, canonical)
-    out = {fkey: backward(layout, entry, fkey, [canonical[c] for c in ckeys], ckeys)
+    plan = plan_keys(layout, canonical, config.to_dict())
+    out = {fkey: backward(layout, entry, fkey, [canonical[c] for c in ckeys], ckeys, config.n_heads)
            for fkey, (entry, _, ckeys) in plan.items()}
     for alias, (stored, _) in alias_keys(layout, list(out)).items():
         out[alias] = out[stored].copy()
+    if layout.nested:
+        return unflatten(out)
     return out
+
+
+# A Flax system's tree from its dotted keys (written once, in the core, for impl_jax too).
+unflatten = nest_dotted

@@ -24,6 +24,16 @@ def listing(names: Sequence[str], limit: int = 6) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+# A ModelConfig field's type, as a sentence says what it expects.
+KIND_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
+
+
+def a_type(value: Any) -> str:
+    """'an int', 'a list': a value's type name with the article English gives it."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def setting(value: Any) -> str:
     """A value as `--set` spells it: true/false, 1e-05, -inf, relu."""
     if isinstance(value, bool):

@@ -38,15 +38,18 @@ class KeyCheck:
         return not self.missing and not self.unexpected
 
 
-def _match(layout: Layout, key: str) -> tuple[Entry, dict[str, str]] | None:
-    found = [(e, v) for e in layout.entries if (v := e.source.match(key)) is not None]
+def _match(layout: Layout, key: str, switches: Mapping[str, Any] | None = None) -> tuple[Entry, dict[str, str]] | None:
+    found = [(e, v) for e in layout.entries
+             if (switches is None or e.applies(switches)) and (v := e.source.match(key)) is not None]
     if len(found) > 1:
         raise LayoutError(layout.name, f"key {key!r} matches two entries, {found[0][0].text!r} and {found[1][0].text!r}")
     return found[0] if found else None
 
 
-def plan_keys(layout: Layout, canonical_keys: Iterable[str]) -> dict[str, tuple[Entry, dict[str, str], list[str]]]:
+def plan_keys(layout: Layout, canonical_keys: Iterable[str],
+              switches: Mapping[str, Any] | None = None) -> dict[str, tuple[Entry, dict[str, str], list[str]]]:
     """canonical keys -> {foreign key: (entry, values, canonical key per target)}, in order.
+    `switches` (the config's) select the entries that apply (`when`); None: entries without one.
 
     Raises `LayoutError` for a canonical key no entry produces, or that two entries produce.
     """
@@ -54,6 +57,8 @@ def plan_keys(layout: Layout, canonical_keys: Iterable[str]) -> dict[str, tuple[
     for ckey in canonical_keys:
         hits = []
         for index, entry in enumerate(layout.entries):
+            if not entry.applies(switches or {}):
+                continue
             for slot, target in enumerate(entry.targets):
                 values = target.match(ckey)
                 if values is not None:
@@ -101,7 +106,7 @@ def _skeleton(layout: Layout, overrides: Mapping[str, Any], layers: Mapping[str,
         values["position"] = "table"
     pad = values.get("pad_id", 0)
     vocab = max(2, pad + 1) if isinstance(pad, int) and not isinstance(pad, bool) else 2
-    values.update(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=2, n_heads=1, d_ff=1, max_len=1,
+    values.update(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=4, n_heads=1, d_ff=1, max_len=1,
                   n_encoder_layers=layers["encoder"], n_decoder_layers=layers["decoder"])
     return ModelConfig(**values)
 
@@ -129,14 +134,15 @@ def structural_overrides(layout: Layout, overrides: Mapping[str, Any]) -> list[s
 
 def check_keys(layout: Layout, keys: Iterable[str], overrides: Mapping[str, Any] | None = None) -> KeyCheck:
     """Match foreign keys against a layout and list what is missing and unexpected. No tensors."""
-    overrides = overrides or {}
     keys = list(keys)
+    overrides = {**layout.inferred_switches(keys), **(overrides or {})}
+    switches = {**layout.base_switches(), **overrides}
     effective, aliases, dropped, unmatched = {}, {}, [], []
     for key in keys:
         if layout.is_dropped(key):
             dropped.append(key)
             continue
-        found = _match(layout, key)
+        found = _match(layout, key, switches)
         if found is None:
             unmatched.append(key)
         elif found[0].kind == "alias":
@@ -147,7 +153,7 @@ def check_keys(layout: Layout, keys: Iterable[str], overrides: Mapping[str, Any]
     # (Hugging Face's save_pretrained keeps one name per tied tensor, not always the same one).
     for key, target in aliases.items():
         if target not in effective:
-            found = _match(layout, target)
+            found = _match(layout, target, switches)
             if found is None or found[0].kind == "alias":
                 raise LayoutError(layout.name, f"{key!r} is declared an alias of {target!r}, which no entry maps")
             effective[target] = found
@@ -160,7 +166,8 @@ def check_keys(layout: Layout, keys: Iterable[str], overrides: Mapping[str, Any]
                 layers[m.group(1)] = max(layers[m.group(1)], int(m.group(2)) + 1)
     check = KeyCheck(layout, effective, aliases, dropped, layers)
 
-    plan = plan_keys(layout, param_shapes(_skeleton(layout, overrides, layers)))
+    skeleton = _skeleton(layout, overrides, layers)
+    plan = plan_keys(layout, param_shapes(skeleton), skeleton.to_dict())
     expected = {fkey: not entry.optional for fkey, (entry, _, _) in plan.items()}
     for alias, (_, entry) in alias_keys(layout, plan).items():
         expected.setdefault(alias, not entry.optional)

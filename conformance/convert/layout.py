@@ -20,6 +20,22 @@ documented for users in `docs/porting.md`; in short:
     "in_proj_weight" = { split = ["...q_proj.weight", "...k_proj.weight", "...v_proj.weight"] }
     "pos.pe" = { copy = ["encoder.position.table", "decoder.position.table"], squeeze = 0 }
     "lm_head.weight" = { same_as = "model.shared.weight", optional = true }
+    "...query.kernel" = { to = "...q_proj.weight", heads = "out" }   # (D, H, K) -> (D, H*K)
+    "...out.kernel" = { to = "...o_proj.weight", heads = "in" }      # (H, K, D) -> (H*K, D)
+    [[infer]]                            # switches that the presence of a key decides
+    key = "decoder.logitdense.kernel"
+    present = { tie_output = false }
+    absent = { tie_output = true }
+
+A layout may start from another: `extends = "torch-nn-transformer"` (a built-in name, or a .toml
+path relative to this file) takes everything from it, and this file's tables and lists replace
+what they name: a `[keys]` entry replaces the base's entry for the same canonical key(s) (or the
+same foreign pattern), `[switches]` and `[hints]` entries replace the base's one by one, and
+`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]` and `nested` given here replace the base's whole.
+
+    extends = "torch-nn-transformer"
+    [keys]
+    "src_emb.weight" = "encoder.embedding.weight"     # instead of src_tok_emb.embedding.weight
 
 Patterns: `{i}` captures a layer index (any name without a colon captures a number);
 `{p:a|b}` captures one of the listed words, `{p:a=x|b=y}` also maps the foreign word `a` to the
@@ -36,7 +52,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from conformance.core.config import ModelConfig
-from conformance.convert.errors import LayoutError
+from conformance.convert.errors import KIND_WORDS, LayoutError
 from conformance.convert.patterns import CAPTURE, Capture, Pattern, glob
 from conformance.core.params import param_shapes
 from conformance.core.presets import PRESETS
@@ -49,8 +65,13 @@ SIZE_FIELDS = frozenset({"src_vocab_size", "tgt_vocab_size", "d_model", "n_heads
 SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {"notes"}
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
 
-_TOP_KEYS = {"name", "description", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys"}
-_ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed"}
+_TOP_KEYS = {"name", "description", "extends", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys", "infer",
+             "nested"}
+_ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed", "heads", "when"}
+# How a system stores a projection per head (Flax DenseGeneral): "out" is (d_in, H, K), merged
+# to (d_in, H*K); "in" is (H, K, d_out), merged to (H*K, d_out). Head h owns columns (rows)
+# h*K .. (h+1)*K - 1, as in the canonical matrices.
+HEAD_AXES = ("out", "in")
 
 
 # -- Entries and layouts -----------------------------------------------------------------------
@@ -78,6 +99,13 @@ class Entry:
     # sinusoids): what it holds after a save and load is the preset's position term, whatever
     # was written.
     recomputed: bool = False
+    heads: str | None = None  # see HEAD_AXES
+    # Switches the entry applies under (`when = { share_embeddings = true }`): a system that stores
+    # one canonical tensor under different names depending on its structure.
+    when: Mapping[str, Any] = field(default_factory=dict)
+
+    def applies(self, switches: Mapping[str, Any]) -> bool:
+        return all(switches.get(k) == v for k, v in self.when.items())
 
 
 @dataclass(frozen=True)
@@ -95,12 +123,29 @@ class Layout:
     # free or required switch -> where the system keeps it ("nn.Transformer(norm_first=...)"),
     # quoted when an import defaults it or asks for it.
     hints: Mapping[str, str] = field(default_factory=dict)
+    # (foreign key, switches when it is present, switches when it is absent): structure that the
+    # key set itself tells (a shared embedding, a logits projection), for systems that have both.
+    infer: tuple[tuple[str, Mapping[str, Any], Mapping[str, Any]], ...] = ()
+    # The system keeps its parameters as a nested tree (Flax): keys are its path joined with ".",
+    # and an export returns the tree.
+    nested: bool = False
     _drop_regex: tuple[re.Pattern, ...] = field(default=(), repr=False, compare=False)
 
     def base_switches(self) -> dict[str, Any]:
         """The switches the system implies: its preset, then the layout's own additions."""
         base = dict(PRESETS[self.preset]) if self.preset else {}
         return {**base, **self.switches}
+
+    def inferred_switches(self, keys) -> dict[str, Any]:
+        """The switches the `[[infer]]` rules read from a set of foreign keys."""
+        keys = set(keys)
+        out: dict[str, Any] = {}
+        for key, present, absent in self.infer:
+            out.update(present if key in keys else absent)
+        return out
+
+    def inferred_names(self) -> set[str]:
+        return {name for _, present, absent in self.infer for name in (*present, *absent)}
 
     def is_dropped(self, key: str) -> bool:
         return any(r.fullmatch(key) for r in self._drop_regex)
@@ -235,9 +280,20 @@ def _entry(text: str, spec: Any, where: str, known: set[str]) -> Entry:
         if not isinstance(listed, list) or len(listed) < 2:
             raise _fail(where, f"{kind} needs a list of at least two canonical keys, got {listed!r}")
         targets = tuple(_canonical_pattern(t, captures, where, known) for t in listed)
+    when = spec.get("when", {})
+    if not isinstance(when, dict):
+        raise _fail(where, "when must be a table of switches")
+    for key, value in when.items():
+        if key not in SWITCH_FIELDS:
+            raise _fail(where, f"when: {key} is not a ModelConfig switch")
+        _check_switch(key, value, where)
+    heads = spec.get("heads")
+    if heads is not None and (heads not in HEAD_AXES or kind != "rename"):
+        raise _fail(where, f"heads must be one of {list(HEAD_AXES)} on a single-target entry, got {heads!r}")
     entry = Entry(
         text, kind, source, targets, axis=spec.get("axis", 0), squeeze=spec.get("squeeze"),
         transpose=spec.get("transpose"), optional=spec.get("optional", False), recomputed=spec.get("recomputed", False),
+        heads=heads, when=dict(when),
     )
     if entry.recomputed and not all(t.text.endswith("position.table") for t in targets):
         raise _fail(where, "recomputed applies to position tables only (a table the system rebuilds when it loads a model)")
@@ -253,7 +309,7 @@ def _check_switch(name: str, value: Any, where: str) -> None:
         "str": isinstance(value, str),
     }[kind]
     if not ok:
-        raise _fail(where, f"[switches] {name} must be a {kind}, got {value!r}")
+        raise _fail(where, f"[switches] {name} must be {KIND_WORDS[kind]}, got {value!r}")
 
 
 def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -> Layout:
@@ -308,11 +364,32 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
     for entry in entries:
         if entry.kind == "alias" and entry.same_as.text in aliases:
             raise _fail(where, f"[keys] {entry.text!r} is an alias of another alias; point it at the stored key")
+    nested = data.get("nested", False)
+    if not isinstance(nested, bool):
+        raise _fail(where, f"nested must be true or false, got {nested!r}")
+    infer = []
+    rules = data.get("infer", [])
+    if not isinstance(rules, list):
+        raise _fail(where, "[[infer]] must be an array of tables")
+    for rule in rules:
+        if not isinstance(rule, dict) or set(rule) - {"key", "present", "absent"} or not isinstance(rule.get("key"), str):
+            raise _fail(where, f"an [[infer]] rule is key = \"foreign key\", present = {{...}}, absent = {{...}}; got {rule!r}")
+        sides = []
+        for side in ("present", "absent"):
+            table = rule.get(side, {})
+            if not isinstance(table, dict):
+                raise _fail(where, f"[[infer]] {rule['key']!r}: {side} must be a table of switches")
+            for key, value in table.items():
+                if key not in SWITCH_FIELDS:
+                    raise _fail(where, f"[[infer]] {rule['key']!r}: {key} is not a ModelConfig switch")
+                _check_switch(key, value, where)
+            sides.append(dict(table))
+        infer.append((rule["key"], sides[0], sides[1]))
     return Layout(
         name=name, description=str(data.get("description", "")), preset=preset, switches=dict(switches),
         matrices=matrices, free=frozenset(lists["free"]) | frozenset(lists["required"]),
         required=frozenset(lists["required"]), drop=tuple(lists["drop"]), entries=entries, path=path,
-        hints=dict(hints), _drop_regex=tuple(glob(d) for d in lists["drop"]),
+        hints=dict(hints), infer=tuple(infer), nested=nested, _drop_regex=tuple(glob(d) for d in lists["drop"]),
     )
 
 
@@ -337,14 +414,70 @@ def needs_transpose(layout: Layout, entry: Entry, canonical_key: str) -> bool:
 
 def read_layout_file(path: str | Path) -> Layout:
     path = Path(path)
+    return parse_layout(_with_base(_read_toml(path), path, ()), path.stem, path)
+
+
+def _targets(spec: Any) -> frozenset[str]:
+    """The canonical key(s) a raw `[keys]` value gives (empty for an alias)."""
+    if isinstance(spec, str):
+        return frozenset([spec])
+    if isinstance(spec, dict):
+        for name in ("split", "copy"):
+            if isinstance(spec.get(name), list):
+                return frozenset(str(t) for t in spec[name])
+        if isinstance(spec.get("to"), str):
+            return frozenset([spec["to"]])
+    return frozenset()
+
+
+def _with_base(data: dict[str, Any], path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    """`data` on top of the layout it `extends` (recursively), as one raw layout table."""
+    if "extends" not in data:
+        return data
+    base_name = data["extends"]
+    if not isinstance(base_name, str) or not base_name:
+        raise _fail(str(path), f"extends must be a built-in layout's name or a .toml path, got {base_name!r}")
+    if base_name in builtin_layout_names():
+        base_path = LAYOUT_DIR / f"{base_name}.toml"
+    else:
+        base_path = (path.parent / base_name) if not Path(base_name).is_absolute() else Path(base_name)
+        if not base_path.is_file():
+            raise _fail(str(path), f"extends {base_name!r}: no built-in layout of that name "
+                        f"({', '.join(builtin_layout_names())}) and no such file {str(base_path)!r}")
+    if base_path.resolve() in seen or base_path.resolve() == path.resolve():
+        raise _fail(str(path), f"extends {base_name!r}, which extends this layout again (a cycle)")
+    base = _with_base(_read_toml(base_path), base_path, seen + (path.resolve(),))
+    merged = {k: v for k, v in base.items() if k not in ("extends", "name", "description")}
+    for key, value in data.items():
+        if key == "extends":
+            continue
+        if key in ("switches", "hints") and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        elif key == "keys" and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            replaced = {t for spec in value.values() for t in _targets(spec)}
+            kept = {pattern: spec for pattern, spec in merged["keys"].items()
+                    if pattern not in value and not (_targets(spec) & replaced)}
+            merged[key] = {**kept, **value}
+        else:
+            merged[key] = value
+    merged.setdefault("description", f"{base.get('description', base_name)} (extended by {path.name})")
+    return merged
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
         raise LayoutError(str(path), "no such file") from None
+    except IsADirectoryError:
+        raise LayoutError(str(path), "is a directory; give a layout's .toml file or a built-in layout's name") from None
+    except PermissionError:
+        raise LayoutError(str(path), "permission denied") from None
+    except UnicodeDecodeError:
+        raise LayoutError(str(path), "not valid TOML: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise LayoutError(str(path), f"not valid TOML: {exc}") from None
-    return parse_layout(data, path.stem, path)
 
 
 def builtin_layout_names() -> list[str]:

@@ -3,6 +3,10 @@
     .safetensors          `conformance.core.checkpoint.read_tensors` (strict header validation)
     .pt / .pth / .bin     `torch.load(..., weights_only=True, map_location="cpu")`
     .npz                  `numpy.load(..., allow_pickle=False)` (Flax / NumPy exports)
+    .msgpack              `flax.serialization.msgpack_restore` (Flax's `to_bytes`), flattened
+    an Orbax directory    `orbax.checkpoint.PyTreeCheckpointer().restore`, flattened
+    a model folder        its weights (`conformance.convert.hf_folder`: config.json beside them)
+    (see `conformance.convert.trees`: nested Flax trees become keys joined with ".")
 
 A pickle is a program: `weights_only=True` runs PyTorch's restricted unpickler, which builds
 tensors and plain containers and refuses every other global, so a file that needs more (a
@@ -23,10 +27,12 @@ import ml_dtypes
 import numpy as np
 
 from conformance.core.checkpoint import read_tensors
-from conformance.convert.errors import TensorError
+from conformance.convert.errors import TensorError, a_type
+from conformance.convert import trees
 from conformance.core.errors import CheckpointError
 
-SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch", ".npz": "npz"}
+SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch", ".npz": "npz",
+            ".msgpack": "msgpack"}
 
 
 def as_numpy(value: Any, key: str) -> np.ndarray:
@@ -43,10 +49,14 @@ def as_numpy(value: Any, key: str) -> np.ndarray:
         return tensor.numpy()
     if hasattr(value, "__array__") and hasattr(value, "shape"):
         return np.asarray(value)
-    raise TensorError(str(key), f"is a {type(value).__name__}, not a tensor or array")
+    raise TensorError(str(key), f"is {a_type(value)}, not a tensor or array")
 
 
 def as_arrays(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """A flat state dict, or a nested Flax tree (linen `variables["params"]`, `nnx.State`), as
+    `{key: NumPy array}`; a tree's keys are joined with "."."""
+    if trees.is_tree(state_dict):
+        state_dict = trees.flatten(state_dict)
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"a state dict must be a mapping of names to tensors, got {type(state_dict).__name__}")
     out = {}
@@ -58,10 +68,41 @@ def as_arrays(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 def file_kind(path: str | os.PathLike) -> str:
+    if (Path(path) / "config.json").is_file():
+        return "hf-folder"
+    if trees.is_orbax_dir(Path(path)):
+        return "orbax"
+    if Path(path).is_dir():
+        raise CheckpointError(path, "is a directory, but neither a model folder (config.json) nor an Orbax checkpoint "
+                              f"(it has none of {', '.join(trees.ORBAX_MARKERS)})")
     suffix = Path(path).suffix.lower()
     if suffix not in SUFFIXES:
         raise CheckpointError(path, f"unknown file type {suffix!r}; expected one of {', '.join(SUFFIXES)}")
     return SUFFIXES[suffix]
+
+
+def _first_bytes(path: Path, n: int = 8) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""  # the reader that follows says what is wrong with the file
+
+
+def _not_this_kind(path: Path, what: str) -> CheckpointError:
+    """The file's name says `what`, its first bytes say otherwise: say what they look like."""
+    head = _first_bytes(path, 64)
+    if not head:
+        looks = "it is empty"
+    elif head.startswith(b"\x93NUMPY"):
+        looks = "it is a single .npy array"
+    elif len(head) >= 8 and int.from_bytes(head[:8], "little") < 100_000_000 and head[8:9] == b"{":
+        looks = "it is a .safetensors file; rename it *.safetensors"
+    elif all(32 <= b < 127 or b in b"\t\r\n" for b in head):
+        looks = f"it is text, starting {head[:24].decode('ascii')!r}"
+    else:
+        looks = f"it starts with bytes {head[:8]!r}"
+    return CheckpointError(path, f"not {what} ({looks})")
 
 
 def _reason(exc: Exception) -> str:
@@ -82,6 +123,9 @@ def _torch_file(path: Path) -> Any:
         raise CheckpointError(path, "no such file")
     if path.is_dir():
         raise CheckpointError(path, "is a directory, not a weights file")
+    # torch.save writes a zip archive (legacy files: a pickle, whose first byte is PROTO 0x80).
+    if not _first_bytes(path).startswith((b"PK\x03\x04", b"\x80")):
+        raise _not_this_kind(path, "a PyTorch file: torch.save writes a zip archive or a pickle, and this is neither")
     try:
         with warnings.catch_warnings():
             # A file that is not a pickle at all makes the unpickler warn before it fails.
@@ -98,6 +142,8 @@ def _torch_file(path: Path) -> Any:
 
 
 def _npz_file(path: Path) -> dict[str, np.ndarray]:
+    if path.is_file() and not _first_bytes(path).startswith((b"PK\x03\x04", b"\x93NUMPY")):
+        raise _not_this_kind(path, "an .npz file: np.savez writes a zip archive of .npy arrays, and this is not one")
     try:
         with np.load(path, allow_pickle=False) as archive:
             if not isinstance(archive, np.lib.npyio.NpzFile):
@@ -124,7 +170,7 @@ def _tensor_dict(path: Path, obj: Any, key: str | None) -> dict[str, np.ndarray]
             raise CheckpointError(path, f"has no entry {key!r} (top-level entries: {', '.join(found) or 'none'})")
         obj = obj[key]
     if not isinstance(obj, Mapping):
-        raise CheckpointError(path, f"holds a {type(obj).__name__}, not a state dict (a mapping of names to tensors)")
+        raise CheckpointError(path, f"holds {a_type(obj)}, not a state dict (a mapping of names to tensors)")
     nested = [str(k) for k, v in obj.items() if isinstance(v, Mapping)]
     others = [str(k) for k, v in obj.items() if not isinstance(v, Mapping) and not hasattr(v, "shape")]
     if nested or others:
@@ -138,7 +184,8 @@ def _tensor_dict(path: Path, obj: Any, key: str | None) -> dict[str, np.ndarray]
 
 def read_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarray]:
     """Every tensor in a weights file, by name, as NumPy arrays. `key` selects a nested state
-    dict in a PyTorch file (`{"model": state_dict, "epoch": 3}` -> `key="model"`)."""
+    dict in a PyTorch file (`{"model": state_dict, "epoch": 3}` -> `key="model"`), or a subtree
+    of a Flax msgpack file or Orbax directory by its dotted path (`key="params"`)."""
     path = Path(path)
     kind = file_kind(path)
     if kind == "safetensors":
@@ -147,4 +194,21 @@ def read_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str
         return dict(read_tensors(path)[1])
     if kind == "npz":
         return _tensor_dict(path, _npz_file(path), key)
+    if kind == "hf-folder":
+        from conformance.convert.hf_folder import read_weights
+
+        if key is not None:
+            raise CheckpointError(path, "--key does not apply to a model folder")
+        return read_weights(path)
+    if kind in ("msgpack", "orbax"):
+        tree = trees.read_msgpack(path) if kind == "msgpack" else trees.read_orbax(path)
+        flat = trees.flatten(trees.select(tree, key, path), str(path))
+        for name, value in flat.items():
+            if not hasattr(value, "shape"):
+                raise CheckpointError(path, f"entry {name!r} is a {type(value).__name__}, not an array (pass --key to "
+                                      "select the parameter tree, e.g. --key params)")
+        try:
+            return as_arrays(flat)
+        except TensorError as exc:
+            raise CheckpointError(path, str(exc)) from None
     return _tensor_dict(path, _torch_file(path), key)

@@ -153,6 +153,24 @@ HF_ACTIVATIONS = {
 }
 
 
+# What `rosetta generate` reads from a checkpoint's "generation" note (a JSON object), named as in
+# Hugging Face's generation_config.json.
+# Hugging Face folders (`hf_folder`) and live models (`from_hf_marian`) record the same keys.
+GENERATION_KEYS = ("decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id", "forced_eos_token_id",
+                   "num_beams", "length_penalty", "max_length", "max_new_tokens", "bad_words_ids")
+
+
+def hf_generation_note(generation_config) -> str:
+    """A transformers GenerationConfig's special ids and decoding defaults as the JSON text of the
+    checkpoint note "generation" ("" when there is none)."""
+    import json
+
+    if generation_config is None:
+        return ""
+    values = {key: getattr(generation_config, key, None) for key in GENERATION_KEYS}
+    return json.dumps({key: value for key, value in values.items() if value is not None}, sort_keys=True)
+
+
 def from_hf_marian(model, **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Import a Hugging Face `MarianMTModel` (from transformers), reading its config.
 
@@ -190,5 +208,8 @@ def from_hf_marian(model, **overrides: Any) -> tuple[ModelConfig, dict[str, np.n
         arrays = {k: as_numpy(v, k) for k, v in model.state_dict().items()}
     values = _merge(read, {}, overrides, "config")
     notes = {"source": "transformers MarianMTModel", "name_or_path": str(getattr(config, "_name_or_path", "") or "")}
+    generation = hf_generation_note(getattr(model, "generation_config", None))
+    if generation:
+        notes["generation"] = generation
     result = convert_arrays(arrays, "hf-marian", notes=notes, **values)
     return result.config, result.params

@@ -19,7 +19,7 @@ from conformance.core.errors import ConfigError
 from conformance.core.positions import sinusoid_table
 
 TABLES = ("encoder.position.table", "decoder.position.table")
-SINUSOIDS = ("sinusoid-interleaved", "sinusoid-split")
+SINUSOIDS = ("sinusoid-interleaved", "sinusoid-split", "sinusoid-t2t")
 
 
 def identical(a: np.ndarray, b: np.ndarray) -> bool:
@@ -30,7 +30,9 @@ def identical(a: np.ndarray, b: np.ndarray) -> bool:
 def forward(layout: Layout, entry: Entry, values: dict[str, str], key: str, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
     """One stored tensor -> its canonical tensor(s)."""
     targets = [t.format(values) for t in entry.targets]
-    if entry.squeeze is not None:
+    if all(t.endswith("position.table") for t in targets):
+        x = _position_table(entry, key, x)
+    elif entry.squeeze is not None:
         if not -x.ndim <= entry.squeeze < x.ndim or x.shape[entry.squeeze] != 1:
             raise TensorError(key, f"has shape {x.shape}; the layout squeezes axis {entry.squeeze}, which must have size 1")
         x = np.squeeze(x, axis=entry.squeeze)
@@ -42,6 +44,11 @@ def forward(layout: Layout, entry: Entry, values: dict[str, str], key: str, x: n
         parts = np.split(x, n, axis=entry.axis)
     else:
         parts = [x] * len(targets)  # rename: one target; copy: the same tensor for each target
+    if entry.heads is not None:
+        if x.ndim != 3:
+            raise TensorError(key, f"has shape {x.shape}; the layout stores it per head "
+                              f"({'(d_in, H, K)' if entry.heads == 'out' else '(H, K, d_out)'}), so it must be 3-D")
+        parts = [x.reshape(x.shape[0], -1) if entry.heads == "out" else x.reshape(-1, x.shape[-1])]
     out = []
     for ckey, part in zip(targets, parts):
         if needs_transpose(layout, entry, ckey):
@@ -52,9 +59,35 @@ def forward(layout: Layout, entry: Entry, values: dict[str, str], key: str, x: n
     return out
 
 
-def backward(layout: Layout, entry: Entry, fkey: str, tensors: list[np.ndarray], ckeys: list[str]) -> np.ndarray:
+def _position_table(entry: Entry, key: str, x: np.ndarray) -> np.ndarray:
+    """A stored position buffer as (max_len, D), whichever of the usual forms it takes:
+    (max_len, D), batch-first (1, max_len, D) or sequence-first (max_len, 1, D). The layout's
+    `squeeze` names the form its system uses; a user's copy that chose the other still fits."""
+    if x.ndim == 2:
+        return x
+    if x.ndim == 3:
+        for axis in ([entry.squeeze] if entry.squeeze in (0, 1) else []) + [0, 1]:
+            if x.shape[axis] == 1:
+                return np.squeeze(x, axis=axis)
+    raise TensorError(key, f"has shape {x.shape}; a position table is (max_len, d_model), (1, max_len, d_model) or "
+                      "(max_len, 1, d_model)")
+
+
+def stored_heads(entry: Entry, x: np.ndarray) -> int | None:
+    """H as a per-head tensor stores it (`heads`), or None."""
+    if entry.heads is None or x.ndim != 3:
+        return None
+    return int(x.shape[1] if entry.heads == "out" else x.shape[0])
+
+
+def backward(layout: Layout, entry: Entry, fkey: str, tensors: list[np.ndarray], ckeys: list[str],
+             n_heads: int | None = None) -> np.ndarray:
     """The inverse of `forward`: canonical tensor(s) -> the one stored tensor."""
     parts = [t.T if needs_transpose(layout, entry, c) else t for t, c in zip(tensors, ckeys)]
+    if entry.heads == "out":
+        parts = [p.reshape(p.shape[0], n_heads, -1) for p in parts]  # (d_in, H, K)
+    elif entry.heads == "in":
+        parts = [p.reshape(n_heads, -1, p.shape[-1]) for p in parts]  # (H, K, d_out)
     if entry.kind == "split":
         x = np.concatenate(parts, axis=entry.axis)
     elif entry.kind == "copy":

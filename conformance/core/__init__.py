@@ -8,6 +8,8 @@
     inputs       host-side input checks and conversions shared by every backend
     output       the result types (ModelOutput, Encoded) and the names of their tensors
     surface      the names every backend package exports (`BACKEND_API`)
+    training     host checks of the loss's arguments, the paper's learning-rate schedule
+    dropout      dropout masks: sites, format, drawn from one seed (docs/training.md)
     errors       ConfigError, InputError, CheckpointError
 
 May import: the standard library, NumPy, ml_dtypes, and itself. Never PyTorch, JAX, hypothesis,

@@ -286,7 +286,8 @@ def load(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
         # Everything the header can tell, before a byte of tensor data is read.
         fmt = metadata.get("format")
         if fmt != FORMAT_NAME:
-            raise CheckpointError(path, f"unknown format {fmt!r}; expected {FORMAT_NAME!r} (is this a foreign file? see `rosetta convert`)")
+            raise CheckpointError(path, f"not a rosetta checkpoint (unknown format {fmt!r}; expected {FORMAT_NAME!r}); "
+                                  f"{convert_hint(path)}")
         version = metadata.get("format_version")
         if version != FORMAT_VERSION:
             raise CheckpointError(path, f"unsupported format_version {version!r}; this version reads {FORMAT_VERSION!r}")
@@ -308,13 +309,26 @@ def load(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
             raise CheckpointError(path, exc.problem) from None
         found["config"] = config
 
-    _, tensors = read_tensors(path, before_data=check_header)
+    try:
+        _, tensors = read_tensors(path, before_data=check_header)
+    except CheckpointError as exc:
+        if path.suffix.lower() != ".safetensors" and exc.problem.startswith(("corrupt", "truncated")):
+            # A .pt, .npz or .bin file was never converted: its bytes are not worth describing.
+            raise CheckpointError(path, f"not a rosetta checkpoint (rosetta checkpoints are .safetensors files "
+                                  f"written by rosetta convert or checkpoint.save); {convert_hint(path)}") from None
+        raise
     try:  # what the header could not tell: finite values
         for name, value in tensors.items():
             check_finite_array(name, value)
     except InputError as exc:
         raise CheckpointError(path, exc.problem) from None
     return found["config"], tensors
+
+
+def convert_hint(path: str | os.PathLike) -> str:
+    """How to turn a foreign weights file into a checkpoint, spelled for this file."""
+    path = Path(path)
+    return f"convert it first: rosetta convert {path} {path.with_suffix('').name}.rosetta.safetensors"
 
 
 def check_params(config: ModelConfig, params: Mapping[str, Any], path: str | os.PathLike) -> None:

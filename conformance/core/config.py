@@ -19,9 +19,10 @@ from typing import Any, Mapping
 from conformance.core.errors import ConfigError
 
 NORM_PLACEMENTS = ("post", "pre")
-LAYER_NORM_FORMS = ("standard", "std-eps")
-POSITIONS = ("sinusoid-interleaved", "sinusoid-split", "table")
-PAD_MASK_SIDES = ("keys", "queries", "none")
+LAYER_NORM_FORMS = ("standard", "std-eps", "fast-variance")
+POSITIONS = ("sinusoid-interleaved", "sinusoid-split", "sinusoid-t2t", "table")
+PAD_MASK_SIDES = ("keys", "queries", "both", "none")
+SRC_PAD_MASK_SIDES = ("keys", "both")
 ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu")
 
 # float32's largest finite value. Scores are formed and filled in at least float32 in every
@@ -33,6 +34,11 @@ FLOAT32_MAX = 3.4028234663852886e38
 # config read from a file must not be able to ask for terabytes. 65536 positions is far beyond the
 # systems in variants.md (512 to 5000) and still an explicit, documented limit.
 MAX_LEN_LIMIT = 65536
+
+# Fields added after the first checkpoints were written. A stored config that lacks one of them
+# predates it and meant its default, which is the behaviour every backend had before the field
+# existed; every other field must be named by a stored config (see `from_dict(complete=True)`).
+ADDED_FIELDS = ("src_pad_mask", "scale_logits")
 
 _SIZE_FIELDS = (
     "src_vocab_size",
@@ -64,14 +70,19 @@ class ModelConfig:
         layer_norm_eps: passed explicitly everywhere; PyTorch defaults to 1e-5, Flax to 1e-6.
         layer_norm_form: "standard" is `(x - mean) / sqrt(var + eps)` with the biased variance;
             "std-eps" is the Annotated Transformer's `(x - mean) / (std + eps)` with the unbiased
-            standard deviation.
+            standard deviation; "fast-variance" is Flax `nn.LayerNorm`'s default
+            (`use_fast_variance=True`): the same as "standard" but with the variance computed as
+            `max(E[x^2] - E[x]^2, 0)`, which cancels when |mean| >> std.
 
     Embeddings and positions:
         scale_embedding: multiply token embeddings by sqrt(d_model) before adding positions
             (section 3.4).
         position: "sinusoid-interleaved" (sin on even dims, cos on odd dims, section 3.5),
-            "sinusoid-split" (first half sin, second half cos: Marian, tensor2tensor), or "table"
-            (a stored `(max_len, D)` table per stack: learned, or a sinusoid saved as a buffer).
+            "sinusoid-split" (first half sin, second half cos: Marian), "sinusoid-t2t" (split, with
+            tensor2tensor's timescales `exp(-ln(1e4) i / (D/2 - 1))` and the table rounded to
+            float32, as Flax `examples/wmt`'s `sinusoidal_init` stores it; needs D >= 4), or
+            "table" (a stored `(max_len, D)` table per stack: learned, or a sinusoid saved as a
+            buffer).
         share_embeddings: the decoder uses the encoder's token embedding (needs equal vocabs).
         tie_output: the output projection is the target embedding transposed (section 3.4).
 
@@ -86,6 +97,12 @@ class ModelConfig:
             `(B, 1, T, 1)`, combined by AND with the causal `(1, 1, T, T)`; or "none", causal
             only: Marian and BART start every decoder input with the pad id, so masking padding
             would hide that start token from every query.
+            "both" masks padding on the keys AND the queries: a padded query sees no key at all.
+        src_pad_mask: where source padding is masked in the encoder's self-attention: "keys"
+            `(B, 1, 1, S)`, or "both", keys AND queries `(B, 1, S, S)` (Flax `examples/wmt`'s
+            `make_attention_mask(inputs > 0, inputs > 0)`): a padded query then sees no key, which
+            with a finite fill makes its output the plain mean of the values. It changes the
+            encoder's output only at padded positions, which cross-attention masks anyway.
         cross_attn_src_mask: whether source padding is masked in the decoder's cross-attention.
         pad_id: the padding token id (source and target).
 
@@ -93,6 +110,8 @@ class ModelConfig:
         activation: "relu" (paper), "gelu" (erf form), "gelu-tanh" (tanh approximation), "silu".
         output_bias: the output projection has its own bias `output.bias`.
         final_logits_bias: a separate `final_logits_bias` vector added to the logits (Marian).
+        scale_logits: divide `y W_out` by sqrt(D) before any bias (Flax `examples/wmt` with
+            `logits_via_embedding`: "correctly normalize pre-softmax logits for this shared case").
     """
 
     src_vocab_size: int = 32
@@ -119,12 +138,14 @@ class ModelConfig:
     out_proj_bias: bool = True
     mask_fill: float = -1e9
     tgt_pad_mask: str = "keys"
+    src_pad_mask: str = "keys"
     cross_attn_src_mask: bool = True
     pad_id: int = 0
 
     activation: str = "relu"
     output_bias: bool = True
     final_logits_bias: bool = False
+    scale_logits: bool = False
 
     # Free-form provenance (e.g. {"layout": "hf-marian"}); never changes the numbers.
     notes: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -186,6 +207,7 @@ class ModelConfig:
             "layer_norm_form": LAYER_NORM_FORMS,
             "position": POSITIONS,
             "tgt_pad_mask": PAD_MASK_SIDES,
+            "src_pad_mask": SRC_PAD_MASK_SIDES,
             "activation": ACTIVATIONS,
         }
         for name, allowed in choices.items():
@@ -195,6 +217,9 @@ class ModelConfig:
                 )
         if self.position.startswith("sinusoid") and self.d_model % 2:
             raise ConfigError("d_model", f"a sinusoid needs an even d_model, got {self.d_model}")
+        if self.position == "sinusoid-t2t" and self.d_model < 4:
+            raise ConfigError("d_model", f"the sinusoid-t2t timescales are spaced over D/2 - 1 intervals, so it needs "
+                                         f"d_model >= 4, got {self.d_model}")
         if not (self.layer_norm_eps > 0 and math.isfinite(self.layer_norm_eps)):
             raise ConfigError("layer_norm_eps", f"must be positive and finite, got {self.layer_norm_eps}")
         if math.isnan(self.mask_fill) or self.mask_fill == math.inf or self.mask_fill >= 0:
@@ -249,7 +274,7 @@ class ModelConfig:
         if unknown:
             raise ConfigError(str(unknown[0]), "is not a ModelConfig field")
         if complete:
-            missing = [name for name in known if name not in data]
+            missing = [name for name in known if name not in data and name not in ADDED_FIELDS]
             if missing:
                 raise ConfigError(missing[0], "is missing (a stored config names every field)")
         values = dict(data)

@@ -121,14 +121,24 @@ def check_mask_within_ids(argument: str, first_violation: Sequence[int] | None) 
         )
 
 
-def check_generate(config: ModelConfig, max_len, bos_id, eos_id) -> None:
-    """Arguments of greedy decoding: 1 <= max_len <= config.max_len (the decoder input grows to
-    max_len tokens), and bos_id / eos_id valid target ids."""
+def check_generate(config: ModelConfig, max_len, bos_id, eos_id, **search_options) -> tuple[int, ...]:
+    """Arguments of `generate`: 1 <= max_len <= config.max_len (the decoder input grows to
+    max_len tokens), bos_id / eos_id valid target ids, and the decoding options of
+    `conformance.core.decoding.check_search` (num_beams, length_penalty, ...) when given.
+    Returns the banned ids as a tuple."""
     if isinstance(max_len, bool) or not isinstance(max_len, int) or not 1 <= max_len <= config.max_len:
         raise InputError("max_len", f"must be an int in [1, {config.max_len}] (the model's max_len), got {max_len!r}")
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < config.tgt_vocab_size:
             raise InputError(name, f"must be a target token id in [0, {config.tgt_vocab_size}), got {value!r}")
+    if not search_options:
+        return ()
+    from conformance.core.decoding import check_search  # decoding imports this module's errors only
+
+    options = {"num_beams": 1, "length_penalty": 1.0, "early_stopping": False, "use_cache": True,
+               "length_penalty_form": "hf", "forced_eos": False, "banned_ids": (), "return_scores": False}
+    options.update(search_options)
+    return check_search(vocab_size=config.tgt_vocab_size, **options)
 
 
 def host_ids(argument: str, ids: Any, vocab_size: int, max_len: int) -> np.ndarray:
@@ -163,3 +173,112 @@ def check_device(backend: str, device: str, kinds: Sequence[str], absent: str | 
         raise InputError("device", f"the {backend} backend runs on {' or '.join(kinds)}, not {device!r}")
     if absent:
         raise InputError("device", f"{device!r} is not available to the {backend} backend here: {absent}")
+
+
+# -- Training arguments (the loss of docs/training.md) -------------------------------------------
+
+
+def check_label_smoothing(value: Any) -> float:
+    """Label smoothing ε must be a real number in [0, 1): ε = 1 would train towards the uniform
+    distribution alone, and a NaN or a bool is a mistake, never a setting. Returns ε as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InputError("label_smoothing", f"must be a float in [0, 1), got {value!r}")
+    if not 0.0 <= float(value) < 1.0:  # NaN fails this comparison too
+        raise InputError("label_smoothing", f"must lie in [0, 1), got {float(value)!r}")
+    return float(value)
+
+
+def check_labels(
+    config: ModelConfig,
+    shape: Sequence[int],
+    dtype: str,
+    is_integer: bool,
+    bounds: Callable[[], tuple[int, int]],
+    tgt_shape: Sequence[int],
+    counted: Callable[[], int],
+) -> None:
+    """Labels must be an integer array of the decoder input's shape (B, T), every id in
+    [0, tgt_vocab_size), and at least one of them must differ from `pad_id` (the loss is a mean
+    over the labels that count: with none, it is 0 / 0).
+
+    `bounds()` returns (min label, max label) and `counted()` the number of labels != pad_id;
+    both are only called once the shape is known to be valid (each may cost a device sync).
+    """
+    vocab = config.tgt_vocab_size
+    if not is_integer:
+        raise InputError("labels", f"labels must have an integer dtype, got {dtype}")
+    if tuple(shape) != tuple(tgt_shape):
+        raise InputError("labels", f"expected the shape of tgt_ids (B, T) = {tuple(tgt_shape)}, got {tuple(shape)}")
+    low, high = bounds()
+    if low < 0:
+        raise InputError("labels", f"negative label {low}; labels must lie in [0, {vocab}) (padding is "
+                                   f"pad_id={config.pad_id}, not a negative ignore index)")
+    if high >= vocab:
+        raise InputError("labels", f"label {high} out of range; labels must lie in [0, {vocab})")
+    if counted() == 0:
+        raise InputError("labels", f"no label counts: every label equals pad_id={config.pad_id}, and the "
+                                   "loss is a mean over the labels that count")
+
+
+def host_labels(config: ModelConfig, labels: Any, tgt_shape: Sequence[int]) -> np.ndarray:
+    """Labels read on the host and checked (`check_labels`): a NumPy integer array (B, T)."""
+    try:
+        labels = np.asarray(labels)
+    except (ValueError, TypeError, OverflowError):
+        raise InputError("labels", "is not a rectangular array of token ids") from None
+    is_integer = np.issubdtype(labels.dtype, np.integer)
+    bounds = lambda: (int(labels.min()), int(labels.max()))  # noqa: E731
+    counted = lambda: int(np.count_nonzero(labels != config.pad_id))  # noqa: E731
+    check_labels(config, labels.shape, labels.dtype.name, is_integer, bounds, tgt_shape, counted)
+    return labels
+
+
+def nan_positions(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray) -> np.ndarray:
+    """Which logits (B, T) the forward pass gives as NaN, read from the ids alone (host arrays).
+
+    Only a `-inf` mask fill makes NaN (finite weights, no overflow): a query whose every key is
+    masked gets softmax(-inf, ..., -inf) = 0 / 0. From there NaN spreads by two rules. A residual,
+    LayerNorm and the feed-forward keep a position's NaN at that position. And attention computes
+    `weights @ V` over every key, masked ones included with weight 0, and 0 * NaN is NaN: one NaN
+    key or value makes every query of that attention NaN. So, per batch element: after an encoder
+    layer, a source position is NaN if its query had no key or any position already was; after a
+    decoder layer, likewise through its self-attention, then through cross-attention from any NaN
+    memory position (or a query with no source key). Equal to `np.isnan(logits).any(-1)` of the
+    NumPy oracle (tests/test_training_nan.py)."""
+    batch, tgt_len = tgt_ids.shape
+    if not np.isinf(config.mask_fill):
+        return np.zeros((batch, tgt_len), dtype=bool)
+    src_real = src_ids != config.pad_id  # (B, S)
+    tgt_real = tgt_ids != config.pad_id  # (B, T)
+    # Encoder self-attention: a query with no key (padding on the keys; on the queries too with "both").
+    enc_empty = ~src_real.any(-1, keepdims=True) | (~src_real if config.src_pad_mask == "both" else False)  # (B, S)
+    src_nan = np.zeros_like(src_real)
+    for _ in range(config.n_encoder_layers):
+        src_nan = src_nan | enc_empty | src_nan.any(-1, keepdims=True)
+    # Decoder self-attention: causal, with the target padding where tgt_pad_mask puts it.
+    allowed = np.tril(np.ones((tgt_len, tgt_len), dtype=bool))[None]  # (1, T, T): query, key
+    if config.tgt_pad_mask in ("keys", "both"):
+        allowed = allowed & tgt_real[:, None, :]
+    if config.tgt_pad_mask in ("queries", "both"):
+        allowed = allowed & tgt_real[:, :, None]
+    self_empty = ~allowed.any(-1)  # (B, T)
+    cross_empty = (~src_real.any(-1, keepdims=True) if config.cross_attn_src_mask
+                   else np.zeros((batch, 1), dtype=bool))  # (B, 1)
+    memory_nan = src_nan.any(-1, keepdims=True)  # (B, 1)
+    tgt_nan = np.zeros_like(tgt_real)
+    for _ in range(config.n_decoder_layers):
+        tgt_nan = tgt_nan | self_empty | tgt_nan.any(-1, keepdims=True)
+        tgt_nan = tgt_nan | cross_empty | memory_nan
+    return tgt_nan
+
+
+def check_labels_finite(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray, labels: np.ndarray) -> None:
+    """A label that counts must sit where the logits are finite (`nan_positions`): a loss over a
+    NaN logit is NaN, and autograd frameworks disagree on what such a gradient is. Refused in
+    every backend with the same `InputError`, before any work."""
+    bad = np.argwhere(nan_positions(config, src_ids, tgt_ids) & (labels != config.pad_id))
+    if bad.size:
+        b, t = (int(i) for i in bad[0])
+        raise InputError("labels", f"{len(bad)} label(s) count where the logits are NaN, first at (row {b}, "
+                                   f"position {t}): with mask_fill=-inf a query with no key to attend to is NaN, "
+                                   "and attention spreads it; give those labels pad_id, or use a finite mask_fill")

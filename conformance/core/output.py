@@ -19,20 +19,22 @@ from typing import Any
 
 @dataclass
 class Encoded:
-    """What `model.encode` returns and `model.decode` consumes."""
+    """What `model.encode` returns and `model.decode` consumes. `attention` is None when the
+    call was made with `return_attention=False` (an empty dict would read as "no attention layers")."""
 
     memory: Any  # (B, S, D)
     src_mask: Any  # (B, 1|H, 1, S) boolean, True = may attend
-    attention: dict[str, Any] = field(default_factory=dict)
+    attention: dict[str, Any] | None = field(default_factory=dict)
     intermediates: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class ModelOutput:
-    """What a model call returns: logits, attention weights and intermediates by name."""
+    """What a model call returns: logits, attention weights and intermediates by name.
+    `attention` is None when the call was made with `return_attention=False`."""
 
     logits: Any  # (B, T, V)
-    attention: dict[str, Any] = field(default_factory=dict)
+    attention: dict[str, Any] | None = field(default_factory=dict)
     intermediates: dict[str, Any] = field(default_factory=dict)
 
 
@@ -51,4 +53,4 @@ def forward_order(config) -> list[str]:
 
 def tensors_of(output) -> dict[str, Any]:
     """A model output as one flat name -> tensor mapping (attention, intermediates, logits)."""
-    return {**output.attention, **output.intermediates, "logits": output.logits}
+    return {**(output.attention or {}), **output.intermediates, "logits": output.logits}

@@ -275,3 +275,26 @@ def prepare_params(
         if value.dtype != target:
             check_finite_array(key, cast[key])
     return cast, name
+
+
+def nest_dotted(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """`{"a.b": x}` -> `{"a": {"b": x}}`: a nested tree (Flax's form) from dotted names."""
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def flatten_dotted(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The inverse of `nest_dotted`: `{"a": {"b": x}}` -> `{"a.b": x}`."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(flatten_dotted(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

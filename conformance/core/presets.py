@@ -71,6 +71,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         layer_norm_eps=1e-6, layer_norm_form="std-eps", scale_embedding=True,
         position="sinusoid-interleaved", mask_fill=-1e9, tgt_pad_mask="keys",
     ),
+    # P3 Flax `examples/wmt` (linen): pre-LN with final norms, no attention biases, the t2t
+    # sinusoid stored in float32, no embedding scale, Flax's fast-variance LayerNorm (eps 1e-6),
+    # padding masked on both sides in the encoder, masked scores at float32's most negative
+    # finite value (`finfo(dtype).min`: the same weights in float64, where every masked score's
+    # exp underflows to 0 as well). The decoder embeds `shift_right(targets)`, whose first id is
+    # 0 = pad, so its padding mask is causal only here; see docs/flax.md for feeding it. A wmt
+    # config with `logits_via_embedding` is `tie_output=True, output_bias=False, scale_logits=True`.
+    "flax-wmt": dict(
+        norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True,
+        layer_norm_eps=1e-6, layer_norm_form="fast-variance", scale_embedding=False,
+        position="sinusoid-t2t", qkv_bias=False, out_proj_bias=False, mask_fill=FLOAT32_MIN,
+        tgt_pad_mask="none", src_pad_mask="both", cross_attn_src_mask=True, pad_id=0,
+        activation="relu", output_bias=True,
+    ),
     # The built-in default for `rosetta check`: small, post-LN, with padding on both sides.
     "default": dict(
         src_vocab_size=24, tgt_vocab_size=24, d_model=32, n_heads=4, d_ff=64,

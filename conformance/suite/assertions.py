@@ -70,3 +70,39 @@ def assert_bitwise_equal(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray
         if x.shape != y.shape or x.tobytes() != y.tobytes():
             diff = np.nanmax(np.abs(x.astype(np.float64) - y.astype(np.float64))) if x.shape == y.shape else "shape"
             raise AssertionError(f"{target.label}: {what}: {name!r} differs bitwise (max diff {diff})")
+
+
+def assert_ids_match(got: np.ndarray, expected: np.ndarray, trace: list[dict], target: Target, gcase) -> None:
+    """Generated ids equal the oracle's (float64), or first differ at a step of a row where the
+    oracle's search had a close call within the allowance (see conformance/suite/test_generate.py).
+    The message names the step, the row and the oracle's closest score gap."""
+    __tracebackhide__ = True
+    config = gcase.case.config
+    if got.shape == expected.shape and (got == expected).all():
+        return
+    width = min(got.shape[1], expected.shape[1])
+    differs = (got[:, :width] != expected[:, :width])
+    if differs.any():
+        rows, steps = np.nonzero(differs)
+        first = int(np.argmin(steps))
+        row, step = int(rows[first]), int(steps[first])
+    else:  # one stopped where the other went on
+        row, step = 0, width
+    beams = dict(gcase.options)["num_beams"]
+    tol = tolerance(target.dtype, target.device)
+    # The closest call of that row at or before the step, and its allowance.
+    closest, allowed_at = np.inf, 0.0
+    for s, record in enumerate(trace[:step + 1]):
+        per_step = 2.0 if beams == 1 else 4.0 * (s + 1)
+        allowance = per_step * tol.atol * float(record["scale"][row])
+        gap = float(record["gap"][row])
+        if gap - allowance < closest - allowed_at:
+            closest, allowed_at = gap, allowance
+    within = target.dtype != "float64" and closest <= allowed_at
+    if not within:
+        raise AssertionError(
+            f"{target.label}: generate chose other ids than the float64 oracle at step {step}, row {row} "
+            f"(num_beams={beams}): got {got[row].tolist()}, oracle {expected[row].tolist()}; the oracle's "
+            f"closest score gap up to that step is {closest:.3g}"
+            + ("" if target.dtype == "float64" else f", more than the {target.dtype} allowance {allowed_at:.3g}")
+            + f"; options {dict(gcase.options)}; config: {config.summary()}")

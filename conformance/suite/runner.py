@@ -20,6 +20,9 @@ from conformance.check.compare import to_numpy
 from conformance.core.output import tensors_of
 from conformance.suite.strategies import Case
 
+# The float64 NumPy model every property compares with.
+ORACLE = Target("numpy", "cpu", "float64")
+
 # Wall time spent per target, so the session summary can show where the minutes went.
 TIMINGS: dict[str, float] = defaultdict(float)
 # Called as PROGRESS(target, case, seconds) after every run when set: the plugin prints a line per
@@ -30,6 +33,7 @@ PROGRESS: Callable[[Target, Case, float], None] | None = None
 def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool = False,
         return_attention: bool = True, repeat: int = 1) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
     """All tensors of one model call (`encode` then `decode` when `split`), as host arrays.
+    With `return_attention=False` the call's `attention` must be None (AssertionError otherwise).
 
     With `repeat` > 1, the same model is called that many times and a list is returned.
     """
@@ -44,6 +48,9 @@ def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool
                     output = model.decode(case.tgt_ids, encoded, tgt_mask, return_attention=return_attention)
                 else:
                     output = model(case.src_ids, case.tgt_ids, src_mask, tgt_mask, return_attention=return_attention)
+                # Not asked for is None in every backend: an empty dict would read as "no attention layers".
+                assert return_attention or output.attention is None, (
+                    f"{target.label}: return_attention=False must give attention=None, got {output.attention!r:.80}")
                 results.append({name: to_numpy(value) for name, value in tensors_of(output).items()})
             return results[0] if repeat == 1 else results
     finally:
@@ -80,7 +87,7 @@ def _oracle_cached(config_json, seed, scale, src_bytes, src_shape, tgt_bytes, tg
     case = Case(ModelConfig.from_json(config_json), seed, scale,
                 np.frombuffer(src_bytes, np.int64).reshape(src_shape),
                 np.frombuffer(tgt_bytes, np.int64).reshape(tgt_shape), trained)
-    return run(Target("numpy", "cpu", "float64"), case)
+    return run(ORACLE, case)
 
 
 def masks(target: Target, case: Case) -> tuple[Any, Any]:
@@ -88,3 +95,82 @@ def masks(target: Target, case: Case) -> tuple[Any, Any]:
     module = backends.import_backend(target.backend)
     src_mask, tgt_mask = module.make_masks(case.config, case.src_ids, case.tgt_ids)
     return to_numpy(src_mask), to_numpy(tgt_mask)
+
+
+def generate(target: Target, gcase) -> np.ndarray:
+    """`model.generate` of a `GenerationCase` on one target: the ids as a host int64 array."""
+    started = time.perf_counter()
+    try:
+        case = gcase.case
+        with backends.full_precision(target.backend), backends.dtype_scope(target):
+            model = backends.build(target, case.config, case.params())
+            ids = model.generate(case.src_ids, gcase.max_len, gcase.bos_id, gcase.eos_id, **gcase.arguments())
+            return to_numpy(ids).astype(np.int64)
+    finally:
+        TIMINGS[target.label] += time.perf_counter() - started
+
+
+def gradients(target: Target, training) -> dict[str, np.ndarray]:
+    """`loss_and_grads` of one training case on one target, as host arrays: the loss under the
+    name "loss", then every parameter's gradient by its canonical name."""
+    started = time.perf_counter()
+    case = training.case
+    try:
+        with backends.full_precision(target.backend), backends.dtype_scope(target):
+            model = backends.build(target, case.config, case.params())
+            loss, grads = model.loss_and_grads(case.src_ids, case.tgt_ids, training.labels,
+                                               label_smoothing=training.label_smoothing)
+            return {"loss": to_numpy(loss), **{name: to_numpy(g) for name, g in grads.items()}}
+    finally:
+        TIMINGS[target.label] += time.perf_counter() - started
+
+
+def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
+    """The float64 NumPy ids of a `GenerationCase` and the search's closest calls per step
+    (`conformance.core.decoding.search`'s `trace`), from the oracle's cached decoder: the same
+    steps as its `generate`, with the trace switched on."""
+    from conformance.core.decoding import search
+    from conformance.core.output import Encoded
+
+    case, arguments = gcase.case, gcase.arguments()
+    beams = arguments["num_beams"]
+    model = backends.build(ORACLE, case.config, case.params())
+    encoded = model.encode(case.src_ids, return_attention=False)
+    rows = np.repeat(np.arange(len(case.src_ids)), beams)
+    encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
+    state = {"cache": model.start_cache(encoded, gcase.max_len)}
+
+    def step(tokens, parents):
+        if parents is not None:
+            state["cache"] = model.reorder_cache(state["cache"], parents)
+        return model.decode_step(tokens[:, -1], state["cache"])
+
+    trace: list[dict] = []
+    ids, _ = search(step, len(case.src_ids), gcase.max_len, gcase.bos_id, gcase.eos_id, case.config.pad_id,
+                    trace=trace, **arguments)
+    return ids, trace
+
+
+def has_gradients(target: Target) -> bool:
+    """Whether the target's backend offers `Model.loss_and_grads` (issue 13: not every one yet)."""
+    return hasattr(backends.import_backend(target.backend).Model, "loss_and_grads")
+
+
+def relu_kink_distance(case: Case) -> float:
+    """How far the oracle's ReLU inputs stay from the kink at 0: min |pre-activation| / scale over
+    every FFN of the float64 forward (inf for other activations).
+
+    ReLU's derivative jumps at 0. An input within rounding of 0 may land on the other side in a
+    lower precision (measured: |x| = 4.9e-7 in float64, negative in float32), and the gradient then
+    legitimately differs by that unit's whole contribution (2.5e-2). A gradient comparison in a
+    lower precision is only a claim where the inputs are further from 0 than its forward tolerance.
+    """
+    from conformance.check.compare import tensor_scale
+
+    if case.config.activation != "relu":
+        return float("inf")
+    model = backends.build(ORACLE, case.config, case.params())
+    model(case.src_ids, case.tgt_ids)
+    hidden = [layer.ffn.hidden for layer in [*model.encoder.layers, *model.decoder.layers]]
+    return min(float(np.nanmin(np.abs(h))) / tensor_scale(h) for h in hidden)
+

@@ -12,9 +12,11 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
+from hypothesis import assume
 from hypothesis import strategies as st
 
-from conformance.core.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, ModelConfig
+from conformance.core.config import ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, SRC_PAD_MASK_SIDES, ModelConfig
+from conformance.core.inputs import nan_positions
 from conformance.core.params import init_params
 from conformance.core.presets import FLOAT32_MIN, PRESETS, preset
 
@@ -56,11 +58,13 @@ def configs(draw, max_layers: int = 3) -> ModelConfig:
         out_proj_bias=draw(st.booleans()),
         mask_fill=draw(st.sampled_from(FILLS)),
         tgt_pad_mask=draw(st.sampled_from(PAD_MASK_SIDES)),
+        src_pad_mask=draw(st.sampled_from(SRC_PAD_MASK_SIDES)),
         cross_attn_src_mask=draw(st.booleans()),
         pad_id=draw(st.integers(0, 1)),
         activation=draw(st.sampled_from(ACTIVATIONS)),
         output_bias=draw(st.booleans()),
         final_logits_bias=draw(st.booleans()),
+        scale_logits=draw(st.booleans()),
     )
 
 
@@ -337,3 +341,86 @@ def realistic_in_domain(dtype: str, case: Case) -> bool:
     errors of 0.1-1 against tolerances of 0.05-0.2). Long sequences with seeded weights are in
     its domain; float32 and float64 are checked on every realistic case."""
     return dtype not in ("float16", "bfloat16") or case.trained is None
+
+
+@dataclass(frozen=True)
+class GenerationCase:
+    """One decoding example: a model and source batch (`case`, its tgt_ids unused) and the
+    arguments of `generate`. The pad id is banned (as Marian's generation config does), so that no
+    open row reads a pad token as a query."""
+
+    case: Case
+    max_len: int
+    bos_id: int
+    eos_id: int
+    options: tuple[tuple[str, object], ...]
+
+    def arguments(self) -> dict:
+        return dict(self.options, banned_ids=(self.case.config.pad_id,))
+
+    def __repr__(self) -> str:
+        return (f"GenerationCase({self.case!r}, max_len={self.max_len}, bos_id={self.bos_id}, eos_id={self.eos_id}, "
+                f"options={self.options!r})")
+
+
+@st.composite
+def generation_cases(draw) -> GenerationCase:
+    """Greedy or beam search (1-3 beams) over a drawn config and a source batch without
+    all-padding rows, generating at most 6 tokens, with drawn length penalty and stopping rule."""
+    case = draw(cases(st.one_of(preset_configs(), configs(max_layers=2)), allow_empty_source_rows=False))
+    config = case.config
+    vocab, pad = config.tgt_vocab_size, config.pad_id
+    real = st.integers(0, vocab - 1).filter(lambda i: i != pad)
+    bos = draw(real)
+    eos = draw(real.filter(lambda i: i != bos))
+    options = (("num_beams", draw(st.sampled_from([1, 2, 3]))),
+               ("length_penalty", draw(st.sampled_from([1.0, 0.0, 0.6, -0.5]))),
+               ("early_stopping", draw(st.sampled_from([False, True, "never"]))),
+               ("length_penalty_form", draw(st.sampled_from(["hf", "gnmt"]))))
+    return GenerationCase(case=case, max_len=min(6, config.max_len), bos_id=bos, eos_id=eos, options=options)
+
+
+# Label smoothings a training example may use: none, the paper's, and a large one.
+LABEL_SMOOTHINGS = (0.0, 0.1, 0.5)
+
+
+@dataclass(frozen=True)
+class TrainingCase:
+    """One gradient example: a forward case, its labels (B, T) and the label smoothing."""
+
+    case: Case
+    labels: np.ndarray
+    label_smoothing: float
+
+    def __repr__(self) -> str:
+        return f"TrainingCase(case={self.case!r}, labels=np.{self.labels!r}, label_smoothing={self.label_smoothing})"
+
+
+@st.composite
+def training_cases(draw, config_strategy: st.SearchStrategy[ModelConfig] | None = None) -> TrainingCase:
+    """A padded case with labels: a real token wherever the decoder input is real (some dropped
+    to pad_id), pad_id after it. Half the batches of two or more rows get a last source row of
+    padding only: with a finite fill its attention rows are uniform (the gradient must not reach
+    the masked scores); with a -inf fill its whole batch element is NaN, so its labels are all pad
+    (a fully padded label row). The first position that may count always does, so the loss is never 0 / 0."""
+    case = draw(cases(config_strategy))
+    config = case.config
+    pad = config.pad_id
+    src = case.src_ids.copy()
+    batch = src.shape[0]
+    real = st.integers(0, config.tgt_vocab_size - 1).filter(lambda i: i != pad)
+    if (src[0] == pad).all():
+        src[0, 0] = draw(st.integers(0, config.src_vocab_size - 1).filter(lambda i: i != pad))
+    if batch >= 2 and draw(st.booleans()):
+        src[-1] = pad
+    labels = np.full(case.tgt_ids.shape, pad, dtype=np.int64)
+    # Where a -inf fill makes the logits NaN nothing may count (core.inputs.nan_positions; the
+    # backends refuse such labels): the NaN batch elements and positions keep pad labels.
+    may_count = (case.tgt_ids != pad) & ~nan_positions(config, src, case.tgt_ids)
+    first = next(iter(map(tuple, np.argwhere(may_count))), None)
+    assume(first is not None)  # some label must count: the loss is a mean over them
+    for b, t in map(tuple, np.argwhere(may_count)):
+        if (b, t) == first or draw(st.integers(0, 4)) > 0:
+            labels[b, t] = draw(real)
+    case = Case(config=config, seed=case.seed, scale=case.scale, src_ids=src, tgt_ids=case.tgt_ids)
+    return TrainingCase(case=case, labels=labels, label_smoothing=draw(st.sampled_from(LABEL_SMOOTHINGS)))

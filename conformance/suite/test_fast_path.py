@@ -1,5 +1,5 @@
 """Property: without attention weights (the fast path: SDPA in torch), results still follow the
-config, including the NaN of a fully masked row under a -inf fill and its uniform average under
+config and `attention` is None (the runner checks it), including the NaN of a fully masked row under a -inf fill and its uniform average under
 a finite fill. At every dtype: in float16 and bfloat16 torch's fused kernel is a different
 kernel again."""
 

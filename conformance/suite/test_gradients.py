@@ -1,0 +1,55 @@
+"""Property: the loss and every parameter's gradient agree with the float64 NumPy oracle.
+
+`model.loss_and_grads` (docs/training.md) over drawn configs, padded batches, labels and label
+smoothing, compared gradient by gradient in backward order (the output first, the embeddings
+last), within the gradient tolerance table. A backend that has no `loss_and_grads` yet is
+skipped with that reason. Below float64, examples whose ReLU inputs come within the forward
+tolerance of the kink are assumed away: there the two precisions may legitimately take
+different branches of the derivative (`runner.relu_kink_distance`).
+
+Compiles are the cost here: JAX compiles `loss_and_grads` (forward and backward, ~10-15 s on two
+CPU cores) for every new (config, shape, dtype). So examples are few (`EXAMPLES`: 5 under `ci`),
+and under `ci` a compiling backend runs them in float64 only, where the claim is tightest; its
+float32 path is the same traced code. Other profiles run every dtype.
+"""
+
+import pytest
+from hypothesis import assume, given, settings
+
+from conformance.check import backends
+from conformance.check.compare import assert_close
+from conformance.check.tolerances import gradient_tolerance, tolerance
+from conformance.core.params import param_shapes
+from conformance.suite import runner
+from conformance.suite.strategies import shared_examples, training_cases
+
+
+EXAMPLES = max(5, settings().max_examples // 5)  # ci: 5; thorough: 400
+COMPILING = {"jax"}
+
+
+@pytest.mark.dtypes("float32", "float64")
+@shared_examples
+@settings(max_examples=EXAMPLES)
+@given(training=training_cases())
+def test_gradients_match_the_oracle(target, training):
+    if not runner.has_gradients(target):
+        pytest.skip(f"{target.label}: backend has no loss_and_grads")
+    if settings._current_profile == "ci" and backends.kind(target.backend) in COMPILING and target.dtype != "float64":
+        pytest.skip(f"{target.label}: under ci a compiling backend's gradients run in float64 only (compile cost)")
+    case = training.case
+    if target.dtype != "float64":
+        assume(runner.relu_kink_distance(case) > tolerance(target.dtype, target.device).atol)
+    expected = runner.gradients(runner.ORACLE, training)
+    got = runner.gradients(target, training)
+    tol = gradient_tolerance(target.dtype, target.device)
+    missing = sorted(set(expected) - set(got))
+    if missing:
+        raise AssertionError(f"{target.label}: loss_and_grads did not return {missing[:5]}")
+    extra = sorted(set(got) - set(expected))
+    if extra:
+        raise AssertionError(f"{target.label}: loss_and_grads returned gradients for unknown names {extra[:5]}")
+    for name in ["loss", *reversed(list(param_shapes(case.config)))]:
+        what = "the loss" if name == "loss" else f"gradient {name}"
+        assert_close(got[name], expected[name], tol, tensor=what, backend=target.backend, device=target.device,
+                     dtype=target.dtype, config=f"{case.config.summary()}; label_smoothing={training.label_smoothing}")

@@ -1,0 +1,61 @@
+"""The NNX model's own state through Orbax, for JAX training code that keeps its models that way.
+
+    impl_jax.save_state(model, "ckpt/")          # an Orbax checkpoint directory
+    model = impl_jax.load_state("ckpt/")          # the same Model, bit for bit
+
+The directory is an Orbax composite checkpoint with two items: "params", the canonical parameters
+as a nested tree (`encoder.layers.0.self_attn.q_proj.weight` -> ["encoder"]["layers"]["0"]...,
+restorable with `StandardRestore`), and "config", the `ModelConfig` as JSON. The interchange
+format between backends stays the safetensors checkpoint (`impl_jax.save` / `load`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from conformance.core.config import ModelConfig
+from conformance.core.errors import CheckpointError, ConfigError
+from conformance.core.params import flatten_dotted, nest_dotted
+from impl_jax.model import Model
+
+
+def save_state(model: Model, path: str | os.PathLike) -> None:
+    """Write `model` as a new Orbax checkpoint directory at `path` (which must not exist)."""
+    import orbax.checkpoint as ocp
+
+    path = Path(path)
+    if path.exists():
+        raise CheckpointError(path, "already exists; save_state writes a new Orbax checkpoint directory")
+    params = nest_dotted({name: np.asarray(value) for name, value in model.params.items()})
+    checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+    checkpointer.save(path.resolve(), ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                                         config=ocp.args.JsonSave(model.config.to_dict())))
+
+
+def load_state(path: str | os.PathLike, dtype=None, *, buckets=None) -> Model:
+    """A `Model` from a `save_state` directory; `dtype` casts as in `Model`. A directory that is not
+    such a checkpoint, or whose config or parameters do not validate, is a `CheckpointError`."""
+    import orbax.checkpoint as ocp
+
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(path, "no such Orbax checkpoint directory")
+    try:
+        restored = ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
+            path.resolve(), ocp.args.Composite(params=ocp.args.StandardRestore(), config=ocp.args.JsonRestore()))
+        params, stored = restored["params"], restored["config"]
+    except Exception as exc:  # noqa: BLE001 - a damaged or foreign directory
+        raise CheckpointError(path, f"not a save_state checkpoint: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    try:
+        config = ModelConfig.from_dict(stored, complete=True)
+    except ConfigError as exc:
+        raise CheckpointError(path, f"invalid config: {exc}") from None
+    if not isinstance(params, dict):
+        raise CheckpointError(path, "its params item is not a tree of named arrays")
+    try:
+        return Model(config, {k: np.asarray(v) for k, v in flatten_dotted(params).items()}, dtype=dtype, buckets=buckets)
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(path, f"its parameters do not fit its config: {exc}") from None

@@ -1,0 +1,184 @@
+"""`rosetta check` within a memory budget: the plan, the one-at-a-time path and chunked compare.
+
+The one-at-a-time path (the oracle's tensors written to disk and read back one by one) must give
+the report the all-at-once path gives, to the last digit, on a few-MB checkpoint; the planner must
+pick all at once exactly when its estimated peak fits the budget; and compare() must give the same
+result in chunks as on the whole tensor. Nothing here is timed: the peak is measured by hand on a
+300 MB checkpoint (docs/check.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from breaks import BREAKS, broken_copy
+from conformance import ModelConfig, checkpoint, init_params
+from conformance.check import backends, compare as compare_module
+from conformance.check.compare import compare
+from conformance.check.defaults import default_model
+from conformance.check.plan import (
+    ALL_AT_ONCE,
+    ONE_AT_A_TIME,
+    OracleTensors,
+    available_memory,
+    estimate,
+    parse_bytes,
+    plan_check,
+    tensor_shapes,
+)
+from conformance.check.report import default_targets, fixed_batch, run_check
+from conformance.check.tolerances import Tolerance
+from conformance.cli import main
+from conformance.core.errors import InputError
+from conformance.core.output import tensors_of
+
+# A few-MB checkpoint (vocab 3000, d_model 64: 0.8 M parameters, 3 MB in float32) with padded
+# target queries and a -inf fill, so that the fixed batch has NaN rows to compare as well.
+CONFIG = ModelConfig(
+    src_vocab_size=3000, tgt_vocab_size=3000, d_model=64, n_heads=4, d_ff=96, n_encoder_layers=2,
+    n_decoder_layers=2, max_len=16, mask_fill=float("-inf"), tgt_pad_mask="queries",
+)
+
+
+def plan_for(mode: str):
+    return dataclasses.replace(plan_check(estimate(CONFIG, {}, [], 3, 16, 16), [], budget=2**40), mode=mode)
+
+
+def comparable(report) -> dict:
+    """The report as JSON without the wall times, which differ between any two runs."""
+    data = report.to_json()
+    for target in data["targets"]:
+        target.pop("seconds")
+    return data
+
+
+def test_one_at_a_time_gives_the_report_all_at_once_gives(tmp_path):
+    path = tmp_path / "small.safetensors"
+    checkpoint.save(path, CONFIG, {k: v.astype(np.float32) for k, v in init_params(CONFIG, seed=1).items()})
+    assert 2e6 < path.stat().st_size < 5e6
+    config, params = checkpoint.load(path)
+    targets, skipped = default_targets(["numpy", "torch", "jax"], ["float32"])
+    name = "mask fill changed"  # a failing column, with NaN mismatches
+    backend, edits, patches = BREAKS[name]
+    broken = broken_copy(name, backend, edits, patches)
+    targets.append(backends.Target(broken, "cpu", "float64"))
+    try:
+        src, tgt = fixed_batch(config, length=12)
+        reports = {mode: run_check(config, params, str(path), targets, skipped, src, tgt, plan_for(mode))
+                   for mode in (ALL_AT_ONCE, ONE_AT_A_TIME)}
+    finally:
+        backends.unregister_backend(broken)
+    together, one_by_one = reports[ALL_AT_ONCE], reports[ONE_AT_A_TIME]
+    assert not together.passed and together.first_failure()[1] == f"{broken}/cpu/float64"
+    assert any(cell.comparison.nan_mismatches for cell in together.cells.values() if cell.comparison)
+    assert one_by_one.to_text() == together.to_text()
+    assert comparable(one_by_one) == comparable(together)
+
+
+def test_one_at_a_time_holds_the_oracle_on_disk_and_removes_it(tmp_path):
+    value = np.arange(12.0).reshape(3, 4)
+    with OracleTensors(ONE_AT_A_TIME) as held:
+        held.put("logits", value)
+        spilled = held._held["logits"]
+        assert isinstance(spilled, Path) and spilled.exists()
+        assert np.array_equal(held["logits"], value) and held["logits"] is not value
+    assert not spilled.parent.exists()
+    with OracleTensors(ALL_AT_ONCE) as held:
+        held.put("logits", value)
+        assert held["logits"] is value
+    with pytest.raises(ValueError, match="unknown memory plan mode"):
+        OracleTensors("sometimes")
+
+
+def test_the_estimate_knows_every_tensor_shape_a_model_returns():
+    src, tgt = fixed_batch(CONFIG, length=10)
+    src = src[:, :9]  # a source and a target of different lengths
+    import impl_numpy
+
+    got = tensors_of(impl_numpy.Model(CONFIG, init_params(CONFIG, seed=0))(src, tgt))
+    assert tensor_shapes(CONFIG, 3, 9, 10) == {name: value.shape for name, value in got.items()}
+
+
+def test_the_plan_holds_the_oracle_only_when_that_fits_the_budget():
+    params = {k: v.astype(np.float32) for k, v in init_params(CONFIG, seed=0).items()}
+    needed = estimate(CONFIG, params, ["float32", "float64"], 3, 16, 16)
+    peaks = {mode: needed.peak(mode, ["float32", "float64"]) for mode in (ALL_AT_ONCE, ONE_AT_A_TIME)}
+    # Holding the oracle's tensors costs exactly their float64 size on top of the one-at-a-time peak.
+    assert peaks[ALL_AT_ONCE] - peaks[ONE_AT_A_TIME] == needed.outputs["float64"] > 0
+    assert needed.source_params == sum(v.nbytes for v in params.values())
+    assert needed.model_params["float64"] == 2 * needed.model_params["float32"]
+    roomy = plan_check(needed, ["float32", "float64"], budget=peaks[ALL_AT_ONCE])
+    tight = plan_check(needed, ["float32", "float64"], budget=peaks[ALL_AT_ONCE] - 1)
+    assert (roomy.mode, tight.mode) == (ALL_AT_ONCE, ONE_AT_A_TIME)
+    assert "exceeds the budget" not in tight.describe()
+    hopeless = plan_check(needed, ["float32", "float64"], budget=peaks[ONE_AT_A_TIME] - 1)
+    assert hopeless.mode == ONE_AT_A_TIME and "exceeds the budget even one at a time" in hopeless.describe()
+
+
+def test_the_default_budget_is_the_kernels_memavailable(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  1000 kB\nMemAvailable:    2048 kB\n")
+    assert available_memory(meminfo) == 2048 * 1024
+    meminfo.write_text("MemTotal:       24000000 kB\n")
+    assert available_memory(meminfo) is None
+    assert available_memory(tmp_path / "absent") is None
+
+
+@pytest.mark.parametrize("text, expected", [("900M", 900 * 2**20), ("2G", 2 * 2**30), ("1.5g", 3 * 2**29),
+                                            ("4096", 4096), ("64KiB", 64 * 1024), ("1GB", 2**30)])
+def test_memory_sizes_are_read_with_binary_units(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "12X", "G", "-1G", "0", "nan", "inf"])
+def test_a_bad_memory_size_is_an_input_error(text):
+    with pytest.raises(InputError, match="--max-memory"):
+        parse_bytes(text)
+
+
+def test_the_command_refuses_a_bad_length_or_memory_size(capsys):
+    longest = default_model()[0].max_len
+    assert main(["check", "--length", str(longest + 1)]) == 2
+    assert f"length: must be between 1 and the config's max_len {longest}, got {longest + 1}" in capsys.readouterr().err
+    assert main(["check", "--max-memory", "lots"]) == 2
+    assert "--max-memory: expected a size" in capsys.readouterr().err
+
+
+def test_the_command_says_which_plan_ran_and_reports_the_same(tmp_path, capsys):
+    out = {}
+    for budget in ("64G", "1K"):
+        assert main(["check", "--backends", "numpy", "--max-memory", budget, "--length", "10",
+                     "--json", str(tmp_path / f"{budget}.json")]) == 0
+        captured = capsys.readouterr()
+        text = "\n".join(line for line in captured.out.splitlines() if not line.startswith("wrote "))  # names the file
+        out[budget] = text, json.loads((tmp_path / f"{budget}.json").read_text())
+        for target in out[budget][1]["targets"]:
+            target.pop("seconds")
+        mode = ALL_AT_ONCE if budget == "64G" else ONE_AT_A_TIME
+        assert f"memory plan: {mode};" in captured.err
+    assert out["64G"] == out["1K"]
+
+
+def test_compare_in_chunks_is_compare_on_the_whole_tensor(monkeypatch):
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        shape = tuple(rng.integers(1, 6, size=rng.integers(1, 4)))
+        expected = rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 3)
+        actual = expected + rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 0)
+        for array in (actual, expected):
+            for special in (np.nan, np.inf, -np.inf):
+                array[rng.random(shape) < 0.05] = special
+        if rng.random() < 0.3:  # ties for the largest error, across chunk boundaries
+            actual, expected = np.round(actual, 1), np.round(expected, 1)
+        tol = Tolerance(atol=float(10.0 ** rng.integers(-6, -1)), rtol=float(rng.choice([0.0, 1e-3])))
+        with np.errstate(all="ignore"):
+            monkeypatch.setattr(compare_module, "CHUNK", 1 << 20)
+            whole = compare(actual.astype(np.float32), expected, tol)
+            monkeypatch.setattr(compare_module, "CHUNK", 7)
+            chunked = compare(actual.astype(np.float32), expected, tol)
+        assert repr(chunked) == repr(whole)

@@ -1,0 +1,73 @@
+"""`rosetta generate --beams N --length-penalty A` on every backend, special ids read from the
+checkpoint's "generation" note (a Marian port records its own), and the built-in toy model
+decoded with beam 4."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conformance.check import backends, toy
+from conformance.check.backends import Target
+from conformance.check.compare import to_numpy
+from conformance.check.defaults import default_model
+from conformance.cli import main
+from conformance.cli.generate import recorded_generation
+from conformance.core import checkpoint
+
+UNSEEN_SEED = 31415  # as tests/test_toy_model.py: sources neither training nor early stopping saw
+
+
+def runnable(backend: str) -> bool:
+    return not backends.availability([backend])[backend]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_rosetta_generate_with_beams_prints_the_reversal(backend, capsys):
+    if not runnable(backend):
+        pytest.skip(f"{backend} is not installed")
+    assert main(["generate", "--src", "3 1 4 1 5", "--beams", "4", "--length-penalty", "0.6", "--backend", backend]) == 0
+    assert capsys.readouterr().out.strip() == "5 1 4 1 3"
+
+
+def test_toy_model_decodes_with_beam_4_at_95_percent_exact_match():
+    config, params, _ = default_model()
+    src = toy.held_out(seed=UNSEEN_SEED)
+    for backend in ("numpy", "torch"):
+        if not runnable(backend):
+            continue
+        model = backends.build(Target(backend, "cpu", "float32"), config, params)
+        out = to_numpy(model.generate(src, max_len=config.max_len, bos_id=toy.BOS, eos_id=toy.EOS, num_beams=4))
+        accuracy = toy.exact_match(out, src)
+        assert accuracy >= 0.95, f"{backend}: beam-4 exact match on unseen sources {accuracy:.3f} < 0.95"
+
+
+def test_a_marian_port_records_its_generation_ids_and_the_cli_uses_them(tmp_path, capsys):
+    pytest.importorskip("transformers", reason="the Marian port needs transformers")
+    from conformance.convert import from_hf_marian
+    from test_convert_marian import PAD, marian
+
+    config, params = from_hf_marian(marian())
+    recorded = json.loads(config.notes["generation"])
+    assert recorded["decoder_start_token_id"] == PAD and recorded["eos_token_id"] == 0
+    assert recorded["forced_eos_token_id"] == 0 and recorded["pad_token_id"] == PAD
+    defaults = recorded_generation(config)
+    assert defaults["bos_id"] == PAD and defaults["eos_id"] == 0 and defaults["forced_eos"] is True
+
+    path = tmp_path / "marian.safetensors"
+    checkpoint.save(path, config, params)
+    src = np.array([[5, 6, 7, 8]])
+    assert main(["generate", str(path), "--src", "5,6,7,8", "--beams", "2", "--max-len", "6", "--backend", "numpy"]) == 0
+    printed = capsys.readouterr().out.split()
+    model = backends.build(Target("numpy", "cpu", "float32"), *checkpoint.load(path))
+    expected = model.generate(src, 6, PAD, 0, num_beams=2, forced_eos=True)
+    ended = np.flatnonzero(expected[0] == 0)  # the CLI prints each row up to its <eos>
+    assert ended.size, "this case is meant to end with the forced <eos>"
+    assert printed == [str(int(i)) for i in expected[0][: ended[0]]]
+    # Without the note, the ids must be given: the CLI says so rather than guessing.
+    bare = config.replace(notes={key: value for key, value in config.notes.items() if key != "generation"})
+    checkpoint.save(tmp_path / "bare.safetensors", bare, params)
+    assert main(["generate", str(tmp_path / "bare.safetensors"), "--src", "5,6,7,8", "--backend", "numpy"]) != 0
+    assert "pass --bos and --eos" in capsys.readouterr().err

@@ -1,0 +1,165 @@
+"""`loss_and_grads` in PyTorch (autograd) and JAX (`nnx.value_and_grad`, jit-compiled): the same
+loss as `torch.nn.functional.cross_entropy` itself, the same gradients in float64, padded rows
+selected out (a NaN there poisons nothing), the same errors, bounded compilation.
+
+Compiling the value-and-grad of a model costs seconds per config on this machine, so the configs
+here are 1+1-layer versions of the presets and every test shares one batch shape.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import impl_jax
+import impl_numpy
+import impl_torch
+from conformance import InputError, init_params, param_shapes
+from impl_jax import enable_x64
+from batches import small
+
+# Padding at the end of rows on both sides, in every row of the target; no source row is all
+# padding (that row's memory is NaN under a -inf fill, so its loss is honestly NaN).
+SRC = np.array([[3, 4, 5, 1, 0, 0], [6, 7, 8, 9, 10, 1], [5, 0, 0, 0, 0, 0]])
+TGT = np.array([[2, 3, 4, 0, 0], [2, 1, 6, 7, 8], [2, 3, 0, 0, 0]])
+
+PRESETS = ["default", "llmhub", "from-scratch", "pre-ln-tutorial", "hf-marian"]
+
+
+def tiny(name: str, **changes):
+    return small(name, n_encoder_layers=1, n_decoder_layers=1, **changes)
+
+
+def labels_for(config, tgt=TGT) -> np.ndarray:
+    """The next token at each real target position; pad_id where the target is padding."""
+    labels = np.roll(tgt, -1, axis=1)
+    labels[:, -1] = 9
+    return np.where(tgt == config.pad_id, config.pad_id, labels)
+
+
+def torch_reference(model, src, tgt, labels, epsilon):
+    """The loss of the contract, literally: PyTorch's cross_entropy over every position."""
+    logits = model(src, tgt).logits
+    vocab = logits.shape[-1]
+    loss = F.cross_entropy(logits.reshape(-1, vocab), torch.as_tensor(labels).reshape(-1),
+                           ignore_index=model.config.pad_id, label_smoothing=epsilon)
+    return loss
+
+
+def assert_grads_close(expected: dict, actual: dict, rtol: float, what: str):
+    assert list(actual) == list(expected), f"{what}: keys differ"
+    scale = max(float(np.abs(g).max()) for g in expected.values())
+    for name, g in expected.items():
+        np.testing.assert_allclose(np.asarray(actual[name]), g, rtol=rtol, atol=rtol * scale,
+                                   err_msg=f"{what}: gradient of {name}")
+
+
+def grads_numpy(grads: dict) -> dict:
+    return {name: np.asarray(g.detach().cpu() if isinstance(g, torch.Tensor) else g) for name, g in grads.items()}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_torch_and_jax_gradients_agree_in_float64(name):
+    config = tiny(name)
+    params = init_params(config)
+    labels = labels_for(config)
+    model = impl_torch.Model(config, params, "float64")
+    loss, grads = model.loss_and_grads(SRC, TGT, labels, label_smoothing=0.1)
+    assert list(grads) == list(param_shapes(config))
+    for key, shape in param_shapes(config).items():
+        assert tuple(grads[key].shape) == tuple(shape) and grads[key].dtype == torch.float64, key
+    # The loss is PyTorch's own cross_entropy (ignore_index, label_smoothing) on the forward's logits.
+    reference = torch_reference(model, SRC, TGT, labels, 0.1).detach()
+    assert abs(float(loss) - float(reference)) <= 1e-13 * abs(float(reference))
+    with enable_x64():
+        jmodel = impl_jax.Model(config, params, "float64")
+        jloss, jgrads = jmodel.loss_and_grads(SRC, TGT, labels, label_smoothing=0.1)
+    assert isinstance(jloss, jax.Array) and jloss.shape == () and all(isinstance(g, jax.Array) for g in jgrads.values())
+    assert abs(float(jloss) - float(loss)) <= 1e-13 * abs(float(loss))
+    assert_grads_close(grads_numpy(grads), grads_numpy(jgrads), 1e-11, f"{name}: jax vs torch float64")
+    assert all(np.asarray(jgrads[k]).dtype == np.float64 for k in jgrads)
+
+
+def test_nan_rows_are_selected_out_not_multiplied_by_zero():
+    """-inf fill + query-side target padding: the forward's padded rows are NaN (0 / 0), yet the
+    loss and every gradient are finite, and equal those of the same model with a finite fill
+    (whose padded rows are finite and, padding being at the end, reach no counted token)."""
+    config = tiny("from-scratch", mask_fill=float("-inf"))
+    finite = tiny("from-scratch", mask_fill=-1e9)
+    params = init_params(config)
+    labels = labels_for(config)
+    model = impl_torch.Model(config, params, "float64")
+    assert torch.isnan(model(SRC, TGT).logits).any(), "the case must really produce NaN rows"
+    loss, grads = model.loss_and_grads(SRC, TGT, labels, label_smoothing=0.1)
+    reference_model = impl_torch.Model(finite, params, "float64")
+    reference = torch_reference(reference_model, SRC, TGT, labels, 0.1)
+    named = dict(reference_model.named_parameters())
+    expected = dict(zip(named, torch.autograd.grad(reference, list(named.values()))))
+    expected = {key: expected[key] for key in param_shapes(config)}
+    reference = reference.detach()
+    assert abs(float(loss) - float(reference)) <= 1e-13 * abs(float(reference))
+    assert_grads_close(grads_numpy(expected), grads_numpy(grads), 1e-12, "torch, NaN rows vs finite fill")
+    # The forward of the model is unchanged by the loss (inference keeps its NaN rows).
+    assert torch.isnan(model(SRC, TGT).logits).any()
+    with enable_x64():
+        jmodel = impl_jax.Model(config, params, "float64")
+        assert np.isnan(np.asarray(jmodel(SRC, TGT).logits)).any()
+        jloss, jgrads = jmodel.loss_and_grads(SRC, TGT, labels, label_smoothing=0.1)
+        assert np.isnan(np.asarray(jmodel(SRC, TGT).logits)).any()
+    assert abs(float(jloss) - float(reference)) <= 1e-13 * abs(float(reference))
+    assert_grads_close(grads_numpy(expected), grads_numpy(jgrads), 1e-11, "jax, NaN rows vs finite fill")
+
+
+def test_jax_loss_compiles_once_per_shape_not_per_epsilon():
+    config = tiny("default")
+    model = impl_jax.Model(config, init_params(config), "float32")
+    labels = labels_for(config)
+    model.loss_and_grads(SRC, TGT, labels)
+    before = impl_jax.compile_stats()["compiles"]
+    loss_a, _ = model.loss_and_grads(SRC, TGT, labels, label_smoothing=0.0)
+    loss_b, _ = model.loss_and_grads(SRC, TGT, labels, label_smoothing=0.1)
+    assert impl_jax.compile_stats()["compiles"] == before
+    assert float(loss_a) != float(loss_b)
+
+
+BAD = [
+    ("labels", lambda labels: labels[:, :-1], "expected the shape of tgt_ids"),
+    ("labels", lambda labels: labels.astype(np.float32), "integer dtype"),
+    ("labels", lambda labels: np.where(labels > 0, 16, labels), "out of range"),
+    ("labels", lambda labels: np.where(labels >= 0, -1, labels), "negative label"),
+    ("labels", lambda labels: np.zeros_like(labels), "no label counts"),
+]
+
+
+@pytest.mark.parametrize("argument,change,words", BAD, ids=[words for _, _, words in BAD])
+def test_bad_labels_get_the_same_error_from_every_backend(argument, change, words):
+    config = tiny("default")
+    params = init_params(config)
+    labels = change(labels_for(config))
+    for model in (impl_numpy.Model(config, params, "float32"), impl_torch.Model(config, params, "float32"),
+                  impl_jax.Model(config, params, "float32")):
+        with pytest.raises(InputError, match=words) as error:
+            model.loss_and_grads(SRC, TGT, labels)
+        assert error.value.argument == argument
+
+
+@pytest.mark.parametrize("epsilon", [-0.1, 1.5, "0.1", True])
+def test_bad_label_smoothing_is_an_input_error(epsilon):
+    config = tiny("default")
+    params = init_params(config)
+    for model in (impl_torch.Model(config, params, "float32"), impl_jax.Model(config, params, "float32")):
+        with pytest.raises(InputError) as error:
+            model.loss_and_grads(SRC, TGT, labels_for(config), label_smoothing=epsilon)
+        assert error.value.argument == "label_smoothing"
+
+
+def test_bad_ids_are_checked_as_by_forward():
+    config = tiny("default")
+    params = init_params(config)
+    for model in (impl_torch.Model(config, params, "float32"), impl_jax.Model(config, params, "float32")):
+        with pytest.raises(InputError) as error:
+            model.loss_and_grads(SRC + 100, TGT, labels_for(config))
+        assert error.value.argument == "src_ids"

@@ -1,0 +1,105 @@
+"""The paper's Adam in the three backends: NumPy written out, `torch.optim.Adam` + `LambdaLR`,
+`optax.adam` with a schedule. Given the same gradients they make the same updates in float64,
+step after step, through the warmup peak; the schedule is the paper's equation 3."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import impl_jax
+import impl_jax.train
+import impl_numpy
+import impl_numpy.train
+import impl_torch
+import impl_torch.train
+from conformance import InputError, init_params, param_shapes
+from conformance.core.training import paper_lrate
+from impl_jax import enable_x64
+from batches import small
+
+WARMUP = 3  # the schedule peaks at step 3 of the 6 below
+
+
+def grads_at(config, step: int) -> dict[str, np.ndarray]:
+    """Gradients drawn from a seed: large and small entries, some exact zeros (Adam's ε matters)."""
+    rng = np.random.default_rng(step)
+    grads = {}
+    for name, shape in param_shapes(config).items():
+        g = rng.normal(size=shape) * 10.0 ** rng.integers(-6, 1, size=shape)
+        grads[name] = np.where(rng.random(shape) < 0.1, 0.0, g)
+    return grads
+
+
+def test_schedule_is_the_papers_and_peaks_at_warmup():
+    lrates = [paper_lrate(step, 512, 4000) for step in range(1, 8001)]
+    assert int(np.argmax(lrates)) + 1 == 4000
+    assert lrates[0] == pytest.approx(512 ** -0.5 * 4000 ** -1.5)
+    assert lrates[7999] == pytest.approx(512 ** -0.5 * 8000 ** -0.5)
+    with pytest.raises(InputError):
+        paper_lrate(0, 512)
+
+
+def test_the_three_optimizers_make_the_same_updates_in_float64():
+    config = small("default", n_encoder_layers=1, n_decoder_layers=1)
+    params = init_params(config)
+    numpy_model = impl_numpy.Model(config, params, "float64")
+    torch_model = impl_torch.Model(config, params, "float64")
+    optimizers = {
+        "numpy": impl_numpy.train.Adam(numpy_model, config.d_model, warmup=WARMUP),
+        "torch": impl_torch.train.Adam(torch_model, config.d_model, warmup=WARMUP),
+    }
+    with enable_x64():
+        jax_model = impl_jax.Model(config, params, "float64")
+        optimizers["jax"] = impl_jax.train.Adam(jax_model, config.d_model, warmup=WARMUP)
+        models = {"numpy": numpy_model, "torch": torch_model, "jax": jax_model}
+        previous = {name: value.copy() for name, value in params.items()}
+        for step in range(1, 7):
+            grads = grads_at(config, step)
+            used = {backend: opt.step(grads) for backend, opt in optimizers.items()}
+            assert set(used.values()) == {paper_lrate(step, config.d_model, WARMUP)}
+            after = {backend: {name: np.array(impl_torch.to_numpy(v) if backend == "torch" else v)  # copies
+                               for name, v in (m.state_dict().items() if backend == "torch" else m.params.items())}
+                     for backend, m in models.items()}
+            for name in params:
+                reference = after["numpy"][name] - previous[name]  # the update NumPy made
+                assert np.abs(reference).max() > 0, f"step {step}: {name} did not move"
+                for backend in ("torch", "jax"):
+                    update = after[backend][name] - previous[name]
+                    np.testing.assert_allclose(update, reference, rtol=1e-12, atol=1e-12 * np.abs(reference).max(),
+                                               err_msg=f"step {step}, {backend}: update of {name}")
+            previous = after["numpy"]
+
+
+def test_the_updates_are_adams_equations():
+    """One step from zero moments is lrate · g / (|g| + ε) elementwise (m̂ = g, v̂ = g²): checks the
+    bias correction and where ε enters, independently of any optimizer's code."""
+    config = small("default", n_encoder_layers=1, n_decoder_layers=1)
+    params = init_params(config)
+    grads = grads_at(config, 1)
+    model = impl_torch.Model(config, params, "float64")
+    optimizer = impl_torch.train.Adam(model, config.d_model, warmup=WARMUP)
+    optimizer.step(grads)
+    lr = paper_lrate(1, config.d_model, WARMUP)
+    for name, p in model.state_dict().items():
+        expected = params[name] - lr * grads[name] / (np.abs(grads[name]) + 1e-9)
+        np.testing.assert_allclose(p.numpy(), expected, rtol=1e-13, atol=1e-15, err_msg=name)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_bad_optimizer_arguments_are_input_errors(backend):
+    config = small("default", n_encoder_layers=1, n_decoder_layers=1)
+    package = {"numpy": impl_numpy, "torch": impl_torch, "jax": impl_jax}[backend]
+    train = {"numpy": impl_numpy.train, "torch": impl_torch.train, "jax": impl_jax.train}[backend]
+    model = package.Model(config, init_params(config), "float32")
+    for kwargs, argument in (({"warmup": 0}, "warmup"), ({"betas": (0.9, 1.0)}, "betas"), ({"eps": -1.0}, "eps")):
+        with pytest.raises(InputError) as error:
+            train.Adam(model, config.d_model, **kwargs)
+        assert error.value.argument == argument
+    optimizer = train.Adam(model, config.d_model)
+    grads = {name: np.zeros(shape, np.float32) for name, shape in param_shapes(config).items()}
+    grads.pop("output.bias")
+    with pytest.raises(InputError, match="missing") as error:
+        optimizer.step(grads)
+    assert error.value.argument == "grads"
