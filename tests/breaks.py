@@ -233,7 +233,9 @@ REALISTIC_BREAKS = {
     "softmax without the max shift": ("numpy", "float32", [(
         "shifted = scores - scores.max(axis=-1, keepdims=True)", "shifted = scores",
     )], {}, False),
-    "position table computed in float16": ("torch", "float16", [], {"sinusoid_table": float16_sinusoid}, True),
+    # The tame sample meets it too, barely (8 tokens: 0.07 against the table's 0.05); the long
+    # anchor's 2048 tokens by far more (0.088 against its measured tolerance, `LONG_HALF_TOLERANCES`).
+    "position table computed in float16": ("torch", "float16", [], {"sinusoid_table": float16_sinusoid}, False),
     "softmax sum accumulated in float16": ("torch", "float16", [], {"softmax": float16_sum_softmax}, True),
     # Scores formed in float16: q k^T and the fill overflow 65504.
     "attention scores in float16 without the float32 upcast": ("torch", "float16", [(

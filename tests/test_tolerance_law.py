@@ -189,23 +189,37 @@ def test_the_scale_profile_prints_a_line_per_full_size_run_and_nothing_otherwise
     assert "src 256 tgt 128, outliers: 12.3 s" in line
 
 
-def test_full_size_oracle_results_are_kept_for_a_few_examples_only():
-    """A full-size oracle result is gigabytes: the `scale` profile keeps `FULL_SIZE_CACHED` of them,
-    not the 256 the small examples share."""
+def test_the_oracle_result_size_is_estimated_exactly():
+    """`runner.result_bytes` decides which cache a result goes to: it must be the result's size."""
     import numpy as np
 
     from conformance.core.presets import preset
     from conformance.suite import runner
 
-    config = preset("paper", d_model=runner.FULL_SIZE_D_MODEL, n_heads=8, d_ff=64, n_encoder_layers=1,
+    config = preset("paper", d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=3,
+                    max_len=8, src_vocab_size=11, tgt_vocab_size=13, share_embeddings=False, tie_output=False)
+    case = strategies.Case(config, 0, 1.0, np.ones((2, 5), np.int64), np.ones((2, 3), np.int64))
+    assert runner.result_bytes(case) == sum(a.nbytes for a in runner.oracle(case).values())
+
+
+def test_large_oracle_results_are_kept_for_a_few_examples_only(monkeypatch):
+    """A full-size or long oracle result is gigabytes: `LARGE_CACHED` of them are kept, not the
+    256 the small examples share."""
+    import numpy as np
+
+    from conformance.core.presets import preset
+    from conformance.suite import runner
+
+    config = preset("paper", d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
                     n_decoder_layers=1, max_len=4, src_vocab_size=10, tgt_vocab_size=10)
     ids = np.ones((1, 2), np.int64)
+    monkeypatch.setattr(runner, "LARGE_RESULT_BYTES", runner.result_bytes(strategies.Case(config, 0, 1.0, ids, ids)))
     small_before = runner._oracle_cached.cache_info().currsize
     first = runner.oracle(strategies.Case(config, 0, 1.0, ids, ids))
     assert runner.oracle(strategies.Case(config, 0, 1.0, ids, ids)) is first
-    for seed_ in range(1, runner.FULL_SIZE_CACHED + 2):
+    for seed_ in range(1, runner.LARGE_CACHED + 2):
         runner.oracle(strategies.Case(config, seed_, 1.0, ids, ids))
-    assert runner._full_size_oracle_cached.cache_info().currsize == runner.FULL_SIZE_CACHED
+    assert runner._large_oracle_cached.cache_info().currsize == runner.LARGE_CACHED
     assert runner._oracle_cached.cache_info().currsize == small_before
 
 

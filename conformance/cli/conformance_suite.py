@@ -56,7 +56,8 @@ def forward_flops(d_model: int, d_ff: int, layers: int, vocab: int, src: int, tg
 
 def full_size_runs_per_example(requested: str | None) -> int:
     """Model runs per drawn full-size example: the oracle, then every target of the realistic
-    property that runs full size (compiling backends at float32 only)."""
+    property that runs full size (compiling backends at float32 only). Half precision runs full
+    size on accelerators only, which this CPU estimate does not count."""
     import os
 
     from conformance.check import backends

@@ -59,24 +59,34 @@ def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool
             PROGRESS(target, case, time.perf_counter() - started)
 
 
-# A full-size result (d_model >= 512, 1024 tokens: ~2.5 GB of float64 with its attention weights)
-# is kept for the few examples of the `scale` profile only: 256 of them would not fit in memory
-# (the first scale runs reached 16 GB resident with the shared cache).
-FULL_SIZE_D_MODEL = 512
-FULL_SIZE_CACHED = 3
+# A large result is kept for a few examples only: a full-size one (d_model 1024, 1024 tokens) is
+# ~2.5 GB of float64 with its attention weights, and a long one (2048 tokens, one layer) up to
+# 0.8 GB in its three (B, H, L, L) maps. 256 of them would not fit in memory (the first scale runs
+# reached 16 GB resident, and a meta-test over long cases 17 GB, with one shared cache).
+LARGE_RESULT_BYTES = 32 * 2**20
+LARGE_CACHED = 3
 
 
 def oracle(case: Case) -> dict[str, np.ndarray]:
     """The float64 NumPy result for a case (cached: several properties share examples)."""
     key = (case.config.to_json(), case.seed, case.scale, case.src_ids.tobytes(),
            case.src_ids.shape, case.tgt_ids.tobytes(), case.tgt_ids.shape, case.trained)
-    if case.config.d_model >= FULL_SIZE_D_MODEL:
-        return _full_size_oracle_cached(*key)
+    if result_bytes(case) >= LARGE_RESULT_BYTES:
+        return _large_oracle_cached(*key)
     return _oracle_cached(*key)
 
 
-@lru_cache(maxsize=FULL_SIZE_CACHED)
-def _full_size_oracle_cached(*key) -> dict[str, np.ndarray]:
+def result_bytes(case: Case) -> int:
+    """The float64 bytes of a case's oracle result: attention maps, residual streams, logits."""
+    c = case.config
+    (batch, s), t = case.src_ids.shape, case.tgt_ids.shape[1]
+    maps = c.n_encoder_layers * s * s + c.n_decoder_layers * (t * t + t * s)  # per row and head
+    streams = (2 * c.n_encoder_layers + 2) * s + (3 * c.n_decoder_layers + 2) * t  # per row, of D
+    return 8 * batch * (c.n_heads * maps + c.d_model * streams + t * c.tgt_vocab_size)
+
+
+@lru_cache(maxsize=LARGE_CACHED)
+def _large_oracle_cached(*key) -> dict[str, np.ndarray]:
     return _oracle_cached.__wrapped__(*key)
 
 

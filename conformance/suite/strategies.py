@@ -255,16 +255,25 @@ def realistic_cases(draw) -> Case:
     """A small config with trained-like weights (`Trained`) and a padded batch."""
     case = draw(cases(small_configs()))
     return Case(config=case.config, seed=case.seed, scale=1.0, src_ids=case.src_ids, tgt_ids=case.tgt_ids,
-                trained=draw(trained(case.config.d_model)))
+                trained=draw(trained(case.config.d_model, kinds_for(case.config))))
+
+
+def kinds_for(config: ModelConfig, kinds: tuple[str, ...] = KINDS) -> tuple[str, ...]:
+    """The kinds of `Trained` weights a config can be checked on. Offsets only after a post-LN
+    sublayer: a pre-LN residual stream carries the offset to the final LayerNorm, where rows with
+    |mean| / std of 1000 cost a correct float32 backend 3e-4 at d_model 32 (2.7e-3 at 1024) and a
+    correct float64 one 4e-12: the input's conditioning, not a bug, and no fixed tolerance tells
+    them apart (measured, docs/tolerances.md)."""
+    return tuple(k for k in kinds if k != "offset" or config.norm_placement == "post")
 
 
 @st.composite
-def long_cases(draw) -> Case:
+def long_cases(draw, shaped: bool | None = None) -> Case:
     """One long sequence pair (B 1) on a one-layer config at d_model 16 or 32, max_len 512 or
     2048: positions far out in the table and reductions over thousands of keys. Half the
     examples also carry trained-like weights, of the offset or outlier kind: sharp logits over
     2048 keys reach gaps of ~550, where a correct float32 softmax is off by 2e-4 (measured),
-    beyond the 50-150 that trained models show."""
+    beyond the 50-150 that trained models show. `shaped` False: seeded weights only."""
     max_len = draw(st.sampled_from(LONG_MAX_LENS))
     base = draw(configs(max_layers=1).filter(lambda c: c.d_model in (16, 32)))
     config = replace(base, max_len=max_len)
@@ -274,9 +283,10 @@ def long_cases(draw) -> Case:
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     src = _long_row(rng, config.src_vocab_size, config.pad_id, src_len, draw(st.integers(1, src_len)))
     tgt = _long_row(rng, config.tgt_vocab_size, config.pad_id, tgt_len, draw(st.integers(1, tgt_len)))
-    shaped = draw(st.booleans())
+    if shaped is None:
+        shaped = draw(st.booleans())
     return Case(config=config, seed=draw(st.integers(0, 2**16)), scale=1.0, src_ids=src, tgt_ids=tgt,
-                trained=draw(trained(config.d_model, ("offset", "outliers"))) if shaped else None)
+                trained=draw(trained(config.d_model, kinds_for(config, ("offset", "outliers")))) if shaped else None)
 
 
 def _long_row(rng: np.random.Generator, vocab: int, pad_id: int, length: int, real: int) -> np.ndarray:
@@ -298,7 +308,7 @@ SCALE_HEAD_DIM = 64
 
 
 @st.composite
-def scale_cases(draw) -> Case:
+def scale_cases(draw, shaped: bool | None = None) -> Case:
     """One full-size model (every switch drawn as in `configs`, then d_model 512 or 1024 with
     heads of 64, d_ff 4 x d_model, 6 layers a side, vocab 32000) and one sequence pair of 128-1024
     tokens (B 1). Half the examples carry trained-like weights of the outlier kind, the first
@@ -319,9 +329,58 @@ def scale_cases(draw) -> Case:
     src = _long_row(rng, config.src_vocab_size, config.pad_id, length, draw(st.sampled_from((length, length // 2, 1))))
     tgt = _long_row(rng, config.tgt_vocab_size, config.pad_id, tgt_len,
                     draw(st.sampled_from((tgt_len, tgt_len // 2, 1))))
-    shaped = draw(st.sampled_from((True, False)))
+    if shaped is None:
+        shaped = draw(st.sampled_from((True, False)))
     return Case(config=config, seed=draw(st.integers(0, 2**16)), scale=1.0, src_ids=src, tgt_ids=tgt,
                 trained=draw(trained(d_model, ("outliers",))) if shaped else None)
+
+
+# Explicit examples, run first by every profile, so that a bounded sample never depends on the
+# draw order to meet each phenomenon. Small configs: seconds in all.
+def _anchor_ids(rng: np.random.Generator, vocab: int, pad_id: int, length: int, reals) -> np.ndarray:
+    return np.concatenate([_long_row(rng, vocab, pad_id, length, real) for real in reals])  # (len(reals), length)
+
+
+def trained_anchor_cases() -> list[Case]:
+    """One padded batch on a small post-LN model under each kind of trained weights, at its
+    realistic extreme: rows with |mean| / std of 1000, outlier dimensions of 1000x with LayerNorm
+    gains of 4, attention logits of 50-150."""
+    from conformance.core.presets import preset
+
+    config = preset("paper", d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                    src_vocab_size=40, tgt_vocab_size=40, max_len=16)
+    rng = np.random.default_rng(14)
+    src = _anchor_ids(rng, 40, config.pad_id, 16, (16, 11))
+    tgt = _anchor_ids(rng, 40, config.pad_id, 12, (12, 7))
+    weights = [Trained(offset=OFFSETS[0], qk_gain=1 / OFFSETS[0], v_gain=1 / OFFSETS[0]),
+               Trained(outliers=(3, 17), outlier_size=OUTLIER_SIZES[0], ln_gain=LN_GAINS[0]),
+               Trained(qk_gain=QK_GAINS[0])]
+    return [Case(config, seed=14, scale=1.0, src_ids=src, tgt_ids=tgt, trained=w) for w in weights]
+
+
+def long_anchor_case() -> Case:
+    """A 2048-token pair (the target padded) with seeded weights on a one-layer model: positions
+    far out in the table, sums over 2048 keys. The long case half precision is checked on."""
+    from conformance.core.presets import preset
+
+    length = LONG_MAX_LENS[0]
+    config = preset("paper", d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
+                    src_vocab_size=40, tgt_vocab_size=40, max_len=length)
+    rng = np.random.default_rng(14)
+    return Case(config, seed=14, scale=1.0, src_ids=_anchor_ids(rng, 40, config.pad_id, length, (length,)),
+                tgt_ids=_anchor_ids(rng, 40, config.pad_id, length, (length - 5,)))
+
+
+def with_examples(examples: list[Case]):
+    """Run `examples` as explicit examples of a property drawing `case`, in this order."""
+    from hypothesis import example
+
+    def decorate(test):
+        for case in reversed(examples):
+            test = example(case=case)(test)
+        return test
+
+    return decorate
 
 
 @st.composite
@@ -333,6 +392,15 @@ def any_realistic_cases(draw) -> Case:
     if full_size():
         return draw(scale_cases())
     return draw(st.one_of(realistic_cases(), long_cases()))
+
+
+@st.composite
+def long_seeded_cases(draw) -> Case:
+    """`long_cases` with seeded weights (half precision's domain, `realistic_in_domain`); under a
+    full-size profile, `scale_cases` with seeded weights."""
+    from conformance.suite.profiles import full_size
+
+    return draw(scale_cases(shaped=False) if full_size() else long_cases(shaped=False))
 
 
 def realistic_in_domain(dtype: str, case: Case) -> bool:
