@@ -62,7 +62,7 @@ def full_size_runs_per_example(requested: str | None) -> int:
 
     from conformance.check import backends
     from conformance.suite.pytest_plugin import ORACLE_TARGET
-    from conformance.suite.test_forward_realistic import COMPILING, DTYPES
+    from conformance.suite.test_forward_realistic import DTYPES
 
     if requested:
         os.environ["ROSETTA_BACKENDS"] = requested
@@ -74,7 +74,7 @@ def full_size_runs_per_example(requested: str | None) -> int:
         for dtype in DTYPES:
             if dtype not in backends.dtypes(name) or (name, "cpu", dtype) == ORACLE_TARGET:
                 continue
-            if backends.kind(name) in COMPILING and dtype != "float32":
+            if backends.compiles(name) and dtype != "float32":
                 continue
             runs += 1
     return runs

@@ -51,6 +51,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "dtypes(*names): run the property only at these dtypes")
+    config.addinivalue_line("markers", "ci_compiling_dtypes(*names): under the ci profile, a compiling backend "
+                            "runs the property only at these dtypes (compile cost)")
     load_default_profile(config)
     from conformance.suite import runner
 
@@ -131,9 +133,13 @@ def pytest_report_collectionfinish(config, items):
     return header_lines()
 
 
-def all_targets(dtypes=DTYPES) -> list:
-    """Every (backend, device, dtype) as a pytest param, with a skip mark and reason if it cannot run."""
+def all_targets(dtypes=DTYPES, ci_compiling_dtypes=None) -> list:
+    """Every (backend, device, dtype) as a pytest param, with a skip mark and reason if it cannot run.
+    `ci_compiling_dtypes`: under the `ci` profile, the dtypes a compiling backend runs (all if None)."""
+    from hypothesis import settings
+
     available = backends.availability()
+    bounded = ci_compiling_dtypes is not None and settings._current_profile == "ci"
     params = []
     for name in backends.requested_backends():
         supported = dtypes if available[name] else backends.dtypes(name)
@@ -144,6 +150,10 @@ def all_targets(dtypes=DTYPES) -> list:
                 if dtype not in supported or (name, device, dtype) == ORACLE_TARGET:
                     continue  # a dtype the backend cannot run, or the oracle compared with itself
                 target = Target(name, device, dtype)
+                if not reason and bounded and backends.compiles(name) and dtype not in ci_compiling_dtypes:
+                    reason = (f"{target.label}: under ci a compiling backend runs this property at "
+                              f"{', '.join(ci_compiling_dtypes)} (compile cost; bfloat16 traces float16's code); "
+                              "test_forward and the thorough profile run every dtype")
                 marks = [pytest.mark.skip(reason=reason)] if reason else []
                 params.append(pytest.param(target, id=target.label, marks=marks))
     return params
@@ -168,8 +178,9 @@ def pytest_generate_tests(metafunc):
         return  # another test's own `target` argument is none of our business
     marker = metafunc.definition.get_closest_marker("dtypes")
     dtypes = tuple(marker.args) if marker else DTYPES
+    bounded = metafunc.definition.get_closest_marker("ci_compiling_dtypes")
     if "target" in metafunc.fixturenames:
-        metafunc.parametrize("target", all_targets(dtypes))
+        metafunc.parametrize("target", all_targets(dtypes, tuple(bounded.args) if bounded else None))
     if "target_pair" in metafunc.fixturenames:
         metafunc.parametrize("target_pair", target_pairs(dtypes))
 

@@ -29,10 +29,10 @@ from conformance.suite.strategies import (any_realistic_cases, long_anchor_case,
 # Drawn examples under `ci`, after the anchors: a bounded sample for CI.
 CI_EXAMPLES = 6
 CI_HALF_EXAMPLES = 1
-# A compiling backend compiles every new (config, shape): it runs the realistic small cases at
-# float32 only, and no long case (a 2048-token compile per example) except under `scale`. Its
-# float64 and half paths share the float32 code; numpy and torch cover them at full length.
-COMPILING = {"jax"}
+# A compiling backend (`backends.compiles`) compiles every new (config, shape): it runs the
+# realistic small cases at float32 only, and no long case (a 2048-token compile per example) except
+# under `scale`. Its float64 and half paths share the float32 code; numpy and torch cover them at
+# full length.
 # The trained-scale property's dtypes; half precision has its own property (long seeded sequences).
 DTYPES = ("float64", "float32")
 # bfloat16 has float16's code path with a shorter mantissa: float16 is where long sums and long
@@ -53,7 +53,7 @@ def bounded_sample(examples: int):
 def check_against_the_oracle(target, case, tol=None):
     """The forward comparison, at `tol` or else the tolerance for the case's size."""
     # Under the `scale` profile every case is long, and its few full-size examples are worth a compile each.
-    assume(not (backends.kind(target.backend) in COMPILING and case.config.max_len > 16 and not full_size()))
+    assume(not (backends.compiles(target.backend) and case.config.max_len > 16 and not full_size()))
     assume(in_domain(target.dtype, case.scale) and realistic_in_domain(target.dtype, case))
     expected = runner.oracle(case)
     got = runner.run(target, case)
@@ -68,7 +68,7 @@ def check_against_the_oracle(target, case, tol=None):
 @with_examples([*trained_anchor_cases(), long_anchor_case()])
 @given(case=any_realistic_cases())
 def test_every_tensor_matches_the_oracle_at_trained_scale(target, case):
-    if backends.kind(target.backend) in COMPILING and target.dtype != "float32":
+    if backends.compiles(target.backend) and target.dtype != "float32":
         pytest.skip(f"{target.label}: realistic cases run on compiling backends at float32 only (compile cost)")
     check_against_the_oracle(target, case)
 
@@ -79,7 +79,7 @@ def test_every_tensor_matches_the_oracle_at_trained_scale(target, case):
 @with_examples([long_anchor_case()])
 @given(case=long_seeded_cases())
 def test_long_sequences_match_the_oracle_in_half_precision(target, case):
-    if backends.kind(target.backend) in COMPILING and not full_size():
+    if backends.compiles(target.backend) and not full_size():
         pytest.skip(f"{target.label}: long sequences run on compiling backends under `scale` only (a compile per length)")
     if full_size() and target.device == "cpu":
         pytest.skip(f"{target.label}: half precision at full size runs on an accelerator; on CPU a d_model 1024 "
