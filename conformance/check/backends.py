@@ -38,6 +38,15 @@ def kind(name: str) -> str:
     return _EXTRA[name][1] if name in _EXTRA else name
 
 
+# Backends that compile every new (config, shape): the suite bounds what they run under `ci`.
+COMPILING_KINDS = frozenset({"jax"})
+
+
+def compiles(name: str) -> bool:
+    """Whether backend `name` (or the built-in it copies) compiles per (config, shape)."""
+    return kind(name) in COMPILING_KINDS
+
+
 @dataclass(frozen=True)
 class Target:
     """One place a model can run: a backend, a device kind and a dtype."""

@@ -25,7 +25,7 @@ from conformance.check import backends
 from conformance.suite import runner
 from conformance.check.compare import tensor_scale
 from conformance.check.report import default_targets
-from conformance.suite.strategies import cases
+from conformance.suite.strategies import cases, long_seeded_cases
 from conformance.check.tolerances import in_domain
 
 
@@ -39,7 +39,12 @@ def normalised_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(diff.max()) / tensor_scale(expected)
 
 
-def measure(examples: int, dtypes: list[str], names: list[str] | None, seed: int) -> dict:
+# What `--strategy` may name: the tame examples the table was measured on, and the long sequences
+# with seeded weights the half-precision realistic property draws (`LONG_HALF_TOLERANCES`).
+STRATEGIES = {"cases": cases, "long-seeded": long_seeded_cases}
+
+
+def measure(examples: int, dtypes: list[str], names: list[str] | None, seed: int, strategy: str = "cases") -> dict:
     targets, skipped = default_targets(names, dtypes)
     worst: dict[str, tuple[float, str, str]] = defaultdict(lambda: (0.0, "", ""))
     pair_worst: dict[str, tuple[float, str, str]] = defaultdict(lambda: (0.0, "", ""))
@@ -48,7 +53,7 @@ def measure(examples: int, dtypes: list[str], names: list[str] | None, seed: int
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
               suppress_health_check=list(HealthCheck))
-    @given(case=cases())
+    @given(case=STRATEGIES[strategy]())
     def probe(case):
         nonlocal count
         count += 1
@@ -93,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="float32,float64,float16,bfloat16")
     parser.add_argument("--backends", default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="cases",
+                        help="the examples to draw (default: the tame `cases` the table was measured on)")
     args = parser.parse_args(argv)
     names = backends.requested_backends(args.backends)
-    result = measure(args.examples, args.dtypes.split(","), names, args.seed)
+    result = measure(args.examples, args.dtypes.split(","), names, args.seed, args.strategy)
     print(f"{result['examples']} examples in {result['seconds']:.0f} s; {result['versions']}")
     print(f"{'target':<26} {'max |a-o|/scale':>16}  tensor / config")
     for label, (e, name, config) in sorted(result["worst"].items()):

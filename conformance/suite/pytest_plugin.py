@@ -51,7 +51,12 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "dtypes(*names): run the property only at these dtypes")
+    config.addinivalue_line("markers", "ci_compiling_dtypes(*names): under the ci profile, a compiling backend "
+                            "runs the property only at these dtypes (compile cost)")
     load_default_profile(config)
+    from conformance.suite import runner
+
+    runner.PROGRESS = full_size_progress(config)
     try:
         if config.getoption("--backends", None):
             os.environ["ROSETTA_BACKENDS"] = config.getoption("--backends")
@@ -61,6 +66,38 @@ def pytest_configure(config):
         backends.requested_devices()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def full_size_progress(config):
+    """A `runner.PROGRESS` callback: under a full-size profile (`scale`), one line per model run,
+    with the time since the session started, written past pytest's output capture."""
+    import time
+
+    from conformance.suite.profiles import full_size
+
+    started = time.perf_counter()
+
+    def report(target, case, seconds):
+        if not full_size() or case.config.d_model < 512:
+            return
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            return
+        elapsed = int(time.perf_counter() - started)
+        c = case.config
+        kind = "seeded" if case.trained is None else ("offset" if case.trained.offset else
+                                                      "outliers" if case.trained.outliers else "sharp")
+        line = (f"[scale {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}] {target.label:<20} "
+                f"d_model {c.d_model}, {c.n_encoder_layers}+{c.n_decoder_layers} layers, vocab {c.tgt_vocab_size}, "
+                f"src {case.src_ids.shape[1]} tgt {case.tgt_ids.shape[1]}, {kind}: {seconds:.1f} s")
+        if capture is None:
+            reporter.write_line(line)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(line)
+
+    return report
 
 
 def in_suite(path) -> bool:
@@ -96,9 +133,13 @@ def pytest_report_collectionfinish(config, items):
     return header_lines()
 
 
-def all_targets(dtypes=DTYPES) -> list:
-    """Every (backend, device, dtype) as a pytest param, with a skip mark and reason if it cannot run."""
+def all_targets(dtypes=DTYPES, ci_compiling_dtypes=None) -> list:
+    """Every (backend, device, dtype) as a pytest param, with a skip mark and reason if it cannot run.
+    `ci_compiling_dtypes`: under the `ci` profile, the dtypes a compiling backend runs (all if None)."""
+    from hypothesis import settings
+
     available = backends.availability()
+    bounded = ci_compiling_dtypes is not None and settings._current_profile == "ci"
     params = []
     for name in backends.requested_backends():
         supported = dtypes if available[name] else backends.dtypes(name)
@@ -109,6 +150,10 @@ def all_targets(dtypes=DTYPES) -> list:
                 if dtype not in supported or (name, device, dtype) == ORACLE_TARGET:
                     continue  # a dtype the backend cannot run, or the oracle compared with itself
                 target = Target(name, device, dtype)
+                if not reason and bounded and backends.compiles(name) and dtype not in ci_compiling_dtypes:
+                    reason = (f"{target.label}: under ci a compiling backend runs this property at "
+                              f"{', '.join(ci_compiling_dtypes)} (compile cost; bfloat16 traces float16's code); "
+                              "test_forward and the thorough profile run every dtype")
                 marks = [pytest.mark.skip(reason=reason)] if reason else []
                 params.append(pytest.param(target, id=target.label, marks=marks))
     return params
@@ -133,10 +178,29 @@ def pytest_generate_tests(metafunc):
         return  # another test's own `target` argument is none of our business
     marker = metafunc.definition.get_closest_marker("dtypes")
     dtypes = tuple(marker.args) if marker else DTYPES
+    bounded = metafunc.definition.get_closest_marker("ci_compiling_dtypes")
     if "target" in metafunc.fixturenames:
-        metafunc.parametrize("target", all_targets(dtypes))
+        metafunc.parametrize("target", all_targets(dtypes, tuple(bounded.args) if bounded else None))
     if "target_pair" in metafunc.fixturenames:
         metafunc.parametrize("target_pair", target_pairs(dtypes))
+
+
+def pytest_collection_finish(session):
+    """Under a full-size profile (`scale`), an estimate of the run's time before it starts. Here,
+    after collection, and not in `rosetta conformance` before pytest starts: importing the
+    properties before the profile is loaded ran them with hypothesis' defaults (100 examples)."""
+    from conformance.suite.profiles import full_size
+
+    if not full_size() or not any(in_suite(item.path) for item in session.items):
+        return
+    from conformance.cli.conformance_suite import scale_estimate
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    line = scale_estimate()
+    if reporter is not None:
+        reporter.write_line(line)
+    else:
+        print(line, flush=True)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -25,6 +25,9 @@ ORACLE = Target("numpy", "cpu", "float64")
 
 # Wall time spent per target, so the session summary can show where the minutes went.
 TIMINGS: dict[str, float] = defaultdict(float)
+# Called as PROGRESS(target, case, seconds) after every run when set: the plugin prints a line per
+# full-size model run under the `scale` profile, where one run takes a minute.
+PROGRESS: Callable[[Target, Case, float], None] | None = None
 
 
 def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool = False,
@@ -52,21 +55,48 @@ def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool
             return results[0] if repeat == 1 else results
     finally:
         TIMINGS[target.label] += time.perf_counter() - started
+        if PROGRESS is not None:
+            PROGRESS(target, case, time.perf_counter() - started)
+
+
+# A large result is kept for a few examples only: a full-size one (d_model 1024, 1024 tokens) is
+# ~2.5 GB of float64 with its attention weights, and a long one (2048 tokens, one layer) up to
+# 0.8 GB in its three (B, H, L, L) maps. 256 of them would not fit in memory (the first scale runs
+# reached 16 GB resident, and a meta-test over long cases 17 GB, with one shared cache).
+LARGE_RESULT_BYTES = 32 * 2**20
+LARGE_CACHED = 3
 
 
 def oracle(case: Case) -> dict[str, np.ndarray]:
     """The float64 NumPy result for a case (cached: several properties share examples)."""
-    return _oracle_cached(case.config.to_json(), case.seed, case.scale, case.src_ids.tobytes(),
-                          case.src_ids.shape, case.tgt_ids.tobytes(), case.tgt_ids.shape)
+    key = (case.config.to_json(), case.seed, case.scale, case.src_ids.tobytes(),
+           case.src_ids.shape, case.tgt_ids.tobytes(), case.tgt_ids.shape, case.trained)
+    if result_bytes(case) >= LARGE_RESULT_BYTES:
+        return _large_oracle_cached(*key)
+    return _oracle_cached(*key)
+
+
+def result_bytes(case: Case) -> int:
+    """The float64 bytes of a case's oracle result: attention maps, residual streams, logits."""
+    c = case.config
+    (batch, s), t = case.src_ids.shape, case.tgt_ids.shape[1]
+    maps = c.n_encoder_layers * s * s + c.n_decoder_layers * (t * t + t * s)  # per row and head
+    streams = (2 * c.n_encoder_layers + 2) * s + (3 * c.n_decoder_layers + 2) * t  # per row, of D
+    return 8 * batch * (c.n_heads * maps + c.d_model * streams + t * c.tgt_vocab_size)
+
+
+@lru_cache(maxsize=LARGE_CACHED)
+def _large_oracle_cached(*key) -> dict[str, np.ndarray]:
+    return _oracle_cached.__wrapped__(*key)
 
 
 @lru_cache(maxsize=256)
-def _oracle_cached(config_json, seed, scale, src_bytes, src_shape, tgt_bytes, tgt_shape) -> dict[str, np.ndarray]:
+def _oracle_cached(config_json, seed, scale, src_bytes, src_shape, tgt_bytes, tgt_shape, trained=None) -> dict[str, np.ndarray]:
     from conformance.core.config import ModelConfig
 
     case = Case(ModelConfig.from_json(config_json), seed, scale,
                 np.frombuffer(src_bytes, np.int64).reshape(src_shape),
-                np.frombuffer(tgt_bytes, np.int64).reshape(tgt_shape))
+                np.frombuffer(tgt_bytes, np.int64).reshape(tgt_shape), trained)
     return run(ORACLE, case)
 
 

@@ -1,6 +1,7 @@
 """Property: the same call gives identical bits, on the same model and on a freshly built one,
 at every dtype (half precision takes other kernels, and JAX float64 another compile)."""
 
+import pytest
 from hypothesis import given
 
 from conformance.suite import runner
@@ -8,6 +9,7 @@ from conformance.suite.assertions import assert_bitwise_equal
 from conformance.suite.strategies import cases, shared_examples
 
 
+@pytest.mark.ci_compiling_dtypes("float32", "float64", "float16")
 @shared_examples
 @given(case=cases())
 def test_repeated_calls_are_bitwise_identical(target, case):

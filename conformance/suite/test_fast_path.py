@@ -3,6 +3,7 @@ config and `attention` is None (the runner checks it), including the NaN of a fu
 a finite fill. At every dtype: in float16 and bfloat16 torch's fused kernel is a different
 kernel again."""
 
+import pytest
 from hypothesis import assume, given
 
 from conformance.suite import runner
@@ -12,6 +13,7 @@ from conformance.suite.strategies import cases, shared_examples
 from conformance.check.tolerances import in_domain
 
 
+@pytest.mark.ci_compiling_dtypes("float32", "float64", "float16")
 @shared_examples
 @given(case=cases())
 def test_fast_path_matches_the_oracle(target, case):

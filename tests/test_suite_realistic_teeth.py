@@ -1,0 +1,68 @@
+"""Meta-tests for the realistic sample: the bugs that trained-scale numbers and long sequences
+show (tests/breaks.py `REALISTIC_BREAKS`) fail the `ci` profile's realistic property, and those
+marked `tame_misses` pass the old tame strategies: the realistic sample is what catches them.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import Phase, settings
+
+from breaks import REALISTIC_BREAKS, broken_copy
+from conformance.check import backends
+from conformance.check.backends import Target
+
+import conformance.suite.test_forward as forward
+import conformance.suite.test_forward_realistic as realistic
+
+
+def realistic_property(dtype: str):
+    """The realistic property that runs a dtype: half precision has its own (long sequences)."""
+    if dtype in realistic.HALF_DTYPES:
+        return realistic.test_long_sequences_match_the_oracle_in_half_precision
+    return realistic.test_every_tensor_matches_the_oracle_at_trained_scale
+
+
+# The tame property's own settings are the active profile's: without the shrink phase, a break it
+# catches fails on its first failing example instead of minutes of shrinking full models.
+settings.register_profile("ci-first-failure", settings.get_profile("ci"),
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+
+
+@contextmanager
+def first_failure_only():
+    previous = settings._current_profile
+    settings.load_profile("ci-first-failure")
+    try:
+        yield
+    finally:
+        settings.load_profile(previous)
+
+
+@pytest.mark.parametrize("name", sorted(REALISTIC_BREAKS))
+def test_the_realistic_sample_catches(name):
+    backend, dtype, edits, patches, tame_misses = REALISTIC_BREAKS[name]
+    registered = broken_copy(name, backend, edits, patches)
+    target = Target(registered, "cpu", dtype)
+    try:
+        if tame_misses:
+            forward.test_every_tensor_matches_the_oracle(target=target)  # the tame strategies alone pass
+        else:
+            with pytest.raises(AssertionError), first_failure_only():
+                forward.test_every_tensor_matches_the_oracle(target=target)  # said so: keep the table honest
+        with pytest.raises(AssertionError) as caught:
+            realistic_property(dtype)(target=target)
+    finally:
+        backends.unregister_backend(registered)
+    print(f"{name}: caught by the realistic sample: {str(caught.value).splitlines()[0][:300]}")
+
+
+@pytest.mark.parametrize("backend, dtype", sorted({(b, d) for b, d, *_ in REALISTIC_BREAKS.values()}))
+def test_pristine_copies_pass_the_realistic_sample(backend, dtype):
+    registered = broken_copy(f"pristine realistic {backend} {dtype}", backend, [], {})
+    try:
+        realistic_property(dtype)(target=Target(registered, "cpu", dtype))
+    finally:
+        backends.unregister_backend(registered)
