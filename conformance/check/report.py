@@ -18,7 +18,7 @@ import numpy as np
 from conformance.check import backends
 from conformance.check.compare import Comparison, compare
 from conformance.check.plan import OracleTensors, Plan, plan_batch, release_freed_memory
-from conformance.core.output import forward_order, tensors_of
+from conformance.core.output import forward_order
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 from conformance.check.tolerances import tolerance
@@ -241,8 +241,9 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray], source: str,
     """Run the oracle and every target on the same batch and compare every tensor.
 
     `plan` says how the oracle's tensors are held (default: `plan_batch` against MemAvailable);
-    the report is the same either way. One model is alive at a time, and each of a target's
-    tensors is released as soon as it has been compared.
+    the report is the same either way. One model is alive at a time, and every model hands each
+    tensor over as it computes it (`sink=`): the oracle's to `OracleTensors`, a target's straight
+    to its comparison, after which it is freed.
     """
     import impl_numpy
 
@@ -255,8 +256,15 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray], source: str,
     report.versions["numpy"] = backends.version("numpy")
     with OracleTensors(plan.mode) as oracle:
         wanted = set(report.tensors)
-        _release_into(tensors_of(impl_numpy.Model(config, params, dtype="float64")(src_ids, tgt_ids)),
-                      lambda name, value: oracle.put(name, value) if name in wanted else None)
+
+        def keep(name: str, value: np.ndarray) -> None:
+            if name in wanted:
+                oracle.put(name, value)
+
+        # Each tensor goes to `oracle` as it is computed (the sink), and the forward pass keeps no
+        # backward caches: at most a layer's working tensors are in memory beside the model.
+        with backends.forward_only("numpy"):
+            impl_numpy.Model(config, params, dtype="float64")(src_ids, tgt_ids, sink=keep)
         release_freed_memory()
         for target in targets:
             _check_target(report, target, config, params, src_ids, tgt_ids, oracle)
@@ -268,36 +276,34 @@ def _check_target(report: Report, target: backends.Target, config: ModelConfig, 
                   src_ids: np.ndarray, tgt_ids: np.ndarray, oracle: OracleTensors) -> None:
     report.versions.setdefault(target.backend, backends.version(target.backend))
     tol = tolerance(target.dtype, target.device)
+    comparing = 0.0  # seconds spent comparing, left out of the target's own time
+
+    def record(tensor: str, value) -> None:
+        """Compare each tensor as the model hands it over (the sink), so that it is freed at once."""
+        nonlocal comparing
+        if hasattr(value, "block_until_ready"):  # JAX dispatches asynchronously
+            value.block_until_ready()
+        started = time.perf_counter()
+        if tensor in oracle:  # every tensor of the report, and only those
+            report.cells[(tensor, target.label)] = Cell(comparison=compare(value, oracle[tensor], tol))
+        comparing += time.perf_counter() - started
+
     try:
         started = time.perf_counter()
         with backends.full_precision(target.backend), backends.dtype_scope(target):
             report.precision[target.backend] = backends.precision_settings(target.backend)
             model = backends.build(target, config, params)
             with backends.forward_only(target.backend):
-                got = tensors_of(model(src_ids, tgt_ids))
-            del model  # before the comparisons: one model alive at a time
-            for value in got.values():
-                if hasattr(value, "block_until_ready"):  # JAX dispatches asynchronously
-                    value.block_until_ready()
-        report.seconds[target.label] = time.perf_counter() - started
+                model(src_ids, tgt_ids, sink=record)
+            del model
+        report.seconds[target.label] = time.perf_counter() - started - comparing
     except Exception as exc:  # noqa: BLE001 - a backend that crashes is a finding, not a crash of the report
         report.errors[target.label] = f"{type(exc).__name__}: {exc}"
+        for tensor in report.tensors:  # a run that stopped has no cells, not the first few
+            report.cells.pop((tensor, target.label), None)
         return
 
-    def record(tensor: str, value) -> None:
-        if tensor in oracle:  # every tensor of the report, and only those
-            report.cells[(tensor, target.label)] = Cell(comparison=compare(value, oracle[tensor], tol))
-
-    _release_into(got, record)
     for tensor in report.tensors:
         if (tensor, target.label) not in report.cells:
             report.cells[(tensor, target.label)] = Cell(error=f"{target.backend} did not return {tensor!r}")
 
-
-def _release_into(tensors: dict[str, Any], consume) -> None:
-    """consume(name, tensor) for each tensor, dropping it from `tensors` first, so that each one is
-    freed once consumed (the caller must hold no other reference to the tensors)."""
-    for name in list(tensors):
-        value = tensors.pop(name)
-        consume(name, value)
-        del value
