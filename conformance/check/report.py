@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -234,7 +234,7 @@ def default_targets(names: list[str] | None = None, dtypes: list[str] | None = N
     return targets, skipped
 
 
-def run_check(config: ModelConfig, params: dict[str, np.ndarray], source: str,
+def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], dict[str, np.ndarray]], source: str,
               targets: list[backends.Target], skipped: dict[str, str] | None = None,
               src_ids: np.ndarray | None = None, tgt_ids: np.ndarray | None = None,
               plan: Plan | None = None) -> Report:
@@ -244,13 +244,18 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray], source: str,
     the report is the same either way. One model is alive at a time, and every model hands each
     tensor over as it computes it (`sink=`): the oracle's to `OracleTensors`, a target's straight
     to its comparison, after which it is freed.
+
+    `params` may be a function that reads them (from the checkpoint): it is then called once per
+    model, so that the parameters as read are freed once each model is built, instead of being
+    held beside a float64 model's own copy for the whole run.
     """
     import impl_numpy
 
     if src_ids is None or tgt_ids is None:
         src_ids, tgt_ids = fixed_batch(config)
+    read = params if callable(params) else lambda: params
     if plan is None:
-        plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids)
+        plan = plan_batch(config, read(), [t.dtype for t in targets], src_ids, tgt_ids)
     report = Report(config=config, source=source, targets=targets, tensors=forward_order(config),
                     skipped=dict(skipped or {}))
     report.versions["numpy"] = backends.version("numpy")
@@ -264,15 +269,15 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray], source: str,
         # Each tensor goes to `oracle` as it is computed (the sink), and the forward pass keeps no
         # backward caches: at most a layer's working tensors are in memory beside the model.
         with backends.forward_only("numpy"):
-            impl_numpy.Model(config, params, dtype="float64")(src_ids, tgt_ids, sink=keep)
+            impl_numpy.Model(config, read(), dtype="float64")(src_ids, tgt_ids, sink=keep)
         release_freed_memory()
         for target in targets:
-            _check_target(report, target, config, params, src_ids, tgt_ids, oracle)
+            _check_target(report, target, config, read, src_ids, tgt_ids, oracle)
             release_freed_memory()
     return report
 
 
-def _check_target(report: Report, target: backends.Target, config: ModelConfig, params: dict[str, np.ndarray],
+def _check_target(report: Report, target: backends.Target, config: ModelConfig, read: Callable[[], dict[str, np.ndarray]],
                   src_ids: np.ndarray, tgt_ids: np.ndarray, oracle: OracleTensors) -> None:
     report.versions.setdefault(target.backend, backends.version(target.backend))
     tol = tolerance(target.dtype, target.device)
@@ -292,7 +297,7 @@ def _check_target(report: Report, target: backends.Target, config: ModelConfig, 
         started = time.perf_counter()
         with backends.full_precision(target.backend), backends.dtype_scope(target):
             report.precision[target.backend] = backends.precision_settings(target.backend)
-            model = backends.build(target, config, params)
+            model = backends.build(target, config, read())
             with backends.forward_only(target.backend):
                 model(src_ids, tgt_ids, sink=record)
             del model
