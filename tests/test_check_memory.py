@@ -120,6 +120,35 @@ def test_the_plan_holds_the_oracle_only_when_that_fits_the_budget():
     assert hopeless.mode == ONE_AT_A_TIME and "exceeds the budget even one at a time" in hopeless.describe()
 
 
+def test_the_estimate_counts_one_call_s_larger_half_and_the_parameters_as_read_where_they_are_held():
+    params = {k: v.astype(np.float32) for k, v in init_params(CONFIG, seed=0).items()}
+    shapes = tensor_shapes(CONFIG, 3, 16, 16)
+    decoder = sum(int(np.prod(shape)) for name, shape in shapes.items() if not name.startswith("encoder"))
+    held = estimate(CONFIG, params, ["float32"], 3, 16, 16)
+    reread = estimate(CONFIG, params, ["float32"], 3, 16, 16, reread=True)
+    # JAX's compiled decoder returns all its tensors (and the logits) together: the larger half here.
+    assert held.call_held == {"float32": 4 * decoder, "float64": 8 * decoder}
+    # Held for the whole run, the parameters as read count once on top of every step; read again
+    # per model, only while a model is built.
+    steps = max(held.step("float32"), held.step("float64"))
+    assert held.peak(ONE_AT_A_TIME, ["float32"]) == held.source_params + steps
+    assert reread.peak(ONE_AT_A_TIME, ["float32"]) == max(reread.step("float32"), reread.step("float64"))
+    assert reread.step("float64") == max(reread.source_params + 2 * reread.model_params["float64"],
+                                         held.step("float64"))
+    assert reread.peak(ONE_AT_A_TIME, ["float32"]) < held.peak(ONE_AT_A_TIME, ["float32"])
+
+
+def test_the_cli_plans_for_a_checkpoint_read_again_per_model(tmp_path, capsys):
+    path = tmp_path / "small.safetensors"
+    checkpoint.save(path, CONFIG, {k: v.astype(np.float32) for k, v in init_params(CONFIG, seed=0).items()})
+    config, params = checkpoint.load(path)
+    src, tgt = fixed_batch(config)
+    expected = estimate(config, params, ["float32"], *src.shape, tgt.shape[1], reread=True)
+    main(["check", str(path), "--backends", "numpy", "--dtypes", "float32", "--max-memory", "1T"])
+    stated = capsys.readouterr().err
+    assert f"{expected.peak(ONE_AT_A_TIME, ['float32']) / 1e6:.1f} MB one at a time" in stated, stated
+
+
 def test_the_default_budget_is_the_kernels_memavailable(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  1000 kB\nMemAvailable:    2048 kB\n")

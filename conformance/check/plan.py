@@ -66,35 +66,52 @@ def _itemsize(dtype: str) -> int:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes, by what holds them; `peak(mode)` is the most held at once on that path."""
+    """Bytes, by what holds them; `peak(mode)` is the most held at once on that path.
 
-    source_params: int  # the parameters as the caller holds them, kept for the whole run
+    Every model hands each tensor over as it computes it (the `sink` of a model call), so a model
+    step holds its parameters, the tensors one call holds at once, and one comparison. JAX's
+    compiled encoder and decoder each return all their tensors together: `call_held` is the larger
+    half, in the step's dtype (an upper bound for NumPy and torch, which hold about a layer's).
+    """
+
+    source_params: int  # the parameters as the caller holds them (read again per model: while building one)
+    reread: bool  # whether the parameters are read again per model rather than held for the whole run
     model_params: dict[str, int]  # dtype -> one model's parameters in that dtype
     outputs: dict[str, int]  # dtype -> every tensor of one model call in that dtype
+    call_held: dict[str, int]  # dtype -> the tensors one call may hold at once (see above)
     largest_tensor: int  # the largest tensor, in float64 (the oracle's, read back to compare)
 
     def step(self, dtype: str) -> int:
-        """One model in `dtype`, built (a host cast and the backend's own copy of the
-        parameters), run (all its tensors), comparing its largest tensor with the oracle's."""
+        """One model in `dtype`: built (the parameters as read, a host cast and the backend's own
+        copy), then run (its parameters, the tensors it holds at once, the oracle's tensor read
+        back and compare()'s chunks)."""
+        source = self.source_params if self.reread else 0  # otherwise counted once, in `peak`
+        build = source + 2 * self.model_params[dtype]
         working = self.largest_tensor + COMPARE_COPIES * CHUNK * 8
-        return 2 * self.model_params[dtype] + self.outputs[dtype] + working
+        run = self.model_params[dtype] + self.call_held[dtype] + working
+        return max(build, run)
 
     def peak(self, mode: str, dtypes: Iterable[str]) -> int:
         steps = max([self.step(ORACLE_DTYPE)] + [self.step(d) for d in dtypes])
         held = self.outputs[ORACLE_DTYPE] if mode == ALL_AT_ONCE else 0
-        return self.source_params + held + steps
+        return (0 if self.reread else self.source_params) + held + steps
 
 
 def estimate(config: ModelConfig, params: Mapping[str, np.ndarray], dtypes: Iterable[str],
-             batch: int, src_len: int, tgt_len: int) -> Estimate:
-    """The memory a check of `config` on a (batch, src_len) x (batch, tgt_len) batch needs."""
+             batch: int, src_len: int, tgt_len: int, *, reread: bool = False) -> Estimate:
+    """The memory a check of `config` on a (batch, src_len) x (batch, tgt_len) batch needs;
+    `reread`: the parameters are read again for each model (`run_check` given a reader)."""
     count = sum(int(np.prod(shape)) for shape in param_shapes(config).values())
     elements = {name: int(np.prod(shape)) for name, shape in tensor_shapes(config, batch, src_len, tgt_len).items()}
+    halves = [sum(n for name, n in elements.items() if name.startswith("encoder")),
+              sum(n for name, n in elements.items() if not name.startswith("encoder"))]
     dtypes = sorted(set(dtypes) | {ORACLE_DTYPE})
     return Estimate(
         source_params=sum(int(np.asarray(value).nbytes) for value in params.values()),
+        reread=reread,
         model_params={d: count * _itemsize(d) for d in dtypes},
         outputs={d: sum(elements.values()) * _itemsize(d) for d in dtypes},
+        call_held={d: max(halves) * _itemsize(d) for d in dtypes},
         largest_tensor=max(elements.values()) * 8,
     )
 
@@ -138,10 +155,10 @@ def plan_check(estimated: Estimate, dtypes: Iterable[str], budget: int | None = 
 
 
 def plan_batch(config: ModelConfig, params: Mapping[str, np.ndarray], dtypes: Iterable[str],
-               src_ids: np.ndarray, tgt_ids: np.ndarray, budget: int | None = None) -> Plan:
+               src_ids: np.ndarray, tgt_ids: np.ndarray, budget: int | None = None, *, reread: bool = False) -> Plan:
     """The plan for checking `config` at `dtypes` on this (B, S) x (B, T) batch (`plan_check`)."""
     dtypes = list(dtypes)
-    needed = estimate(config, params, dtypes, src_ids.shape[0], src_ids.shape[1], tgt_ids.shape[1])
+    needed = estimate(config, params, dtypes, src_ids.shape[0], src_ids.shape[1], tgt_ids.shape[1], reread=reread)
     return plan_check(needed, dtypes, budget)
 
 

@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         config, params, source = default_model()
     src_ids, tgt_ids = fixed_batch(config, length=args.length)
-    plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget)
+    plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget,
+                      reread=bool(args.checkpoint))
     print(plan.describe(), file=sys.stderr)  # stderr: the report itself is the same on either path
     if args.checkpoint:  # read again for each model, rather than held beside a float64 model's copy
         del params
