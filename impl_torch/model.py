@@ -596,8 +596,13 @@ class Model(nn.Module):
             self.output = Output(config, dtype)
             self.final_logits_bias = nn.Parameter(torch.empty(config.tgt_vocab_size, dtype=dtype)) if config.final_logits_bias else None
         # A strict key-for-key copy: state_dict() names are the checkpoint's names. copy_ moves
-        # each value to the device.
-        self.load_state_dict({key: to_torch(value, model_dtype) for key, value in params.items()}, strict=True)
+        # each value to the device; each host array is let go of once copied, so that a cast copy
+        # of the whole set and the model's never coexist (2x a float64 model's parameters).
+        state = self.state_dict()
+        if state.keys() != params.keys():  # the core checked the names against the config: a bug here
+            raise RuntimeError(f"the module's parameters differ from the checkpoint's: {sorted(state.keys() ^ params.keys())}")
+        for key in list(params):
+            state[key].copy_(to_torch(params.pop(key), model_dtype))
 
     @property
     def dtype(self) -> torch.dtype:
