@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import jax
+import numpy as np
 from flax import nnx
 from jax.experimental import io_callback
 
@@ -133,13 +134,22 @@ _SINK: Callable[[str, Any], None] | None = None
 
 class Streamed(dict):
     """A record inside a method compiled with `stream=True`: `record[name] = x` hands x to the
-    running call's sink by an ordered `io_callback` (in program order) and keeps nothing."""
+    running call's sink by an ordered `io_callback` (in program order) and keeps nothing.
+
+    64-bit values cross as their bit patterns (uint32 pairs): the callback runs on XLA's thread,
+    outside the caller's `enable_x64` scope, where JAX would round a float64 array to float32."""
 
     def __setitem__(self, name: str, value: Any) -> None:
-        io_callback(functools.partial(_deliver, name), None, value, ordered=True)
+        if value.dtype.itemsize == 8:
+            bits = jax.lax.bitcast_convert_type(value, jax.numpy.uint32)  # (..., 2)
+            io_callback(functools.partial(_deliver, name, value.dtype.name), None, bits, ordered=True)
+        else:
+            io_callback(functools.partial(_deliver, name, None), None, value, ordered=True)
 
 
-def _deliver(name: str, value: Any) -> None:
+def _deliver(name: str, wide: str | None, value: Any) -> None:
+    if wide is not None:
+        value = np.asarray(value).view(wide)[..., 0]  # the uint32 pairs back as the 64-bit values
     _SINK(name, value)
 
 
