@@ -35,18 +35,10 @@ compile again. Only this backend's cache is dropped, never the user's other jitt
 
 Compile work is counted through JAX's monitoring events, attributed to this backend only while one
 of its calls is running, and reported by `compile_stats()` separately from run time.
-
-Streaming. An executable returns all its outputs together: a 6+6-layer model's decoder at length
-512 returns 12 attention maps and the logits at once (1 GB in float64). `call(..., sink=sink)`
-instead compiles the method with `stream=True`, in which the records it writes are `Streamed`: each
-tensor goes to `sink(name, tensor)` through an ordered `io_callback` as the executable computes
-it, so XLA can free or reuse its buffer once the sink has returned. The results are the same bits
-(tests/test_tensor_sink.py); it is one more executable per shape, made only for calls with a sink.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -54,9 +46,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import jax
-import numpy as np
 from flax import nnx
-from jax.experimental import io_callback
 
 # The event names JAX reports (jax._src.dispatch); stable since JAX 0.4.
 TRACE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
@@ -128,54 +118,8 @@ def mapping_pressure() -> float | None:
     return held / limit if limit > 0 else None
 
 
-_STREAM_LOCK = threading.Lock()  # one streaming call at a time: the callbacks find its sink in _SINK
-_SINK: Callable[[str, Any], None] | None = None
-
-
-class Streamed(dict):
-    """A record inside a method compiled with `stream=True`: `record[name] = x` hands x to the
-    running call's sink by an ordered `io_callback` (in program order) and keeps nothing.
-
-    64-bit values cross as their bit patterns (uint32 pairs): the callback runs on XLA's thread,
-    outside the caller's `enable_x64` scope, where JAX would round a float64 array to float32."""
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        if value.dtype.itemsize == 8:
-            bits = jax.lax.bitcast_convert_type(value, jax.numpy.uint32)  # (..., 2)
-            io_callback(functools.partial(_deliver, name, value.dtype.name), None, bits, ordered=True)
-        else:
-            io_callback(functools.partial(_deliver, name, None), None, value, ordered=True)
-
-
-def _deliver(name: str, wide: str | None, value: Any) -> None:
-    if wide is not None:
-        value = np.asarray(value).view(wide)[..., 0]  # the uint32 pairs back as the 64-bit values
-    _SINK(name, value)
-
-
-def record(streamed: bool) -> dict:
-    """Where a traced method records its tensors: `Streamed` in a streaming call, else a dict."""
-    return Streamed() if streamed else {}
-
-
-def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *,
-         sink: Callable[[str, Any], None] | None = None, **static: Any) -> tuple:
-    """`method(model, *args, **static)`, compiled for these shapes on `device` (cached by jit).
-
-    With a `sink`, `method` runs with `stream=True` and hands its records to the sink as they are
-    computed (see the module docstring); the call returns once they all have been handed over."""
-    global _SINK
-    if sink is None:
-        return _call(model, method, args, device, **static)
-    with _STREAM_LOCK:
-        _SINK = sink
-        try:
-            return jax.block_until_ready(_call(model, method, args, device, stream=True, **static))
-        finally:
-            _SINK = None
-
-
-def _call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, **static: Any) -> tuple:
+def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, **static: Any) -> tuple:
+    """`method(model, *args, **static)`, compiled for these shapes on `device` (cached by jit)."""
     global _EVICT_NEXT
     args = jax.device_put(args, device)
     with _LOCK:

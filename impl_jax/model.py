@@ -627,27 +627,22 @@ class Model(nnx.Module):
         if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
             args += ({site: padding.positions(m, "src") for site, m in dropout.masks.items()},)
             static["dropout_rate"] = dropout.rate
-        # With a sink, the executable hands each tensor over as it computes it (compiled.py);
-        # bucket-padded ones are cut after the call, then handed over one at a time.
-        streamed = sink if sink is not None and not padding.active else None
         memory, attention, intermediates = compiled.call(
-            self, Model._encode, args, self.device, sink=streamed, return_attention=return_attention, **static)
+            self, Model._encode, args, self.device, return_attention=return_attention, **static)
         encoded = Encoded(memory=None, src_mask=jax.device_put(src_mask, self.device))
         encoded.memory, encoded.attention, encoded.intermediates = padding.unpad(
             self.device, memory=memory, attention=attention, intermediates=intermediates)
         del attention, intermediates  # (bucket-padded: only the cut copies are needed)
-        if sink is not None and streamed is None:  # each dropped once handed over
+        if sink is not None:  # returned together by the executable: handed over one at a time, each then dropped
             send_in_order(self.config, sink, encoded.attention, encoded.intermediates)
         if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
             encoded.attention = None
         return encoded
 
     def _encode(self, src_ids, src_mask, src_real, dropout_masks=None, *, return_attention: bool,
-                dropout_rate: float | None = None, stream: bool = False):
-        """The compiled part of `encode`: ids (B, S) and mask checked, S possibly bucket-padded.
-        `stream`: the tensors go to the call's sink as computed (compiled.py), not returned."""
-        encoded = Encoded(memory=None, src_mask=src_mask, attention=compiled.record(stream and return_attention),
-                          intermediates=compiled.record(stream))
+                dropout_rate: float | None = None):
+        """The compiled part of `encode`: ids (B, S) and mask checked, S possibly bucket-padded."""
+        encoded = Encoded(memory=None, src_mask=src_mask)
         dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
@@ -655,7 +650,7 @@ class Model(nnx.Module):
         encoded.memory = self.encoder(x, src_mask, encoded, src_real=src_real, dropout=dropout)
         if not return_attention:
             encoded.attention.clear()  # never leaves the executable, so XLA does not store it
-        return encoded.memory, dict(encoded.attention), dict(encoded.intermediates)
+        return encoded.memory, encoded.attention, encoded.intermediates
 
     def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
                dropout=None, sink=None) -> ModelOutput:
@@ -682,12 +677,11 @@ class Model(nnx.Module):
         if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
             args += ({site: padding.positions(m, "tgt") for site, m in dropout.masks.items()},)
             static["dropout_rate"] = dropout.rate
-        streamed = sink if sink is not None and not padding.active else None  # as in `encode`
         logits, attention, intermediates = compiled.call(
-            self, Model._decode, args, self.device, sink=streamed, return_attention=return_attention, **static)
+            self, Model._decode, args, self.device, return_attention=return_attention, **static)
         logits, attention, intermediates = padding.unpad(
             self.device, logits=logits, attention=attention, intermediates=intermediates)
-        if sink is not None and streamed is None:  # each dropped once handed over
+        if sink is not None:  # returned together by the executable: handed over one at a time, each then dropped
             intermediates["logits"], logits = logits, None
             send_in_order(self.config, sink, attention, intermediates)
         out = ModelOutput(logits=logits, attention=dict(encoded.attention or {}), intermediates=dict(encoded.intermediates))
@@ -698,11 +692,9 @@ class Model(nnx.Module):
         return out
 
     def _decode(self, tgt_ids, tgt_mask, memory, cross_mask, tgt_real, src_real, dropout_masks=None, *,
-                return_attention: bool, dropout_rate: float | None = None, stream: bool = False):
-        """The compiled part of `decode`: ids (B, T) and masks checked, T and S possibly bucket-padded.
-        `stream`: the tensors, the logits last, go to the call's sink as computed, not returned."""
-        out = ModelOutput(logits=None, attention=compiled.record(stream and return_attention),
-                          intermediates=compiled.record(stream))
+                return_attention: bool, dropout_rate: float | None = None):
+        """The compiled part of `decode`: ids (B, T) and masks checked, T and S possibly bucket-padded."""
+        out = ModelOutput(logits=None)
 
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
         dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
@@ -714,13 +706,10 @@ class Model(nnx.Module):
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias[...]
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
-        if stream:  # handed over last, like every other tensor: the executable returns none
-            out.intermediates["logits"] = logits
-            logits = None
         out.logits = logits
         if not return_attention:
             out.attention.clear()
-        return out.logits, dict(out.attention), dict(out.intermediates)
+        return out.logits, out.attention, out.intermediates
 
     def traceable_forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *,
                           return_attention: bool = True, dropout=None) -> ModelOutput:

@@ -90,20 +90,3 @@ def test_jax_hands_bucket_padded_tensors_over_cut_in_forward_order():
         np.testing.assert_array_equal(value, returned[name], err_msg=name)
     assert out.logits is None and not out.attention and not out.intermediates
 
-
-def test_jax_float64_tensors_reach_the_sink_in_float64():
-    """JAX runs a sink's callbacks on XLA's own thread, outside the caller's `enable_x64` scope,
-    where a float64 array would arrive rounded to float32 (a relative error of 6e-8, seen at this
-    size and at length 512; the tiny model above happened to run them on the calling thread)."""
-    impl_jax = pytest.importorskip("impl_jax")
-    config = ModelConfig(src_vocab_size=300, tgt_vocab_size=300, d_model=64, n_heads=4, d_ff=96, max_len=300)
-    src = np.random.default_rng(0).integers(1, 300, (3, 256))
-    with impl_jax.enable_x64():
-        model = impl_jax.Model(config, init_params(config, seed=1), "float64")
-        returned = {name: np.array(value) for name, value in tensors_of(model(src, src[:, :200])).items()}
-        received = {}
-        model(src, src[:, :200], sink=lambda name, value: received.__setitem__(name, np.array(value)))
-    assert list(received) == forward_order(config)
-    for name, value in received.items():
-        assert value.dtype == np.float64, name
-        np.testing.assert_array_equal(value, returned[name], err_msg=name)
