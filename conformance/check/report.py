@@ -268,8 +268,11 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], 
 
         # Each tensor goes to `oracle` as it is computed (the sink), and the forward pass keeps no
         # backward caches: at most a layer's working tensors are in memory beside the model.
+        oracle_model = impl_numpy.Model(config, read(), dtype="float64")
+        release_freed_memory()  # the parameters as read, when read again per model
         with backends.forward_only("numpy"):
-            impl_numpy.Model(config, read(), dtype="float64")(src_ids, tgt_ids, sink=keep)
+            oracle_model(src_ids, tgt_ids, sink=keep)
+        del oracle_model
         release_freed_memory()
         for target in targets:
             _check_target(report, target, config, read, src_ids, tgt_ids, oracle)
@@ -298,6 +301,7 @@ def _check_target(report: Report, target: backends.Target, config: ModelConfig, 
         with backends.full_precision(target.backend), backends.dtype_scope(target):
             report.precision[target.backend] = backends.precision_settings(target.backend)
             model = backends.build(target, config, read())
+            release_freed_memory()  # the parameters as read and the host cast, before the run
             with backends.forward_only(target.backend):
                 model(src_ids, tgt_ids, sink=record)
             del model
