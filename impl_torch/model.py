@@ -653,7 +653,7 @@ class Model(nn.Module):
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
-        (with a `sink`, handed to it as they are computed instead)."""
+        (with a `sink`, handed to it one at a time instead)."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
@@ -678,7 +678,7 @@ class Model(nn.Module):
     def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
                dropout=None, sink=None) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded
-        (with a `sink`, handed to it as they are computed instead, the logits last)."""
+        (with a `sink`, handed to it one at a time instead, the logits last)."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_memory(self.config, encoded.memory.shape, dtype_name(encoded.memory.dtype), dtype_name(self.dtype))
         check_same_batch(encoded.memory.shape, tgt_ids.shape)

@@ -9,8 +9,9 @@ float64). Two ways to hold them, with the same report:
     one-at-a-time  they are written to a temporary directory as they leave the oracle and read
                    back one tensor at a time, so only one of them is in memory during a comparison
 
-In both, a target's model is released before the next one is built and each of its tensors is
-released once compared. `plan_check` estimates the peak of both paths (`estimate`) and takes
+In both, every model hands each tensor over as it computes it (the model call's `sink`), a
+target's model is released before the next one is built, and each of its tensors is released
+once compared. `plan_check` estimates the peak of both paths (`estimate`) and takes
 all-at-once when it fits the budget: `--max-memory`, else the kernel's MemAvailable. The estimate
 counts the check's own data (parameters, tensors, comparisons), not the interpreter and the
 frameworks, which are loaded before the plan is made (0.4 GB for NumPy, PyTorch, JAX and Flax).

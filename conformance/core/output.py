@@ -9,9 +9,11 @@ where `*.self_attn`, `*.cross_attn` and `*.ffn` are the residual stream after th
 its LayerNorm in a post-LN model); `encoder.output` is the memory the decoder attends to.
 
 With a sink (`model(src_ids, tgt_ids, sink=sink)` in every backend), each of those tensors and
-then the logits go to `sink(name, tensor)` as soon as they are computed, in `forward_order`, and the
-returned output keeps none of them (`logits` is None, `attention` and `intermediates` are empty):
-memory then holds one tensor at a time instead of all of them (`rosetta check` at length 512).
+then the logits go to `sink(name, tensor)` in `forward_order`, and the returned output keeps none
+of them (`logits` is None, `attention` and `intermediates` are empty). NumPy and torch hand each
+over as soon as it is computed; JAX as each compiled half (encoder, then decoder) returns, one at a
+time, dropping each. So a caller that lets go of each one holds about one tensor at a time instead
+of a whole call's (`rosetta check` at length 512, docs/check.md).
 
 This module is framework-free (standard library only).
 """
