@@ -35,7 +35,7 @@ from conformance.check.report import default_targets, fixed_batch, run_check
 from conformance.check.tolerances import Tolerance
 from conformance.cli import main
 from conformance.core.errors import InputError
-from conformance.core.output import tensors_of
+from conformance.core.output import forward_order, tensors_of
 
 # A few-MB checkpoint (vocab 3000, d_model 64: 0.8 M parameters, 3 MB in float32) with padded
 # target queries and a -inf fill, so that the fixed batch has NaN rows to compare as well.
@@ -211,3 +211,44 @@ def test_compare_in_chunks_is_compare_on_the_whole_tensor(monkeypatch):
             monkeypatch.setattr(compare_module, "CHUNK", 7)
             chunked = compare(actual.astype(np.float32), expected, tol)
         assert repr(chunked) == repr(whole)
+
+
+def test_compare_row_by_row_is_compare_on_the_whole_tensor(monkeypatch):
+    """`Pieces`: a tensor compared one batch row at a time, as JAX targets are, gives compare()'s
+    result on the whole tensor: the maxima, the first violation, the NaN mismatches, the values."""
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        shape = tuple(rng.integers(1, 5, size=rng.integers(1, 4)))
+        expected = rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 3)
+        actual = expected + rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 0)
+        for array in (actual, expected):
+            for special in (np.nan, np.inf, -np.inf):
+                array[rng.random(shape) < 0.05] = special
+        if rng.random() < 0.3:  # ties for the largest error, across rows
+            actual, expected = np.round(actual, 1), np.round(expected, 1)
+        tol = Tolerance(atol=float(10.0 ** rng.integers(-6, -1)), rtol=float(rng.choice([0.0, 1e-3])))
+        monkeypatch.setattr(compare_module, "CHUNK", int(rng.choice([5, 1 << 20])))
+        with np.errstate(all="ignore"):
+            whole = compare(actual.astype(np.float32), expected, tol)
+            rows = compare_module.Pieces(expected.shape, compare_module.tensor_scale(expected), tol)
+            for row in range(shape[0]):
+                rows.add(actual.astype(np.float32)[row], expected[row])
+            assert repr(rows.result()) == repr(whole)
+
+
+def test_jax_targets_run_row_by_row_with_the_report_the_batch_gives(tmp_path, monkeypatch):
+    """One row per call gives JAX's tensors the same bits as the batch, so the report is the same
+    (CONFIG's -inf fill and padded queries give NaN rows to compare too)."""
+    from conformance.check import report as report_module
+
+    targets = [backends.Target("jax", "cpu", dtype) for dtype in ("float32", "float64")]
+    params = {k: v.astype(np.float32) for k, v in init_params(CONFIG, seed=0).items()}
+    src, tgt = fixed_batch(CONFIG, length=16)
+    reports = {}
+    for rows in (("jax",), ()):
+        monkeypatch.setattr(report_module, "ROW_BY_ROW", rows)
+        reports[rows] = comparable(run_check(CONFIG, params, "x", targets, src_ids=src, tgt_ids=tgt,
+                                             plan=plan_for(ONE_AT_A_TIME)))
+    assert reports[("jax",)] == reports[()]
+    cells = [t["results"][target.label] for t in reports[()]["tensors"] for target in targets]
+    assert len(cells) == 2 * len(forward_order(CONFIG)) and all("max_abs" in cell for cell in cells)

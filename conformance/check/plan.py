@@ -28,7 +28,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from conformance.check.compare import CHUNK
+from conformance.check.compare import CHUNK, tensor_scale
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 from conformance.core.output import forward_order
@@ -218,8 +218,11 @@ class OracleTensors:
             raise ValueError(f"unknown memory plan mode {mode!r}; expected {ALL_AT_ONCE!r} or {ONE_AT_A_TIME!r}")
         self._spill = tempfile.TemporaryDirectory(prefix="rosetta-check-") if mode == ONE_AT_A_TIME else None
         self._held: dict[str, np.ndarray | Path] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.scales: dict[str, float] = {}  # tensor_scale of each, for comparing one row at a time
 
     def put(self, name: str, value: np.ndarray) -> None:
+        self.shapes[name], self.scales[name] = value.shape, tensor_scale(value)
         if self._spill is None:
             self._held[name] = value
             return
@@ -233,6 +236,13 @@ class OracleTensors:
     def __getitem__(self, name: str) -> np.ndarray:
         value = self._held[name]
         return np.load(value, allow_pickle=False) if isinstance(value, Path) else value
+
+    def row(self, name: str, index: int) -> np.ndarray:
+        """Row `index` (of the batch, axis 0) of a tensor; read alone from its file when spilled."""
+        value = self._held[name]
+        if isinstance(value, Path):
+            return np.array(np.load(value, mmap_mode="r", allow_pickle=False)[index])
+        return value[index]
 
     def close(self) -> None:
         self._held.clear()
