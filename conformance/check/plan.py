@@ -70,9 +70,10 @@ class Estimate:
     """Bytes, by what holds them; `peak(mode)` is the most held at once on that path.
 
     Every model hands each tensor over as it computes it (the `sink` of a model call), so a model
-    step holds its parameters, the tensors one call holds at once, and one comparison. JAX's
-    compiled encoder and decoder each return all their tensors together: `call_held` is the larger
-    half, in the step's dtype (an upper bound for NumPy and torch, which hold about a layer's).
+    step holds its parameters, the tensors one call holds at once, and one comparison. NumPy and
+    torch hold about a layer's working tensors, at most the logits and their sum with the bias;
+    JAX's compiled encoder and decoder each return all their tensors together, for one batch row
+    (the check runs JAX row by row): `call_held` is the larger of the two, in the step's dtype.
     """
 
     source_params: int  # the parameters as the caller holds them (read again per model: while building one)
@@ -112,7 +113,7 @@ def estimate(config: ModelConfig, params: Mapping[str, np.ndarray], dtypes: Iter
         reread=reread,
         model_params={d: count * _itemsize(d) for d in dtypes},
         outputs={d: sum(elements.values()) * _itemsize(d) for d in dtypes},
-        call_held={d: max(halves) * _itemsize(d) for d in dtypes},
+        call_held={d: max(2 * max(elements.values()), max(halves) // batch) * _itemsize(d) for d in dtypes},
         largest_tensor=max(elements.values()) * 8,
     )
 
