@@ -252,5 +252,7 @@ def test_jax_targets_run_row_by_row_with_the_report_the_batch_gives(tmp_path, mo
         reports[rows] = comparable(run_check(CONFIG, params, "x", targets, src_ids=src, tgt_ids=tgt,
                                              plan=plan_for(ONE_AT_A_TIME)))
     assert reports[("jax",)] == reports[()]
+    # The float64 target was built from a widened copy: the caller's parameters are untouched.
+    assert params.keys() == init_params(CONFIG, seed=0).keys() and all(v.dtype == np.float32 for v in params.values())
     cells = [t["results"][target.label] for t in reports[()]["tensors"] for target in targets]
     assert len(cells) == 2 * len(forward_order(CONFIG)) and all("max_abs" in cell for cell in cells)

@@ -253,7 +253,7 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], 
 
     if src_ids is None or tgt_ids is None:
         src_ids, tgt_ids = fixed_batch(config)
-    read = params if callable(params) else lambda: params
+    read = params if callable(params) else lambda: dict(params)  # a dict of its own to take apart
     if plan is None:
         plan = plan_batch(config, read(), [t.dtype for t in targets], src_ids, tgt_ids)
     report = Report(config=config, source=source, targets=targets, tensors=forward_order(config),
@@ -278,6 +278,18 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], 
             _check_target(report, target, config, read, src_ids, tgt_ids, oracle)
             release_freed_memory()
     return report
+
+
+def _widened(params: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+    """float32 parameters as float64, cast one at a time, each float32 array let go of once cast
+    (the caller's dict, read for this model alone, is emptied): a float64 model is then built from
+    one float64 set, where the backend's own cast would hold the float32 set beside it. Widening
+    is exact, so the backend's cast (none now) would have given the same bits."""
+    if dtype != "float64" or any(value.dtype != np.float32 for value in params.values()):
+        return params
+    widened = {name: params.pop(name).astype(np.float64) for name in list(params)}
+    release_freed_memory()
+    return widened
 
 
 # Backends whose target runs one batch row per call: JAX's compiled decoder returns all its tensors
@@ -319,7 +331,7 @@ def _check_target(report: Report, target: backends.Target, config: ModelConfig, 
         started = time.perf_counter()
         with backends.full_precision(target.backend), backends.dtype_scope(target):
             report.precision[target.backend] = backends.precision_settings(target.backend)
-            model = backends.build(target, config, read())
+            model = backends.build(target, config, _widened(read(), target.dtype))
             release_freed_memory()  # the parameters as read and the host cast, before the run
             with backends.forward_only(target.backend):
                 if backends.kind(target.backend) in ROW_BY_ROW:
