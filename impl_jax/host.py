@@ -68,7 +68,9 @@ def prepare_params(
                                        supported, default_dtype="float32")
     resolved = next(iter(arrays.values())).dtype
     check_runnable(resolved)
-    return {key: jax.device_put(value, device) for key, value in arrays.items()}, resolved
+    # Each host array is let go of once placed, so that a cast copy of the whole set and the
+    # device's never coexist (2x a float64 model's parameters at once otherwise).
+    return {key: jax.device_put(arrays.pop(key), device) for key in list(arrays)}, resolved
 
 
 def to_numpy(array: Any) -> np.ndarray:

@@ -49,7 +49,7 @@ from conformance.core.inputs import (
     host_mask,
 )
 from conformance.core.dropout import Dropout, host_dropout
-from conformance.core.output import Encoded, ModelOutput
+from conformance.core.output import Encoded, ModelOutput, send_in_order
 from conformance.core.params import param_shapes
 from conformance.core.positions import sinusoid_table
 from impl_jax import compiled, host
@@ -608,8 +608,9 @@ class Model(nnx.Module):
             x = x * math.sqrt(self.config.d_model)
         return x + position(ids.shape[1])
 
-    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None) -> Encoded:
-        """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates."""
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
+        """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
+        (with a `sink`, handed to it one at a time instead)."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
@@ -631,6 +632,9 @@ class Model(nnx.Module):
         encoded = Encoded(memory=None, src_mask=jax.device_put(src_mask, self.device))
         encoded.memory, encoded.attention, encoded.intermediates = padding.unpad(
             self.device, memory=memory, attention=attention, intermediates=intermediates)
+        del attention, intermediates  # (bucket-padded: only the cut copies are needed)
+        if sink is not None:  # returned together by the executable: handed over one at a time, each then dropped
+            send_in_order(self.config, sink, encoded.attention, encoded.intermediates)
         if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
             encoded.attention = None
         return encoded
@@ -649,8 +653,9 @@ class Model(nnx.Module):
         return encoded.memory, encoded.attention, encoded.intermediates
 
     def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
-               dropout=None) -> ModelOutput:
-        """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
+               dropout=None, sink=None) -> ModelOutput:
+        """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded
+        (with a `sink`, handed to it one at a time instead, the logits last)."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_memory(self.config, encoded.memory.shape, np.dtype(encoded.memory.dtype).name, self.dtype.name)
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
@@ -676,6 +681,9 @@ class Model(nnx.Module):
             self, Model._decode, args, self.device, return_attention=return_attention, **static)
         logits, attention, intermediates = padding.unpad(
             self.device, logits=logits, attention=attention, intermediates=intermediates)
+        if sink is not None:  # returned together by the executable: handed over one at a time, each then dropped
+            intermediates["logits"], logits = logits, None
+            send_in_order(self.config, sink, attention, intermediates)
         out = ModelOutput(logits=logits, attention=dict(encoded.attention or {}), intermediates=dict(encoded.intermediates))
         out.attention.update(attention)
         out.intermediates.update(intermediates)
@@ -729,14 +737,19 @@ class Model(nnx.Module):
                            intermediates={**intermediates, **dec_intermediates})
 
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True,
-                 dropout=None) -> ModelOutput:
+                 dropout=None, sink=None) -> ModelOutput:
         """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
         attention weights (`return_attention`) and the intermediates by name.
 
         `dropout` (keyword-only, training): a `conformance.core.dropout.Dropout` (masks drawn by
-        `draw_dropout` from one NumPy seed); None, the default, is inference: no dropout."""
-        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout)
-        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout)
+        `draw_dropout` from one NumPy seed); None, the default, is inference: no dropout.
+
+        `sink` (keyword-only): `sink(name, tensor)` receives every attention map and intermediate,
+        then the logits, in `forward_order`; the returned output then keeps none of them
+        (conformance.core.output). The compiled encoder and decoder each return theirs at once, so
+        the encoder's are handed over before the decoder runs, and each is dropped once handed over."""
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout, sink=sink)
 
     # Training ----------------------------------------------------------------------------------
 

@@ -26,13 +26,38 @@ K head dim, F d_ff, V target vocabulary; Tq / Tk are query / key lengths inside 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from typing import Iterator
 
 import numpy as np
 
 from conformance.core.params import param_shapes
 
 Grads = dict  # canonical parameter name -> gradient, the parameter's shape and dtype
+
+# The forward pass keeps on each module what this backward pass reads (`Linear.input`,
+# `MultiHeadAttention.saved`, ...), unless it runs inside `forward_only()`.
+_KEEPING = contextvars.ContextVar("impl_numpy.backward.keeping", default=True)
+
+
+@contextlib.contextmanager
+def forward_only() -> Iterator[None]:
+    """No backward caches for the duration (NumPy's `torch.inference_mode`): each forward value is
+    freed once the next layer no longer needs it. A base-size model's caches at length 512 are
+    ~1.2 GB in float64 (every layer's inputs, FFN hidden units, q, k, v and attention weights);
+    `rosetta check` runs the oracle so. `loss_and_grads` needs them: not inside this."""
+    token = _KEEPING.set(False)
+    try:
+        yield
+    finally:
+        _KEEPING.reset(token)
+
+
+def kept(value):
+    """`value`, to keep on its module for the backward pass; None inside `forward_only()`."""
+    return value if _KEEPING.get() else None
 
 
 def alive(x: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ from conformance.core.inputs import (
     host_mask,
 )
 from conformance.core.dropout import Dropout, host_dropout
-from conformance.core.output import Encoded, ModelOutput
+from conformance.core.output import Encoded, ModelOutput, record
 from conformance.core.params import prepare_params
 from conformance.core.positions import sinusoid_table
 from impl_numpy import backward as backprop
@@ -134,7 +134,7 @@ class Linear:
         self.bias = params.get(f"{prefix}.bias")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        self.input = x  # kept for the backward pass (impl_numpy/backward.py), as every cache below
+        self.input = backprop.kept(x)  # for the backward pass (impl_numpy/backward.py), as every cache below
         y = x @ self.weight
         if self.bias is not None:
             y = y + self.bias
@@ -157,7 +157,7 @@ class LayerNorm:
         self.form = config.layer_norm_form
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        self.input = x
+        self.input = backprop.kept(x)
         mean = x.mean(axis=-1, keepdims=True)
         centered = x - mean
         if self.form == "standard":
@@ -246,7 +246,7 @@ class MultiHeadAttention:
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
-        self.saved = (q, k, v, weights, mask)
+        self.saved = backprop.kept((q, k, v, weights, mask))
         batch, _, length, _ = heads.shape
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
         return self.o_proj(concat), weights
@@ -276,8 +276,9 @@ class FeedForward:
         self.activation = config.activation
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        self.hidden = self.linear1(x)  # (B, L, F), before the activation
-        return self.linear2(activation(self.activation, self.hidden))
+        hidden = self.linear1(x)  # (B, L, F), before the activation
+        self.hidden = backprop.kept(hidden)
+        return self.linear2(activation(self.activation, hidden))
 
 
 # -- Encoder layer -----------------------------------------------------------------------------
@@ -439,7 +440,7 @@ class Output:
         self.scale_logits = config.scale_logits
 
     def __call__(self, y: np.ndarray, tied_embedding: Embedding) -> np.ndarray:
-        self.input = y
+        self.input = backprop.kept(y)
         weight = tied_embedding.weight.T if self.weight is None else self.weight  # (D, V)
         logits = y @ weight  # (B, T, V)
         if self.scale_logits:
@@ -504,8 +505,9 @@ class Model:
             x = x * math.sqrt(self.config.d_model)
         return x + position(ids.shape[1])
 
-    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None) -> Encoded:
-        """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates."""
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
+        """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
+        (with a `sink`, handed to it one at a time instead)."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
@@ -515,7 +517,8 @@ class Model:
             shapes = expected_mask_shapes(self.config, batch, src_len, 1)
             derived = padding_mask(src_ids, self.config.pad_id)
             src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
-        encoded = Encoded(memory=None, src_mask=src_mask)
+        encoded = Encoded(memory=None, src_mask=src_mask, attention=record(sink if return_attention else None),
+                          intermediates=record(sink))
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
         x = apply_dropout(x, dropout, "encoder.embeddings")
@@ -525,8 +528,9 @@ class Model:
         return encoded
 
     def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
-               dropout=None) -> ModelOutput:
-        """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
+               dropout=None, sink=None) -> ModelOutput:
+        """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded
+        (with a `sink`, handed to it one at a time instead, the logits last)."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_memory(self.config, encoded.memory.shape, encoded.memory.dtype.name, self.dtype.name)
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
@@ -539,7 +543,8 @@ class Model:
             shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
             tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
         cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
-        out = ModelOutput(logits=None, attention=dict(encoded.attention or {}), intermediates=dict(encoded.intermediates))
+        out = ModelOutput(logits=None, attention=record(sink if return_attention else None, encoded.attention),
+                          intermediates=record(sink, encoded.intermediates))
 
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
         y = self.embed(tgt_ids, embedding, self.decoder.position)
@@ -551,20 +556,27 @@ class Model:
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
+        if sink is not None:  # the sink has had every other tensor; the output keeps none of them
+            sink("logits", logits)
+            logits = None
         out.logits = logits
         if not return_attention:
             out.attention = None
         return out
 
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True,
-                 dropout=None) -> ModelOutput:
+                 dropout=None, sink=None) -> ModelOutput:
         """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
         attention weights (`return_attention`) and the intermediates by name.
 
         `dropout` (keyword-only, training): a `conformance.core.dropout.Dropout` (masks drawn by
-        `draw_dropout` from one NumPy seed); None, the default, is inference: no dropout."""
-        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout)
-        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout)
+        `draw_dropout` from one NumPy seed); None, the default, is inference: no dropout.
+
+        `sink` (keyword-only): `sink(name, tensor)` receives every attention map and intermediate
+        as soon as it is computed, then the logits, in `forward_order`; the returned output then
+        keeps none of them (conformance.core.output)."""
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout, sink=sink)
 
     # Training ----------------------------------------------------------------------------------
 

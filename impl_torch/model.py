@@ -40,7 +40,7 @@ from conformance.core.inputs import (
     host_mask,
 )
 from conformance.core.dropout import Dropout, host_dropout
-from conformance.core.output import Encoded, ModelOutput
+from conformance.core.output import Encoded, ModelOutput, record
 from conformance.core.params import param_shapes, prepare_params
 from conformance.core.positions import sinusoid_table
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
@@ -596,8 +596,13 @@ class Model(nn.Module):
             self.output = Output(config, dtype)
             self.final_logits_bias = nn.Parameter(torch.empty(config.tgt_vocab_size, dtype=dtype)) if config.final_logits_bias else None
         # A strict key-for-key copy: state_dict() names are the checkpoint's names. copy_ moves
-        # each value to the device.
-        self.load_state_dict({key: to_torch(value, model_dtype) for key, value in params.items()}, strict=True)
+        # each value to the device; each host array is let go of once copied, so that a cast copy
+        # of the whole set and the model's never coexist (2x a float64 model's parameters).
+        state = self.state_dict()
+        if state.keys() != params.keys():  # the core checked the names against the config: a bug here
+            raise RuntimeError(f"the module's parameters differ from the checkpoint's: {sorted(state.keys() ^ params.keys())}")
+        for key in list(params):
+            state[key].copy_(to_torch(params.pop(key), model_dtype))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -646,8 +651,9 @@ class Model(nn.Module):
             x = x * math.sqrt(self.config.d_model)
         return x + position(ids.shape[1])
 
-    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None) -> Encoded:
-        """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates."""
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
+        """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
+        (with a `sink`, handed to it one at a time instead)."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
@@ -657,7 +663,8 @@ class Model(nn.Module):
             shapes = expected_mask_shapes(self.config, batch, src_len, 1)
             derived = padding_mask(src_ids, self.config.pad_id)
             src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
-        encoded = Encoded(memory=None, src_mask=src_mask)
+        encoded = Encoded(memory=None, src_mask=src_mask, attention=record(sink if return_attention else None),
+                          intermediates=record(sink))
         if dropout is not None:  # the checked host masks, on the model's device
             dropout = Dropout(dropout.rate, {site: torch.tensor(m, device=self.device) for site, m in dropout.masks.items()})
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
@@ -669,8 +676,9 @@ class Model(nn.Module):
         return encoded
 
     def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
-               dropout=None) -> ModelOutput:
-        """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded."""
+               dropout=None, sink=None) -> ModelOutput:
+        """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded
+        (with a `sink`, handed to it one at a time instead, the logits last)."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_memory(self.config, encoded.memory.shape, dtype_name(encoded.memory.dtype), dtype_name(self.dtype))
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
@@ -683,7 +691,8 @@ class Model(nn.Module):
             shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
             tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
         cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
-        out = ModelOutput(logits=None, attention=dict(encoded.attention or {}), intermediates=dict(encoded.intermediates))
+        out = ModelOutput(logits=None, attention=record(sink if return_attention else None, encoded.attention),
+                          intermediates=record(sink, encoded.intermediates))
 
         if dropout is not None:  # the checked host masks, on the model's device
             dropout = Dropout(dropout.rate, {site: torch.tensor(m, device=self.device) for site, m in dropout.masks.items()})
@@ -697,22 +706,29 @@ class Model(nn.Module):
         if self.final_logits_bias is not None:
             logits = logits + self.final_logits_bias
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
+        if sink is not None:  # the sink has had every other tensor; the output keeps none of them
+            sink("logits", logits)
+            logits = None
         out.logits = logits
         if not return_attention:
             out.attention = None
         return out
 
     def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True,
-                dropout=None) -> ModelOutput:
+                dropout=None, sink=None) -> ModelOutput:
         """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
         attention weights (`return_attention`) and the intermediates by name.
 
         `dropout` (keyword-only, training): a `conformance.core.dropout.Dropout` (masks drawn by
         `draw_dropout` from one NumPy seed); None, the default, is inference: no dropout.
 
+        `sink` (keyword-only): `sink(name, tensor)` receives every attention map and intermediate
+        as soon as it is computed, then the logits, in `forward_order`; the returned output then
+        keeps none of them (conformance.core.output).
+
         Without the attention weights, attention runs through PyTorch's fused kernel."""
-        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout)
-        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout)
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout, sink=sink)
 
     # Training ----------------------------------------------------------------------------------
 

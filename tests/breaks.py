@@ -89,9 +89,9 @@ PROPERTY_BREAKS = {
          "def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True, _src_mask=None,\n"),
         ("cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None",
          "cross_mask = _src_mask if self.config.cross_attn_src_mask else None"),
-        ("return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout)",
+        ("return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout, sink=sink)",
          "return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout, "
-         "_src_mask=encoded.src_mask)"),
+         "sink=sink, _src_mask=encoded.src_mask)"),
     ], {})]),
     # A mask passed in is read in nn.MultiheadAttention's convention (True = may NOT attend);
     # masks the model derives itself are read correctly.

@@ -35,7 +35,7 @@ from conformance.check.report import default_targets, fixed_batch, run_check
 from conformance.check.tolerances import Tolerance
 from conformance.cli import main
 from conformance.core.errors import InputError
-from conformance.core.output import tensors_of
+from conformance.core.output import forward_order, tensors_of
 
 # A few-MB checkpoint (vocab 3000, d_model 64: 0.8 M parameters, 3 MB in float32) with padded
 # target queries and a -inf fill, so that the fixed batch has NaN rows to compare as well.
@@ -120,6 +120,37 @@ def test_the_plan_holds_the_oracle_only_when_that_fits_the_budget():
     assert hopeless.mode == ONE_AT_A_TIME and "exceeds the budget even one at a time" in hopeless.describe()
 
 
+def test_the_estimate_counts_one_call_s_larger_half_and_the_parameters_as_read_where_they_are_held():
+    params = {k: v.astype(np.float32) for k, v in init_params(CONFIG, seed=0).items()}
+    shapes = tensor_shapes(CONFIG, 3, 16, 16)
+    decoder = sum(int(np.prod(shape)) for name, shape in shapes.items() if not name.startswith("encoder"))
+    held = estimate(CONFIG, params, ["float32"], 3, 16, 16)
+    reread = estimate(CONFIG, params, ["float32"], 3, 16, 16, reread=True)
+    # JAX's compiled decoder returns one row's tensors (and logits) together; NumPy and torch hold
+    # at most the logits and their sum with the bias: the larger of the two.
+    logits = int(np.prod(shapes["logits"]))
+    assert held.call_held == {d: max(2 * logits, decoder // 3) * size for d, size in (("float32", 4), ("float64", 8))}
+    # Held for the whole run, the parameters as read count once on top of every step; read again
+    # per model, only while a model is built.
+    steps = max(held.step("float32"), held.step("float64"))
+    assert held.peak(ONE_AT_A_TIME, ["float32"]) == held.source_params + steps
+    assert reread.peak(ONE_AT_A_TIME, ["float32"]) == max(reread.step("float32"), reread.step("float64"))
+    assert reread.step("float64") == max(reread.source_params + 2 * reread.model_params["float64"],
+                                         held.step("float64"))
+    assert reread.peak(ONE_AT_A_TIME, ["float32"]) < held.peak(ONE_AT_A_TIME, ["float32"])
+
+
+def test_the_cli_plans_for_a_checkpoint_read_again_per_model(tmp_path, capsys):
+    path = tmp_path / "small.safetensors"
+    checkpoint.save(path, CONFIG, {k: v.astype(np.float32) for k, v in init_params(CONFIG, seed=0).items()})
+    config, params = checkpoint.load(path)
+    src, tgt = fixed_batch(config)
+    expected = estimate(config, params, ["float32"], *src.shape, tgt.shape[1], reread=True)
+    main(["check", str(path), "--backends", "numpy", "--dtypes", "float32", "--max-memory", "1T"])
+    stated = capsys.readouterr().err
+    assert f"{expected.peak(ONE_AT_A_TIME, ['float32']) / 1e6:.1f} MB one at a time" in stated, stated
+
+
 def test_the_default_budget_is_the_kernels_memavailable(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  1000 kB\nMemAvailable:    2048 kB\n")
@@ -182,3 +213,46 @@ def test_compare_in_chunks_is_compare_on_the_whole_tensor(monkeypatch):
             monkeypatch.setattr(compare_module, "CHUNK", 7)
             chunked = compare(actual.astype(np.float32), expected, tol)
         assert repr(chunked) == repr(whole)
+
+
+def test_compare_row_by_row_is_compare_on_the_whole_tensor(monkeypatch):
+    """`Pieces`: a tensor compared one batch row at a time, as JAX targets are, gives compare()'s
+    result on the whole tensor: the maxima, the first violation, the NaN mismatches, the values."""
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        shape = tuple(rng.integers(1, 5, size=rng.integers(1, 4)))
+        expected = rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 3)
+        actual = expected + rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 0)
+        for array in (actual, expected):
+            for special in (np.nan, np.inf, -np.inf):
+                array[rng.random(shape) < 0.05] = special
+        if rng.random() < 0.3:  # ties for the largest error, across rows
+            actual, expected = np.round(actual, 1), np.round(expected, 1)
+        tol = Tolerance(atol=float(10.0 ** rng.integers(-6, -1)), rtol=float(rng.choice([0.0, 1e-3])))
+        monkeypatch.setattr(compare_module, "CHUNK", int(rng.choice([5, 1 << 20])))
+        with np.errstate(all="ignore"):
+            whole = compare(actual.astype(np.float32), expected, tol)
+            rows = compare_module.Pieces(expected.shape, compare_module.tensor_scale(expected), tol)
+            for row in range(shape[0]):
+                rows.add(actual.astype(np.float32)[row], expected[row])
+            assert repr(rows.result()) == repr(whole)
+
+
+def test_jax_targets_run_row_by_row_with_the_report_the_batch_gives(tmp_path, monkeypatch):
+    """One row per call gives JAX's tensors the same bits as the batch, so the report is the same
+    (CONFIG's -inf fill and padded queries give NaN rows to compare too)."""
+    from conformance.check import report as report_module
+
+    targets = [backends.Target("jax", "cpu", dtype) for dtype in ("float32", "float64")]
+    params = {k: v.astype(np.float32) for k, v in init_params(CONFIG, seed=0).items()}
+    src, tgt = fixed_batch(CONFIG, length=16)
+    reports = {}
+    for rows in (("jax",), ()):
+        monkeypatch.setattr(report_module, "ROW_BY_ROW", rows)
+        reports[rows] = comparable(run_check(CONFIG, params, "x", targets, src_ids=src, tgt_ids=tgt,
+                                             plan=plan_for(ONE_AT_A_TIME)))
+    assert reports[("jax",)] == reports[()]
+    # The float64 target was built from a widened copy: the caller's parameters are untouched.
+    assert params.keys() == init_params(CONFIG, seed=0).keys() and all(v.dtype == np.float32 for v in params.values())
+    cells = [t["results"][target.label] for t in reports[()]["tensors"] for target in targets]
+    assert len(cells) == 2 * len(forward_order(CONFIG)) and all("max_abs" in cell for cell in cells)

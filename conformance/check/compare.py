@@ -138,37 +138,62 @@ def compare(actual: Any, expected: Any, tol: Tolerance) -> Comparison:
         return Comparison(passed=count == 0, violations=count, first_violation_at=first,
                           max_abs=float(count > 0), max_abs_at=first,
                           values_at_max_abs=(float(a[first]), float(e[first])) if count else None)
-    scale = tensor_scale(e)
-    result = Comparison(passed=True, scale=scale)
-    worst_abs, worst_rel = _FirstMax(), _FirstMax()
-    for offset, (a_part, e_part) in _chunks(a, e):
-        nan_a, nan_e = np.isnan(a_part), np.isnan(e_part)
-        nan_diff = nan_a != nan_e
-        both = ~(nan_a | nan_e)
-        with np.errstate(invalid="ignore", over="ignore"):
-            abs_err = np.where(both, np.abs(a_part - e_part), 0.0)
-            abs_err = np.where(both & (a_part == e_part), 0.0, abs_err)  # equal infinities are not an error
-            rel_err = np.where(both, abs_err / np.maximum(np.abs(e_part), np.finfo(np.float64).tiny), 0.0)
-            bad = both & ~(abs_err <= tol.atol * scale + tol.rtol * np.abs(e_part))
-        worst_abs.offer(abs_err, offset)
-        worst_rel.offer(rel_err, offset)
-        if bad.any():
-            if not result.violations:
-                result.first_violation_at = _index(offset + int(np.argmax(bad)), a.shape)
-            result.violations += int(bad.sum())
-        if nan_diff.any():
-            if not result.nan_mismatches:
-                k = int(np.argmax(nan_diff))
-                result.first_nan_mismatch_at = _index(offset + k, a.shape)
-                result.values_at_nan_mismatch = (float(a_part[k]), float(e_part[k]))
-            result.nan_mismatches += int(nan_diff.sum())
-    result.passed = not result.violations and not result.nan_mismatches
-    if a.size:
-        i = worst_abs.index
-        result.max_abs, result.max_abs_at = worst_abs.value, _index(i, a.shape)
-        result.values_at_max_abs = (float(a.flat[i]), float(e.flat[i]))
-        result.max_rel, result.max_rel_at = worst_rel.value, _index(worst_rel.index, a.shape)
-    return result
+    pieces = Pieces(a.shape, tensor_scale(e), tol)
+    pieces.add(a, e)
+    return pieces.result()
+
+
+class Pieces:
+    """compare() of a tensor that arrives in consecutive pieces (in flat order: e.g. one batch row
+    at a time), given the whole oracle tensor's `scale` (`tensor_scale`): `add(actual, expected)`
+    for each piece, then `result()`, the Comparison compare() gives on the whole tensor. compare()
+    itself is one piece, so both are the same code."""
+
+    def __init__(self, shape: tuple[int, ...], scale: float, tol: Tolerance):
+        self.shape, self.tol, self.seen = tuple(shape), tol, 0
+        self.comparison = Comparison(passed=True, scale=scale)
+        self.worst_abs, self.worst_rel = _FirstMax(), _FirstMax()
+
+    def add(self, actual: Any, expected: Any) -> None:
+        a, e = on_host(actual), on_host(expected)
+        result, tol, scale = self.comparison, self.tol, self.comparison.scale
+        for start, (a_part, e_part) in _chunks(a, e):
+            offset = self.seen + start
+            nan_a, nan_e = np.isnan(a_part), np.isnan(e_part)
+            nan_diff = nan_a != nan_e
+            both = ~(nan_a | nan_e)
+            with np.errstate(invalid="ignore", over="ignore"):
+                abs_err = np.where(both, np.abs(a_part - e_part), 0.0)
+                abs_err = np.where(both & (a_part == e_part), 0.0, abs_err)  # equal infinities are not an error
+                rel_err = np.where(both, abs_err / np.maximum(np.abs(e_part), np.finfo(np.float64).tiny), 0.0)
+                bad = both & ~(abs_err <= tol.atol * scale + tol.rtol * np.abs(e_part))
+            before = self.worst_abs.index
+            self.worst_abs.offer(abs_err, offset)
+            if self.worst_abs.index != before:  # the values there, while this piece is at hand
+                k = self.worst_abs.index - offset
+                result.values_at_max_abs = (float(a_part[k]), float(e_part[k]))
+            self.worst_rel.offer(rel_err, offset)
+            if bad.any():
+                if not result.violations:
+                    result.first_violation_at = _index(offset + int(np.argmax(bad)), self.shape)
+                result.violations += int(bad.sum())
+            if nan_diff.any():
+                if not result.nan_mismatches:
+                    k = int(np.argmax(nan_diff))
+                    result.first_nan_mismatch_at = _index(offset + k, self.shape)
+                    result.values_at_nan_mismatch = (float(a_part[k]), float(e_part[k]))
+                result.nan_mismatches += int(nan_diff.sum())
+        self.seen += a.size
+
+    def result(self) -> Comparison:
+        result = self.comparison
+        result.passed = not result.violations and not result.nan_mismatches
+        if self.seen:
+            result.max_abs, result.max_abs_at = self.worst_abs.value, _index(self.worst_abs.index, self.shape)
+            result.max_rel, result.max_rel_at = self.worst_rel.value, _index(self.worst_rel.index, self.shape)
+        else:
+            result.values_at_max_abs = None
+        return result
 
 
 ORACLE = "the float64 oracle"

@@ -9,8 +9,9 @@ float64). Two ways to hold them, with the same report:
     one-at-a-time  they are written to a temporary directory as they leave the oracle and read
                    back one tensor at a time, so only one of them is in memory during a comparison
 
-In both, a target's model is released before the next one is built and each of its tensors is
-released once compared. `plan_check` estimates the peak of both paths (`estimate`) and takes
+In both, every model hands each tensor over as it computes it (the model call's `sink`), a
+target's model is released before the next one is built, and each of its tensors is released
+once compared. `plan_check` estimates the peak of both paths (`estimate`) and takes
 all-at-once when it fits the budget: `--max-memory`, else the kernel's MemAvailable. The estimate
 counts the check's own data (parameters, tensors, comparisons), not the interpreter and the
 frameworks, which are loaded before the plan is made (0.4 GB for NumPy, PyTorch, JAX and Flax).
@@ -27,7 +28,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from conformance.check.compare import CHUNK
+from conformance.check.compare import CHUNK, tensor_scale
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 from conformance.core.output import forward_order
@@ -66,35 +67,53 @@ def _itemsize(dtype: str) -> int:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes, by what holds them; `peak(mode)` is the most held at once on that path."""
+    """Bytes, by what holds them; `peak(mode)` is the most held at once on that path.
 
-    source_params: int  # the parameters as the caller holds them, kept for the whole run
+    Every model hands each tensor over as it computes it (the `sink` of a model call), so a model
+    step holds its parameters, the tensors one call holds at once, and one comparison. NumPy and
+    torch hold about a layer's working tensors, at most the logits and their sum with the bias;
+    JAX's compiled encoder and decoder each return all their tensors together, for one batch row
+    (the check runs JAX row by row): `call_held` is the larger of the two, in the step's dtype.
+    """
+
+    source_params: int  # the parameters as the caller holds them (read again per model: while building one)
+    reread: bool  # whether the parameters are read again per model rather than held for the whole run
     model_params: dict[str, int]  # dtype -> one model's parameters in that dtype
     outputs: dict[str, int]  # dtype -> every tensor of one model call in that dtype
+    call_held: dict[str, int]  # dtype -> the tensors one call may hold at once (see above)
     largest_tensor: int  # the largest tensor, in float64 (the oracle's, read back to compare)
 
     def step(self, dtype: str) -> int:
-        """One model in `dtype`, built (a host cast and the backend's own copy of the
-        parameters), run (all its tensors), comparing its largest tensor with the oracle's."""
+        """One model in `dtype`: built (the parameters as read, a host cast and the backend's own
+        copy), then run (its parameters, the tensors it holds at once, the oracle's tensor read
+        back and compare()'s chunks)."""
+        source = self.source_params if self.reread else 0  # otherwise counted once, in `peak`
+        build = source + 2 * self.model_params[dtype]
         working = self.largest_tensor + COMPARE_COPIES * CHUNK * 8
-        return 2 * self.model_params[dtype] + self.outputs[dtype] + working
+        run = self.model_params[dtype] + self.call_held[dtype] + working
+        return max(build, run)
 
     def peak(self, mode: str, dtypes: Iterable[str]) -> int:
         steps = max([self.step(ORACLE_DTYPE)] + [self.step(d) for d in dtypes])
         held = self.outputs[ORACLE_DTYPE] if mode == ALL_AT_ONCE else 0
-        return self.source_params + held + steps
+        return (0 if self.reread else self.source_params) + held + steps
 
 
 def estimate(config: ModelConfig, params: Mapping[str, np.ndarray], dtypes: Iterable[str],
-             batch: int, src_len: int, tgt_len: int) -> Estimate:
-    """The memory a check of `config` on a (batch, src_len) x (batch, tgt_len) batch needs."""
+             batch: int, src_len: int, tgt_len: int, *, reread: bool = False) -> Estimate:
+    """The memory a check of `config` on a (batch, src_len) x (batch, tgt_len) batch needs;
+    `reread`: the parameters are read again for each model (`run_check` given a reader)."""
     count = sum(int(np.prod(shape)) for shape in param_shapes(config).values())
     elements = {name: int(np.prod(shape)) for name, shape in tensor_shapes(config, batch, src_len, tgt_len).items()}
+    halves = [sum(n for name, n in elements.items() if name.startswith("encoder")),
+              sum(n for name, n in elements.items() if not name.startswith("encoder"))]
     dtypes = sorted(set(dtypes) | {ORACLE_DTYPE})
     return Estimate(
         source_params=sum(int(np.asarray(value).nbytes) for value in params.values()),
+        reread=reread,
         model_params={d: count * _itemsize(d) for d in dtypes},
         outputs={d: sum(elements.values()) * _itemsize(d) for d in dtypes},
+        call_held={d: max(2 * max(elements.values()), max(halves) // batch) * _itemsize(d) for d in dtypes},
         largest_tensor=max(elements.values()) * 8,
     )
 
@@ -138,10 +157,10 @@ def plan_check(estimated: Estimate, dtypes: Iterable[str], budget: int | None = 
 
 
 def plan_batch(config: ModelConfig, params: Mapping[str, np.ndarray], dtypes: Iterable[str],
-               src_ids: np.ndarray, tgt_ids: np.ndarray, budget: int | None = None) -> Plan:
+               src_ids: np.ndarray, tgt_ids: np.ndarray, budget: int | None = None, *, reread: bool = False) -> Plan:
     """The plan for checking `config` at `dtypes` on this (B, S) x (B, T) batch (`plan_check`)."""
     dtypes = list(dtypes)
-    needed = estimate(config, params, dtypes, src_ids.shape[0], src_ids.shape[1], tgt_ids.shape[1])
+    needed = estimate(config, params, dtypes, src_ids.shape[0], src_ids.shape[1], tgt_ids.shape[1], reread=reread)
     return plan_check(needed, dtypes, budget)
 
 
@@ -200,8 +219,11 @@ class OracleTensors:
             raise ValueError(f"unknown memory plan mode {mode!r}; expected {ALL_AT_ONCE!r} or {ONE_AT_A_TIME!r}")
         self._spill = tempfile.TemporaryDirectory(prefix="rosetta-check-") if mode == ONE_AT_A_TIME else None
         self._held: dict[str, np.ndarray | Path] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.scales: dict[str, float] = {}  # tensor_scale of each, for comparing one row at a time
 
     def put(self, name: str, value: np.ndarray) -> None:
+        self.shapes[name], self.scales[name] = value.shape, tensor_scale(value)
         if self._spill is None:
             self._held[name] = value
             return
@@ -215,6 +237,13 @@ class OracleTensors:
     def __getitem__(self, name: str) -> np.ndarray:
         value = self._held[name]
         return np.load(value, allow_pickle=False) if isinstance(value, Path) else value
+
+    def row(self, name: str, index: int) -> np.ndarray:
+        """Row `index` (of the batch, axis 0) of a tensor; read alone from its file when spilled."""
+        value = self._held[name]
+        if isinstance(value, Path):
+            return np.array(np.load(value, mmap_mode="r", allow_pickle=False)[index])
+        return value[index]
 
     def close(self) -> None:
         self._held.clear()

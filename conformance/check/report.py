@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from conformance.check import backends
-from conformance.check.compare import Comparison, compare
+from conformance.check.compare import Comparison, Pieces, compare
 from conformance.check.plan import OracleTensors, Plan, plan_batch, release_freed_memory
-from conformance.core.output import forward_order, tensors_of
+from conformance.core.output import forward_order
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 from conformance.check.tolerances import tolerance
@@ -234,70 +234,123 @@ def default_targets(names: list[str] | None = None, dtypes: list[str] | None = N
     return targets, skipped
 
 
-def run_check(config: ModelConfig, params: dict[str, np.ndarray], source: str,
+def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], dict[str, np.ndarray]], source: str,
               targets: list[backends.Target], skipped: dict[str, str] | None = None,
               src_ids: np.ndarray | None = None, tgt_ids: np.ndarray | None = None,
               plan: Plan | None = None) -> Report:
     """Run the oracle and every target on the same batch and compare every tensor.
 
     `plan` says how the oracle's tensors are held (default: `plan_batch` against MemAvailable);
-    the report is the same either way. One model is alive at a time, and each of a target's
-    tensors is released as soon as it has been compared.
+    the report is the same either way. One model is alive at a time, and every model hands each
+    tensor over as it computes it (`sink=`): the oracle's to `OracleTensors`, a target's straight
+    to its comparison, after which it is freed.
+
+    `params` may be a function that reads them (from the checkpoint): it is then called once per
+    model, so that the parameters as read are freed once each model is built, instead of being
+    held beside a float64 model's own copy for the whole run.
     """
     import impl_numpy
 
     if src_ids is None or tgt_ids is None:
         src_ids, tgt_ids = fixed_batch(config)
+    read = params if callable(params) else lambda: dict(params)  # a dict of its own to take apart
     if plan is None:
-        plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids)
+        plan = plan_batch(config, read(), [t.dtype for t in targets], src_ids, tgt_ids)
     report = Report(config=config, source=source, targets=targets, tensors=forward_order(config),
                     skipped=dict(skipped or {}))
     report.versions["numpy"] = backends.version("numpy")
     with OracleTensors(plan.mode) as oracle:
         wanted = set(report.tensors)
-        _release_into(tensors_of(impl_numpy.Model(config, params, dtype="float64")(src_ids, tgt_ids)),
-                      lambda name, value: oracle.put(name, value) if name in wanted else None)
+
+        def keep(name: str, value: np.ndarray) -> None:
+            if name in wanted:
+                oracle.put(name, value)
+
+        # Each tensor goes to `oracle` as it is computed (the sink), and the forward pass keeps no
+        # backward caches: at most a layer's working tensors are in memory beside the model.
+        oracle_model = impl_numpy.Model(config, read(), dtype="float64")
+        release_freed_memory()  # the parameters as read, when read again per model
+        with backends.forward_only("numpy"):
+            oracle_model(src_ids, tgt_ids, sink=keep)
+        del oracle_model
         release_freed_memory()
         for target in targets:
-            _check_target(report, target, config, params, src_ids, tgt_ids, oracle)
+            _check_target(report, target, config, read, src_ids, tgt_ids, oracle)
             release_freed_memory()
     return report
 
 
-def _check_target(report: Report, target: backends.Target, config: ModelConfig, params: dict[str, np.ndarray],
+def _widened(params: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+    """float32 parameters as float64, cast one at a time, each float32 array let go of once cast
+    (the caller's dict, read for this model alone, is emptied): a float64 model is then built from
+    one float64 set, where the backend's own cast would hold the float32 set beside it. Widening
+    is exact, so the backend's cast (none now) would have given the same bits."""
+    if dtype != "float64" or any(value.dtype != np.float32 for value in params.values()):
+        return params
+    widened = {name: params.pop(name).astype(np.float64) for name in list(params)}
+    release_freed_memory()
+    return widened
+
+
+# Backends whose target runs one batch row per call: JAX's compiled decoder returns all its tensors
+# at once (0.99 GB in float64 for the base model at length 512), a third of that per row. Only
+# where a row alone gives the same bits as on the batch, so that the report is the same: JAX in
+# float32 and float64 does (measured, docs/check.md); torch float64 does not.
+ROW_BY_ROW = ("jax",)
+
+
+def _check_target(report: Report, target: backends.Target, config: ModelConfig, read: Callable[[], dict[str, np.ndarray]],
                   src_ids: np.ndarray, tgt_ids: np.ndarray, oracle: OracleTensors) -> None:
     report.versions.setdefault(target.backend, backends.version(target.backend))
     tol = tolerance(target.dtype, target.device)
+    comparing = 0.0  # seconds spent comparing, left out of the target's own time
+
+    pieces: dict[str, Pieces] = {}  # tensor -> its comparison so far, one row at a time
+
+    def record(tensor: str, value, row: int | None = None) -> None:
+        """Compare each tensor as the model hands it over (the sink), so that it is freed at once;
+        with `row`, the tensor of that batch row alone, added to the tensor's comparison."""
+        nonlocal comparing
+        if hasattr(value, "block_until_ready"):  # JAX dispatches asynchronously
+            value.block_until_ready()
+        started = time.perf_counter()
+        if tensor not in oracle:  # every tensor of the report, and only those
+            pass
+        elif row is None:
+            report.cells[(tensor, target.label)] = Cell(comparison=compare(value, oracle[tensor], tol))
+        else:
+            expected = oracle.row(tensor, row)
+            if tuple(value.shape) != (1, *expected.shape):
+                report.cells[(tensor, target.label)] = Cell(comparison=Comparison(passed=False, shape_problem=(
+                    f"shape {tuple(value.shape)} of row {row} differs from the oracle's {(1, *expected.shape)}")))
+            elif (tensor, target.label) not in report.cells:
+                pieces.setdefault(tensor, Pieces(oracle.shapes[tensor], oracle.scales[tensor], tol)).add(value, expected)
+        comparing += time.perf_counter() - started
+
     try:
         started = time.perf_counter()
         with backends.full_precision(target.backend), backends.dtype_scope(target):
             report.precision[target.backend] = backends.precision_settings(target.backend)
-            model = backends.build(target, config, params)
+            model = backends.build(target, config, _widened(read(), target.dtype))
+            release_freed_memory()  # the parameters as read and the host cast, before the run
             with backends.forward_only(target.backend):
-                got = tensors_of(model(src_ids, tgt_ids))
-            del model  # before the comparisons: one model alive at a time
-            for value in got.values():
-                if hasattr(value, "block_until_ready"):  # JAX dispatches asynchronously
-                    value.block_until_ready()
-        report.seconds[target.label] = time.perf_counter() - started
+                if backends.kind(target.backend) in ROW_BY_ROW:
+                    for row in range(src_ids.shape[0]):
+                        model(src_ids[row:row + 1], tgt_ids[row:row + 1],
+                              sink=lambda tensor, value, row=row: record(tensor, value, row))
+                else:
+                    model(src_ids, tgt_ids, sink=record)
+            del model
+        for tensor, compared in pieces.items():
+            report.cells.setdefault((tensor, target.label), Cell(comparison=compared.result()))
+        report.seconds[target.label] = time.perf_counter() - started - comparing
     except Exception as exc:  # noqa: BLE001 - a backend that crashes is a finding, not a crash of the report
         report.errors[target.label] = f"{type(exc).__name__}: {exc}"
+        for tensor in report.tensors:  # a run that stopped has no cells, not the first few
+            report.cells.pop((tensor, target.label), None)
         return
 
-    def record(tensor: str, value) -> None:
-        if tensor in oracle:  # every tensor of the report, and only those
-            report.cells[(tensor, target.label)] = Cell(comparison=compare(value, oracle[tensor], tol))
-
-    _release_into(got, record)
     for tensor in report.tensors:
         if (tensor, target.label) not in report.cells:
             report.cells[(tensor, target.label)] = Cell(error=f"{target.backend} did not return {tensor!r}")
 
-
-def _release_into(tensors: dict[str, Any], consume) -> None:
-    """consume(name, tensor) for each tensor, dropping it from `tensors` first, so that each one is
-    freed once consumed (the caller must hold no other reference to the tensors)."""
-    for name in list(tensors):
-        value = tensors.pop(name)
-        consume(name, value)
-        del value

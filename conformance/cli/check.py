@@ -59,8 +59,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         config, params, source = default_model()
     src_ids, tgt_ids = fixed_batch(config, length=args.length)
-    plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget)
+    plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget,
+                      reread=bool(args.checkpoint))
     print(plan.describe(), file=sys.stderr)  # stderr: the report itself is the same on either path
+    if args.checkpoint:  # read again for each model, rather than held beside a float64 model's copy
+        del params
+        params = checkpoint_reader(args.checkpoint, config)
     report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan)
     print(report.to_text())
     files = {}
@@ -81,3 +85,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+def checkpoint_reader(path: str, config):
+    """A function that reads the checkpoint's parameters again (digest and values checked on
+    every read, as by `checkpoint.load`), refusing a file whose config changed since the first."""
+    from conformance.core import checkpoint
+    from conformance.core.errors import CheckpointError
+
+    def read():
+        again, params = checkpoint.load(path)
+        if again != config:
+            raise CheckpointError(path, "changed while it was being checked: its config is not the one first read")
+        return params
+
+    return read

@@ -8,13 +8,23 @@ Intermediate keys, in forward order:
 where `*.self_attn`, `*.cross_attn` and `*.ffn` are the residual stream after that sublayer (and
 its LayerNorm in a post-LN model); `encoder.output` is the memory the decoder attends to.
 
+With a sink (`model(src_ids, tgt_ids, sink=sink)` in every backend), each of those tensors and
+then the logits go to `sink(name, tensor)` in `forward_order`, and the returned output keeps none
+of them (`logits` is None, `attention` and `intermediates` are empty). NumPy and torch hand each
+over as soon as it is computed; JAX as each compiled half (encoder, then decoder) returns, one at a
+time, dropping each. So a caller that lets go of each one holds about one tensor at a time instead
+of a whole call's (`rosetta check` at length 512, docs/check.md).
+
 This module is framework-free (standard library only).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+# sink(name, tensor): takes each recorded tensor as soon as it is computed.
+TensorSink = Callable[[str, Any], None]
 
 
 @dataclass
@@ -54,3 +64,31 @@ def forward_order(config) -> list[str]:
 def tensors_of(output) -> dict[str, Any]:
     """A model output as one flat name -> tensor mapping (attention, intermediates, logits)."""
     return {**(output.attention or {}), **output.intermediates, "logits": output.logits}
+
+
+class Sink(dict):
+    """A record that keeps nothing: `record[name] = tensor` hands the tensor to `sink(name, tensor)`
+    at once. Always empty, so a model writes into it exactly as into the dict it replaces."""
+
+    def __init__(self, sink: TensorSink):
+        super().__init__()
+        self.sink = sink
+
+    def __setitem__(self, name: str, tensor: Any) -> None:
+        self.sink(name, tensor)
+
+
+def record(sink: TensorSink | None = None, carried: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Where a call records its tensors: a new dict (with a copy of `carried`, what `encode`
+    recorded, when `decode` continues it), or, with a sink, a `Sink` that passes each one on."""
+    return Sink(sink) if sink is not None else dict(carried or {})
+
+
+def send_in_order(config, sink: TensorSink, *records: dict[str, Any]) -> None:
+    """Hand every tensor of `records` to `sink` in `forward_order`, removing each from its record
+    first, so that each is freed once the sink lets go of it (for a backend whose compiled call
+    returns its tensors all at once)."""
+    where = {name: held for held in records for name in held}
+    for name in forward_order(config):
+        if name in where:
+            sink(name, where[name].pop(name))
