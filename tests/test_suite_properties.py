@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from breaks import PROPERTY_BREAKS
+from breaks import PROPERTY_BREAKS, REALISTIC_BREAKS, realistic_property_module
 
 SUITE = Path(importlib.import_module("conformance.suite").__file__).parent
 PROPERTY_FILES = sorted(p.stem for p in SUITE.glob("test_*.py"))
@@ -38,5 +38,6 @@ def test_one_property_per_file(module):
 
 def test_every_property_has_a_break_to_catch():
     planted = {module for module, _ in PROPERTY_BREAKS.values()}
+    planted |= {realistic_property_module(dtype) for _, dtype, *_ in REALISTIC_BREAKS.values()}  # test_suite_realistic_teeth.py
     missing = set(PROPERTY_FILES) - planted - CAUGHT_BY_THE_ORACLE_COMPARISON - SEVERAL_ENTRY_POINTS
     assert not missing, f"no planted break shows that these properties catch anything: {sorted(missing)}"

@@ -5,24 +5,23 @@ marked `tame_misses` pass the old tame strategies: the realistic sample is what 
 
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 
 import pytest
 from hypothesis import Phase, settings
 
-from breaks import REALISTIC_BREAKS, broken_copy
+from breaks import REALISTIC_BREAKS, broken_copy, realistic_property_module
 from conformance.check import backends
 from conformance.check.backends import Target
 
 import conformance.suite.test_forward as forward
-import conformance.suite.test_forward_realistic as realistic
 
 
 def realistic_property(dtype: str):
     """The realistic property that runs a dtype: half precision has its own (long sequences)."""
-    if dtype in realistic.HALF_DTYPES:
-        return realistic.test_long_sequences_match_the_oracle_in_half_precision
-    return realistic.test_every_tensor_matches_the_oracle_at_trained_scale
+    module = importlib.import_module(f"conformance.suite.{realistic_property_module(dtype)}")
+    return next(f for name, f in vars(module).items() if name.startswith("test_") and callable(f))
 
 
 # The tame property's own settings are the active profile's: without the shrink phase, a break it

@@ -131,6 +131,7 @@ def test_rosetta_conformance_offers_the_scale_profile_and_counts_its_runs():
     import argparse
 
     from conformance.cli import conformance_suite
+    from conformance.suite import estimate
 
     parser = argparse.ArgumentParser()
     conformance_suite.add_arguments(parser)
@@ -138,15 +139,15 @@ def test_rosetta_conformance_offers_the_scale_profile_and_counts_its_runs():
     previous = os.environ.get("ROSETTA_BACKENDS")
     try:
         # The oracle, then numpy at float32 (numpy has no half precision).
-        assert conformance_suite.full_size_runs_per_example("numpy") == 2
+        assert estimate.full_size_runs_per_example("numpy") == 2
     finally:
         if previous is None:
             os.environ.pop("ROSETTA_BACKENDS", None)
         else:
             os.environ["ROSETTA_BACKENDS"] = previous
-    small = conformance_suite.forward_flops(512, 2048, 6, 32000, 128, 128)
-    assert conformance_suite.forward_flops(1024, 4096, 6, 32000, 128, 128) > 3 * small
-    assert conformance_suite.forward_flops(512, 2048, 6, 32000, 1024, 1024) > 7 * small
+    small = estimate.forward_flops(512, 2048, 6, 32000, 128, 128)
+    assert estimate.forward_flops(1024, 4096, 6, 32000, 128, 128) > 3 * small
+    assert estimate.forward_flops(512, 2048, 6, 32000, 1024, 1024) > 7 * small
 
 
 def test_the_scale_profile_prints_a_line_per_full_size_run_and_nothing_otherwise():

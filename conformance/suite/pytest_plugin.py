@@ -193,7 +193,7 @@ def pytest_collection_finish(session):
 
     if not full_size() or not any(in_suite(item.path) for item in session.items):
         return
-    from conformance.cli.conformance_suite import scale_estimate
+    from conformance.suite.estimate import scale_estimate
 
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     line = scale_estimate()
