@@ -195,18 +195,26 @@ def test_the_command_says_which_plan_ran_and_reports_the_same(tmp_path, capsys):
     assert out["64G"] == out["1K"]
 
 
+def random_comparison(rng: np.random.Generator, max_dim: int):
+    """(actual, expected, tol): a random tensor of up to three axes of 1..`max_dim`, close but not
+    equal, with NaN and infinities on either side, in three cases of ten rounded so that several
+    elements tie for the largest error, and a random tolerance."""
+    shape = tuple(rng.integers(1, max_dim + 1, size=rng.integers(1, 4)))
+    expected = rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 3)
+    actual = expected + rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 0)
+    for array in (actual, expected):
+        for special in (np.nan, np.inf, -np.inf):
+            array[rng.random(shape) < 0.05] = special
+    if rng.random() < 0.3:
+        actual, expected = np.round(actual, 1), np.round(expected, 1)
+    tol = Tolerance(atol=float(10.0 ** rng.integers(-6, -1)), rtol=float(rng.choice([0.0, 1e-3])))
+    return actual, expected, tol
+
+
 def test_compare_in_chunks_is_compare_on_the_whole_tensor(monkeypatch):
     rng = np.random.default_rng(7)
     for _ in range(200):
-        shape = tuple(rng.integers(1, 6, size=rng.integers(1, 4)))
-        expected = rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 3)
-        actual = expected + rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 0)
-        for array in (actual, expected):
-            for special in (np.nan, np.inf, -np.inf):
-                array[rng.random(shape) < 0.05] = special
-        if rng.random() < 0.3:  # ties for the largest error, across chunk boundaries
-            actual, expected = np.round(actual, 1), np.round(expected, 1)
-        tol = Tolerance(atol=float(10.0 ** rng.integers(-6, -1)), rtol=float(rng.choice([0.0, 1e-3])))
+        actual, expected, tol = random_comparison(rng, max_dim=5)  # ties across chunk boundaries too
         with np.errstate(all="ignore"):
             monkeypatch.setattr(compare_module, "CHUNK", 1 << 20)
             whole = compare(actual.astype(np.float32), expected, tol)
@@ -220,20 +228,12 @@ def test_compare_row_by_row_is_compare_on_the_whole_tensor(monkeypatch):
     result on the whole tensor: the maxima, the first violation, the NaN mismatches, the values."""
     rng = np.random.default_rng(11)
     for _ in range(200):
-        shape = tuple(rng.integers(1, 5, size=rng.integers(1, 4)))
-        expected = rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 3)
-        actual = expected + rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 0)
-        for array in (actual, expected):
-            for special in (np.nan, np.inf, -np.inf):
-                array[rng.random(shape) < 0.05] = special
-        if rng.random() < 0.3:  # ties for the largest error, across rows
-            actual, expected = np.round(actual, 1), np.round(expected, 1)
-        tol = Tolerance(atol=float(10.0 ** rng.integers(-6, -1)), rtol=float(rng.choice([0.0, 1e-3])))
+        actual, expected, tol = random_comparison(rng, max_dim=4)  # ties across rows too
         monkeypatch.setattr(compare_module, "CHUNK", int(rng.choice([5, 1 << 20])))
         with np.errstate(all="ignore"):
             whole = compare(actual.astype(np.float32), expected, tol)
             rows = compare_module.Pieces(expected.shape, compare_module.tensor_scale(expected), tol)
-            for row in range(shape[0]):
+            for row in range(expected.shape[0]):
                 rows.add(actual.astype(np.float32)[row], expected[row])
             assert repr(rows.result()) == repr(whole)
 
