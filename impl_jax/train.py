@@ -11,15 +11,17 @@ inside the same bounded cache as the forward).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax  # the JAX ecosystem's optimizers: the issue asks for optax.adam, not a re-derivation
 from flax import nnx
 
 from conformance.core.params import param_shapes
-from conformance.core.training import PAPER_BETAS, PAPER_EPS, PAPER_WARMUP, check_adam, check_grads, paper_lrate
+from conformance.core.training import (PAPER_BETAS, PAPER_EPS, PAPER_WARMUP, check_adam, check_grads, paper_lrate,
+                                       train_step)
 from impl_jax import compiled, host
+
+__all__ = ["Adam", "train_step"]  # train_step: one training step, written once in the core
 
 
 def schedule(d_model: int, warmup: int):
@@ -76,10 +78,3 @@ class Adam:
         nnx.update(self.model, nnx.from_flat_state(flat))
         self.steps += 1
         return lr
-
-
-def train_step(model, optimizer: Adam, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0):
-    """Forward, loss, backward (`model.loss_and_grads`) and one optimizer step; returns the loss."""
-    loss, grads = model.loss_and_grads(src_ids, tgt_ids, labels, label_smoothing=label_smoothing)
-    optimizer.step(grads)
-    return loss

@@ -13,7 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.core.params import param_shapes
-from conformance.core.training import PAPER_BETAS, PAPER_EPS, PAPER_WARMUP, check_adam, check_grads, paper_lrate
+from conformance.core.training import (PAPER_BETAS, PAPER_EPS, PAPER_WARMUP, check_adam, check_grads, paper_lrate,
+                                       train_step)
+
+__all__ = ["Adam", "train_step"]  # train_step: one training step, written once in the core
 
 
 class Adam:
@@ -60,10 +63,3 @@ class Adam:
             p -= (lr * m_hat / (np.sqrt(v_hat) + self.eps)).astype(p.dtype)  # in place
         self.steps = t
         return lr
-
-
-def train_step(model, optimizer: Adam, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0):
-    """Forward, loss, backward (`model.loss_and_grads`) and one optimizer step; returns the loss."""
-    loss, grads = model.loss_and_grads(src_ids, tgt_ids, labels, label_smoothing=label_smoothing)
-    optimizer.step(grads)
-    return loss

@@ -12,7 +12,10 @@ from __future__ import annotations
 import torch
 
 from conformance.core.params import param_shapes
-from conformance.core.training import PAPER_BETAS, PAPER_EPS, PAPER_WARMUP, check_adam, check_grads, paper_lrate
+from conformance.core.training import (PAPER_BETAS, PAPER_EPS, PAPER_WARMUP, check_adam, check_grads, paper_lrate,
+                                       train_step)
+
+__all__ = ["Adam", "train_step"]  # train_step: one training step, written once in the core
 
 
 class Adam:
@@ -52,10 +55,3 @@ class Adam:
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         return lr
-
-
-def train_step(model, optimizer: Adam, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0):
-    """Forward, loss, backward (`model.loss_and_grads`) and one optimizer step; returns the loss."""
-    loss, grads = model.loss_and_grads(src_ids, tgt_ids, labels, label_smoothing=label_smoothing)
-    optimizer.step(grads)
-    return loss

@@ -12,7 +12,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 
 
@@ -60,3 +59,11 @@ def check_grads(param_shapes: dict[str, tuple[int, ...]], names: Sequence[str], 
     for name, shape in param_shapes.items():
         if tuple(shape_of(name)) != tuple(shape):
             raise InputError("grads", f"{name} has shape {tuple(shape_of(name))}, its parameter {tuple(shape)}")
+
+
+def train_step(model, optimizer, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0):
+    """Forward, loss, backward (`model.loss_and_grads`) and one optimizer step (`optimizer.step`,
+    any backend's `Adam`); returns the loss. Each backend exports it as its own `train_step`."""
+    loss, grads = model.loss_and_grads(src_ids, tgt_ids, labels, label_smoothing=label_smoothing)
+    optimizer.step(grads)
+    return loss
