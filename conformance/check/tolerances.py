@@ -45,9 +45,14 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
 }
 
 
+def device_kind(device: str) -> str:
+    """The table's device column for a device name: "cpu", or "gpu" for any accelerator ("cuda:1")."""
+    return "cpu" if device.split(":")[0] == "cpu" else "gpu"
+
+
 def tolerance(dtype: str, device: str = "cpu") -> Tolerance:
     """The tolerance for results computed in `dtype` on a device of kind `device`."""
-    kind = "cpu" if device.split(":")[0] == "cpu" else "gpu"
+    kind = device_kind(device)
     try:
         return TOLERANCES[(dtype, kind)]
     except KeyError:
@@ -74,7 +79,7 @@ GRADIENT_TOLERANCES: dict[tuple[str, str], Tolerance] = {
 
 def gradient_tolerance(dtype: str, device: str = "cpu") -> Tolerance:
     """The tolerance for gradients computed in `dtype` on a device of kind `device`."""
-    kind = "cpu" if device.split(":")[0] == "cpu" else "gpu"
+    kind = device_kind(device)
     try:
         return GRADIENT_TOLERANCES[(dtype, kind)]
     except KeyError:
@@ -96,7 +101,7 @@ LONG_HALF_TOLERANCES: dict[tuple[str, str], Tolerance] = {
 def long_half_tolerance(dtype: str, device: str = "cpu") -> Tolerance:
     """The tolerance for a long seeded pair in half precision: the measured row where there is
     one, else the table's."""
-    kind = "cpu" if device.split(":")[0] == "cpu" else "gpu"
+    kind = device_kind(device)
     return LONG_HALF_TOLERANCES.get((dtype, kind)) or tolerance(dtype, device)
 
 
