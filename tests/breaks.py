@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from hypothesis import Phase, settings
 
 from conformance.check import backends
 
@@ -135,6 +137,23 @@ PROPERTY_BREAKS = {
     ]),
 }
 
+
+
+# A meta-test needs the failure, not the smallest failing example: without the shrink phase, a
+# property that catches a break stops at its first failing example instead of spending minutes
+# shrinking models (the active profile's other settings stay).
+settings.register_profile("ci-first-failure", settings.get_profile("ci"),
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+
+
+@contextmanager
+def first_failure_only():
+    previous = settings._current_profile
+    settings.load_profile("ci-first-failure")
+    try:
+        yield
+    finally:
+        settings.load_profile(previous)
 
 def edited_module(name: str, module_name: str, path: Path, edits):
     """A private module from the file at `path` with the `(old, new)` edits applied."""

@@ -18,7 +18,7 @@ import inspect
 
 import pytest
 
-from breaks import BREAKS, PROPERTY_BREAKS, broken_copy
+from breaks import BREAKS, PROPERTY_BREAKS, broken_copy, first_failure_only
 from conformance.check import backends
 from conformance.check.backends import Target
 
@@ -43,7 +43,8 @@ def test_the_suite_catches(name):
     try:
         for label, prop in PROPERTIES.items():
             try:
-                prop(target=target)
+                with first_failure_only():
+                    prop(target=target)
             except AssertionError as exc:
                 caught[label] = str(exc).splitlines()[0][:300]
     finally:
@@ -94,7 +95,7 @@ def test_each_property_catches_its_own_break(name):
         for target in targets:
             forward.test_every_tensor_matches_the_oracle(target=target)
         # ...and the property made for it fails.
-        with pytest.raises(AssertionError) as caught:
+        with pytest.raises(AssertionError) as caught, first_failure_only():
             run_property(module, targets)
     finally:
         for r in registered:

@@ -6,12 +6,10 @@ marked `tame_misses` pass the old tame strategies: the realistic sample is what 
 from __future__ import annotations
 
 import importlib
-from contextlib import contextmanager
 
 import pytest
-from hypothesis import Phase, settings
 
-from breaks import REALISTIC_BREAKS, broken_copy, realistic_property_module
+from breaks import REALISTIC_BREAKS, broken_copy, first_failure_only, realistic_property_module
 from conformance.check import backends
 from conformance.check.backends import Target
 
@@ -22,22 +20,6 @@ def realistic_property(dtype: str):
     """The realistic property that runs a dtype: half precision has its own (long sequences)."""
     module = importlib.import_module(f"conformance.suite.{realistic_property_module(dtype)}")
     return next(f for name, f in vars(module).items() if name.startswith("test_") and callable(f))
-
-
-# The tame property's own settings are the active profile's: without the shrink phase, a break it
-# catches fails on its first failing example instead of minutes of shrinking full models.
-settings.register_profile("ci-first-failure", settings.get_profile("ci"),
-                          phases=[Phase.explicit, Phase.reuse, Phase.generate])
-
-
-@contextmanager
-def first_failure_only():
-    previous = settings._current_profile
-    settings.load_profile("ci-first-failure")
-    try:
-        yield
-    finally:
-        settings.load_profile(previous)
 
 
 @pytest.mark.parametrize("name", sorted(REALISTIC_BREAKS))
@@ -51,7 +33,7 @@ def test_the_realistic_sample_catches(name):
         else:
             with pytest.raises(AssertionError), first_failure_only():
                 forward.test_every_tensor_matches_the_oracle(target=target)  # said so: keep the table honest
-        with pytest.raises(AssertionError) as caught:
+        with pytest.raises(AssertionError) as caught, first_failure_only():
             realistic_property(dtype)(target=target)
     finally:
         backends.unregister_backend(registered)

@@ -263,8 +263,12 @@ def kinds_for(config: ModelConfig, kinds: tuple[str, ...] = KINDS) -> tuple[str,
     sublayer: a pre-LN residual stream carries the offset to the final LayerNorm, where rows with
     |mean| / std of 1000 cost a correct float32 backend 3e-4 at d_model 32 (2.7e-3 at 1024) and a
     correct float64 one 4e-12: the input's conditioning, not a bug, and no fixed tolerance tells
-    them apart (measured, docs/tolerances.md)."""
-    return tuple(k for k in kinds if k != "offset" or config.norm_placement == "post")
+    them apart (measured, docs/tolerances.md). Nor where the config names LayerNorm's fast
+    variance E[x^2] - E[x]^2 (Flax's): that form cancels by definition at |mean| / std of 300, and a
+    correct float32 backend computing it is off by 1.6e-2 (measured, tests/test_tolerance_law.py);
+    the realistic properties look for a backend that computes the standard form that way."""
+    return tuple(k for k in kinds if k != "offset"
+                 or (config.norm_placement == "post" and config.layer_norm_form != "fast-variance"))
 
 
 @st.composite
