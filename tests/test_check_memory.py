@@ -13,6 +13,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import impl_jax
 import numpy as np
 import pytest
 
@@ -69,8 +70,10 @@ def test_one_at_a_time_gives_the_report_all_at_once_gives(tmp_path):
     targets.append(backends.Target(broken, "cpu", "float64"))
     try:
         src, tgt = fixed_batch(config, length=12)
-        reports = {mode: run_check(config, params, str(path), targets, skipped, src, tgt, plan_for(mode))
-                   for mode in (ALL_AT_ONCE, ONE_AT_A_TIME)}
+        reports, live = {}, {}
+        for mode in (ALL_AT_ONCE, ONE_AT_A_TIME):
+            reports[mode] = run_check(config, params, str(path), targets, skipped, src, tgt, plan_for(mode))
+            live[mode] = impl_jax.compile_stats()["cached"]
     finally:
         backends.unregister_backend(broken)
     together, one_by_one = reports[ALL_AT_ONCE], reports[ONE_AT_A_TIME]
@@ -78,6 +81,8 @@ def test_one_at_a_time_gives_the_report_all_at_once_gives(tmp_path):
     assert any(cell.comparison.nan_mismatches for cell in together.cells.values() if cell.comparison)
     assert one_by_one.to_text() == together.to_text()
     assert comparable(one_by_one) == comparable(together)
+    # When memory is short, JAX's executables (and the buffers they hold) go with its model.
+    assert live == {ALL_AT_ONCE: live[ALL_AT_ONCE], ONE_AT_A_TIME: 0} and live[ALL_AT_ONCE] > 0
 
 
 def test_one_at_a_time_holds_the_oracle_on_disk_and_removes_it(tmp_path):
@@ -87,6 +92,12 @@ def test_one_at_a_time_holds_the_oracle_on_disk_and_removes_it(tmp_path):
         spilled = held._held["logits"]
         assert isinstance(spilled, Path) and spilled.exists()
         assert np.array_equal(held["logits"], value) and held["logits"] is not value
+        # A row is read alone from the file, with the tensor's own dtype and the row's shape.
+        for row in range(value.shape[0]):
+            got = held.row("logits", row)
+            assert got.dtype == value.dtype and np.array_equal(got, value[row])
+        with pytest.raises(RuntimeError, match="cannot read row 3"):
+            held.row("logits", value.shape[0])
     assert not spilled.parent.exists()
     with OracleTensors(ALL_AT_ONCE) as held:
         held.put("logits", value)

@@ -205,6 +205,17 @@ def forward_only(backend: str) -> Iterator[None]:
         yield
 
 
+def release(backend: str) -> None:
+    """Drop what a backend keeps between calls once its model is done with: JAX's compiled
+    executables (`clear_cache`) hold on to the buffers of the last run, 0.85 GB for the base model
+    at length 512 in float32, which the next model would otherwise find still resident (measured,
+    docs/check.md); `rosetta check` drops them when memory is short. A backend without such a cache
+    has nothing to drop."""
+    clear = getattr(import_backend(backend), "clear_cache", None)
+    if clear is not None:
+        clear()
+
+
 def precision_settings(backend: str) -> dict[str, Any]:
     """The backend's matmul-precision settings, for reports and the pytest header."""
     return dict(import_backend(backend).precision_settings())

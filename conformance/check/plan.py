@@ -238,12 +238,27 @@ class OracleTensors:
         value = self._held[name]
         return np.load(value, allow_pickle=False) if isinstance(value, Path) else value
 
+    @property
+    def spilled(self) -> bool:
+        """Whether the tensors are on disk (one-at-a-time): then compare them a row at a time."""
+        return self._spill is not None
+
     def row(self, name: str, index: int) -> np.ndarray:
-        """Row `index` (of the batch, axis 0) of a tensor; read alone from its file when spilled."""
+        """Row `index` (of the batch, axis 0) of a tensor; read alone from its file when spilled,
+        with a plain read into a fresh array: a memory map of the file would count its pages in
+        the resident size while mapped."""
         value = self._held[name]
-        if isinstance(value, Path):
-            return np.array(np.load(value, mmap_mode="r", allow_pickle=False)[index])
-        return value[index]
+        if not isinstance(value, Path):
+            return value[index]
+        with value.open("rb") as f:
+            version = np.lib.format.read_magic(f)
+            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = header(f)
+            if fortran or not 0 <= index < shape[0]:  # np.save of a C-ordered array: a bug if not
+                raise RuntimeError(f"cannot read row {index} of {name!r} ({shape}, fortran order {fortran})")
+            count = int(np.prod(shape[1:]))
+            f.seek(index * count * dtype.itemsize, 1)
+            return np.fromfile(f, dtype=dtype, count=count).reshape(shape[1:])
 
     def close(self) -> None:
         self._held.clear()
