@@ -51,11 +51,13 @@ def resolve_device(device: Any) -> jax.Device:
     return found[0]
 
 
-def check_runnable(dtype: np.dtype, *, argument: str = "dtype") -> None:
+def check_runnable(dtype: np.dtype, *, param_dtype: np.dtype | None = None) -> None:
     """float64 runs only with 64-bit JAX; a float64 model built inside `enable_x64()` cannot run
-    after the scope has closed. `argument`: "param_dtype" for float64 parameters."""
-    if dtype == np.float64 and not x64_enabled():
-        raise InputError(argument, X64_ADVICE)
+    after the scope has closed. So do float64 parameters (`param_dtype`), whatever the compute
+    dtype: without x64, jit would silently narrow them to float32."""
+    for argument, value in (("dtype", dtype), ("param_dtype", param_dtype)):
+        if value == np.float64 and not x64_enabled():
+            raise InputError(argument, X64_ADVICE)
 
 
 def prepare_params(
@@ -70,8 +72,7 @@ def prepare_params(
                                        supported, default_dtype="float32",
                                        param_dtype=None if param_dtype is None else dtype_name(param_dtype))
     resolved = host_dtype(name)
-    check_runnable(resolved)
-    check_runnable(next(iter(arrays.values())).dtype, argument="param_dtype")
+    check_runnable(resolved, param_dtype=next(iter(arrays.values())).dtype)
     # Each host array is let go of once placed, so that a cast copy of the whole set and the
     # device's never coexist (2x a float64 model's parameters at once otherwise).
     return {key: jax.device_put(arrays.pop(key), device) for key in list(arrays)}, resolved

@@ -152,7 +152,11 @@ class Positions(nn.Module):
 
 
 def cast(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """w in `dtype`: w itself when it already is, else one rounding (exact when it widens)."""
+    """w in `dtype`: w itself when it already is, else one rounding (exact when it widens).
+
+    One exception: torch rounds float64 to float16 through float32, so float64 parameters computed
+    in float16 differ from NumPy's direct rounding (the core's up-front cast) in about one value in
+    20000, by one float16 ulp (measured on 2e6 values; bfloat16 and float32 targets agree)."""
     return w if w.dtype == dtype else w.to(dtype)
 
 

@@ -321,6 +321,17 @@ def test_float32_parameters_infinite_in_float16_are_refused_by_name(backend):
         build(backend, "cpu", MARIAN, p32, "float64", param_dtype="float32")
 
 
+def test_jax_float64_parameters_need_x64_at_every_call():
+    """Without x64, jit would narrow float64 parameters to float32 silently: refused by name."""
+    with impl_jax.enable_x64():
+        model = impl_jax.Model(MARIAN, values(MARIAN, np.float64), "float32", param_dtype="float64")
+        model(SRC, TGT)
+    with pytest.raises(InputError, match="param_dtype: float64 needs 64-bit JAX"):
+        model(SRC, TGT)
+    with pytest.raises(InputError, match="param_dtype: float64 needs 64-bit JAX"):
+        impl_jax.Model(MARIAN, values(MARIAN, np.float64), "float32", param_dtype="float64")
+
+
 # -- 7. generate ---------------------------------------------------------------------------------
 
 
