@@ -221,6 +221,29 @@ def test_cast_at_use_equals_cast_up_front(backend, device, dtype, param_dtype):
         assert_outputs_equal(backend, forward(backend, mixed), forward(backend, plain), dtype)
 
 
+# One JAX case: each is two loss compiles.
+NARROW_GRADS = [case for case in NARROW if case.id != "jax-bfloat16<-float32"]
+
+
+@pytest.mark.parametrize("backend, device, dtype, param_dtype", NARROW_GRADS)
+def test_narrow_compute_gradients_are_the_narrow_models_widened(backend, device, dtype, param_dtype):
+    """Gradients computed in the narrow dtype and returned in the wider param_dtype: exactly the
+    narrow model's gradients (built from the same values, rounded up front), widened."""
+    params = values(MARIAN, param_dtype)
+    labels = np.where(TGT == MARIAN.pad_id, MARIAN.pad_id, (TGT + 1) % MARIAN.tgt_vocab_size)
+    package = PACKAGES[backend]
+    with scope(backend, device):
+        mixed = build(backend, device, MARIAN, params, dtype, param_dtype=param_dtype)
+        plain = build(backend, device, MARIAN, params, dtype)
+        loss, grads = mixed.loss_and_grads(SRC, TGT, labels)
+        ref_loss, ref_grads = plain.loss_and_grads(SRC, TGT, labels)
+        assert float(loss) == float(ref_loss)
+        for key, grad in grads.items():
+            assert dtype_of(backend, grad) == param_dtype, key
+            expected = package.to_numpy(ref_grads[key]).astype(param_dtype)  # widening: exact
+            assert np.array_equal(package.to_numpy(grad), expected), key
+
+
 # -- 4. the default: no param_dtype, no change ---------------------------------------------------
 
 
