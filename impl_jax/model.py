@@ -794,9 +794,10 @@ class Model(nnx.Module):
         the loss (a 0-d array, at least float32) and the gradients as a dict keyed by the
         canonical parameter names, each of its parameter's shape and dtype, on the model's
         device. With a `param_dtype` other than `dtype` the gradients are computed in `dtype` and
-        each is rounded once to `param_dtype`. Ids and labels are checked on the host first, then one compiled executable per
-        (config, dtype, shapes) runs (`impl_jax.compiled`, bounded like the forward); ε is an
-        argument of it, not a constant, so a new ε does not recompile. `dropout`: as for a call.
+        each is rounded once to `param_dtype`. Ids and labels are checked on the host first, then
+        one compiled executable per (config, dtype, shapes) runs (`impl_jax.compiled`, bounded
+        like the forward); ε is an argument of it, not a constant, so a new ε does not recompile.
+        `dropout`: as for a call.
         """
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)

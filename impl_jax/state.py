@@ -56,7 +56,7 @@ def load_state(path: str | os.PathLike, dtype=None, *, param_dtype=None, buckets
     if not isinstance(params, dict):
         raise CheckpointError(path, "its params item is not a tree of named arrays")
     try:
-        return Model(config, {k: np.asarray(v) for k, v in flatten_dotted(params).items()}, dtype=dtype, param_dtype=param_dtype,
-                     buckets=buckets)
+        return Model(config, {k: np.asarray(v) for k, v in flatten_dotted(params).items()}, dtype=dtype,
+                     param_dtype=param_dtype, buckets=buckets)
     except (ValueError, KeyError) as exc:
         raise CheckpointError(path, f"its parameters do not fit its config: {exc}") from None

@@ -184,7 +184,8 @@ class Linear(nn.Module):
         if self.bias is None:
             return x @ cast(self.weight, x.dtype)
         # One fused GEMM (bias as the C of C + A B) over the flattened leading axes.
-        y = torch.addmm(cast(self.bias, x.dtype), x.reshape(-1, x.shape[-1]), cast(self.weight, x.dtype))  # (B * L, d_out)
+        weight, bias = cast(self.weight, x.dtype), cast(self.bias, x.dtype)
+        y = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight)  # (B * L, d_out)
         return y.view(*x.shape[:-1], -1)  # (B, L, d_out)
 
 
@@ -587,7 +588,8 @@ class Model(nn.Module):
 
     The model is an ordinary `nn.Module`: `.to("cuda")`, `.to(torch.float16)`, `torch.compile`,
     `torch.inference_mode()` and autograd all apply. `.to(dtype)` casts the sinusoid buffer along
-    with the parameters, like any buffer.
+    with the parameters, like any buffer. Under `torch.compile` the input checks stay eager (they
+    read ids on the host), so the tensor work compiles as a few graphs, not one `fullgraph`.
 
     `param_dtype` (keyword-only; any of `SUPPORTED_DTYPES`; default None: `dtype`) stores the
     parameters in another dtype than the one the model computes in: `Model(config, params32,
@@ -598,8 +600,9 @@ class Model(nn.Module):
     parameters, as in any module (`.to(torch.float16)` makes a float16 model). With it, the
     compute dtype is fixed at construction: `.to(dtype)` (and `.half()`, `.double()`, ...) then
     recasts the storage only, and the sinusoid buffer stays in the compute dtype. Gradients
-    (`loss_and_grads`, autograd) come in `param_dtype`, each computed in `dtype` and rounded once. Under `torch.compile` the input checks stay eager (they
-    read ids on the host), so the tensor work compiles as a few graphs, not one `fullgraph`.
+    (`loss_and_grads`) come in `param_dtype`, each computed in `dtype` and rounded once (autograd
+    through `cast` itself, e.g. `loss.backward()`, rounds each use's gradient and sums them in
+    `param_dtype`, as mixed-precision training does).
     """
 
     backend = "torch"
@@ -632,7 +635,8 @@ class Model(nn.Module):
             raise RuntimeError(f"the module's parameters differ from the checkpoint's: {sorted(state.keys() ^ params.keys())}")
         for key in list(params):
             state[key].copy_(to_torch(params.pop(key), stored))
-        self._apply(lambda t: t)  # the sinusoid buffer in the compute dtype (see `_apply`)
+        if self._compute_dtype is not None:
+            self._apply(lambda t: t)  # the sinusoid buffer in the compute dtype (see `_apply`)
 
     def _apply(self, fn, recurse: bool = True):
         """`nn.Module`'s hook under `.to()`, `.half()`, `.cuda()`, ...: with a fixed compute dtype
@@ -792,9 +796,10 @@ class Model(nn.Module):
         label_smoothing=ε)`. Returns the loss (a 0-d tensor, at least float32) and the gradients
         as a dict keyed by the canonical parameter names (`state_dict()`'s), each of its
         parameter's shape and dtype, on the model's device (with a `param_dtype` other than
-        `dtype`: computed in `dtype`, each rounded once to `param_dtype`). The ids are checked as by `forward`;
-        labels (B, T) must be target ids with at least one that is not `pad_id`. `dropout`: as for
-        `forward` (masks from `conformance.core.dropout.draw_dropout`), None for none.
+        `dtype`: computed in `dtype`, each rounded once to `param_dtype`). The ids are checked as
+        by `forward`; labels (B, T) must be target ids with at least one that is not `pad_id`.
+        `dropout`: as for `forward` (masks from `conformance.core.dropout.draw_dropout`), None for
+        none.
         """
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)

@@ -388,3 +388,13 @@ def test_save_writes_the_stored_values_and_load_passes_param_dtype(backend, tmp_
         loaded = PACKAGES[backend].load(path, "float64", param_dtype="float32")
         assert dtype_of(backend, loaded) == "float64"
         assert str(loaded.param_dtype).removeprefix("torch.") == "float32"
+
+
+def test_jax_orbax_state_keeps_the_stored_values_and_passes_param_dtype(tmp_path):
+    p32 = values(MARIAN, np.float32)
+    with impl_jax.enable_x64():
+        model = impl_jax.Model(MARIAN, p32, "float64", param_dtype="float32")
+        impl_jax.save_state(model, tmp_path / "state")
+        loaded = impl_jax.load_state(tmp_path / "state", "float64", param_dtype="float32")
+        assert loaded.dtype == np.float64 and loaded.param_dtype == np.float32
+        assert all(np.array_equal(np.asarray(v), p32[k]) and v.dtype == np.float32 for k, v in loaded.params.items())
