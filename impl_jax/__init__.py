@@ -41,17 +41,18 @@ from impl_jax.precision import enable_x64, full_precision, precision_settings, x
 from impl_jax.state import load_state, save_state
 
 
-def load(path: str | os.PathLike, dtype=None, *, device=None, buckets=None) -> Model:
+def load(path: str | os.PathLike, dtype=None, *, device=None, param_dtype=None, buckets=None) -> Model:
     """A `Model` from a checkpoint file on `device` (default: JAX's default device); `dtype`
     casts the parameters (default: their own dtype; a float64 checkpoint needs `enable_x64()`,
-    or `dtype="float32"`)."""
+    or `dtype="float32"`); `param_dtype` stores them in another dtype than `dtype`, as in `Model`."""
     config, params = checkpoint.load(path)
-    return Model(config, params, dtype, device=device, buckets=buckets)
+    return Model(config, params, dtype, device=device, param_dtype=param_dtype, buckets=buckets)
 
 
 def save(model: Model, path: str | os.PathLike) -> None:
     """Write the model's config and parameters as a canonical checkpoint (NumPy arrays of the
-    model's dtype; bfloat16 through ml_dtypes), bit for bit what was loaded."""
+    dtype they are stored in, `model.param_dtype`; bfloat16 through ml_dtypes), bit for bit what
+    was loaded."""
     params = {name: np.asarray(value) for name, value in model.params.items()}
     checkpoint.save(path, model.config, params)
 

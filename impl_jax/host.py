@@ -16,7 +16,7 @@ import numpy as np
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 from conformance.core.inputs import check_device
-from conformance.core.params import dtype_name
+from conformance.core.params import dtype_name, host_dtype
 from conformance.core.params import prepare_params as core_prepare_params
 from impl_jax.precision import x64_enabled
 
@@ -51,23 +51,28 @@ def resolve_device(device: Any) -> jax.Device:
     return found[0]
 
 
-def check_runnable(dtype: np.dtype) -> None:
+def check_runnable(dtype: np.dtype, *, param_dtype: np.dtype | None = None) -> None:
     """float64 runs only with 64-bit JAX; a float64 model built inside `enable_x64()` cannot run
-    after the scope has closed."""
-    if dtype == np.float64 and not x64_enabled():
-        raise InputError("dtype", X64_ADVICE)
+    after the scope has closed. So do float64 parameters (`param_dtype`), whatever the compute
+    dtype: without x64, jit would silently narrow them to float32."""
+    for argument, value in (("dtype", dtype), ("param_dtype", param_dtype)):
+        if value == np.float64 and not x64_enabled():
+            raise InputError(argument, X64_ADVICE)
 
 
 def prepare_params(
-    config: ModelConfig, params: Mapping[str, Any] | None, dtype: Any, supported: Sequence[str], device: jax.Device
+    config: ModelConfig, params: Mapping[str, Any] | None, dtype: Any, supported: Sequence[str], device: jax.Device,
+    *, param_dtype: Any = None,
 ) -> tuple[dict[str, jax.Array], np.dtype]:
     """The core's parameter preparation (`conformance.core.params.prepare_params`: checked, cast
-    on the host, re-checked), then placed on `device`. None means the seeded
-    `init_params(config)` held in float32 (float64 would need x64)."""
+    on the host to `param_dtype`, re-checked), then placed on `device`; returns them and the
+    compute dtype. None means the seeded `init_params(config)` held in float32 (float64 would
+    need x64)."""
     arrays, name = core_prepare_params(config, params, None if dtype is None else dtype_name(dtype), "jax",
-                                       supported, default_dtype="float32")
-    resolved = next(iter(arrays.values())).dtype
-    check_runnable(resolved)
+                                       supported, default_dtype="float32",
+                                       param_dtype=None if param_dtype is None else dtype_name(param_dtype))
+    resolved = host_dtype(name)
+    check_runnable(resolved, param_dtype=next(iter(arrays.values())).dtype)
     # Each host array is let go of once placed, so that a cast copy of the whole set and the
     # device's never coexist (2x a float64 model's parameters at once otherwise).
     return {key: jax.device_put(arrays.pop(key), device) for key in list(arrays)}, resolved

@@ -150,15 +150,28 @@ class Positions(nnx.Module):
             table = sinusoid_table(config.max_len, config.d_model, config.position)  # (max_len, D) float64
             self.table = Sinusoid(jnp.asarray(table.astype(dtype)))
 
-    def __call__(self, length: int) -> jax.Array:
-        return self.table[...][None, :length, :]  # (1, L, D)
+    def __call__(self, length: int, dtype) -> jax.Array:
+        return cast(self.table[...][None, :length, :], dtype)  # (1, L, D)
 
-    def at(self, position) -> jax.Array:
+    def at(self, position, dtype) -> jax.Array:
         """The term of one position, for a cached decoding step."""
-        return jax.lax.dynamic_slice_in_dim(self.table[...], position, 1)[None, :, :]  # (1, 1, D)
+        return cast(jax.lax.dynamic_slice_in_dim(self.table[...], position, 1)[None, :, :], dtype)  # (1, 1, D)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
+# Parameters are stored in the model's `param_dtype` and computed in its `dtype` (Flax's
+# `param_dtype` / `dtype` split): every read of a parameter goes through `cast`, which widens or
+# rounds it to the dtype of the computation it enters (the activations' dtype), and is the array
+# itself when the two agree (`param_dtype=None`, the default: no cast, no copy).
+
+
+def cast(w: jax.Array, dtype) -> jax.Array:
+    """w in `dtype`: w itself when it already is, else one rounding (exact when it widens).
+
+    One exception: XLA rounds float64 to float16 through float32, so float64 parameters computed
+    in float16 differ from NumPy's direct rounding (the core's up-front cast) in about one value in
+    20000, by one float16 ulp (measured on 2e6 values; bfloat16 and float32 targets agree)."""
+    return w if w.dtype == dtype else w.astype(dtype)
 
 
 def at_least_float32(x: jax.Array) -> jax.Array:
@@ -179,9 +192,9 @@ class Linear(nnx.Module):
         self.bias = optional_param(params, f"{prefix}.bias")
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = jnp.matmul(x, self.weight[...], precision=MATMUL_PRECISION)
+        y = jnp.matmul(x, cast(self.weight[...], x.dtype), precision=MATMUL_PRECISION)
         if self.bias is not None:
-            y = y + self.bias[...]
+            y = y + cast(self.bias[...], x.dtype)
         return y
 
 
@@ -220,7 +233,7 @@ class LayerNorm(nnx.Module):
         else:
             std = jnp.sqrt((centered * centered).sum(axis=-1, keepdims=True) / (x.shape[-1] - 1))
             normed = centered / (std + self.eps)
-        return (normed * self.weight[...] + self.bias[...]).astype(dtype)
+        return (normed * cast(self.weight[...], dtype) + cast(self.bias[...], dtype)).astype(dtype)
 
 
 def activation(name: str, x: jax.Array) -> jax.Array:
@@ -463,9 +476,9 @@ class Embedding(nnx.Module):
     def __init__(self, params: Mapping[str, jax.Array], prefix: str):
         self.weight = nnx.Param(params[f"{prefix}.weight"])
 
-    def __call__(self, ids: jax.Array) -> jax.Array:
+    def __call__(self, ids: jax.Array, dtype) -> jax.Array:
         # The ids were checked on the host: JAX would clamp an out-of-range id here, not fail.
-        return self.weight[...][ids]  # (B, L, D)
+        return cast(self.weight[...][ids], dtype)  # (B, L, D): the looked-up rows cast, not the table
 
 
 class Encoder(nnx.Module):
@@ -526,12 +539,12 @@ class Output(nnx.Module):
         self.scale_logits = config.scale_logits
 
     def __call__(self, y: jax.Array, tied_embedding: Embedding) -> jax.Array:
-        weight = tied_embedding.weight[...].T if self.weight is None else self.weight[...]  # (D, V)
+        weight = cast(tied_embedding.weight[...].T if self.weight is None else self.weight[...], y.dtype)  # (D, V)
         logits = jnp.matmul(y, weight, precision=MATMUL_PRECISION)  # (B, T, V)
         if self.scale_logits:
             logits = logits / math.sqrt(y.shape[-1])
         if self.bias is not None:
-            logits = logits + self.bias[...]
+            logits = logits + cast(self.bias[...], y.dtype)
         return logits
 
 
@@ -549,6 +562,16 @@ class Model(nnx.Module):
     parameters live and every computation runs; one that is not present is an `InputError`.
     float64 needs 64-bit JAX (see `impl_jax.enable_x64`).
 
+    `param_dtype` (keyword-only; any of `SUPPORTED_DTYPES`; default None: `dtype`) stores the
+    parameters in another dtype than the one the model computes in (Flax's `param_dtype` /
+    `dtype`): `Model(config, params32, "float64", param_dtype="float32")` holds the float32 values
+    as they are (half a float64 model's memory) and widens each where it is used (`cast`),
+    exactly, so every output equals the float64 model's built from the same values, bit for bit;
+    float32 parameters with `dtype="bfloat16"` is mixed precision. `dtype` stays the compute
+    dtype; `loss_and_grads` returns gradients in `param_dtype` (jax.grad's: computed in `dtype`,
+    rounded once). The parameters' dtype is part of what an executable is compiled for. Either
+    dtype being float64 needs 64-bit JAX.
+
     `buckets` (e.g. (8, 16, 32)) pads every source and target length up to the next bucket
     (lengths above the last bucket go to `max_len`), so that at most len(buckets) + 1 lengths per
     side are ever compiled; results on the real positions equal the unpadded ones within rounding.
@@ -557,8 +580,9 @@ class Model(nnx.Module):
     backend = "jax"
 
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array] | None = None, dtype=None, *,
-                 device=None, buckets=None):
-        params, self.dtype = host.prepare_params(config, params, dtype, SUPPORTED_DTYPES, host.resolve_device(device))
+                 device=None, param_dtype=None, buckets=None):
+        params, self.dtype = host.prepare_params(config, params, dtype, SUPPORTED_DTYPES, host.resolve_device(device),
+                                                 param_dtype=param_dtype)
         self.config = config
         self.buckets = host.check_buckets(buckets)
         self.encoder = Encoder(config, params, self.dtype)
@@ -573,6 +597,11 @@ class Model(nnx.Module):
         flat = {".".join(str(part) for part in path): variable[...]
                 for path, variable in nnx.to_flat_state(nnx.state(self, nnx.Param))}
         return {name: flat[name] for name in param_shapes(self.config)}
+
+    @property
+    def param_dtype(self) -> np.dtype:
+        """The dtype the parameters are stored in (`dtype` is the one they are computed in)."""
+        return self.encoder.embedding.weight[...].dtype
 
     @property
     def device(self) -> jax.Device:
@@ -603,10 +632,10 @@ class Model(nnx.Module):
 
     def embed(self, ids: jax.Array, embedding: Embedding, position: Positions) -> jax.Array:
         """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions."""
-        x = embedding(ids)  # (B, L, D)
+        x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        return x + position(ids.shape[1])
+        return x + position(ids.shape[1], self.dtype)
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
@@ -620,7 +649,7 @@ class Model(nnx.Module):
             shapes = expected_mask_shapes(self.config, batch, src_len, 1)
             derived = padding_mask(src_ids, self.config.pad_id)
             src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
-        host.check_runnable(self.dtype)
+        host.check_runnable(self.dtype, param_dtype=self.param_dtype)
         padding = host.Padding(self.config, self.buckets, src_len=src_len)
         args = (padding.ids(src_ids, "src"), padding.mask(src_mask, keys="src"), padding.real("src"))
         static = {}
@@ -667,7 +696,7 @@ class Model(nnx.Module):
         else:
             shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
             tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
-        host.check_runnable(self.dtype)
+        host.check_runnable(self.dtype, param_dtype=self.param_dtype)
         cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
         padding = host.Padding(self.config, self.buckets, src_len=encoded.memory.shape[1], tgt_len=tgt_len)
         args = (padding.ids(tgt_ids, "tgt"), padding.mask(tgt_mask, queries="tgt", keys="tgt"),
@@ -704,7 +733,7 @@ class Model(nnx.Module):
         y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real=tgt_real, src_real=src_real, dropout=dropout)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias[...]
+            logits = logits + cast(self.final_logits_bias[...], logits.dtype)
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
         out.logits = logits
         if not return_attention:
@@ -764,9 +793,11 @@ class Model(nnx.Module):
         which is PyTorch's `cross_entropy(..., ignore_index=pad_id, label_smoothing=ε)`. Returns
         the loss (a 0-d array, at least float32) and the gradients as a dict keyed by the
         canonical parameter names, each of its parameter's shape and dtype, on the model's
-        device. Ids and labels are checked on the host first, then one compiled executable per
-        (config, dtype, shapes) runs (`impl_jax.compiled`, bounded like the forward); ε is an
-        argument of it, not a constant, so a new ε does not recompile. `dropout`: as for a call.
+        device. With a `param_dtype` other than `dtype` the gradients are computed in `dtype` and
+        each is rounded once to `param_dtype`. Ids and labels are checked on the host first, then
+        one compiled executable per (config, dtype, shapes) runs (`impl_jax.compiled`, bounded
+        like the forward); ε is an argument of it, not a constant, so a new ε does not recompile.
+        `dropout`: as for a call.
         """
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
@@ -777,7 +808,7 @@ class Model(nnx.Module):
         batch, src_len = src_ids.shape
         encoder_drop = host_dropout(self.config, dropout, "encoder", batch, src_len)
         decoder_drop = host_dropout(self.config, dropout, "decoder", batch, tgt_ids.shape[1])
-        host.check_runnable(self.dtype)
+        host.check_runnable(self.dtype, param_dtype=self.param_dtype)
         src_mask, tgt_mask = make_masks(self.config, src_ids, tgt_ids)
         args, static = (src_ids, tgt_ids, src_mask, tgt_mask, labels, epsilon), {}
         if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
@@ -815,8 +846,18 @@ class Model(nnx.Module):
             per_token = (1 - epsilon) * nll + epsilon * smooth  # (B, T)
             return jnp.where(counted, per_token, 0).sum() / counted.sum()
 
-        loss, grads = nnx.value_and_grad(loss_fn)(self)
-        flat = {".".join(str(part) for part in path): variable[...] for path, variable in nnx.to_flat_state(grads)}
+        if self.param_dtype == self.dtype:
+            loss, grads = nnx.value_and_grad(loss_fn)(self)
+        else:
+            # Differentiated at copies of the parameters in the compute dtype, each gradient then
+            # rounded once to param_dtype. Through `cast` at each use, jax.grad would round every
+            # use's gradient to param_dtype and sum them there (a shared or tied embedding, the
+            # scatter-add of looked-up rows): an ulp away from the compute-dtype gradient.
+            graphdef, params, rest = nnx.split(self, nnx.Param, ...)
+            params = jax.tree.map(lambda w: cast(w, self.dtype), params)
+            loss, grads = jax.value_and_grad(lambda p: loss_fn(nnx.merge(graphdef, p, rest)))(params)
+        flat = {".".join(str(part) for part in path): cast(variable[...], self.param_dtype)
+                for path, variable in nnx.to_flat_state(grads)}
         return loss, {name: flat[name] for name in param_shapes(self.config)}
 
     # Generation ------------------------------------------------------------------------------
@@ -828,7 +869,7 @@ class Model(nnx.Module):
 
     def start_cache(self, encoded: Encoded, length: int) -> DecoderCache:
         """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
-        host.check_runnable(self.dtype)
+        host.check_runnable(self.dtype, param_dtype=self.param_dtype)
         cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
         (cache,) = compiled.call(self, Model._start_cache, (encoded.memory, cross_mask), self.device, length=length)
         return cache
@@ -855,7 +896,7 @@ class Model(nnx.Module):
         tgt_ids = self._ids("tgt_ids", np.asarray(tgt_ids).reshape(-1, 1), self.config.tgt_vocab_size)
         if int(cache.length) >= cache.tgt_ids.shape[1]:
             raise InputError("cache", f"is full: it holds {cache.tgt_ids.shape[1]} positions")
-        host.check_runnable(self.dtype)
+        host.check_runnable(self.dtype, param_dtype=self.param_dtype)
         logits, advanced = compiled.call(self, Model._decode_step, (tgt_ids[:, 0], cache), self.device)
         cache.__dict__.update(advanced.__dict__)  # in place, as in the other backends
         return logits
@@ -868,14 +909,14 @@ class Model(nnx.Module):
                              tgt_ids=jax.lax.dynamic_update_slice_in_dim(cache.tgt_ids, tgt_ids[:, None], t, axis=1))
         self_mask = step_mask(self.config, cache.tgt_ids, t)  # (B, 1, 1, L)
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
-        y = embedding(tgt_ids[:, None])  # (B, 1, D)
+        y = embedding(tgt_ids[:, None], self.dtype)  # (B, 1, D)
         if self.config.scale_embedding:
             y = y * math.sqrt(self.config.d_model)
-        y = y + self.decoder.position.at(t)
+        y = y + self.decoder.position.at(t, self.dtype)
         y = self.decoder.step(y, cache, self_mask, cache.cross_mask)
         logits = self.output(y, embedding)[:, 0]  # (B, V)
         if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias[...]
+            logits = logits + cast(self.final_logits_bias[...], logits.dtype)
         cache.length = t + 1
         return logits, cache
 

@@ -35,8 +35,8 @@ def save_state(model: Model, path: str | os.PathLike) -> None:
                                                          config=ocp.args.JsonSave(model.config.to_dict())))
 
 
-def load_state(path: str | os.PathLike, dtype=None, *, buckets=None) -> Model:
-    """A `Model` from a `save_state` directory; `dtype` casts as in `Model`. A directory that is not
+def load_state(path: str | os.PathLike, dtype=None, *, param_dtype=None, buckets=None) -> Model:
+    """A `Model` from a `save_state` directory; `dtype` and `param_dtype` cast as in `Model`. A directory that is not
     such a checkpoint, or whose config or parameters do not validate, is a `CheckpointError`."""
     import orbax.checkpoint as ocp
 
@@ -56,6 +56,7 @@ def load_state(path: str | os.PathLike, dtype=None, *, buckets=None) -> Model:
     if not isinstance(params, dict):
         raise CheckpointError(path, "its params item is not a tree of named arrays")
     try:
-        return Model(config, {k: np.asarray(v) for k, v in flatten_dotted(params).items()}, dtype=dtype, buckets=buckets)
+        return Model(config, {k: np.asarray(v) for k, v in flatten_dotted(params).items()}, dtype=dtype,
+                     param_dtype=param_dtype, buckets=buckets)
     except (ValueError, KeyError) as exc:
         raise CheckpointError(path, f"its parameters do not fit its config: {exc}") from None

@@ -54,7 +54,7 @@ class Adam:
         self.d_model, self.warmup, self.betas, self.eps = check_adam(d_model, warmup, betas, eps)
         self.model = model
         self.steps = 0
-        host.check_runnable(model.dtype)
+        host.check_runnable(model.dtype, param_dtype=model.param_dtype)
         self.state = transform(self.d_model, self.warmup, *self.betas, self.eps).init(model.params)
 
     @property
@@ -66,7 +66,7 @@ class Adam:
         """One update of every parameter from `grads` (a dict by canonical name); returns the
         learning rate it used."""
         check_grads(param_shapes(self.model.config), list(grads), lambda name: np.shape(grads[name]))
-        host.check_runnable(self.model.dtype)
+        host.check_runnable(self.model.dtype, param_dtype=self.model.param_dtype)
         lr = self.lr
         params = self.model.params
         grads = {name: jnp.asarray(grads[name], params[name].dtype) for name in params}

@@ -23,15 +23,17 @@ from impl_numpy.model import (
 from impl_numpy.precision import full_precision, precision_settings, to_numpy
 
 
-def load(path: str | os.PathLike, dtype=None, *, device=None) -> Model:
+def load(path: str | os.PathLike, dtype=None, *, device=None, param_dtype=None) -> Model:
     """A `Model` from a checkpoint file; `dtype` casts the parameters (float32 or float64).
-    `device` is the host, "cpu" (the same surface as the other backends)."""
+    `device` is the host, "cpu" (the same surface as the other backends). `param_dtype` stores
+    them in another dtype than `dtype`, as in `Model`."""
     config, params = checkpoint.load(path)
-    return Model(config, params, dtype, device=device)
+    return Model(config, params, dtype, device=device, param_dtype=param_dtype)
 
 
 def save(model: Model, path: str | os.PathLike) -> None:
-    """Write the model's config and parameters as a canonical checkpoint."""
+    """Write the model's config and parameters as a canonical checkpoint, in the dtype they are
+    stored in (`model.param_dtype`)."""
     checkpoint.save(path, model.config, model.params)
 
 from impl_numpy.train import Adam, train_step  # the paper's optimizer (docs/training.md)

@@ -11,6 +11,11 @@ JAX gradients are judged against, so it is written out, never fused or approxima
 Notation: `d_x` is dLoss/dx, an array of x's shape. A parameter's gradient is summed over every
 position that used the parameter; `grads` maps canonical names (`param_shapes(config)`) to them.
 
+Dtypes. Everything here runs in the model's compute `dtype`: a parameter stored in another
+`param_dtype` is read through the forward's `cast` (as the forward reads it), the gradients are
+accumulated in `dtype`, and each is rounded once to `param_dtype` at the very end, which is what
+autograd gives for a parameter stored in that dtype.
+
 Padding. The loss selects the positions that count (labels != pad_id) and never looks at the
 others. With a `-inf` fill a query with no key to attend to gives a NaN row (0 / 0), and the
 NaN travels down its position, but it can never reach a finite loss: every use of a NaN in a
@@ -34,6 +39,7 @@ from typing import Iterator
 import numpy as np
 
 from conformance.core.params import param_shapes
+from impl_numpy import model as forward  # `forward.cast`: read at call time, so the mutual import is safe
 
 Grads = dict  # canonical parameter name -> gradient, the parameter's shape and dtype
 
@@ -94,7 +100,7 @@ def linear_backward(linear, prefix: str, d_y: np.ndarray, grads: Grads) -> np.nd
     grads[f"{prefix}.weight"] += x.reshape(-1, d_in).T @ d_y.reshape(-1, d_out)  # (d_in, d_out)
     if linear.bias is not None:
         grads[f"{prefix}.bias"] += d_y.reshape(-1, d_out).sum(axis=0)
-    return d_y @ linear.weight.T
+    return d_y @ forward.cast(linear.weight, d_y.dtype).T
 
 
 def layer_norm_backward(norm, prefix: str, d_y: np.ndarray, grads: Grads) -> np.ndarray:
@@ -111,7 +117,7 @@ def layer_norm_backward(norm, prefix: str, d_y: np.ndarray, grads: Grads) -> np.
         normed = centered / (std + norm.eps)
     grads[f"{prefix}.weight"] += (d_y * normed).reshape(-1, d).sum(axis=0)
     grads[f"{prefix}.bias"] += d_y.reshape(-1, d).sum(axis=0)
-    d_normed = d_y * norm.weight
+    d_normed = d_y * forward.cast(norm.weight, d_y.dtype)
     if norm.form in ("standard", "fast-variance"):
         # n = c r, r = (mean(c^2) + eps)^(-1/2). The three terms: dn itself; the mean that c
         # subtracts; and the variance, which depends on every element of the row:
@@ -339,10 +345,10 @@ def output_backward(output, config, tied_embedding, d_logits: np.ndarray, grads:
     flat_y = y.reshape(-1, config.d_model)  # (B*T, D)
     flat_d = d_logits.reshape(-1, config.tgt_vocab_size)  # (B*T, V)
     if output.weight is None:
-        weight = tied_embedding.weight.T  # (D, V)
+        weight = forward.cast(tied_embedding.weight, d_logits.dtype).T  # (D, V)
         grads[tied_name(config)] += flat_d.T @ flat_y  # (V, D)
     else:
-        weight = output.weight
+        weight = forward.cast(output.weight, d_logits.dtype)
         grads["output.weight"] += flat_y.T @ flat_d  # (D, V)
     return d_logits @ weight.T  # (B, T, D)
 
@@ -387,7 +393,8 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray, pad_id: int, label_smo
 def loss_and_grads(model, src_ids: np.ndarray, tgt_ids: np.ndarray, labels: np.ndarray,
                    label_smoothing: float, out, dropout=None) -> tuple:
     """The backward pass of `model`'s forward call `out = model(src_ids, tgt_ids, dropout=dropout)`,
-    which has just run and left its caches on the modules. Returns (loss, grads)."""
+    which has just run and left its caches on the modules. Returns (loss, grads): the gradients
+    computed in the model's `dtype`, each cast once to its `param_dtype` at the end."""
     config = model.config
     grads = {name: np.zeros(shape, model.dtype) for name, shape in param_shapes(config).items()}
     loss, d_logits = cross_entropy(out.logits, labels, config.pad_id, label_smoothing)  # (B, T, V)
@@ -405,4 +412,4 @@ def loss_and_grads(model, src_ids: np.ndarray, tgt_ids: np.ndarray, labels: np.n
     # The embeddings: with shared embeddings both lookups add to encoder.embedding.weight.
     embed_backward(config, tied_name(config), "decoder.position", tgt_ids, d_y, grads)
     embed_backward(config, "encoder.embedding.weight", "encoder.position", src_ids, d_x, grads)
-    return loss, grads
+    return loss, {name: forward.cast(g, model.param_dtype) for name, g in grads.items()}

@@ -115,15 +115,24 @@ class Positions:
         else:
             self.table = sinusoid_table(config.max_len, config.d_model, config.position).astype(dtype)
 
-    def __call__(self, length: int) -> np.ndarray:
-        return self.table[None, :length, :]  # (1, L, D)
+    def __call__(self, length: int, dtype) -> np.ndarray:
+        return cast(self.table[None, :length, :], dtype)  # (1, L, D)
 
-    def at(self, position: int) -> np.ndarray:
+    def at(self, position: int, dtype) -> np.ndarray:
         """The term of one position, for a cached decoding step."""
-        return self.table[None, position:position + 1, :]  # (1, 1, D)
+        return cast(self.table[None, position:position + 1, :], dtype)  # (1, 1, D)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
+# Parameters are stored in the model's `param_dtype` and computed in its `dtype` (Flax's
+# `param_dtype` / `dtype` split): every read of a parameter goes through `cast`, which widens or
+# rounds it to the dtype of the computation it enters (the activations' dtype), and is the array
+# itself when the two agree (`param_dtype=None`, the default: no cast, no copy).
+
+
+def cast(w: np.ndarray, dtype) -> np.ndarray:
+    """w in `dtype`: w itself when it already is, else one rounding (exact when it widens)."""
+    return w if w.dtype == dtype else w.astype(dtype)
 
 
 class Linear:
@@ -135,9 +144,9 @@ class Linear:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         self.input = backprop.kept(x)  # for the backward pass (impl_numpy/backward.py), as every cache below
-        y = x @ self.weight
+        y = x @ cast(self.weight, x.dtype)
         if self.bias is not None:
-            y = y + self.bias
+            y = y + cast(self.bias, x.dtype)
         return y
 
 
@@ -169,7 +178,7 @@ class LayerNorm:
         else:
             std = np.sqrt((centered * centered).sum(axis=-1, keepdims=True) / (x.shape[-1] - 1))
             normed = centered / (std + self.eps)
-        return normed * self.weight + self.bias
+        return normed * cast(self.weight, x.dtype) + cast(self.bias, x.dtype)
 
 
 def activation(name: str, x: np.ndarray) -> np.ndarray:
@@ -382,8 +391,8 @@ class Embedding:
     def __init__(self, params: Mapping[str, np.ndarray], prefix: str):
         self.weight = params[f"{prefix}.weight"]
 
-    def __call__(self, ids: np.ndarray) -> np.ndarray:
-        return self.weight[ids]  # (B, L, D)
+    def __call__(self, ids: np.ndarray, dtype) -> np.ndarray:
+        return cast(self.weight[ids], dtype)  # (B, L, D): the looked-up rows cast, not the table
 
 
 class Encoder:
@@ -441,12 +450,12 @@ class Output:
 
     def __call__(self, y: np.ndarray, tied_embedding: Embedding) -> np.ndarray:
         self.input = backprop.kept(y)
-        weight = tied_embedding.weight.T if self.weight is None else self.weight  # (D, V)
+        weight = cast(tied_embedding.weight.T if self.weight is None else self.weight, y.dtype)  # (D, V)
         logits = y @ weight  # (B, T, V)
         if self.scale_logits:
             logits = logits / math.sqrt(y.shape[-1])
         if self.bias is not None:
-            logits = logits + self.bias
+            logits = logits + cast(self.bias, y.dtype)
         return logits
 
 
@@ -460,14 +469,23 @@ class Model:
     NumPy arrays (None: the seeded `init_params(config)`, float64); `dtype` casts them (float32 or
     float64; default: their own dtype); the cast values must be finite too. `device` is accepted
     for the same surface as the other backends: NumPy runs on the host, "cpu".
+
+    `param_dtype` (keyword-only; float32 or float64; default None: `dtype`) stores the parameters
+    in another dtype than the one the model computes in: `Model(config, params32, "float64",
+    param_dtype="float32")` holds the float32 values as they are (half a float64 model's memory)
+    and widens each where it is used (`cast`), which is exact, so every output equals the float64
+    model's built from the same values, bit for bit. `dtype` stays the compute dtype (activations,
+    logits, scores); `param_dtype` is the storage's, and `loss_and_grads` returns gradients in it
+    (computed in `dtype`, each rounded once at the end), so an optimizer updates the stored values.
     """
 
     backend = "numpy"
 
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray] | None = None, dtype=None, *,
-                 device: str | None = None):
+                 device: str | None = None, param_dtype=None):
         check_device(self.backend, "cpu" if device is None else device, ("cpu",))
-        params, dtype_name = prepare_params(config, params, dtype, self.backend, SUPPORTED_DTYPES)
+        params, dtype_name = prepare_params(config, params, dtype, self.backend, SUPPORTED_DTYPES,
+                                            param_dtype=param_dtype)
         self.dtype = np.dtype(dtype_name)
         self.config = config
         self.params = params
@@ -475,6 +493,11 @@ class Model:
         self.decoder = Decoder(config, params, self.dtype)
         self.output = Output(config, params)
         self.final_logits_bias = params.get("final_logits_bias")
+
+    @property
+    def param_dtype(self) -> np.dtype:
+        """The dtype the parameters are stored in (`dtype` is the one they are computed in)."""
+        return self.encoder.embedding.weight.dtype
 
     @property
     def device(self) -> str:
@@ -500,10 +523,10 @@ class Model:
 
     def embed(self, ids: np.ndarray, embedding: Embedding, position: Positions) -> np.ndarray:
         """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions."""
-        x = embedding(ids)  # (B, L, D)
+        x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        return x + position(ids.shape[1])
+        return x + position(ids.shape[1], self.dtype)
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
@@ -554,7 +577,7 @@ class Model:
                               dropout=dropout)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias
+            logits = logits + cast(self.final_logits_bias, logits.dtype)
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
         if sink is not None:  # the sink has had every other tensor; the output keeps none of them
             sink("logits", logits)
@@ -634,14 +657,14 @@ class Model:
         cache.tgt_ids[:, t] = tgt_ids[:, 0]
         self_mask = step_mask(self.config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
-        y = embedding(tgt_ids)  # (B, 1, D)
+        y = embedding(tgt_ids, self.dtype)  # (B, 1, D)
         if self.config.scale_embedding:
             y = y * math.sqrt(self.config.d_model)
-        y = y + self.decoder.position.at(t)
+        y = y + self.decoder.position.at(t, self.dtype)
         y = self.decoder.step(y, cache, self_mask, cache.cross_mask)
         logits = self.output(y, embedding)[:, 0]  # (B, V)
         if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias
+            logits = logits + cast(self.final_logits_bias, logits.dtype)
         cache.length = t + 1
         return logits
 

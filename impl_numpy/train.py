@@ -39,7 +39,8 @@ class Adam:
         # backend's model was built from: JAX on the CPU can alias a NumPy buffer). Updating those in
         # place would change them behind the caller's back, so the model is rebuilt once on private
         # copies, which the steps then update in place (its layers hold these very arrays).
-        model.__init__(model.config, {name: np.array(value) for name, value in model.params.items()}, model.dtype)
+        model.__init__(model.config, {name: np.array(value) for name, value in model.params.items()}, model.dtype,
+                       param_dtype=model.param_dtype)
         self.m = {name: np.zeros_like(value) for name, value in model.params.items()}
         self.v = {name: np.zeros_like(value) for name, value in model.params.items()}
 

@@ -34,17 +34,20 @@ from impl_torch.model import (
 from impl_torch.precision import full_precision, precision_settings
 
 
-def load(path: str | os.PathLike, dtype: Any = None, *, device: torch.device | str | None = None) -> Model:
+def load(path: str | os.PathLike, dtype: Any = None, *, device: torch.device | str | None = None,
+         param_dtype: Any = None) -> Model:
     """A `Model` from a checkpoint file on `device` (default: the CPU), in `eval()` mode as
     PyTorch's loaded models are for inference (call `.train()` to fine-tune); `dtype` casts the
-    parameters (default: the stored dtype; float32, float64, float16 or bfloat16)."""
+    parameters (default: the stored dtype; float32, float64, float16 or bfloat16); `param_dtype`
+    stores them in another dtype than `dtype`, as in `Model`."""
     config, params = checkpoint.load(path)
-    return Model(config, params, dtype, device=device).eval()
+    return Model(config, params, dtype, device=device, param_dtype=param_dtype).eval()
 
 
 def save(model: Model, path: str | os.PathLike) -> None:
     """Write the model's config and parameters as a canonical checkpoint (atomically), in the
-    model's current dtype, so a model trained or converted in PyTorch can go to any backend."""
+    dtype they are stored in (`model.param_dtype`), so a model trained or converted in PyTorch
+    can go to any backend."""
     checkpoint.save(path, model.config, {name: to_numpy(value) for name, value in model.state_dict().items()})
 
 from impl_torch.train import Adam, train_step  # the paper's optimizer (docs/training.md)

@@ -136,15 +136,28 @@ class Positions(nn.Module):
         kind = "stored table" if isinstance(self.table, nn.Parameter) else "sinusoid buffer"
         return f"{kind} {tuple(self.table.shape)}"
 
-    def forward(self, length: int) -> torch.Tensor:
-        return self.table[None, :length, :]  # (1, L, D)
+    def forward(self, length: int, dtype: torch.dtype) -> torch.Tensor:
+        return cast(self.table[None, :length, :], dtype)  # (1, L, D)
 
-    def at(self, position: int) -> torch.Tensor:
+    def at(self, position: int, dtype: torch.dtype) -> torch.Tensor:
         """The term of one position, for a cached decoding step."""
-        return self.table[None, position:position + 1, :]  # (1, 1, D)
+        return cast(self.table[None, position:position + 1, :], dtype)  # (1, 1, D)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
+# Parameters are stored in the model's `param_dtype` and computed in its `dtype` (Flax's
+# `param_dtype` / `dtype` split): every read of a parameter goes through `cast`, which widens or
+# rounds it to the dtype of the computation it enters (the activations' dtype), and is the array
+# itself when the two agree (`param_dtype=None`, the default: no cast, no copy).
+
+
+def cast(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """w in `dtype`: w itself when it already is, else one rounding (exact when it widens).
+
+    One exception: torch rounds float64 to float16 through float32, so float64 parameters computed
+    in float16 differ from NumPy's direct rounding (the core's up-front cast) in about one value in
+    20000, by one float16 ulp (measured on 2e6 values; bfloat16 and float32 targets agree)."""
+    return w if w.dtype == dtype else w.to(dtype)
 
 
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
@@ -169,9 +182,10 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bias is None:
-            return x @ self.weight
+            return x @ cast(self.weight, x.dtype)
         # One fused GEMM (bias as the C of C + A B) over the flattened leading axes.
-        y = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)  # (B * L, d_out)
+        weight, bias = cast(self.weight, x.dtype), cast(self.bias, x.dtype)
+        y = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight)  # (B * L, d_out)
         return y.view(*x.shape[:-1], -1)  # (B, L, d_out)
 
 
@@ -201,7 +215,7 @@ class LayerNorm(nn.Module):
         if self.form == "standard":
             # PyTorch's fused kernel computes exactly the standard form (biased variance, eps
             # inside the root), accumulating float16/bfloat16 inputs in float32.
-            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+            return F.layer_norm(x, (x.shape[-1],), cast(self.weight, x.dtype), cast(self.bias, x.dtype), self.eps)
         x32 = at_least_float32(x)
         mean = x32.mean(dim=-1, keepdim=True)
         centered = x32 - mean
@@ -211,7 +225,7 @@ class LayerNorm(nn.Module):
         else:
             std = torch.sqrt((centered * centered).sum(dim=-1, keepdim=True) / (x.shape[-1] - 1))
             normed = centered / (std + self.eps)
-        return (normed * self.weight + self.bias).to(x.dtype)
+        return (normed * cast(self.weight, x.dtype) + cast(self.bias, x.dtype)).to(x.dtype)
 
 
 def activation(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -480,8 +494,8 @@ class Embedding(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)  # (B, L, D)
+    def forward(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return cast(F.embedding(ids, self.weight), dtype)  # (B, L, D): the looked-up rows cast, not the table
 
 
 class Encoder(nn.Module):
@@ -546,15 +560,15 @@ class Output(nn.Module):
         self.scale_logits = config.scale_logits
 
     def forward(self, y: torch.Tensor, tied_embedding: Embedding) -> torch.Tensor:
-        weight = tied_embedding.weight.T if self.weight is None else self.weight  # (D, V)
+        weight = cast(tied_embedding.weight.T if self.weight is None else self.weight, y.dtype)  # (D, V)
         if self.scale_logits:
             logits = (y @ weight) / math.sqrt(y.shape[-1])  # (B, T, V)
-            return logits if self.bias is None else logits + self.bias
+            return logits if self.bias is None else logits + cast(self.bias, y.dtype)
         if self.bias is None:
             return y @ weight  # (B, T, V)
         # The bias rides in the GEMM: at V = 32000 a separate `+ b` is another pass over (and a
         # fresh allocation of) the largest tensor of the forward pass.
-        logits = torch.addmm(self.bias, y.reshape(-1, y.shape[-1]), weight)  # (B * T, V)
+        logits = torch.addmm(cast(self.bias, y.dtype), y.reshape(-1, y.shape[-1]), weight)  # (B * T, V)
         return logits.view(*y.shape[:-1], -1)  # (B, T, V)
 
 
@@ -576,18 +590,36 @@ class Model(nn.Module):
     `torch.inference_mode()` and autograd all apply. `.to(dtype)` casts the sinusoid buffer along
     with the parameters, like any buffer. Under `torch.compile` the input checks stay eager (they
     read ids on the host), so the tensor work compiles as a few graphs, not one `fullgraph`.
+
+    `param_dtype` (keyword-only; any of `SUPPORTED_DTYPES`; default None: `dtype`) stores the
+    parameters in another dtype than the one the model computes in: `Model(config, params32,
+    torch.float64, param_dtype=torch.float32)` holds the float32 values as they are (half a
+    float64 model's memory) and widens each where it is used (`cast`), exactly, so every output
+    equals the float64 model's built from the same values, bit for bit; float32 parameters with
+    `dtype=torch.float16` is mixed precision. Without `param_dtype` the compute dtype follows the
+    parameters, as in any module (`.to(torch.float16)` makes a float16 model). With it, the
+    compute dtype is fixed at construction: `.to(dtype)` (and `.half()`, `.double()`, ...) then
+    recasts the storage only, and the sinusoid buffer stays in the compute dtype. Gradients
+    (`loss_and_grads`) come in `param_dtype`, each computed in `dtype` and rounded once (autograd
+    through `cast` itself, e.g. `loss.backward()`, rounds each use's gradient and sums them in
+    `param_dtype`, as mixed-precision training does).
     """
 
     backend = "torch"
 
     def __init__(self, config: ModelConfig, params: Mapping[str, Any] | None = None, dtype: Any = None, *,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, param_dtype: Any = None):
         super().__init__()
         device = resolve_device(device)
         # Checked, cast and re-checked on the host by the core, like every backend's parameters.
         params, model_dtype = prepare_params(config, params, None if dtype is None else dtype_name(dtype),
-                                             self.backend, SUPPORTED_DTYPES, as_numpy=to_numpy)
-        dtype = getattr(torch, model_dtype)
+                                             self.backend, SUPPORTED_DTYPES, as_numpy=to_numpy,
+                                             param_dtype=None if param_dtype is None else dtype_name(param_dtype))
+        stored = next(iter(params.values())).dtype.name  # the parameters' dtype: param_dtype, or model_dtype
+        # None: the compute dtype follows the parameters (`.to(torch.float16)` makes a float16
+        # model); with `param_dtype` it is fixed here, and `.to(dtype)` recasts the storage only.
+        self._compute_dtype = None if param_dtype is None else getattr(torch, model_dtype)
+        dtype = getattr(torch, stored)
         self.config = config
         # Factory functions inside create the (still uninitialised) tensors on `device` directly.
         with torch.device(device):
@@ -602,10 +634,30 @@ class Model(nn.Module):
         if state.keys() != params.keys():  # the core checked the names against the config: a bug here
             raise RuntimeError(f"the module's parameters differ from the checkpoint's: {sorted(state.keys() ^ params.keys())}")
         for key in list(params):
-            state[key].copy_(to_torch(params.pop(key), model_dtype))
+            state[key].copy_(to_torch(params.pop(key), stored))
+        if self._compute_dtype is not None:
+            self._apply(lambda t: t)  # the sinusoid buffer in the compute dtype (see `_apply`)
+
+    def _apply(self, fn, recurse: bool = True):
+        """`nn.Module`'s hook under `.to()`, `.half()`, `.cuda()`, ...: with a fixed compute dtype
+        (`param_dtype` given) a dtype change recasts the parameters only, and the sinusoid buffer
+        is kept in the compute dtype, computed again from float64 where it was recast."""
+        super()._apply(fn, recurse)
+        if self._compute_dtype is not None:
+            for position in (self.encoder.position, self.decoder.position):
+                if not isinstance(position.table, nn.Parameter) and position.table.dtype != self._compute_dtype:
+                    table = sinusoid_table(self.config.max_len, self.config.d_model, self.config.position)
+                    position.table = to_torch(table, dtype_name(self._compute_dtype)).to(position.table.device)
+        return self
 
     @property
     def dtype(self) -> torch.dtype:
+        """The compute dtype: the parameters' own, unless `param_dtype` fixed it at construction."""
+        return self.encoder.embedding.weight.dtype if self._compute_dtype is None else self._compute_dtype
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The dtype the parameters are stored in (`dtype` is the one they are computed in)."""
         return self.encoder.embedding.weight.dtype
 
     @property
@@ -646,10 +698,10 @@ class Model(nn.Module):
 
     def embed(self, ids: torch.Tensor, embedding: Embedding, position: Positions) -> torch.Tensor:
         """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions."""
-        x = embedding(ids)  # (B, L, D)
+        x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        return x + position(ids.shape[1])
+        return x + position(ids.shape[1], self.dtype)
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
@@ -704,7 +756,7 @@ class Model(nn.Module):
                               dropout=dropout)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias
+            logits = logits + cast(self.final_logits_bias, logits.dtype)
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
         if sink is not None:  # the sink has had every other tensor; the output keeps none of them
             sink("logits", logits)
@@ -743,9 +795,11 @@ class Model(nn.Module):
         which is `F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=pad_id,
         label_smoothing=ε)`. Returns the loss (a 0-d tensor, at least float32) and the gradients
         as a dict keyed by the canonical parameter names (`state_dict()`'s), each of its
-        parameter's shape and dtype, on the model's device. The ids are checked as by `forward`;
-        labels (B, T) must be target ids with at least one that is not `pad_id`. `dropout`: as for
-        `forward` (masks from `conformance.core.dropout.draw_dropout`), None for none.
+        parameter's shape and dtype, on the model's device (with a `param_dtype` other than
+        `dtype`: computed in `dtype`, each rounded once to `param_dtype`). The ids are checked as
+        by `forward`; labels (B, T) must be target ids with at least one that is not `pad_id`.
+        `dropout`: as for `forward` (masks from `conformance.core.dropout.draw_dropout`), None for
+        none.
         """
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
@@ -757,6 +811,12 @@ class Model(nn.Module):
         counted = torch.tensor(labels != self.config.pad_id, device=self.device)  # (B, T)
         targets = torch.tensor(labels, dtype=torch.long, device=self.device)[counted]  # (N,)
         names, params = zip(*self.named_parameters())
+        # With a param_dtype other than dtype, autograd runs at copies of the parameters in the
+        # compute dtype, and each gradient is rounded once to param_dtype. Through `cast` at each
+        # use, autograd would round every use's gradient to param_dtype and sum them there (a
+        # shared or tied embedding, the scatter-add of looked-up rows): an ulp away.
+        mixed = self.param_dtype != self.dtype
+        leaves = [cast(p, self.dtype).detach().requires_grad_() for p in params] if mixed else list(params)
         # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
         # loss runs: a NaN activation would reach every weight gradient as 0 * NaN.
         attention = [m for m in self.modules() if isinstance(m, MultiHeadAttention)]
@@ -764,17 +824,21 @@ class Model(nn.Module):
             module.empty_rows = 0.0
         try:
             with torch.enable_grad():
-                logits = self(src_ids, tgt_ids, dropout=dropout).logits  # (B, T, V)
+                if mixed:
+                    logits = torch.func.functional_call(self, dict(zip(names, leaves)), (src_ids, tgt_ids),
+                                                        {"dropout": dropout}).logits  # (B, T, V)
+                else:
+                    logits = self(src_ids, tgt_ids, dropout=dropout).logits  # (B, T, V)
                 # The counted positions are selected before the log-softmax, never multiplied by
                 # 0: a padded row is not read at all, so a NaN there reaches neither the loss nor
                 # the gradient.
                 selected = at_least_float32(logits[counted])  # (N, V)
                 loss = F.cross_entropy(selected, targets, label_smoothing=epsilon)
-                grads = torch.autograd.grad(loss, params, materialize_grads=True)
+                grads = torch.autograd.grad(loss, leaves, materialize_grads=True)
         finally:
             for module in attention:
                 module.empty_rows = None
-        grads = dict(zip(names, grads))
+        grads = {name: cast(grad, param.dtype) for name, grad, param in zip(names, grads, params)}
         return loss.detach(), {name: grads[name] for name in param_shapes(self.config)}  # checkpoint order
 
     # Generation ------------------------------------------------------------------------------
@@ -805,14 +869,14 @@ class Model(nn.Module):
         cache.tgt_ids[:, t] = tgt_ids[:, 0]
         self_mask = step_mask(self.config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
-        y = embedding(tgt_ids)  # (B, 1, D)
+        y = embedding(tgt_ids, self.dtype)  # (B, 1, D)
         if self.config.scale_embedding:
             y = y * math.sqrt(self.config.d_model)
-        y = y + self.decoder.position.at(t)
+        y = y + self.decoder.position.at(t, self.dtype)
         y = self.decoder.step(y, cache, self_mask, cache.cross_mask)
         logits = self.output(y, embedding)[:, 0]  # (B, V)
         if self.final_logits_bias is not None:
-            logits = logits + self.final_logits_bias
+            logits = logits + cast(self.final_logits_bias, logits.dtype)
         cache.length = t + 1
         return logits
 

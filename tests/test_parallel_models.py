@@ -30,6 +30,8 @@ IDIOM_NAMES = {
 IDIOM_METHODS = {
     "extra_repr": ({"torch"}, "nn.Module's printed summary"),
     "dtype": ({"torch"}, "a property: torch reads the dtype off a parameter; the others store it"),
+    "_apply": ({"torch"}, "nn.Module's hook under .to()/.half()/.cuda(): with param_dtype given, a dtype change "
+                          "recasts the parameters only and the sinusoid buffer stays in the compute dtype"),
     "params": ({"jax"}, "a property: the flattened nnx.Param state; NumPy keeps the dict, torch has state_dict()"),
     "_encode": ({"jax"}, "the compiled part of encode (one XLA executable per shape)"),
     "_decode": ({"jax"}, "the compiled part of decode"),

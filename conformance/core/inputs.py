@@ -91,9 +91,11 @@ def check_mask(
         )
 
 
-def check_dtype(backend: str, dtype: str, supported: Sequence[str]) -> None:
+def check_dtype(backend: str, dtype: str, supported: Sequence[str], *, argument: str = "dtype") -> None:
+    """`dtype` (a name) must be one of the backend's `supported` ones; `argument` is the one blamed
+    ("dtype", the compute dtype, or "param_dtype", the dtype the parameters are stored in)."""
     if dtype not in supported:
-        raise InputError("dtype", f"the {backend} backend cannot run {dtype}; it supports {', '.join(supported)}")
+        raise InputError(argument, f"the {backend} backend cannot run {dtype}; it supports {', '.join(supported)}")
 
 
 def expected_mask_shapes(config: ModelConfig, batch: int, src_len: int, tgt_len: int):

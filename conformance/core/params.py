@@ -189,13 +189,14 @@ def check_param_set(
         raise InputError("params", f"parameters mix dtypes {found}; a model holds one dtype")
 
 
-def check_finite(name: str, nonfinite: int, size: int) -> None:
-    """NaN or infinite weights are refused: they only ever produce NaN logits far from their cause."""
+def check_finite(name: str, nonfinite: int, size: int, *, where: str = "") -> None:
+    """NaN or infinite weights are refused: they only ever produce NaN logits far from their cause.
+    `where` (keyword-only) says in which dtype, when it is not the parameter's own."""
     if nonfinite:
-        raise InputError("params", f"parameter {name!r} has {nonfinite} NaN or infinite value(s) out of {size}")
+        raise InputError("params", f"parameter {name!r} has {nonfinite} NaN or infinite value(s) out of {size}{where}")
 
 
-def check_finite_array(name: str, value: np.ndarray) -> None:
+def check_finite_array(name: str, value: np.ndarray, *, where: str = "") -> None:
     """`check_finite` for a NumPy array.
 
     float32 and float64 arrays are first checked with two reductions that allocate nothing (NaN
@@ -205,7 +206,7 @@ def check_finite_array(name: str, value: np.ndarray) -> None:
     if value.size and value.dtype in (np.float32, np.float64):
         if np.isfinite(value.min()) and np.isfinite(value.max()):
             return
-    check_finite(name, value.size - int(np.count_nonzero(np.isfinite(value))), value.size)
+    check_finite(name, value.size - int(np.count_nonzero(np.isfinite(value))), value.size, where=where)
 
 
 def check_numpy_params(
@@ -236,6 +237,11 @@ def dtype_name(dtype: Any) -> str:
         return str(dtype).removeprefix("torch.")
 
 
+def host_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a dtype name the checks accept: ml_dtypes' for "bfloat16"."""
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
 def prepare_params(
     config: ModelConfig,
     params: Mapping[str, Any] | None,
@@ -245,6 +251,7 @@ def prepare_params(
     *,
     as_numpy: Callable[[Any], np.ndarray] = np.asarray,
     default_dtype: str = "float64",
+    param_dtype: Any = None,
 ) -> tuple[dict[str, np.ndarray], str]:
     """The one parameter preparation every backend runs before it builds its model.
 
@@ -252,14 +259,21 @@ def prepare_params(
        `default_dtype`;
     2. the parameter set is checked (names, shapes, one float dtype, every value finite);
     3. the dtype is resolved (default: the parameters' own) and refused unless `supported`;
-    4. the values are cast on the host by NumPy (ml_dtypes for bfloat16): one rounding from their
-       own dtype, so every backend starts from the same weights;
+       so is `param_dtype` (keyword-only), the dtype the parameters are stored in (default:
+       `dtype`; refused as `InputError("param_dtype", ...)`);
+    4. the values are cast on the host by NumPy (ml_dtypes for bfloat16) to `param_dtype`: one
+       rounding from their own dtype, so every backend starts from the same weights;
     5. what was cast is checked for finiteness again: 1e39 is a finite float64 and an infinite
-       float32, 1e5 a finite float32 and an infinite float16.
+       float32, 1e5 a finite float32 and an infinite float16;
+    6. with a `param_dtype` whose largest value is beyond `dtype`'s (float32 parameters computed
+       in float16), the model casts each parameter to `dtype` where it is used, so each is also
+       checked finite in `dtype`: one array at a time, a temporary copy, never a second set.
+       Where `dtype` holds every `param_dtype` value (float32 in float64), nothing is copied.
 
-    Returns the host arrays, ready for the backend to place on its device, and the dtype's name.
-    `as_numpy` reads one of the backend's own arrays on the host (a CUDA or bfloat16 tensor needs
-    the backend's help).
+    Returns the host arrays in `param_dtype`, ready for the backend to place on its device, and
+    the name of `dtype` (the compute dtype; the arrays' own dtype is the storage's). `as_numpy`
+    reads one of the backend's own arrays on the host (a CUDA or bfloat16 tensor needs the
+    backend's help).
     """
     if params is None:
         params = init_params(config)
@@ -267,13 +281,19 @@ def prepare_params(
     arrays = check_numpy_params(config, params, as_numpy)
     name = dtype_name(dtype) if dtype is not None else next(iter(arrays.values())).dtype.name
     check_dtype(backend, name, supported)
-    target = np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+    stored = name if param_dtype is None else dtype_name(param_dtype)
+    check_dtype(backend, stored, supported, argument="param_dtype")
+    target, compute = host_dtype(stored), host_dtype(name)
+    narrows = ml_dtypes.finfo(compute).max < ml_dtypes.finfo(target).max
     cast = {}
     for key, value in arrays.items():
         with np.errstate(over="ignore"):  # an overflow is refused just below, by name
             cast[key] = value.astype(target, copy=False)
         if value.dtype != target:
             check_finite_array(key, cast[key])
+        if narrows:
+            with np.errstate(over="ignore"):
+                check_finite_array(key, cast[key].astype(compute), where=f" once cast to {name}, the compute dtype")
     return cast, name
 
 

@@ -1,0 +1,400 @@
+"""`param_dtype`: parameters stored in one dtype, computed in another (Flax's `param_dtype` /
+`dtype` split), in all three backends.
+
+Widening float32 -> float64 is exact, so a float64 model holding float32 parameters must give,
+bit for bit, what the float64 model built from the same float32 values gives: every attention
+map, every intermediate, the logits, the loss, generated tokens; and its gradients are the
+float64 ones rounded once to float32. Narrowing at use (float32 parameters, float16 compute) must
+equal narrowing up front (the float16 model built from the same float32 values). The batch has
+padding on both sides (a source row that is all padding); the two configs hold a stored position
+table, shared and tied embeddings and a final_logits_bias (Marian), and a sinusoid, an untied
+output with its bias and the std-eps LayerNorm (the Annotated Transformer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+from conformance import InputError, init_params
+from batches import SRC, TGT, small
+
+torch = pytest.importorskip("torch", reason="the PyTorch backend needs torch")
+jax = pytest.importorskip("jax", reason="the JAX backend needs jax")
+
+import impl_jax  # noqa: E402
+import impl_numpy  # noqa: E402
+import impl_torch  # noqa: E402
+from impl_jax import model as jax_model  # noqa: E402
+from impl_numpy import model as numpy_model  # noqa: E402
+from impl_torch import model as torch_model  # noqa: E402
+
+PACKAGES = {"numpy": impl_numpy, "torch": impl_torch, "jax": impl_jax}
+MODEL_FILES = {"numpy": numpy_model, "torch": torch_model, "jax": jax_model}
+CONFIGS = {  # 1+1 layers: every layer kind once, and JAX compiles in seconds
+    # a stored position table, shared and tied embeddings, final_logits_bias
+    "marian-table": small("hf-marian", position="table", n_encoder_layers=1, n_decoder_layers=1),
+    # a sinusoid, an untied output with its bias, the std-eps LayerNorm
+    "annotated": small("annotated-transformer", n_encoder_layers=1, n_decoder_layers=1),
+}
+MARIAN = CONFIGS["marian-table"]
+
+
+def has_jax_gpu() -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+# Each backend on each of its devices; the accelerators skip here with the reason.
+TARGETS = [
+    pytest.param("numpy", "cpu", id="numpy-cpu"),
+    pytest.param("torch", "cpu", id="torch-cpu"),
+    pytest.param("torch", "cuda", id="torch-cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False")),
+    pytest.param("jax", "cpu", id="jax-cpu"),
+    pytest.param("jax", "gpu", id="jax-gpu", marks=pytest.mark.skipif(
+        not has_jax_gpu(), reason="no JAX GPU device: jax.devices('gpu') found none")),
+]
+# Narrowing at use: float32 parameters in a half-precision compute (NumPy runs float32/64 only:
+# float64 parameters in a float32 compute).
+NARROW = [
+    pytest.param("numpy", "cpu", "float32", "float64", id="numpy-float32<-float64"),
+    pytest.param("torch", "cpu", "float16", "float32", id="torch-float16<-float32"),
+    pytest.param("torch", "cpu", "bfloat16", "float32", id="torch-bfloat16<-float32"),
+    pytest.param("jax", "cpu", "float16", "float32", id="jax-float16<-float32"),
+    pytest.param("jax", "cpu", "bfloat16", "float32", id="jax-bfloat16<-float32"),
+]
+
+
+def values(config, dtype) -> dict[str, np.ndarray]:
+    """The seeded parameters of `config`, rounded once to `dtype`."""
+    return {k: v.astype(dtype) for k, v in init_params(config).items()}
+
+
+def widened(params) -> dict[str, np.ndarray]:
+    return {k: v.astype(np.float64) for k, v in params.items()}
+
+
+@contextlib.contextmanager
+def scope(backend: str, device: str = "cpu"):
+    """JAX with 64-bit on and `device` the default; nothing for the others."""
+    if backend != "jax":
+        yield
+        return
+    with jax.default_device(jax.devices(device)[0]), impl_jax.enable_x64():
+        yield
+
+
+def build(backend, device, config, params, dtype, **kwargs):
+    return PACKAGES[backend].Model(config, params, dtype, device=device, **kwargs)
+
+
+def host(backend, x) -> np.ndarray:
+    """A result as a host array, float64 for the comparison (exact from every float dtype)."""
+    array = PACKAGES[backend].to_numpy(x)
+    return array.astype(np.float64) if array.dtype != np.float64 else array
+
+
+def dtype_of(backend, x) -> str:
+    return str(x.dtype).removeprefix("torch.")
+
+
+def stored(backend, model) -> dict[str, object]:
+    """The model's own parameter storage by canonical name (no copies)."""
+    if backend == "torch":
+        return dict(model.named_parameters())
+    return dict(model.params)
+
+
+def assert_same_bits(backend, got, expected, name: str, dtype: str) -> None:
+    __tracebackhide__ = True
+    assert dtype_of(backend, got) == dtype, f"{name}: {dtype_of(backend, got)}, not {dtype}"
+    assert dtype_of(backend, expected) == dtype, name
+    a, b = host(backend, got), host(backend, expected)
+    assert a.shape == b.shape, name
+    assert np.array_equal(a, b, equal_nan=True), f"{name}: {np.nanmax(np.abs(a - b))} apart"
+
+
+def assert_outputs_equal(backend, out, ref, dtype: str) -> None:
+    __tracebackhide__ = True
+    assert list(out.attention) == list(ref.attention) and list(out.intermediates) == list(ref.intermediates)
+    for name in ref.attention:
+        assert_same_bits(backend, out.attention[name], ref.attention[name], name, dtype)
+    for name in ref.intermediates:
+        assert_same_bits(backend, out.intermediates[name], ref.intermediates[name], name, dtype)
+    assert_same_bits(backend, out.logits, ref.logits, "logits", dtype)
+
+
+def forward(backend, model):
+    if backend == "torch":
+        with torch.no_grad():
+            return model(SRC, TGT)
+    return model(SRC, TGT)
+
+
+# -- 1. float64 compute, float32 storage: the float64 model's numbers, bit for bit --------------
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("backend, device", TARGETS)
+def test_float32_params_in_float64_equal_the_float64_model(backend, device, name):
+    config = CONFIGS[name]
+    p32 = values(config, np.float32)
+    with scope(backend, device):
+        mixed = build(backend, device, config, p32, "float64", param_dtype="float32")
+        plain = build(backend, device, config, widened(p32), "float64")
+        assert dtype_of(backend, mixed) == "float64" and str(mixed.param_dtype).removeprefix("torch.") == "float32"
+        assert {dtype_of(backend, v) for v in stored(backend, mixed).values()} == {"float32"}
+        assert_outputs_equal(backend, forward(backend, mixed), forward(backend, plain), "float64")
+        if backend == "torch":  # the fused attention path (no weights) reads the parameters too
+            with torch.no_grad():
+                fast, ref = (m(SRC, TGT, return_attention=False).logits for m in (mixed, plain))
+            assert_same_bits(backend, fast, ref, "logits (fused attention)", "float64")
+
+
+# -- 2. gradients: the float64 gradient rounded once to float32 --------------------------------
+
+
+# JAX compiles a loss per config and parameter dtype (seconds each): the Marian config only, whose
+# shared, tied embedding is the parameter read in the most places.
+GRAD_CASES = [pytest.param(*target.values, name, id=f"{target.id}-{name}", marks=target.marks)
+              for target in TARGETS for name in CONFIGS if target.values[0] != "jax" or name == "marian-table"]
+
+
+@pytest.mark.parametrize("backend, device, name", GRAD_CASES)
+def test_gradients_come_in_the_parameter_dtype(backend, device, name):
+    config = CONFIGS[name]
+    p32 = values(config, np.float32)
+    labels = np.where(TGT == config.pad_id, config.pad_id, (TGT + 1) % config.tgt_vocab_size)
+    with scope(backend, device):
+        mixed = build(backend, device, config, p32, "float64", param_dtype="float32")
+        plain = build(backend, device, config, widened(p32), "float64")
+        loss, grads = mixed.loss_and_grads(SRC, TGT, labels, label_smoothing=0.1)
+        ref_loss, ref_grads = plain.loss_and_grads(SRC, TGT, labels, label_smoothing=0.1)
+        assert float(loss) == float(ref_loss) and dtype_of(backend, loss) == "float64"
+        assert list(grads) == list(ref_grads)
+        for key, grad in grads.items():
+            assert dtype_of(backend, grad) == "float32", key
+            expected = PACKAGES[backend].to_numpy(ref_grads[key]).astype(np.float32)  # rounded once
+            got = PACKAGES[backend].to_numpy(grad)
+            assert np.array_equal(got, expected), f"{key}: {np.max(np.abs(got - expected))} apart"
+        assert any(np.any(PACKAGES[backend].to_numpy(g) != 0) for g in grads.values())
+
+
+@pytest.mark.parametrize("backend, device", TARGETS)
+def test_an_optimizer_step_updates_the_stored_dtype(backend, device):
+    """train_step on a float64-compute model with float32 storage updates float32 values, exactly
+    as the same optimizer updates a float32 model given the same (float32) gradients."""
+    p32 = values(MARIAN, np.float32)
+    labels = np.where(TGT == MARIAN.pad_id, MARIAN.pad_id, (TGT + 1) % MARIAN.tgt_vocab_size)
+    package = PACKAGES[backend]
+    with scope(backend, device):
+        mixed = build(backend, device, MARIAN, p32, "float64", param_dtype="float32")
+        twin = build(backend, device, MARIAN, p32, "float32")  # the optimizer's float32 reference
+        optimizer, twin_optimizer = package.Adam(mixed, d_model=16), package.Adam(twin, d_model=16)
+        _, grads = mixed.loss_and_grads(SRC, TGT, labels)  # what train_step hands the optimizer
+        package.train_step(mixed, optimizer, SRC, TGT, labels)
+        twin_optimizer.step(grads)
+        assert dtype_of(backend, mixed) == "float64"
+        after, expected = stored(backend, mixed), stored(backend, twin)
+        for key, value in after.items():
+            assert dtype_of(backend, value) == "float32", key
+            got = package.to_numpy(value)
+            assert np.array_equal(got, package.to_numpy(expected[key])), key
+        assert any(not np.array_equal(package.to_numpy(v), p32[k]) for k, v in after.items())
+
+
+# -- 3. narrowing at use equals narrowing up front ----------------------------------------------
+
+
+@pytest.mark.parametrize("backend, device, dtype, param_dtype", NARROW)
+def test_cast_at_use_equals_cast_up_front(backend, device, dtype, param_dtype):
+    params = values(MARIAN, param_dtype)
+    with scope(backend, device):
+        mixed = build(backend, device, MARIAN, params, dtype, param_dtype=param_dtype)
+        plain = build(backend, device, MARIAN, params, dtype)  # the core rounds them once, up front
+        assert {dtype_of(backend, v) for v in stored(backend, mixed).values()} == {param_dtype}
+        assert_outputs_equal(backend, forward(backend, mixed), forward(backend, plain), dtype)
+
+
+# One JAX case: each is two loss compiles.
+NARROW_GRADS = [case for case in NARROW if case.id != "jax-bfloat16<-float32"]
+
+
+@pytest.mark.parametrize("backend, device, dtype, param_dtype", NARROW_GRADS)
+def test_narrow_compute_gradients_are_the_narrow_models_widened(backend, device, dtype, param_dtype):
+    """Gradients computed in the narrow dtype and returned in the wider param_dtype: exactly the
+    narrow model's gradients (built from the same values, rounded up front), widened."""
+    params = values(MARIAN, param_dtype)
+    labels = np.where(TGT == MARIAN.pad_id, MARIAN.pad_id, (TGT + 1) % MARIAN.tgt_vocab_size)
+    package = PACKAGES[backend]
+    with scope(backend, device):
+        mixed = build(backend, device, MARIAN, params, dtype, param_dtype=param_dtype)
+        plain = build(backend, device, MARIAN, params, dtype)
+        loss, grads = mixed.loss_and_grads(SRC, TGT, labels)
+        ref_loss, ref_grads = plain.loss_and_grads(SRC, TGT, labels)
+        assert float(loss) == float(ref_loss)
+        for key, grad in grads.items():
+            assert dtype_of(backend, grad) == param_dtype, key
+            expected = package.to_numpy(ref_grads[key]).astype(param_dtype)  # widening: exact
+            assert np.array_equal(package.to_numpy(grad), expected), key
+
+
+# -- 4. the default: no param_dtype, no change ---------------------------------------------------
+
+
+@pytest.mark.parametrize("backend, device", TARGETS)
+def test_default_stores_the_parameters_in_dtype(backend, device):
+    p64 = values(MARIAN, np.float64)
+    model = build(backend, device, MARIAN, p64, "float32")
+    assert dtype_of(backend, model) == "float32"
+    assert str(model.param_dtype).removeprefix("torch.") == "float32"
+    assert {dtype_of(backend, v) for v in stored(backend, model).values()} == {"float32"}
+    cast = MODEL_FILES[backend].cast
+    for value in stored(backend, model).values():  # the helper is the identity then: no copy
+        assert cast(value, value.dtype) is value
+
+
+def test_torch_compute_dtype_follows_the_parameters_without_param_dtype():
+    model = impl_torch.Model(MARIAN, values(MARIAN, np.float32), "float32").to(torch.float16)
+    assert model.dtype == model.param_dtype == torch.float16
+    with torch.no_grad():
+        assert model(SRC, TGT).logits.dtype == torch.float16
+
+
+def test_torch_to_dtype_recasts_only_the_storage_when_param_dtype_is_given():
+    """With `param_dtype` the compute dtype is fixed: `.to(torch.float16)` rounds the stored values
+    to float16 and the model still computes in float64, sinusoid included (computed again in
+    float64, not widened from float16): the float64 model of the float16-rounded values."""
+    config = CONFIGS["annotated"]  # a sinusoid buffer
+    p32 = values(config, np.float32)
+    model = impl_torch.Model(config, p32, "float64", param_dtype="float32").to(torch.float16)
+    assert model.dtype == torch.float64 and model.param_dtype == torch.float16
+    assert model.encoder.position.table.dtype == torch.float64
+    assert "encoder.position.table" not in model.state_dict()
+    reference = impl_torch.Model(config, widened({k: v.astype(np.float16) for k, v in p32.items()}), "float64")
+    assert_outputs_equal("torch", forward("torch", model), forward("torch", reference), "float64")
+
+
+# -- 5. memory -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend, device", TARGETS)
+def test_float32_storage_holds_half_the_bytes_of_float64(backend, device):
+    p32 = values(MARIAN, np.float32)
+
+    def nbytes(model) -> int:
+        if backend == "torch":
+            return sum(p.numel() * p.element_size() for p in model.parameters())
+        return sum(v.nbytes for v in model.params.values())
+
+    with scope(backend, device):
+        mixed = build(backend, device, MARIAN, p32, "float64", param_dtype="float32")
+        plain = build(backend, device, MARIAN, widened(p32), "float64")
+        assert nbytes(mixed) * 2 == nbytes(plain) > 0
+
+
+# -- 6. errors -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", PACKAGES)
+def test_an_unsupported_param_dtype_is_the_dtype_error_naming_param_dtype(backend):
+    params = values(MARIAN, np.float32)
+    with pytest.raises(InputError) as bad_dtype:
+        build(backend, "cpu", MARIAN, params, "int32")
+    for wrong in ("int32", "float8"):
+        with pytest.raises(InputError) as caught:
+            build(backend, "cpu", MARIAN, params, "float32", param_dtype=wrong)
+        supported = ", ".join(PACKAGES[backend].SUPPORTED_DTYPES)
+        assert caught.value.argument == "param_dtype"
+        assert str(caught.value) == f"param_dtype: the {backend} backend cannot run {wrong}; it supports {supported}"
+        assert caught.value.problem == bad_dtype.value.problem.replace("int32", wrong)
+    if backend == "numpy":  # float16 is a dtype the other backends support, not this one
+        with pytest.raises(InputError, match="param_dtype: the numpy backend cannot run float16"):
+            build(backend, "cpu", MARIAN, params, "float32", param_dtype="float16")
+
+
+@pytest.mark.parametrize("backend", PACKAGES)
+def test_a_parameter_infinite_in_the_compute_dtype_is_refused_by_name(backend):
+    """1e39 is a finite float64 and an infinite float32: stored in float64, computed in float32,
+    it would be infinite at use. (Stored in float32 and computed in float64 it is refused at the
+    storage's cast, as before.)"""
+    p64 = values(MARIAN, np.float64)
+    p64["decoder.layers.0.ffn.linear1.bias"][3] = 1e39
+    with scope(backend):
+        with pytest.raises(InputError) as caught:
+            build(backend, "cpu", MARIAN, p64, "float32", param_dtype="float64")
+    assert caught.value.argument == "params"
+    assert str(caught.value) == ("params: parameter 'decoder.layers.0.ffn.linear1.bias' has 1 NaN or infinite "
+                                 "value(s) out of 24 once cast to float32, the compute dtype")
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_float32_parameters_infinite_in_float16_are_refused_by_name(backend):
+    p32 = values(MARIAN, np.float32)
+    p32["encoder.position.table"][0, 1] = 1e5  # finite in float32, infinite in float16
+    with pytest.raises(InputError, match=r"params: parameter 'encoder.position.table' has 1 NaN or infinite "
+                                         r"value\(s\) out of 128 once cast to float16, the compute dtype"):
+        build(backend, "cpu", MARIAN, p32, "float16", param_dtype="float32")
+    with scope(backend):  # widening cannot overflow: the same values build in float64
+        build(backend, "cpu", MARIAN, p32, "float64", param_dtype="float32")
+
+
+def test_jax_float64_parameters_need_x64_at_every_call():
+    """Without x64, jit would narrow float64 parameters to float32 silently: refused by name."""
+    with impl_jax.enable_x64():
+        model = impl_jax.Model(MARIAN, values(MARIAN, np.float64), "float32", param_dtype="float64")
+        model(SRC, TGT)
+    with pytest.raises(InputError, match="param_dtype: float64 needs 64-bit JAX"):
+        model(SRC, TGT)
+    with pytest.raises(InputError, match="param_dtype: float64 needs 64-bit JAX"):
+        impl_jax.Model(MARIAN, values(MARIAN, np.float64), "float32", param_dtype="float64")
+
+
+# -- 7. generate ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend, device", TARGETS)
+def test_greedy_tokens_and_scores_equal_the_float64_model(backend, device):
+    p32 = values(MARIAN, np.float32)
+    with scope(backend, device):
+        mixed = build(backend, device, MARIAN, p32, "float64", param_dtype="float32")
+        plain = build(backend, device, MARIAN, widened(p32), "float64")
+        ids, scores = mixed.generate(SRC, 6, 2, 3, return_scores=True)
+        ref_ids, ref_scores = plain.generate(SRC, 6, 2, 3, return_scores=True)
+        package = PACKAGES[backend]
+        assert np.array_equal(package.to_numpy(ids), package.to_numpy(ref_ids))
+        assert np.array_equal(package.to_numpy(scores), package.to_numpy(ref_scores))
+
+
+# -- save and load ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", PACKAGES)
+def test_save_writes_the_stored_values_and_load_passes_param_dtype(backend, tmp_path):
+    from conformance.core import checkpoint
+
+    p32 = values(MARIAN, np.float32)
+    path = tmp_path / "m.safetensors"
+    with scope(backend):
+        model = build(backend, "cpu", MARIAN, p32, "float64", param_dtype="float32")
+        PACKAGES[backend].save(model, path)
+        _, saved = checkpoint.load(path)
+        assert all(saved[k].dtype == np.float32 and np.array_equal(saved[k], p32[k]) for k in p32)
+        loaded = PACKAGES[backend].load(path, "float64", param_dtype="float32")
+        assert dtype_of(backend, loaded) == "float64"
+        assert str(loaded.param_dtype).removeprefix("torch.") == "float32"
+
+
+def test_jax_orbax_state_keeps_the_stored_values_and_passes_param_dtype(tmp_path):
+    p32 = values(MARIAN, np.float32)
+    with impl_jax.enable_x64():
+        model = impl_jax.Model(MARIAN, p32, "float64", param_dtype="float32")
+        impl_jax.save_state(model, tmp_path / "state")
+        loaded = impl_jax.load_state(tmp_path / "state", "float64", param_dtype="float32")
+        assert loaded.dtype == np.float64 and loaded.param_dtype == np.float32
+        assert all(np.array_equal(np.asarray(v), p32[k]) and v.dtype == np.float32 for k, v in loaded.params.items())
