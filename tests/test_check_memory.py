@@ -96,6 +96,8 @@ def test_one_at_a_time_holds_the_oracle_on_disk_and_removes_it(tmp_path):
         for row in range(value.shape[0]):
             got = held.row("logits", row)
             assert got.dtype == value.dtype and np.array_equal(got, value[row])
+            pieces = list(held.row_pieces("logits", row, size=3))  # 4 elements a row: pieces of 3 and 1
+            assert [p.size for p in pieces] == [3, 1] and np.array_equal(np.concatenate(pieces), value[row])
         with pytest.raises(RuntimeError, match="cannot read row 3"):
             held.row("logits", value.shape[0])
     assert not spilled.parent.exists()
@@ -122,7 +124,12 @@ def test_the_plan_holds_the_oracle_only_when_that_fits_the_budget():
     # Holding the oracle's tensors costs exactly their float64 size on top of the one-at-a-time peak.
     assert peaks[ALL_AT_ONCE] - peaks[ONE_AT_A_TIME] == needed.outputs["float64"] > 0
     assert needed.source_params == sum(v.nbytes for v in params.values())
-    assert needed.model_params["float64"] == 2 * needed.model_params["float32"]
+    # A float64 model of float32 parameters keeps them in float32 and widens one at a time at use.
+    assert needed.model_params["float64"] == needed.model_params["float32"]
+    largest = max(v.size for v in params.values())
+    assert needed.widened == {"float32": 0, "float64": 8 * largest}
+    wide = estimate(CONFIG, {k: v.astype(np.float64) for k, v in params.items()}, ["float32", "float64"], 3, 16, 16)
+    assert wide.model_params["float64"] == 2 * wide.model_params["float32"] and wide.widened == {"float32": 0, "float64": 0}
     roomy = plan_check(needed, ["float32", "float64"], budget=peaks[ALL_AT_ONCE])
     tight = plan_check(needed, ["float32", "float64"], budget=peaks[ALL_AT_ONCE] - 1)
     assert (roomy.mode, tight.mode) == (ALL_AT_ONCE, ONE_AT_A_TIME)
@@ -267,3 +274,35 @@ def test_jax_targets_run_row_by_row_with_the_report_the_batch_gives(tmp_path, mo
     assert params.keys() == init_params(CONFIG, seed=0).keys() and all(v.dtype == np.float32 for v in params.values())
     cells = [t["results"][target.label] for t in reports[()]["tensors"] for target in targets]
     assert len(cells) == 2 * len(forward_order(CONFIG)) and all("max_abs" in cell for cell in cells)
+
+
+def test_the_memory_minimising_xla_schedule_gives_the_same_report(tmp_path):
+    """`rosetta check` asks XLA:CPU for its memory-minimising schedule (read when JAX starts, so
+    each run is its own process); a schedule only orders operations, so JAX's report is the same,
+    bit for bit, as with a user's own setting of the flag, which the command keeps."""
+    import os
+    import subprocess
+    import sys
+
+    from conformance.cli.check import XLA_SCHEDULE_FLAG
+
+    path = tmp_path / "small.safetensors"
+    checkpoint.save(path, CONFIG, {k: v.astype(np.float32) for k, v in init_params(CONFIG, seed=2).items()})
+    script = ("import os, sys; from conformance.cli import main; code = main(sys.argv[1:]); "
+              "print(os.environ['XLA_FLAGS']); sys.exit(code)")
+    reports, flags = {}, {}
+    for schedule in ("false", "true"):
+        env = dict(os.environ, XLA_FLAGS=f"{XLA_SCHEDULE_FLAG}={schedule}")
+        if schedule == "false":
+            env.pop("XLA_FLAGS")  # the command's own choice
+        out = tmp_path / f"{schedule}.json"
+        run = subprocess.run([sys.executable, "-c", script, "check", str(path), "--backends", "jax",
+                              "--dtypes", "float32,float64", "--json", str(out)],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        flags[schedule] = run.stdout.strip().splitlines()[-1]
+        reports[schedule] = json.loads(out.read_text())
+        for target in reports[schedule]["targets"]:
+            target.pop("seconds")
+    assert flags == {"false": f"{XLA_SCHEDULE_FLAG}=false", "true": f"{XLA_SCHEDULE_FLAG}=true"}
+    assert reports["false"] == reports["true"] and reports["false"]["passed"]

@@ -162,10 +162,12 @@ def dtypes(backend: str, device: str | None = None) -> list[str]:
     return list(import_backend(backend).SUPPORTED_DTYPES)
 
 
-def build(target: Target, config, params) -> Any:
-    """A model of `target.backend` on `target.device` in `target.dtype`: one call, the same for
-    every backend (`Model(config, params, dtype, *, device)` is the shared surface)."""
-    return import_backend(target.backend).Model(config, params, target.dtype, device=target.device)
+def build(target: Target, config, params, param_dtype: str | None = None) -> Any:
+    """A model of `target.backend` on `target.device` in `target.dtype`, its parameters stored in
+    `param_dtype` (default: `target.dtype`): one call, the same for every backend
+    (`Model(config, params, dtype, *, device, param_dtype)` is the shared surface)."""
+    return import_backend(target.backend).Model(config, params, target.dtype, device=target.device,
+                                                param_dtype=param_dtype)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ import gc
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -65,6 +65,25 @@ def _itemsize(dtype: str) -> int:
     return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
 
 
+# Casts that are exact: every value of the first dtype is a value of the second.
+EXACT_WIDENINGS = frozenset({("float16", "float32"), ("float16", "float64"), ("bfloat16", "float32"),
+                             ("bfloat16", "float64"), ("float32", "float64")})
+
+
+def stored_dtype(source: str | None, dtype: str) -> str:
+    """The dtype a checked model of compute dtype `dtype` keeps its parameters in (`param_dtype`):
+    the parameters' own dtype `source` when widening it to `dtype` is exact, else `dtype`. A
+    float64 model of a float32 checkpoint then holds the float32 values (half the memory) and
+    widens each one where it is used, with the same bits as a model built from the widened set
+    (tests/test_param_dtype.py)."""
+    return source if (source, dtype) in EXACT_WIDENINGS else dtype
+
+
+def params_dtype(params: Mapping[str, np.ndarray]) -> str:
+    """The one dtype of a checked parameter set (`checkpoint.load` refuses mixed sets)."""
+    return np.asarray(next(iter(params.values()))).dtype.name
+
+
 @dataclass(frozen=True)
 class Estimate:
     """Bytes, by what holds them; `peak(mode)` is the most held at once on that path.
@@ -74,11 +93,14 @@ class Estimate:
     torch hold about a layer's working tensors, at most the logits and their sum with the bias;
     JAX's compiled encoder and decoder each return all their tensors together, for one batch row
     (the check runs JAX row by row): `call_held` is the larger of the two, in the step's dtype.
+    A model keeps its parameters in `stored_dtype` and, where that is narrower than its compute
+    dtype, widens one at a time where it is used: `widened` is the largest parameter, widened.
     """
 
     source_params: int  # the parameters as the caller holds them (read again per model: while building one)
     reread: bool  # whether the parameters are read again per model rather than held for the whole run
-    model_params: dict[str, int]  # dtype -> one model's parameters in that dtype
+    model_params: dict[str, int]  # dtype -> one model's parameters, as a model of that dtype stores them
+    widened: dict[str, int]  # dtype -> the largest parameter cast to that dtype at use (0: stored in it)
     outputs: dict[str, int]  # dtype -> every tensor of one model call in that dtype
     call_held: dict[str, int]  # dtype -> the tensors one call may hold at once (see above)
     largest_tensor: int  # the largest tensor, in float64 (the oracle's, read back to compare)
@@ -90,7 +112,7 @@ class Estimate:
         source = self.source_params if self.reread else 0  # otherwise counted once, in `peak`
         build = source + 2 * self.model_params[dtype]
         working = self.largest_tensor + COMPARE_COPIES * CHUNK * 8
-        run = self.model_params[dtype] + self.call_held[dtype] + working
+        run = self.model_params[dtype] + self.widened[dtype] + self.call_held[dtype] + working
         return max(build, run)
 
     def peak(self, mode: str, dtypes: Iterable[str]) -> int:
@@ -108,10 +130,13 @@ def estimate(config: ModelConfig, params: Mapping[str, np.ndarray], dtypes: Iter
     halves = [sum(n for name, n in elements.items() if name.startswith("encoder")),
               sum(n for name, n in elements.items() if not name.startswith("encoder"))]
     dtypes = sorted(set(dtypes) | {ORACLE_DTYPE})
+    source = params_dtype(params) if params else None  # none given: each model stores its own dtype
+    largest = max(int(np.prod(shape)) for shape in param_shapes(config).values())
     return Estimate(
         source_params=sum(int(np.asarray(value).nbytes) for value in params.values()),
         reread=reread,
-        model_params={d: count * _itemsize(d) for d in dtypes},
+        model_params={d: count * _itemsize(stored_dtype(source, d)) for d in dtypes},
+        widened={d: largest * _itemsize(d) if stored_dtype(source, d) != d else 0 for d in dtypes},
         outputs={d: sum(elements.values()) * _itemsize(d) for d in dtypes},
         call_held={d: max(2 * max(elements.values()), max(halves) // batch) * _itemsize(d) for d in dtypes},
         largest_tensor=max(elements.values()) * 8,
@@ -244,12 +269,21 @@ class OracleTensors:
         return self._spill is not None
 
     def row(self, name: str, index: int) -> np.ndarray:
-        """Row `index` (of the batch, axis 0) of a tensor; read alone from its file when spilled,
-        with a plain read into a fresh array: a memory map of the file would count its pages in
-        the resident size while mapped."""
+        """Row `index` (of the batch, axis 0) of a tensor; read alone from its file when spilled."""
+        return np.concatenate(list(self.row_pieces(name, index))).reshape(self.shapes[name][1:])
+
+    def row_pieces(self, name: str, index: int, size: int = CHUNK) -> Iterator[np.ndarray]:
+        """Row `index` of a tensor, flattened, in consecutive pieces of at most `size` elements.
+        When spilled, each piece is read from the file as it is asked for, with a plain read into a
+        fresh array (a memory map would count the file's pages as resident while mapped): a
+        comparison then holds one piece of the oracle's row, not the row (86 MB of float64 logits
+        for the base model at length 512)."""
         value = self._held[name]
         if not isinstance(value, Path):
-            return value[index]
+            flat = value[index].reshape(-1)
+            for start in range(0, flat.size, size):
+                yield flat[start:start + size]
+            return
         with value.open("rb") as f:
             version = np.lib.format.read_magic(f)
             header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
@@ -258,7 +292,8 @@ class OracleTensors:
                 raise RuntimeError(f"cannot read row {index} of {name!r} ({shape}, fortran order {fortran})")
             count = int(np.prod(shape[1:]))
             f.seek(index * count * dtype.itemsize, 1)
-            return np.fromfile(f, dtype=dtype, count=count).reshape(shape[1:])
+            for start in range(0, count, size):
+                yield np.fromfile(f, dtype=dtype, count=min(size, count - start))
 
     def close(self) -> None:
         self._held.clear()

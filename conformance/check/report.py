@@ -16,8 +16,9 @@ from typing import Any, Callable
 import numpy as np
 
 from conformance.check import backends
-from conformance.check.compare import Comparison, Pieces, compare
-from conformance.check.plan import ONE_AT_A_TIME, OracleTensors, Plan, plan_batch, release_freed_memory
+from conformance.check.compare import Comparison, Pieces, compare, on_host
+from conformance.check.plan import (ONE_AT_A_TIME, ORACLE_DTYPE, OracleTensors, Plan, params_dtype, plan_batch,
+                                    release_freed_memory, stored_dtype)
 from conformance.core.output import forward_order
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
@@ -268,7 +269,10 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], 
 
         # Each tensor goes to `oracle` as it is computed (the sink), and the forward pass keeps no
         # backward caches: at most a layer's working tensors are in memory beside the model.
-        oracle_model = impl_numpy.Model(config, read(), dtype="float64")
+        as_read = read()
+        oracle_model = impl_numpy.Model(config, as_read, dtype=ORACLE_DTYPE,
+                                        param_dtype=stored_dtype(params_dtype(as_read), ORACLE_DTYPE))
+        del as_read
         release_freed_memory()  # the parameters as read, when read again per model
         with backends.forward_only("numpy"):
             oracle_model(src_ids, tgt_ids, sink=keep)
@@ -280,18 +284,6 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], 
                 backends.release(target.backend)
             release_freed_memory()
     return report
-
-
-def _widened(params: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
-    """float32 parameters as float64, cast one at a time, each float32 array let go of once cast
-    (the caller's dict, read for this model alone, is emptied): a float64 model is then built from
-    one float64 set, where the backend's own cast would hold the float32 set beside it. Widening
-    is exact, so the backend's cast (none now) would have given the same bits."""
-    if dtype != "float64" or any(value.dtype != np.float32 for value in params.values()):
-        return params
-    widened = {name: params.pop(name).astype(np.float64) for name in list(params)}
-    release_freed_memory()
-    return widened
 
 
 # Backends whose target runs one batch row per call: JAX's compiled decoder returns all its tensors
@@ -309,6 +301,14 @@ def _check_target(report: Report, target: backends.Target, config: ModelConfig, 
 
     pieces: dict[str, Pieces] = {}  # tensor -> its comparison so far, one row at a time
 
+    def add_row(compared: Pieces, tensor: str, actual, index: int) -> None:
+        """Add batch row `index` of a tensor to its comparison, against the oracle's row read
+        piece by piece (`OracleTensors.row_pieces`): the same comparison as on the whole tensor."""
+        flat, start = on_host(actual).reshape(-1), 0
+        for expected in oracle.row_pieces(tensor, index):
+            compared.add(flat[start:start + expected.size], expected)
+            start += expected.size
+
     def record(tensor: str, value, row: int | None = None) -> None:
         """Compare each tensor as the model hands it over (the sink), so that it is freed at once;
         with `row`, the tensor of that batch row alone, added to the tensor's comparison."""
@@ -318,36 +318,37 @@ def _check_target(report: Report, target: backends.Target, config: ModelConfig, 
         started = time.perf_counter()
         if tensor not in oracle:  # every tensor of the report, and only those
             pass
-        elif row is None and not oracle.spilled:
+        elif row is None and (not oracle.spilled or tuple(value.shape) != oracle.shapes[tensor]):
             report.cells[(tensor, target.label)] = Cell(comparison=compare(value, oracle[tensor], tol))
-        elif row is None:  # the oracle's tensor read back one batch row at a time, the same comparison
-            if tuple(value.shape) != oracle.shapes[tensor]:
-                report.cells[(tensor, target.label)] = Cell(comparison=compare(value, oracle[tensor], tol))
-            else:
-                compared = Pieces(oracle.shapes[tensor], oracle.scales[tensor], tol)
-                for index in range(value.shape[0]):
-                    compared.add(value[index:index + 1], oracle.row(tensor, index))
-                report.cells[(tensor, target.label)] = Cell(comparison=compared.result())
+        elif row is None:  # spilled: the oracle's tensor read back one batch row at a time, the same comparison
+            compared = Pieces(oracle.shapes[tensor], oracle.scales[tensor], tol)
+            for index in range(value.shape[0]):
+                add_row(compared, tensor, value[index:index + 1], index)
+            report.cells[(tensor, target.label)] = Cell(comparison=compared.result())
         else:
-            expected = oracle.row(tensor, row)
-            if tuple(value.shape) != (1, *expected.shape):
+            expected = (1, *oracle.shapes[tensor][1:])
+            if tuple(value.shape) != expected:
                 report.cells[(tensor, target.label)] = Cell(comparison=Comparison(passed=False, shape_problem=(
-                    f"shape {tuple(value.shape)} of row {row} differs from the oracle's {(1, *expected.shape)}")))
+                    f"shape {tuple(value.shape)} of row {row} differs from the oracle's {expected}")))
             elif (tensor, target.label) not in report.cells:
-                pieces.setdefault(tensor, Pieces(oracle.shapes[tensor], oracle.scales[tensor], tol)).add(value, expected)
+                add_row(pieces.setdefault(tensor, Pieces(oracle.shapes[tensor], oracle.scales[tensor], tol)),
+                        tensor, value, row)
         comparing += time.perf_counter() - started
 
     try:
         started = time.perf_counter()
         with backends.full_precision(target.backend), backends.dtype_scope(target):
             report.precision[target.backend] = backends.precision_settings(target.backend)
-            model = backends.build(target, config, _widened(read(), target.dtype))
-            release_freed_memory()  # the parameters as read and the host cast, before the run
+            as_read = read()
+            model = backends.build(target, config, as_read, stored_dtype(params_dtype(as_read), target.dtype))
+            del as_read
+            release_freed_memory()  # the parameters as read and any host cast, before the run
             with backends.forward_only(target.backend):
                 if backends.kind(target.backend) in ROW_BY_ROW:
                     for row in range(src_ids.shape[0]):
                         model(src_ids[row:row + 1], tgt_ids[row:row + 1],
                               sink=lambda tensor, value, row=row: record(tensor, value, row))
+                        release_freed_memory()  # the row's tensors, before the next row's
                 else:
                     model(src_ids, tgt_ids, sink=record)
             del model
