@@ -344,6 +344,19 @@ def test_float32_parameters_infinite_in_float16_are_refused_by_name(backend):
         build(backend, "cpu", MARIAN, p32, "float64", param_dtype="float32")
 
 
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_float64_parameters_that_overflow_float16_through_float32_are_refused(backend):
+    """torch and XLA round float64 to float16 through float32: 65519.999 is 65504 rounded once and
+    infinite rounded twice (65520 in float32, a tie that rounds up). The check rounds as they do."""
+    assert np.isfinite(np.float16(65519.999)) and not np.isfinite(np.float16(np.float32(65519.999)))
+    p64 = values(MARIAN, np.float64)
+    p64["encoder.position.table"][0, 1] = 65519.999
+    with scope(backend):
+        with pytest.raises(InputError, match=r"'encoder.position.table' has 1 NaN or infinite value\(s\) out of 128 "
+                                             r"once cast to float16"):
+            build(backend, "cpu", MARIAN, p64, "float16", param_dtype="float64")
+
+
 def test_jax_float64_parameters_need_x64_at_every_call():
     """Without x64, jit would narrow float64 parameters to float32 silently: refused by name."""
     with impl_jax.enable_x64():
