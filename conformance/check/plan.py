@@ -70,13 +70,18 @@ EXACT_WIDENINGS = frozenset({("float16", "float32"), ("float16", "float64"), ("b
                              ("bfloat16", "float64"), ("float32", "float64")})
 
 
-def stored_dtype(source: str | None, dtype: str) -> str:
+# What every backend can store its parameters in (NumPy's SUPPORTED_DTYPES, the narrowest set).
+EVERY_BACKEND_STORES = ("float32", "float64")
+
+
+def stored_dtype(source: str | None, dtype: str, supported: Iterable[str] = EVERY_BACKEND_STORES) -> str:
     """The dtype a checked model of compute dtype `dtype` keeps its parameters in (`param_dtype`):
-    the parameters' own dtype `source` when widening it to `dtype` is exact, else `dtype`. A
-    float64 model of a float32 checkpoint then holds the float32 values (half the memory) and
-    widens each one where it is used, with the same bits as a model built from the widened set
+    the parameters' own dtype `source` when widening it to `dtype` is exact and the backend can
+    store it (`supported`: NumPy cannot hold float16 or bfloat16), else `dtype`. A float64 model
+    of a float32 checkpoint then holds the float32 values (half the memory) and widens each one
+    where it is used, with the same bits as a model built from the widened set
     (tests/test_param_dtype.py)."""
-    return source if (source, dtype) in EXACT_WIDENINGS else dtype
+    return source if (source, dtype) in EXACT_WIDENINGS and source in tuple(supported) else dtype
 
 
 def params_dtype(params: Mapping[str, np.ndarray]) -> str:
@@ -268,10 +273,6 @@ class OracleTensors:
         """Whether the tensors are on disk (one-at-a-time): then compare them a row at a time."""
         return self._spill is not None
 
-    def row(self, name: str, index: int) -> np.ndarray:
-        """Row `index` (of the batch, axis 0) of a tensor; read alone from its file when spilled."""
-        return np.concatenate(list(self.row_pieces(name, index))).reshape(self.shapes[name][1:])
-
     def row_pieces(self, name: str, index: int, size: int = CHUNK) -> Iterator[np.ndarray]:
         """Row `index` of a tensor, flattened, in consecutive pieces of at most `size` elements.
         When spilled, each piece is read from the file as it is asked for, with a plain read into a
@@ -293,7 +294,10 @@ class OracleTensors:
             count = int(np.prod(shape[1:]))
             f.seek(index * count * dtype.itemsize, 1)
             for start in range(0, count, size):
-                yield np.fromfile(f, dtype=dtype, count=min(size, count - start))
+                piece = np.fromfile(f, dtype=dtype, count=min(size, count - start))
+                if piece.size != min(size, count - start):  # a file cut short under the check
+                    raise RuntimeError(f"{value} ended inside row {index} of {name!r}")
+                yield piece
 
     def close(self) -> None:
         self._held.clear()

@@ -270,8 +270,8 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], 
         # Each tensor goes to `oracle` as it is computed (the sink), and the forward pass keeps no
         # backward caches: at most a layer's working tensors are in memory beside the model.
         as_read = read()
-        oracle_model = impl_numpy.Model(config, as_read, dtype=ORACLE_DTYPE,
-                                        param_dtype=stored_dtype(params_dtype(as_read), ORACLE_DTYPE))
+        oracle_model = impl_numpy.Model(config, as_read, dtype=ORACLE_DTYPE, param_dtype=stored_dtype(
+            params_dtype(as_read), ORACLE_DTYPE, impl_numpy.SUPPORTED_DTYPES))
         del as_read
         release_freed_memory()  # the parameters as read, when read again per model
         with backends.forward_only("numpy"):
@@ -340,7 +340,8 @@ def _check_target(report: Report, target: backends.Target, config: ModelConfig, 
         with backends.full_precision(target.backend), backends.dtype_scope(target):
             report.precision[target.backend] = backends.precision_settings(target.backend)
             as_read = read()
-            model = backends.build(target, config, as_read, stored_dtype(params_dtype(as_read), target.dtype))
+            model = backends.build(target, config, as_read, stored_dtype(params_dtype(as_read), target.dtype,
+                                                                           backends.dtypes(target.backend)))
             del as_read
             release_freed_memory()  # the parameters as read and any host cast, before the run
             with backends.forward_only(target.backend):
