@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 
@@ -25,10 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with memory_minimising_xla_schedule(args.backends):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     import io
     import sys
-
-    memory_minimising_xla_schedule()
 
     from conformance.check import backends
     from conformance.core import checkpoint
@@ -106,20 +110,55 @@ def checkpoint_reader(path: str, config):
 
 
 XLA_SCHEDULE_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
+# The jaxlib this was measured with; XLA aborts the process on a flag it does not know, so an
+# older one is left with its default schedule.
+XLA_SCHEDULE_JAXLIB = (0, 10)
 
 
-def memory_minimising_xla_schedule() -> None:
-    """Have XLA:CPU order each program for memory rather than concurrency, in this process.
+@contextlib.contextmanager
+def memory_minimising_xla_schedule(backend_option: str | None):
+    """Have XLA:CPU order each program for memory rather than concurrency, for one check.
 
     With its default schedule XLA converts every stored parameter of a model stored narrower than it
     computes at the start of the program: a float64 model of a float32 checkpoint (how the check
     runs float64 targets) then holds all of the decoder's widened weights at once, 212 MB of
     temporaries for the base model at length 512, against 88 MB with this schedule (115 against
     17 MB for the encoder; XLA's `memory_analysis()`). A schedule only orders operations: the report
-    is the same, bit for bit (tests/test_check_memory.py), and the time too (docs/check.md). Set
-    through XLA_FLAGS, read when JAX starts its CPU client: jit's `compiler_options` does not reach
-    this option (measured), and in a process where JAX has already started it has no effect. A
-    user's own setting of the flag is kept."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if XLA_SCHEDULE_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {XLA_SCHEDULE_FLAG}=false".strip()
+    is the same, bit for bit (tests/test_check_memory.py), and the time too (docs/check.md).
+
+    Set in XLA_FLAGS, which XLA reads once, when JAX starts its CPU client (jit's
+    `compiler_options` accepts the option but does not change the schedule: measured), so it acts
+    only where JAX has not started yet, as in a `rosetta check` process; XLA_FLAGS is put back
+    afterwards. Only when JAX is among the backends asked for, only with a jaxlib this was tested
+    on, and never over a user's own setting of the flag."""
+    saved = os.environ.get("XLA_FLAGS")
+    tokens = (saved or "").split()
+    from conformance.check.backends import requested_backends
+
+    try:
+        wanted = "jax" in requested_backends(backend_option)
+    except ValueError:  # an unknown name: the check refuses it, by name, once it starts
+        wanted = False
+    if wanted and _jaxlib_at_least(XLA_SCHEDULE_JAXLIB) and not any(t.startswith(XLA_SCHEDULE_FLAG) for t in tokens):
+        os.environ["XLA_FLAGS"] = " ".join(tokens + [f"{XLA_SCHEDULE_FLAG}=false"])
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = saved
+
+
+def _jaxlib_at_least(version: tuple[int, ...]) -> bool:
+    from importlib import metadata
+
+    try:
+        installed = metadata.version("jaxlib")
+    except metadata.PackageNotFoundError:
+        return False
+    parts = []
+    for part in installed.split(".")[:len(version)]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts) >= version
