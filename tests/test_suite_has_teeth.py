@@ -43,7 +43,7 @@ def test_the_suite_catches(name):
     try:
         for label, prop in PROPERTIES.items():
             try:
-                with first_failure_only():
+                with first_failure_only(prop):
                     prop(target=target)
             except AssertionError as exc:
                 caught[label] = str(exc).splitlines()[0][:300]
@@ -95,7 +95,7 @@ def test_each_property_catches_its_own_break(name):
         for target in targets:
             forward.test_every_tensor_matches_the_oracle(target=target)
         # ...and the property made for it fails.
-        with pytest.raises(AssertionError) as caught, first_failure_only():
+        with pytest.raises(AssertionError) as caught, first_failure_only(the_property(module)):
             run_property(module, targets)
     finally:
         for r in registered:
