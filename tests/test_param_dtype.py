@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from conformance import InputError, init_params
+from conformance.check import backends
 from batches import SRC, TGT, small
 
 torch = pytest.importorskip("torch", reason="the PyTorch backend needs torch")
@@ -42,23 +43,16 @@ CONFIGS = {  # 1+1 layers: every layer kind once, and JAX compiles in seconds
 MARIAN = CONFIGS["marian-table"]
 
 
-def has_jax_gpu() -> bool:
-    try:
-        return bool(jax.devices("gpu"))
-    except RuntimeError:
-        return False
+def target(backend: str, device: str):
+    """`(backend, device)` as a test parameter, skipped with the reason where the device is absent
+    (`backends.present_devices` decides, as for the suite)."""
+    absent = device not in backends.present_devices(backend)
+    return pytest.param(backend, device, id=f"{backend}-{device}", marks=pytest.mark.skipif(
+        absent, reason=backends.accelerator_skip_reason(backend)))
 
 
 # Each backend on each of its devices; the accelerators skip here with the reason.
-TARGETS = [
-    pytest.param("numpy", "cpu", id="numpy-cpu"),
-    pytest.param("torch", "cpu", id="torch-cpu"),
-    pytest.param("torch", "cuda", id="torch-cuda", marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False")),
-    pytest.param("jax", "cpu", id="jax-cpu"),
-    pytest.param("jax", "gpu", id="jax-gpu", marks=pytest.mark.skipif(
-        not has_jax_gpu(), reason="no JAX GPU device: jax.devices('gpu') found none")),
-]
+TARGETS = [target(backend, device) for backend in ("numpy", "torch", "jax") for device in backends.device_kinds(backend)]
 # Narrowing at use: float32 parameters in a half-precision compute (NumPy runs float32/64 only:
 # float64 parameters in a float32 compute).
 NARROW = [
