@@ -138,23 +138,19 @@ PROPERTY_BREAKS = {
 }
 
 
-# The `ci` profile without its shrink phase (the meta-tests run under `ci`).
+# The phases a meta-test runs a property with: no shrinking.
 FIRST_FAILURE_PHASES = [Phase.explicit, Phase.generate]
-settings.register_profile("ci-first-failure", settings.get_profile("ci"), phases=FIRST_FAILURE_PHASES)
 
 
 @contextmanager
 def first_failure_only(*properties):
-    """Run properties without shrinking, for the duration. A meta-test needs the failure, not the
+    """Run `properties` without shrinking, for the duration. A meta-test needs the failure, not the
     smallest failing example: a property that catches a break then stops at its first failing
     example instead of shrinking models (the softmax gradient break: 71 s with shrinking, 6 s
-    without). Loads the `ci` profile without shrinking, for properties that read the active
-    profile, and replaces the settings of each of `properties` for the duration: a property's own
-    `@settings(...)` were fixed when its module was first imported (pytest collects the suite
-    under `ci`, shrinking included), and loading a profile later does not reach them."""
-    previous = settings._current_profile
+    without). A property's settings were fixed when its module was first imported (pytest
+    collects the suite under `ci`, shrinking included), so loading a profile would not reach
+    them: each property's own settings are replaced, then put back."""
     own = [(prop, prop._hypothesis_internal_use_settings) for prop in properties]
-    settings.load_profile("ci-first-failure")
     for prop, fixed in own:
         prop._hypothesis_internal_use_settings = settings(fixed, phases=FIRST_FAILURE_PHASES)
     try:
@@ -162,7 +158,6 @@ def first_failure_only(*properties):
     finally:
         for prop, fixed in own:
             prop._hypothesis_internal_use_settings = fixed
-        settings.load_profile(previous)
 
 
 def edited_module(name: str, module_name: str, path: Path, edits):
