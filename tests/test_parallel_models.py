@@ -25,6 +25,8 @@ IDIOM_NAMES = {
     "fast_attention": ({"torch"}, "PyTorch's fused SDPA kernel, the path without attention weights"),
     "Sinusoid": ({"jax"}, "an nnx.Variable kind for the position constant: neither a parameter nor saved"),
     "optional_param": ({"jax"}, "nnx.Param or None, for the switchable biases"),
+    "_product_in_blocks_jvp": ({"jax"}, "the derivative of product_in_blocks as one product (jax.custom_jvp): "
+                                        "through its loop, every block's gradient is a whole zero array"),
 }
 # Methods only some backends' classes have, and why.
 IDIOM_METHODS = {
