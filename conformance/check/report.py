@@ -8,6 +8,7 @@ downstream of it differs too.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -347,8 +348,11 @@ def _check_target(report: Report, target: backends.Target, config: ModelConfig, 
             with backends.forward_only(target.backend):
                 if backends.kind(target.backend) in ROW_BY_ROW:
                     for row in range(src_ids.shape[0]):
-                        model(src_ids[row:row + 1], tgt_ids[row:row + 1],
-                              sink=lambda tensor, value, row=row: record(tensor, value, row))
+                        sink = functools.partial(record, row=row)
+                        encoded = model.encode(src_ids[row:row + 1], sink=sink)
+                        release_freed_memory()  # the encoder's tensors, before the decoder's
+                        model.decode(tgt_ids[row:row + 1], encoded, sink=sink)
+                        del encoded
                         release_freed_memory()  # the row's tensors, before the next row's
                 else:
                     model(src_ids, tgt_ids, sink=record)
