@@ -37,6 +37,7 @@ from conformance.check.tolerances import Tolerance
 from conformance.cli import main
 from conformance.core.errors import InputError
 from conformance.core.output import forward_order, tensors_of
+from conformance.core.params import OUTPUT_BLOCK
 
 # A few-MB checkpoint (vocab 3000, d_model 64: 0.8 M parameters, 3 MB in float32) with padded
 # target queries and a -inf fill, so that the fixed batch has NaN rows to compare as well.
@@ -122,6 +123,33 @@ def test_the_estimate_knows_every_tensor_shape_a_model_returns():
     assert tensor_shapes(CONFIG, 3, 9, 10) == {name: value.shape for name, value in got.items()}
 
 
+def largest_cast_at_use(config: ModelConfig, params) -> int:
+    """Elements of the largest array the NumPy model casts in one forward pass of float32
+    parameters in float64: what a model really widens at once, for the estimate to count."""
+    import impl_numpy
+    from impl_numpy import model as numpy_model
+
+    sizes = []
+    original = numpy_model.cast
+    numpy_model.cast = lambda w, dtype: sizes.append(w.size) or original(w, dtype)
+    try:
+        impl_numpy.Model(config, params, "float64", param_dtype="float32")(*fixed_batch(config))
+    finally:
+        numpy_model.cast = original
+    return max(sizes)
+
+
+def test_the_estimate_counts_what_a_model_widens_at_once():
+    """Embeddings are cast by the looked-up rows and the output projection OUTPUT_BLOCK columns at
+    a time, so at a real vocabulary the largest widened piece is one block, not the (D, V) weight."""
+    big = dataclasses.replace(CONFIG, src_vocab_size=3 * OUTPUT_BLOCK, tgt_vocab_size=3 * OUTPUT_BLOCK)
+    for config in (CONFIG, big):
+        params = {k: v.astype(np.float32) for k, v in init_params(config, seed=0).items()}
+        needed = estimate(config, params, ["float64"], 3, 16, 16)
+        assert needed.widened["float64"] == 8 * largest_cast_at_use(config, params)
+    assert needed.widened["float64"] == 8 * big.d_model * OUTPUT_BLOCK < 8 * big.d_model * big.tgt_vocab_size
+
+
 def test_the_plan_holds_the_oracle_only_when_that_fits_the_budget():
     params = {k: v.astype(np.float32) for k, v in init_params(CONFIG, seed=0).items()}
     needed = estimate(CONFIG, params, ["float32", "float64"], 3, 16, 16)
@@ -131,8 +159,7 @@ def test_the_plan_holds_the_oracle_only_when_that_fits_the_budget():
     assert needed.source_params == sum(v.nbytes for v in params.values())
     # A float64 model of float32 parameters keeps them in float32 and widens one at a time at use.
     assert needed.model_params["float64"] == needed.model_params["float32"]
-    largest = max(v.size for v in params.values())
-    assert needed.widened == {"float32": 0, "float64": 8 * largest}
+    assert needed.widened == {"float32": 0, "float64": 8 * largest_cast_at_use(CONFIG, params)}
     wide = estimate(CONFIG, {k: v.astype(np.float64) for k, v in params.items()}, ["float32", "float64"], 3, 16, 16)
     assert wide.model_params["float64"] == 2 * wide.model_params["float32"] and wide.widened == {"float32": 0, "float64": 0}
     roomy = plan_check(needed, ["float32", "float64"], budget=peaks[ALL_AT_ONCE])

@@ -32,7 +32,7 @@ from conformance.check.compare import CHUNK, tensor_scale
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 from conformance.core.output import forward_order
-from conformance.core.params import param_shapes
+from conformance.core.params import param_shapes, widened_at_use
 
 ALL_AT_ONCE = "all-at-once"
 ONE_AT_A_TIME = "one-at-a-time"
@@ -99,13 +99,14 @@ class Estimate:
     JAX's compiled encoder and decoder each return all their tensors together, for one batch row
     (the check runs JAX row by row): `call_held` is the larger of the two, in the step's dtype.
     A model keeps its parameters in `stored_dtype` and, where that is narrower than its compute
-    dtype, widens one at a time where it is used: `widened` is the largest parameter, widened.
+    dtype, widens each where it is used: `widened` is the largest piece a model widens at once
+    (`widened_at_use`: the output projection a block of columns at a time, embeddings by rows).
     """
 
     source_params: int  # the parameters as the caller holds them (read again per model: while building one)
     reread: bool  # whether the parameters are read again per model rather than held for the whole run
     model_params: dict[str, int]  # dtype -> one model's parameters, as a model of that dtype stores them
-    widened: dict[str, int]  # dtype -> the largest parameter cast to that dtype at use (0: stored in it)
+    widened: dict[str, int]  # dtype -> the largest piece of a parameter cast to that dtype at use (0: stored in it)
     outputs: dict[str, int]  # dtype -> every tensor of one model call in that dtype
     call_held: dict[str, int]  # dtype -> the tensors one call may hold at once (see above)
     largest_tensor: int  # the largest tensor, in float64 (the oracle's, read back to compare)
@@ -136,7 +137,7 @@ def estimate(config: ModelConfig, params: Mapping[str, np.ndarray], dtypes: Iter
               sum(n for name, n in elements.items() if not name.startswith("encoder"))]
     dtypes = sorted(set(dtypes) | {ORACLE_DTYPE})
     source = params_dtype(params) if params else None  # none given: each model stores its own dtype
-    largest = max(int(np.prod(shape)) for shape in param_shapes(config).values())
+    largest = widened_at_use(config)
     return Estimate(
         source_params=sum(int(np.asarray(value).nbytes) for value in params.values()),
         reread=reread,
