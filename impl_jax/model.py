@@ -26,6 +26,7 @@ feed-forward, encoder layer, decoder layer, encoder and decoder, model.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Mapping
 
@@ -546,8 +547,9 @@ class Output(nnx.Module):
         self.scale_logits = config.scale_logits
 
     def __call__(self, y: jax.Array, tied_embedding: Embedding) -> jax.Array:
-        weight = tied_embedding.weight[...].T if self.weight is None else self.weight[...]  # (D, V), as stored
-        logits = product_in_blocks(y, weight)  # (B, T, V)
+        # W_out as stored: `output.weight` (D, V), or the tied embedding (V, D)
+        weight, vocab_axis = (tied_embedding.weight[...], 0) if self.weight is None else (self.weight[...], 1)
+        logits = product_in_blocks(y, weight, vocab_axis)  # (B, T, V)
         if self.scale_logits:
             logits = logits / math.sqrt(y.shape[-1])
         if self.bias is not None:
@@ -555,19 +557,23 @@ class Output(nnx.Module):
         return logits
 
 
-@jax.custom_jvp
-def product_in_blocks(y: jax.Array, weight: jax.Array) -> jax.Array:
-    """y @ cast(weight, y.dtype), OUTPUT_BLOCK columns of `weight` (D, V) at a time (`Output`),
-    each written in place.
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def product_in_blocks(y: jax.Array, weight: jax.Array, vocab_axis: int) -> jax.Array:
+    """y @ cast(W_out, y.dtype), OUTPUT_BLOCK vocabulary columns of W_out at a time (`Output`),
+    each written in place. `weight` is W_out (D, V) (`vocab_axis` 1) or its transpose, the tied
+    embedding (V, D) (`vocab_axis` 0).
 
-    The full blocks in a loop, then the rest. In a loop XLA widens one
-    block at a time, next to its product; unrolled, it fuses each slice into its product's operand
-    (15x slower for one row at vocabulary 32000), and concatenated blocks it widens all at once,
-    as it would the whole weight."""
-    vocab = weight.shape[1]
+    The full blocks in a loop, then the rest. In a loop XLA widens one block at a time, next to
+    its product; unrolled, it fuses each slice into its product's operand (15x slower for one row
+    at vocabulary 32000), and concatenated blocks it widens all at once, as it would the whole
+    weight. The tied embedding is sliced by rows and each block transposed: a transpose of the
+    whole table, XLA copies whole before the loop (74 MB of temporaries at V = 32000, against
+    8 MB)."""
+    vocab = weight.shape[vocab_axis]
 
-    def part(start, width: int) -> jax.Array:  # (B, T, width): the columns from `start`
-        columns = jax.lax.dynamic_slice_in_dim(weight, start, width, axis=1)  # (D, width)
+    def part(start, width: int) -> jax.Array:  # (B, T, width): the vocabulary entries from `start`
+        entries = jax.lax.dynamic_slice_in_dim(weight, start, width, axis=vocab_axis)
+        columns = entries if vocab_axis == 1 else entries.T  # (D, width)
         return jnp.matmul(y, cast(columns, y.dtype), precision=MATMUL_PRECISION)
 
     full = vocab // OUTPUT_BLOCK
@@ -581,14 +587,17 @@ def product_in_blocks(y: jax.Array, weight: jax.Array) -> jax.Array:
 
 
 @product_in_blocks.defjvp
-def _product_in_blocks_jvp(primals, tangents):
+def _product_in_blocks_jvp(vocab_axis, primals, tangents):
     """Differentiated as the product it is, so reverse mode transposes two whole GEMMs. Through
     the loop, each block's weight gradient would be a zero (D, V) array added to the running sum:
     the base model's projection at vocabulary 32000 took 1.45x as long to differentiate."""
     (y, weight), (dy, dweight) = primals, tangents
+    product = product_in_blocks(y, weight, vocab_axis)
+    if vocab_axis == 0:  # the tied embedding (V, D)
+        weight, dweight = weight.T, dweight.T  # (D, V)
     tangent = (jnp.matmul(dy, cast(weight, y.dtype), precision=MATMUL_PRECISION)
                + jnp.matmul(y, cast(dweight, y.dtype), precision=MATMUL_PRECISION))
-    return product_in_blocks(y, weight), tangent
+    return product, tangent
 
 
 # -- Model -------------------------------------------------------------------------------------

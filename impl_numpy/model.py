@@ -457,8 +457,9 @@ class Output:
 
     def __call__(self, y: np.ndarray, tied_embedding: Embedding) -> np.ndarray:
         self.input = backprop.kept(y)
-        weight = tied_embedding.weight.T if self.weight is None else self.weight  # (D, V), as stored
-        logits = product_in_blocks(y, weight)  # (B, T, V)
+        # W_out as stored: `output.weight` (D, V), or the tied embedding (V, D)
+        weight, vocab_axis = (tied_embedding.weight, 0) if self.weight is None else (self.weight, 1)
+        logits = product_in_blocks(y, weight, vocab_axis)  # (B, T, V)
         if self.scale_logits:
             logits = logits / math.sqrt(y.shape[-1])
         if self.bias is not None:
@@ -466,9 +467,13 @@ class Output:
         return logits
 
 
-def product_in_blocks(y: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """y @ cast(weight, y.dtype), OUTPUT_BLOCK columns of `weight` (D, V) at a time (`Output`),
-    each written in place."""
+def product_in_blocks(y: np.ndarray, weight: np.ndarray, vocab_axis: int) -> np.ndarray:
+    """y @ cast(W_out, y.dtype), OUTPUT_BLOCK vocabulary columns of W_out at a time (`Output`),
+    each written in place. `weight` is W_out (D, V) (`vocab_axis` 1) or its transpose, the tied
+    embedding (V, D) (`vocab_axis` 0).
+
+    Here the transpose is a view; XLA would copy it whole (`impl_jax`)."""
+    weight = weight if vocab_axis == 1 else weight.T  # (D, V)
     logits = np.empty((*y.shape[:-1], weight.shape[1]), y.dtype)  # (B, T, V)
     for start in range(0, weight.shape[1], OUTPUT_BLOCK):
         block = slice(start, start + OUTPUT_BLOCK)

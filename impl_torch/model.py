@@ -567,8 +567,9 @@ class Output(nn.Module):
         self.scale_logits = config.scale_logits
 
     def forward(self, y: torch.Tensor, tied_embedding: Embedding) -> torch.Tensor:
-        weight = tied_embedding.weight.T if self.weight is None else self.weight  # (D, V), as stored
-        logits = product_in_blocks(y, weight)  # (B, T, V)
+        # W_out as stored: `output.weight` (D, V), or the tied embedding (V, D)
+        weight, vocab_axis = (tied_embedding.weight, 0) if self.weight is None else (self.weight, 1)
+        logits = product_in_blocks(y, weight, vocab_axis)  # (B, T, V)
         # Outside autograd's graph the scale and the bias are applied in place: at V = 32000 each
         # fresh result would be another copy of the largest tensor of the forward pass.
         in_place = not logits.requires_grad
@@ -579,14 +580,18 @@ class Output(nn.Module):
         return logits
 
 
-def product_in_blocks(y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """y @ cast(weight, y.dtype), OUTPUT_BLOCK columns of `weight` (D, V) at a time (`Output`),
-    each written in place.
+def product_in_blocks(y: torch.Tensor, weight: torch.Tensor, vocab_axis: int) -> torch.Tensor:
+    """y @ cast(W_out, y.dtype), OUTPUT_BLOCK vocabulary columns of W_out at a time (`Output`),
+    each written in place. `weight` is W_out (D, V) (`vocab_axis` 1) or its transpose, the tied
+    embedding (V, D) (`vocab_axis` 0).
 
-    With autograd the blocks are concatenated instead, and taken by `split`, whose backward
-    gathers the blocks' gradients with one concatenation: a block written in place (CopySlices)
-    copies the whole (B, T, V) gradient in its backward, and a sliced block's gradient is a zero
-    (D, V) tensor, each making a base-model training step 1.4x slower at vocabulary 32000."""
+    Here the transpose is a view; XLA would copy it whole (`impl_jax`). With autograd the blocks
+    are concatenated instead, and taken by `split`, whose backward gathers the blocks' gradients
+    with one concatenation: a block written in place (CopySlices) copies the whole (B, T, V)
+    gradient in its backward, and a sliced block's gradient is a zero (D, V) tensor, each making a
+    base-model training step 1.4x slower at vocabulary 32000. Autograd then keeps every widened
+    block for the backward pass: the whole weight, widened, as before the blocks."""
+    weight = weight if vocab_axis == 1 else weight.T  # (D, V)
     if torch.is_grad_enabled() and (y.requires_grad or weight.requires_grad):
         return torch.cat([y @ cast(columns, y.dtype) for columns in weight.split(OUTPUT_BLOCK, dim=1)], dim=-1)
     logits = y.new_empty(*y.shape[:-1], weight.shape[1])  # (B, T, V)
@@ -779,8 +784,9 @@ class Model(nn.Module):
         y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention=return_attention,
                               dropout=dropout)
         logits = self.output(y, embedding)  # (B, T, V)
-        if self.final_logits_bias is not None:
-            logits = logits + cast(self.final_logits_bias, logits.dtype)
+        if self.final_logits_bias is not None:  # in place outside autograd's graph, as in `Output`
+            bias = cast(self.final_logits_bias, logits.dtype)
+            logits = logits + bias if logits.requires_grad else logits.add_(bias)
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
         if sink is not None:  # the sink has had every other tensor; the output keeps none of them
             sink("logits", logits)

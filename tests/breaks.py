@@ -132,10 +132,10 @@ PROPERTY_BREAKS = {
     "two backends drift apart within tolerance": ("test_pairs", [
         # Added, not multiplied: the float64 tolerance is absolute (atol), so a relative drift of
         # 0.9e-12 leaves it on logits larger than 1.1 (hypothesis draws them).
-        ("numpy", [("logits = product_in_blocks(y, weight)  # (B, T, V)",
-                    f"logits = product_in_blocks(y, weight) + {DRIFT!r}  # (B, T, V)")], {}),
-        ("numpy", [("logits = product_in_blocks(y, weight)  # (B, T, V)",
-                    f"logits = product_in_blocks(y, weight) - {DRIFT!r}  # (B, T, V)")], {}),
+        ("numpy", [("logits = product_in_blocks(y, weight, vocab_axis)  # (B, T, V)",
+                    f"logits = product_in_blocks(y, weight, vocab_axis) + {DRIFT!r}  # (B, T, V)")], {}),
+        ("numpy", [("logits = product_in_blocks(y, weight, vocab_axis)  # (B, T, V)",
+                    f"logits = product_in_blocks(y, weight, vocab_axis) - {DRIFT!r}  # (B, T, V)")], {}),
     ]),
 }
 

@@ -183,13 +183,16 @@ def test_the_output_weight_is_widened_one_block_at_a_time(backend, name, monkeyp
     assert max(widened_sizes) == block  # the full blocks, and nothing larger
 
 
-def test_xla_widens_the_output_weight_a_block_at_a_time():
+@pytest.mark.parametrize("name", CONFIGS)
+def test_xla_widens_the_output_weight_a_block_at_a_time(name):
     """What XLA compiles, not only what is traced: a float64 JAX decoder of float32 parameters
     needs fewer temporaries than the widened output weight alone (XLA's `memory_analysis()`).
-    Measured 1.2 MB against 3.1 MB; unrolled or concatenated blocks, XLA widens them all at once."""
+    Measured 1.3 MB against 4.2 MB, untied and tied. Unrolled or concatenated blocks, XLA widens
+    them all at once; a tied embedding transposed whole before the loop, it copies whole (3.4 MB)."""
     from impl_jax import compiled, host
 
-    config = dataclasses.replace(CONFIGS["annotated"], src_vocab_size=6149, tgt_vocab_size=6149, d_model=64,
+    vocab = 4 * OUTPUT_BLOCK + 5
+    config = dataclasses.replace(CONFIGS[name], src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=64,
                                  n_heads=4, d_ff=96)
     with scope("jax"):
         model = build("jax", "cpu", config, values(config, np.float32), "float64", param_dtype="float32")
@@ -202,6 +205,43 @@ def test_xla_widens_the_output_weight_a_block_at_a_time():
         temporaries = lowered.compile().memory_analysis().temp_size_in_bytes
     widened = config.d_model * config.tgt_vocab_size * 8
     assert temporaries < widened / 2, (temporaries, widened)
+
+
+@pytest.mark.parametrize("vocab", [5, OUTPUT_BLOCK, 2 * OUTPUT_BLOCK, 2 * OUTPUT_BLOCK + 5])
+@pytest.mark.parametrize("vocab_axis", [1, 0], ids=["stored", "tied"])
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_the_product_in_blocks_is_the_whole_product(backend, vocab_axis, vocab):
+    """Every block lands in its place, the last partial one included, for W_out as stored (D, V)
+    and for a tied embedding (V, D): float32 storage in a float64 product gives y @ W_out to
+    float64 rounding, and (torch with autograd recording, JAX through its custom derivative) the
+    gradients y^T g and g W_out^T, the weight's rounded to its float32 storage."""
+    rng = np.random.default_rng(vocab)
+    y, g = rng.standard_normal((2, 3, 16)), rng.standard_normal((2, 3, vocab))
+    w_out = rng.standard_normal((16, vocab)).astype(np.float32)  # (D, V)
+    weight = w_out if vocab_axis == 1 else np.ascontiguousarray(w_out.T)
+    expected = y @ w_out.astype(np.float64)
+    d_y, d_w_out = g @ w_out.T.astype(np.float64), np.einsum("btd,btv->dv", y, g)
+    d_weight = (d_w_out if vocab_axis == 1 else d_w_out.T).astype(np.float32)
+    product = MODEL_FILES[backend].product_in_blocks
+    if backend == "numpy":
+        got, grads = product(y, weight, vocab_axis), None
+    elif backend == "torch":
+        ty, tw = torch.tensor(y, requires_grad=True), torch.tensor(weight, requires_grad=True)
+        with torch.no_grad():
+            without_graph = product(ty, tw, vocab_axis).numpy()
+        out = product(ty, tw, vocab_axis)
+        out.backward(torch.tensor(g))
+        got, grads = out.detach().numpy(), (ty.grad.numpy(), tw.grad.numpy())
+        assert np.array_equal(without_graph, got), "torch: the in-place blocks and the concatenated ones differ"
+    else:
+        with scope("jax"):
+            out, pull_back = jax.vjp(lambda a, b: product(a, b, vocab_axis), jax.numpy.asarray(y), jax.numpy.asarray(weight))
+            got, grads = np.asarray(out), tuple(np.asarray(x) for x in pull_back(jax.numpy.asarray(g)))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13 * np.abs(expected).max(), err_msg=backend)
+    if grads is not None:
+        assert grads[1].dtype == np.float32 and grads[1].shape == weight.shape, backend
+        np.testing.assert_allclose(grads[0], d_y, rtol=0, atol=1e-13 * np.abs(d_y).max(), err_msg=backend)
+        np.testing.assert_allclose(grads[1], d_weight, rtol=2 ** -23, atol=0, err_msg=backend)
 
 
 # -- 2. gradients: the float64 gradient rounded once to float32 --------------------------------
