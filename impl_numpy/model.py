@@ -477,7 +477,7 @@ def product_in_blocks(y: np.ndarray, weight: np.ndarray, vocab_axis: int) -> np.
     logits = np.empty((*y.shape[:-1], weight.shape[1]), y.dtype)  # (B, T, V)
     for start in range(0, weight.shape[1], OUTPUT_BLOCK):
         block = slice(start, start + OUTPUT_BLOCK)
-        logits[..., block] = y @ cast(weight[:, block], y.dtype)
+        np.matmul(y, cast(weight[:, block], y.dtype), out=logits[..., block])
     return logits
 
 
