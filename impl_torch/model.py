@@ -572,11 +572,12 @@ class Output(nn.Module):
         logits = product_in_blocks(y, weight, vocab_axis)  # (B, T, V)
         # Outside autograd's graph the scale and the bias are applied in place: at V = 32000 each
         # fresh result would be another copy of the largest tensor of the forward pass.
-        in_place = not logits.requires_grad
         if self.scale_logits:
-            logits = logits.div_(math.sqrt(y.shape[-1])) if in_place else logits / math.sqrt(y.shape[-1])
+            scale = math.sqrt(y.shape[-1])
+            logits = logits / scale if logits.requires_grad else logits.div_(scale)
         if self.bias is not None:
-            logits = logits.add_(cast(self.bias, y.dtype)) if in_place else logits + cast(self.bias, y.dtype)
+            bias = cast(self.bias, y.dtype)
+            logits = logits + bias if logits.requires_grad else logits.add_(bias)
         return logits
 
 

@@ -117,8 +117,8 @@ def widened_at_use(config: ModelConfig) -> int:
     (parameters stored narrower than the compute dtype): embeddings and position tables only
     their looked-up rows, the output projection (or the tied embedding read as it) OUTPUT_BLOCK
     columns at a time, every other parameter whole."""
-    by_rows = ("embedding.weight", "position.table", "output.weight")
-    whole = [int(np.prod(shape)) for name, shape in param_shapes(config).items() if not name.endswith(by_rows)]
+    in_pieces = ("embedding.weight", "position.table", "output.weight")
+    whole = [int(np.prod(shape)) for name, shape in param_shapes(config).items() if not name.endswith(in_pieces)]
     return max(whole + [config.d_model * min(config.tgt_vocab_size, OUTPUT_BLOCK)])
 
 
