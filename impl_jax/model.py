@@ -26,7 +26,6 @@ feed-forward, encoder layer, decoder layer, encoder and decoder, model.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Mapping
 
@@ -51,9 +50,10 @@ from conformance.core.inputs import (
 )
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, send_in_order
-from conformance.core.params import OUTPUT_BLOCK, param_shapes
+from conformance.core.params import param_shapes
 from conformance.core.positions import sinusoid_table
 from impl_jax import compiled, host
+from impl_jax.blocks import product_in_blocks
 from impl_jax.precision import MATMUL_PRECISION, reduction_dtype
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -293,7 +293,7 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None, 
     (a -inf score, even in a fully masked row, whose uniform average stays over the real keys),
     and their values are zeroed so that a NaN there cannot leak into real rows as 0 * NaN.
 
-    `empty_rows` (keyword-only; the loss sets it to 0.0, docs/training.md) gives a query with no
+    `empty_rows` (keyword-only; the loss passes 0.0, docs/training.md) gives a query with no
     key to attend to weights `empty_rows` instead of the -inf fill's NaN, so that a NaN activation
     cannot reach a weight gradient as 0 * NaN. (`softmax` already keeps exp away from that row,
     and the gradient of a `where` selects, so no NaN enters the backward pass.)
@@ -324,20 +324,19 @@ class MultiHeadAttention(nnx.Module):
         self.o_proj = Linear(params, f"{prefix}.o_proj")
         self.n_heads = config.n_heads
         self.fill = config.mask_fill
-        self.empty_rows = None  # 0.0 while the loss runs (see scaled_dot_product_attention)
 
     def split_heads(self, x: jax.Array) -> jax.Array:
         batch, length, d_model = x.shape
         x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
         return x.transpose(0, 2, 1, 3)  # (B, H, L, K)
 
-    def __call__(self, x: jax.Array, memory: jax.Array, mask, *, real_keys=None):
+    def __call__(self, x: jax.Array, memory: jax.Array, mask, *, real_keys=None, empty_rows=None):
         """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention)."""
         q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys=real_keys,
-                                                      empty_rows=self.empty_rows)
+                                                      empty_rows=empty_rows)
         batch, _, length, _ = heads.shape
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
         return self.o_proj(concat), weights
@@ -374,7 +373,19 @@ class FeedForward(nnx.Module):
 # Each sublayer is wrapped with a residual connection and a LayerNorm (sections 3.1 and 5.4):
 #     post-LN (the paper):  x = LN(x + Sublayer(x))
 #     pre-LN:               x = x + Sublayer(LN(x))
-# `src_real` / `tgt_real` are the bucket-padding markers passed on to attention (None unbucketed).
+# `src_real` / `tgt_real` are the bucket-padding markers passed on to attention (None unbucketed);
+# `empty_rows` is attention's rule for a query with no key (see scaled_dot_product_attention).
+
+
+def sublayer(x: jax.Array, fn, norm: LayerNorm, pre_ln: bool, dropout=None, site: str = ""):
+    """x = LN(x + Sublayer(x)) (post-LN, the paper) or x + Sublayer(LN(x)) (pre-LN), the
+    sublayer's output dropped out at `site` before the sum (sections 3.1 and 5.4).
+
+    `fn(h)` returns the sublayer's output and its attention weights (None for the feed-forward);
+    returns the new x and those weights."""
+    h, weights = fn(norm(x) if pre_ln else x)
+    h = apply_dropout(h, dropout, site)
+    return (x + h if pre_ln else norm(x + h)), weights
 
 
 class EncoderLayer(nnx.Module):
@@ -386,19 +397,16 @@ class EncoderLayer(nnx.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def __call__(self, x: jax.Array, src_mask, name: str, out: ModelOutput | Encoded, *, src_real=None,
-                 dropout=None) -> jax.Array:
+                 dropout=None, empty_rows=None) -> jax.Array:
         # Self-attention: each source position attends to every unmasked source position.
-        h = self.self_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask, real_keys=src_real)
-        h = apply_dropout(h, dropout, f"{name}.self_attn")
-        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+        x, out.attention[f"{name}.self"] = sublayer(
+            x, lambda h: self.self_attn(h, h, src_mask, real_keys=src_real, empty_rows=empty_rows),
+            self.self_attn_norm, self.pre_ln, dropout, f"{name}.self_attn")
         out.intermediates[f"{name}.self_attn"] = x
 
         # Position-wise feed-forward.
-        h = self.ffn_norm(x) if self.pre_ln else x
-        h = self.ffn(h)
-        h = apply_dropout(h, dropout, f"{name}.ffn")
-        x = x + h if self.pre_ln else self.ffn_norm(x + h)
+        x, _ = sublayer(x, lambda h: (self.ffn(h), None), self.ffn_norm, self.pre_ln,
+                        dropout, f"{name}.ffn")
         out.intermediates[f"{name}.ffn"] = x
         return x
 
@@ -417,26 +425,22 @@ class DecoderLayer(nnx.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                 tgt_real=None, src_real=None, dropout=None) -> jax.Array:
+                 tgt_real=None, src_real=None, dropout=None, empty_rows=None) -> jax.Array:
         # Masked self-attention: position t attends to target positions <= t.
-        h = self.self_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask, real_keys=tgt_real)
-        h = apply_dropout(h, dropout, f"{name}.self_attn")
-        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+        x, out.attention[f"{name}.self"] = sublayer(
+            x, lambda h: self.self_attn(h, h, tgt_mask, real_keys=tgt_real, empty_rows=empty_rows),
+            self.self_attn_norm, self.pre_ln, dropout, f"{name}.self_attn")
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
-        h = self.cross_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask, real_keys=src_real)
-        h = apply_dropout(h, dropout, f"{name}.cross_attn")
-        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
+        x, out.attention[f"{name}.cross"] = sublayer(
+            x, lambda h: self.cross_attn(h, memory, cross_mask, real_keys=src_real, empty_rows=empty_rows),
+            self.cross_attn_norm, self.pre_ln, dropout, f"{name}.cross_attn")
         out.intermediates[f"{name}.cross_attn"] = x
 
         # Position-wise feed-forward.
-        h = self.ffn_norm(x) if self.pre_ln else x
-        h = self.ffn(h)
-        h = apply_dropout(h, dropout, f"{name}.ffn")
-        x = x + h if self.pre_ln else self.ffn_norm(x + h)
+        x, _ = sublayer(x, lambda h: (self.ffn(h), None), self.ffn_norm, self.pre_ln,
+                        dropout, f"{name}.ffn")
         out.intermediates[f"{name}.ffn"] = x
         return x
 
@@ -491,10 +495,11 @@ class Encoder(nnx.Module):
             [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)])
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
 
-    def __call__(self, x: jax.Array, src_mask, out: Encoded, *, src_real=None, dropout=None) -> jax.Array:
+    def __call__(self, x: jax.Array, src_mask, out: Encoded, *, src_real=None, dropout=None,
+                 empty_rows=None) -> jax.Array:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self_mask, f"encoder.{i}", out, src_real=src_real, dropout=dropout)
+            x = layer(x, self_mask, f"encoder.{i}", out, src_real=src_real, dropout=dropout, empty_rows=empty_rows)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -511,10 +516,10 @@ class Decoder(nnx.Module):
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
     def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, tgt_real=None, src_real=None,
-                 dropout=None) -> jax.Array:
+                 dropout=None, empty_rows=None) -> jax.Array:
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, tgt_real=tgt_real, src_real=src_real,
-                      dropout=dropout)
+                      dropout=dropout, empty_rows=empty_rows)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
@@ -534,12 +539,8 @@ class Output(nnx.Module):
     transposed when the output is tied to it (section 3.4). With `scale_logits`,
     logits = y W_out / sqrt(D) + b_out (Flax examples/wmt's `logits_via_embedding`).
 
-    The product is taken OUTPUT_BLOCK vocabulary columns at a time, each block of W_out cast where
-    it is used: a W_out stored narrower than the compute dtype (`param_dtype`) is never widened
-    whole (the base model's is 86 MB in float64 at vocabulary 21000, and it would be widened at
-    every decoding step). The blocks are the same whatever the dtypes, because a GEMM's rounding
-    can depend on its width: float32 parameters computed in float64 give the float64 model's
-    logits bit for bit."""
+    The product y W_out is taken a block of vocabulary columns at a time (impl_jax/blocks.py):
+    a W_out stored narrower than the compute dtype is never widened whole."""
 
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array]):
         self.weight = None if config.tie_output else nnx.Param(params["output.weight"])
@@ -549,55 +550,12 @@ class Output(nnx.Module):
     def __call__(self, y: jax.Array, tied_embedding: Embedding) -> jax.Array:
         # W_out as stored: `output.weight` (D, V), or the tied embedding (V, D)
         weight, vocab_axis = (tied_embedding.weight[...], 0) if self.weight is None else (self.weight[...], 1)
-        logits = product_in_blocks(y, weight, vocab_axis)  # (B, T, V)
+        logits = product_in_blocks(y, weight, vocab_axis, cast)  # (B, T, V)
         if self.scale_logits:
             logits = logits / math.sqrt(y.shape[-1])
         if self.bias is not None:
             logits = logits + cast(self.bias[...], y.dtype)
         return logits
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def product_in_blocks(y: jax.Array, weight: jax.Array, vocab_axis: int) -> jax.Array:
-    """y @ cast(W_out, y.dtype), OUTPUT_BLOCK vocabulary columns of W_out at a time (`Output`),
-    each written in place. `weight` is W_out (D, V) (`vocab_axis` 1) or its transpose, the tied
-    embedding (V, D) (`vocab_axis` 0).
-
-    The full blocks in a loop, then the rest. In a loop XLA widens one block at a time, next to
-    its product; unrolled, it fuses each slice into its product's operand (15x slower for one row
-    at vocabulary 32000), and concatenated blocks it widens all at once, as it would the whole
-    weight. The tied embedding is sliced by rows and each block transposed: a transpose of the
-    whole table, XLA copies whole before the loop (74 MB of temporaries at V = 32000, against
-    8 MB)."""
-    vocab = weight.shape[vocab_axis]
-
-    def part(start, width: int) -> jax.Array:  # (B, T, width): the vocabulary entries from `start`
-        entries = jax.lax.dynamic_slice_in_dim(weight, start, width, axis=vocab_axis)
-        columns = entries if vocab_axis == 1 else entries.T  # (D, width)
-        return jnp.matmul(y, cast(columns, y.dtype), precision=MATMUL_PRECISION)
-
-    full = vocab // OUTPUT_BLOCK
-    logits = jnp.zeros((*y.shape[:-1], vocab), y.dtype)  # (B, T, V)
-    if full:
-        logits = jax.lax.fori_loop(0, full, lambda k, logits: jax.lax.dynamic_update_slice_in_dim(
-            logits, part(k * OUTPUT_BLOCK, OUTPUT_BLOCK), k * OUTPUT_BLOCK, axis=-1), logits)
-    if vocab % OUTPUT_BLOCK:
-        logits = logits.at[..., full * OUTPUT_BLOCK:].set(part(full * OUTPUT_BLOCK, vocab % OUTPUT_BLOCK))
-    return logits
-
-
-@product_in_blocks.defjvp
-def _product_in_blocks_jvp(vocab_axis, primals, tangents):
-    """Differentiated as the product it is, so reverse mode transposes two whole GEMMs. Through
-    the loop, each block's weight gradient would be a zero (D, V) array added to the running sum:
-    the base model's projection at vocabulary 32000 took 1.45x as long to differentiate."""
-    (y, weight), (dy, dweight) = primals, tangents
-    product = product_in_blocks(y, weight, vocab_axis)
-    if vocab_axis == 0:  # the tied embedding (V, D)
-        weight, dweight = weight.T, dweight.T  # (D, V)
-    tangent = (jnp.matmul(dy, cast(weight, y.dtype), precision=MATMUL_PRECISION)
-               + jnp.matmul(y, cast(dweight, y.dtype), precision=MATMUL_PRECISION))
-    return product, tangent
 
 
 # -- Model -------------------------------------------------------------------------------------
@@ -721,14 +679,15 @@ class Model(nnx.Module):
         return encoded
 
     def _encode(self, src_ids, src_mask, src_real, dropout_masks=None, *, return_attention: bool,
-                dropout_rate: float | None = None):
-        """The compiled part of `encode`: ids (B, S) and mask checked, S possibly bucket-padded."""
+                dropout_rate: float | None = None, empty_rows: float | None = None):
+        """The compiled part of `encode`: ids (B, S) and mask checked, S possibly bucket-padded.
+        `empty_rows` (static): attention's rule for a query with no key, 0.0 in the loss."""
         encoded = Encoded(memory=None, src_mask=src_mask)
         dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
         x = apply_dropout(x, dropout, "encoder.embeddings")
-        encoded.memory = self.encoder(x, src_mask, encoded, src_real=src_real, dropout=dropout)
+        encoded.memory = self.encoder(x, src_mask, encoded, src_real=src_real, dropout=dropout, empty_rows=empty_rows)
         if not return_attention:
             encoded.attention.clear()  # never leaves the executable, so XLA does not store it
         return encoded.memory, encoded.attention, encoded.intermediates
@@ -773,7 +732,7 @@ class Model(nnx.Module):
         return out
 
     def _decode(self, tgt_ids, tgt_mask, memory, cross_mask, tgt_real, src_real, dropout_masks=None, *,
-                return_attention: bool, dropout_rate: float | None = None):
+                return_attention: bool, dropout_rate: float | None = None, empty_rows: float | None = None):
         """The compiled part of `decode`: ids (B, T) and masks checked, T and S possibly bucket-padded."""
         out = ModelOutput(logits=None)
 
@@ -782,7 +741,8 @@ class Model(nnx.Module):
         y = self.embed(tgt_ids, embedding, self.decoder.position)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
-        y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real=tgt_real, src_real=src_real, dropout=dropout)
+        y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real=tgt_real, src_real=src_real, dropout=dropout,
+                         empty_rows=empty_rows)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
             logits = logits + cast(self.final_logits_bias[...], logits.dtype)
@@ -793,7 +753,7 @@ class Model(nnx.Module):
         return out.logits, out.attention, out.intermediates
 
     def traceable_forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *,
-                          return_attention: bool = True, dropout=None) -> ModelOutput:
+                          return_attention: bool = True, dropout=None, empty_rows=None) -> ModelOutput:
         """The same forward pass as a call, traceable and unchecked: for use inside `jax.jit`,
         `vmap` or `shard_map` (a call checks its inputs on the host, which a tracer cannot do).
 
@@ -801,7 +761,8 @@ class Model(nnx.Module):
         before (a call of the model on the same shapes does, and raises the NumPy backend's errors).
         Returned through jit, the attention and intermediates dicts come back with their keys
         sorted (JAX's order for dicts), so look tensors up by name. `dropout`: a `Dropout` whose
-        masks may be traced (unchecked too), or None.
+        masks may be traced (unchecked too), or None. `empty_rows`: attention's rule for a query
+        with no key (`scaled_dot_product_attention`), None for the config's; the loss passes 0.0.
         """
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
@@ -809,11 +770,11 @@ class Model(nnx.Module):
             tgt_mask = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
         cross_mask = src_mask if self.config.cross_attn_src_mask else None
         masks, rate = (None, None) if dropout is None else (dropout.masks, dropout.rate)
-        memory, attention, intermediates = self._encode(src_ids, src_mask, None, masks,
-                                                        return_attention=return_attention, dropout_rate=rate)
+        memory, attention, intermediates = self._encode(src_ids, src_mask, None, masks, return_attention=return_attention,
+                                                        dropout_rate=rate, empty_rows=empty_rows)
         logits, dec_attention, dec_intermediates = self._decode(
             tgt_ids, tgt_mask, memory, cross_mask, None, None, masks,
-            return_attention=return_attention, dropout_rate=rate)
+            return_attention=return_attention, dropout_rate=rate, empty_rows=empty_rows)
         return ModelOutput(logits=logits, attention={**attention, **dec_attention} if return_attention else None,
                            intermediates={**intermediates, **dec_intermediates})
 
@@ -866,18 +827,7 @@ class Model(nnx.Module):
         if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
             args += ({**encoder_drop.masks, **decoder_drop.masks},)
             static["dropout_rate"] = encoder_drop.rate
-        # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
-        # loss runs: a NaN activation would reach every weight gradient as 0 * NaN. The flag is
-        # static, so the loss compiles apart from the forward.
-        attention = [m for _, m in nnx.iter_modules(self) if isinstance(m, MultiHeadAttention)]
-        for module in attention:
-            module.empty_rows = 0.0
-        try:
-            loss, grads = compiled.call(self, Model._loss_and_grads, args, self.device, **static)
-        finally:
-            for module in attention:
-                module.empty_rows = None
-        return loss, grads
+        return compiled.call(self, Model._loss_and_grads, args, self.device, **static)
 
     def _loss_and_grads(self, src_ids, tgt_ids, src_mask, tgt_mask, labels, epsilon, dropout_masks=None, *,
                         dropout_rate: float | None = None):
@@ -886,8 +836,10 @@ class Model(nnx.Module):
 
         def loss_fn(model):
             dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
+            # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while
+            # the loss runs: a NaN activation would reach every weight gradient as 0 * NaN.
             logits = model.traceable_forward(src_ids, tgt_ids, src_mask, tgt_mask, return_attention=False,
-                                             dropout=dropout).logits
+                                             dropout=dropout, empty_rows=0.0).logits
             # The counted positions are selected before the log-softmax (the first where), and the
             # gradient of a where selects: a padded row is never multiplied by 0, so a NaN there
             # reaches neither the loss nor the gradient (JAX's where-gradient NaN trap).

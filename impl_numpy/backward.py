@@ -12,7 +12,8 @@ Notation: `d_x` is dLoss/dx, an array of x's shape. A parameter's gradient is su
 position that used the parameter; `grads` maps canonical names (`param_shapes(config)`) to them.
 
 Dtypes. Everything here runs in the model's compute `dtype`: a parameter stored in another
-`param_dtype` is read through the forward's `cast` (as the forward reads it), the gradients are
+`param_dtype` is widened or rounded as the forward's `cast` reads it (`astype(dtype, copy=False)`,
+the array itself when the dtypes agree), the gradients are
 accumulated in `dtype`, and each is rounded once to `param_dtype` at the very end, which is what
 autograd gives for a parameter stored in that dtype.
 
@@ -20,7 +21,7 @@ Padding. The loss selects the positions that count (labels != pad_id) and never 
 others. With a `-inf` fill a query with no key to attend to gives a NaN row (0 / 0), and the
 NaN travels down its position, but it can never reach a finite loss: every use of a NaN in a
 sum gives NaN. So a row the forward left NaN belongs to no path to the loss, and its gradient is
-0. `alive` reads such a cached value as 0, so that the products below never compute 0 x NaN
+0. `alive` reads such a kept value as 0, so that the products below never compute 0 x NaN
 (= NaN): the NaN rows are selected out, as in the loss, not multiplied by zero. A counted label
 at a position whose logits are NaN makes the loss NaN, and the gradient NaN with it: that is the
 honest answer, not hidden.
@@ -31,43 +32,25 @@ K head dim, F d_ff, V target vocabulary; Tq / Tk are query / key lengths inside 
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from typing import Iterator
 
 import numpy as np
 
 from conformance.core.params import param_shapes
-from impl_numpy import model as forward  # `forward.cast`: read at call time, so the mutual import is safe
 
 Grads = dict  # canonical parameter name -> gradient, the parameter's shape and dtype
 
-# The forward pass keeps on each module what this backward pass reads (`Linear.input`,
-# `MultiHeadAttention.saved`, ...), unless it runs inside `forward_only()`.
-_KEEPING = contextvars.ContextVar("impl_numpy.backward.keeping", default=True)
 
-
-@contextlib.contextmanager
-def forward_only() -> Iterator[None]:
-    """No backward caches for the duration (NumPy's `torch.inference_mode`): each forward value is
-    freed once the next layer no longer needs it. A base-size model's caches at length 512 are
-    ~1.2 GB in float64 (every layer's inputs, FFN hidden units, q, k, v and attention weights);
-    `rosetta check` runs the oracle so. `loss_and_grads` needs them: not inside this."""
-    token = _KEEPING.set(False)
-    try:
-        yield
-    finally:
-        _KEEPING.reset(token)
-
-
-def kept(value):
-    """`value`, to keep on its module for the backward pass; None inside `forward_only()`."""
-    return value if _KEEPING.get() else None
+class Tape(dict):
+    """What a forward pass keeps for this backward pass, by module: the input of each `Linear`,
+    `LayerNorm` and of `Output`, the hidden units (before the activation) of each `FeedForward`,
+    and `(q, k, v, weights, mask)` of each `MultiHeadAttention`. `Model.loss_and_grads` passes a
+    fresh tape to its forward call and hands it here; a plain call passes none and keeps nothing
+    (a base-size model's tape at length 512 holds ~1.2 GB in float64)."""
 
 
 def alive(x: np.ndarray) -> np.ndarray:
-    """A cached forward value with the NaN of fully masked rows read as 0 (see the module
+    """A kept forward value with the NaN of fully masked rows read as 0 (see the module
     docstring: those rows cannot reach the loss, and 0 x NaN must not reach the gradient)."""
     return np.where(np.isnan(x), 0, x)
 
@@ -93,20 +76,20 @@ def positions_backward(config, prefix: str, d_x: np.ndarray, grads: Grads) -> No
 # -- Building blocks ---------------------------------------------------------------------------
 
 
-def linear_backward(linear, prefix: str, d_y: np.ndarray, grads: Grads) -> np.ndarray:
+def linear_backward(tape: Tape, linear, prefix: str, d_y: np.ndarray, grads: Grads) -> np.ndarray:
     """y = x W + b  ->  dW = x^T dy, db = sum of dy (both over every position), dx = dy W^T."""
-    x = alive(linear.input)
+    x = alive(tape[linear])
     d_in, d_out = linear.weight.shape
     grads[f"{prefix}.weight"] += x.reshape(-1, d_in).T @ d_y.reshape(-1, d_out)  # (d_in, d_out)
     if linear.bias is not None:
         grads[f"{prefix}.bias"] += d_y.reshape(-1, d_out).sum(axis=0)
-    return d_y @ forward.cast(linear.weight, d_y.dtype).T
+    return d_y @ linear.weight.astype(d_y.dtype, copy=False).T
 
 
-def layer_norm_backward(norm, prefix: str, d_y: np.ndarray, grads: Grads) -> np.ndarray:
+def layer_norm_backward(tape: Tape, norm, prefix: str, d_y: np.ndarray, grads: Grads) -> np.ndarray:
     """y = n * weight + bias, n the normalised x  ->  dweight = sum of dy * n, dbias = sum of dy,
     dn = dy * weight, and dx as below for each form. c = x - mean(x) throughout."""
-    x = alive(norm.input)
+    x = alive(tape[norm])
     d = x.shape[-1]
     centered = x - x.mean(axis=-1, keepdims=True)
     if norm.form in ("standard", "fast-variance"):  # the same function: E[x^2] - E[x]^2 = mean(c^2)
@@ -117,7 +100,7 @@ def layer_norm_backward(norm, prefix: str, d_y: np.ndarray, grads: Grads) -> np.
         normed = centered / (std + norm.eps)
     grads[f"{prefix}.weight"] += (d_y * normed).reshape(-1, d).sum(axis=0)
     grads[f"{prefix}.bias"] += d_y.reshape(-1, d).sum(axis=0)
-    d_normed = d_y * forward.cast(norm.weight, d_y.dtype)
+    d_normed = d_y * norm.weight.astype(d_y.dtype, copy=False)
     if norm.form in ("standard", "fast-variance"):
         # n = c r, r = (mean(c^2) + eps)^(-1/2). The three terms: dn itself; the mean that c
         # subtracts; and the variance, which depends on every element of the row:
@@ -193,30 +176,30 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
     return x.transpose(0, 2, 1, 3).reshape(batch, length, heads * head_dim)  # (B, L, D)
 
 
-def multi_head_attention_backward(attn, prefix: str, d_out: np.ndarray, grads: Grads):
+def multi_head_attention_backward(tape: Tape, attn, prefix: str, d_out: np.ndarray, grads: Grads):
     """MultiHead(x, memory) = Concat(heads) W_o, heads from x W_q, memory W_k, memory W_v
     (section 3.2.2). Returns (d_x, d_memory): what reaches the queries' input and what reaches
     the keys' and values' input (the same array for self-attention: the caller adds them)."""
-    q, k, v, weights, mask = attn.saved
-    d_concat = linear_backward(attn.o_proj, f"{prefix}.o_proj", d_out, grads)  # (B, Tq, D)
+    q, k, v, weights, mask = tape[attn]
+    d_concat = linear_backward(tape, attn.o_proj, f"{prefix}.o_proj", d_out, grads)  # (B, Tq, D)
     # concat = heads transposed and reshaped, so its gradient splits back the same way.
     d_heads = attn.split_heads(d_concat)  # (B, H, Tq, K)
     d_q, d_k, d_v = scaled_dot_product_attention_backward(
         alive(q), alive(k), alive(v), alive(weights), mask, d_heads)
-    d_x = linear_backward(attn.q_proj, f"{prefix}.q_proj", merge_heads(d_q), grads)  # (B, Tq, D)
-    d_memory = (linear_backward(attn.k_proj, f"{prefix}.k_proj", merge_heads(d_k), grads)
-                + linear_backward(attn.v_proj, f"{prefix}.v_proj", merge_heads(d_v), grads))  # (B, Tk, D)
+    d_x = linear_backward(tape, attn.q_proj, f"{prefix}.q_proj", merge_heads(d_q), grads)  # (B, Tq, D)
+    d_memory = (linear_backward(tape, attn.k_proj, f"{prefix}.k_proj", merge_heads(d_k), grads)
+                + linear_backward(tape, attn.v_proj, f"{prefix}.v_proj", merge_heads(d_v), grads))  # (B, Tk, D)
     return d_x, d_memory
 
 
 # -- Feed-forward ------------------------------------------------------------------------------
 
 
-def feed_forward_backward(ffn, prefix: str, d_y: np.ndarray, grads: Grads) -> np.ndarray:
+def feed_forward_backward(tape: Tape, ffn, prefix: str, d_y: np.ndarray, grads: Grads) -> np.ndarray:
     """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3)  ->  back through W_2, act', W_1."""
-    d_act = linear_backward(ffn.linear2, f"{prefix}.linear2", d_y, grads)  # (B, L, F)
-    d_hidden = activation_backward(ffn.activation, alive(ffn.hidden), d_act)  # (B, L, F)
-    return linear_backward(ffn.linear1, f"{prefix}.linear1", d_hidden, grads)  # (B, L, D)
+    d_act = linear_backward(tape, ffn.linear2, f"{prefix}.linear2", d_y, grads)  # (B, L, F)
+    d_hidden = activation_backward(ffn.activation, alive(tape[ffn]), d_act)  # (B, L, F)
+    return linear_backward(tape, ffn.linear1, f"{prefix}.linear1", d_hidden, grads)  # (B, L, D)
 
 
 # -- Encoder layer -----------------------------------------------------------------------------
@@ -234,55 +217,58 @@ def dropout_backward(d_y: np.ndarray, dropout, site: str) -> np.ndarray:
     return np.where(dropout.masks[site], d_y / (1 - dropout.rate), 0)
 
 
-def residual_backward(pre_ln: bool, norm, prefix: str, sublayer_backward, d_out: np.ndarray, grads: Grads,
+def sublayer_backward(tape: Tape, pre_ln: bool, norm, prefix: str, fn_backward, d_out: np.ndarray, grads: Grads,
                       dropout=None, site: str = ""):
-    """The gradient through one residual sublayer; `sublayer_backward(d)` is f'(d). With dropout
-    the sublayer's output was dropped at `site` before the sum: f' reads through that mask."""
+    """The gradient through one residual sublayer (`sublayer`); `fn_backward(d)` is f'(d). With
+    dropout the sublayer's output was dropped at `site` before the sum: f' reads through that mask."""
     if pre_ln:
-        return d_out + layer_norm_backward(norm, prefix, sublayer_backward(dropout_backward(d_out, dropout, site)), grads)
-    d_sum = layer_norm_backward(norm, prefix, d_out, grads)
-    return d_sum + sublayer_backward(dropout_backward(d_sum, dropout, site))
+        d_fn = fn_backward(dropout_backward(d_out, dropout, site))
+        return d_out + layer_norm_backward(tape, norm, prefix, d_fn, grads)
+    d_sum = layer_norm_backward(tape, norm, prefix, d_out, grads)
+    return d_sum + fn_backward(dropout_backward(d_sum, dropout, site))
 
 
-def self_attention_backward(attn, prefix: str, grads: Grads):
+def self_attention_backward(tape: Tape, attn, prefix: str, grads: Grads):
     """f(h) = MultiHead(h, h): queries, keys and values all come from h, so dh is their sum."""
     def backward(d_out):
-        d_x, d_memory = multi_head_attention_backward(attn, prefix, d_out, grads)
+        d_x, d_memory = multi_head_attention_backward(tape, attn, prefix, d_out, grads)
         return d_x + d_memory
     return backward
 
 
-def encoder_layer_backward(layer, prefix: str, name: str, d_x: np.ndarray, grads: Grads, dropout=None) -> np.ndarray:
+def encoder_layer_backward(tape: Tape, layer, prefix: str, name: str, d_x: np.ndarray, grads: Grads,
+                           dropout=None) -> np.ndarray:
     """The encoder layer backwards: the feed-forward sublayer first, then self-attention. `name`
     is the layer's name in the forward's records and dropout sites (`encoder.{i}`)."""
-    d_x = residual_backward(layer.pre_ln, layer.ffn_norm, f"{prefix}.ffn_norm",
-                            lambda d: feed_forward_backward(layer.ffn, f"{prefix}.ffn", d, grads), d_x, grads,
+    d_x = sublayer_backward(tape, layer.pre_ln, layer.ffn_norm, f"{prefix}.ffn_norm",
+                            lambda d: feed_forward_backward(tape, layer.ffn, f"{prefix}.ffn", d, grads), d_x, grads,
                             dropout, f"{name}.ffn")
-    return residual_backward(layer.pre_ln, layer.self_attn_norm, f"{prefix}.self_attn_norm",
-                             self_attention_backward(layer.self_attn, f"{prefix}.self_attn", grads), d_x, grads,
+    return sublayer_backward(tape, layer.pre_ln, layer.self_attn_norm, f"{prefix}.self_attn_norm",
+                             self_attention_backward(tape, layer.self_attn, f"{prefix}.self_attn", grads), d_x, grads,
                              dropout, f"{name}.self_attn")
 
 
 # -- Decoder layer -----------------------------------------------------------------------------
 
 
-def decoder_layer_backward(layer, prefix: str, name: str, d_x: np.ndarray, grads: Grads, dropout=None):
+def decoder_layer_backward(tape: Tape, layer, prefix: str, name: str, d_x: np.ndarray, grads: Grads, dropout=None):
     """The decoder layer backwards: feed-forward, cross-attention, masked self-attention.
     Returns (d_x, d_memory): cross-attention's keys and values come from the encoder's memory."""
     d_memory = []
 
     def cross_attention_backward(d_out):
-        d_q_input, d_kv_input = multi_head_attention_backward(layer.cross_attn, f"{prefix}.cross_attn", d_out, grads)
+        d_q_input, d_kv_input = multi_head_attention_backward(tape, layer.cross_attn, f"{prefix}.cross_attn", d_out,
+                                                              grads)
         d_memory.append(d_kv_input)
         return d_q_input
 
-    d_x = residual_backward(layer.pre_ln, layer.ffn_norm, f"{prefix}.ffn_norm",
-                            lambda d: feed_forward_backward(layer.ffn, f"{prefix}.ffn", d, grads), d_x, grads,
+    d_x = sublayer_backward(tape, layer.pre_ln, layer.ffn_norm, f"{prefix}.ffn_norm",
+                            lambda d: feed_forward_backward(tape, layer.ffn, f"{prefix}.ffn", d, grads), d_x, grads,
                             dropout, f"{name}.ffn")
-    d_x = residual_backward(layer.pre_ln, layer.cross_attn_norm, f"{prefix}.cross_attn_norm",
+    d_x = sublayer_backward(tape, layer.pre_ln, layer.cross_attn_norm, f"{prefix}.cross_attn_norm",
                             cross_attention_backward, d_x, grads, dropout, f"{name}.cross_attn")
-    d_x = residual_backward(layer.pre_ln, layer.self_attn_norm, f"{prefix}.self_attn_norm",
-                            self_attention_backward(layer.self_attn, f"{prefix}.self_attn", grads), d_x, grads,
+    d_x = sublayer_backward(tape, layer.pre_ln, layer.self_attn_norm, f"{prefix}.self_attn_norm",
+                            self_attention_backward(tape, layer.self_attn, f"{prefix}.self_attn", grads), d_x, grads,
                             dropout, f"{name}.self_attn")
     return d_x, d_memory[0]
 
@@ -304,39 +290,39 @@ def embed_backward(config, name: str, position_prefix: str, ids: np.ndarray, d_x
     embedding_backward(name, ids, d_x, grads)
 
 
-def encoder_backward(encoder, d_memory: np.ndarray, grads: Grads, dropout=None) -> np.ndarray:
+def encoder_backward(tape: Tape, encoder, d_memory: np.ndarray, grads: Grads, dropout=None) -> np.ndarray:
     """The encoder stack backwards: the final norm, then the layers from the last to the first.
     Returns the gradient of the embeddings (B, S, D)."""
     d_x = d_memory
     if encoder.norm is not None:
-        d_x = layer_norm_backward(encoder.norm, "encoder.norm", d_x, grads)
+        d_x = layer_norm_backward(tape, encoder.norm, "encoder.norm", d_x, grads)
     for i in reversed(range(len(encoder.layers))):
-        d_x = encoder_layer_backward(encoder.layers[i], f"encoder.layers.{i}", f"encoder.{i}", d_x, grads, dropout)
+        d_x = encoder_layer_backward(tape, encoder.layers[i], f"encoder.layers.{i}", f"encoder.{i}", d_x, grads, dropout)
     return dropout_backward(d_x, dropout, "encoder.embeddings")
 
 
-def decoder_backward(decoder, d_y: np.ndarray, grads: Grads, dropout=None):
+def decoder_backward(tape: Tape, decoder, d_y: np.ndarray, grads: Grads, dropout=None):
     """The decoder stack backwards. Returns the gradient of its embeddings (B, T, D) and of the
     encoder's memory (B, S, D): every layer's cross-attention reads the same memory, so their
     gradients add up."""
     if decoder.norm is not None:
-        d_y = layer_norm_backward(decoder.norm, "decoder.norm", d_y, grads)
+        d_y = layer_norm_backward(tape, decoder.norm, "decoder.norm", d_y, grads)
     d_memory = 0
     for i in reversed(range(len(decoder.layers))):
-        d_y, d_layer_memory = decoder_layer_backward(decoder.layers[i], f"decoder.layers.{i}", f"decoder.{i}", d_y,
-                                                     grads, dropout)
+        d_y, d_layer_memory = decoder_layer_backward(tape, decoder.layers[i], f"decoder.layers.{i}", f"decoder.{i}",
+                                                     d_y, grads, dropout)
         d_memory = d_memory + d_layer_memory
     return dropout_backward(d_y, dropout, "decoder.embeddings"), d_memory
 
 
-def output_backward(output, config, tied_embedding, d_logits: np.ndarray, grads: Grads) -> np.ndarray:
+def output_backward(tape: Tape, output, config, tied_embedding, d_logits: np.ndarray, grads: Grads) -> np.ndarray:
     """logits = y W_out + b_out  ->  dW_out = y^T dlogits, db_out = sum of dlogits, dy = dlogits W_out^T
     (with `scale_logits`, logits = y W_out / sqrt(D) + b_out: dlogits / sqrt(D) in dW_out and dy).
 
     Tied (section 3.4): W_out = E^T for the target embedding E (the shared one when embeddings are
     shared), so E also gets dW_out^T = dlogits^T y, beside what its lookup gives it.
     """
-    y = alive(output.input)  # (B, T, D)
+    y = alive(tape[output])  # (B, T, D)
     if output.bias is not None:
         grads["output.bias"] += d_logits.reshape(-1, config.tgt_vocab_size).sum(axis=0)
     if config.scale_logits:
@@ -345,10 +331,10 @@ def output_backward(output, config, tied_embedding, d_logits: np.ndarray, grads:
     flat_y = y.reshape(-1, config.d_model)  # (B*T, D)
     flat_d = d_logits.reshape(-1, config.tgt_vocab_size)  # (B*T, V)
     if output.weight is None:
-        weight = forward.cast(tied_embedding.weight, d_logits.dtype).T  # (D, V)
+        weight = tied_embedding.weight.astype(d_logits.dtype, copy=False).T  # (D, V)
         grads[tied_name(config)] += flat_d.T @ flat_y  # (V, D)
     else:
-        weight = forward.cast(output.weight, d_logits.dtype)
+        weight = output.weight.astype(d_logits.dtype, copy=False)
         grads["output.weight"] += flat_y.T @ flat_d  # (D, V)
     return d_logits @ weight.T  # (B, T, D)
 
@@ -391,9 +377,9 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray, pad_id: int, label_smo
 
 
 def loss_and_grads(model, src_ids: np.ndarray, tgt_ids: np.ndarray, labels: np.ndarray,
-                   label_smoothing: float, out, dropout=None) -> tuple:
-    """The backward pass of `model`'s forward call `out = model(src_ids, tgt_ids, dropout=dropout)`,
-    which has just run and left its caches on the modules. Returns (loss, grads): the gradients
+                   label_smoothing: float, out, tape: Tape, dropout=None) -> tuple:
+    """The backward pass of `model`'s forward call `out` on (src_ids, tgt_ids), which has just run
+    with `dropout` and kept what this pass reads on `tape`. Returns (loss, grads): the gradients
     computed in the model's `dtype`, each cast once to its `param_dtype` at the end."""
     config = model.config
     grads = {name: np.zeros(shape, model.dtype) for name, shape in param_shapes(config).items()}
@@ -403,13 +389,13 @@ def loss_and_grads(model, src_ids: np.ndarray, tgt_ids: np.ndarray, labels: np.n
     if model.final_logits_bias is not None:
         grads["final_logits_bias"] += d_logits.reshape(-1, config.tgt_vocab_size).sum(axis=0)
     tgt_embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
-    d_y = output_backward(model.output, config, tgt_embedding, d_logits, grads)  # (B, T, D)
+    d_y = output_backward(tape, model.output, config, tgt_embedding, d_logits, grads)  # (B, T, D)
 
     # The decoder, then the encoder through the memory every cross-attention read.
-    d_y, d_memory = decoder_backward(model.decoder, d_y, grads, dropout)  # (B, T, D), (B, S, D)
-    d_x = encoder_backward(model.encoder, d_memory, grads, dropout)  # (B, S, D)
+    d_y, d_memory = decoder_backward(tape, model.decoder, d_y, grads, dropout)  # (B, T, D), (B, S, D)
+    d_x = encoder_backward(tape, model.encoder, d_memory, grads, dropout)  # (B, S, D)
 
     # The embeddings: with shared embeddings both lookups add to encoder.embedding.weight.
     embed_backward(config, tied_name(config), "decoder.position", tgt_ids, d_y, grads)
     embed_backward(config, "encoder.embedding.weight", "encoder.position", src_ids, d_x, grads)
-    return loss, {name: forward.cast(g, model.param_dtype) for name, g in grads.items()}
+    return loss, {name: g.astype(model.param_dtype, copy=False) for name, g in grads.items()}

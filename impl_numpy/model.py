@@ -35,9 +35,10 @@ from conformance.core.inputs import (
 )
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, record
-from conformance.core.params import OUTPUT_BLOCK, prepare_params
+from conformance.core.params import prepare_params
 from conformance.core.positions import sinusoid_table
 from impl_numpy import backward as backprop
+from impl_numpy.blocks import product_in_blocks
 
 SUPPORTED_DTYPES = ("float32", "float64")
 
@@ -142,8 +143,9 @@ class Linear:
         self.weight = params[f"{prefix}.weight"]
         self.bias = params.get(f"{prefix}.bias")
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        self.input = backprop.kept(x)  # for the backward pass (impl_numpy/backward.py), as every cache below
+    def __call__(self, x: np.ndarray, *, tape=None) -> np.ndarray:
+        if tape is not None:  # what the backward pass reads (impl_numpy/backward.py), as below
+            tape[self] = x
         y = x @ cast(self.weight, x.dtype)
         if self.bias is not None:
             y = y + cast(self.bias, x.dtype)
@@ -165,8 +167,9 @@ class LayerNorm:
         self.eps = config.layer_norm_eps
         self.form = config.layer_norm_form
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        self.input = backprop.kept(x)
+    def __call__(self, x: np.ndarray, *, tape=None) -> np.ndarray:
+        if tape is not None:
+            tape[self] = x
         mean = x.mean(axis=-1, keepdims=True)
         centered = x - mean
         if self.form == "standard":
@@ -249,16 +252,17 @@ class MultiHeadAttention:
         x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
         return x.transpose(0, 2, 1, 3)  # (B, H, L, K)
 
-    def __call__(self, x: np.ndarray, memory: np.ndarray, mask):
+    def __call__(self, x: np.ndarray, memory: np.ndarray, mask, *, tape=None):
         """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention)."""
-        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
-        k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
-        v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
+        q = self.split_heads(self.q_proj(x, tape=tape))  # (B, H, Tq, K)
+        k = self.split_heads(self.k_proj(memory, tape=tape))  # (B, H, Tk, K)
+        v = self.split_heads(self.v_proj(memory, tape=tape))  # (B, H, Tk, K)
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
-        self.saved = backprop.kept((q, k, v, weights, mask))
+        if tape is not None:
+            tape[self] = (q, k, v, weights, mask)
         batch, _, length, _ = heads.shape
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
-        return self.o_proj(concat), weights
+        return self.o_proj(concat, tape=tape), weights
 
     def keys_values(self, memory: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The projected keys and values of `memory` (B, Tk, D), each (B, H, Tk, K), for the cache."""
@@ -284,16 +288,28 @@ class FeedForward:
         self.linear2 = Linear(params, f"{prefix}.linear2")
         self.activation = config.activation
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        hidden = self.linear1(x)  # (B, L, F), before the activation
-        self.hidden = backprop.kept(hidden)
-        return self.linear2(activation(self.activation, hidden))
+    def __call__(self, x: np.ndarray, *, tape=None) -> np.ndarray:
+        hidden = self.linear1(x, tape=tape)  # (B, L, F), before the activation
+        if tape is not None:
+            tape[self] = hidden
+        return self.linear2(activation(self.activation, hidden), tape=tape)
 
 
 # -- Encoder layer -----------------------------------------------------------------------------
 # Each sublayer is wrapped with a residual connection and a LayerNorm (sections 3.1 and 5.4):
 #     post-LN (the paper):  x = LN(x + Sublayer(x))
 #     pre-LN:               x = x + Sublayer(LN(x))
+
+
+def sublayer(x: np.ndarray, fn, norm: LayerNorm, pre_ln: bool, dropout=None, site: str = "", *, tape=None):
+    """x = LN(x + Sublayer(x)) (post-LN, the paper) or x + Sublayer(LN(x)) (pre-LN), the
+    sublayer's output dropped out at `site` before the sum (sections 3.1 and 5.4).
+
+    `fn(h)` returns the sublayer's output and its attention weights (None for the feed-forward);
+    returns the new x and those weights."""
+    h, weights = fn(norm(x, tape=tape) if pre_ln else x)
+    h = apply_dropout(h, dropout, site)
+    return (x + h if pre_ln else norm(x + h, tape=tape)), weights
 
 
 class EncoderLayer:
@@ -305,19 +321,16 @@ class EncoderLayer:
         self.pre_ln = config.norm_placement == "pre"
 
     def __call__(self, x: np.ndarray, src_mask, name: str, out: ModelOutput | Encoded, *,
-                 dropout=None) -> np.ndarray:
+                 dropout=None, tape=None) -> np.ndarray:
         # Self-attention: each source position attends to every unmasked source position.
-        h = self.self_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask)
-        h = apply_dropout(h, dropout, f"{name}.self_attn")
-        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+        x, out.attention[f"{name}.self"] = sublayer(
+            x, lambda h: self.self_attn(h, h, src_mask, tape=tape), self.self_attn_norm, self.pre_ln,
+            dropout, f"{name}.self_attn", tape=tape)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Position-wise feed-forward.
-        h = self.ffn_norm(x) if self.pre_ln else x
-        h = self.ffn(h)
-        h = apply_dropout(h, dropout, f"{name}.ffn")
-        x = x + h if self.pre_ln else self.ffn_norm(x + h)
+        x, _ = sublayer(x, lambda h: (self.ffn(h, tape=tape), None), self.ffn_norm, self.pre_ln,
+                        dropout, f"{name}.ffn", tape=tape)
         out.intermediates[f"{name}.ffn"] = x
         return x
 
@@ -336,26 +349,22 @@ class DecoderLayer:
         self.pre_ln = config.norm_placement == "pre"
 
     def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                 dropout=None) -> np.ndarray:
+                 dropout=None, tape=None) -> np.ndarray:
         # Masked self-attention: position t attends to target positions <= t.
-        h = self.self_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask)
-        h = apply_dropout(h, dropout, f"{name}.self_attn")
-        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+        x, out.attention[f"{name}.self"] = sublayer(
+            x, lambda h: self.self_attn(h, h, tgt_mask, tape=tape), self.self_attn_norm, self.pre_ln,
+            dropout, f"{name}.self_attn", tape=tape)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
-        h = self.cross_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask)
-        h = apply_dropout(h, dropout, f"{name}.cross_attn")
-        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
+        x, out.attention[f"{name}.cross"] = sublayer(
+            x, lambda h: self.cross_attn(h, memory, cross_mask, tape=tape), self.cross_attn_norm, self.pre_ln,
+            dropout, f"{name}.cross_attn", tape=tape)
         out.intermediates[f"{name}.cross_attn"] = x
 
         # Position-wise feed-forward.
-        h = self.ffn_norm(x) if self.pre_ln else x
-        h = self.ffn(h)
-        h = apply_dropout(h, dropout, f"{name}.ffn")
-        x = x + h if self.pre_ln else self.ffn_norm(x + h)
+        x, _ = sublayer(x, lambda h: (self.ffn(h, tape=tape), None), self.ffn_norm, self.pre_ln,
+                        dropout, f"{name}.ffn", tape=tape)
         out.intermediates[f"{name}.ffn"] = x
         return x
 
@@ -403,12 +412,12 @@ class Encoder:
         self.layers = [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)]
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
 
-    def __call__(self, x: np.ndarray, src_mask, out: Encoded, *, dropout=None) -> np.ndarray:
+    def __call__(self, x: np.ndarray, src_mask, out: Encoded, *, dropout=None, tape=None) -> np.ndarray:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self_mask, f"encoder.{i}", out, dropout=dropout)
+            x = layer(x, self_mask, f"encoder.{i}", out, dropout=dropout, tape=tape)
         if self.norm is not None:
-            x = self.norm(x)
+            x = self.norm(x, tape=tape)
         out.intermediates["encoder.output"] = x
         return x
 
@@ -421,11 +430,11 @@ class Decoder:
         self.layers = [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)]
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, dropout=None) -> np.ndarray:
+    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, dropout=None, tape=None) -> np.ndarray:
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, dropout=dropout)
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, dropout=dropout, tape=tape)
         if self.norm is not None:
-            x = self.norm(x)
+            x = self.norm(x, tape=tape)
         out.intermediates["decoder.output"] = x
         return x
 
@@ -443,42 +452,25 @@ class Output:
     transposed when the output is tied to it (section 3.4). With `scale_logits`,
     logits = y W_out / sqrt(D) + b_out (Flax examples/wmt's `logits_via_embedding`).
 
-    The product is taken OUTPUT_BLOCK vocabulary columns at a time, each block of W_out cast where
-    it is used: a W_out stored narrower than the compute dtype (`param_dtype`) is never widened
-    whole (the base model's is 86 MB in float64 at vocabulary 21000, and it would be widened at
-    every decoding step). The blocks are the same whatever the dtypes, because a GEMM's rounding
-    can depend on its width: float32 parameters computed in float64 give the float64 model's
-    logits bit for bit."""
+    The product y W_out is taken a block of vocabulary columns at a time (impl_numpy/blocks.py):
+    a W_out stored narrower than the compute dtype is never widened whole."""
 
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray]):
         self.weight = None if config.tie_output else params["output.weight"]
         self.bias = params.get("output.bias")
         self.scale_logits = config.scale_logits
 
-    def __call__(self, y: np.ndarray, tied_embedding: Embedding) -> np.ndarray:
-        self.input = backprop.kept(y)
+    def __call__(self, y: np.ndarray, tied_embedding: Embedding, *, tape=None) -> np.ndarray:
+        if tape is not None:
+            tape[self] = y
         # W_out as stored: `output.weight` (D, V), or the tied embedding (V, D)
         weight, vocab_axis = (tied_embedding.weight, 0) if self.weight is None else (self.weight, 1)
-        logits = product_in_blocks(y, weight, vocab_axis)  # (B, T, V)
+        logits = product_in_blocks(y, weight, vocab_axis, cast)  # (B, T, V)
         if self.scale_logits:
             logits = logits / math.sqrt(y.shape[-1])
         if self.bias is not None:
             logits = logits + cast(self.bias, y.dtype)
         return logits
-
-
-def product_in_blocks(y: np.ndarray, weight: np.ndarray, vocab_axis: int) -> np.ndarray:
-    """y @ cast(W_out, y.dtype), OUTPUT_BLOCK vocabulary columns of W_out at a time (`Output`),
-    each written in place. `weight` is W_out (D, V) (`vocab_axis` 1) or its transpose, the tied
-    embedding (V, D) (`vocab_axis` 0).
-
-    Here the transpose is a view; XLA would copy it whole (`impl_jax`)."""
-    weight = weight if vocab_axis == 1 else weight.T  # (D, V)
-    logits = np.empty((*y.shape[:-1], weight.shape[1]), y.dtype)  # (B, T, V)
-    for start in range(0, weight.shape[1], OUTPUT_BLOCK):
-        block = slice(start, start + OUTPUT_BLOCK)
-        np.matmul(y, cast(weight[:, block], y.dtype), out=logits[..., block])
-    return logits
 
 
 # -- Model -------------------------------------------------------------------------------------
@@ -550,9 +542,13 @@ class Model:
             x = x * math.sqrt(self.config.d_model)
         return x + position(ids.shape[1], self.dtype)
 
-    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None,
+               tape=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
-        (with a `sink`, handed to it one at a time instead)."""
+        (with a `sink`, handed to it one at a time instead).
+
+        `tape` (keyword-only): an `impl_numpy.backward.Tape` that keeps what the backward pass
+        reads (`loss_and_grads` passes one); None, the default, keeps nothing."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
@@ -567,15 +563,17 @@ class Model:
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
         x = apply_dropout(x, dropout, "encoder.embeddings")
-        encoded.memory = self.encoder(x, src_mask, encoded, dropout=dropout)
+        encoded.memory = self.encoder(x, src_mask, encoded, dropout=dropout, tape=tape)
         if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
             encoded.attention = None
         return encoded
 
     def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
-               dropout=None, sink=None) -> ModelOutput:
+               dropout=None, sink=None, tape=None) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded
-        (with a `sink`, handed to it one at a time instead, the logits last)."""
+        (with a `sink`, handed to it one at a time instead, the logits last).
+
+        `tape`: as for `encode`."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_memory(self.config, encoded.memory.shape, encoded.memory.dtype.name, self.dtype.name)
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
@@ -595,9 +593,8 @@ class Model:
         y = self.embed(tgt_ids, embedding, self.decoder.position)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
-        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out,
-                              dropout=dropout)
-        logits = self.output(y, embedding)  # (B, T, V)
+        y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, dropout=dropout, tape=tape)
+        logits = self.output(y, embedding, tape=tape)  # (B, T, V)
         if self.final_logits_bias is not None:
             logits = logits + cast(self.final_logits_bias, logits.dtype)
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
@@ -647,9 +644,11 @@ class Model:
         decoder_drop = host_dropout(self.config, dropout, "decoder", batch, tgt_ids.shape[1])
         if dropout is not None:  # one Dropout with every site's checked host mask
             dropout = Dropout(encoder_drop.rate, {**encoder_drop.masks, **decoder_drop.masks})
-        # The forward pass; every module keeps what its backward needs.
-        out = self(src_ids, tgt_ids, dropout=dropout)
-        return backprop.loss_and_grads(self, src_ids, tgt_ids, labels, float(label_smoothing), out, dropout)
+        # The forward pass, with a tape that keeps what the backward pass reads.
+        tape = backprop.Tape()
+        encoded = self.encode(src_ids, dropout=dropout, tape=tape)
+        out = self.decode(tgt_ids, encoded, dropout=dropout, tape=tape)
+        return backprop.loss_and_grads(self, src_ids, tgt_ids, labels, float(label_smoothing), out, tape, dropout)
 
     # Generation ------------------------------------------------------------------------------
     # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,

@@ -41,9 +41,10 @@ from conformance.core.inputs import (
 )
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, record
-from conformance.core.params import OUTPUT_BLOCK, param_shapes, prepare_params
+from conformance.core.params import param_shapes, prepare_params
 from conformance.core.positions import sinusoid_table
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
+from impl_torch.blocks import product_in_blocks
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
@@ -267,7 +268,7 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, empty_rows: floa
     None. Masked scores are replaced by `fill` before the softmax. Returns the output
     (B, H, Tq, K) and the weights (B, H, Tq, Tk).
 
-    `empty_rows` (keyword-only; the loss sets it to 0.0, docs/training.md) gives a query with no
+    `empty_rows` (keyword-only; the loss passes 0.0, docs/training.md) gives a query with no
     key to attend to weights `empty_rows` instead of the -inf fill's NaN: the row is selected out
     of the softmax (a double where, so that neither its value nor its gradient sees 0 / 0), and
     a NaN there cannot reach a weight gradient as 0 * NaN. A finite fill is left as it is.
@@ -326,7 +327,6 @@ class MultiHeadAttention(nn.Module):
         self.o_proj = Linear(d, d, config.out_proj_bias, dtype)
         self.n_heads = config.n_heads
         self.fill = config.mask_fill
-        self.empty_rows = None  # 0.0 while the loss runs (see scaled_dot_product_attention)
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, mask_fill={self.fill:g}"
@@ -336,17 +336,19 @@ class MultiHeadAttention(nn.Module):
         x = x.view(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
         return x.transpose(1, 2)  # (B, H, L, K)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, mask, *, return_attention: bool = True):
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, mask, *, return_attention: bool = True,
+                empty_rows=None):
         """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention).
 
         Returns the output (B, Tq, D) and the weights (B, H, Tq, Tk), or None for the weights
-        when they are not wanted (the fused kernel never forms them).
+        when they are not wanted (the fused kernel never forms them). `empty_rows`: as in
+        `scaled_dot_product_attention` (the loss passes 0.0).
         """
         q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
         if return_attention:
-            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, empty_rows=self.empty_rows)
+            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, empty_rows=empty_rows)
         else:
             heads, weights = fast_attention(q, k, v, mask, self.fill), None
         batch, _, length, _ = heads.shape
@@ -391,6 +393,18 @@ class FeedForward(nn.Module):
 # Each sublayer is wrapped with a residual connection and a LayerNorm (sections 3.1 and 5.4):
 #     post-LN (the paper):  x = LN(x + Sublayer(x))
 #     pre-LN:               x = x + Sublayer(LN(x))
+# `empty_rows` is attention's rule for a query with no key (see scaled_dot_product_attention).
+
+
+def sublayer(x: torch.Tensor, fn, norm: LayerNorm, pre_ln: bool, dropout=None, site: str = ""):
+    """x = LN(x + Sublayer(x)) (post-LN, the paper) or x + Sublayer(LN(x)) (pre-LN), the
+    sublayer's output dropped out at `site` before the sum (sections 3.1 and 5.4).
+
+    `fn(h)` returns the sublayer's output and its attention weights (None for the feed-forward);
+    returns the new x and those weights."""
+    h, weights = fn(norm(x) if pre_ln else x)
+    h = apply_dropout(h, dropout, site)
+    return (x + h if pre_ln else norm(x + h)), weights
 
 
 class EncoderLayer(nn.Module):
@@ -403,19 +417,17 @@ class EncoderLayer(nn.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def forward(self, x: torch.Tensor, src_mask, name: str, out: ModelOutput | Encoded, *,
-                return_attention: bool = True, dropout=None) -> torch.Tensor:
+                return_attention: bool = True, dropout=None, empty_rows=None) -> torch.Tensor:
+        options = {"return_attention": return_attention, "empty_rows": empty_rows}  # for each attention
         # Self-attention: each source position attends to every unmasked source position.
-        h = self.self_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.self"] = self.self_attn(h, h, src_mask, return_attention=return_attention)
-        h = apply_dropout(h, dropout, f"{name}.self_attn")
-        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+        x, out.attention[f"{name}.self"] = sublayer(
+            x, lambda h: self.self_attn(h, h, src_mask, **options), self.self_attn_norm, self.pre_ln,
+            dropout, f"{name}.self_attn")
         out.intermediates[f"{name}.self_attn"] = x
 
         # Position-wise feed-forward.
-        h = self.ffn_norm(x) if self.pre_ln else x
-        h = self.ffn(h)
-        h = apply_dropout(h, dropout, f"{name}.ffn")
-        x = x + h if self.pre_ln else self.ffn_norm(x + h)
+        x, _ = sublayer(x, lambda h: (self.ffn(h), None), self.ffn_norm, self.pre_ln,
+                        dropout, f"{name}.ffn")
         out.intermediates[f"{name}.ffn"] = x
         return x
 
@@ -435,26 +447,23 @@ class DecoderLayer(nn.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def forward(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                return_attention: bool = True, dropout=None) -> torch.Tensor:
+                return_attention: bool = True, dropout=None, empty_rows=None) -> torch.Tensor:
+        options = {"return_attention": return_attention, "empty_rows": empty_rows}  # for each attention
         # Masked self-attention: position t attends to target positions <= t.
-        h = self.self_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.self"] = self.self_attn(h, h, tgt_mask, return_attention=return_attention)
-        h = apply_dropout(h, dropout, f"{name}.self_attn")
-        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
+        x, out.attention[f"{name}.self"] = sublayer(
+            x, lambda h: self.self_attn(h, h, tgt_mask, **options), self.self_attn_norm, self.pre_ln,
+            dropout, f"{name}.self_attn")
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
-        h = self.cross_attn_norm(x) if self.pre_ln else x
-        h, out.attention[f"{name}.cross"] = self.cross_attn(h, memory, cross_mask, return_attention=return_attention)
-        h = apply_dropout(h, dropout, f"{name}.cross_attn")
-        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
+        x, out.attention[f"{name}.cross"] = sublayer(
+            x, lambda h: self.cross_attn(h, memory, cross_mask, **options), self.cross_attn_norm, self.pre_ln,
+            dropout, f"{name}.cross_attn")
         out.intermediates[f"{name}.cross_attn"] = x
 
         # Position-wise feed-forward.
-        h = self.ffn_norm(x) if self.pre_ln else x
-        h = self.ffn(h)
-        h = apply_dropout(h, dropout, f"{name}.ffn")
-        x = x + h if self.pre_ln else self.ffn_norm(x + h)
+        x, _ = sublayer(x, lambda h: (self.ffn(h), None), self.ffn_norm, self.pre_ln,
+                        dropout, f"{name}.ffn")
         out.intermediates[f"{name}.ffn"] = x
         return x
 
@@ -508,10 +517,11 @@ class Encoder(nn.Module):
         self.norm = LayerNorm(config, dtype) if config.final_encoder_norm else None
 
     def forward(self, x: torch.Tensor, src_mask, out: Encoded, *, return_attention: bool = True,
-                dropout=None) -> torch.Tensor:
+                dropout=None, empty_rows=None) -> torch.Tensor:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self_mask, f"encoder.{i}", out, return_attention=return_attention, dropout=dropout)
+            x = layer(x, self_mask, f"encoder.{i}", out, return_attention=return_attention, dropout=dropout,
+                      empty_rows=empty_rows)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -529,10 +539,10 @@ class Decoder(nn.Module):
         self.norm = LayerNorm(config, dtype) if config.final_decoder_norm else None
 
     def forward(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *,
-                return_attention: bool = True, dropout=None) -> torch.Tensor:
+                return_attention: bool = True, dropout=None, empty_rows=None) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, return_attention=return_attention,
-                      dropout=dropout)
+                      dropout=dropout, empty_rows=empty_rows)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
@@ -552,12 +562,8 @@ class Output(nn.Module):
     transposed when the output is tied to it (section 3.4). With `scale_logits`,
     logits = y W_out / sqrt(D) + b_out (Flax examples/wmt's `logits_via_embedding`).
 
-    The product is taken OUTPUT_BLOCK vocabulary columns at a time, each block of W_out cast where
-    it is used: a W_out stored narrower than the compute dtype (`param_dtype`) is never widened
-    whole (the base model's is 86 MB in float64 at vocabulary 21000, and it would be widened at
-    every decoding step). The blocks are the same whatever the dtypes, because a GEMM's rounding
-    can depend on its width: float32 parameters computed in float64 give the float64 model's
-    logits bit for bit."""
+    The product y W_out is taken a block of vocabulary columns at a time (impl_torch/blocks.py):
+    a W_out stored narrower than the compute dtype is never widened whole."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
@@ -569,7 +575,7 @@ class Output(nn.Module):
     def forward(self, y: torch.Tensor, tied_embedding: Embedding) -> torch.Tensor:
         # W_out as stored: `output.weight` (D, V), or the tied embedding (V, D)
         weight, vocab_axis = (tied_embedding.weight, 0) if self.weight is None else (self.weight, 1)
-        logits = product_in_blocks(y, weight, vocab_axis)  # (B, T, V)
+        logits = product_in_blocks(y, weight, vocab_axis, cast)  # (B, T, V)
         # Outside autograd's graph the scale and the bias are applied in place: at V = 32000 each
         # fresh result would be another copy of the largest tensor of the forward pass.
         if self.scale_logits:
@@ -579,27 +585,6 @@ class Output(nn.Module):
             bias = cast(self.bias, y.dtype)
             logits = logits + bias if logits.requires_grad else logits.add_(bias)
         return logits
-
-
-def product_in_blocks(y: torch.Tensor, weight: torch.Tensor, vocab_axis: int) -> torch.Tensor:
-    """y @ cast(W_out, y.dtype), OUTPUT_BLOCK vocabulary columns of W_out at a time (`Output`),
-    each written in place. `weight` is W_out (D, V) (`vocab_axis` 1) or its transpose, the tied
-    embedding (V, D) (`vocab_axis` 0).
-
-    Here the transpose is a view; XLA would copy it whole (`impl_jax`). With autograd the blocks
-    are concatenated instead, and taken by `split`, whose backward gathers the blocks' gradients
-    with one concatenation: a block written in place (CopySlices) copies the whole (B, T, V)
-    gradient in its backward, and a sliced block's gradient is a zero (D, V) tensor, each making a
-    base-model training step 1.4x slower at vocabulary 32000. Autograd then keeps every widened
-    block for the backward pass: the whole weight, widened, as before the blocks."""
-    weight = weight if vocab_axis == 1 else weight.T  # (D, V)
-    if torch.is_grad_enabled() and (y.requires_grad or weight.requires_grad):
-        return torch.cat([y @ cast(columns, y.dtype) for columns in weight.split(OUTPUT_BLOCK, dim=1)], dim=-1)
-    logits = y.new_empty(*y.shape[:-1], weight.shape[1])  # (B, T, V)
-    for start in range(0, weight.shape[1], OUTPUT_BLOCK):
-        block = slice(start, start + OUTPUT_BLOCK)
-        logits[..., block] = y @ cast(weight[:, block], y.dtype)
-    return logits
 
 
 # -- Model -------------------------------------------------------------------------------------
@@ -733,9 +718,14 @@ class Model(nn.Module):
             x = x * math.sqrt(self.config.d_model)
         return x + position(ids.shape[1], self.dtype)
 
-    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
+    def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None,
+               empty_rows=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
-        (with a `sink`, handed to it one at a time instead)."""
+        (with a `sink`, handed to it one at a time instead).
+
+        `empty_rows` (keyword-only): None, the default, gives a query with no key to attend to
+        the config's answer (NaN for a -inf fill); `loss_and_grads` passes 0.0, the training rule
+        of docs/training.md (`scaled_dot_product_attention`)."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
@@ -752,15 +742,18 @@ class Model(nn.Module):
         x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
         encoded.intermediates["encoder.embeddings"] = x
         x = apply_dropout(x, dropout, "encoder.embeddings")
-        encoded.memory = self.encoder(x, src_mask, encoded, return_attention=return_attention, dropout=dropout)
+        encoded.memory = self.encoder(x, src_mask, encoded, return_attention=return_attention, dropout=dropout,
+                                      empty_rows=empty_rows)
         if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
             encoded.attention = None
         return encoded
 
     def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,
-               dropout=None, sink=None) -> ModelOutput:
+               dropout=None, sink=None, empty_rows=None) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded
-        (with a `sink`, handed to it one at a time instead, the logits last)."""
+        (with a `sink`, handed to it one at a time instead, the logits last).
+
+        `empty_rows`: as for `encode`."""
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_memory(self.config, encoded.memory.shape, dtype_name(encoded.memory.dtype), dtype_name(self.dtype))
         check_same_batch(encoded.memory.shape, tgt_ids.shape)
@@ -783,7 +776,7 @@ class Model(nn.Module):
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
         y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention=return_attention,
-                              dropout=dropout)
+                         dropout=dropout, empty_rows=empty_rows)
         logits = self.output(y, embedding)  # (B, T, V)
         if self.final_logits_bias is not None:  # in place outside autograd's graph, as in `Output`
             bias = cast(self.final_logits_bias, logits.dtype)
@@ -798,7 +791,7 @@ class Model(nn.Module):
         return out
 
     def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True,
-                dropout=None, sink=None) -> ModelOutput:
+                dropout=None, sink=None, empty_rows=None) -> ModelOutput:
         """logits (B, T, V) for source ids (B, S) and decoder input ids (B, T), plus the
         attention weights (`return_attention`) and the intermediates by name.
 
@@ -809,9 +802,12 @@ class Model(nn.Module):
         as soon as it is computed, then the logits, in `forward_order`; the returned output then
         keeps none of them (conformance.core.output).
 
-        Without the attention weights, attention runs through PyTorch's fused kernel."""
-        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink)
-        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout, sink=sink)
+        Without the attention weights, attention runs through PyTorch's fused kernel. `empty_rows`:
+        as for `encode`."""
+        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink,
+                              empty_rows=empty_rows)
+        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout, sink=sink,
+                           empty_rows=empty_rows)
 
     # Training ----------------------------------------------------------------------------------
 
@@ -850,25 +846,18 @@ class Model(nn.Module):
         leaves = [cast(p, self.dtype).detach().requires_grad_() for p in params] if mixed else list(params)
         # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
         # loss runs: a NaN activation would reach every weight gradient as 0 * NaN.
-        attention = [m for m in self.modules() if isinstance(m, MultiHeadAttention)]
-        for module in attention:
-            module.empty_rows = 0.0
-        try:
-            with torch.enable_grad():
-                if mixed:
-                    logits = torch.func.functional_call(self, dict(zip(names, leaves)), (src_ids, tgt_ids),
-                                                        {"dropout": dropout}).logits  # (B, T, V)
-                else:
-                    logits = self(src_ids, tgt_ids, dropout=dropout).logits  # (B, T, V)
-                # The counted positions are selected before the log-softmax, never multiplied by
-                # 0: a padded row is not read at all, so a NaN there reaches neither the loss nor
-                # the gradient.
-                selected = at_least_float32(logits[counted])  # (N, V)
-                loss = F.cross_entropy(selected, targets, label_smoothing=epsilon)
-                grads = torch.autograd.grad(loss, leaves, materialize_grads=True)
-        finally:
-            for module in attention:
-                module.empty_rows = None
+        forward = {"dropout": dropout, "empty_rows": 0.0}
+        with torch.enable_grad():
+            if mixed:
+                logits = torch.func.functional_call(self, dict(zip(names, leaves)), (src_ids, tgt_ids),
+                                                    forward).logits  # (B, T, V)
+            else:
+                logits = self(src_ids, tgt_ids, **forward).logits  # (B, T, V)
+            # The counted positions are selected before the log-softmax, never multiplied by 0: a
+            # padded row is not read at all, so a NaN there reaches neither the loss nor the gradient.
+            selected = at_least_float32(logits[counted])  # (N, V)
+            loss = F.cross_entropy(selected, targets, label_smoothing=epsilon)
+            grads = torch.autograd.grad(loss, leaves, materialize_grads=True)
         grads = {name: cast(grad, param.dtype) for name, grad, param in zip(names, grads, params)}
         return loss.detach(), {name: grads[name] for name in param_shapes(self.config)}  # checkpoint order
 

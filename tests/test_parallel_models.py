@@ -25,8 +25,9 @@ IDIOM_NAMES = {
     "fast_attention": ({"torch"}, "PyTorch's fused SDPA kernel, the path without attention weights"),
     "Sinusoid": ({"jax"}, "an nnx.Variable kind for the position constant: neither a parameter nor saved"),
     "optional_param": ({"jax"}, "nnx.Param or None, for the switchable biases"),
-    "_product_in_blocks_jvp": ({"jax"}, "the derivative of product_in_blocks as one product (jax.custom_jvp): "
-                                        "through its loop, every block's gradient is a whole zero array"),
+    "_product_in_blocks_jvp": ({"jax"}, "blocks.py: the derivative of product_in_blocks as one product "
+                                        "(jax.custom_jvp): through its loop, every block's gradient is a whole "
+                                        "zero array"),
 }
 # Methods only some backends' classes have, and why.
 IDIOM_METHODS = {
@@ -49,10 +50,12 @@ ALIASES = {"torch": {"forward": "__call__"}}
 # and the model loads its state dict once; NumPy and Flax wrap the given arrays by name.
 CONSTRUCTOR_BACKENDS = {"numpy", "jax"}
 SECTION = re.compile(r"^# -- (.+?) -+$", re.M)
+# The other modules every backend has, split out of model.py by concern: held to the same rules.
+PARALLEL_MODULES = ("blocks.py",)
 
 
-def source(backend: str) -> str:
-    return (ROOT / f"impl_{backend}" / "model.py").read_text()
+def source(backend: str, module: str = "model.py") -> str:
+    return (ROOT / f"impl_{backend}" / module).read_text()
 
 
 def skeleton(text: str, backend: str) -> dict:
@@ -130,12 +133,21 @@ def test_model_files_are_parallel(backend):
     assert not problems, f"impl_{backend}/model.py drifted from impl_{REFERENCE}/model.py:\n" + "\n".join(problems)
 
 
+@pytest.mark.parametrize("module", PARALLEL_MODULES)
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != REFERENCE])
+def test_split_out_modules_are_parallel(backend, module):
+    problems = drift(skeleton(source(REFERENCE, module), REFERENCE), skeleton(source(backend, module), backend), backend)
+    assert not problems, f"impl_{backend}/{module} drifted from impl_{REFERENCE}/{module}:\n" + "\n".join(problems)
+
+
 def test_the_allowlists_name_only_what_exists():
     """An allowlist entry that no longer matches anything hides nothing and must go."""
     skeletons = {b: skeleton(source(b), b) for b in BACKENDS}
+    for backend, found in skeletons.items():  # the split-out modules' names count too
+        found["names"] += [n for m in PARALLEL_MODULES for n in skeleton(source(backend, m), backend)["names"]]
     for name, (owners, why) in IDIOM_NAMES.items():
         for backend in owners:
-            assert name in skeletons[backend]["names"], f"{name} ({why}) is not in impl_{backend}/model.py"
+            assert name in skeletons[backend]["names"], f"{name} ({why}) is not in impl_{backend}'s modules"
     for name, (owners, why) in IDIOM_METHODS.items():
         for backend in owners:
             assert any(name in methods for methods in skeletons[backend]["classes"].values()), (
@@ -156,6 +168,11 @@ def test_drift_is_caught():
         "docstring of scaled_dot_product_attention differs": text.replace(
             "Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V", "Attention(Q, K, V) = softmax(Q K^T) V"),
     }
+    blocks = source("torch", "blocks.py")
+    broken_blocks = blocks.replace("def product_in_blocks(", "def product_by_blocks(")
+    assert broken_blocks != blocks
+    problems = drift(skeleton(source(REFERENCE, "blocks.py"), REFERENCE), skeleton(broken_blocks, "torch"), "torch")
+    assert any("top-level names differ" in p for p in problems), problems
     for expected, broken in cases.items():
         assert broken != text, f"the planted drift for {expected!r} did not apply"
         problems = drift(skeleton(reference, REFERENCE), skeleton(broken, "torch"), "torch")

@@ -1,8 +1,8 @@
 """A model call with `sink=`: every backend hands each tensor over in forward order, bit for bit
 the tensor the same call returns without a sink, and keeps none of them in its output.
 
-Also the NumPy backend's `forward_only()`: the oracle's forward without the backward caches gives
-the same bits and leaves nothing on the modules.
+Also the NumPy backend's tape: the oracle's forward keeps no backward values on its modules; what
+the backward pass reads lives on a tape, and a forward with one gives the same bits.
 """
 
 from __future__ import annotations
@@ -58,22 +58,25 @@ def test_a_sink_without_attention_receives_the_intermediates_and_logits_only(bac
     assert out.attention is None and out.logits is None
 
 
-def test_the_numpy_forward_only_pass_gives_the_same_bits_and_keeps_no_caches():
+def test_the_numpy_forward_keeps_nothing_and_the_loss_keeps_its_tape_to_itself():
+    """A plain NumPy call keeps no backward values on the model (they live on the tape that
+    `loss_and_grads` passes), and a forward with a tape gives the same bits as one without."""
     import impl_numpy
-    from impl_numpy.backward import forward_only
+    from impl_numpy.backward import Tape
 
     model = impl_numpy.Model(CONFIG, init_params(CONFIG, seed=3), "float64")
     expected = tensors_of(model(SRC, TGT))
-    assert model.encoder.layers[0].self_attn.saved is not None  # a plain call keeps them
-    with forward_only():
-        got = tensors_of(model(SRC, TGT))
+    tape = Tape()
+    got = tensors_of(model.decode(TGT, model.encode(SRC, tape=tape), tape=tape))
     for name in forward_order(CONFIG):
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
     layer = model.decoder.layers[1]
-    assert layer.self_attn.saved is None and layer.ffn.hidden is None and layer.ffn.linear1.input is None
-    assert model.output.input is None and layer.cross_attn_norm.input is None
-    model(SRC, TGT)  # and outside it, a call keeps them again
-    assert model.decoder.layers[1].self_attn.saved is not None
+    assert {layer.self_attn, layer.ffn, layer.ffn.linear1, layer.cross_attn_norm, model.output} <= set(tape)
+    model.loss_and_grads(SRC, TGT, np.where(np.arange(3)[:, None] == 0, TGT, 0))  # the row without NaN counts
+    arrays = [value for module in (model, model.output, layer, layer.self_attn, layer.ffn, layer.ffn.linear1,
+                                   layer.cross_attn_norm) for value in vars(module).values()]
+    # Parameters are at most 2-D; an activation kept on a module would be (B, L, ...) or a tuple of them.
+    assert not any(isinstance(value, tuple) or np.ndim(value) >= 3 for value in arrays)
 
 
 def test_jax_hands_bucket_padded_tensors_over_cut_in_forward_order():

@@ -191,17 +191,13 @@ def dtype_scope(target: Target) -> Iterator[None]:
 def forward_only(backend: str) -> Iterator[None]:
     """No autograd record for the duration: a torch model's parameters require gradients, so a
     forward pass outside `torch.inference_mode` keeps every activation for a backward pass that a
-    check never takes (1.5 GB more for a base-size model at length 512); the NumPy model keeps its
-    backward caches on its modules unless in `impl_numpy.backward.forward_only` (1.2 GB there)."""
+    check never takes (1.5 GB more for a base-size model at length 512). The NumPy model keeps
+    what its backward pass reads only on a tape that `loss_and_grads` passes, never in a call, and
+    JAX keeps nothing outside a traced gradient: nothing to switch off for them."""
     if kind(backend) == "torch":
         import torch
 
         with torch.inference_mode():
-            yield
-    elif kind(backend) == "numpy":
-        from impl_numpy.backward import forward_only as numpy_forward_only
-
-        with numpy_forward_only():
             yield
     else:
         yield

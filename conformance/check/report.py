@@ -275,8 +275,7 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], 
             params_dtype(as_read), ORACLE_DTYPE, impl_numpy.SUPPORTED_DTYPES))
         del as_read
         release_freed_memory()  # the parameters as read, when read again per model
-        with backends.forward_only("numpy"):
-            oracle_model(src_ids, tgt_ids, sink=keep)
+        oracle_model(src_ids, tgt_ids, sink=keep)  # a call keeps no backward values (no tape)
         del oracle_model
         release_freed_memory()
         for target in targets:
