@@ -35,10 +35,9 @@ import numpy as np
 from flax import nnx
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache, search
+from conformance.core.decoding import DecoderCache
 from conformance.core.errors import InputError
 from conformance.core.inputs import (
-    check_generate,
     check_label_smoothing,
     check_labels_finite,
     check_memory,
@@ -52,7 +51,7 @@ from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, send_in_order
 from conformance.core.params import param_shapes
 from conformance.core.positions import sinusoid_table
-from impl_jax import compiled, host
+from impl_jax import compiled, decode, host
 from impl_jax.blocks import product_in_blocks
 from impl_jax.precision import MATMUL_PRECISION, reduction_dtype
 
@@ -114,20 +113,6 @@ def encoder_self_mask(config: ModelConfig, src_mask):
 def make_masks(config: ModelConfig, src_ids, tgt_ids) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
     """The masks a model derives from its ids: src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)."""
     return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
-
-
-def step_mask(config: ModelConfig, tgt_ids: jax.Array, position) -> jax.Array:
-    """(B, 1, 1, T): row `position` of `target_mask`, what the newest position may attend to.
-
-    A cached decoding step has one query, at `position`; its keys are the positions so far.
-    `position` may be traced (one executable serves every step).
-    """
-    tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
-    if config.tgt_pad_mask == "queries":
-        tgt_pad = jax.lax.dynamic_slice_in_dim(tgt_pad, position, 1, axis=3)  # (B, 1, 1, 1): the query's own padding
-    elif config.tgt_pad_mask == "none":
-        tgt_pad = tgt_pad | True
-    return tgt_pad & (jnp.arange(tgt_ids.shape[1]) <= position)  # (B, 1, 1, T)
 
 
 # -- Positions ---------------------------------------------------------------------------------
@@ -330,11 +315,16 @@ class MultiHeadAttention(nnx.Module):
         x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
         return x.transpose(0, 2, 1, 3)  # (B, H, L, K)
 
-    def __call__(self, x: jax.Array, memory: jax.Array, mask, *, real_keys=None, empty_rows=None):
-        """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention)."""
+    def __call__(self, x: jax.Array, memory: jax.Array, mask, *, real_keys=None, empty_rows=None, cache=None):
+        """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention).
+
+        `cache` (keyword-only; a cached decoding step, impl_jax/decode.py): where the keys and
+        values come from instead, `cache.keys_values(self, memory)`."""
         q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
-        k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
-        v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
+        if cache is None:
+            k, v = self.keys_values(memory)  # (B, H, Tk, K) each
+        else:
+            k, v = cache.keys_values(self, memory)
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys=real_keys,
                                                       empty_rows=empty_rows)
         batch, _, length, _ = heads.shape
@@ -344,14 +334,6 @@ class MultiHeadAttention(nnx.Module):
     def keys_values(self, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
         """The projected keys and values of `memory` (B, Tk, D), each (B, H, Tk, K), for the cache."""
         return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
-
-    def attend(self, x: jax.Array, k: jax.Array, v: jax.Array, mask, *, real_keys=None):
-        """Attention of queries x (B, Tq, D) to keys and values already projected (the cache)."""
-        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
-        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys=real_keys)
-        batch, _, length, _ = heads.shape
-        concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
-        return self.o_proj(concat), weights
 
 
 # -- Feed-forward ------------------------------------------------------------------------------
@@ -425,16 +407,19 @@ class DecoderLayer(nnx.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                 tgt_real=None, src_real=None, dropout=None, empty_rows=None) -> jax.Array:
+                 tgt_real=None, src_real=None, dropout=None, empty_rows=None, cache=None) -> jax.Array:
+        # `cache`: the (self, cross) attentions' key and value sources of a cached step (decode.py).
+        self_cache, cross_cache = (None, None) if cache is None else cache
         # Masked self-attention: position t attends to target positions <= t.
         x, out.attention[f"{name}.self"] = sublayer(
-            x, lambda h: self.self_attn(h, h, tgt_mask, real_keys=tgt_real, empty_rows=empty_rows),
+            x, lambda h: self.self_attn(h, h, tgt_mask, real_keys=tgt_real, empty_rows=empty_rows, cache=self_cache),
             self.self_attn_norm, self.pre_ln, dropout, f"{name}.self_attn")
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
         x, out.attention[f"{name}.cross"] = sublayer(
-            x, lambda h: self.cross_attn(h, memory, cross_mask, real_keys=src_real, empty_rows=empty_rows),
+            x, lambda h: self.cross_attn(h, memory, cross_mask, real_keys=src_real, empty_rows=empty_rows,
+                                         cache=cross_cache),
             self.cross_attn_norm, self.pre_ln, dropout, f"{name}.cross_attn")
         out.intermediates[f"{name}.cross_attn"] = x
 
@@ -443,33 +428,6 @@ class DecoderLayer(nnx.Module):
                         dropout, f"{name}.ffn")
         out.intermediates[f"{name}.ffn"] = x
         return x
-
-    def step(self, x: jax.Array, cache: DecoderCache, i: int, self_mask, cross_mask) -> jax.Array:
-        """The same layer for one new position x (B, 1, D) against layer i's cache: its key and
-        value are written at position `cache.length`, the memory's were projected once.
-
-        The buffers keep their full length L (static shapes: one executable for every step); the
-        positions after `cache.length` are not keys yet and get weight exactly 0 (`real_keys`).
-        """
-        t = cache.length
-        real = jnp.arange(cache.keys[i].shape[2]) <= t  # (L,)
-        # Masked self-attention: the new position attends to the positions so far and itself.
-        h = self.self_attn_norm(x) if self.pre_ln else x
-        k, v = self.self_attn.keys_values(h)  # (B, H, 1, K)
-        cache.keys[i] = jax.lax.dynamic_update_slice_in_dim(cache.keys[i], k, t, axis=2)
-        cache.values[i] = jax.lax.dynamic_update_slice_in_dim(cache.values[i], v, t, axis=2)
-        h, _ = self.self_attn.attend(h, cache.keys[i], cache.values[i], self_mask, real_keys=real)
-        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
-
-        # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
-        h = self.cross_attn_norm(x) if self.pre_ln else x
-        h, _ = self.cross_attn.attend(h, cache.cross_keys[i], cache.cross_values[i], cross_mask)
-        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
-
-        # Position-wise feed-forward.
-        h = self.ffn_norm(x) if self.pre_ln else x
-        h = self.ffn(h)
-        return x + h if self.pre_ln else self.ffn_norm(x + h)
 
 
 # -- Encoder and decoder -----------------------------------------------------------------------
@@ -516,21 +474,13 @@ class Decoder(nnx.Module):
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
     def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, tgt_real=None, src_real=None,
-                 dropout=None, empty_rows=None) -> jax.Array:
+                 dropout=None, empty_rows=None, cache=None) -> jax.Array:
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, tgt_real=tgt_real, src_real=src_real,
-                      dropout=dropout, empty_rows=empty_rows)
+                      dropout=dropout, empty_rows=empty_rows, cache=None if cache is None else cache[i])
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
-        return x
-
-    def step(self, x: jax.Array, cache: DecoderCache, self_mask, cross_mask) -> jax.Array:
-        """One new position x (B, 1, D) through every layer, against the cache."""
-        for i, layer in enumerate(self.layers):
-            x = layer.step(x, cache, i, self_mask, cross_mask)
-        if self.norm is not None:
-            x = self.norm(x)
         return x
 
 
@@ -640,12 +590,14 @@ class Model(nnx.Module):
     # `encode` and `decode` check the inputs and build the masks on the host, pad to buckets if
     # asked, then run the compiled `_encode` / `_decode`.
 
-    def embed(self, ids: jax.Array, embedding: Embedding, position: Positions) -> jax.Array:
-        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions."""
+    def embed(self, ids: jax.Array, embedding: Embedding, position: Positions, *, at=None) -> jax.Array:
+        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions.
+
+        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`."""
         x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        return x + position(ids.shape[1], self.dtype)
+        return x + (position(ids.shape[1], self.dtype) if at is None else position.at(at, self.dtype))
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
@@ -867,73 +819,21 @@ class Model(nnx.Module):
     # Generation ------------------------------------------------------------------------------
     # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,
     # and the memory's keys and values are projected once per source, so that a step costs O(T).
-    # The cache is a fixed-size buffer and the position a traced scalar: `_start_cache`,
-    # `_decode_step` and `_reorder_cache` compile once per (rows, source length, buffer length),
-    # whatever the number of steps (`generate` always asks for config.max_len positions).
+    # The cache, the cached step and the search driver live in impl_jax/decode.py; the cache is a
+    # fixed-size buffer and the position a traced scalar, so that one executable serves every step.
 
     def start_cache(self, encoded: Encoded, length: int) -> DecoderCache:
         """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
-        host.check_runnable(self.dtype, param_dtype=self.param_dtype)
-        cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
-        (cache,) = compiled.call(self, Model._start_cache, (encoded.memory, cross_mask), self.device, length=length)
-        return cache
-
-    def _start_cache(self, memory, cross_mask, *, length: int):
-        """The compiled part of `start_cache`."""
-        config = self.config
-        batch = memory.shape[0]
-        shape = (batch, config.n_heads, length, config.d_model // config.n_heads)  # (B, H, L, K)
-        cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
-                             tgt_ids=jnp.full((batch, length), config.pad_id, dtype=jnp.int32),
-                             cross_mask=cross_mask, length=jnp.zeros((), dtype=jnp.int32))
-        for layer in self.decoder.layers:
-            cache.keys.append(jnp.zeros(shape, dtype=self.dtype))
-            cache.values.append(jnp.zeros(shape, dtype=self.dtype))
-            k, v = layer.cross_attn.keys_values(memory)  # (B, H, S, K)
-            cache.cross_keys.append(k)
-            cache.cross_values.append(v)
-        return (cache,)
+        return decode.start_cache(self, encoded, length)
 
     def decode_step(self, tgt_ids, cache: DecoderCache) -> jax.Array:
         """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
         `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
-        tgt_ids = self._ids("tgt_ids", np.asarray(tgt_ids).reshape(-1, 1), self.config.tgt_vocab_size)
-        if int(cache.length) >= cache.tgt_ids.shape[1]:
-            raise InputError("cache", f"is full: it holds {cache.tgt_ids.shape[1]} positions")
-        host.check_runnable(self.dtype, param_dtype=self.param_dtype)
-        logits, advanced = compiled.call(self, Model._decode_step, (tgt_ids[:, 0], cache), self.device)
-        cache.__dict__.update(advanced.__dict__)  # in place, as in the other backends
-        return logits
-
-    def _decode_step(self, tgt_ids, cache: DecoderCache):
-        """The compiled part of `decode_step`: ids (B,) checked, position traced."""
-        t = cache.length
-        cache = DecoderCache(keys=list(cache.keys), values=list(cache.values), cross_keys=cache.cross_keys,
-                             cross_values=cache.cross_values, cross_mask=cache.cross_mask, length=t,
-                             tgt_ids=jax.lax.dynamic_update_slice_in_dim(cache.tgt_ids, tgt_ids[:, None], t, axis=1))
-        self_mask = step_mask(self.config, cache.tgt_ids, t)  # (B, 1, 1, L)
-        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
-        y = embedding(tgt_ids[:, None], self.dtype)  # (B, 1, D)
-        if self.config.scale_embedding:
-            y = y * math.sqrt(self.config.d_model)
-        y = y + self.decoder.position.at(t, self.dtype)
-        y = self.decoder.step(y, cache, self_mask, cache.cross_mask)
-        logits = self.output(y, embedding)[:, 0]  # (B, V)
-        if self.final_logits_bias is not None:
-            logits = logits + cast(self.final_logits_bias[...], logits.dtype)
-        cache.length = t + 1
-        return logits, cache
+        return decode.decode_step(self, tgt_ids, cache)
 
     def reorder_cache(self, cache: DecoderCache, rows) -> DecoderCache:
         """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
-        (cache,) = compiled.call(self, Model._reorder_cache, (cache, np.asarray(rows, dtype=np.int32)), self.device)
-        return cache
-
-    def _reorder_cache(self, cache: DecoderCache, rows):
-        """The compiled part of `reorder_cache`."""
-        return (DecoderCache(keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values],
-                             cross_keys=cache.cross_keys, cross_values=cache.cross_values,
-                             tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length),)
+        return decode.reorder_cache(self, cache, rows)
 
     def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
                  length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
@@ -946,31 +846,7 @@ class Model(nnx.Module):
         model's step logits, with Hugging Face's semantics (docs/decoding.md). `use_cache=False`
         runs the decoder over the whole prefix at every step: the plain loop, O(T^2).
         """
-        # With the cache, one executable per (rows, source length) serves every step. Without it,
-        # each new prefix length is a new shape: with `buckets` set, at most len(buckets) + 1
-        # compiles serve every step; without, one per length.
-        banned = check_generate(self.config, max_len, bos_id, eos_id, num_beams=num_beams,
-                                length_penalty=length_penalty, early_stopping=early_stopping,
-                                use_cache=use_cache, length_penalty_form=length_penalty_form,
-                                forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
-        encoded = self.encode(src_ids, return_attention=False)
-        batch = encoded.memory.shape[0]
-        rows = np.repeat(np.arange(batch), num_beams)  # (N,): each source once per beam
-        encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-        state = {"cache": self.start_cache(encoded, self.config.max_len) if use_cache else None}
-
-        def step(tokens: np.ndarray, parents) -> jax.Array:
-            if not use_cache:
-                return self.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
-            if parents is not None:
-                state["cache"] = self.reorder_cache(state["cache"], parents)
-            return self.decode_step(tokens[:, -1], state["cache"])  # (N, V)
-
-        ids, scores = search(step, batch, max_len, bos_id, eos_id, self.config.pad_id, num_beams=num_beams,
-                             length_penalty=length_penalty, early_stopping=early_stopping,
-                             length_penalty_form=length_penalty_form, forced_eos=forced_eos, banned_ids=banned,
-                             as_numpy=np.asarray)
-        ids = jax.device_put(ids.astype(np.int32), self.device)  # int64 would need x64
-        if not return_scores:
-            return ids
-        return ids, jax.device_put(scores if jax.config.jax_enable_x64 else scores.astype(np.float32), self.device)
+        return decode.generate(self, src_ids, max_len, bos_id, eos_id, num_beams=num_beams,
+                               length_penalty=length_penalty, early_stopping=early_stopping, use_cache=use_cache,
+                               length_penalty_form=length_penalty_form, forced_eos=forced_eos,
+                               banned_ids=banned_ids, return_scores=return_scores)

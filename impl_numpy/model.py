@@ -20,10 +20,9 @@ from typing import Mapping
 import numpy as np
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache, search
+from conformance.core.decoding import DecoderCache
 from conformance.core.inputs import (
     check_device,
-    check_generate,
     check_label_smoothing,
     check_memory,
     check_same_batch,
@@ -38,6 +37,7 @@ from conformance.core.output import Encoded, ModelOutput, record
 from conformance.core.params import prepare_params
 from conformance.core.positions import sinusoid_table
 from impl_numpy import backward as backprop
+from impl_numpy import decode
 from impl_numpy.blocks import product_in_blocks
 
 SUPPORTED_DTYPES = ("float32", "float64")
@@ -86,19 +86,6 @@ def encoder_self_mask(config: ModelConfig, src_mask):
 def make_masks(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The masks a model derives from its ids: src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)."""
     return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
-
-
-def step_mask(config: ModelConfig, tgt_ids: np.ndarray, position: int) -> np.ndarray:
-    """(B, 1, 1, T): row `position` of `target_mask`, what the newest position may attend to.
-
-    A cached decoding step has one query, at `position`; its keys are the positions so far.
-    """
-    tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
-    if config.tgt_pad_mask == "queries":
-        tgt_pad = tgt_pad[:, :, :, position:position + 1]  # (B, 1, 1, 1): the query's own padding
-    elif config.tgt_pad_mask == "none":
-        tgt_pad = tgt_pad | True
-    return tgt_pad & (np.arange(tgt_ids.shape[1]) <= position)  # (B, 1, 1, T)
 
 
 # -- Positions ---------------------------------------------------------------------------------
@@ -252,11 +239,16 @@ class MultiHeadAttention:
         x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
         return x.transpose(0, 2, 1, 3)  # (B, H, L, K)
 
-    def __call__(self, x: np.ndarray, memory: np.ndarray, mask, *, tape=None):
-        """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention)."""
+    def __call__(self, x: np.ndarray, memory: np.ndarray, mask, *, tape=None, cache=None):
+        """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention).
+
+        `cache` (keyword-only; a cached decoding step, impl_numpy/decode.py): where the keys and
+        values come from instead, `cache.keys_values(self, memory)`."""
         q = self.split_heads(self.q_proj(x, tape=tape))  # (B, H, Tq, K)
-        k = self.split_heads(self.k_proj(memory, tape=tape))  # (B, H, Tk, K)
-        v = self.split_heads(self.v_proj(memory, tape=tape))  # (B, H, Tk, K)
+        if cache is None:
+            k, v = self.keys_values(memory, tape=tape)  # (B, H, Tk, K) each
+        else:
+            k, v = cache.keys_values(self, memory)
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
         if tape is not None:
             tape[self] = (q, k, v, weights, mask)
@@ -264,17 +256,9 @@ class MultiHeadAttention:
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
         return self.o_proj(concat, tape=tape), weights
 
-    def keys_values(self, memory: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def keys_values(self, memory: np.ndarray, *, tape=None) -> tuple[np.ndarray, np.ndarray]:
         """The projected keys and values of `memory` (B, Tk, D), each (B, H, Tk, K), for the cache."""
-        return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
-
-    def attend(self, x: np.ndarray, k: np.ndarray, v: np.ndarray, mask):
-        """Attention of queries x (B, Tq, D) to keys and values already projected (the cache)."""
-        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
-        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
-        batch, _, length, _ = heads.shape
-        concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
-        return self.o_proj(concat), weights
+        return self.split_heads(self.k_proj(memory, tape=tape)), self.split_heads(self.v_proj(memory, tape=tape))
 
 
 # -- Feed-forward ------------------------------------------------------------------------------
@@ -349,17 +333,19 @@ class DecoderLayer:
         self.pre_ln = config.norm_placement == "pre"
 
     def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                 dropout=None, tape=None) -> np.ndarray:
+                 dropout=None, tape=None, cache=None) -> np.ndarray:
+        # `cache`: the (self, cross) attentions' key and value sources of a cached step (decode.py).
+        self_cache, cross_cache = (None, None) if cache is None else cache
         # Masked self-attention: position t attends to target positions <= t.
         x, out.attention[f"{name}.self"] = sublayer(
-            x, lambda h: self.self_attn(h, h, tgt_mask, tape=tape), self.self_attn_norm, self.pre_ln,
-            dropout, f"{name}.self_attn", tape=tape)
+            x, lambda h: self.self_attn(h, h, tgt_mask, tape=tape, cache=self_cache), self.self_attn_norm,
+            self.pre_ln, dropout, f"{name}.self_attn", tape=tape)
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
         x, out.attention[f"{name}.cross"] = sublayer(
-            x, lambda h: self.cross_attn(h, memory, cross_mask, tape=tape), self.cross_attn_norm, self.pre_ln,
-            dropout, f"{name}.cross_attn", tape=tape)
+            x, lambda h: self.cross_attn(h, memory, cross_mask, tape=tape, cache=cross_cache), self.cross_attn_norm,
+            self.pre_ln, dropout, f"{name}.cross_attn", tape=tape)
         out.intermediates[f"{name}.cross_attn"] = x
 
         # Position-wise feed-forward.
@@ -367,28 +353,6 @@ class DecoderLayer:
                         dropout, f"{name}.ffn", tape=tape)
         out.intermediates[f"{name}.ffn"] = x
         return x
-
-    def step(self, x: np.ndarray, cache: DecoderCache, i: int, self_mask, cross_mask) -> np.ndarray:
-        """The same layer for one new position x (B, 1, D) against layer i's cache: its key and
-        value are written at position `cache.length`, the memory's were projected once."""
-        t = cache.length
-        # Masked self-attention: the new position attends to the positions so far and itself.
-        h = self.self_attn_norm(x) if self.pre_ln else x
-        k, v = self.self_attn.keys_values(h)  # (B, H, 1, K)
-        cache.keys[i][:, :, t] = k[:, :, 0]
-        cache.values[i][:, :, t] = v[:, :, 0]
-        h, _ = self.self_attn.attend(h, cache.keys[i][:, :, :t + 1], cache.values[i][:, :, :t + 1], self_mask)
-        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
-
-        # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
-        h = self.cross_attn_norm(x) if self.pre_ln else x
-        h, _ = self.cross_attn.attend(h, cache.cross_keys[i], cache.cross_values[i], cross_mask)
-        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
-
-        # Position-wise feed-forward.
-        h = self.ffn_norm(x) if self.pre_ln else x
-        h = self.ffn(h)
-        return x + h if self.pre_ln else self.ffn_norm(x + h)
 
 
 # -- Encoder and decoder -----------------------------------------------------------------------
@@ -430,20 +394,14 @@ class Decoder:
         self.layers = [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)]
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, dropout=None, tape=None) -> np.ndarray:
+    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, dropout=None, tape=None,
+                 cache=None) -> np.ndarray:
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, dropout=dropout, tape=tape)
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, dropout=dropout, tape=tape,
+                      cache=None if cache is None else cache[i])
         if self.norm is not None:
             x = self.norm(x, tape=tape)
         out.intermediates["decoder.output"] = x
-        return x
-
-    def step(self, x: np.ndarray, cache: DecoderCache, self_mask, cross_mask) -> np.ndarray:
-        """One new position x (B, 1, D) through every layer, against the cache."""
-        for i, layer in enumerate(self.layers):
-            x = layer.step(x, cache, i, self_mask, cross_mask)
-        if self.norm is not None:
-            x = self.norm(x)
         return x
 
 
@@ -535,12 +493,14 @@ class Model:
 
     # Forward -----------------------------------------------------------------------------------
 
-    def embed(self, ids: np.ndarray, embedding: Embedding, position: Positions) -> np.ndarray:
-        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions."""
+    def embed(self, ids: np.ndarray, embedding: Embedding, position: Positions, *, at=None) -> np.ndarray:
+        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions.
+
+        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`."""
         x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        return x + position(ids.shape[1], self.dtype)
+        return x + (position(ids.shape[1], self.dtype) if at is None else position.at(at, self.dtype))
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None,
                tape=None) -> Encoded:
@@ -653,48 +613,20 @@ class Model:
     # Generation ------------------------------------------------------------------------------
     # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,
     # and the memory's keys and values are projected once per source, so that a step costs O(T).
+    # The cache, the cached step and the search driver live in impl_numpy/decode.py.
 
     def start_cache(self, encoded: Encoded, length: int) -> DecoderCache:
         """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
-        config = self.config
-        batch, src_len = encoded.memory.shape[:2]
-        shape = (batch, config.n_heads, length, config.d_model // config.n_heads)  # (B, H, L, K)
-        cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
-                             tgt_ids=np.full((batch, length), config.pad_id, dtype=np.int64),
-                             cross_mask=encoded.src_mask if config.cross_attn_src_mask else None)
-        for layer in self.decoder.layers:
-            cache.keys.append(np.zeros(shape, dtype=self.dtype))
-            cache.values.append(np.zeros(shape, dtype=self.dtype))
-            k, v = layer.cross_attn.keys_values(encoded.memory)  # (B, H, S, K)
-            cache.cross_keys.append(k)
-            cache.cross_values.append(v)
-        return cache
+        return decode.start_cache(self, encoded, length)
 
     def decode_step(self, tgt_ids, cache: DecoderCache) -> np.ndarray:
         """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
         `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
-        tgt_ids = self._ids("tgt_ids", np.asarray(tgt_ids).reshape(-1, 1), self.config.tgt_vocab_size)
-        t = cache.length
-        cache.tgt_ids[:, t] = tgt_ids[:, 0]
-        self_mask = step_mask(self.config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
-        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
-        y = embedding(tgt_ids, self.dtype)  # (B, 1, D)
-        if self.config.scale_embedding:
-            y = y * math.sqrt(self.config.d_model)
-        y = y + self.decoder.position.at(t, self.dtype)
-        y = self.decoder.step(y, cache, self_mask, cache.cross_mask)
-        logits = self.output(y, embedding)[:, 0]  # (B, V)
-        if self.final_logits_bias is not None:
-            logits = logits + cast(self.final_logits_bias, logits.dtype)
-        cache.length = t + 1
-        return logits
+        return decode.decode_step(self, tgt_ids, cache)
 
     def reorder_cache(self, cache: DecoderCache, rows) -> DecoderCache:
         """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
-        rows = np.asarray(rows)
-        return DecoderCache(keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values],
-                            cross_keys=cache.cross_keys, cross_values=cache.cross_values,
-                            tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length)
+        return decode.reorder_cache(self, cache, rows)
 
     def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
                  length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
@@ -707,24 +639,7 @@ class Model:
         model's step logits, with Hugging Face's semantics (docs/decoding.md). `use_cache=False`
         runs the decoder over the whole prefix at every step: the plain loop, O(T^2).
         """
-        banned = check_generate(self.config, max_len, bos_id, eos_id, num_beams=num_beams,
-                                length_penalty=length_penalty, early_stopping=early_stopping,
-                                use_cache=use_cache, length_penalty_form=length_penalty_form,
-                                forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
-        encoded = self.encode(src_ids, return_attention=False)
-        batch = encoded.memory.shape[0]
-        rows = np.repeat(np.arange(batch), num_beams)  # (N,): each source once per beam
-        encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-        state = {"cache": self.start_cache(encoded, max_len) if use_cache else None}
-
-        def step(tokens: np.ndarray, parents) -> np.ndarray:
-            if not use_cache:
-                return self.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
-            if parents is not None:
-                state["cache"] = self.reorder_cache(state["cache"], parents)
-            return self.decode_step(tokens[:, -1], state["cache"])  # (N, V)
-
-        ids, scores = search(step, batch, max_len, bos_id, eos_id, self.config.pad_id, num_beams=num_beams,
-                             length_penalty=length_penalty, early_stopping=early_stopping,
-                             length_penalty_form=length_penalty_form, forced_eos=forced_eos, banned_ids=banned)
-        return (ids, scores) if return_scores else ids
+        return decode.generate(self, src_ids, max_len, bos_id, eos_id, num_beams=num_beams,
+                               length_penalty=length_penalty, early_stopping=early_stopping, use_cache=use_cache,
+                               length_penalty_form=length_penalty_form, forced_eos=forced_eos,
+                               banned_ids=banned_ids, return_scores=return_scores)

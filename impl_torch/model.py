@@ -24,9 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache, search
+from conformance.core.decoding import DecoderCache
 from conformance.core.inputs import (
-    check_generate,
     check_label_smoothing,
     check_labels_finite,
     check_ids,
@@ -43,6 +42,7 @@ from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, record
 from conformance.core.params import param_shapes, prepare_params
 from conformance.core.positions import sinusoid_table
+from impl_torch import decode
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 from impl_torch.blocks import product_in_blocks
 
@@ -95,20 +95,6 @@ def encoder_self_mask(config: ModelConfig, src_mask):
 def make_masks(config: ModelConfig, src_ids: torch.Tensor, tgt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The masks a model derives from its ids: src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)."""
     return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
-
-
-def step_mask(config: ModelConfig, tgt_ids: torch.Tensor, position: int) -> torch.Tensor:
-    """(B, 1, 1, T): row `position` of `target_mask`, what the newest position may attend to.
-
-    A cached decoding step has one query, at `position`; its keys are the positions so far.
-    """
-    tgt_ids = torch.as_tensor(tgt_ids)
-    tgt_pad = padding_mask(tgt_ids, config.pad_id)  # (B, 1, 1, T)
-    if config.tgt_pad_mask == "queries":
-        tgt_pad = tgt_pad[:, :, :, position:position + 1]  # (B, 1, 1, 1): the query's own padding
-    elif config.tgt_pad_mask == "none":
-        tgt_pad = tgt_pad | True
-    return tgt_pad & (torch.arange(tgt_ids.shape[1], device=tgt_ids.device) <= position)  # (B, 1, 1, T)
 
 
 # -- Positions ---------------------------------------------------------------------------------
@@ -337,16 +323,21 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2)  # (B, H, L, K)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, mask, *, return_attention: bool = True,
-                empty_rows=None):
+                empty_rows=None, cache=None):
         """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention).
+
+        `cache` (keyword-only; a cached decoding step, impl_torch/decode.py): where the keys and
+        values come from instead, `cache.keys_values(self, memory)`.
 
         Returns the output (B, Tq, D) and the weights (B, H, Tq, Tk), or None for the weights
         when they are not wanted (the fused kernel never forms them). `empty_rows`: as in
         `scaled_dot_product_attention` (the loss passes 0.0).
         """
         q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
-        k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
-        v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
+        if cache is None:
+            k, v = self.keys_values(memory)  # (B, H, Tk, K) each
+        else:
+            k, v = cache.keys_values(self, memory)
         if return_attention:
             heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, empty_rows=empty_rows)
         else:
@@ -358,16 +349,6 @@ class MultiHeadAttention(nn.Module):
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The projected keys and values of `memory` (B, Tk, D), each (B, H, Tk, K), for the cache."""
         return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
-
-    def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask):
-        """Attention of queries x (B, Tq, D) to keys and values already projected (the cache).
-
-        Through the fused kernel, as a call without attention weights (which `generate` makes)."""
-        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
-        heads, weights = fast_attention(q, k, v, mask, self.fill), None
-        batch, _, length, _ = heads.shape
-        concat = heads.transpose(1, 2).reshape(batch, length, -1)  # (B, Tq, D)
-        return self.o_proj(concat), weights
 
 
 # -- Feed-forward ------------------------------------------------------------------------------
@@ -447,18 +428,20 @@ class DecoderLayer(nn.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def forward(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                return_attention: bool = True, dropout=None, empty_rows=None) -> torch.Tensor:
+                return_attention: bool = True, dropout=None, empty_rows=None, cache=None) -> torch.Tensor:
+        # `cache`: the (self, cross) attentions' key and value sources of a cached step (decode.py).
+        self_cache, cross_cache = (None, None) if cache is None else cache
         options = {"return_attention": return_attention, "empty_rows": empty_rows}  # for each attention
         # Masked self-attention: position t attends to target positions <= t.
         x, out.attention[f"{name}.self"] = sublayer(
-            x, lambda h: self.self_attn(h, h, tgt_mask, **options), self.self_attn_norm, self.pre_ln,
-            dropout, f"{name}.self_attn")
+            x, lambda h: self.self_attn(h, h, tgt_mask, cache=self_cache, **options), self.self_attn_norm,
+            self.pre_ln, dropout, f"{name}.self_attn")
         out.intermediates[f"{name}.self_attn"] = x
 
         # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
         x, out.attention[f"{name}.cross"] = sublayer(
-            x, lambda h: self.cross_attn(h, memory, cross_mask, **options), self.cross_attn_norm, self.pre_ln,
-            dropout, f"{name}.cross_attn")
+            x, lambda h: self.cross_attn(h, memory, cross_mask, cache=cross_cache, **options), self.cross_attn_norm,
+            self.pre_ln, dropout, f"{name}.cross_attn")
         out.intermediates[f"{name}.cross_attn"] = x
 
         # Position-wise feed-forward.
@@ -466,28 +449,6 @@ class DecoderLayer(nn.Module):
                         dropout, f"{name}.ffn")
         out.intermediates[f"{name}.ffn"] = x
         return x
-
-    def step(self, x: torch.Tensor, cache: DecoderCache, i: int, self_mask, cross_mask) -> torch.Tensor:
-        """The same layer for one new position x (B, 1, D) against layer i's cache: its key and
-        value are written at position `cache.length`, the memory's were projected once."""
-        t = cache.length
-        # Masked self-attention: the new position attends to the positions so far and itself.
-        h = self.self_attn_norm(x) if self.pre_ln else x
-        k, v = self.self_attn.keys_values(h)  # (B, H, 1, K)
-        cache.keys[i][:, :, t] = k[:, :, 0]
-        cache.values[i][:, :, t] = v[:, :, 0]
-        h, _ = self.self_attn.attend(h, cache.keys[i][:, :, :t + 1], cache.values[i][:, :, :t + 1], self_mask)
-        x = x + h if self.pre_ln else self.self_attn_norm(x + h)
-
-        # Cross-attention: queries from the decoder, keys and values from the encoder's memory.
-        h = self.cross_attn_norm(x) if self.pre_ln else x
-        h, _ = self.cross_attn.attend(h, cache.cross_keys[i], cache.cross_values[i], cross_mask)
-        x = x + h if self.pre_ln else self.cross_attn_norm(x + h)
-
-        # Position-wise feed-forward.
-        h = self.ffn_norm(x) if self.pre_ln else x
-        h = self.ffn(h)
-        return x + h if self.pre_ln else self.ffn_norm(x + h)
 
 
 # -- Encoder and decoder -----------------------------------------------------------------------
@@ -539,21 +500,13 @@ class Decoder(nn.Module):
         self.norm = LayerNorm(config, dtype) if config.final_decoder_norm else None
 
     def forward(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *,
-                return_attention: bool = True, dropout=None, empty_rows=None) -> torch.Tensor:
+                return_attention: bool = True, dropout=None, empty_rows=None, cache=None) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, return_attention=return_attention,
-                      dropout=dropout, empty_rows=empty_rows)
+                      dropout=dropout, empty_rows=empty_rows, cache=None if cache is None else cache[i])
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x
-        return x
-
-    def step(self, x: torch.Tensor, cache: DecoderCache, self_mask, cross_mask) -> torch.Tensor:
-        """One new position x (B, 1, D) through every layer, against the cache."""
-        for i, layer in enumerate(self.layers):
-            x = layer.step(x, cache, i, self_mask, cross_mask)
-        if self.norm is not None:
-            x = self.norm(x)
         return x
 
 
@@ -711,12 +664,14 @@ class Model(nn.Module):
 
     # Forward -----------------------------------------------------------------------------------
 
-    def embed(self, ids: torch.Tensor, embedding: Embedding, position: Positions) -> torch.Tensor:
-        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions."""
+    def embed(self, ids: torch.Tensor, embedding: Embedding, position: Positions, *, at=None) -> torch.Tensor:
+        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions.
+
+        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`."""
         x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        return x + position(ids.shape[1], self.dtype)
+        return x + (position(ids.shape[1], self.dtype) if at is None else position.at(at, self.dtype))
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None,
                empty_rows=None) -> Encoded:
@@ -864,48 +819,20 @@ class Model(nn.Module):
     # Generation ------------------------------------------------------------------------------
     # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,
     # and the memory's keys and values are projected once per source, so that a step costs O(T).
+    # The cache, the cached step and the search driver live in impl_torch/decode.py.
 
     def start_cache(self, encoded: Encoded, length: int) -> DecoderCache:
         """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
-        config = self.config
-        batch, src_len = encoded.memory.shape[:2]
-        shape = (batch, config.n_heads, length, config.d_model // config.n_heads)  # (B, H, L, K)
-        cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
-                             tgt_ids=torch.full((batch, length), config.pad_id, dtype=torch.long, device=self.device),
-                             cross_mask=encoded.src_mask if config.cross_attn_src_mask else None)
-        for layer in self.decoder.layers:
-            cache.keys.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
-            cache.values.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
-            k, v = layer.cross_attn.keys_values(encoded.memory)  # (B, H, S, K)
-            cache.cross_keys.append(k)
-            cache.cross_values.append(v)
-        return cache
+        return decode.start_cache(self, encoded, length)
 
     def decode_step(self, tgt_ids, cache: DecoderCache) -> torch.Tensor:
         """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
         `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
-        tgt_ids = self._ids("tgt_ids", torch.as_tensor(tgt_ids).reshape(-1, 1), self.config.tgt_vocab_size)
-        t = cache.length
-        cache.tgt_ids[:, t] = tgt_ids[:, 0]
-        self_mask = step_mask(self.config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
-        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
-        y = embedding(tgt_ids, self.dtype)  # (B, 1, D)
-        if self.config.scale_embedding:
-            y = y * math.sqrt(self.config.d_model)
-        y = y + self.decoder.position.at(t, self.dtype)
-        y = self.decoder.step(y, cache, self_mask, cache.cross_mask)
-        logits = self.output(y, embedding)[:, 0]  # (B, V)
-        if self.final_logits_bias is not None:
-            logits = logits + cast(self.final_logits_bias, logits.dtype)
-        cache.length = t + 1
-        return logits
+        return decode.decode_step(self, tgt_ids, cache)
 
     def reorder_cache(self, cache: DecoderCache, rows) -> DecoderCache:
         """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
-        rows = torch.as_tensor(rows, device=self.device)
-        return DecoderCache(keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values],
-                            cross_keys=cache.cross_keys, cross_values=cache.cross_values,
-                            tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length)
+        return decode.reorder_cache(self, cache, rows)
 
     def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
                  length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
@@ -918,27 +845,7 @@ class Model(nn.Module):
         model's step logits, with Hugging Face's semantics (docs/decoding.md). `use_cache=False`
         runs the decoder over the whole prefix at every step: the plain loop, O(T^2).
         """
-        banned = check_generate(self.config, max_len, bos_id, eos_id, num_beams=num_beams,
-                                length_penalty=length_penalty, early_stopping=early_stopping,
-                                use_cache=use_cache, length_penalty_form=length_penalty_form,
-                                forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
-        with torch.inference_mode():
-            encoded = self.encode(src_ids, return_attention=False)
-            batch = encoded.memory.shape[0]
-            rows = torch.arange(batch, device=self.device).repeat_interleave(num_beams)  # (N,): each source once per beam
-            encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-            state = {"cache": self.start_cache(encoded, max_len) if use_cache else None}
-
-            def step(tokens, parents) -> torch.Tensor:
-                if not use_cache:
-                    return self.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
-                if parents is not None:
-                    state["cache"] = self.reorder_cache(state["cache"], parents)
-                return self.decode_step(tokens[:, -1], state["cache"])  # (N, V)
-
-            ids, scores = search(step, batch, max_len, bos_id, eos_id, self.config.pad_id, num_beams=num_beams,
-                                 length_penalty=length_penalty, early_stopping=early_stopping,
-                                 length_penalty_form=length_penalty_form, forced_eos=forced_eos,
-                                 banned_ids=banned, as_numpy=to_numpy)
-        ids, scores = torch.as_tensor(ids, device=self.device), torch.as_tensor(scores, device=self.device)
-        return (ids, scores) if return_scores else ids
+        return decode.generate(self, src_ids, max_len, bos_id, eos_id, num_beams=num_beams,
+                               length_penalty=length_penalty, early_stopping=early_stopping, use_cache=use_cache,
+                               length_penalty_form=length_penalty_form, forced_eos=forced_eos,
+                               banned_ids=banned_ids, return_scores=return_scores)

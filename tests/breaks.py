@@ -110,9 +110,13 @@ PROPERTY_BREAKS = {
     # A KV cache that loses the newest position's key and value (an off-by-one in the slice):
     # the full forward pass never reads the cache, so only decoding sees it.
     "cached decoding drops the newest key": ("test_generate", [("numpy", [(
-        "h, _ = self.self_attn.attend(h, cache.keys[i][:, :, :t + 1], cache.values[i][:, :, :t + 1], self_mask)",
-        "h, _ = self.self_attn.attend(h, cache.keys[i][:, :, :max(t, 1)], cache.values[i][:, :, :max(t, 1)], "
-        "self_mask[..., :max(t, 1)])",
+        "decode.py",
+        "return cache.keys[i][:, :, :t + 1], cache.values[i][:, :, :t + 1]  # (B, H, t + 1, K)",
+        "return cache.keys[i][:, :, :max(t, 1)], cache.values[i][:, :, :max(t, 1)]",
+    ), (
+        "decode.py",
+        "y = model.decoder(y, None, self_mask, cache.cross_mask,",
+        "y = model.decoder(y, None, self_mask[..., :max(t, 1)], cache.cross_mask,",
     )], {})]),
     # The backward pass (impl_numpy/backward.py): invisible to every forward property.
     # LayerNorm's gradient without the term through the variance, which depends on the whole row.
@@ -176,19 +180,25 @@ def edited_module(name: str, module_name: str, path: Path, edits):
     return module
 
 
+# The files beside model.py a break may edit, and the name the model reads each under.
+SIDE_FILES = {"backward.py": "backprop", "decode.py": "decode"}
+
+
 def broken_copy(name: str, backend: str, edits, patches):
     """A private copy of `impl_<backend>.model` with the edits applied, as a registered backend.
 
     An edit `(old, new)` applies to model.py; `("backward.py", old, new)` to a private copy of
-    impl_numpy/backward.py, which the copied model then uses as its `backprop`."""
+    impl_numpy/backward.py, which the copied model then uses as its `backprop`, and
+    `("decode.py", old, new)` to a private copy of the backend's decode room, its `decode`."""
     module_name = "broken_" + "".join(c if c.isalnum() else "_" for c in name)
     model_edits = [edit for edit in edits if len(edit) == 2]
-    backward_edits = [edit[1:] for edit in edits if len(edit) == 3]
-    assert all(edit[0] == "backward.py" for edit in edits if len(edit) == 3), f"break {name!r}: unknown file"
+    assert all(edit[0] in SIDE_FILES for edit in edits if len(edit) == 3), f"break {name!r}: unknown file"
     module = edited_module(name, module_name, ROOT / f"impl_{backend}" / "model.py", model_edits)
-    if backward_edits:
-        patches = {**patches, "backprop": edited_module(
-            name, module_name + "_backward", ROOT / f"impl_{backend}" / "backward.py", backward_edits)}
+    for file, attribute in SIDE_FILES.items():
+        side_edits = [edit[1:] for edit in edits if len(edit) == 3 and edit[0] == file]
+        if side_edits:
+            patches = {**patches, attribute: edited_module(
+                name, f"{module_name}_{file[:-3]}", ROOT / f"impl_{backend}" / file, side_edits)}
     for attribute, value in patches.items():
         assert hasattr(module, attribute), f"break {name!r}: impl_{backend}.model has no {attribute!r}"
         setattr(module, attribute, value)

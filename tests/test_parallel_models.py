@@ -4,7 +4,9 @@ It parses `impl_numpy/model.py`, `impl_torch/model.py` and `impl_jax/model.py` a
 order: the section headers, the top-level names, the methods of each class, the positional
 parameters of every function and method, and the first paragraph of every docstring (where the
 equation lives). What differs for a framework's own reasons is on the allowlists below, each
-with its reason; anything else that differs is drift.
+with its reason; anything else that differs is drift. The three decode rooms (`impl_*/decode.py`:
+the KV cache, the cached step, the search driver) and the blocked output products
+(`impl_*/blocks.py`) are compared the same way.
 """
 
 from __future__ import annotations
@@ -25,9 +27,6 @@ IDIOM_NAMES = {
     "fast_attention": ({"torch"}, "PyTorch's fused SDPA kernel, the path without attention weights"),
     "Sinusoid": ({"jax"}, "an nnx.Variable kind for the position constant: neither a parameter nor saved"),
     "optional_param": ({"jax"}, "nnx.Param or None, for the switchable biases"),
-    "_product_in_blocks_jvp": ({"jax"}, "blocks.py: the derivative of product_in_blocks as one product "
-                                        "(jax.custom_jvp): through its loop, every block's gradient is a whole "
-                                        "zero array"),
 }
 # Methods only some backends' classes have, and why.
 IDIOM_METHODS = {
@@ -38,11 +37,20 @@ IDIOM_METHODS = {
     "params": ({"jax"}, "a property: the flattened nnx.Param state; NumPy keeps the dict, torch has state_dict()"),
     "_encode": ({"jax"}, "the compiled part of encode (one XLA executable per shape)"),
     "_decode": ({"jax"}, "the compiled part of decode"),
-    "_start_cache": ({"jax"}, "the compiled part of start_cache"),
-    "_decode_step": ({"jax"}, "the compiled part of decode_step (one executable for every step)"),
-    "_reorder_cache": ({"jax"}, "the compiled part of reorder_cache"),
     "_loss_and_grads": ({"jax"}, "the compiled part of loss_and_grads (one XLA executable per shape)"),
     "traceable_forward": ({"jax"}, "the unchecked forward for use inside jax.jit / vmap (host checks cannot trace)"),
+}
+# The same for the decode rooms (impl_*/decode.py).
+DECODE_IDIOM_NAMES = {
+    "_start_cache": ({"jax"}, "the compiled part of start_cache"),
+    "_reorder_cache": ({"jax"}, "the compiled part of reorder_cache"),
+    "_decode_step": ({"jax"}, "the compiled part of decode_step (one executable for every step)"),
+}
+DECODE_IDIOM_METHODS: dict = {}
+# The same for the blocked output product (impl_*/blocks.py).
+BLOCKS_IDIOM_NAMES = {
+    "_product_in_blocks_jvp": ({"jax"}, "the derivative of product_in_blocks as one product (jax.custom_jvp): "
+                                        "through its loop, every block's gradient is a whole zero array"),
 }
 # Method names that mean the same: torch's nn.Module runs `forward` through `__call__`.
 ALIASES = {"torch": {"forward": "__call__"}}
@@ -50,12 +58,15 @@ ALIASES = {"torch": {"forward": "__call__"}}
 # and the model loads its state dict once; NumPy and Flax wrap the given arrays by name.
 CONSTRUCTOR_BACKENDS = {"numpy", "jax"}
 SECTION = re.compile(r"^# -- (.+?) -+$", re.M)
-# The other modules every backend has, split out of model.py by concern: held to the same rules.
-PARALLEL_MODULES = ("blocks.py",)
 
 
-def source(backend: str, module: str = "model.py") -> str:
-    return (ROOT / f"impl_{backend}" / module).read_text()
+# Every file a backend splits by concern is held to the same rules as model.py.
+FILES = {"model.py": (IDIOM_NAMES, IDIOM_METHODS), "decode.py": (DECODE_IDIOM_NAMES, DECODE_IDIOM_METHODS),
+         "blocks.py": (BLOCKS_IDIOM_NAMES, {})}
+
+
+def source(backend: str, file: str = "model.py") -> str:
+    return (ROOT / f"impl_{backend}" / file).read_text()
 
 
 def skeleton(text: str, backend: str) -> dict:
@@ -96,19 +107,20 @@ def shared(names, backend: str, idioms: dict) -> list[str]:
     return [n for n in names if not (n in idioms and backend in idioms[n][0])]
 
 
-def drift(reference: dict, other: dict, backend: str) -> list[str]:
+def drift(reference: dict, other: dict, backend: str, file: str = "model.py") -> list[str]:
+    idiom_names, idiom_methods = FILES[file]
     problems = []
     if reference["sections"] != other["sections"]:
         problems.append(f"sections differ: {reference['sections']} vs {other['sections']}")
-    ref_names = shared(reference["names"], REFERENCE, IDIOM_NAMES)
-    names = shared(other["names"], backend, IDIOM_NAMES)
+    ref_names = shared(reference["names"], REFERENCE, idiom_names)
+    names = shared(other["names"], backend, idiom_names)
     if ref_names != names:
         problems.append(f"top-level names differ (order matters): {ref_names} vs {names}")
     for cls, ref_methods in reference["classes"].items():
         if cls not in other["classes"]:
             continue  # reported with the names
-        ref = shared(ref_methods, REFERENCE, IDIOM_METHODS)
-        got = shared(other["classes"][cls], backend, IDIOM_METHODS)
+        ref = shared(ref_methods, REFERENCE, idiom_methods)
+        got = shared(other["classes"][cls], backend, idiom_methods)
         if ref != got:
             problems.append(f"methods of {cls} differ (order matters): {ref} vs {got}")
     for qualname, params in reference["signatures"].items():
@@ -127,31 +139,26 @@ def drift(reference: dict, other: dict, backend: str) -> list[str]:
     return problems
 
 
+@pytest.mark.parametrize("file", list(FILES))
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != REFERENCE])
-def test_model_files_are_parallel(backend):
-    problems = drift(skeleton(source(REFERENCE), REFERENCE), skeleton(source(backend), backend), backend)
-    assert not problems, f"impl_{backend}/model.py drifted from impl_{REFERENCE}/model.py:\n" + "\n".join(problems)
+def test_model_files_are_parallel(backend, file):
+    problems = drift(skeleton(source(REFERENCE, file), REFERENCE), skeleton(source(backend, file), backend),
+                     backend, file)
+    assert not problems, f"impl_{backend}/{file} drifted from impl_{REFERENCE}/{file}:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("module", PARALLEL_MODULES)
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != REFERENCE])
-def test_split_out_modules_are_parallel(backend, module):
-    problems = drift(skeleton(source(REFERENCE, module), REFERENCE), skeleton(source(backend, module), backend), backend)
-    assert not problems, f"impl_{backend}/{module} drifted from impl_{REFERENCE}/{module}:\n" + "\n".join(problems)
-
-
-def test_the_allowlists_name_only_what_exists():
+@pytest.mark.parametrize("file", list(FILES))
+def test_the_allowlists_name_only_what_exists(file):
     """An allowlist entry that no longer matches anything hides nothing and must go."""
-    skeletons = {b: skeleton(source(b), b) for b in BACKENDS}
-    for backend, found in skeletons.items():  # the split-out modules' names count too
-        found["names"] += [n for m in PARALLEL_MODULES for n in skeleton(source(backend, m), backend)["names"]]
-    for name, (owners, why) in IDIOM_NAMES.items():
+    idiom_names, idiom_methods = FILES[file]
+    skeletons = {b: skeleton(source(b, file), b) for b in BACKENDS}
+    for name, (owners, why) in idiom_names.items():
         for backend in owners:
-            assert name in skeletons[backend]["names"], f"{name} ({why}) is not in impl_{backend}'s modules"
-    for name, (owners, why) in IDIOM_METHODS.items():
+            assert name in skeletons[backend]["names"], f"{name} ({why}) is not in impl_{backend}/{file}"
+    for name, (owners, why) in idiom_methods.items():
         for backend in owners:
             assert any(name in methods for methods in skeletons[backend]["classes"].values()), (
-                f"method {name} ({why}) is in no class of impl_{backend}/model.py")
+                f"method {name} ({why}) is in no class of impl_{backend}/{file}")
 
 
 def test_drift_is_caught():
@@ -168,12 +175,31 @@ def test_drift_is_caught():
         "docstring of scaled_dot_product_attention differs": text.replace(
             "Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V", "Attention(Q, K, V) = softmax(Q K^T) V"),
     }
-    blocks = source("torch", "blocks.py")
-    broken_blocks = blocks.replace("def product_in_blocks(", "def product_by_blocks(")
-    assert broken_blocks != blocks
-    problems = drift(skeleton(source(REFERENCE, "blocks.py"), REFERENCE), skeleton(broken_blocks, "torch"), "torch")
-    assert any("top-level names differ" in p for p in problems), problems
     for expected, broken in cases.items():
         assert broken != text, f"the planted drift for {expected!r} did not apply"
         problems = drift(skeleton(reference, REFERENCE), skeleton(broken, "torch"), "torch")
+        assert any(expected in p for p in problems), f"{expected!r} not reported: {problems}"
+
+
+def test_blocks_drift_is_caught():
+    """The blocked output products are compared too: a renamed function is reported."""
+    blocks = source("torch", "blocks.py")
+    broken_blocks = blocks.replace("def product_in_blocks(", "def product_by_blocks(")
+    assert broken_blocks != blocks
+    problems = drift(skeleton(source(REFERENCE, "blocks.py"), REFERENCE), skeleton(broken_blocks, "torch"), "torch",
+                     "blocks.py")
+    assert any("top-level names differ" in p for p in problems), problems
+
+
+def test_decode_drift_is_caught():
+    """The decode rooms are compared too: a renamed function and an edited docstring are reported."""
+    reference = source(REFERENCE, "decode.py")
+    text = source("torch", "decode.py")
+    cases = {
+        "top-level names differ": text.replace("def layer_caches(", "def caches_of_layers("),
+        "docstring of decode_step differs": text.replace("the cache advances by one", "the cache advances"),
+    }
+    for expected, broken in cases.items():
+        assert broken != text, f"the planted drift for {expected!r} did not apply"
+        problems = drift(skeleton(reference, REFERENCE), skeleton(broken, "torch"), "torch", "decode.py")
         assert any(expected in p for p in problems), f"{expected!r} not reported: {problems}"

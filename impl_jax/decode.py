@@ -1,0 +1,197 @@
+"""Decoding with the JAX model: the KV cache, the cached step and the search driver.
+
+The decode room beside `model.py`, as Flax `examples/wmt` keeps `decode.py` beside `models.py`.
+`model.py` holds the math; a cached step runs the very same decoder layers (`DecoderLayer.__call__`,
+`MultiHeadAttention.__call__`) on one new position, with each attention's keys and values taken
+from the cache instead of projected from a whole prefix:
+
+- self-attention: the new position's key and value are projected as usual, written into the
+  layer's buffers at `cache.length`, and the query attends to the positions so far (`Written`);
+- cross-attention: the memory's keys and values, projected once per source (`Projected`).
+
+`Model.start_cache`, `Model.decode_step`, `Model.reorder_cache` and `Model.generate` are the
+public surface and call the functions here. The choice of tokens is written once, in
+`conformance.core.decoding` (docs/decoding.md).
+
+Sections, in the same order in every backend: masks, the cache, the step, the search.
+
+The cache is a fixed-size buffer and the position a traced scalar: `_start_cache`, `_decode_step`
+and `_reorder_cache` compile once per (rows, source length, buffer length), whatever the number
+of steps (`generate` always asks for config.max_len positions). The buffers keep their full
+length L; the positions after `cache.length` are not keys yet and get weight exactly 0
+(`real_keys` of the attention).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from conformance.core.config import ModelConfig
+from conformance.core.decoding import DecoderCache, search
+from conformance.core.errors import InputError
+from conformance.core.inputs import check_generate
+from conformance.core.output import Encoded, ModelOutput
+from impl_jax import compiled, host
+
+# -- Masks -------------------------------------------------------------------------------------
+
+
+def step_mask(config: ModelConfig, tgt_ids: jax.Array, position) -> jax.Array:
+    """(B, 1, 1, T): row `position` of `target_mask`, what the newest position may attend to.
+
+    A cached decoding step has one query, at `position`; its keys are the positions so far.
+    `position` may be traced (one executable serves every step).
+    """
+    tgt_pad = (tgt_ids != config.pad_id)[:, None, None, :]  # (B, 1, 1, T): the keys' padding
+    if config.tgt_pad_mask == "queries":
+        tgt_pad = jax.lax.dynamic_slice_in_dim(tgt_pad, position, 1, axis=3)  # (B, 1, 1, 1): the query's own padding
+    elif config.tgt_pad_mask == "none":
+        tgt_pad = tgt_pad | True
+    return tgt_pad & (jnp.arange(tgt_ids.shape[1]) <= position)  # (B, 1, 1, T)
+
+
+# -- The cache ---------------------------------------------------------------------------------
+
+
+class Written:
+    """Layer i's self-attention keys and values for a cached step: the new position's, projected
+    from `memory` (B, 1, D), are written at `cache.length`; the positions so far are attended to."""
+
+    def __init__(self, cache: DecoderCache, i: int):
+        self.cache, self.i = cache, i
+
+    def keys_values(self, attention, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
+        cache, i, t = self.cache, self.i, self.cache.length
+        k, v = attention.keys_values(memory)  # (B, H, 1, K)
+        cache.keys[i] = jax.lax.dynamic_update_slice_in_dim(cache.keys[i], k, t, axis=2)
+        cache.values[i] = jax.lax.dynamic_update_slice_in_dim(cache.values[i], v, t, axis=2)
+        return cache.keys[i], cache.values[i]  # (B, H, L, K): the positions after t are not real keys
+
+
+class Projected:
+    """Layer i's cross-attention keys and values: the memory's, projected once per source."""
+
+    def __init__(self, cache: DecoderCache, i: int):
+        self.cache, self.i = cache, i
+
+    def keys_values(self, attention, memory) -> tuple[jax.Array, jax.Array]:
+        return self.cache.cross_keys[self.i], self.cache.cross_values[self.i]  # (B, H, S, K)
+
+
+def layer_caches(cache: DecoderCache) -> list[tuple[Written, Projected]]:
+    """Where each decoder layer's two attentions take their keys and values from in a cached step."""
+    return [(Written(cache, i), Projected(cache, i)) for i in range(len(cache.keys))]
+
+
+def start_cache(model, encoded: Encoded, length: int) -> DecoderCache:
+    """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
+    host.check_runnable(model.dtype, param_dtype=model.param_dtype)
+    cross_mask = encoded.src_mask if model.config.cross_attn_src_mask else None
+    (cache,) = compiled.call(model, _start_cache, (encoded.memory, cross_mask), model.device, length=length)
+    return cache
+
+
+def _start_cache(model, memory, cross_mask, *, length: int):
+    """The compiled part of `start_cache`."""
+    config = model.config
+    batch = memory.shape[0]
+    shape = (batch, config.n_heads, length, config.d_model // config.n_heads)  # (B, H, L, K)
+    cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
+                         tgt_ids=jnp.full((batch, length), config.pad_id, dtype=jnp.int32),
+                         cross_mask=cross_mask, length=jnp.zeros((), dtype=jnp.int32))
+    for layer in model.decoder.layers:
+        cache.keys.append(jnp.zeros(shape, dtype=model.dtype))
+        cache.values.append(jnp.zeros(shape, dtype=model.dtype))
+        k, v = layer.cross_attn.keys_values(memory)  # (B, H, S, K)
+        cache.cross_keys.append(k)
+        cache.cross_values.append(v)
+    return (cache,)
+
+
+def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:
+    """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
+    (cache,) = compiled.call(model, _reorder_cache, (cache, np.asarray(rows, dtype=np.int32)), model.device)
+    return cache
+
+
+def _reorder_cache(model, cache: DecoderCache, rows):
+    """The compiled part of `reorder_cache`."""
+    return (DecoderCache(keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values],
+                         cross_keys=cache.cross_keys, cross_values=cache.cross_values,
+                         tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length),)
+
+
+# -- The step ----------------------------------------------------------------------------------
+
+
+def decode_step(model, tgt_ids, cache: DecoderCache) -> jax.Array:
+    """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
+    `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
+    tgt_ids = model._ids("tgt_ids", np.asarray(tgt_ids).reshape(-1, 1), model.config.tgt_vocab_size)  # (B, 1)
+    if int(cache.length) >= cache.tgt_ids.shape[1]:
+        raise InputError("cache", f"is full: it holds {cache.tgt_ids.shape[1]} positions")
+    host.check_runnable(model.dtype, param_dtype=model.param_dtype)
+    logits, advanced = compiled.call(model, _decode_step, (tgt_ids[:, 0], cache), model.device)
+    cache.__dict__.update(advanced.__dict__)  # in place, as in the other backends
+    return logits
+
+
+def _decode_step(model, tgt_ids, cache: DecoderCache):
+    """The compiled part of `decode_step`: ids (B,) checked, position traced."""
+    config = model.config
+    t = cache.length
+    cache = DecoderCache(keys=list(cache.keys), values=list(cache.values), cross_keys=cache.cross_keys,
+                         cross_values=cache.cross_values, cross_mask=cache.cross_mask, length=t,
+                         tgt_ids=jax.lax.dynamic_update_slice_in_dim(cache.tgt_ids, tgt_ids[:, None], t, axis=1))
+    self_mask = step_mask(config, cache.tgt_ids, t)  # (B, 1, 1, L)
+    written = jnp.arange(cache.tgt_ids.shape[1]) <= t  # (L,): the positions that are keys so far
+    embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
+    y = model.embed(tgt_ids[:, None], embedding, model.decoder.position, at=t)  # (B, 1, D)
+    scratch = ModelOutput(logits=None)  # what the layers record, dropped
+    y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, tgt_real=written, cache=layer_caches(cache))
+    logits = model.output(y, embedding)[:, 0]  # (B, V)
+    if model.final_logits_bias is not None:
+        logits = logits + model.final_logits_bias[...].astype(logits.dtype)
+    cache.length = t + 1
+    return logits, cache
+
+
+# -- The search --------------------------------------------------------------------------------
+
+
+def generate(model, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
+             length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
+             length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
+             return_scores: bool = False):
+    """`Model.generate`: the source encoded once, then `conformance.core.decoding.search` fed with
+    this model's step logits (cached, or the whole decoder over the prefix with use_cache=False)."""
+    # With the cache, one executable per (rows, source length) serves every step. Without it,
+    # each new prefix length is a new shape: with `buckets` set, at most len(buckets) + 1
+    # compiles serve every step; without, one per length.
+    banned = check_generate(model.config, max_len, bos_id, eos_id, num_beams=num_beams,
+                            length_penalty=length_penalty, early_stopping=early_stopping,
+                            use_cache=use_cache, length_penalty_form=length_penalty_form,
+                            forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
+    encoded = model.encode(src_ids, return_attention=False)
+    batch = encoded.memory.shape[0]
+    rows = np.repeat(np.arange(batch), num_beams)  # (N,): each source once per beam
+    encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
+    state = {"cache": start_cache(model, encoded, model.config.max_len) if use_cache else None}
+
+    def step(tokens: np.ndarray, parents) -> jax.Array:
+        if not use_cache:
+            return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
+        if parents is not None:
+            state["cache"] = reorder_cache(model, state["cache"], parents)
+        return decode_step(model, tokens[:, -1], state["cache"])  # (N, V)
+
+    ids, scores = search(step, batch, max_len, bos_id, eos_id, model.config.pad_id, num_beams=num_beams,
+                         length_penalty=length_penalty, early_stopping=early_stopping,
+                         length_penalty_form=length_penalty_form, forced_eos=forced_eos, banned_ids=banned,
+                         as_numpy=np.asarray)
+    ids = jax.device_put(ids.astype(np.int32), model.device)  # int64 would need x64
+    if not return_scores:
+        return ids
+    return ids, jax.device_put(scores if jax.config.jax_enable_x64 else scores.astype(np.float32), model.device)

@@ -1,0 +1,153 @@
+"""Decoding with the NumPy model: the KV cache, the cached step and the search driver.
+
+The decode room beside `model.py`, as Flax `examples/wmt` keeps `decode.py` beside `models.py`.
+`model.py` holds the math; a cached step runs the very same decoder layers (`DecoderLayer.__call__`,
+`MultiHeadAttention.__call__`) on one new position, with each attention's keys and values taken
+from the cache instead of projected from a whole prefix:
+
+- self-attention: the new position's key and value are projected as usual, written into the
+  layer's buffers at `cache.length`, and the query attends to the positions so far (`Written`);
+- cross-attention: the memory's keys and values, projected once per source (`Projected`).
+
+`Model.start_cache`, `Model.decode_step`, `Model.reorder_cache` and `Model.generate` are the
+public surface and call the functions here. The choice of tokens is written once, in
+`conformance.core.decoding` (docs/decoding.md).
+
+Sections, in the same order in every backend: masks, the cache, the step, the search.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conformance.core.config import ModelConfig
+from conformance.core.decoding import DecoderCache, search
+from conformance.core.inputs import check_generate
+from conformance.core.output import Encoded, ModelOutput
+
+# -- Masks -------------------------------------------------------------------------------------
+
+
+def step_mask(config: ModelConfig, tgt_ids: np.ndarray, position: int) -> np.ndarray:
+    """(B, 1, 1, T): row `position` of `target_mask`, what the newest position may attend to.
+
+    A cached decoding step has one query, at `position`; its keys are the positions so far.
+    """
+    tgt_pad = (tgt_ids != config.pad_id)[:, None, None, :]  # (B, 1, 1, T): the keys' padding
+    if config.tgt_pad_mask == "queries":
+        tgt_pad = tgt_pad[:, :, :, position:position + 1]  # (B, 1, 1, 1): the query's own padding
+    elif config.tgt_pad_mask == "none":
+        tgt_pad = tgt_pad | True
+    return tgt_pad & (np.arange(tgt_ids.shape[1]) <= position)  # (B, 1, 1, T)
+
+
+# -- The cache ---------------------------------------------------------------------------------
+
+
+class Written:
+    """Layer i's self-attention keys and values for a cached step: the new position's, projected
+    from `memory` (B, 1, D), are written at `cache.length`; the positions so far are attended to."""
+
+    def __init__(self, cache: DecoderCache, i: int):
+        self.cache, self.i = cache, i
+
+    def keys_values(self, attention, memory: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cache, i, t = self.cache, self.i, self.cache.length
+        k, v = attention.keys_values(memory)  # (B, H, 1, K)
+        cache.keys[i][:, :, t] = k[:, :, 0]
+        cache.values[i][:, :, t] = v[:, :, 0]
+        return cache.keys[i][:, :, :t + 1], cache.values[i][:, :, :t + 1]  # (B, H, t + 1, K)
+
+
+class Projected:
+    """Layer i's cross-attention keys and values: the memory's, projected once per source."""
+
+    def __init__(self, cache: DecoderCache, i: int):
+        self.cache, self.i = cache, i
+
+    def keys_values(self, attention, memory) -> tuple[np.ndarray, np.ndarray]:
+        return self.cache.cross_keys[self.i], self.cache.cross_values[self.i]  # (B, H, S, K)
+
+
+def layer_caches(cache: DecoderCache) -> list[tuple[Written, Projected]]:
+    """Where each decoder layer's two attentions take their keys and values from in a cached step."""
+    return [(Written(cache, i), Projected(cache, i)) for i in range(len(cache.keys))]
+
+
+def start_cache(model, encoded: Encoded, length: int) -> DecoderCache:
+    """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
+    config = model.config
+    batch = encoded.memory.shape[0]
+    shape = (batch, config.n_heads, length, config.d_model // config.n_heads)  # (B, H, L, K)
+    cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
+                         tgt_ids=np.full((batch, length), config.pad_id, dtype=np.int64),
+                         cross_mask=encoded.src_mask if config.cross_attn_src_mask else None)
+    for layer in model.decoder.layers:
+        cache.keys.append(np.zeros(shape, dtype=model.dtype))
+        cache.values.append(np.zeros(shape, dtype=model.dtype))
+        k, v = layer.cross_attn.keys_values(encoded.memory)  # (B, H, S, K)
+        cache.cross_keys.append(k)
+        cache.cross_values.append(v)
+    return cache
+
+
+def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:
+    """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
+    rows = np.asarray(rows)
+    return DecoderCache(keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values],
+                        cross_keys=cache.cross_keys, cross_values=cache.cross_values,
+                        tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length)
+
+
+# -- The step ----------------------------------------------------------------------------------
+
+
+def decode_step(model, tgt_ids, cache: DecoderCache) -> np.ndarray:
+    """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
+    `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
+    config = model.config
+    tgt_ids = model._ids("tgt_ids", np.asarray(tgt_ids).reshape(-1, 1), config.tgt_vocab_size)  # (B, 1)
+    t = cache.length
+    cache.tgt_ids[:, t] = tgt_ids[:, 0]
+    self_mask = step_mask(config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
+    embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
+    y = model.embed(tgt_ids, embedding, model.decoder.position, at=t)  # (B, 1, D)
+    scratch = ModelOutput(logits=None)  # what the layers record, dropped
+    y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, cache=layer_caches(cache))
+    logits = model.output(y, embedding)[:, 0]  # (B, V)
+    if model.final_logits_bias is not None:
+        logits = logits + model.final_logits_bias.astype(logits.dtype, copy=False)
+    cache.length = t + 1
+    return logits
+
+
+# -- The search --------------------------------------------------------------------------------
+
+
+def generate(model, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
+             length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
+             length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
+             return_scores: bool = False):
+    """`Model.generate`: the source encoded once, then `conformance.core.decoding.search` fed with
+    this model's step logits (cached, or the whole decoder over the prefix with use_cache=False)."""
+    banned = check_generate(model.config, max_len, bos_id, eos_id, num_beams=num_beams,
+                            length_penalty=length_penalty, early_stopping=early_stopping,
+                            use_cache=use_cache, length_penalty_form=length_penalty_form,
+                            forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
+    encoded = model.encode(src_ids, return_attention=False)
+    batch = encoded.memory.shape[0]
+    rows = np.repeat(np.arange(batch), num_beams)  # (N,): each source once per beam
+    encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
+    state = {"cache": start_cache(model, encoded, max_len) if use_cache else None}
+
+    def step(tokens: np.ndarray, parents) -> np.ndarray:
+        if not use_cache:
+            return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
+        if parents is not None:
+            state["cache"] = reorder_cache(model, state["cache"], parents)
+        return decode_step(model, tokens[:, -1], state["cache"])  # (N, V)
+
+    ids, scores = search(step, batch, max_len, bos_id, eos_id, model.config.pad_id, num_beams=num_beams,
+                         length_penalty=length_penalty, early_stopping=early_stopping,
+                         length_penalty_form=length_penalty_form, forced_eos=forced_eos, banned_ids=banned)
+    return (ids, scores) if return_scores else ids
