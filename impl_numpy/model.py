@@ -182,7 +182,7 @@ class LayerNorm:
 
 
 def activation(name: str, x: np.ndarray) -> np.ndarray:
-    """ReLU (the paper), GELU (erf form), GELU with the tanh approximation, or SiLU/swish."""
+    """ReLU (the paper), GELU (erf form), GELU with the tanh approximation, SiLU/swish, or tanh."""
     if name == "relu":
         return np.maximum(x, 0)
     if name == "gelu":
@@ -192,6 +192,8 @@ def activation(name: str, x: np.ndarray) -> np.ndarray:
         return 0.5 * x * (1 + erf)
     if name == "gelu-tanh":
         return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    if name == "tanh":  # AlgoPerf WMT's GLU variant
+        return np.tanh(x)
     # silu(x) = x * sigmoid(x), with sigmoid(x) = (1 + tanh(x / 2)) / 2, which cannot overflow.
     return x * (0.5 * (1 + np.tanh(0.5 * x)))
 
@@ -243,15 +245,22 @@ class MultiHeadAttention:
         self.o_proj = Linear(params, f"{prefix}.o_proj")
         self.n_heads = config.n_heads
         self.fill = config.mask_fill
+        self.temperature = config.attention_temp
 
     def split_heads(self, x: np.ndarray) -> np.ndarray:
         batch, length, d_model = x.shape
         x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
         return x.transpose(0, 2, 1, 3)  # (B, H, L, K)
 
+    def queries(self, x: np.ndarray) -> np.ndarray:
+        """The queries x W_q split into heads (B, H, Tq, K), times the attention temperature:
+        AlgoPerf's `attention_temp` scales the queries, so scores = temp * Q K^T / sqrt(K)."""
+        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        return q if self.temperature == 1.0 else q * self.temperature
+
     def __call__(self, x: np.ndarray, memory: np.ndarray, mask):
         """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention)."""
-        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        q = self.queries(x)  # (B, H, Tq, K)
         k = self.split_heads(self.k_proj(memory))  # (B, H, Tk, K)
         v = self.split_heads(self.v_proj(memory))  # (B, H, Tk, K)
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
@@ -266,7 +275,7 @@ class MultiHeadAttention:
 
     def attend(self, x: np.ndarray, k: np.ndarray, v: np.ndarray, mask):
         """Attention of queries x (B, Tq, D) to keys and values already projected (the cache)."""
-        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        q = self.queries(x)  # (B, H, Tq, K)
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
         batch, _, length, _ = heads.shape
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
@@ -277,17 +286,28 @@ class MultiHeadAttention:
 
 
 class FeedForward:
-    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3; the paper's act is ReLU)."""
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3; the paper's act is ReLU).
+
+    With `ffn_glu` the activated units are multiplied by a linear gate (AlgoPerf's GLU, `MlpBlock`
+    in algoperf/workloads/wmt/wmt_jax/models.py, `_ff_block` in wmt_pytorch/models.py):
+        FFN(x) = (act(x W_1 + b_1) * (x W_gate + b_gate)) W_2 + b_2
+    """
 
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
         self.linear1 = Linear(params, f"{prefix}.linear1")
+        self.gate = Linear(params, f"{prefix}.gate") if config.ffn_glu else None
         self.linear2 = Linear(params, f"{prefix}.linear2")
         self.activation = config.activation
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         hidden = self.linear1(x)  # (B, L, F), before the activation
         self.hidden = backprop.kept(hidden)
-        return self.linear2(activation(self.activation, hidden))
+        units = activation(self.activation, hidden)  # (B, L, F)
+        if self.gate is not None:
+            gated = self.gate(x)  # the linear gate branch (B, L, F)
+            self.gated = backprop.kept(gated)
+            units = units * gated
+        return self.linear2(units)
 
 
 # -- Encoder layer -----------------------------------------------------------------------------
