@@ -223,7 +223,7 @@ class LayerNorm(nnx.Module):
 
 
 def activation(name: str, x: jax.Array) -> jax.Array:
-    """ReLU (the paper), GELU (erf form), GELU with the tanh approximation, or SiLU/swish."""
+    """ReLU (the paper), GELU (erf form), GELU with the tanh approximation, SiLU/swish, or tanh."""
     if name == "relu":
         return jnp.maximum(x, 0)
     if name == "gelu":
@@ -232,6 +232,8 @@ def activation(name: str, x: jax.Array) -> jax.Array:
         return 0.5 * x * (1 + erf)
     if name == "gelu-tanh":
         return 0.5 * x * (1 + jnp.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    if name == "tanh":  # AlgoPerf WMT's GLU variant
+        return jnp.tanh(x)
     # silu(x) = x * sigmoid(x), with sigmoid(x) = (1 + tanh(x / 2)) / 2, which cannot overflow.
     return x * (0.5 * (1 + jnp.tanh(0.5 * x)))
 
@@ -309,18 +311,25 @@ class MultiHeadAttention(nnx.Module):
         self.o_proj = Linear(params, f"{prefix}.o_proj")
         self.n_heads = config.n_heads
         self.fill = config.mask_fill
+        self.temperature = config.attention_temp
 
     def split_heads(self, x: jax.Array) -> jax.Array:
         batch, length, d_model = x.shape
         x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
         return x.transpose(0, 2, 1, 3)  # (B, H, L, K)
 
+    def queries(self, x: jax.Array) -> jax.Array:
+        """The queries x W_q split into heads (B, H, Tq, K), times the attention temperature:
+        AlgoPerf's `attention_temp` scales the queries, so scores = temp * Q K^T / sqrt(K)."""
+        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        return q if self.temperature == 1.0 else q * self.temperature
+
     def __call__(self, x: jax.Array, memory: jax.Array, mask, *, real_keys=None, empty_rows=None, cache=None):
         """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention).
 
         `cache` (keyword-only; a cached decoding step, impl_jax/decode.py): where the keys and
         values come from instead, `cache.keys_values(self, memory)`."""
-        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        q = self.queries(x)  # (B, H, Tq, K)
         if cache is None:
             k, v = self.keys_values(memory)  # (B, H, Tk, K) each
         else:
@@ -340,15 +349,24 @@ class MultiHeadAttention(nnx.Module):
 
 
 class FeedForward(nnx.Module):
-    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3; the paper's act is ReLU)."""
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3; the paper's act is ReLU).
+
+    With `ffn_glu` the activated units are multiplied by a linear gate (AlgoPerf's GLU, `MlpBlock`
+    in algoperf/workloads/wmt/wmt_jax/models.py, `_ff_block` in wmt_pytorch/models.py):
+        FFN(x) = (act(x W_1 + b_1) * (x W_gate + b_gate)) W_2 + b_2
+    """
 
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str):
         self.linear1 = Linear(params, f"{prefix}.linear1")
+        self.gate = Linear(params, f"{prefix}.gate") if config.ffn_glu else None
         self.linear2 = Linear(params, f"{prefix}.linear2")
         self.activation = config.activation
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.linear2(activation(self.activation, self.linear1(x)))
+        units = activation(self.activation, self.linear1(x))  # (B, L, F)
+        if self.gate is not None:
+            units = units * self.gate(x)  # the linear gate branch (B, L, F)
+        return self.linear2(units)
 
 
 # -- Encoder layer -----------------------------------------------------------------------------

@@ -43,8 +43,8 @@ Grads = dict  # canonical parameter name -> gradient, the parameter's shape and 
 
 class Tape(dict):
     """What a forward pass keeps for this backward pass, by module: the input of each `Linear`,
-    `LayerNorm` and of `Output`, the hidden units (before the activation) of each `FeedForward`,
-    and `(q, k, v, weights, mask)` of each `MultiHeadAttention`. `Model.loss_and_grads` passes a
+    `LayerNorm` and of `Output`, the units of each `FeedForward` (before and after the activation,
+    and its gate), and `(q, k, v, weights, mask)` of each `MultiHeadAttention`. `Model.loss_and_grads` passes a
     fresh tape to its forward call and hands it here; a plain call passes none and keeps nothing
     (a base-size model's tape at length 512 holds ~1.2 GB in float64)."""
 
@@ -135,6 +135,10 @@ def activation_backward(name: str, x: np.ndarray, d_y: np.ndarray) -> np.ndarray
         c = math.sqrt(2 / math.pi)
         t = np.tanh(c * (x + 0.044715 * x**3))
         return d_y * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x))
+    if name == "tanh":
+        # tanh(x)  ->  1 - tanh(x)^2
+        t = np.tanh(x)
+        return d_y * (1 - t * t)
     # silu(x) = x sigmoid(x)  ->  sigmoid(x) (1 + x (1 - sigmoid(x)))
     sigmoid = 0.5 * (1 + np.tanh(0.5 * x))
     return d_y * sigmoid * (1 + x * (1 - sigmoid))
@@ -186,6 +190,8 @@ def multi_head_attention_backward(tape: Tape, attn, prefix: str, d_out: np.ndarr
     d_heads = attn.split_heads(d_concat)  # (B, H, Tq, K)
     d_q, d_k, d_v = scaled_dot_product_attention_backward(
         alive(q), alive(k), alive(v), alive(weights), mask, d_heads)
+    if attn.temperature != 1.0:
+        d_q = d_q * attn.temperature  # q = temp * (x W_q): the saved q is the scaled one
     d_x = linear_backward(tape, attn.q_proj, f"{prefix}.q_proj", merge_heads(d_q), grads)  # (B, Tq, D)
     d_memory = (linear_backward(tape, attn.k_proj, f"{prefix}.k_proj", merge_heads(d_k), grads)
                 + linear_backward(tape, attn.v_proj, f"{prefix}.v_proj", merge_heads(d_v), grads))  # (B, Tk, D)
@@ -196,10 +202,20 @@ def multi_head_attention_backward(tape: Tape, attn, prefix: str, d_out: np.ndarr
 
 
 def feed_forward_backward(tape: Tape, ffn, prefix: str, d_y: np.ndarray, grads: Grads) -> np.ndarray:
-    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3)  ->  back through W_2, act', W_1."""
-    d_act = linear_backward(tape, ffn.linear2, f"{prefix}.linear2", d_y, grads)  # (B, L, F)
-    d_hidden = activation_backward(ffn.activation, alive(tape[ffn]), d_act)  # (B, L, F)
-    return linear_backward(tape, ffn.linear1, f"{prefix}.linear1", d_hidden, grads)  # (B, L, D)
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3)  ->  back through W_2, act', W_1.
+
+    With the gate (`ffn_glu`), u = act(h) * g, g = x W_gate + b_gate  ->  d act(h) = du * g,
+    dg = du * act(h), and x receives from both branches."""
+    hidden, units, gated = tape[ffn]  # before the activation, after it, the gate (None without one)
+    d_units = linear_backward(tape, ffn.linear2, f"{prefix}.linear2", d_y, grads)  # (B, L, F)
+    if gated is None:
+        d_act, d_x_gate = d_units, 0
+    else:
+        d_act = d_units * alive(gated)  # (B, L, F)
+        d_gated = d_units * alive(units)  # (B, L, F)
+        d_x_gate = linear_backward(tape, ffn.gate, f"{prefix}.gate", d_gated, grads)  # (B, L, D)
+    d_hidden = activation_backward(ffn.activation, alive(hidden), d_act)  # (B, L, F)
+    return linear_backward(tape, ffn.linear1, f"{prefix}.linear1", d_hidden, grads) + d_x_gate  # (B, L, D)
 
 
 # -- Encoder layer -----------------------------------------------------------------------------

@@ -172,7 +172,7 @@ class LayerNorm:
 
 
 def activation(name: str, x: np.ndarray) -> np.ndarray:
-    """ReLU (the paper), GELU (erf form), GELU with the tanh approximation, or SiLU/swish."""
+    """ReLU (the paper), GELU (erf form), GELU with the tanh approximation, SiLU/swish, or tanh."""
     if name == "relu":
         return np.maximum(x, 0)
     if name == "gelu":
@@ -182,6 +182,8 @@ def activation(name: str, x: np.ndarray) -> np.ndarray:
         return 0.5 * x * (1 + erf)
     if name == "gelu-tanh":
         return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    if name == "tanh":  # AlgoPerf WMT's GLU variant
+        return np.tanh(x)
     # silu(x) = x * sigmoid(x), with sigmoid(x) = (1 + tanh(x / 2)) / 2, which cannot overflow.
     return x * (0.5 * (1 + np.tanh(0.5 * x)))
 
@@ -233,18 +235,25 @@ class MultiHeadAttention:
         self.o_proj = Linear(params, f"{prefix}.o_proj")
         self.n_heads = config.n_heads
         self.fill = config.mask_fill
+        self.temperature = config.attention_temp
 
     def split_heads(self, x: np.ndarray) -> np.ndarray:
         batch, length, d_model = x.shape
         x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
         return x.transpose(0, 2, 1, 3)  # (B, H, L, K)
 
+    def queries(self, x: np.ndarray, *, tape=None) -> np.ndarray:
+        """The queries x W_q split into heads (B, H, Tq, K), times the attention temperature:
+        AlgoPerf's `attention_temp` scales the queries, so scores = temp * Q K^T / sqrt(K)."""
+        q = self.split_heads(self.q_proj(x, tape=tape))  # (B, H, Tq, K)
+        return q if self.temperature == 1.0 else q * self.temperature
+
     def __call__(self, x: np.ndarray, memory: np.ndarray, mask, *, tape=None, cache=None):
         """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention).
 
         `cache` (keyword-only; a cached decoding step, impl_numpy/decode.py): where the keys and
         values come from instead, `cache.keys_values(self, memory)`."""
-        q = self.split_heads(self.q_proj(x, tape=tape))  # (B, H, Tq, K)
+        q = self.queries(x, tape=tape)  # (B, H, Tq, K)
         if cache is None:
             k, v = self.keys_values(memory, tape=tape)  # (B, H, Tk, K) each
         else:
@@ -265,18 +274,26 @@ class MultiHeadAttention:
 
 
 class FeedForward:
-    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3; the paper's act is ReLU)."""
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3; the paper's act is ReLU).
+
+    With `ffn_glu` the activated units are multiplied by a linear gate (AlgoPerf's GLU, `MlpBlock`
+    in algoperf/workloads/wmt/wmt_jax/models.py, `_ff_block` in wmt_pytorch/models.py):
+        FFN(x) = (act(x W_1 + b_1) * (x W_gate + b_gate)) W_2 + b_2
+    """
 
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
         self.linear1 = Linear(params, f"{prefix}.linear1")
+        self.gate = Linear(params, f"{prefix}.gate") if config.ffn_glu else None
         self.linear2 = Linear(params, f"{prefix}.linear2")
         self.activation = config.activation
 
     def __call__(self, x: np.ndarray, *, tape=None) -> np.ndarray:
         hidden = self.linear1(x, tape=tape)  # (B, L, F), before the activation
+        units = activation(self.activation, hidden)  # (B, L, F)
+        gated = None if self.gate is None else self.gate(x, tape=tape)  # the linear gate branch (B, L, F)
         if tape is not None:
-            tape[self] = hidden
-        return self.linear2(activation(self.activation, hidden), tape=tape)
+            tape[self] = (hidden, units, gated)
+        return self.linear2(units if gated is None else units * gated, tape=tape)
 
 
 # -- Encoder layer -----------------------------------------------------------------------------

@@ -216,7 +216,7 @@ class LayerNorm(nn.Module):
 
 
 def activation(name: str, x: torch.Tensor) -> torch.Tensor:
-    """ReLU (the paper), GELU (erf form), GELU with the tanh approximation, or SiLU/swish."""
+    """ReLU (the paper), GELU (erf form), GELU with the tanh approximation, SiLU/swish, or tanh."""
     if name == "relu":
         return F.relu(x)
     if name == "gelu":
@@ -224,6 +224,8 @@ def activation(name: str, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate="none")
     if name == "gelu-tanh":
         return F.gelu(x, approximate="tanh")
+    if name == "tanh":  # AlgoPerf WMT's GLU variant
+        return torch.tanh(x)
     # silu(x) = x * sigmoid(x); PyTorch's kernel stays finite for large |x|.
     return F.silu(x)
 
@@ -313,6 +315,7 @@ class MultiHeadAttention(nn.Module):
         self.o_proj = Linear(d, d, config.out_proj_bias, dtype)
         self.n_heads = config.n_heads
         self.fill = config.mask_fill
+        self.temperature = config.attention_temp
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, mask_fill={self.fill:g}"
@@ -321,6 +324,12 @@ class MultiHeadAttention(nn.Module):
         batch, length, d_model = x.shape
         x = x.view(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
         return x.transpose(1, 2)  # (B, H, L, K)
+
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        """The queries x W_q split into heads (B, H, Tq, K), times the attention temperature:
+        AlgoPerf's `attention_temp` scales the queries, so scores = temp * Q K^T / sqrt(K)."""
+        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        return q if self.temperature == 1.0 else q * self.temperature
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, mask, *, return_attention: bool = True,
                 empty_rows=None, cache=None):
@@ -333,7 +342,7 @@ class MultiHeadAttention(nn.Module):
         when they are not wanted (the fused kernel never forms them). `empty_rows`: as in
         `scaled_dot_product_attention` (the loss passes 0.0).
         """
-        q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
+        q = self.queries(x)  # (B, H, Tq, K)
         if cache is None:
             k, v = self.keys_values(memory)  # (B, H, Tk, K) each
         else:
@@ -355,11 +364,17 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3; the paper's act is ReLU)."""
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2  (section 3.3; the paper's act is ReLU).
+
+    With `ffn_glu` the activated units are multiplied by a linear gate (AlgoPerf's GLU, `MlpBlock`
+    in algoperf/workloads/wmt/wmt_jax/models.py, `_ff_block` in wmt_pytorch/models.py):
+        FFN(x) = (act(x W_1 + b_1) * (x W_gate + b_gate)) W_2 + b_2
+    """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.linear1 = Linear(config.d_model, config.d_ff, True, dtype)
+        self.gate = Linear(config.d_model, config.d_ff, True, dtype) if config.ffn_glu else None
         self.linear2 = Linear(config.d_ff, config.d_model, True, dtype)
         self.activation = config.activation
 
@@ -367,7 +382,10 @@ class FeedForward(nn.Module):
         return f"activation={self.activation!r}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(activation(self.activation, self.linear1(x)))
+        units = activation(self.activation, self.linear1(x))  # (B, L, F)
+        if self.gate is not None:
+            units = units * self.gate(x)  # the linear gate branch (B, L, F)
+        return self.linear2(units)
 
 
 # -- Encoder layer -----------------------------------------------------------------------------

@@ -62,6 +62,8 @@ BREAKS = {
     "source padding masked on the keys only": ("numpy", [('if config.src_pad_mask == "both" and src_mask is not None:',
                                                           "if False:")], {}),
     "logits not divided by sqrt(D)": ("numpy", [("        if self.scale_logits:\n", "        if False:\n")], {}),
+    "attention temperature ignored": ("numpy", [("self.temperature = config.attention_temp", "self.temperature = 1.0")], {}),
+    "GLU gate dropped": ("numpy", [("            units = units * gated\n", "            units = units\n")], {}),
     "final norm dropped": ("numpy", [(
         'self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None',
         "self.norm = None",
@@ -131,6 +133,18 @@ PROPERTY_BREAKS = {
         "backward.py",
         "d_scores = np.where(mask, d_scores, 0)",
         "d_scores = d_scores",
+    )], {})]),
+    # The attention temperature scales the queries: their gradient must be scaled back.
+    "query gradient misses the attention temperature": ("test_gradients", [("numpy", [(
+        "backward.py",
+        "d_q = d_q * attn.temperature",
+        "d_q = d_q",
+    )], {})]),
+    # The GLU's activated branch: its gradient must be multiplied by the gate's value.
+    "GLU gradient misses the gate": ("test_gradients", [("numpy", [(
+        "backward.py",
+        "d_act = d_units * alive(ffn.gated)",
+        "d_act = d_units",
     )], {})]),
     # Two backends that each stay within tolerance of the oracle, drifting in opposite directions.
     "two backends drift apart within tolerance": ("test_pairs", [

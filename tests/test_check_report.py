@@ -49,12 +49,16 @@ FIRST_DIVERGENCE = {
     "t2t sinusoid with the paper's timescales": "encoder.embeddings",
     "source padding masked on the keys only": "encoder.0.self",  # padded source queries: NaN became finite
     "logits not divided by sqrt(D)": "logits",
+    "attention temperature ignored": "encoder.0.self",
+    "GLU gate dropped": "encoder.0.ffn",
 }
 # Breaks of a switch CONFIG leaves off (Flax examples/wmt's): the check runs with it on.
 SWITCHED_ON = {
     "t2t sinusoid with the paper's timescales": dict(position="sinusoid-t2t"),
     "source padding masked on the keys only": dict(src_pad_mask="both"),
     "logits not divided by sqrt(D)": dict(scale_logits=True),
+    "attention temperature ignored": dict(attention_temp=4.0),
+    "GLU gate dropped": dict(ffn_glu=True, activation="tanh"),
 }
 
 

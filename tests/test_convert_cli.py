@@ -144,7 +144,7 @@ def test_torch_nn_transformer_needs_its_norm_placement_and_names_its_defaults(tm
     lines = [line.strip() for line in out.splitlines()]
     defaulted = [line for line in lines if "(the layout's default" in line]
     assert [line.split(" ")[0] for line in defaulted] == ["activation=relu"], out
-    assert "--set activation=gelu|gelu-tanh|silu if your model differs" in defaulted[0]
+    assert "--set activation=gelu|gelu-tanh|silu|tanh if your model differs" in defaulted[0]
     assert "nn.Transformer(activation=...)" in defaulted[0]
     config, params = checkpoint.load(out_path)
     assert config.norm_placement == "pre" and config.notes["layout_defaults"] == "activation=relu"
@@ -328,7 +328,7 @@ def test_layouts_shows_every_switch_a_layout_implies(tmp_path, capsys):
     status, out, _ = cli(capsys, "layouts", "hyunwoongko")
     assert status == 0
     rows = switch_rows(out)
-    assert len(rows) == 20  # every ModelConfig switch (18, plus src_pad_mask and scale_logits)
+    assert len(rows) == 22  # every ModelConfig switch (18, plus src_pad_mask, scale_logits, ffn_glu, attention_temp)
     # The preset's switches, and ModelConfig's defaults for the ones the preset does not set.
     assert rows["layer_norm_eps"] == ["1e-12", "preset"] and rows["scale_embedding"] == ["false", "preset"]
     assert rows["mask_fill"] == ["-10000.0", "preset"] and rows["tgt_pad_mask"] == ["queries", "preset"]

@@ -39,7 +39,8 @@ SIZES = dict(d_model=16, n_heads=2, d_ff=24, n_encoder_layers=2, n_decoder_layer
 
 # Values for the switches a layout leaves to its user, different from the preset's, so that the
 # round trip shows they are carried (and not silently reset to the preset's).
-FREE_VALUES = {"pad_id": 3, "norm_placement": "pre", "activation": "gelu", "layer_norm_eps": 1e-6, "scale_embedding": False}
+FREE_VALUES = {"pad_id": 3, "norm_placement": "pre", "activation": "gelu", "layer_norm_eps": 1e-6, "scale_embedding": False,
+               "attention_temp": 2.0}
 
 
 def config_for(layout, position=None, **changes):

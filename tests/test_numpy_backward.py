@@ -37,6 +37,8 @@ SWITCHES = {
     "fast variance, t2t, padding on both sides, logits / sqrt(D)": dict(
         layer_norm_form="fast-variance", position="sinusoid-t2t", src_pad_mask="both", tgt_pad_mask="both",
         scale_logits=True, share_embeddings=True, tie_output=True),
+    "GLU with tanh, attention temperature (AlgoPerf WMT variants)": dict(activation="tanh", ffn_glu=True,
+                                                                          attention_temp=2.5, norm_placement="pre"),
     "-1e4 fill, no target padding mask, pad 1": dict(mask_fill=-1e4, tgt_pad_mask="none", pad_id=1,
                                                      share_embeddings=True, final_encoder_norm=True),
 }

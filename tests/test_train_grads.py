@@ -61,9 +61,16 @@ def grads_numpy(grads: dict) -> dict:
     return {name: np.asarray(g.detach().cpu() if isinstance(g, torch.Tensor) else g) for name, g in grads.items()}
 
 
-@pytest.mark.parametrize("name", PRESETS)
+# Every preset, and the switches AlgoPerf's WMT variants add on top of theirs.
+GRADIENT_CASES = {**{name: (name, {}) for name in PRESETS},
+                  "algoperf GLU-tanh, attention_temp 4": ("algoperf-wmt-flax",
+                                                          dict(ffn_glu=True, activation="tanh", attention_temp=4.0))}
+
+
+@pytest.mark.parametrize("name", GRADIENT_CASES)
 def test_torch_and_jax_gradients_agree_in_float64(name):
-    config = tiny(name)
+    preset_name, changes = GRADIENT_CASES[name]
+    config = tiny(preset_name, **changes)
     params = init_params(config)
     labels = labels_for(config)
     model = impl_torch.Model(config, params, "float64")

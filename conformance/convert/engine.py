@@ -318,7 +318,10 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
     check_overrides(target)
     for key, present, absent in layout.infer:
         # A structure the system can have: the switches of one side of each rule, all together.
-        sides = [side for side in (present, absent) if all(getattr(config, k) == v for k, v in side.items())]
+        # A free switch in a rule is only the import's default for that structure (AlgoPerf's
+        # GLU with tanh): the system takes any value of it from its user.
+        sides = [side for side in (present, absent)
+                 if all(getattr(config, k) == v for k, v in side.items() if k not in layout.free)]
         if not sides:
             wrong = next(k for k, v in present.items() if getattr(config, k) != v)
             raise ConfigError(wrong, f"the {layout.name} system has {', '.join(f'{k}={v!r}' for k, v in present.items())} "

@@ -231,7 +231,7 @@ def _all_canonical_names() -> frozenset[str]:
     config = ModelConfig(
         n_encoder_layers=1, n_decoder_layers=1, position="table", qkv_bias=True, out_proj_bias=True,
         final_encoder_norm=True, final_decoder_norm=True, share_embeddings=False, tie_output=False,
-        output_bias=True, final_logits_bias=True,
+        output_bias=True, final_logits_bias=True, ffn_glu=True,
     )
     return frozenset(param_shapes(config))
 
@@ -396,7 +396,7 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
 # The canonical matrices, stored (d_in, d_out); everything else (embeddings, tables, vectors) has
 # one orientation only. A system that stores (d_out, d_in) needs each of these transposed.
 _MATRIX_SUFFIXES = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight",
-                    ".linear1.weight", ".linear2.weight")
+                    ".linear1.weight", ".gate.weight", ".linear2.weight")
 
 
 def _is_matrix(canonical_key: str) -> bool:

@@ -23,7 +23,7 @@ LAYER_NORM_FORMS = ("standard", "std-eps", "fast-variance")
 POSITIONS = ("sinusoid-interleaved", "sinusoid-split", "sinusoid-t2t", "table")
 PAD_MASK_SIDES = ("keys", "queries", "both", "none")
 SRC_PAD_MASK_SIDES = ("keys", "both")
-ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu")
+ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu", "tanh")
 
 # float32's largest finite value. Scores are formed and filled in at least float32 in every
 # backend, so a finite fill below -FLOAT32_MAX would silently become -inf there (NaN rows instead
@@ -38,7 +38,7 @@ MAX_LEN_LIMIT = 65536
 # Fields added after the first checkpoints were written. A stored config that lacks one of them
 # predates it and meant its default, which is the behaviour every backend had before the field
 # existed; every other field must be named by a stored config (see `from_dict(complete=True)`).
-ADDED_FIELDS = ("src_pad_mask", "scale_logits")
+ADDED_FIELDS = ("src_pad_mask", "scale_logits", "ffn_glu", "attention_temp")
 
 _SIZE_FIELDS = (
     "src_vocab_size",
@@ -103,11 +103,25 @@ class ModelConfig:
             `make_attention_mask(inputs > 0, inputs > 0)`): a padded query then sees no key, which
             with a finite fill makes its output the plain mean of the values. It changes the
             encoder's output only at padded positions, which cross-attention masks anyway.
+        attention_temp: every attention's queries are multiplied by it before the scores, so
+            `scores = attention_temp * Q K^T / sqrt(K)`: a factor above 1 sharpens the softmax.
+            AlgoPerf's WMT workload `WmtWorkloadAttentionTemp` (4.0): `MultiheadAttention.forward`
+            in `algoperf/workloads/wmt/wmt_pytorch/models.py` (`q = self.attention_temp * q`) and
+            `Encoder1DBlock` / `EncoderDecoder1DBlock` in `wmt_jax/models.py` (the query input
+            `cfg.attention_temp * x`, the same product there: the projections have no bias).
+            Keys, values and the mask fill are untouched; 1.0 is every other system.
         cross_attn_src_mask: whether source padding is masked in the decoder's cross-attention.
         pad_id: the padding token id (source and target).
 
     Feed-forward and output:
-        activation: "relu" (paper), "gelu" (erf form), "gelu-tanh" (tanh approximation), "silu".
+        activation: "relu" (paper), "gelu" (erf form), "gelu-tanh" (tanh approximation), "silu",
+            "tanh" (AlgoPerf's `WmtWorkloadGLUTanH`).
+        ffn_glu: the feed-forward is gated: `FFN(x) = (act(x W_1 + b_1) * (x W_gate + b_gate)) W_2
+            + b_2`, with a second input matrix `ffn.gate.weight` (D, F) and its bias (F,); the
+            activation applies to the linear1 branch only, the gate branch is linear. AlgoPerf's
+            WMT workload `WmtWorkloadGLUTanH`: `MlpBlock` in `algoperf/workloads/wmt/wmt_jax/models.py`
+            (`Dense_0` activated, `Dense_1` the gate, `Dense_2` the output) and `_ff_block` in
+            `wmt_pytorch/models.py` (`linear1` activated, `linear_glu` the gate).
         output_bias: the output projection has its own bias `output.bias`.
         final_logits_bias: a separate `final_logits_bias` vector added to the logits (Marian).
         scale_logits: divide `y W_out` by sqrt(D) before any bias (Flax `examples/wmt` with
@@ -136,6 +150,7 @@ class ModelConfig:
 
     qkv_bias: bool = True
     out_proj_bias: bool = True
+    attention_temp: float = 1.0
     mask_fill: float = -1e9
     tgt_pad_mask: str = "keys"
     src_pad_mask: str = "keys"
@@ -143,6 +158,7 @@ class ModelConfig:
     pad_id: int = 0
 
     activation: str = "relu"
+    ffn_glu: bool = False
     output_bias: bool = True
     final_logits_bias: bool = False
     scale_logits: bool = False
@@ -222,6 +238,8 @@ class ModelConfig:
                                          f"d_model >= 4, got {self.d_model}")
         if not (self.layer_norm_eps > 0 and math.isfinite(self.layer_norm_eps)):
             raise ConfigError("layer_norm_eps", f"must be positive and finite, got {self.layer_norm_eps}")
+        if not (self.attention_temp > 0 and math.isfinite(self.attention_temp)):
+            raise ConfigError("attention_temp", f"must be positive and finite, got {self.attention_temp}")
         if math.isnan(self.mask_fill) or self.mask_fill == math.inf or self.mask_fill >= 0:
             raise ConfigError("mask_fill", f"must be negative (finite or -inf), got {self.mask_fill}")
         if math.isfinite(self.mask_fill) and self.mask_fill < -FLOAT32_MAX:

@@ -11,6 +11,7 @@ Flax state and the checkpoint file all use exactly these names. Matrices are sto
     encoder.layers.{i}.self_attn.o_proj.bias            (D,)     out_proj_bias
     encoder.layers.{i}.self_attn_norm.{weight,bias}     (D,)
     encoder.layers.{i}.ffn.linear1.{weight,bias}        (D, F), (F,)
+    encoder.layers.{i}.ffn.gate.{weight,bias}           (D, F), (F,)    ffn_glu
     encoder.layers.{i}.ffn.linear2.{weight,bias}        (F, D), (D,)
     encoder.layers.{i}.ffn_norm.{weight,bias}           (D,)
     encoder.norm.{weight,bias}                    (D,)          final_encoder_norm
@@ -58,12 +59,10 @@ def _norm_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
 
 def _ffn_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
     d, f = config.d_model, config.d_ff
-    return {
-        f"{prefix}.linear1.weight": (d, f),
-        f"{prefix}.linear1.bias": (f,),
-        f"{prefix}.linear2.weight": (f, d),
-        f"{prefix}.linear2.bias": (d,),
-    }
+    shapes = {f"{prefix}.linear1.weight": (d, f), f"{prefix}.linear1.bias": (f,)}
+    if config.ffn_glu:
+        shapes |= {f"{prefix}.gate.weight": (d, f), f"{prefix}.gate.bias": (f,)}
+    return shapes | {f"{prefix}.linear2.weight": (f, d), f"{prefix}.linear2.bias": (d,)}
 
 
 def param_shapes(config: ModelConfig) -> dict[str, Shape]:

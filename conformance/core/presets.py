@@ -85,6 +85,29 @@ PRESETS: dict[str, dict[str, Any]] = {
         tgt_pad_mask="none", src_pad_mask="both", cross_attn_src_mask=True, pad_id=0,
         activation="relu", output_bias=True,
     ),
+    # MLCommons AlgoPerf's WMT Transformer (algoperf/workloads/wmt/wmt_jax/models.py), its base
+    # workload: Flax examples/wmt with one shared embedding and logits through it / sqrt(D). Its
+    # variants are switches on top: norm_placement="post" without final norms (WmtWorkloadPostLN),
+    # ffn_glu=True with activation="tanh" (WmtWorkloadGLUTanH), attention_temp=4.0
+    # (WmtWorkloadAttentionTemp).
+    "algoperf-wmt-flax": dict(
+        norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True,
+        layer_norm_eps=1e-6, layer_norm_form="fast-variance", scale_embedding=False,
+        position="sinusoid-t2t", qkv_bias=False, out_proj_bias=False, mask_fill=FLOAT32_MIN,
+        tgt_pad_mask="none", src_pad_mask="both", cross_attn_src_mask=True, pad_id=0,
+        activation="relu", share_embeddings=True, tie_output=True, output_bias=False, scale_logits=True,
+    ),
+    # Its PyTorch twin (wmt_pytorch/models.py): nn.LayerNorm's two-pass variance, and masks of
+    # -1e10 added to the scores (the same softmax as a -1e10 fill for any score below 512 in
+    # magnitude). Its position buffer is the t2t sinusoid computed by torch in float32; an import
+    # keeps that table as stored (position="table").
+    "algoperf-wmt-torch": dict(
+        norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True,
+        layer_norm_eps=1e-6, layer_norm_form="standard", scale_embedding=False,
+        position="sinusoid-t2t", qkv_bias=False, out_proj_bias=False, mask_fill=-1e10,
+        tgt_pad_mask="none", src_pad_mask="both", cross_attn_src_mask=True, pad_id=0,
+        activation="relu", share_embeddings=True, tie_output=True, output_bias=False, scale_logits=True,
+    ),
     # The built-in default for `rosetta check`: small, post-LN, with padding on both sides.
     "default": dict(
         src_vocab_size=24, tgt_vocab_size=24, d_model=32, n_heads=4, d_ff=64,

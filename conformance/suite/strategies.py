@@ -27,6 +27,9 @@ MAX_LENS = (8, 16)
 FILLS = (-math.inf, -1e9, -1e4, FLOAT32_MIN)
 PADDING_PATTERNS = ("none", "trailing", "all-but-one", "whole-row")
 WEIGHT_SCALES = (0.5, 1.0, 2.0)
+# AlgoPerf WMT's attention temperature (4.0 in its workload variant), 1.0 (every other system)
+# drawn most often, and one factor below 1.
+ATTENTION_TEMPS = (1.0, 1.0, 0.5, 4.0)
 
 
 @st.composite
@@ -56,12 +59,14 @@ def configs(draw, max_layers: int = 3) -> ModelConfig:
         tie_output=draw(st.booleans()),
         qkv_bias=draw(st.booleans()),
         out_proj_bias=draw(st.booleans()),
+        attention_temp=draw(st.sampled_from(ATTENTION_TEMPS)),
         mask_fill=draw(st.sampled_from(FILLS)),
         tgt_pad_mask=draw(st.sampled_from(PAD_MASK_SIDES)),
         src_pad_mask=draw(st.sampled_from(SRC_PAD_MASK_SIDES)),
         cross_attn_src_mask=draw(st.booleans()),
         pad_id=draw(st.integers(0, 1)),
         activation=draw(st.sampled_from(ACTIVATIONS)),
+        ffn_glu=draw(st.booleans()),
         output_bias=draw(st.booleans()),
         final_logits_bias=draw(st.booleans()),
         scale_logits=draw(st.booleans()),
