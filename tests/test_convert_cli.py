@@ -482,3 +482,26 @@ def test_convert_to_a_flat_layout_writes_its_state_dict(tmp_path, capsys):
     status, _, err = cli(capsys, "convert", tmp_path / "model.safetensors", tmp_path / "at.safetensors", "--to",
                          "annotated-transformer")
     assert status == 2 and "exists" in err, err
+
+
+def test_an_export_the_system_lacks_keys_for_names_every_switch_and_key_at_once(tmp_path, capsys):
+    """Shared and tied embeddings with no output bias, exported to torch-nn-transformer (separate
+    embeddings, a generator with a bias): the file would lack three keys the wrapper loads, so the
+    export refuses, naming all three switches (with their --set spelling) and the keys, in one run;
+    with the switches said, it writes the file."""
+    from conformance import init_params, preset
+
+    config = preset("torch-nn-transformer", src_vocab_size=11, tgt_vocab_size=11, d_model=8, n_heads=2, d_ff=12,
+                    n_encoder_layers=1, n_decoder_layers=1, max_len=6, share_embeddings=True, tie_output=True,
+                    output_bias=False)
+    checkpoint.save(tmp_path / "shared.safetensors", config, init_params(config, seed=1, dtype=np.float32))
+    out = tmp_path / "tutorial.safetensors"
+    status, _, err = cli(capsys, "convert", tmp_path / "shared.safetensors", out, "--to", "torch-nn-transformer")
+    assert status == 2 and not out.exists(), err
+    for words in ("--set output_bias=false", "--set share_embeddings=true", "--set tie_output=true",
+                  "generator.bias", "generator.weight", "tgt_tok_emb.embedding.weight"):
+        assert words in err, (words, err)
+    status, _, err = cli(capsys, "convert", tmp_path / "shared.safetensors", out, "--to", "torch-nn-transformer",
+                         "--set", "output_bias=false", "--set", "share_embeddings=true", "--set", "tie_output=true")
+    assert status == 0, err
+    assert "generator.weight" not in read_state_dict(out)

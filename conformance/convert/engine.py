@@ -324,9 +324,10 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
             raise ConfigError(wrong, f"the {layout.name} system has {', '.join(f'{k}={v!r}' for k, v in present.items())} "
                               f"(with {key}) or {', '.join(f'{k}={v!r}' for k, v in absent.items())} (without it); this "
                               f"config's {', '.join(f'{k}={getattr(config, k)!r}' for k in present)} is neither")
-    expected = {**layout.base_switches(), **target}
+    expected = system_switches(layout, target)
+    wrong = []
     for name in sorted(SWITCH_FIELDS):
-        if name in layout.free or name in layout.inferred_names() or name not in expected:
+        if name in layout.free or name in layout.inferred_names():
             continue
         if name == "position" and layout.computes_with_stored_positions():
             continue
@@ -336,9 +337,35 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
                               "would be replaced after a save and load, giving other logits (if your copy of that "
                               "system was changed to keep its table, pass position=... to the export)")
         if getattr(config, name) != expected[name]:
-            raise ConfigError(name, f"the {layout.name} system computes {name}={expected[name]!r} but this config has "
-                              f"{getattr(config, name)!r}, so exported weights would give other logits there "
-                              f"(if your copy of that system was changed to match, pass {name}=... to the export)")
+            wrong.append(name)
+    if wrong:
+        # Every one at once: a user fixing them one run at a time takes as many runs as there are.
+        keys = _keys_lost(config, layout, expected)
+        raise ConfigError(wrong[0], f"the {layout.name} system computes "
+                          f"{', '.join(f'{n}={expected[n]!r}' for n in wrong)} but this config has "
+                          f"{', '.join(f'{n}={getattr(config, n)!r}' for n in wrong)}, so exported weights "
+                          "would give other logits there"
+                          + (f" (and the file would lack {listing(keys)}, which that system loads)" if keys else "")
+                          + "; if your copy of that system was changed to match, say so: "
+                          f"{' '.join(f'--set {n}={setting(getattr(config, n))}' for n in wrong)} "
+                          f"(the same keywords to export_state_dict in Python)")
+
+def system_switches(layout: Layout, target: Mapping[str, Any]) -> dict[str, Any]:
+    """Every switch the system computes with: ModelConfig's defaults (what an import of its keys
+    assumes), its preset and `[switches]`, then `target` (a changed copy of the system)."""
+    defaults = {name: getattr(ModelConfig(), name) for name in SWITCH_FIELDS}
+    return {**defaults, **layout.base_switches(), **target}
+
+
+def _keys_lost(config: ModelConfig, layout: Layout, expected: Mapping[str, Any]) -> list[str]:
+    """The system's keys that an export of `config` would not write (a structure it lacks)."""
+    structure = config.replace(**{k: v for k, v in expected.items() if k != "position"})
+    try:
+        system = plan_keys(layout, param_shapes(structure), structure.to_dict())
+        ours = plan_keys(layout, param_shapes(config), config.to_dict())
+    except (ConfigError, LayoutError, ValueError):
+        return []
+    return sorted(set(system) - set(ours))
 
 
 def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: Layout | str, **target: Any) -> dict[str, np.ndarray]:
