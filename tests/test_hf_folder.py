@@ -78,6 +78,29 @@ def test_a_saved_folder_converts_with_no_set_and_matches_transformers(tmp_path, 
         print(f"Marian folder (gelu, scaled) {backend} float32: {result.describe()}")
 
 
+def test_a_weights_file_of_a_folder_converts_with_the_config_beside_it(tmp_path, capsys, folder):
+    """`rosetta convert folder/model.safetensors`: the file alone cannot tell GELU from the layout's
+    default SiLU, nor the embedding scale, so the config.json beside it is read as the folder's
+    would be; a --set that contradicts it is refused naming both, and the "not a rosetta
+    checkpoint" hint names the folder, not the file."""
+    whole, single = tmp_path / "folder.safetensors", tmp_path / "file.safetensors"
+    assert main(["convert", str(folder), str(whole)]) == 0
+    assert main(["convert", str(folder / "model.safetensors"), str(single)]) == 0
+    printed = capsys.readouterr().out
+    assert "config.json, beside model.safetensors" in printed and "the layout's default" not in printed, printed
+    (config, params), (want, expected) = checkpoint.load(single), checkpoint.load(whole)
+    assert (config.activation, config.scale_embedding) == ("gelu", True)
+    assert config.replace(notes={}) == want.replace(notes={}) and all(np.array_equal(params[k], expected[k]) for k in params)
+    bad = tmp_path / "bad.safetensors"
+    assert main(["convert", str(folder / "model.safetensors"), str(bad), "--set", "activation=silu"]) == 2
+    err = capsys.readouterr().err
+    assert "activation" in err and "config.json has activation='gelu'" in err and not bad.exists(), err
+    assert main(["convert", str(folder / "model.safetensors"), str(bad), "--layout", "annotated-transformer"]) == 2
+    assert "config.json" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match=f"rosetta convert {folder} "):
+        checkpoint.load(folder / "model.safetensors")
+
+
 def test_sharded_and_bin_folders_give_the_same_parameters(tmp_path, folder, model):
     expected_config, expected = from_hf_folder(folder)
     sharded = tmp_path / "sharded"

@@ -109,8 +109,13 @@ def run(args: argparse.Namespace) -> int:
         raise CheckpointError(dst, "is a directory; name the checkpoint file to write")
     overrides = parse_sets(args.sets)
     renames = parse_renames(args.renames)
-    from conformance.convert.hf_folder import convert_folder, is_hf_folder
+    from conformance.convert.hf_folder import config_beside, convert_folder, is_hf_folder
 
+    beside = config_beside(src)
+    if beside is not None and args.layout not in (None, "hf-marian"):
+        raise CheckpointError(src, f"sits beside {beside}, which describes the model; it converts with that config "
+                              f"(layout hf-marian), not --layout {args.layout}: move the file out of the folder to "
+                              "convert it on its own")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", PaddingWarning)
@@ -125,7 +130,11 @@ def run(args: argparse.Namespace) -> int:
                         arrays = rename_prefixes(arrays, renames)
                     except KeyError as exc:
                         raise InputError("--rename", exc.args[0]) from None
-                result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name}, **overrides)
+                if beside is not None:
+                    result = convert_folder(src.parent, dtype=args.dtype, weights=arrays, source_file=src.name, **overrides)
+                else:
+                    result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name},
+                                            **overrides)
     except (LayoutError, NoMatchingLayoutError, AmbiguousLayoutError, TensorError) as exc:
         # Nothing has been written: the checkpoint is built in memory and saved only at the end.
         print(f"rosetta convert: error: {exc}", file=sys.stderr)

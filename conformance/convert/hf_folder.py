@@ -179,8 +179,27 @@ def from_hf_folder(folder: str | Path, **overrides: Any) -> tuple[ModelConfig, d
     return result.config, result.params
 
 
-def convert_folder(folder: str | Path, *, dtype: str | None = None, **overrides: Any):
-    """The `Conversion` of a folder (config, params and the decisions made), as `rosetta convert` prints it."""
+def config_beside(path: Path) -> Path | None:
+    """The Hugging Face `config.json` next to a weights file (one naming a `model_type`), or None.
+
+    A weights file taken out of its folder loses what only the config tells (activation, embedding
+    scale, pad id), and the layout's defaults would silently stand in for them."""
+    config = Path(path).parent / "config.json"
+    if not Path(path).is_file() or not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None  # not a Hugging Face config: some other tool's file
+    return config if isinstance(data, dict) and "model_type" in data else None
+
+
+def convert_folder(folder: str | Path, *, dtype: str | None = None, weights: dict[str, np.ndarray] | None = None,
+                   source_file: str | None = None, **overrides: Any):
+    """The `Conversion` of a folder (config, params and the decisions made), as `rosetta convert` prints it.
+
+    `weights` (with the `source_file` they were read from): one weights file of the folder, given
+    on its own, converted with the folder's config.json all the same."""
     from conformance.convert.engine import convert_arrays
     from conformance.convert.sources import _merge
 
@@ -188,10 +207,13 @@ def convert_folder(folder: str | Path, *, dtype: str | None = None, **overrides:
     if not is_hf_folder(folder):
         raise CheckpointError(folder, "is not a model folder (no config.json)")
     read = read_switches(folder)
-    arrays = read_weights(folder)
+    arrays = read_weights(folder) if weights is None else weights
     values = _merge(read, {}, overrides, "config.json")
-    notes = {"source": "Hugging Face folder", "source_file": folder.name}
+    notes = {"source": "Hugging Face folder", "source_file": source_file or folder.name}
     generation = read_generation(folder)
     if generation:
         notes["generation"] = json.dumps(generation, sort_keys=True)
-    return convert_arrays(arrays, "hf-marian", dtype=dtype, notes=notes, **values)
+    result = convert_arrays(arrays, "hf-marian", dtype=dtype, notes=notes, **values)
+    if source_file is not None:
+        result.decisions.insert(1, f"switches read from {folder / 'config.json'}, beside {source_file}")
+    return result

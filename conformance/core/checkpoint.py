@@ -328,6 +328,10 @@ def load(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
 def convert_hint(path: str | os.PathLike) -> str:
     """How to turn a foreign weights file into a checkpoint, spelled for this file."""
     path = Path(path)
+    if path.is_file() and (path.parent / "config.json").is_file():
+        # A model folder's weights: the folder's config.json tells what the tensors cannot.
+        folder = path.parent
+        return f"convert its folder first: rosetta convert {folder} {folder.resolve().name}.rosetta.safetensors"
     return f"convert it first: rosetta convert {path} {path.with_suffix('').name}.rosetta.safetensors"
 
 
