@@ -198,3 +198,28 @@ def test_rosetta_generate_decodes_a_folder_as_its_generation_config_says(tmp_pat
     row = expected[0, 1:].numpy()  # after the decoder start token
     ended = np.flatnonzero(row == 0)  # eos_token_id = 0: the CLI prints each row up to its end
     assert printed == row[: ended[0] if ended.size else len(row)].tolist()
+
+
+def test_export_to_hf_marian_writes_a_folder_transformers_loads(tmp_path, capsys, folder, model, monkeypatch):
+    """`rosetta convert ckpt.safetensors OUT --to hf-marian` with no suffix: a model folder, not an
+    Orbax directory. `MarianMTModel.from_pretrained` (offline) loads it with no missing or unexpected
+    weight, and gives the source model's logits on a padded batch and its generation settings; the
+    files are world-readable like checkpoints, and a second export to the same folder is refused."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ours, out = tmp_path / "marian.safetensors", tmp_path / "marian-copy"
+    assert main(["convert", str(folder), str(ours)]) == 0
+    assert main(["convert", str(ours), str(out), "--to", "hf-marian"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert all((p.stat().st_mode & 0o777) == 0o644 for p in out.iterdir())
+    loaded, info = transformers.MarianMTModel.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    assert not [k for k in info["unexpected_keys"] if "embed_positions" not in k], info
+    loaded = loaded.eval()
+    src, tgt = padded_batch(PAD, VOCAB, VOCAB)
+    np.testing.assert_allclose(hf_logits(loaded, src, tgt), hf_logits(model, src, tgt), rtol=0, atol=1e-5)
+    for name in ("num_beams", "max_length", "length_penalty", "decoder_start_token_id", "eos_token_id", "bad_words_ids"):
+        assert getattr(loaded.generation_config, name) == getattr(model.generation_config, name), name
+    assert (loaded.config.activation_function, loaded.config.scale_embedding) == ("gelu", True)
+    capsys.readouterr()
+    assert main(["convert", str(ours), str(out), "--to", "hf-marian"]) == 2
+    assert "exists" in capsys.readouterr().err

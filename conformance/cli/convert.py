@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["float64", "float32", "float16", "bfloat16"], help="cast every parameter (default: keep the stored dtype)")
     parser.add_argument("--to", metavar="LAYOUT", help="the other direction: SRC is a rosetta checkpoint, DST the "
                         "foreign file in LAYOUT's key space (.safetensors, .msgpack for Flax's msgpack, or a "
-                        "new directory for an Orbax checkpoint)")
+                        "new directory: for hf-marian a Hugging Face model folder that MarianMTModel.from_pretrained "
+                        "loads, otherwise an Orbax checkpoint)")
     parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model), or the dotted path of the parameter tree in a Flax msgpack file or Orbax checkpoint (e.g. params)")
     parser.add_argument("--rename", dest="renames", action="append", default=[], metavar="OLD=NEW",
                         help="rename a key prefix before matching a layout, e.g. embed_src.=src_tok_emb.embedding. "
@@ -197,23 +198,31 @@ def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any]) -> in
         raise CheckpointError(dst, "already exists; converting never overwrites a file or directory")
     if not dst.parent.is_dir() and str(dst.parent):
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
+    folder = layout.name == "hf-marian"  # a directory is a Hugging Face model folder; for Flax, Orbax
+    if dst.suffix not in (".msgpack", ".safetensors", ""):
+        raise CheckpointError(dst, "name the output *.msgpack, *.safetensors, or a new directory "
+                              f"({'a Hugging Face model folder' if folder else 'Orbax'})")
     config, params = checkpoint.load(src)
     exported = export_state_dict(config, params, layout, **target)
     tree = exported if layout.nested else unflatten(exported)
+    problems: list[str] = []
     if dst.suffix == ".msgpack":
         trees.write_msgpack(dst, tree)
         kind = "Flax msgpack"
     elif dst.suffix == ".safetensors":
-        from safetensors.numpy import save_file
-
         flat = trees.flatten(tree) if layout.nested else exported
-        save_file({k: np.ascontiguousarray(v) for k, v in flat.items()}, str(dst))
+        checkpoint.write_tensors(dst, flat, {})
         kind = "safetensors"
-    elif dst.suffix == "":
+    elif folder:
+        from conformance.convert.hf_folder import write_folder
+
+        problems = write_folder(dst, config, exported)
+        kind = "Hugging Face folder: config.json, generation_config.json, model.safetensors"
+    else:
         trees.write_orbax(dst, tree)
         kind = "Orbax checkpoint"
-    else:
-        raise CheckpointError(dst, "name the output *.msgpack, *.safetensors, or a new directory (Orbax)")
     print(f"{src} -> {dst} ({kind}, layout {layout.name})")
     print(f"  config: {config.summary()}")
+    for problem in problems:
+        print(f"rosetta convert: warning: {problem}", file=sys.stderr)
     return 0

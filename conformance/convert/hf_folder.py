@@ -217,3 +217,52 @@ def convert_folder(folder: str | Path, *, dtype: str | None = None, weights: dic
     if source_file is not None:
         result.decisions.insert(1, f"switches read from {folder / 'config.json'}, beside {source_file}")
     return result
+
+
+# Our activation -> the activation_function a MarianConfig spells it with (the first of HF_ACTIVATIONS).
+def _hf_activation(name: str) -> str:
+    from conformance.convert.sources import HF_ACTIVATIONS
+
+    return next(hf for hf, ours in HF_ACTIVATIONS.items() if ours == name)
+
+
+def folder_files(config: ModelConfig) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """`(config.json, generation_config.json, warnings)` for a Marian folder of `config`: the
+    inverse of `read_switches` and `read_generation`. The special ids come from the checkpoint's
+    "generation" note (a converted folder's own); without one, Marian's convention (the decoder
+    starts with the pad id) and a warning that no end-of-sequence id is known."""
+    generation = json.loads(config.notes["generation"]) if config.notes.get("generation") else {}
+    warnings = []
+    if not generation:
+        generation = {"decoder_start_token_id": config.pad_id, "pad_token_id": config.pad_id}
+        warnings.append("the checkpoint records no generation settings (note 'generation'), so "
+                        "generation_config.json names no eos_token_id; add it before generating with transformers")
+    hf = {
+        "architectures": ["MarianMTModel"], "model_type": "marian",
+        "vocab_size": config.src_vocab_size, "decoder_vocab_size": config.tgt_vocab_size, "d_model": config.d_model,
+        "encoder_layers": config.n_encoder_layers, "decoder_layers": config.n_decoder_layers,
+        "encoder_attention_heads": config.n_heads, "decoder_attention_heads": config.n_heads,
+        "encoder_ffn_dim": config.d_ff, "decoder_ffn_dim": config.d_ff, "max_position_embeddings": config.max_len,
+        "activation_function": _hf_activation(config.activation), "scale_embedding": config.scale_embedding,
+        "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
+        **{k: generation[k] for k in ("pad_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id")
+           if k in generation},
+    }
+    hf["pad_token_id"] = config.pad_id  # the model's padding id, whatever decoding was given
+    return hf, generation, warnings
+
+
+def write_folder(folder: Path, config: ModelConfig, state_dict: dict[str, np.ndarray]) -> list[str]:
+    """A new folder that `MarianMTModel.from_pretrained` loads: config.json, generation_config.json
+    and model.safetensors (the hf-marian state dict, with the "pt" format mark transformers checks).
+    Returns the warnings to show. Refuses a folder that exists."""
+    from conformance.core.checkpoint import write_tensors
+
+    if folder.exists():
+        raise CheckpointError(folder, "already exists; an export writes a new folder")
+    hf, generation, warnings = folder_files(config)
+    folder.mkdir()
+    write_tensors(folder / "model.safetensors", state_dict, {"format": "pt"})
+    for name, data in (("config.json", hf), ("generation_config.json", generation)):
+        (folder / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return warnings
