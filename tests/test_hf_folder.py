@@ -223,3 +223,24 @@ def test_export_to_hf_marian_writes_a_folder_transformers_loads(tmp_path, capsys
     capsys.readouterr()
     assert main(["convert", str(ours), str(out), "--to", "hf-marian"]) == 2
     assert "exists" in capsys.readouterr().err
+
+
+def test_rosetta_attention_draws_a_folder_with_no_tgt(tmp_path, capsys, folder, monkeypatch):
+    """`rosetta attention` with no --tgt on a checkpoint that records its generation settings: the
+    decoder input is the recorded start id followed by what `rosetta generate` prints for it."""
+    from conformance.check import plots
+
+    out = tmp_path / "marian.safetensors"
+    assert main(["convert", str(folder), str(out)]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(out), "--src", "5,6,7,8"]) == 0
+    generated = capsys.readouterr().out.split()
+    drawn = {}
+    monkeypatch.setattr(plots, "plot_attention", lambda attention, src, tgt, *a, **k: drawn.update(tgt=tgt) or (1, 1))
+    assert main(["attention", str(out), "--src", "5,6,7,8", "--out", str(tmp_path / "a.png")]) == 0
+    assert drawn["tgt"] == [str(PAD), *generated], (drawn, generated)
+    bare = tmp_path / "bare.safetensors"
+    config, params = checkpoint.load(out)
+    checkpoint.save(bare, config.replace(notes={}), params)
+    assert main(["attention", str(bare), "--src", "5,6,7,8", "--out", str(tmp_path / "b.png")]) == 2
+    assert "--tgt: is required for a checkpoint that records no special ids" in capsys.readouterr().err

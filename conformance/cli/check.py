@@ -54,17 +54,19 @@ def _run(args: argparse.Namespace) -> int:
     if unknown or not dtypes:
         raise InputError("--dtypes", f"unknown dtype {unknown[0]!r}; expected some of {', '.join(DTYPES)}" if unknown
                          else "names no dtype; expected some of " + ", ".join(DTYPES))
-    try:
-        names = backends.requested_backends(args.backends)
-        targets, skipped = default_targets(names, dtypes, devices=args.devices)
-    except ValueError as exc:  # an unknown backend or device name
-        raise InputError("--backends" if "backend" in str(exc) else "--devices", str(exc)) from None
     budget = parse_bytes(args.max_memory) if args.max_memory else None
+    # The checkpoint before the backends: finding their devices imports the frameworks (seconds),
+    # and a file that is no checkpoint is said at once.
     if args.checkpoint:
         config, params = checkpoint.load(args.checkpoint)
         source = args.checkpoint
     else:
         config, params, source = default_model()
+    try:
+        names = backends.requested_backends(args.backends)
+        targets, skipped = default_targets(names, dtypes, devices=args.devices)
+    except ValueError as exc:  # an unknown backend or device name
+        raise InputError("--backends" if "backend" in str(exc) else "--devices", str(exc)) from None
     src_ids, tgt_ids = fixed_batch(config, length=args.length)
     plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget,
                       reread=bool(args.checkpoint))
