@@ -398,6 +398,9 @@ def _atomic_write(path: Path, chunks: list[bytes]) -> None:
 def save(path: str | os.PathLike, config: ModelConfig, params: Mapping[str, Any]) -> None:
     """Save `config` and `params` (NumPy arrays, one float dtype) to one checkpoint file."""
     path = Path(path)
+    if path.suffix.lower() != ".safetensors" and not path.is_dir():  # (a directory: said below)
+        # A .pt name on safetensors bytes misleads every tool (and `rosetta inspect` reads a .pt as PyTorch's).
+        raise CheckpointError(path, "a rosetta checkpoint is a .safetensors file; name it *.safetensors")
     if not isinstance(config, ModelConfig):
         raise CheckpointError(path, f"config must be a ModelConfig, got {type(config).__name__}")
     check_params(config, params, path)
