@@ -451,7 +451,7 @@ def test_run_refuses_a_bad_npy_naming_the_argument(tmp_path, converted_checkpoin
     write_bad_npy(bad, kind)
     status, _, err = cli(capsys, "run", converted_checkpoint, "--backend", "numpy", "--src", bad, "--tgt", "1,2",
                          "--out", tmp_path / "run.npz")
-    assert status == 2 and err.startswith(f"rosetta run: error: src: {bad}") and words in err, err
+    assert status == 2 and err.startswith(f"rosetta run: error: --src: {bad}") and words in err, err
     assert not (tmp_path / "run.npz").exists()
 
 

@@ -40,6 +40,7 @@ def _run(args: argparse.Namespace) -> int:
     from conformance.check.plan import parse_bytes, plan_batch
     from conformance.check.report import default_targets, fixed_batch, run_check
     from conformance.cli.common import check_output, write_outputs
+    from conformance.cli.progress import Status
     from conformance.core.errors import InputError
 
     # Every output is checked before the (long) run, and written only if all of them can be.
@@ -74,7 +75,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.checkpoint:  # read again for each model, rather than held beside a float64 model's copy
         del params
         params = checkpoint_reader(args.checkpoint, config)
-    report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan)
+    with Status("rosetta check") as status:
+        report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan, progress=status)
     print(report.to_text())
     files = {}
     if args.json:

@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from conformance.core import checkpoint
     from conformance.convert import convert_arrays, read_state_dict, rename_prefixes
     from conformance.core.errors import InputError
+    from conformance.cli.progress import Status
     from conformance.convert.engine import PaddingWarning
     from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, TensorError
     from conformance.core.errors import CheckpointError
@@ -117,9 +118,11 @@ def run(args: argparse.Namespace) -> int:
         raise CheckpointError(src, f"sits beside {beside}, which describes the model; it converts with that config "
                               f"(layout hf-marian), not --layout {args.layout}: move the file out of the folder to "
                               "convert it on its own")
+    status = Status("rosetta convert")
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, status:
             warnings.simplefilter("always", PaddingWarning)
+            status(f"reading {src}")
             if is_hf_folder(src):
                 if args.layout not in (None, "hf-marian") or args.key or renames:
                     raise CheckpointError(src, "a model folder converts with the hf-marian layout, no --key and no --rename")
@@ -140,7 +143,11 @@ def run(args: argparse.Namespace) -> int:
         # Nothing has been written: the checkpoint is built in memory and saved only at the end.
         print(f"rosetta convert: error: {exc}", file=sys.stderr)
         return 2
-    checkpoint.save(dst, result.config, result.params)
+    with status:
+        status(f"writing {dst}")
+        checkpoint.save(dst, result.config, result.params)
+        status("a trial forward pass (NumPy, 3 padded rows)")
+        trial = trial_run(result.config, result.params)
     total = sum(int(v.size) for v in result.params.values())
     dtypes = sorted({v.dtype.name for v in result.params.values()})
     print(f"{src} -> {dst}")
@@ -150,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  config: {result.config.summary()}")
     print(f"  {len(result.params)} parameters, {total:,} values, {'/'.join(dtypes)}")
     problems = [str(w.message) for w in caught if issubclass(w.category, PaddingWarning)]
-    problems += trial_run(result.config, result.params)
+    problems += trial
     for problem in problems:
         print(f"rosetta convert: warning: {problem}", file=sys.stderr)
     if not problems:

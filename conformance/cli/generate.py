@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from conformance.check import toy
     from conformance.check.compare import to_numpy
     from conformance.cli.common import labels, load_model, named_by_flags, parse_source, source_form
+    from conformance.cli.progress import Status
     from conformance.core.errors import InputError
 
     if args.max_len is not None and args.max_len < 1:  # 0 is not "the default"; said before the model loads
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     if form:
         print(f"rosetta generate: {form}", file=sys.stderr)
     eos = settings["eos_id"]
-    with named_by_flags():
+    with named_by_flags(), Status("rosetta generate") as status:
+        status(f"decoding {len(src)} row(s) on {args.backend}, up to {settings['max_len']} tokens")
         generated = to_numpy(model.generate(src, **settings)).astype(np.int64)
     for row in generated:
         # A row ends at its <eos>; what follows is the padding of rows that ended early.

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from conformance.check.defaults import default_model
     from conformance.check.report import default_targets
     from conformance.check.training import plot_train_check, run_train_check, training_batches
+    from conformance.cli.progress import Status
     from conformance.core import checkpoint
 
     if args.checkpoint:
@@ -63,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     batches = training_batches(config, args.steps, seed=args.seed)
     try:
-        report = run_train_check(config, params, source, targets, args.steps, skipped=skipped, batches=batches,
-                                 label_smoothing=args.label_smoothing, warmup=args.warmup)
+        with Status("rosetta train-check") as status:
+            report = run_train_check(config, params, source, targets, args.steps, skipped=skipped, batches=batches,
+                                     label_smoothing=args.label_smoothing, warmup=args.warmup, progress=status)
     except NotImplementedError as exc:
         print(f"rosetta train-check: error: no float64 reference: {exc}", file=sys.stderr)
         return 2
