@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from conformance.convert.sources import GENERATION_KEYS
+from conformance.convert.readers import read_file
+from conformance.convert.sources import GENERATION_KEYS, HF_ACTIVATIONS, merge_switches
 from conformance.core.checkpoint import read_tensors
 from conformance.core.config import ModelConfig
 from conformance.core.errors import CheckpointError, ConfigError
@@ -62,8 +63,6 @@ def _json(path: Path) -> dict:
 
 def read_weights(folder: Path) -> dict[str, np.ndarray]:
     """The folder's weights as `{PyTorch key: array}`, from the first format it holds."""
-    from conformance.convert.readers import read_state_dict
-
     single = folder / "model.safetensors"
     index = folder / "model.safetensors.index.json"
     if single.is_file():
@@ -86,9 +85,9 @@ def read_weights(folder: Path) -> dict[str, np.ndarray]:
             raise CheckpointError(index, f"lists {missing[0]!r} (and {len(missing) - 1} more), which its shard does not hold")
         return out
     if (folder / "pytorch_model.bin").is_file():
-        return read_state_dict(folder / "pytorch_model.bin")
+        return read_file(folder / "pytorch_model.bin")
     if (folder / "flax_model.msgpack").is_file():
-        return flax_to_torch_names(read_state_dict(folder / "flax_model.msgpack"), folder / "flax_model.msgpack")
+        return flax_to_torch_names(read_file(folder / "flax_model.msgpack"), folder / "flax_model.msgpack")
     raise CheckpointError(folder, "holds no weights this reader knows: model.safetensors, model.safetensors.index.json "
                           "with its shards, pytorch_model.bin, or flax_model.msgpack")
 
@@ -126,8 +125,6 @@ def _field(hf: dict, name: str, path: Path, kind=int):
 
 def read_switches(folder: Path) -> dict[str, Any]:
     """ModelConfig fields from `config.json` (a Marian config), refusing what hf-marian cannot express."""
-    from conformance.convert.sources import HF_ACTIVATIONS
-
     path = folder / "config.json"
     hf = _json(path)
     if hf.get("model_type") != "marian":
@@ -201,14 +198,13 @@ def convert_folder(folder: str | Path, *, dtype: str | None = None, weights: dic
     `weights` (with the `source_file` they were read from): one weights file of the folder, given
     on its own, converted with the folder's config.json all the same."""
     from conformance.convert.engine import convert_arrays
-    from conformance.convert.sources import _merge
 
     folder = Path(folder)
     if not is_hf_folder(folder):
         raise CheckpointError(folder, "is not a model folder (no config.json)")
     read = read_switches(folder)
     arrays = read_weights(folder) if weights is None else weights
-    values = _merge(read, {}, overrides, "config.json")
+    values = merge_switches(read, {}, overrides, "config.json")
     notes = {"source": "Hugging Face folder", "source_file": source_file or folder.name}
     generation = read_generation(folder)
     if generation:
@@ -221,8 +217,6 @@ def convert_folder(folder: str | Path, *, dtype: str | None = None, weights: dic
 
 # Our activation -> the activation_function a MarianConfig spells it with (the first of HF_ACTIVATIONS).
 def _hf_activation(name: str) -> str:
-    from conformance.convert.sources import HF_ACTIVATIONS
-
     return next(hf for hf, ours in HF_ACTIVATIONS.items() if ours == name)
 
 
