@@ -37,7 +37,7 @@ from conformance.convert.errors import (
     NoMatchingLayoutError,
     TensorError,
 )
-from conformance.convert.keys import check_keys, detect_layout
+from conformance.convert.planner import check_keys, detect_layout
 from conformance.convert.layout import Layout, builtin_layout_names, builtin_layouts, load_layout
 from conformance.convert.hf_folder import from_hf_folder, is_hf_folder, read_weights
 from conformance.convert.readers import as_arrays, read_file

@@ -24,21 +24,19 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from conformance.core.config import (
-    ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, SRC_PAD_MASK_SIDES, ModelConfig,
-)
+from conformance.core.config import ModelConfig
 from conformance.core.params import nest_dotted
 from conformance.convert.errors import KeyMismatchError, LayoutError, TensorError, listing, overrides_note, setting
-from conformance.convert.keys import alias_keys, check_keys, detect_layout, plan_keys, structural_overrides
-from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, Layout, load_layout
-from conformance.convert.transforms import TABLES, backward, forward, identical, recognise_positions, stored_heads
+from conformance.convert.planner import (
+    alias_keys, build_config, check_keys, defaulted_switches, detect_layout, plan_keys, structural_overrides,
+)
+from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, TABLES, Layout, load_layout
+from conformance.convert.transforms import backward, forward, identical, recognise_positions, stored_heads
 from conformance.core.errors import ConfigError
 from conformance.core.params import PARAM_DTYPE_NAMES, check_numpy_params, param_shapes
 from conformance.core.positions import sinusoid_table
 
 _CONFIG_FIELDS = SWITCH_FIELDS | SIZE_FIELDS | {"notes"}
-_CHOICES = {"norm_placement": NORM_PLACEMENTS, "layer_norm_form": LAYER_NORM_FORMS, "position": POSITIONS,
-            "tgt_pad_mask": PAD_MASK_SIDES, "src_pad_mask": SRC_PAD_MASK_SIDES, "activation": ACTIVATIONS}
 
 
 # -- Import ------------------------------------------------------------------------------------
@@ -63,96 +61,6 @@ def _dtype(name: str) -> np.dtype:
 
 def _is_float(array: np.ndarray) -> bool:
     return array.dtype.kind == "f" or array.dtype == np.dtype(ml_dtypes.bfloat16)
-
-
-def _infer_sizes(canonical: dict) -> dict[str, tuple[int, str]]:
-    """field -> (value, the canonical key it was read from), for the sizes shapes tell."""
-    inferred = {}
-
-    def read(fieldname, ckey, axis):
-        if fieldname not in inferred and ckey in canonical and canonical[ckey].ndim > axis:
-            inferred[fieldname] = (int(canonical[ckey].shape[axis]), ckey)
-
-    read("src_vocab_size", "encoder.embedding.weight", 0)
-    read("d_model", "encoder.embedding.weight", 1)
-    # Shared embeddings with a tied output and no bias leave only the shared table to tell it.
-    for ckey, axis in (("decoder.embedding.weight", 0), ("output.weight", 1), ("output.bias", 0),
-                       ("final_logits_bias", 0), ("encoder.embedding.weight", 0)):
-        read("tgt_vocab_size", ckey, axis)
-    for ckey in canonical:
-        if ckey.endswith(".ffn.linear1.weight"):
-            read("d_ff", ckey, 1)
-    return inferred
-
-
-def alternatives(name: str, current: Any = None) -> str:
-    """What `--set NAME=` could say instead of `current` ("gelu|gelu-tanh|silu", "false", "N")."""
-    if name in _CHOICES:
-        return "|".join(c for c in _CHOICES[name] if c != current)
-    kind = ModelConfig.__dataclass_fields__[name].type
-    if kind == "bool":
-        return "true|false" if current is None else setting(not current)
-    return "N" if kind == "int" else "..."
-
-
-def _hint(layout: Layout, name: str) -> str:
-    return f"; {layout.hints[name]}" if name in layout.hints else ""
-
-
-def _defaulted(layout: Layout, overrides: Mapping[str, Any], config: ModelConfig, position_stored: bool) -> list[str]:
-    """One line per free switch the caller did not give: the value the preset supplied, and how to
-    change it. A free switch is one the system takes from its user, so the tensors cannot tell it."""
-    lines = []
-    for name in sorted(layout.free - layout.required - SIZE_FIELDS):
-        if name in overrides or (name == "position" and position_stored):
-            continue
-        value = getattr(config, name)
-        lines.append(f"{name}={setting(value)} (the layout's default: the tensors do not tell it; --set "
-                     f"{name}={alternatives(name, value)} if your model differs{_hint(layout, name)})")
-    return lines
-
-
-def _build_config(layout, canonical, origin, layers, overrides, position, rows, notes, heads=None) -> ModelConfig:
-    values = layout.base_switches()
-    inferred = _infer_sizes(canonical)
-    if heads is not None:  # (H, the foreign key that stores it per head)
-        given = overrides.get("n_heads")
-        if given is not None and given != heads[0]:
-            raise ConfigError("n_heads", f"{given!r} (given) contradicts {heads[1]}, which stores {heads[0]} heads")
-        values["n_heads"] = heads[0]
-    if rows is not None:
-        inferred["max_len"] = (rows, TABLES[0])
-    for fieldname, (value, ckey) in inferred.items():
-        given = overrides.get(fieldname)
-        if given is not None and given != value:
-            shape = tuple(canonical[ckey].shape) if ckey in canonical else f"({value}, ...)"  # a recognised table
-            raise ConfigError(fieldname, f"{given!r} (given) contradicts {origin[ckey]} (canonical {ckey}, shape "
-                              f"{shape}), which gives {fieldname}={value}")
-        values[fieldname] = value
-    for stack in ("encoder", "decoder"):
-        fieldname, n = f"n_{stack}_layers", layers[stack]
-        given = overrides.get(fieldname)
-        if given is not None and given != n:
-            have = f"layers 0..{n - 1}" if n else "no layers"
-            raise ConfigError(fieldname, f"{given!r} (given) contradicts the state dict, which has {stack} {have}")
-        values[fieldname] = n
-    values.update({k: v for k, v in overrides.items() if k != "notes"})
-    if position is not None:
-        values["position"] = position
-    if layers["encoder"] + layers["decoder"] == 0:
-        values.setdefault("n_heads", 1)  # no attention at all: the head count is meaningless
-    elif "n_heads" not in overrides and heads is None:
-        raise ConfigError("n_heads", "cannot be read from tensor shapes (every head count splits d_model the same "
-                          "way); give it: n_heads=8 in Python, --set n_heads=8 on the command line")
-    if "max_len" not in values:
-        raise ConfigError("max_len", f"the {layout.name} state dict stores no position table, so max_len cannot be "
-                          "read from it; give the longest sequence the source system accepts (--set max_len=N)")
-    for fieldname in sorted(layout.required):
-        if fieldname not in overrides:
-            raise ConfigError(fieldname, f"the {layout.name} layout cannot tell it (it differs between copies of that "
-                              f"system and is not in the tensors); give it: {fieldname}=... in Python, --set {fieldname}="
-                              f"{alternatives(fieldname)} on the command line{_hint(layout, fieldname)}")
-    return ModelConfig(**values, notes={**(notes or {}), "converted_from": layout.name})
 
 
 def check_overrides(overrides: Mapping[str, Any]) -> None:
@@ -277,8 +185,8 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
     overrides = dict(overrides)
     _padding(layout, canonical, overrides, decisions)
     position, rows = recognise_positions(layout, canonical, origin, overrides, decisions)
-    config = _build_config(layout, canonical, origin, check.layers, overrides, position, rows, notes, heads)
-    defaulted = _defaulted(layout, overrides, config, rows is not None)
+    config = build_config(layout, canonical, origin, check.layers, overrides, position, rows, notes, heads)
+    defaulted = defaulted_switches(layout, overrides, config, rows is not None)
     if defaulted:
         decisions.extend(defaulted)
         summary = ", ".join(line.split(" ", 1)[0] for line in defaulted)
