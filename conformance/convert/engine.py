@@ -218,9 +218,11 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
 def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, Any]) -> None:
     """Refuse an export whose config the target system would compute differently.
 
-    Every switch the layout fixes (its preset and `[switches]`, plus `target` for a copy of the
-    system that was changed) must equal the config's; `free` switches are the user's to set in
-    the target system. A system that computes with the position table it loads can hold any
+    Every switch the system computes with (`system_switches`: ModelConfig's defaults, which an
+    import of its keys assumes, then its preset and `[switches]`, plus `target` for a copy of the
+    system that was changed) must equal the config's; all that differ are named at once, with the
+    keys the system loads that the export would lack (a shared or tied embedding, a missing bias).
+    `free` switches are the user's to set in the target system. A system that computes with the position table it loads can hold any
     position term; one that rebuilds its table on load (`recomputed`, Marian) only its own.
     """
     check_overrides(target)
