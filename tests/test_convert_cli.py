@@ -475,6 +475,7 @@ def test_convert_to_a_flat_layout_writes_its_state_dict(tmp_path, capsys):
     status, _, _ = cli(capsys, "convert", tmp_path / "model.safetensors", tmp_path / "at.safetensors", "--to",
                        "annotated-transformer")
     assert status == 0
+    assert (tmp_path / "at.safetensors").stat().st_mode & 0o777 == 0o644, "readable like a checkpoint, not private"
     state = read_state_dict(tmp_path / "at.safetensors")
     assert "src_embed.0.lut.weight" in state
     back_config, back = import_state_dict(state, "annotated-transformer", n_heads=2, pad_id=2)
