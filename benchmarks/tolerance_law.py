@@ -123,7 +123,7 @@ def measure(targets: list[Target], sweeps, seeds) -> list[dict]:
                     e = max(normalised_error(got[n], v) for n, v in expected.items())
                     key = f"{target.label} {kind}"
                     worst[key] = max(worst.get(key, 0.0), e)
-        runner._oracle_cached.cache_clear()
+        runner.clear_oracle_cache()
         rows.append({**point, **worst})
         print(f"  {point}: " + ", ".join(f"{k} {v:.2e}" for k, v in worst.items())
               + f"  ({time.perf_counter() - started:.1f} s)", flush=True)

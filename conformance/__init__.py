@@ -21,34 +21,12 @@ are the core's public surface, importable with only NumPy installed:
 
 import sys as _sys
 
-from conformance.core import (
-    PRESETS,
-    CheckpointError,
-    ConfigError,
-    Encoded,
-    InputError,
-    ModelConfig,
-    ModelOutput,
-    checkpoint,
-    init_params,
-    param_shapes,
-    preset,
-)
+from conformance import core as _core
+from conformance.core import *  # noqa: F403 (the core's public names: one list, `conformance.core.__all__`)
+from conformance.core import checkpoint
+
+__all__ = list(_core.__all__)
 
 # `import conformance.checkpoint` (the contract's name for the format) keeps working: it is the
 # core's module, registered under its public name, not a copy.
 _sys.modules[__name__ + ".checkpoint"] = checkpoint
-
-__all__ = [
-    "CheckpointError",
-    "ConfigError",
-    "Encoded",
-    "InputError",
-    "ModelConfig",
-    "ModelOutput",
-    "PRESETS",
-    "checkpoint",
-    "init_params",
-    "param_shapes",
-    "preset",
-]

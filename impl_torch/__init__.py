@@ -36,12 +36,12 @@ from impl_torch.precision import full_precision, precision_settings
 
 def load(path: str | os.PathLike, dtype: Any = None, *, device: torch.device | str | None = None,
          param_dtype: Any = None) -> Model:
-    """A `Model` from a checkpoint file on `device` (default: the CPU), in `eval()` mode as
-    PyTorch's loaded models are for inference (call `.train()` to fine-tune); `dtype` casts the
-    parameters (default: the stored dtype; float32, float64, float16 or bfloat16); `param_dtype`
-    stores them in another dtype than `dtype`, as in `Model`."""
+    """A `Model` from a checkpoint file on `device` (default: the CPU), in `eval()` mode like
+    every `Model`; `dtype` casts the parameters (default: the stored dtype; float32, float64,
+    float16 or bfloat16); `param_dtype` stores them in another dtype than `dtype`, as in `Model`.
+    The mode changes nothing: dropout comes only from an explicit `dropout=` (see `Model`)."""
     config, params = checkpoint.load(path)
-    return Model(config, params, dtype, device=device, param_dtype=param_dtype).eval()
+    return Model(config, params, dtype, device=device, param_dtype=param_dtype)
 
 
 def save(model: Model, path: str | os.PathLike) -> None:

@@ -589,6 +589,12 @@ class Model(nn.Module):
     (`loss_and_grads`) come in `param_dtype`, each computed in `dtype` and rounded once (autograd
     through `cast` itself, e.g. `loss.backward()`, rounds each use's gradient and sums them in
     `param_dtype`, as mixed-precision training does).
+
+    The module starts in `eval()` mode, from `Model(...)` and from `load` alike, and its mode
+    changes nothing: `.train()` does not switch dropout on. Dropout (section 5.4) happens only
+    where a call passes `dropout=` masks (`conformance.core.dropout.draw_dropout(config, B, S, T,
+    rate, seed)`, docs/training.md), the same masks in every backend, so that a training step is
+    the same step in all three; a call without them is deterministic in either mode.
     """
 
     backend = "torch"
@@ -623,6 +629,7 @@ class Model(nn.Module):
             state[key].copy_(to_torch(params.pop(key), stored))
         if self._compute_dtype is not None:
             self._apply(lambda t: t)  # the sinusoid buffer in the compute dtype (see `_apply`)
+        self.eval()  # as `load` returns it: the mode switches nothing (see the class docstring)
 
     def _apply(self, fn, recurse: bool = True):
         """`nn.Module`'s hook under `.to()`, `.half()`, `.cuda()`, ...: with a fixed compute dtype

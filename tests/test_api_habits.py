@@ -37,3 +37,24 @@ def test_a_loaded_torch_model_is_ready_for_inference(tmp_path):
     checkpoint.save(tmp_path / "m.safetensors", CONFIG, init_params(CONFIG, dtype=np.float32))
     model = impl_torch.load(tmp_path / "m.safetensors")
     assert not model.training and not any(m.training for m in model.modules())
+
+
+def test_a_torch_model_starts_in_the_same_mode_however_built_and_its_mode_changes_nothing():
+    """`Model(...)` and `load` agree (eval), and the docstrings say plainly what the mode does:
+    nothing; dropout comes from explicit masks, and with them a call is the same in either mode."""
+    impl_torch = pytest.importorskip("impl_torch")
+    import torch
+
+    from conformance.core.dropout import draw_dropout
+
+    model = impl_torch.Model(CONFIG, init_params(CONFIG, dtype=np.float32))
+    assert not model.training and not any(m.training for m in model.modules())
+    assert ".train()` does not switch dropout on" in impl_torch.Model.__doc__
+    assert "call `.train()` to fine-tune" not in impl_torch.load.__doc__
+    src, tgt = np.array([[3, 4, 5, 0]]), np.array([[1, 6, 7]])
+    drop = draw_dropout(CONFIG, 1, 4, 3, rate=0.5, seed=1)
+    with torch.no_grad():
+        plain, dropped = model(src, tgt).logits, model(src, tgt, dropout=drop).logits
+        model.train()
+        assert torch.equal(model(src, tgt).logits, plain) and torch.equal(model(src, tgt, dropout=drop).logits, dropped)
+    assert not torch.equal(plain, dropped)

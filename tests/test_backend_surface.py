@@ -93,3 +93,16 @@ def test_an_absent_accelerator_is_an_input_error_that_says_so(backend, device, p
         PACKAGES[backend].Model(CONFIG, init_params(CONFIG), "float32", device=device)
     assert caught.value.argument == "device"
     assert "not available" in str(caught.value) and device in str(caught.value)
+
+
+@pytest.mark.parametrize("backend", backends.BACKENDS)
+def test_an_output_prints_as_shapes_not_values(backend):
+    """`print(model(src, tgt))` shows each tensor's shape and dtype, as Hugging Face outputs do,
+    not tens of thousands of characters of values; the same lines from every backend."""
+    model = backends.build(Target(backend, "cpu", "float32"), CONFIG, init_params(CONFIG, seed=0))
+    src, tgt = np.array([[3, 4, 5, 0]]), np.array([[1, 6, 7]])
+    text = repr(model(src, tgt))
+    assert len(text) < 2000 and "logits=(1, 3, 11) float32," in text, text
+    assert "'decoder.0.cross': (1, 2, 3, 4) float32," in text and "'encoder.output': (1, 4, 8) float32," in text
+    assert "e-" not in text and "array" not in text and "tensor" not in text, text
+    assert repr(model.encode(src)).startswith("Encoded(\n  memory=(1, 4, 8) float32,")

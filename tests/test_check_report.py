@@ -189,3 +189,21 @@ def test_the_plot_marks_a_nan_failure_instead_of_drawing_it_as_agreement(monkeyp
              for x in line.get_xdata()}
     assert passing and all(np.isfinite(errors.get_ydata()[x]) != (x in exact) for x in passing)
     assert not failed_x & set(passing)
+
+
+def test_check_names_each_model_on_a_terminal_as_it_starts(monkeypatch, capsys):
+    """The check's status line (stderr, a terminal only): the oracle, then each target in turn."""
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["check", "--backends", "numpy"]) == 0
+    shown = terminal.getvalue()
+    marks = [shown.index(m) for m in ("oracle (numpy/cpu/float64)", "numpy/cpu/float32 (1 of 1)")]
+    assert marks == sorted(marks) and shown.endswith("\r\x1b[K"), shown
+    assert "\r" not in capsys.readouterr().out

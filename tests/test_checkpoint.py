@@ -267,6 +267,22 @@ def test_saving_onto_a_directory_or_into_a_missing_one_is_a_checkpoint_error(tmp
     assert list(tmp_path.iterdir()) == [], "no temporary file is left behind"
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_saving_under_another_suffix_is_refused(tmp_path, backend):
+    """`impl_*.save(model, "x.pt")` wrote safetensors bytes under a name every tool reads as
+    PyTorch's (`rosetta inspect x.pt` then refused it): the name must say .safetensors."""
+    from conformance.check import backends
+
+    module = backends.import_backend(backend)
+    model = module.Model(CONFIG, params_of())
+    for name in ("x.pt", "x", "x.safetensors.bak"):
+        with pytest.raises(CheckpointError, match=r"\.safetensors file; name it \*\.safetensors"):
+            module.save(model, tmp_path / name)
+    assert list(tmp_path.iterdir()) == []
+    module.save(model, tmp_path / "x.SafeTensors")
+    assert checkpoint.load(tmp_path / "x.SafeTensors")[0] == CONFIG
+
+
 def test_not_a_file(tmp_path):
     expect_error(tmp_path / "absent.safetensors", "no such file")
     expect_error(tmp_path, "directory")

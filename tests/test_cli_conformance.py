@@ -37,6 +37,7 @@ def test_rosetta_conformance_runs_from_another_directory(tmp_path):
     assert f"{HEADER} 'ci'" in done.stdout
     assert "numpy: numpy" in done.stdout
     assert " passed" in done.stdout and "failed" not in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "the run left files in the user's directory"
 
 
 def test_rosetta_conformance_finds_the_thorough_profile_from_another_directory(tmp_path):

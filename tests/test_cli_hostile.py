@@ -83,14 +83,18 @@ CASES = [
     ("run folder --backend numpy --src 1,2 --tgt 1,2 --out o.npz", ["folder", "is a directory"]),
     ("run missing.safetensors --backend numpy --src 1,2 --tgt 1,2 --out o.npz", ["missing.safetensors", "no such file"]),
     ("run model.safetensors --backend numpy --src , --tgt 1,2 --out o.npz", ["src", "expected ids"]),
-    ("run model.safetensors --backend numpy --src 1,99 --tgt 1,2 --out o.npz", ["src_ids", "99"]),
+    ("run model.safetensors --backend numpy --src 1,99 --tgt 1,2 --out o.npz", ["--src:", "99"]),
     ("run model.safetensors --backend numpy --src missing.npy --tgt 1,2 --out o.npz", ["src", "no such file"]),
     ("run model.safetensors --backend numpy --src ids.npy --tgt 1,2 --out o.npz", ["src", "is a directory"]),
     # -- generate ------------------------------------------------------------------------------
     ("generate --src " + HUGE + ",1", ["src", "64-bit"]),
     ("generate model.safetensors --src 1," + HUGE + " --bos 1 --eos 2", ["src", "64-bit"]),
-    ("generate --src 3,1 --max-len 0", ["--max-len", "at least 1"]),
-    ("generate --src 3,1 --bos " + HUGE, ["bos_id", HUGE]),
+    ("generate --src 3,1 --max-len 0", ["--max-len:", "must be an int in [1, "]),
+    ("generate --src 3,1 --max-len 100", ["--max-len:", "must be an int in [1, "]),  # the same words as for 0
+    ("generate --src 3,1 --beams 0", ["--beams:"]),
+    ("generate --src 3,1 --length-penalty nan", ["--length-penalty:"]),
+    ("generate --src 3,1 --eos 99", ["--eos:"]),
+    ("generate --src 3,1 --bos " + HUGE, ["--bos:", HUGE]),
     ("generate model.safetensors --src 1,2", ["--bos", "--eos"]),
     ("generate --src abc", ["src", "digits only"]),
     ("generate folder --src 3,1", ["folder", "is a directory"]),
@@ -105,7 +109,7 @@ CASES = [
     ("attention model.safetensors --src 3,1,4 --out a.png", ["--tgt", "is required"]),
     ("attention --src 3,1,4 --tgt 1," + HUGE + " --out a.png", ["tgt", "64-bit"]),
     ("attention --src 3," + HUGE + " --out a.png", ["src", "64-bit"]),
-    ("attention --src " + HUGE + " --out a.png", ["src_ids", "exceeds max_len"]),  # digits, for the toy model
+    ("attention --src " + HUGE + " --out a.png", ["--src:", "exceeds max_len"]),  # digits, for the toy model
     # -- check ---------------------------------------------------------------------------------
     ("check --backends numpy --dtypes float32 --json nodir/r.json", ["--json", "nodir", "does not exist"]),
     ("check --backends numpy --dtypes float32 --json r.json --plot nodir/p.png", ["--plot", "nodir"]),  # no r.json left behind
@@ -214,3 +218,29 @@ def test_write_outputs_leaves_every_target_alone_when_one_cannot_be_written(tmp_
         write_outputs({"--json": (keep, b"new"), "--plot": (tmp_path / "gone" / "p.png", b"png")})
     assert info.value.argument == "--plot"
     assert keep.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["keep.json"]
+
+
+def test_an_npy_source_gets_no_digit_hint(workdir, tmp_path, monkeypatch, capsys):
+    """`--src ids.npy` holds token ids; the toy model's hint on reading digits is not for it."""
+    np.save(tmp_path / "s.npy", np.array([[3, 4, 5]]))
+    assert main(["generate", "--src", str(tmp_path / "s.npy")]) == 0
+    assert "read as" not in capsys.readouterr().err
+
+
+def test_bad_arguments_are_refused_before_a_framework_is_imported(workdir, tmp_path):
+    """Arguments that need no framework to check are checked before one is imported (seconds):
+    one process runs every usage in turn, and neither torch nor jax is loaded at the end."""
+    import subprocess
+    import sys
+
+    usages = [["check", "text.pt"], ["train-check", "--label-smoothing", "1.5"], ["train-check", "--warmup", "0"],
+              ["train-check", "--steps", "0"], ["train-check", "text.pt"],
+              ["run", "text.pt", "--backend", "torch", "--src", "1,2", "--tgt", "1,2", "--out", str(tmp_path / "o.npz")],
+              ["run", "model.safetensors", "--backend", "jax", "--src", "1,x", "--tgt", "1,2", "--out", str(tmp_path / "o.npz")]]
+    code = ("import sys; from conformance.cli import main\n"
+            f"statuses = [main(argv) for argv in {usages!r}]\n"
+            "print(statuses, sorted(m for m in ('torch', 'jax') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == f"{[2] * len(usages)} []", done.stdout + done.stderr
+    for flag in ("--label-smoothing:", "--warmup:", "--steps:", "text.pt", "--src:"):
+        assert flag in done.stderr, (flag, done.stderr)

@@ -451,7 +451,7 @@ def test_run_refuses_a_bad_npy_naming_the_argument(tmp_path, converted_checkpoin
     write_bad_npy(bad, kind)
     status, _, err = cli(capsys, "run", converted_checkpoint, "--backend", "numpy", "--src", bad, "--tgt", "1,2",
                          "--out", tmp_path / "run.npz")
-    assert status == 2 and err.startswith(f"rosetta run: error: src: {bad}") and words in err, err
+    assert status == 2 and err.startswith(f"rosetta run: error: --src: {bad}") and words in err, err
     assert not (tmp_path / "run.npz").exists()
 
 
@@ -475,6 +475,7 @@ def test_convert_to_a_flat_layout_writes_its_state_dict(tmp_path, capsys):
     status, _, _ = cli(capsys, "convert", tmp_path / "model.safetensors", tmp_path / "at.safetensors", "--to",
                        "annotated-transformer")
     assert status == 0
+    assert (tmp_path / "at.safetensors").stat().st_mode & 0o777 == 0o644, "readable like a checkpoint, not private"
     state = read_state_dict(tmp_path / "at.safetensors")
     assert "src_embed.0.lut.weight" in state
     back_config, back = import_state_dict(state, "annotated-transformer", n_heads=2, pad_id=2)
@@ -482,3 +483,26 @@ def test_convert_to_a_flat_layout_writes_its_state_dict(tmp_path, capsys):
     status, _, err = cli(capsys, "convert", tmp_path / "model.safetensors", tmp_path / "at.safetensors", "--to",
                          "annotated-transformer")
     assert status == 2 and "exists" in err, err
+
+
+def test_an_export_the_system_lacks_keys_for_names_every_switch_and_key_at_once(tmp_path, capsys):
+    """Shared and tied embeddings with no output bias, exported to torch-nn-transformer (separate
+    embeddings, a generator with a bias): the file would lack three keys the wrapper loads, so the
+    export refuses, naming all three switches (with their --set spelling) and the keys, in one run;
+    with the switches said, it writes the file."""
+    from conformance import init_params, preset
+
+    config = preset("torch-nn-transformer", src_vocab_size=11, tgt_vocab_size=11, d_model=8, n_heads=2, d_ff=12,
+                    n_encoder_layers=1, n_decoder_layers=1, max_len=6, share_embeddings=True, tie_output=True,
+                    output_bias=False)
+    checkpoint.save(tmp_path / "shared.safetensors", config, init_params(config, seed=1, dtype=np.float32))
+    out = tmp_path / "tutorial.safetensors"
+    status, _, err = cli(capsys, "convert", tmp_path / "shared.safetensors", out, "--to", "torch-nn-transformer")
+    assert status == 2 and not out.exists(), err
+    for words in ("--set output_bias=false", "--set share_embeddings=true", "--set tie_output=true",
+                  "generator.bias", "generator.weight", "tgt_tok_emb.embedding.weight"):
+        assert words in err, (words, err)
+    status, _, err = cli(capsys, "convert", tmp_path / "shared.safetensors", out, "--to", "torch-nn-transformer",
+                         "--set", "output_bias=false", "--set", "share_embeddings=true", "--set", "tie_output=true")
+    assert status == 0, err
+    assert "generator.weight" not in read_state_dict(out)

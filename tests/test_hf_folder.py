@@ -78,6 +78,29 @@ def test_a_saved_folder_converts_with_no_set_and_matches_transformers(tmp_path, 
         print(f"Marian folder (gelu, scaled) {backend} float32: {result.describe()}")
 
 
+def test_a_weights_file_of_a_folder_converts_with_the_config_beside_it(tmp_path, capsys, folder):
+    """`rosetta convert folder/model.safetensors`: the file alone cannot tell GELU from the layout's
+    default SiLU, nor the embedding scale, so the config.json beside it is read as the folder's
+    would be; a --set that contradicts it is refused naming both, and the "not a rosetta
+    checkpoint" hint names the folder, not the file."""
+    whole, single = tmp_path / "folder.safetensors", tmp_path / "file.safetensors"
+    assert main(["convert", str(folder), str(whole)]) == 0
+    assert main(["convert", str(folder / "model.safetensors"), str(single)]) == 0
+    printed = capsys.readouterr().out
+    assert "config.json, beside model.safetensors" in printed and "the layout's default" not in printed, printed
+    (config, params), (want, expected) = checkpoint.load(single), checkpoint.load(whole)
+    assert (config.activation, config.scale_embedding) == ("gelu", True)
+    assert config.replace(notes={}) == want.replace(notes={}) and all(np.array_equal(params[k], expected[k]) for k in params)
+    bad = tmp_path / "bad.safetensors"
+    assert main(["convert", str(folder / "model.safetensors"), str(bad), "--set", "activation=silu"]) == 2
+    err = capsys.readouterr().err
+    assert "activation" in err and "config.json has activation='gelu'" in err and not bad.exists(), err
+    assert main(["convert", str(folder / "model.safetensors"), str(bad), "--layout", "annotated-transformer"]) == 2
+    assert "config.json" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match=f"rosetta convert {folder} "):
+        checkpoint.load(folder / "model.safetensors")
+
+
 def test_sharded_and_bin_folders_give_the_same_parameters(tmp_path, folder, model):
     expected_config, expected = from_hf_folder(folder)
     sharded = tmp_path / "sharded"
@@ -175,3 +198,49 @@ def test_rosetta_generate_decodes_a_folder_as_its_generation_config_says(tmp_pat
     row = expected[0, 1:].numpy()  # after the decoder start token
     ended = np.flatnonzero(row == 0)  # eos_token_id = 0: the CLI prints each row up to its end
     assert printed == row[: ended[0] if ended.size else len(row)].tolist()
+
+
+def test_export_to_hf_marian_writes_a_folder_transformers_loads(tmp_path, capsys, folder, model, monkeypatch):
+    """`rosetta convert ckpt.safetensors OUT --to hf-marian` with no suffix: a model folder, not an
+    Orbax directory. `MarianMTModel.from_pretrained` (offline) loads it with no missing or unexpected
+    weight, and gives the source model's logits on a padded batch and its generation settings; the
+    files are world-readable like checkpoints, and a second export to the same folder is refused."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ours, out = tmp_path / "marian.safetensors", tmp_path / "marian-copy"
+    assert main(["convert", str(folder), str(ours)]) == 0
+    assert main(["convert", str(ours), str(out), "--to", "hf-marian"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert all((p.stat().st_mode & 0o777) == 0o644 for p in out.iterdir())
+    loaded, info = transformers.MarianMTModel.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    assert not [k for k in info["unexpected_keys"] if "embed_positions" not in k], info
+    loaded = loaded.eval()
+    src, tgt = padded_batch(PAD, VOCAB, VOCAB)
+    np.testing.assert_allclose(hf_logits(loaded, src, tgt), hf_logits(model, src, tgt), rtol=0, atol=1e-5)
+    for name in ("num_beams", "max_length", "length_penalty", "decoder_start_token_id", "eos_token_id", "bad_words_ids"):
+        assert getattr(loaded.generation_config, name) == getattr(model.generation_config, name), name
+    assert (loaded.config.activation_function, loaded.config.scale_embedding) == ("gelu", True)
+    capsys.readouterr()
+    assert main(["convert", str(ours), str(out), "--to", "hf-marian"]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+def test_rosetta_attention_draws_a_folder_with_no_tgt(tmp_path, capsys, folder, monkeypatch):
+    """`rosetta attention` with no --tgt on a checkpoint that records its generation settings: the
+    decoder input is the recorded start id followed by what `rosetta generate` prints for it."""
+    from conformance.check import plots
+
+    out = tmp_path / "marian.safetensors"
+    assert main(["convert", str(folder), str(out)]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(out), "--src", "5,6,7,8"]) == 0
+    generated = capsys.readouterr().out.split()
+    drawn = {}
+    monkeypatch.setattr(plots, "plot_attention", lambda attention, src, tgt, *a, **k: drawn.update(tgt=tgt) or (1, 1))
+    assert main(["attention", str(out), "--src", "5,6,7,8", "--out", str(tmp_path / "a.png")]) == 0
+    assert drawn["tgt"] == [str(PAD), *generated], (drawn, generated)
+    bare = tmp_path / "bare.safetensors"
+    config, params = checkpoint.load(out)
+    checkpoint.save(bare, config.replace(notes={}), params)
+    assert main(["attention", str(bare), "--src", "5,6,7,8", "--out", str(tmp_path / "b.png")]) == 2
+    assert "--tgt: is required for a checkpoint that records no special ids" in capsys.readouterr().err

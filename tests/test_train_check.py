@@ -5,13 +5,17 @@ The float64 reference is `impl_numpy.Model.loss_and_grads`, the hand-written bac
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 
 import numpy as np
 
 from conformance import cli, init_params, param_shapes
 from conformance.check import backends, report as check_report
-from conformance.check.training import backward_order, run_train_check, training_batches
+from conformance.check.training import (
+    backward_order, plot_train_check, run_train_check, train_check_figure, training_batches,
+)
 from batches import small
 from breaks import broken_copy
 
@@ -76,3 +80,37 @@ def test_the_engine_reports_every_target_every_step():
     assert result.passed, result.to_text()
     assert [(r.step, r.target) for r in result.rows] == [(s, t.label) for s in (1, 2) for t in targets]
     assert all(np.isfinite(r.param_diff) for r in result.rows)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_train_check_shows_its_progress_on_a_terminal_only(monkeypatch, capsys):
+    """On a terminal, a status line on stderr names each run of each step as it starts (and is
+    cleared before the report); in a pipe, stderr gets nothing extra and stdout is the same."""
+    argv = ["train-check", "--steps", "2", "--backends", "numpy", "--dtypes", "float32"]
+    assert cli.main(argv) == 0
+    piped = capsys.readouterr()
+    assert "\r" not in piped.err and "step 1/2" not in piped.err, piped.err
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert cli.main(argv) == 0
+    shown = terminal.getvalue()
+    order = [shown.index(f"step {s}/2: {label}") for s in (1, 2) for label in ("numpy/cpu/float64", "numpy/cpu/float32")]
+    assert order == sorted(order) and shown.endswith("\r\x1b[K"), shown
+    assert capsys.readouterr().out == piped.out
+
+
+def test_the_train_check_plot_shows_the_loss_and_whole_steps(tmp_path):
+    config = small("default", n_encoder_layers=1, n_decoder_layers=1)
+    result = run_train_check(config, init_params(config), "test", [backends.Target("numpy", "cpu", "float32")], 3)
+    figure = train_check_figure(result)
+    loss, divergence = figure.axes
+    assert loss.get_ylabel() == "loss" and divergence.get_yscale() == "log"
+    assert [list(line.get_ydata()) for line in loss.get_lines()] == [
+        result.reference_losses, [r.loss for r in result.rows]]
+    for ax in figure.axes:
+        assert all(float(tick).is_integer() for tick in ax.get_xticks()), ax.get_xticks()
+    assert plot_train_check(result, str(tmp_path / "t.png"))[0] == 1100

@@ -239,8 +239,9 @@ def default_targets(names: list[str] | None = None, dtypes: list[str] | None = N
 def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], dict[str, np.ndarray]], source: str,
               targets: list[backends.Target], skipped: dict[str, str] | None = None,
               src_ids: np.ndarray | None = None, tgt_ids: np.ndarray | None = None,
-              plan: Plan | None = None) -> Report:
+              plan: Plan | None = None, progress: Callable[[str], None] | None = None) -> Report:
     """Run the oracle and every target on the same batch and compare every tensor.
+    `progress(message)` hears each model as it starts (a command's status line).
 
     `plan` says how the oracle's tensors are held (default: `plan_batch` against MemAvailable);
     the report is the same either way. One model is alive at a time, and every model hands each
@@ -270,6 +271,8 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], 
 
         # Each tensor goes to `oracle` as it is computed (the sink), and the forward pass keeps no
         # backward caches: at most a layer's working tensors are in memory beside the model.
+        progress = progress or (lambda message: None)
+        progress(f"oracle (numpy/cpu/{ORACLE_DTYPE})")
         as_read = read()
         oracle_model = impl_numpy.Model(config, as_read, dtype=ORACLE_DTYPE, param_dtype=stored_dtype(
             params_dtype(as_read), ORACLE_DTYPE, impl_numpy.SUPPORTED_DTYPES))
@@ -278,7 +281,8 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], 
         oracle_model(src_ids, tgt_ids, sink=keep)  # a call keeps no backward values (no tape)
         del oracle_model
         release_freed_memory()
-        for target in targets:
+        for number, target in enumerate(targets, 1):
+            progress(f"{target.label} ({number} of {len(targets)})")
             _check_target(report, target, config, read, src_ids, tgt_ids, oracle)
             if plan.mode == ONE_AT_A_TIME:  # memory is short: nothing of this model may stay behind
                 backends.release(target.backend)

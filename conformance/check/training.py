@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -167,15 +167,19 @@ def _loss_and_grads(target, model, batch, label_smoothing):
 
 def run_train_check(config: ModelConfig, params: dict[str, np.ndarray], source: str, targets, steps: int, *,
                     skipped: dict[str, str] | None = None, batches=None, label_smoothing: float = 0.1,
-                    warmup: int = 4000, reference: backends.Target = REFERENCE) -> TrainCheck:
+                    warmup: int = 4000, reference: backends.Target = REFERENCE,
+                    progress: Callable[[str], None] | None = None) -> TrainCheck:
     """Train every target and the reference for `steps` steps and compare them step by step.
+    `progress(message)` hears what is being computed, as it starts (a command's status line).
 
     Raises `NotImplementedError` when a backend (the reference or a target) has no `loss_and_grads`."""
     batches = batches if batches is not None else training_batches(config, steps)
+    progress = progress or (lambda message: None)
     report = TrainCheck(source, reference.label, steps, label_smoothing, skipped=dict(skipped or {}))
     order = backward_order(config)
 
     def start(target):
+        progress(f"building {target.label}")
         with backends.dtype_scope(target):
             model = backends.build(target, config, params)
             if not hasattr(model, "loss_and_grads"):
@@ -185,6 +189,7 @@ def run_train_check(config: ModelConfig, params: dict[str, np.ndarray], source: 
     ref_model, ref_optimizer = start(reference)
     runs = {target: start(target) for target in targets if target != reference}
     for step, batch in enumerate(batches[:steps], 1):
+        progress(f"step {step}/{steps}: {reference.label}")
         ref_loss, ref_grads = _loss_and_grads(reference, ref_model, batch, label_smoothing)
         ref_grads = host_grads(ref_grads)
         with backends.dtype_scope(reference):
@@ -193,6 +198,7 @@ def run_train_check(config: ModelConfig, params: dict[str, np.ndarray], source: 
         report.reference_losses.append(ref_loss)
         for target, (model, optimizer) in runs.items():
             allowed = gradient_tolerance(target.dtype, target.device).atol
+            progress(f"step {step}/{steps}: {target.label}")
             loss, grads = _loss_and_grads(target, model, batch, label_smoothing)
             errors = {name: scaled_error(g, ref_grads[name]) for name, g in host_grads(grads).items()}
             first_bad = next((name for name in order if errors[name] > allowed), None)
@@ -208,21 +214,39 @@ def run_train_check(config: ModelConfig, params: dict[str, np.ndarray], source: 
 
 
 def plot_train_check(report: TrainCheck, path: str) -> tuple[int, int]:
-    """Largest parameter difference against the reference run, per step, one line per target."""
+    """Draw `train_check_figure` to `path` (PNG); returns its size in pixels."""
+    from conformance.check.plots import _pyplot
+
+    fig = train_check_figure(report)
+    fig.savefig(path)
+    width, height = fig.canvas.get_width_height()
+    _pyplot().close(fig)
+    return width, height
+
+
+def train_check_figure(report: TrainCheck):
+    """Two panels against the step (whole numbers): the loss of every run, the reference's in
+    black, and the largest parameter difference from the reference run, one line per target."""
+    from matplotlib.ticker import MaxNLocator
+
     from conformance.check.plots import _pyplot
 
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    fig, (loss_ax, diff_ax) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
+    steps = list(range(1, len(report.reference_losses) + 1))
+    loss_ax.plot(steps, report.reference_losses, color="black", linewidth=2.5, label=report.reference)
     for label in dict.fromkeys(r.target for r in report.rows):
         rows = [r for r in report.rows if r.target == label]
-        ax.plot([r.step for r in rows], [max(r.param_diff, 1e-300) for r in rows], marker="o", label=label)
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel(f"max |param - {report.reference}|")
-    ax.set_title("divergence from the float64 NumPy run")
-    ax.legend(fontsize=7)
+        loss_ax.plot([r.step for r in rows], [r.loss for r in rows], marker="o", label=label)
+        diff_ax.plot([r.step for r in rows], [max(r.param_diff, 1e-300) for r in rows], marker="o", label=label)
+    loss_ax.set_ylabel("loss")
+    loss_ax.set_title("training loss")
+    diff_ax.set_yscale("log")
+    diff_ax.set_ylabel(f"max |param - {report.reference}|")
+    diff_ax.set_title("divergence from the float64 NumPy run")
+    for ax in (loss_ax, diff_ax):
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # there is no step 1.5
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
-    width, height = fig.canvas.get_width_height()
-    plt.close(fig)
-    return width, height
+    return fig

@@ -12,7 +12,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
     parser.add_argument("--src", required=True, help="source: digits for the toy model, or IDS ('5,6,7' or a .npy file)")
-    parser.add_argument("--tgt", help="decoder input IDS; default: <bos> followed by the model's own greedy output, up to its <eos>")
+    parser.add_argument("--tgt", help="decoder input IDS; default: the start id followed by the model's own output, "
+                        "decoded as `rosetta generate` does with the checkpoint's recorded settings, up to its end id "
+                        "(for a checkpoint that records its special ids, and the built-in toy model)")
     parser.add_argument("--out", required=True, help="the PNG file to write (its name must end in .png)")
     parser.add_argument("--row", type=int, default=0, help="which batch row to draw (default 0)")
     add_backend_argument(parser)
@@ -23,10 +25,10 @@ def run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from conformance.check import toy
-    from conformance.cli.common import check_output, labels, load_model, parse_ids, parse_source, write_outputs
+    from conformance.cli.common import check_output, labels, load_model, named_by_flags, parse_ids, parse_source, write_outputs
     from conformance.check.compare import to_numpy
     from conformance.check.plots import plot_attention
+    from conformance.cli.generate import decoding
     from conformance.core.errors import InputError
 
     out_path = check_output(args.out, "--out", (".png",))
@@ -36,19 +38,24 @@ def run(args: argparse.Namespace) -> int:
     src = parse_source(config, args.src)
     if args.row >= src.shape[0]:
         raise InputError("--row", f"row {args.row} does not exist: --src has {src.shape[0]} row(s), numbered from 0")
+    settings = None if args.tgt else decoding(config)
     if args.tgt:
-        tgt = parse_ids(args.tgt, "tgt")
-    elif config.notes.get("task") == toy.TASK:
-        out = to_numpy(model.generate(src, max_len=config.max_len - 1, bos_id=toy.BOS, eos_id=toy.EOS)).astype(np.int64)
-        # The decoder's queries are what it read: <bos> and the tokens it generated. The <eos> it
-        # wrote last was never fed back, so its row would show a prediction nobody made.
-        ended = np.flatnonzero(out[args.row] == toy.EOS)
+        tgt = parse_ids(args.tgt, "--tgt")
+    elif settings is not None:
+        # One place is left for the start token in front of what it generates.
+        settings["max_len"] = max(1, min(settings["max_len"], config.max_len - 1))
+        with named_by_flags():
+            out = to_numpy(model.generate(src, **settings)).astype(np.int64)
+        # The decoder's queries are what it read: the start token and the tokens it generated. The
+        # end token it wrote last was never fed back, so its row would show a prediction nobody made.
+        ended = np.flatnonzero(out[args.row] == settings["eos_id"])
         out = out[:, : ended[0] if ended.size else out.shape[1]]
-        tgt = np.concatenate([np.full((src.shape[0], 1), toy.BOS), out], axis=1)[:, : config.max_len]
+        tgt = np.concatenate([np.full((src.shape[0], 1), settings["bos_id"]), out], axis=1)[:, : config.max_len]
     else:
-        raise InputError("--tgt", "is required for a checkpoint that is not the built-in toy model "
-                         "(the decoder input ids to draw attention for)")
-    output = model(src, tgt)
+        raise InputError("--tgt", "is required for a checkpoint that records no special ids (no generation settings, "
+                         "not the built-in toy model): the decoder input ids to draw attention for")
+    with named_by_flags():
+        output = model(src, tgt)
     attention = {name: to_numpy(w) for name, w in output.attention.items()}
     row = args.row
     picture = io.BytesIO()

@@ -40,6 +40,7 @@ def _run(args: argparse.Namespace) -> int:
     from conformance.check.plan import parse_bytes, plan_batch
     from conformance.check.report import default_targets, fixed_batch, run_check
     from conformance.cli.common import check_output, write_outputs
+    from conformance.cli.progress import Status
     from conformance.core.errors import InputError
 
     # Every output is checked before the (long) run, and written only if all of them can be.
@@ -54,17 +55,19 @@ def _run(args: argparse.Namespace) -> int:
     if unknown or not dtypes:
         raise InputError("--dtypes", f"unknown dtype {unknown[0]!r}; expected some of {', '.join(DTYPES)}" if unknown
                          else "names no dtype; expected some of " + ", ".join(DTYPES))
-    try:
-        names = backends.requested_backends(args.backends)
-        targets, skipped = default_targets(names, dtypes, devices=args.devices)
-    except ValueError as exc:  # an unknown backend or device name
-        raise InputError("--backends" if "backend" in str(exc) else "--devices", str(exc)) from None
     budget = parse_bytes(args.max_memory) if args.max_memory else None
+    # The checkpoint before the backends: finding their devices imports the frameworks (seconds),
+    # and a file that is no checkpoint is said at once.
     if args.checkpoint:
         config, params = checkpoint.load(args.checkpoint)
         source = args.checkpoint
     else:
         config, params, source = default_model()
+    try:
+        names = backends.requested_backends(args.backends)
+        targets, skipped = default_targets(names, dtypes, devices=args.devices)
+    except ValueError as exc:  # an unknown backend or device name
+        raise InputError("--backends" if "backend" in str(exc) else "--devices", str(exc)) from None
     src_ids, tgt_ids = fixed_batch(config, length=args.length)
     plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget,
                       reread=bool(args.checkpoint))
@@ -72,7 +75,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.checkpoint:  # read again for each model, rather than held beside a float64 model's copy
         del params
         params = checkpoint_reader(args.checkpoint, config)
-    report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan)
+    with Status("rosetta check") as status:
+        report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan, progress=status)
     print(report.to_text())
     files = {}
     if args.json:

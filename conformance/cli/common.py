@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -57,7 +58,7 @@ def _load_ids(path: str, argument: str) -> np.ndarray:
     return ids
 
 
-def parse_source(config: ModelConfig, text: str, argument: str = "src") -> np.ndarray:
+def parse_source(config: ModelConfig, text: str, argument: str = "--src") -> np.ndarray:
     """Text for a model trained on the toy task ("3 1 4"), else IDS."""
     from conformance.check import toy
 
@@ -74,9 +75,9 @@ def source_form(config: ModelConfig, text: str, ids: np.ndarray) -> str | None:
     which read ids only): "3,1,4" is three token ids, not the digits 3 1 4."""
     from conformance.check import toy
 
-    if config.notes.get("task") != toy.TASK:
+    if config.notes.get("task") != toy.TASK or text.endswith(".npy"):  # a file holds ids, never digits
         return None
-    if text.endswith(".npy") or "," in text:
+    if "," in text:
         shown = "; ".join(" ".join(toy.token_labels(row)) for row in ids[:3]) + (" ..." if len(ids) > 3 else "")
         return (f"--src {_brief(text)} read as token ids ({shown}); to give digits, separate them with spaces: "
                 f"--src \"3 1 4\"")
@@ -108,6 +109,22 @@ def load_model(checkpoint_path: str | None, backend: str, dtype: str = "float32"
     else:
         config, params, _ = default_model()
     return config, backends.build(Target(backend, "cpu", dtype), config, params)
+
+
+# A model call's argument -> the flag a command reads it from.
+FLAGS = {"src_ids": "--src", "tgt_ids": "--tgt", "max_len": "--max-len", "bos_id": "--bos", "eos_id": "--eos",
+         "num_beams": "--beams", "length_penalty": "--length-penalty"}
+
+
+@contextlib.contextmanager
+def named_by_flags():
+    """A model call's `InputError` under the flag the user typed (`--beams`, not `num_beams`)."""
+    try:
+        yield
+    except InputError as exc:
+        if exc.argument not in FLAGS:
+            raise
+        raise InputError(FLAGS[exc.argument], exc.problem) from None
 
 
 # Ids -----------------------------------------------------------------------------------------

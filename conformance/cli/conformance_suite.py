@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sys
+import tempfile
 
 HELP = "Run the conformance suite (pytest -p conformance.suite.pytest_plugin --pyargs conformance.suite) against every installed backend."
 PROFILES = ["ci", "thorough", "scale"]
@@ -42,4 +46,28 @@ def run(args: argparse.Namespace) -> int:
     if args.devices:
         argv += ["--devices", args.devices]
     extra = [a for a in args.pytest_args if a != "--"]
-    return int(pytest.main(argv + extra))
+    with tempfile.TemporaryDirectory(prefix="rosetta-hypothesis-") as scratch, hypothesis_storage(scratch):
+        return int(pytest.main(argv + extra))
+
+
+@contextlib.contextmanager
+def hypothesis_storage(directory: str):
+    """Hypothesis' cache (`.hypothesis/`: the constants it collects, its example database) in
+    `directory` for one run, instead of the user's working directory, unless they chose a place
+    ($HYPOTHESIS_STORAGE_DIRECTORY). A failure prints its reproduction blob (every profile has
+    print_blob), so nothing a user needs is lost with it."""
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        yield
+        return
+    # Read when hypothesis first stores something; where it is imported already (rosetta called
+    # in-process), set there too. Not imported here: pytest must import it first, to rewrite it.
+    configuration = sys.modules.get("hypothesis.configuration")
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = directory
+    if configuration is not None:
+        configuration.set_hypothesis_home_dir(directory)
+    try:
+        yield
+    finally:
+        del os.environ["HYPOTHESIS_STORAGE_DIRECTORY"]
+        if "hypothesis.configuration" in sys.modules:  # read again from the environment on the next use
+            sys.modules["hypothesis.configuration"].set_hypothesis_home_dir(None)

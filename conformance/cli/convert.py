@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["float64", "float32", "float16", "bfloat16"], help="cast every parameter (default: keep the stored dtype)")
     parser.add_argument("--to", metavar="LAYOUT", help="the other direction: SRC is a rosetta checkpoint, DST the "
                         "foreign file in LAYOUT's key space (.safetensors, .msgpack for Flax's msgpack, or a "
-                        "new directory for an Orbax checkpoint)")
+                        "new directory: for hf-marian a Hugging Face model folder that MarianMTModel.from_pretrained "
+                        "loads, otherwise an Orbax checkpoint)")
     parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model), or the dotted path of the parameter tree in a Flax msgpack file or Orbax checkpoint (e.g. params)")
     parser.add_argument("--rename", dest="renames", action="append", default=[], metavar="OLD=NEW",
                         help="rename a key prefix before matching a layout, e.g. embed_src.=src_tok_emb.embedding. "
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from conformance.core import checkpoint
     from conformance.convert import convert_arrays, read_state_dict, rename_prefixes
     from conformance.core.errors import InputError
+    from conformance.cli.progress import Status
     from conformance.convert.engine import PaddingWarning
     from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, TensorError
     from conformance.core.errors import CheckpointError
@@ -109,11 +111,18 @@ def run(args: argparse.Namespace) -> int:
         raise CheckpointError(dst, "is a directory; name the checkpoint file to write")
     overrides = parse_sets(args.sets)
     renames = parse_renames(args.renames)
-    from conformance.convert.hf_folder import convert_folder, is_hf_folder
+    from conformance.convert.hf_folder import config_beside, convert_folder, is_hf_folder
 
+    beside = config_beside(src)
+    if beside is not None and args.layout not in (None, "hf-marian"):
+        raise CheckpointError(src, f"sits beside {beside}, which describes the model; it converts with that config "
+                              f"(layout hf-marian), not --layout {args.layout}: move the file out of the folder to "
+                              "convert it on its own")
+    status = Status("rosetta convert")
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True) as caught, status:
             warnings.simplefilter("always", PaddingWarning)
+            status(f"reading {src}")
             if is_hf_folder(src):
                 if args.layout not in (None, "hf-marian") or args.key or renames:
                     raise CheckpointError(src, "a model folder converts with the hf-marian layout, no --key and no --rename")
@@ -125,12 +134,20 @@ def run(args: argparse.Namespace) -> int:
                         arrays = rename_prefixes(arrays, renames)
                     except KeyError as exc:
                         raise InputError("--rename", exc.args[0]) from None
-                result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name}, **overrides)
+                if beside is not None:
+                    result = convert_folder(src.parent, dtype=args.dtype, weights=arrays, source_file=src.name, **overrides)
+                else:
+                    result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name},
+                                            **overrides)
     except (LayoutError, NoMatchingLayoutError, AmbiguousLayoutError, TensorError) as exc:
         # Nothing has been written: the checkpoint is built in memory and saved only at the end.
         print(f"rosetta convert: error: {exc}", file=sys.stderr)
         return 2
-    checkpoint.save(dst, result.config, result.params)
+    with status:
+        status(f"writing {dst}")
+        checkpoint.save(dst, result.config, result.params)
+        status("a trial forward pass (NumPy, 3 padded rows)")
+        trial = trial_run(result.config, result.params)
     total = sum(int(v.size) for v in result.params.values())
     dtypes = sorted({v.dtype.name for v in result.params.values()})
     print(f"{src} -> {dst}")
@@ -140,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  config: {result.config.summary()}")
     print(f"  {len(result.params)} parameters, {total:,} values, {'/'.join(dtypes)}")
     problems = [str(w.message) for w in caught if issubclass(w.category, PaddingWarning)]
-    problems += trial_run(result.config, result.params)
+    problems += trial
     for problem in problems:
         print(f"rosetta convert: warning: {problem}", file=sys.stderr)
     if not problems:
@@ -188,23 +205,31 @@ def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any]) -> in
         raise CheckpointError(dst, "already exists; converting never overwrites a file or directory")
     if not dst.parent.is_dir() and str(dst.parent):
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
+    folder = layout.name == "hf-marian"  # a directory is a Hugging Face model folder; for Flax, Orbax
+    if dst.suffix not in (".msgpack", ".safetensors", ""):
+        raise CheckpointError(dst, "name the output *.msgpack, *.safetensors, or a new directory "
+                              f"({'a Hugging Face model folder' if folder else 'Orbax'})")
     config, params = checkpoint.load(src)
     exported = export_state_dict(config, params, layout, **target)
     tree = exported if layout.nested else unflatten(exported)
+    problems: list[str] = []
     if dst.suffix == ".msgpack":
         trees.write_msgpack(dst, tree)
         kind = "Flax msgpack"
     elif dst.suffix == ".safetensors":
-        from safetensors.numpy import save_file
-
         flat = trees.flatten(tree) if layout.nested else exported
-        save_file({k: np.ascontiguousarray(v) for k, v in flat.items()}, str(dst))
+        checkpoint.write_tensors(dst, flat, {})
         kind = "safetensors"
-    elif dst.suffix == "":
+    elif folder:
+        from conformance.convert.hf_folder import write_folder
+
+        problems = write_folder(dst, config, exported)
+        kind = "Hugging Face folder: config.json, generation_config.json, model.safetensors"
+    else:
         trees.write_orbax(dst, tree)
         kind = "Orbax checkpoint"
-    else:
-        raise CheckpointError(dst, "name the output *.msgpack, *.safetensors, or a new directory (Orbax)")
     print(f"{src} -> {dst} ({kind}, layout {layout.name})")
     print(f"  config: {config.summary()}")
+    for problem in problems:
+        print(f"rosetta convert: warning: {problem}", file=sys.stderr)
     return 0

@@ -57,6 +57,24 @@ def recorded_generation(config) -> dict:
     return out
 
 
+def decoding(config, *, max_len=None, bos=None, eos=None, beams=None, length_penalty=None) -> dict | None:
+    """`model.generate`'s keyword arguments: each one given, else the checkpoint's recorded
+    generation settings, else the toy model's ids and the plain defaults. None when no start or
+    end id is known (neither given nor recorded)."""
+    from conformance.check import toy
+
+    is_toy = config.notes.get("task") == toy.TASK
+    recorded = recorded_generation(config)
+    bos = bos if bos is not None else recorded.get("bos_id", toy.BOS if is_toy else None)
+    eos = eos if eos is not None else recorded.get("eos_id", toy.EOS if is_toy else None)
+    if bos is None or eos is None:
+        return None
+    return dict(max_len=max_len if max_len is not None else recorded.get("max_len", config.max_len), bos_id=bos,
+                eos_id=eos, num_beams=beams if beams is not None else recorded.get("num_beams", 1),
+                length_penalty=length_penalty if length_penalty is not None else recorded.get("length_penalty", 1.0),
+                forced_eos=recorded.get("forced_eos", False), banned_ids=recorded.get("banned_ids", ()))
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
@@ -64,28 +82,26 @@ def run(args: argparse.Namespace) -> int:
 
     from conformance.check import toy
     from conformance.check.compare import to_numpy
-    from conformance.cli.common import labels, load_model, parse_source, source_form
+    from conformance.cli.common import labels, load_model, named_by_flags, parse_source, source_form
+    from conformance.cli.progress import Status
     from conformance.core.errors import InputError
 
-    if args.max_len is not None and args.max_len < 1:  # 0 is not "the default"
-        raise InputError("--max-len", f"must be at least 1, got {args.max_len}")
+    if args.max_len is not None and args.max_len < 1:  # 0 is not "the default"; said before the model loads
+        raise InputError("--max-len", f"must be an int in [1, the model's max_len], got {args.max_len}")
     config, model = load_model(args.checkpoint, args.backend)
     is_toy = config.notes.get("task") == toy.TASK
-    recorded = recorded_generation(config)
-    bos = args.bos if args.bos is not None else recorded.get("bos_id", toy.BOS if is_toy else None)
-    eos = args.eos if args.eos is not None else recorded.get("eos_id", toy.EOS if is_toy else None)
-    if bos is None or eos is None:
+    settings = decoding(config, max_len=args.max_len, bos=args.bos, eos=args.eos, beams=args.beams,
+                        length_penalty=args.length_penalty)
+    if settings is None:
         raise InputError("--bos/--eos", "this checkpoint does not say its special ids; pass --bos and --eos")
     src = parse_source(config, args.src)
     form = source_form(config, args.src, src)
     if form:
         print(f"rosetta generate: {form}", file=sys.stderr)
-    max_len = args.max_len if args.max_len is not None else recorded.get("max_len", config.max_len)
-    generated = to_numpy(model.generate(
-        src, max_len=max_len, bos_id=bos, eos_id=eos,
-        num_beams=args.beams if args.beams is not None else recorded.get("num_beams", 1),
-        length_penalty=args.length_penalty if args.length_penalty is not None else recorded.get("length_penalty", 1.0),
-        forced_eos=recorded.get("forced_eos", False), banned_ids=recorded.get("banned_ids", ()))).astype(np.int64)
+    eos = settings["eos_id"]
+    with named_by_flags(), Status("rosetta generate") as status:
+        status(f"decoding {len(src)} row(s) on {args.backend}, up to {settings['max_len']} tokens")
+        generated = to_numpy(model.generate(src, **settings)).astype(np.int64)
     for row in generated:
         # A row ends at its <eos>; what follows is the padding of rows that ended early.
         ended = np.flatnonzero(row == eos)

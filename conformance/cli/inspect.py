@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from conformance.convert import NoMatchingLayoutError, read_state_dict
     from conformance.convert.errors import AmbiguousLayoutError, LayoutError
     from conformance.convert import load_layout
-    from conformance.convert.keys import check_keys, detect_layout
+    from conformance.convert.planner import check_keys, detect_layout
     from conformance.convert.readers import file_kind
     from conformance.core.errors import CheckpointError
 

@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _transform(layout, entry) -> str:
-    from conformance.convert.layout import needs_transpose
+    from conformance.convert.planner import needs_transpose
 
     words = []
     if entry.squeeze is not None:
@@ -35,7 +35,8 @@ def _switch_rows(layout) -> list[str]:
     """Every ModelConfig switch as an import through `layout` sets it: the value and its origin
     (the layout's [switches], its preset, or ModelConfig's default), and what --set can change."""
     from conformance.core.config import ModelConfig
-    from conformance.convert.engine import alternatives, setting
+    from conformance.convert.errors import setting
+    from conformance.convert.planner import alternatives
     from conformance.convert.layout import SWITCH_FIELDS
     from conformance.core.presets import PRESETS
 

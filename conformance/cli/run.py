@@ -32,21 +32,22 @@ def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 def run(args: argparse.Namespace) -> int:
     from conformance.check import backends
     from conformance.core import checkpoint
-    from conformance.cli.common import check_device, check_output, parse_ids, write_outputs
+    from conformance.cli.common import check_device, check_output, named_by_flags, parse_ids, write_outputs
     from conformance.core.errors import InputError
 
-    # Everything that can be refused is refused before the model runs.
+    # Everything that can be refused is refused before the model runs, and what needs no
+    # framework before one is imported (seconds).
     out_path = check_output(args.out, "--out", (".npz",))
+    config, params = checkpoint.load(args.checkpoint)
+    src, tgt = parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")
     try:
         backends.import_backend(args.backend)
     except ImportError as exc:
         raise InputError("--backend", f"the {args.backend} backend is not importable here: {exc}") from None
     check_device(args.backend, args.device)
-    config, params = checkpoint.load(args.checkpoint)
-    src, tgt = parse_ids(args.src, "src"), parse_ids(args.tgt, "tgt")
     dtype = args.dtype or next(iter(params.values())).dtype.name
     target = backends.Target(args.backend, args.device, dtype)
-    with backends.full_precision(args.backend), backends.dtype_scope(target):
+    with backends.full_precision(args.backend), backends.dtype_scope(target), named_by_flags():
         model = backends.build(target, config, params)
         out = model(src, tgt)
         attention = out.attention or {}

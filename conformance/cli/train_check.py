@@ -25,16 +25,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="FILE.png", help="also draw the divergence from the reference against the step")
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every argument that can be checked without the frameworks, before they are imported (seconds)."""
+    from conformance.core.errors import InputError
+    from conformance.core.inputs import check_label_smoothing
+    from conformance.core.training import PAPER_BETAS, PAPER_EPS, check_adam
+
+    if args.steps < 1:
+        raise InputError("--steps", f"must be at least 1, got {args.steps}")
+    for flag, check in (("--label-smoothing", lambda: check_label_smoothing(args.label_smoothing)),
+                        ("--warmup", lambda: check_adam(1, args.warmup, PAPER_BETAS, PAPER_EPS))):
+        try:
+            check()
+        except InputError as exc:
+            raise InputError(flag, exc.problem) from None
+
+
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
     from conformance.check import backends
     from conformance.check.defaults import default_model
     from conformance.check.report import default_targets
     from conformance.check.training import plot_train_check, run_train_check, training_batches
+    from conformance.cli.progress import Status
     from conformance.core import checkpoint
-    from conformance.core.errors import InputError
 
-    if args.steps < 1:
-        raise InputError("--steps", f"must be at least 1, got {args.steps}")
     if args.checkpoint:
         config, params = checkpoint.load(args.checkpoint)
         source = args.checkpoint
@@ -49,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     batches = training_batches(config, args.steps, seed=args.seed)
     try:
-        report = run_train_check(config, params, source, targets, args.steps, skipped=skipped, batches=batches,
-                                 label_smoothing=args.label_smoothing, warmup=args.warmup)
+        with Status("rosetta train-check") as status:
+            report = run_train_check(config, params, source, targets, args.steps, skipped=skipped, batches=batches,
+                                     label_smoothing=args.label_smoothing, warmup=args.warmup, progress=status)
     except NotImplementedError as exc:
         print(f"rosetta train-check: error: no float64 reference: {exc}", file=sys.stderr)
         return 2

@@ -22,6 +22,8 @@ in. Never a backend, the check tools, the suite or the CLI: a conversion needs n
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -35,11 +37,23 @@ from conformance.convert.errors import (
     NoMatchingLayoutError,
     TensorError,
 )
-from conformance.convert.keys import check_keys, detect_layout
+from conformance.convert.planner import check_keys, detect_layout
 from conformance.convert.layout import Layout, builtin_layout_names, builtin_layouts, load_layout
-from conformance.convert.hf_folder import from_hf_folder
-from conformance.convert.readers import as_arrays, read_state_dict
+from conformance.convert.hf_folder import from_hf_folder, is_hf_folder, read_weights
+from conformance.convert.readers import as_arrays, read_file
+from conformance.core.errors import CheckpointError
 from conformance.convert.sources import from_hf_marian, from_torch_nn_transformer
+
+
+def read_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarray]:
+    """Every tensor in a weights file, Orbax directory or Hugging Face model folder, by name, as
+    NumPy arrays (`readers.read_file`; a folder's weights: `hf_folder.read_weights`). `key`
+    selects a nested state dict in a PyTorch file or a subtree of a Flax tree (see `read_file`)."""
+    if is_hf_folder(Path(path)):
+        if key is not None:
+            raise CheckpointError(path, "--key does not apply to a model folder")
+        return read_weights(Path(path))
+    return read_file(path, key)
 
 
 def rename_prefixes(state_dict: Mapping[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:

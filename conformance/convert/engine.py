@@ -24,21 +24,19 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from conformance.core.config import (
-    ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, SRC_PAD_MASK_SIDES, ModelConfig,
-)
+from conformance.core.config import ModelConfig
 from conformance.core.params import nest_dotted
 from conformance.convert.errors import KeyMismatchError, LayoutError, TensorError, listing, overrides_note, setting
-from conformance.convert.keys import alias_keys, check_keys, detect_layout, plan_keys, structural_overrides
-from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, Layout, load_layout
-from conformance.convert.transforms import TABLES, backward, forward, identical, recognise_positions, stored_heads
+from conformance.convert.planner import (
+    alias_keys, build_config, check_keys, defaulted_switches, detect_layout, plan_keys, structural_overrides,
+)
+from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, TABLES, Layout, load_layout
+from conformance.convert.transforms import backward, forward, identical, recognise_positions, stored_heads
 from conformance.core.errors import ConfigError
 from conformance.core.params import PARAM_DTYPE_NAMES, check_numpy_params, param_shapes
 from conformance.core.positions import sinusoid_table
 
 _CONFIG_FIELDS = SWITCH_FIELDS | SIZE_FIELDS | {"notes"}
-_CHOICES = {"norm_placement": NORM_PLACEMENTS, "layer_norm_form": LAYER_NORM_FORMS, "position": POSITIONS,
-            "tgt_pad_mask": PAD_MASK_SIDES, "src_pad_mask": SRC_PAD_MASK_SIDES, "activation": ACTIVATIONS}
 
 
 # -- Import ------------------------------------------------------------------------------------
@@ -63,96 +61,6 @@ def _dtype(name: str) -> np.dtype:
 
 def _is_float(array: np.ndarray) -> bool:
     return array.dtype.kind == "f" or array.dtype == np.dtype(ml_dtypes.bfloat16)
-
-
-def _infer_sizes(canonical: dict) -> dict[str, tuple[int, str]]:
-    """field -> (value, the canonical key it was read from), for the sizes shapes tell."""
-    inferred = {}
-
-    def read(fieldname, ckey, axis):
-        if fieldname not in inferred and ckey in canonical and canonical[ckey].ndim > axis:
-            inferred[fieldname] = (int(canonical[ckey].shape[axis]), ckey)
-
-    read("src_vocab_size", "encoder.embedding.weight", 0)
-    read("d_model", "encoder.embedding.weight", 1)
-    # Shared embeddings with a tied output and no bias leave only the shared table to tell it.
-    for ckey, axis in (("decoder.embedding.weight", 0), ("output.weight", 1), ("output.bias", 0),
-                       ("final_logits_bias", 0), ("encoder.embedding.weight", 0)):
-        read("tgt_vocab_size", ckey, axis)
-    for ckey in canonical:
-        if ckey.endswith(".ffn.linear1.weight"):
-            read("d_ff", ckey, 1)
-    return inferred
-
-
-def alternatives(name: str, current: Any = None) -> str:
-    """What `--set NAME=` could say instead of `current` ("gelu|gelu-tanh|silu", "false", "N")."""
-    if name in _CHOICES:
-        return "|".join(c for c in _CHOICES[name] if c != current)
-    kind = ModelConfig.__dataclass_fields__[name].type
-    if kind == "bool":
-        return "true|false" if current is None else setting(not current)
-    return "N" if kind == "int" else "..."
-
-
-def _hint(layout: Layout, name: str) -> str:
-    return f"; {layout.hints[name]}" if name in layout.hints else ""
-
-
-def _defaulted(layout: Layout, overrides: Mapping[str, Any], config: ModelConfig, position_stored: bool) -> list[str]:
-    """One line per free switch the caller did not give: the value the preset supplied, and how to
-    change it. A free switch is one the system takes from its user, so the tensors cannot tell it."""
-    lines = []
-    for name in sorted(layout.free - layout.required - SIZE_FIELDS):
-        if name in overrides or (name == "position" and position_stored):
-            continue
-        value = getattr(config, name)
-        lines.append(f"{name}={setting(value)} (the layout's default: the tensors do not tell it; --set "
-                     f"{name}={alternatives(name, value)} if your model differs{_hint(layout, name)})")
-    return lines
-
-
-def _build_config(layout, canonical, origin, layers, overrides, position, rows, notes, heads=None) -> ModelConfig:
-    values = layout.base_switches()
-    inferred = _infer_sizes(canonical)
-    if heads is not None:  # (H, the foreign key that stores it per head)
-        given = overrides.get("n_heads")
-        if given is not None and given != heads[0]:
-            raise ConfigError("n_heads", f"{given!r} (given) contradicts {heads[1]}, which stores {heads[0]} heads")
-        values["n_heads"] = heads[0]
-    if rows is not None:
-        inferred["max_len"] = (rows, TABLES[0])
-    for fieldname, (value, ckey) in inferred.items():
-        given = overrides.get(fieldname)
-        if given is not None and given != value:
-            shape = tuple(canonical[ckey].shape) if ckey in canonical else f"({value}, ...)"  # a recognised table
-            raise ConfigError(fieldname, f"{given!r} (given) contradicts {origin[ckey]} (canonical {ckey}, shape "
-                              f"{shape}), which gives {fieldname}={value}")
-        values[fieldname] = value
-    for stack in ("encoder", "decoder"):
-        fieldname, n = f"n_{stack}_layers", layers[stack]
-        given = overrides.get(fieldname)
-        if given is not None and given != n:
-            have = f"layers 0..{n - 1}" if n else "no layers"
-            raise ConfigError(fieldname, f"{given!r} (given) contradicts the state dict, which has {stack} {have}")
-        values[fieldname] = n
-    values.update({k: v for k, v in overrides.items() if k != "notes"})
-    if position is not None:
-        values["position"] = position
-    if layers["encoder"] + layers["decoder"] == 0:
-        values.setdefault("n_heads", 1)  # no attention at all: the head count is meaningless
-    elif "n_heads" not in overrides and heads is None:
-        raise ConfigError("n_heads", "cannot be read from tensor shapes (every head count splits d_model the same "
-                          "way); give it: n_heads=8 in Python, --set n_heads=8 on the command line")
-    if "max_len" not in values:
-        raise ConfigError("max_len", f"the {layout.name} state dict stores no position table, so max_len cannot be "
-                          "read from it; give the longest sequence the source system accepts (--set max_len=N)")
-    for fieldname in sorted(layout.required):
-        if fieldname not in overrides:
-            raise ConfigError(fieldname, f"the {layout.name} layout cannot tell it (it differs between copies of that "
-                              f"system and is not in the tensors); give it: {fieldname}=... in Python, --set {fieldname}="
-                              f"{alternatives(fieldname)} on the command line{_hint(layout, fieldname)}")
-    return ModelConfig(**values, notes={**(notes or {}), "converted_from": layout.name})
 
 
 def check_overrides(overrides: Mapping[str, Any]) -> None:
@@ -277,8 +185,8 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
     overrides = dict(overrides)
     _padding(layout, canonical, overrides, decisions)
     position, rows = recognise_positions(layout, canonical, origin, overrides, decisions)
-    config = _build_config(layout, canonical, origin, check.layers, overrides, position, rows, notes, heads)
-    defaulted = _defaulted(layout, overrides, config, rows is not None)
+    config = build_config(layout, canonical, origin, check.layers, overrides, position, rows, notes, heads)
+    defaulted = defaulted_switches(layout, overrides, config, rows is not None)
     if defaulted:
         decisions.extend(defaulted)
         summary = ", ".join(line.split(" ", 1)[0] for line in defaulted)
@@ -310,9 +218,11 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
 def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, Any]) -> None:
     """Refuse an export whose config the target system would compute differently.
 
-    Every switch the layout fixes (its preset and `[switches]`, plus `target` for a copy of the
-    system that was changed) must equal the config's; `free` switches are the user's to set in
-    the target system. A system that computes with the position table it loads can hold any
+    Every switch the system computes with (`system_switches`: ModelConfig's defaults, which an
+    import of its keys assumes, then its preset and `[switches]`, plus `target` for a copy of the
+    system that was changed) must equal the config's; all that differ are named at once, with the
+    keys the system loads that the export would lack (a shared or tied embedding, a missing bias).
+    `free` switches are the user's to set in the target system. A system that computes with the position table it loads can hold any
     position term; one that rebuilds its table on load (`recomputed`, Marian) only its own.
     """
     check_overrides(target)
@@ -327,9 +237,10 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
             raise ConfigError(wrong, f"the {layout.name} system has {', '.join(f'{k}={v!r}' for k, v in present.items())} "
                               f"(with {key}) or {', '.join(f'{k}={v!r}' for k, v in absent.items())} (without it); this "
                               f"config's {', '.join(f'{k}={getattr(config, k)!r}' for k in present)} is neither")
-    expected = {**layout.base_switches(), **target}
+    expected = system_switches(layout, target)
+    wrong = []
     for name in sorted(SWITCH_FIELDS):
-        if name in layout.free or name in layout.inferred_names() or name not in expected:
+        if name in layout.free or name in layout.inferred_names():
             continue
         if name == "position" and layout.computes_with_stored_positions():
             continue
@@ -339,9 +250,35 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
                               "would be replaced after a save and load, giving other logits (if your copy of that "
                               "system was changed to keep its table, pass position=... to the export)")
         if getattr(config, name) != expected[name]:
-            raise ConfigError(name, f"the {layout.name} system computes {name}={expected[name]!r} but this config has "
-                              f"{getattr(config, name)!r}, so exported weights would give other logits there "
-                              f"(if your copy of that system was changed to match, pass {name}=... to the export)")
+            wrong.append(name)
+    if wrong:
+        # Every one at once: a user fixing them one run at a time takes as many runs as there are.
+        keys = _keys_lost(config, layout, expected)
+        raise ConfigError(wrong[0], f"the {layout.name} system computes "
+                          f"{', '.join(f'{n}={expected[n]!r}' for n in wrong)} but this config has "
+                          f"{', '.join(f'{n}={getattr(config, n)!r}' for n in wrong)}, so exported weights "
+                          "would give other logits there"
+                          + (f" (and the file would lack {listing(keys)}, which that system loads)" if keys else "")
+                          + "; if your copy of that system was changed to match, say so: "
+                          f"{' '.join(f'--set {n}={setting(getattr(config, n))}' for n in wrong)} "
+                          f"(the same keywords to export_state_dict in Python)")
+
+def system_switches(layout: Layout, target: Mapping[str, Any]) -> dict[str, Any]:
+    """Every switch the system computes with: ModelConfig's defaults (what an import of its keys
+    assumes), its preset and `[switches]`, then `target` (a changed copy of the system)."""
+    defaults = {name: getattr(ModelConfig(), name) for name in SWITCH_FIELDS}
+    return {**defaults, **layout.base_switches(), **target}
+
+
+def _keys_lost(config: ModelConfig, layout: Layout, expected: Mapping[str, Any]) -> list[str]:
+    """The system's keys that an export of `config` would not write (a structure it lacks)."""
+    structure = config.replace(**{k: v for k, v in expected.items() if k != "position"})
+    try:
+        system = plan_keys(layout, param_shapes(structure), structure.to_dict())
+        ours = plan_keys(layout, param_shapes(config), config.to_dict())
+    except (ConfigError, LayoutError, ValueError):
+        return []
+    return sorted(set(system) - set(ours))
 
 
 def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: Layout | str, **target: Any) -> dict[str, np.ndarray]:

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from conformance.convert.sources import GENERATION_KEYS
+from conformance.convert.readers import read_file
+from conformance.convert.sources import GENERATION_KEYS, HF_ACTIVATIONS, merge_switches
 from conformance.core.checkpoint import read_tensors
 from conformance.core.config import ModelConfig
 from conformance.core.errors import CheckpointError, ConfigError
@@ -62,8 +63,6 @@ def _json(path: Path) -> dict:
 
 def read_weights(folder: Path) -> dict[str, np.ndarray]:
     """The folder's weights as `{PyTorch key: array}`, from the first format it holds."""
-    from conformance.convert.readers import read_state_dict
-
     single = folder / "model.safetensors"
     index = folder / "model.safetensors.index.json"
     if single.is_file():
@@ -86,9 +85,9 @@ def read_weights(folder: Path) -> dict[str, np.ndarray]:
             raise CheckpointError(index, f"lists {missing[0]!r} (and {len(missing) - 1} more), which its shard does not hold")
         return out
     if (folder / "pytorch_model.bin").is_file():
-        return read_state_dict(folder / "pytorch_model.bin")
+        return read_file(folder / "pytorch_model.bin")
     if (folder / "flax_model.msgpack").is_file():
-        return flax_to_torch_names(read_state_dict(folder / "flax_model.msgpack"), folder / "flax_model.msgpack")
+        return flax_to_torch_names(read_file(folder / "flax_model.msgpack"), folder / "flax_model.msgpack")
     raise CheckpointError(folder, "holds no weights this reader knows: model.safetensors, model.safetensors.index.json "
                           "with its shards, pytorch_model.bin, or flax_model.msgpack")
 
@@ -126,8 +125,6 @@ def _field(hf: dict, name: str, path: Path, kind=int):
 
 def read_switches(folder: Path) -> dict[str, Any]:
     """ModelConfig fields from `config.json` (a Marian config), refusing what hf-marian cannot express."""
-    from conformance.convert.sources import HF_ACTIVATIONS
-
     path = folder / "config.json"
     hf = _json(path)
     if hf.get("model_type") != "marian":
@@ -179,19 +176,87 @@ def from_hf_folder(folder: str | Path, **overrides: Any) -> tuple[ModelConfig, d
     return result.config, result.params
 
 
-def convert_folder(folder: str | Path, *, dtype: str | None = None, **overrides: Any):
-    """The `Conversion` of a folder (config, params and the decisions made), as `rosetta convert` prints it."""
+def config_beside(path: Path) -> Path | None:
+    """The Hugging Face `config.json` next to a weights file (one naming a `model_type`), or None.
+
+    A weights file taken out of its folder loses what only the config tells (activation, embedding
+    scale, pad id), and the layout's defaults would silently stand in for them."""
+    config = Path(path).parent / "config.json"
+    if not Path(path).is_file() or not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None  # not a Hugging Face config: some other tool's file
+    return config if isinstance(data, dict) and "model_type" in data else None
+
+
+def convert_folder(folder: str | Path, *, dtype: str | None = None, weights: dict[str, np.ndarray] | None = None,
+                   source_file: str | None = None, **overrides: Any):
+    """The `Conversion` of a folder (config, params and the decisions made), as `rosetta convert` prints it.
+
+    `weights` (with the `source_file` they were read from): one weights file of the folder, given
+    on its own, converted with the folder's config.json all the same."""
     from conformance.convert.engine import convert_arrays
-    from conformance.convert.sources import _merge
 
     folder = Path(folder)
     if not is_hf_folder(folder):
         raise CheckpointError(folder, "is not a model folder (no config.json)")
     read = read_switches(folder)
-    arrays = read_weights(folder)
-    values = _merge(read, {}, overrides, "config.json")
-    notes = {"source": "Hugging Face folder", "source_file": folder.name}
+    arrays = read_weights(folder) if weights is None else weights
+    values = merge_switches(read, {}, overrides, "config.json")
+    notes = {"source": "Hugging Face folder", "source_file": source_file or folder.name}
     generation = read_generation(folder)
     if generation:
         notes["generation"] = json.dumps(generation, sort_keys=True)
-    return convert_arrays(arrays, "hf-marian", dtype=dtype, notes=notes, **values)
+    result = convert_arrays(arrays, "hf-marian", dtype=dtype, notes=notes, **values)
+    if source_file is not None:
+        result.decisions.insert(1, f"switches read from {folder / 'config.json'}, beside {source_file}")
+    return result
+
+
+# Our activation -> the activation_function a MarianConfig spells it with (the first of HF_ACTIVATIONS).
+def _hf_activation(name: str) -> str:
+    return next(hf for hf, ours in HF_ACTIVATIONS.items() if ours == name)
+
+
+def folder_files(config: ModelConfig) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """`(config.json, generation_config.json, warnings)` for a Marian folder of `config`: the
+    inverse of `read_switches` and `read_generation`. The special ids come from the checkpoint's
+    "generation" note (a converted folder's own); without one, Marian's convention (the decoder
+    starts with the pad id) and a warning that no end-of-sequence id is known."""
+    generation = json.loads(config.notes["generation"]) if config.notes.get("generation") else {}
+    warnings = []
+    if not generation:
+        generation = {"decoder_start_token_id": config.pad_id, "pad_token_id": config.pad_id}
+        warnings.append("the checkpoint records no generation settings (note 'generation'), so "
+                        "generation_config.json names no eos_token_id; add it before generating with transformers")
+    hf = {
+        "architectures": ["MarianMTModel"], "model_type": "marian",
+        "vocab_size": config.src_vocab_size, "decoder_vocab_size": config.tgt_vocab_size, "d_model": config.d_model,
+        "encoder_layers": config.n_encoder_layers, "decoder_layers": config.n_decoder_layers,
+        "encoder_attention_heads": config.n_heads, "decoder_attention_heads": config.n_heads,
+        "encoder_ffn_dim": config.d_ff, "decoder_ffn_dim": config.d_ff, "max_position_embeddings": config.max_len,
+        "activation_function": _hf_activation(config.activation), "scale_embedding": config.scale_embedding,
+        "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
+        **{k: generation[k] for k in ("pad_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id")
+           if k in generation},
+    }
+    hf["pad_token_id"] = config.pad_id  # the model's padding id, whatever decoding was given
+    return hf, generation, warnings
+
+
+def write_folder(folder: Path, config: ModelConfig, state_dict: dict[str, np.ndarray]) -> list[str]:
+    """A new folder that `MarianMTModel.from_pretrained` loads: config.json, generation_config.json
+    and model.safetensors (the hf-marian state dict, with the "pt" format mark transformers checks).
+    Returns the warnings to show. Refuses a folder that exists."""
+    from conformance.core.checkpoint import write_tensors
+
+    if folder.exists():
+        raise CheckpointError(folder, "already exists; an export writes a new folder")
+    hf, generation, warnings = folder_files(config)
+    folder.mkdir()
+    write_tensors(folder / "model.safetensors", state_dict, {"format": "pt"})
+    for name, data in (("config.json", hf), ("generation_config.json", generation)):
+        (folder / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return warnings

@@ -163,6 +163,10 @@ class Layout:
         return self.name
 
 
+# The canonical position tables, one per stack.
+TABLES = ("encoder.position.table", "decoder.position.table")
+
+
 def _is_table(entry: Entry) -> bool:
     return any(t.text.endswith("position.table") for t in entry.targets)
 
@@ -357,7 +361,7 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
     entries = tuple(_entry(text, spec, where, known) for text, spec in keys.items())
     if matrices is None:
         for entry in entries:
-            if entry.transpose is None and any(_is_matrix(e) for t in entry.targets for e in t.examples()):
+            if entry.transpose is None and any(is_matrix(e) for t in entry.targets for e in t.examples()):
                 raise _fail(where, f"[keys] {entry.text!r} maps a matrix; say how the system stores matrices "
                             "with matrices = 'out-in' or 'in-out' (or transpose = true/false on the entry)")
     aliases = {e.text for e in entries if e.kind == "alias"}
@@ -399,14 +403,8 @@ _MATRIX_SUFFIXES = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_pr
                     ".linear1.weight", ".gate.weight", ".linear2.weight")
 
 
-def _is_matrix(canonical_key: str) -> bool:
+def is_matrix(canonical_key: str) -> bool:
     return canonical_key.endswith(_MATRIX_SUFFIXES) or canonical_key == "output.weight"
-
-
-def needs_transpose(layout: Layout, entry: Entry, canonical_key: str) -> bool:
-    if entry.transpose is not None:
-        return entry.transpose and _is_matrix(canonical_key)
-    return layout.matrices == "out-in" and _is_matrix(canonical_key)
 
 
 # -- Loading -----------------------------------------------------------------------------------

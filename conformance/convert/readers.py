@@ -5,8 +5,10 @@
     .npz                  `numpy.load(..., allow_pickle=False)` (Flax / NumPy exports)
     .msgpack              `flax.serialization.msgpack_restore` (Flax's `to_bytes`), flattened
     an Orbax directory    `orbax.checkpoint.PyTreeCheckpointer().restore`, flattened
-    a model folder        its weights (`conformance.convert.hf_folder`: config.json beside them)
     (see `conformance.convert.trees`: nested Flax trees become keys joined with ".")
+
+A Hugging Face model folder is read by `conformance.convert.hf_folder`, which reads its weights
+files through this module; `conformance.convert.read_state_dict` takes either.
 
 A pickle is a program: `weights_only=True` runs PyTorch's restricted unpickler, which builds
 tensors and plain containers and refuses every other global, so a file that needs more (a
@@ -182,24 +184,21 @@ def _tensor_dict(path: Path, obj: Any, key: str | None) -> dict[str, np.ndarray]
         raise CheckpointError(path, str(exc)) from None
 
 
-def read_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarray]:
-    """Every tensor in a weights file, by name, as NumPy arrays. `key` selects a nested state
-    dict in a PyTorch file (`{"model": state_dict, "epoch": 3}` -> `key="model"`), or a subtree
-    of a Flax msgpack file or Orbax directory by its dotted path (`key="params"`)."""
+def read_file(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarray]:
+    """Every tensor in a weights file or Orbax directory, by name, as NumPy arrays. `key` selects
+    a nested state dict in a PyTorch file (`{"model": state_dict, "epoch": 3}` -> `key="model"`),
+    or a subtree of a Flax msgpack file or Orbax directory by its dotted path (`key="params"`)."""
     path = Path(path)
     kind = file_kind(path)
+    if kind == "hf-folder":
+        raise CheckpointError(path, "is a model folder, not a weights file; read it with "
+                              "conformance.convert.read_state_dict")
     if kind == "safetensors":
         if key is not None:
             raise CheckpointError(path, "--key applies to PyTorch files only; a .safetensors file is flat")
         return dict(read_tensors(path)[1])
     if kind == "npz":
         return _tensor_dict(path, _npz_file(path), key)
-    if kind == "hf-folder":
-        from conformance.convert.hf_folder import read_weights
-
-        if key is not None:
-            raise CheckpointError(path, "--key does not apply to a model folder")
-        return read_weights(path)
     if kind in ("msgpack", "orbax"):
         tree = trees.read_msgpack(path) if kind == "msgpack" else trees.read_orbax(path)
         flat = trees.flatten(trees.select(tree, key, path), str(path))

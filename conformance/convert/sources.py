@@ -67,7 +67,7 @@ def _agree(values: dict[str, Any], name: str, what: str) -> Any:
     return next(iter(values.values()))
 
 
-def _merge(read: dict[str, Any], defaults: dict[str, Any], overrides: dict[str, Any], source: str) -> dict[str, Any]:
+def merge_switches(read: dict[str, Any], defaults: dict[str, Any], overrides: dict[str, Any], source: str) -> dict[str, Any]:
     """Facts read from the model cannot be overridden; defaults (the tutorial's choices) can."""
     for name, value in overrides.items():
         if name in read and read[name] != value:
@@ -139,7 +139,7 @@ def from_torch_nn_transformer(transformer, src_embedding, tgt_embedding, generat
         state["generator.bias"] = generator.bias
     with torch.no_grad():
         arrays = as_arrays(state)
-    values = _merge(read, {"max_len": TUTORIAL_MAX_LEN}, overrides, "torch.nn.Transformer")
+    values = merge_switches(read, {"max_len": TUTORIAL_MAX_LEN}, overrides, "torch.nn.Transformer")
     notes = {"source": "torch.nn.Transformer", "batch_first": str(batch_first)}
     result = convert_arrays(arrays, "torch-nn-transformer", notes=notes, **values)
     return result.config, result.params
@@ -206,7 +206,7 @@ def from_hf_marian(model, **overrides: Any) -> tuple[ModelConfig, dict[str, np.n
     }
     with torch.no_grad():
         arrays = {k: as_numpy(v, k) for k, v in model.state_dict().items()}
-    values = _merge(read, {}, overrides, "config")
+    values = merge_switches(read, {}, overrides, "config")
     notes = {"source": "transformers MarianMTModel", "name_or_path": str(getattr(config, "_name_or_path", "") or "")}
     generation = hf_generation_note(getattr(model, "generation_config", None))
     if generation:

@@ -14,11 +14,11 @@ import numpy as np
 
 from conformance.core.config import POSITIONS
 from conformance.convert.errors import TensorError
-from conformance.convert.layout import Entry, Layout, needs_transpose
+from conformance.convert.layout import TABLES, Entry, Layout
+from conformance.convert.planner import needs_transpose
 from conformance.core.errors import ConfigError
 from conformance.core.positions import sinusoid_table
 
-TABLES = ("encoder.position.table", "decoder.position.table")
 SINUSOIDS = ("sinusoid-interleaved", "sinusoid-split", "sinusoid-t2t")
 
 

@@ -328,6 +328,10 @@ def load(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
 def convert_hint(path: str | os.PathLike) -> str:
     """How to turn a foreign weights file into a checkpoint, spelled for this file."""
     path = Path(path)
+    if path.is_file() and (path.parent / "config.json").is_file():
+        # A model folder's weights: the folder's config.json tells what the tensors cannot.
+        folder = path.parent
+        return f"convert its folder first: rosetta convert {folder} {folder.resolve().name}.rosetta.safetensors"
     return f"convert it first: rosetta convert {path} {path.with_suffix('').name}.rosetta.safetensors"
 
 
@@ -394,6 +398,9 @@ def _atomic_write(path: Path, chunks: list[bytes]) -> None:
 def save(path: str | os.PathLike, config: ModelConfig, params: Mapping[str, Any]) -> None:
     """Save `config` and `params` (NumPy arrays, one float dtype) to one checkpoint file."""
     path = Path(path)
+    if path.suffix.lower() != ".safetensors" and not path.is_dir():  # (a directory: said below)
+        # A .pt name on safetensors bytes misleads every tool (and `rosetta inspect` reads a .pt as PyTorch's).
+        raise CheckpointError(path, "a rosetta checkpoint is a .safetensors file; name it *.safetensors")
     if not isinstance(config, ModelConfig):
         raise CheckpointError(path, f"config must be a ModelConfig, got {type(config).__name__}")
     check_params(config, params, path)

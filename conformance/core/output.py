@@ -27,7 +27,29 @@ from typing import Any, Callable
 TensorSink = Callable[[str, Any], None]
 
 
-@dataclass
+def _shape(value: Any) -> str:
+    """`(2, 7, 32) float32` for an array of any framework; the repr of anything else."""
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return repr(value)
+    dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
+    return f"({', '.join(str(int(n)) for n in shape)}) {dtype}".rstrip()
+
+
+def _short_repr(output: Any) -> str:
+    """A model output as its tensors' shapes, one line each, as Hugging Face outputs print: the
+    values of a tiny model's output alone run to tens of thousands of characters."""
+    lines = [f"{type(output).__name__}("]
+    for name, value in vars(output).items():
+        if isinstance(value, dict):
+            inner = "".join(f"\n    {key!r}: {_shape(item)}," for key, item in value.items())
+            lines.append(f"  {name}={{{inner}\n  }}," if value else f"  {name}={{}},")
+        else:
+            lines.append(f"  {name}={_shape(value)},")
+    return "\n".join(lines + [")"])
+
+
+@dataclass(repr=False)
 class Encoded:
     """What `model.encode` returns and `model.decode` consumes. `attention` is None when the
     call was made with `return_attention=False` (an empty dict would read as "no attention layers")."""
@@ -37,15 +59,20 @@ class Encoded:
     attention: dict[str, Any] | None = field(default_factory=dict)
     intermediates: dict[str, Any] = field(default_factory=dict)
 
+    __repr__ = _short_repr
 
-@dataclass
+
+@dataclass(repr=False)
 class ModelOutput:
     """What a model call returns: logits, attention weights and intermediates by name.
-    `attention` is None when the call was made with `return_attention=False`."""
+    `attention` is None when the call was made with `return_attention=False`.
+    Its `repr` shows shapes and dtypes, not values."""
 
     logits: Any  # (B, T, V)
     attention: dict[str, Any] | None = field(default_factory=dict)
     intermediates: dict[str, Any] = field(default_factory=dict)
+
+    __repr__ = _short_repr
 
 
 def forward_order(config) -> list[str]:

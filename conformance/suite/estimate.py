@@ -20,8 +20,8 @@ def full_size_runs_per_example(requested: str | None) -> int:
     import os
 
     from conformance.check import backends
-    from conformance.suite.pytest_plugin import ORACLE_TARGET
-    from conformance.suite.test_forward_realistic import DTYPES
+    from conformance.suite.realistic import REALISTIC_DTYPES
+    from conformance.suite.runner import ORACLE
 
     if requested:
         os.environ["ROSETTA_BACKENDS"] = requested
@@ -30,8 +30,8 @@ def full_size_runs_per_example(requested: str | None) -> int:
     for name in backends.requested_backends():
         if available[name]:
             continue
-        for dtype in DTYPES:
-            if dtype not in backends.dtypes(name) or (name, "cpu", dtype) == ORACLE_TARGET:
+        for dtype in REALISTIC_DTYPES:
+            if dtype not in backends.dtypes(name) or backends.Target(name, "cpu", dtype) == ORACLE:
                 continue
             if backends.compiles(name) and dtype != "float32":
                 continue

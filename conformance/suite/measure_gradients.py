@@ -27,6 +27,7 @@ from collections import defaultdict
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 
+from conformance.check import backends
 from conformance.check.backends import Target
 from conformance.check.compare import tensor_scale
 from conformance.check.tolerances import tolerance
@@ -42,7 +43,7 @@ def torch_autograd(training, dtype: str) -> dict[str, np.ndarray]:
     import torch
     import torch.nn.functional as F
 
-    import impl_torch
+    impl_torch = backends.import_backend("torch")  # its surface (conformance.core.surface), by name
 
     case = training.case
     config = case.config.replace(mask_fill=-1e9) if math.isinf(case.config.mask_fill) else case.config

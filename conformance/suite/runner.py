@@ -90,6 +90,13 @@ def _large_oracle_cached(*key) -> dict[str, np.ndarray]:
     return _oracle_cached.__wrapped__(*key)
 
 
+def clear_oracle_cache() -> None:
+    """Forget every oracle result kept for reuse (`oracle`): for a caller that runs many sizes in
+    one process and would otherwise keep each size's tensors (benchmarks/tolerance_law.py)."""
+    _oracle_cached.cache_clear()
+    _large_oracle_cached.cache_clear()
+
+
 @lru_cache(maxsize=256)
 def _oracle_cached(config_json, seed, scale, src_bytes, src_shape, tgt_bytes, tgt_shape, trained=None) -> dict[str, np.ndarray]:
     from conformance.core.config import ModelConfig

@@ -19,15 +19,12 @@ import pytest
 from hypothesis import given
 
 from conformance.check import backends
-from conformance.suite.realistic import bounded_sample, check_against_the_oracle
+from conformance.suite.realistic import REALISTIC_DTYPES, bounded_sample, check_against_the_oracle
 from conformance.suite.strategies import any_realistic_cases, long_anchor_case, shared_examples, trained_anchor_cases, with_examples
 
 # Drawn examples under `ci`, after the anchors: a bounded sample for CI.
 CI_EXAMPLES = 6
-# A compiling backend (`backends.compiles`) compiles every new (config, shape): it runs the
-# realistic small cases at float32 only, and no long case (a 2048-token compile per example) except
-# under `scale`. Its float64 path shares the float32 code; numpy and torch cover it at full length.
-DTYPES = ("float64", "float32")
+DTYPES = REALISTIC_DTYPES
 
 
 @pytest.mark.dtypes(*DTYPES)

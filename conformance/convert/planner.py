@@ -1,9 +1,20 @@
-"""Matching foreign keys to a layout, and choosing a layout by its key set.
+"""The conversion planner: which foreign key is which canonical tensor, stored which way round,
+and which config the keys, the shapes and the overrides make. One room for what `rosetta convert`
+decides before a tensor is transformed; `conformance.convert.engine` carries the plan out.
 
-`check_keys` needs no tensors: it matches every key against the layout's entries, counts the
-layers from the captured indices, builds the key set the layout expects for the structure that
-the preset and overrides imply (which parameters exist), and lists missing and unexpected keys.
-Auto-detection runs it for every built-in layout.
+    match_key, plan_keys, alias_keys    a foreign key's entry; the foreign keys that store given
+                                        canonical tensors (export); the tied duplicates of keys
+    check_keys, detect_layout           a key set against a layout (missing and unexpected keys,
+                                        no tensors needed), and the one built-in layout it fits
+    needs_transpose                     whether a canonical matrix is stored (out, in) there
+    infer_sizes, build_config           the sizes the shapes tell; the config: the layout's
+                                        switches, those sizes, then the overrides
+    defaulted_switches, alternatives    what the layout's defaults supplied, and how to change it
+
+`check_keys` matches every key against the layout's entries, counts the layers from the captured
+indices, builds the key set the layout expects for the structure that the preset and overrides
+imply (which parameters exist), and lists missing and unexpected keys. Auto-detection runs it for
+every built-in layout.
 """
 
 from __future__ import annotations
@@ -12,9 +23,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from conformance.core.config import ModelConfig
-from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, listing, overrides_note
-from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, Entry, Layout, builtin_layouts
+from conformance.core.config import (
+    ACTIVATIONS, LAYER_NORM_FORMS, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, SRC_PAD_MASK_SIDES, ModelConfig,
+)
+from conformance.core.errors import ConfigError
+from conformance.convert.errors import (
+    AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, listing, overrides_note, setting,
+)
+from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, TABLES, Entry, Layout, builtin_layouts, is_matrix
 from conformance.core.params import param_shapes
 
 _LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.")
@@ -38,7 +54,7 @@ class KeyCheck:
         return not self.missing and not self.unexpected
 
 
-def _match(layout: Layout, key: str, switches: Mapping[str, Any] | None = None) -> tuple[Entry, dict[str, str]] | None:
+def match_key(layout: Layout, key: str, switches: Mapping[str, Any] | None = None) -> tuple[Entry, dict[str, str]] | None:
     found = [(e, v) for e in layout.entries
              if (switches is None or e.applies(switches)) and (v := e.source.match(key)) is not None]
     if len(found) > 1:
@@ -142,7 +158,7 @@ def check_keys(layout: Layout, keys: Iterable[str], overrides: Mapping[str, Any]
         if layout.is_dropped(key):
             dropped.append(key)
             continue
-        found = _match(layout, key, switches)
+        found = match_key(layout, key, switches)
         if found is None:
             unmatched.append(key)
         elif found[0].kind == "alias":
@@ -153,7 +169,7 @@ def check_keys(layout: Layout, keys: Iterable[str], overrides: Mapping[str, Any]
     # (Hugging Face's save_pretrained keeps one name per tied tensor, not always the same one).
     for key, target in aliases.items():
         if target not in effective:
-            found = _match(layout, target, switches)
+            found = match_key(layout, target, switches)
             if found is None or found[0].kind == "alias":
                 raise LayoutError(layout.name, f"{key!r} is declared an alias of {target!r}, which no entry maps")
             effective[target] = found
@@ -226,3 +242,110 @@ def detect_layout(keys: Iterable[str], **overrides: Any) -> Layout:
     structural = sorted({name for layout, _, _ in results for name in structural_overrides(layout, overrides)})
     raise NoMatchingLayoutError([(layout.name, m, u) for layout, m, u in results], len(keys),
                                 note=overrides_note(structural, overrides))
+
+
+# -- Orientation -------------------------------------------------------------------------------
+
+
+def needs_transpose(layout: Layout, entry: Entry, canonical_key: str) -> bool:
+    """Whether the system stores this canonical matrix (out, in), the other way round from ours:
+    the entry's own `transpose` if it says, else the layout's `matrices`."""
+    if entry.transpose is not None:
+        return entry.transpose and is_matrix(canonical_key)
+    return layout.matrices == "out-in" and is_matrix(canonical_key)
+
+
+# -- Config ------------------------------------------------------------------------------------
+
+_CHOICES = {"norm_placement": NORM_PLACEMENTS, "layer_norm_form": LAYER_NORM_FORMS, "position": POSITIONS,
+            "tgt_pad_mask": PAD_MASK_SIDES, "src_pad_mask": SRC_PAD_MASK_SIDES, "activation": ACTIVATIONS}
+
+
+def infer_sizes(canonical: dict) -> dict[str, tuple[int, str]]:
+    """field -> (value, the canonical key it was read from), for the sizes shapes tell."""
+    inferred = {}
+
+    def read(fieldname, ckey, axis):
+        if fieldname not in inferred and ckey in canonical and canonical[ckey].ndim > axis:
+            inferred[fieldname] = (int(canonical[ckey].shape[axis]), ckey)
+
+    read("src_vocab_size", "encoder.embedding.weight", 0)
+    read("d_model", "encoder.embedding.weight", 1)
+    # Shared embeddings with a tied output and no bias leave only the shared table to tell it.
+    for ckey, axis in (("decoder.embedding.weight", 0), ("output.weight", 1), ("output.bias", 0),
+                       ("final_logits_bias", 0), ("encoder.embedding.weight", 0)):
+        read("tgt_vocab_size", ckey, axis)
+    for ckey in canonical:
+        if ckey.endswith(".ffn.linear1.weight"):
+            read("d_ff", ckey, 1)
+    return inferred
+
+
+def alternatives(name: str, current: Any = None) -> str:
+    """What `--set NAME=` could say instead of `current` ("gelu|gelu-tanh|silu", "false", "N")."""
+    if name in _CHOICES:
+        return "|".join(c for c in _CHOICES[name] if c != current)
+    kind = ModelConfig.__dataclass_fields__[name].type
+    if kind == "bool":
+        return "true|false" if current is None else setting(not current)
+    return "N" if kind == "int" else "..."
+
+
+def _hint(layout: Layout, name: str) -> str:
+    return f"; {layout.hints[name]}" if name in layout.hints else ""
+
+
+def defaulted_switches(layout: Layout, overrides: Mapping[str, Any], config: ModelConfig, position_stored: bool) -> list[str]:
+    """One line per free switch the caller did not give: the value the preset supplied, and how to
+    change it. A free switch is one the system takes from its user, so the tensors cannot tell it."""
+    lines = []
+    for name in sorted(layout.free - layout.required - SIZE_FIELDS):
+        if name in overrides or (name == "position" and position_stored):
+            continue
+        value = getattr(config, name)
+        lines.append(f"{name}={setting(value)} (the layout's default: the tensors do not tell it; --set "
+                     f"{name}={alternatives(name, value)} if your model differs{_hint(layout, name)})")
+    return lines
+
+
+def build_config(layout, canonical, origin, layers, overrides, position, rows, notes, heads=None) -> ModelConfig:
+    values = layout.base_switches()
+    inferred = infer_sizes(canonical)
+    if heads is not None:  # (H, the foreign key that stores it per head)
+        given = overrides.get("n_heads")
+        if given is not None and given != heads[0]:
+            raise ConfigError("n_heads", f"{given!r} (given) contradicts {heads[1]}, which stores {heads[0]} heads")
+        values["n_heads"] = heads[0]
+    if rows is not None:
+        inferred["max_len"] = (rows, TABLES[0])
+    for fieldname, (value, ckey) in inferred.items():
+        given = overrides.get(fieldname)
+        if given is not None and given != value:
+            shape = tuple(canonical[ckey].shape) if ckey in canonical else f"({value}, ...)"  # a recognised table
+            raise ConfigError(fieldname, f"{given!r} (given) contradicts {origin[ckey]} (canonical {ckey}, shape "
+                              f"{shape}), which gives {fieldname}={value}")
+        values[fieldname] = value
+    for stack in ("encoder", "decoder"):
+        fieldname, n = f"n_{stack}_layers", layers[stack]
+        given = overrides.get(fieldname)
+        if given is not None and given != n:
+            have = f"layers 0..{n - 1}" if n else "no layers"
+            raise ConfigError(fieldname, f"{given!r} (given) contradicts the state dict, which has {stack} {have}")
+        values[fieldname] = n
+    values.update({k: v for k, v in overrides.items() if k != "notes"})
+    if position is not None:
+        values["position"] = position
+    if layers["encoder"] + layers["decoder"] == 0:
+        values.setdefault("n_heads", 1)  # no attention at all: the head count is meaningless
+    elif "n_heads" not in overrides and heads is None:
+        raise ConfigError("n_heads", "cannot be read from tensor shapes (every head count splits d_model the same "
+                          "way); give it: n_heads=8 in Python, --set n_heads=8 on the command line")
+    if "max_len" not in values:
+        raise ConfigError("max_len", f"the {layout.name} state dict stores no position table, so max_len cannot be "
+                          "read from it; give the longest sequence the source system accepts (--set max_len=N)")
+    for fieldname in sorted(layout.required):
+        if fieldname not in overrides:
+            raise ConfigError(fieldname, f"the {layout.name} layout cannot tell it (it differs between copies of that "
+                              f"system and is not in the tensors); give it: {fieldname}=... in Python, --set {fieldname}="
+                              f"{alternatives(fieldname)} on the command line{_hint(layout, fieldname)}")
+    return ModelConfig(**values, notes={**(notes or {}), "converted_from": layout.name})
