@@ -336,8 +336,14 @@ def _foreign_names(config: ModelConfig, layout, export) -> dict[str, tuple[str, 
     numbers = {name: float(n + 1) for n, name in enumerate(shapes) if not name.endswith("position.table")}
     probe = {name: np.full(shape, numbers.get(name, 0.0)) for name, shape in shapes.items()}
     by_number = {v: k for k, v in numbers.items()}
-    exported = _flat(export(config, probe, layout))
+    exported = _flat(export(config, probe, layout, **_as_converted(config, layout)))
     return {key: tuple(by_number[v] for v in np.unique(value) if v in by_number) for key, value in exported.items()}
+
+
+def _as_converted(config: ModelConfig, layout) -> dict[str, Any]:
+    """Export back to the very model that was converted: a stored position table stays a table
+    (where the system would recompute it on load, Marian, the export otherwise refuses)."""
+    return {"position": config.position} if layout.stores_positions() else {}
 
 
 def _flat(state) -> dict[str, np.ndarray]:
@@ -356,7 +362,7 @@ def _compare_grads(result: SideBySide, model, layout, config, params, run, src_i
     # exported gradient is left at zero, and no user gradient is compared with it.
     ref_grads = {k: (np.zeros_like(v) if k.endswith("position.table") else np.asarray(v, np.float64))
                  for k, v in ref_grads.items()}
-    exported = _flat(export(config, ref_grads, layout))
+    exported = _flat(export(config, ref_grads, layout, **_as_converted(config, layout)))
     names = _foreign_names(config, layout, export)
     loss, grads = foreign.foreign_loss_and_grads(model, run, src_ids, tgt_ids, labels, pad_id=config.pad_id,
                                                  label_smoothing=label_smoothing)

@@ -1,0 +1,301 @@
+"""`conformance.compare`: each re-created system (tests/systems/) beside ours, through its built-in
+layout's [taps].
+
+- clean, float32: the user's column and every backend's agree with the oracle (no divergence);
+- planted bugs, float64 (the user's model `.double()`, the oracle alone: no backend compile):
+  a wrong LayerNorm epsilon in one layer, a missing (or extra) embedding scale, a source mask that
+  ignores padding, a swapped sin/cos; each is found at the first tensor it touches, and the report
+  names the switch that would explain it;
+- grads=True, float64: the loss and every gradient agree with the system's own autograd
+  (`jax.grad` for Flax), and a gradient scaled by 1.5 on one parameter is found on that parameter.
+
+One tiny config per system (the converter tests' sizes); the JAX backend compiles once per
+system, in the clean test only.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the re-created systems are PyTorch modules")
+
+import conformance  # noqa: E402
+from conformance.check.side_by_side import switches_at  # noqa: E402
+from systems import annotated, from_scratch, hyunwoongko, llmhub, pre_ln_tutorial, randomize_, sublayer_norm, torch_tutorial  # noqa: E402
+from systems.harness import BACKENDS, padded_batch  # noqa: E402
+from conformance.check import backends as backend_registry  # noqa: E402
+
+SIZES = dict(src_vocab=23, tgt_vocab=19, d_model=32, n_heads=4, d_ff=48, n_layers=2, max_len=40)
+MARIAN_VOCAB = 19
+MARIAN_PAD = MARIAN_VOCAB - 1  # opus-mt puts <pad> last
+
+
+def _marian():
+    transformers = pytest.importorskip("transformers", reason="the hf-marian system is a transformers MarianMTModel")
+    config = transformers.MarianConfig(
+        vocab_size=19, decoder_vocab_size=19, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=40,
+        pad_token_id=MARIAN_PAD, decoder_start_token_id=MARIAN_PAD, eos_token_id=0, forced_eos_token_id=0,
+        activation_function="swish", scale_embedding=True, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(config).eval()
+    return randomize_(model, 3, buffers=("final_logits_bias",), skip=("embed_positions",))
+
+
+def _marian_run(model, src, tgt):
+    return model(input_ids=src, attention_mask=(src != MARIAN_PAD).long(), decoder_input_ids=tgt,
+                 output_attentions=True).logits
+
+
+# layout -> (make the model, overrides for the conversion, run, pad id)
+TORCH_SYSTEMS = {
+    "from-scratch": (lambda: from_scratch.make(**SIZES), {}, None, from_scratch.PAD),
+    "llmhub": (lambda: llmhub.make(**SIZES), {}, None, llmhub.PAD),
+    "hyunwoongko": (lambda: hyunwoongko.make(**SIZES), {"max_len": SIZES["max_len"]}, None, hyunwoongko.PAD),
+    "sublayer-norm": (lambda: sublayer_norm.make(**SIZES), {}, None, sublayer_norm.PAD),
+    "pre-ln-tutorial": (lambda: pre_ln_tutorial.make(**SIZES), {}, None, pre_ln_tutorial.PAD),
+    "annotated-transformer": (lambda: annotated.make(**SIZES), {"pad_id": annotated.PAD}, annotated.logits, annotated.PAD),
+    "torch-nn-transformer": (lambda: torch_tutorial.make(**SIZES), {"norm_placement": "post", "pad_id": torch_tutorial.PAD},
+                             torch_tutorial.logits, torch_tutorial.PAD),
+    "hf-marian": (_marian, {"pad_id": MARIAN_PAD, "activation": "silu"}, _marian_run, MARIAN_PAD),
+}
+
+# Where each planted bug goes: (module path, ...) per system.
+# A LayerNorm of encoder layer 1 that closes (post-LN) or opens (pre-LN) its feed-forward sublayer.
+EPS_NORM = {
+    "from-scratch": "encoder.layers.1.norm2", "llmhub": "encoder.layers.1.norm2", "hyunwoongko": "encoder.layers.1.norm2",
+    "sublayer-norm": "encoder.1.ffn.layer_norm", "pre-ln-tutorial": "encoder_layers.1.layernorm.1",
+    "annotated-transformer": "encoder.layers.1.sublayer.1.norm", "torch-nn-transformer": "transformer.encoder.layers.1.norm2",
+    "hf-marian": "model.encoder.layers.1.final_layer_norm",
+}
+# The source token embedding, and whether the system scales it by sqrt(d_model).
+TOKEN_EMBEDDING = {
+    "from-scratch": ("encoder_embedding", True), "llmhub": ("encoder.embedding", True),
+    "hyunwoongko": ("encoder.emb.tok_emb", False), "sublayer-norm": ("src_embed", False),
+    "pre-ln-tutorial": ("src_embed", True), "annotated-transformer": ("src_embed.0", True),
+    "torch-nn-transformer": ("src_tok_emb", True), "hf-marian": ("model.encoder.embed_tokens", True),
+}
+# Encoder layer 0's self-attention (or the layer, which hands the mask on) and where its mask goes.
+SOURCE_MASK = {
+    "from-scratch": ("encoder.layers.0.self_attn", 3), "llmhub": ("encoder.layers.0.self_attn", 3),
+    "hyunwoongko": ("encoder.layers.0.attention", "mask"), "sublayer-norm": ("encoder.0.self_attn", 2),
+    "pre-ln-tutorial": ("encoder_layers.0.self_attn", 3), "annotated-transformer": ("encoder.layers.0.self_attn", 3),
+    "torch-nn-transformer": ("transformer.encoder.layers.0", "src_key_padding_mask"),
+    "hf-marian": ("model.encoder.layers.0", 1),
+}
+# The source position module: whether it returns x + table or the table, and the sinusoid's form.
+POSITIONS = {
+    "from-scratch": ("positional_encoding", "adds", "interleaved"), "llmhub": ("encoder.pos_encoding", "adds", "interleaved"),
+    "hyunwoongko": ("encoder.emb.pos_emb", "returns", "interleaved"), "sublayer-norm": ("pos_encoder", "adds", "interleaved"),
+    "pre-ln-tutorial": ("pos_enc", "adds", "interleaved"), "annotated-transformer": ("src_embed.1", "adds", "interleaved"),
+    "torch-nn-transformer": ("positional_encoding", "adds", "interleaved"),
+    "hf-marian": ("model.encoder.embed_positions", "returns", "split"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # nn.Transformer's mask and nested-tensor notes
+        yield
+
+
+@functools.cache
+def system(name: str):
+    make, _, _, _ = TORCH_SYSTEMS[name]
+    return randomize_(make(), 1) if name != "hf-marian" else make()
+
+
+def float64(name: str):
+    """A float64 copy of a system. hyunwoongko keeps its sinusoid a float32 attribute whatever
+    `.double()` does; the copy gets it computed in float64, as the system computes it."""
+    model = copy.deepcopy(system(name)).double()
+    if name == "hyunwoongko":
+        for stack in (model.encoder, model.decoder):
+            table = stack.emb.pos_emb.encoding
+            pos = torch.arange(table.shape[0], dtype=torch.float64)[:, None]
+            two_i = torch.arange(0, table.shape[1], 2, dtype=torch.float64)
+            table = torch.zeros(table.shape, dtype=torch.float64)
+            table[:, 0::2] = torch.sin(pos / 10000 ** (two_i / table.shape[1]))
+            table[:, 1::2] = torch.cos(pos / 10000 ** (two_i / table.shape[1]))
+            stack.emb.pos_emb.encoding = table
+    return model
+
+
+def batch(name: str):
+    pad = TORCH_SYSTEMS[name][3]
+    if name == "hf-marian":  # one vocabulary for both sides
+        return padded_batch(pad, MARIAN_VOCAB, MARIAN_VOCAB)
+    return padded_batch(pad, SIZES["src_vocab"], SIZES["tgt_vocab"])
+
+
+def labels_for(name: str, tgt: np.ndarray) -> np.ndarray:
+    pad = TORCH_SYSTEMS[name][3]
+    nxt = np.roll(tgt, -1, axis=1)
+    nxt[:, -1] = pad
+    return np.where(tgt == pad, pad, nxt)
+
+
+def run_compare(name: str, model, **options):
+    _, overrides, run, _ = TORCH_SYSTEMS[name]
+    src, tgt = batch(name)
+    return conformance.compare(model, name, src, tgt, run=run, n_heads=SIZES["n_heads"], **overrides, **options)
+
+
+def installed_backends() -> list[str]:
+    return [b for b in BACKENDS if backend_registry.availability([b])[b] is None]
+
+
+# -- clean ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TORCH_SYSTEMS)
+def test_a_clean_system_agrees_everywhere_in_every_backend(name):
+    report = run_compare(name, system(name), backends=installed_backends())
+    assert report.first_divergence is None, str(report)
+    assert report.ok, str(report)
+    labels = [t.label for t in report.targets]
+    assert labels[0] == "yours/cpu/float32" and len(labels) == 1 + len(installed_backends())
+    exposed = [t for t in report.tensors if report.cells[(t, labels[0])].unavailable is None]
+    # Every sublayer's residual output and the logits are read from the system itself.
+    assert {"encoder.embeddings", "encoder.1.ffn", "encoder.output", "decoder.1.cross_attn", "decoder.output",
+            "logits"} <= set(exposed), str(report)
+    text = str(report)
+    assert "first divergence: none" in text and "not exposed" in text.split("result:")[0] or len(exposed) == len(report.tensors)
+
+
+def test_attention_weights_are_read_where_the_system_keeps_them():
+    """The Annotated Transformer keeps `self.attn`; Marian returns its weights with output_attentions."""
+    for name in ("annotated-transformer", "hf-marian"):
+        report = run_compare(name, float64(name), backends=())
+        cell = report.cells[("decoder.1.cross", "yours/cpu/float64")]
+        assert cell.unavailable is None and cell.passed, (name, str(report))
+
+
+def test_a_tensor_the_system_does_not_give_is_not_exposed_not_guessed():
+    report = run_compare("from-scratch", float64("from-scratch"), backends=())
+    cell = report.cells[("encoder.0.self", "yours/cpu/float64")]
+    assert cell.unavailable and cell.comparison is None
+    assert "encoder.0.self" in report.to_json()["not_exposed"]
+    assert "not exposed" in str(report)
+
+
+# -- planted bugs (float64, the oracle alone) ---------------------------------------------------
+
+
+def modules(model) -> dict:
+    return dict(model.named_modules(remove_duplicate=False))
+
+
+def first_exposed(report, *tensors: str) -> str:
+    return next(t for t in tensors if report.cells[(t, report.yours.label)].unavailable is None)
+
+
+def assert_found(report, expected: str, switch: str):
+    __tracebackhide__ = True
+    assert report.first_divergence == expected, str(report)
+    assert switch in switches_at(expected)
+    text = str(report)
+    assert f"first divergence: {expected}" in text and switch in text.split("first divergence:")[-1], text
+    assert f"rosetta layouts {report.layout}" in text
+    assert report.to_json()["first_divergence"] == expected and not report.ok
+
+
+@pytest.mark.parametrize("name", TORCH_SYSTEMS)
+def test_a_wrong_layer_norm_epsilon_is_found_at_its_layer(name):
+    model = float64(name)
+    norm = modules(model)[EPS_NORM[name]]
+    norm.eps = 1e-12 if norm.eps != 1e-12 else 1e-5
+    assert_found(run_compare(name, model, backends=()), "encoder.1.ffn", "layer_norm_eps")
+
+
+@pytest.mark.parametrize("name", TORCH_SYSTEMS)
+def test_a_missing_embedding_scale_is_found_at_the_embeddings(name):
+    model = float64(name)
+    path, scaled = TOKEN_EMBEDDING[name]
+    factor = math.sqrt(SIZES["d_model"])
+    # Scaled systems lose their scale; unscaled ones gain one: either way scale_embedding.
+    modules(model)[path].register_forward_hook(lambda m, a, out: out / factor if scaled else out * factor)
+    assert_found(run_compare(name, model, backends=()), "encoder.embeddings", "scale_embedding")
+
+
+@pytest.mark.parametrize("name", TORCH_SYSTEMS)
+def test_a_mask_that_ignores_padding_is_found_at_the_first_attention(name):
+    model = float64(name)
+    path, where = SOURCE_MASK[name]
+
+    def unmask(module, args, kwargs):
+        if isinstance(where, str) or where >= len(args):
+            key = where if isinstance(where, str) else "attention_mask"
+            return args, {**kwargs, key: None}
+        return (*args[:where], None, *args[where + 1:]), kwargs
+
+    modules(model)[path].register_forward_pre_hook(unmask, with_kwargs=True)
+    report = run_compare(name, model, backends=())
+    assert_found(report, first_exposed(report, "encoder.0.self", "encoder.0.self_attn"), "src_pad_mask")
+
+
+def swapped(table, form: str):
+    """sin and cos exchanged: even and odd features (interleaved), or the two halves (split)."""
+    out = table.clone()
+    if form == "interleaved":
+        out[..., 0::2], out[..., 1::2] = table[..., 1::2], table[..., 0::2]
+    else:
+        half = table.shape[-1] // 2
+        out[..., :half], out[..., half:] = table[..., half:], table[..., :half]
+    return out
+
+
+@pytest.mark.parametrize("name", TORCH_SYSTEMS)
+def test_a_swapped_sin_cos_is_found_at_the_embeddings(name):
+    model = float64(name)
+    path, kind, form = POSITIONS[name]
+
+    def swap(module, args, out):
+        return swapped(out, form) if kind == "returns" else args[0] + swapped(out - args[0], form)
+
+    modules(model)[path].register_forward_hook(swap)
+    assert_found(run_compare(name, model, backends=()), "encoder.embeddings", "position")
+
+
+# -- backward ---------------------------------------------------------------------------------------
+
+
+def grad_key(name: str, model) -> str:
+    """The first feed-forward weight of encoder layer 0, under the system's own key."""
+    keys = [k for k, _ in model.named_parameters() if ".0." in k and "encoder" in k and "weight" in k
+            and any(w in k for w in ("linear1", "w_1", "fc1", "linear1"))]
+    assert keys, name
+    return keys[0]
+
+
+@pytest.mark.parametrize("name", TORCH_SYSTEMS)
+def test_gradients_agree_with_the_systems_autograd(name):
+    model = float64(name)
+    src, tgt = batch(name)
+    report = run_compare(name, model, backends=(), grads=True, labels=labels_for(name, tgt), label_smoothing=0.1)
+    assert report.first_divergence is None and report.ok, str(report)
+    trained = [k for k, p in model.named_parameters() if p.requires_grad]  # Marian's sinusoid is frozen
+    assert sorted(row.key for row in report.grads) == sorted(trained), str(report)
+    # Backward order: the logits' parameters first, the source embedding last.
+    assert report.grads[-1].canonical == ("encoder.embedding.weight",) or report.grads[-1].canonical[0].startswith("encoder.")
+
+
+@pytest.mark.parametrize("name", TORCH_SYSTEMS)
+def test_a_planted_gradient_bug_is_found_on_its_parameter(name):
+    model = float64(name)
+    key = grad_key(name, model)
+    dict(model.named_parameters())[key].register_hook(lambda g: g * 1.5)
+    src, tgt = batch(name)
+    report = run_compare(name, model, backends=(), grads=True, labels=labels_for(name, tgt))
+    assert report.first_divergence is None, str(report)
+    assert report.first_bad_grad == key and not report.ok, str(report)
+    assert [row.key for row in report.grads if not row.passed] == [key]
+    assert f"first gradient out of tolerance: {key}" in str(report)
+    assert report.to_json()["backward"]["first_bad_grad"] == key
