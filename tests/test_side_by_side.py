@@ -299,3 +299,118 @@ def test_a_planted_gradient_bug_is_found_on_its_parameter(name):
     assert [row.key for row in report.grads if not row.passed] == [key]
     assert f"first gradient out of tolerance: {key}" in str(report)
     assert report.to_json()["backward"]["first_bad_grad"] == key
+
+
+# -- Flax examples/wmt (linen) ------------------------------------------------------------------------
+
+
+def wmt_system(dtype: str):
+    """(wmt module, its config, bound model, src, targets) in float32 or float64 (x64 on for the latter)."""
+    pytest.importorskip("flax", reason="the flax-wmt system is a flax.linen model")
+    import jax
+    import jax.numpy as jnp
+    from systems import flax_wmt as wmt
+
+    c = wmt.WmtConfig(vocab_size=19, output_vocab_size=23, dtype=jnp.float64 if dtype == "float64" else jnp.float32,
+                      emb_dim=32, num_heads=4, qkv_dim=32, mlp_dim=48, num_layers=2, max_len=12)
+    params = wmt.init(c, seed=1)
+    if dtype == "float64":
+        params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), params)
+    src, tgt = padded_batch(0, c.vocab_size, c.output_vocab_size, seed=3)
+    return wmt, c, (wmt.Transformer(c), {"params": params}), src, tgt
+
+
+def wmt_compare(model, src, tgt, **options):
+    return conformance.compare(model, "flax-wmt", src, tgt, max_len=12, **options)
+
+
+def intercepted(path: str, replace):
+    """A run that calls the model with the module at `path` replaced: `replace(next_fun, args, kwargs, module)`."""
+    from flax import linen as nn
+    from conformance.check.taps import linen_path
+
+    def run(model, src, tgt):
+        def interceptor(next_fun, args, kwargs, context):
+            if context.method_name == "__call__" and linen_path(context.module) == path:
+                return replace(next_fun, args, kwargs, context.module)
+            return next_fun(*args, **kwargs)
+
+        with nn.intercept_methods(interceptor):
+            return model(src, tgt)
+    return run
+
+
+def test_flax_wmt_clean_agrees_everywhere():
+    _, _, model, src, tgt = wmt_system("float32")
+    report = wmt_compare(model, src, tgt, backends=installed_backends())
+    assert report.first_divergence is None and report.ok, str(report)
+    exposed = [t for t in report.tensors if report.cells[(t, "yours/cpu/float32")].unavailable is None]
+    assert {"encoder.embeddings", "encoder.0.self_attn", "encoder.1.ffn", "encoder.output", "decoder.embeddings",
+            "decoder.1.cross_attn", "decoder.output", "logits"} <= set(exposed), str(report)
+
+
+def test_flax_wmt_planted_bugs_are_found():
+    import jax.numpy as jnp
+
+    wmt, c, model, src, tgt = wmt_system("float64")
+    clean = wmt_compare(model, src, tgt, backends=())
+    assert clean.first_divergence is None and clean.ok, str(clean)
+
+    def wrong_eps(next_fun, args, kwargs, module):  # wmt's fast-variance LayerNorm at eps 1e-5 instead of 1e-6
+        x, p = args[0], module.variables["params"]
+        mean = x.mean(-1, keepdims=True)
+        var = (x * x).mean(-1, keepdims=True) - mean * mean
+        return (x - mean) / jnp.sqrt(var + 1e-5) * p["scale"] + p["bias"]
+
+    report = wmt_compare(model, src, tgt, backends=(), run=intercepted("encoder.encoderblock_1.LayerNorm_1", wrong_eps))
+    assert_found(report, "encoder.1.ffn", "layer_norm_eps")
+
+    scaled = intercepted("encoder.Embed_0", lambda f, a, k, m: f(*a, **k) * np.sqrt(c.emb_dim))
+    assert_found(wmt_compare(model, src, tgt, backends=(), run=scaled), "encoder.embeddings", "scale_embedding")
+
+    unmasked = intercepted("encoder.encoderblock_0.MultiHeadDotProductAttention_0",
+                           lambda f, a, k, m: f(*a, **{**k, "mask": None}))
+    assert_found(wmt_compare(model, src, tgt, backends=(), run=unmasked), "encoder.0.self_attn", "src_pad_mask")
+
+
+def test_flax_wmt_swapped_sin_cos_is_found_at_the_embeddings(monkeypatch):
+    wmt, c, model, src, tgt = wmt_system("float64")
+    original = wmt.sinusoid_table
+
+    def swapped_table(max_len, d):
+        table = original(max_len, d)
+        return np.concatenate([table[..., d // 2:], table[..., : d // 2]], axis=-1)
+
+    monkeypatch.setattr(wmt, "sinusoid_table", swapped_table)
+    assert_found(wmt_compare(model, src, tgt, backends=()), "encoder.embeddings", "position")
+
+
+def test_flax_wmt_gradients_agree_with_jax_grad_and_a_planted_bug_is_found():
+    import jax
+
+    wmt, c, model, src, tgt = wmt_system("float64")
+    labels = np.where(tgt > 0, tgt, 0)  # wmt's loss: the targets themselves, padding (0) not counted
+    report = wmt_compare(model, src, tgt, backends=(), grads=True, labels=labels, label_smoothing=0.1)
+    assert report.ok and report.first_bad_grad is None, str(report)
+    assert len(report.grads) == len(jax.tree_util.tree_leaves(model[1]["params"]))
+
+    @jax.custom_vjp
+    def scaled_grad(x):
+        return x
+
+    scaled_grad.defvjp(lambda x: (x, None), lambda _, g: (1.5 * g,))
+
+    def buggy(bound, src_ids, tgt_ids):
+        module, variables = bound.unbind()
+        params = jax.tree_util.tree_map(lambda x: x, dict(variables["params"]))
+        dense = dict(params["decoder"]["encoderdecoderblock_1"]["MlpBlock_0"]["Dense_0"])
+        dense["kernel"] = scaled_grad(dense["kernel"])
+        params["decoder"] = {**params["decoder"], "encoderdecoderblock_1": {
+            **params["decoder"]["encoderdecoderblock_1"], "MlpBlock_0": {
+                **params["decoder"]["encoderdecoderblock_1"]["MlpBlock_0"], "Dense_0": dense}}}
+        return module.apply({"params": params}, src_ids, tgt_ids)
+
+    report = wmt_compare(model, src, tgt, backends=(), grads=True, labels=labels, run=buggy)
+    key = "decoder.encoderdecoderblock_1.MlpBlock_0.Dense_0.kernel"
+    assert report.first_divergence is None and report.first_bad_grad == key, str(report)
+    assert [row.key for row in report.grads if not row.passed] == [key]
