@@ -423,3 +423,116 @@ def test_flax_wmt_gradients_agree_with_jax_grad_and_a_planted_bug_is_found():
     assert len(report.grads) == len(jax.tree_util.tree_leaves(model[1]["params"]))
     assert report.loss_error <= report.loss_allowed
     assert max(row.error for row in report.grads if row.key != key) < 1e-13  # float64 against float64
+
+
+# -- rosetta compare ------------------------------------------------------------------------------------
+
+USER_FILE = '''
+import math, torch
+from torch import nn
+
+PAD = 0
+
+
+class Tiny(nn.Module):
+    """The from-scratch tutorial's structure, written by a user."""
+
+    def __init__(self, eps=1e-5):
+        super().__init__()
+        import sys
+        sys.path.insert(0, {tests!r})
+        from systems import from_scratch
+        self.inner = from_scratch.make(src_vocab=23, tgt_vocab=19, d_model=32, n_heads=4, d_ff=48, n_layers=2, max_len=40)
+        self.inner.encoder.layers[1].norm2.eps = eps
+
+    def forward(self, src, tgt):
+        return self.inner(src, tgt)
+
+
+def build():
+    return Tiny().inner
+
+
+def build_buggy():
+    return Tiny(eps=1e-12).inner
+
+
+def build_broken():
+    raise ValueError("no such checkpoint")
+'''
+
+
+def rosetta(capsys, *argv: str):
+    """`rosetta ARGV` in this process (the subprocess test below runs the real command once)."""
+    from conformance.cli import main
+
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def user_file(tmp_path) -> str:
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parent)
+    path = tmp_path / "user_model.py"
+    path.write_text(USER_FILE.replace("{tests!r}", repr(tests)) + """
+
+def build_double():
+    return Tiny(eps=1e-12).inner.double()
+""")
+    return str(path)
+
+
+def test_rosetta_compare_from_the_command_line(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    user = user_file(tmp_path)
+    weights = tmp_path / "weights.pt"
+    torch.save(system("from-scratch").state_dict(), weights)
+    done = subprocess.run([sys.executable, "-m", "conformance.cli", "compare", f"{user}:build", str(weights), "--layout",
+                           "from-scratch", "--set", "n_heads=4", "--backends", "numpy", "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "first divergence: none" in done.stdout and "yours/cpu/float32" in done.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["first_divergence"] is None
+
+
+def test_rosetta_compare_exit_codes_and_one_line_errors(tmp_path, capsys):
+    from conformance.cli import build_parser
+
+    user = user_file(tmp_path)
+    weights = tmp_path / "weights.pt"
+    torch.save(system("from-scratch").state_dict(), weights)
+    common = ["--layout", "from-scratch", "--set", "n_heads=4", "--backends", "none"]
+    code, out, err = rosetta(capsys, "compare", f"{user}:build", str(weights), *common, "--src", "1,2,3,0;4,5,0,0",
+                             "--tgt", "6,7,0;8,0,0")
+    assert code == 0 and "first divergence: none" in out, out + err
+
+    # A wrong epsilon in float64 (float32 rounding can hide it, docs/tolerances.md): exit 1, named.
+    torch.save(float64("from-scratch").state_dict(), tmp_path / "weights64.pt")
+    code, out, err = rosetta(capsys, "compare", f"{user}:build_double", str(tmp_path / "weights64.pt"), *common,
+                             "--plot", str(tmp_path / "r.png"))
+    assert code == 1, out + err
+    assert "first divergence: encoder.1.ffn" in out and "layer_norm_eps" in out and (tmp_path / "r.png").stat().st_size
+
+    # Errors: one line, exit 2, no traceback.
+    for factory, words in ((f"{user}:build_broken", "raised ValueError: no such checkpoint"),
+                           (f"{user}:nothing", "no attribute"),
+                           (f"{tmp_path / 'absent.py'}:build", "no such Python file"),
+                           ("user_model", "expected MODULE:FACTORY")):
+        code, out, err = rosetta(capsys, "compare", factory, str(weights), *common)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (factory, err)
+    state = system("from-scratch").state_dict()
+    state.pop("fc_out.bias")
+    torch.save(state, tmp_path / "short.pt")
+    code, out, err = rosetta(capsys, "compare", f"{user}:build", str(tmp_path / "short.pt"), *common)
+    assert code == 2 and "does not fit the model: 1 missing (fc_out.bias)" in err and len(err.strip().splitlines()) == 1, err
+    code, out, err = rosetta(capsys, "compare", f"{user}:build", str(weights), *common, "--src", "1,2")
+    assert code == 2 and "--tgt" in err, err
+
+    help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["compare"].format_help().split())
+    assert "imports and runs your Python code" in help_text
