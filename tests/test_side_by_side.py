@@ -17,6 +17,7 @@ system, in the clean test only.
 from __future__ import annotations
 
 import copy
+import re
 import functools
 import math
 import warnings
@@ -536,3 +537,216 @@ def test_rosetta_compare_exit_codes_and_one_line_errors(tmp_path, capsys):
 
     help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["compare"].format_help().split())
     assert "imports and runs your Python code" in help_text
+
+
+# -- the [taps] format ---------------------------------------------------------------------------------
+
+
+def test_every_builtin_layout_has_taps_that_name_canonical_tensors():
+    from conformance.convert import builtin_layouts
+
+    for layout in builtin_layouts():
+        assert layout.taps, layout.name
+        tensors = {tap.tensor for tap in layout.taps}
+        assert {"encoder.embeddings", "encoder.{i}.ffn", "decoder.{i}.ffn"} <= tensors, layout.name
+
+
+@pytest.mark.parametrize("taps, problem", [
+    ({"encoder.{i}.fnn": "x.{i}"}, "not a canonical tensor"),
+    ({"encoder.{i}.ffn": "x"}, "must use {i} exactly when the tensor does"),
+    ({"encoder.output": "x.{i}"}, "must use {i} exactly when the tensor does"),
+    ({"encoder.output": {"module": "x", "input": 0, "output": 1}}, "reads one thing"),
+    ({"encoder.output": {"module": "x", "layer": 0}}, "unknown field"),
+    ({"encoder.output": {"module": "x", "call": -1}}, "call must be"),
+    ({"encoder.output": {"module": "x", "input": True}}, "input must be"),
+    ({"encoder.output": {"input": 0}}, "module must be"),
+    ({"batch_axis": 2}, "batch_axis must be one of"),
+    ({"decoder_input": "shift-left"}, "decoder_input must be one of"),
+])
+def test_a_bad_tap_is_a_layout_error_naming_it(taps, problem):
+    from conformance.convert import LayoutError
+    from conformance.convert.layout import parse_layout
+
+    data = {"matrices": "out-in", "keys": {"fc.weight": "output.weight"}, "taps": taps}
+    with pytest.raises(LayoutError, match=re.escape(problem)):
+        parse_layout(data, "mine")
+
+
+def test_an_extending_layout_replaces_taps_one_by_one(tmp_path):
+    from conformance.convert import load_layout
+
+    path = tmp_path / "batch_first.toml"
+    path.write_text('extends = "torch-nn-transformer"\n[taps]\nbatch_axis = 0\n'
+                    '"logits" = { module = "head", output = 0 }\n')
+    layout, base = load_layout(path), load_layout("torch-nn-transformer")
+    assert layout.tap_options["batch_axis"] == 0 and base.tap_options["batch_axis"] == 1
+    by_tensor = {tap.tensor: tap for tap in layout.taps}
+    assert by_tensor["logits"].module == "head" and by_tensor["logits"].output == 0
+    assert len(layout.taps) == len(base.taps)
+    assert by_tensor["encoder.{i}.ffn"].module_for("encoder.3.ffn") == "transformer.encoder.layers.3"
+
+
+def test_a_tap_that_cannot_be_read_says_why(tmp_path):
+    """A module that runs twice without `call`, and one the model does not have: not exposed, with the reason."""
+    path = tmp_path / "wrong.toml"
+    path.write_text('extends = "from-scratch"\n[taps]\n"encoder.embeddings" = "positional_encoding"\n'
+                    '"encoder.output" = "encoder.final"\n')
+    report = conformance.compare(float64("from-scratch"), path, *batch("from-scratch"), n_heads=4, backends=())
+    cells = {t: report.cells[(t, "yours/cpu/float64")] for t in ("encoder.embeddings", "encoder.output")}
+    assert "ran 2 times; the tap must say which call" in cells["encoder.embeddings"].unavailable
+    assert "has no module 'encoder.final'" in cells["encoder.output"].unavailable
+    assert report.first_divergence is None and report.ok
+
+
+def test_not_a_model_and_no_labels_are_named():
+    from conformance.core.errors import InputError
+
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        conformance.compare(object(), "from-scratch", *batch("from-scratch"))
+    with pytest.raises(InputError, match="labels"):
+        run_compare("from-scratch", system("from-scratch"), backends=(), grads=True)
+
+
+# -- an nnx.Module ------------------------------------------------------------------------------------
+
+
+def test_an_nnx_model_is_read_by_its_module_paths(tmp_path):
+    """A small nnx port of the from-scratch tutorial (its weights copied in), under a layout of its
+    own: the same tensors as the torch original, through wrapped __call__s, and nnx.grad gradients."""
+    pytest.importorskip("flax", reason="nnx is part of flax")
+    import jax.numpy as jnp
+    from flax import nnx
+
+    torch_model = float64("from-scratch")
+    state = {k: v.numpy() for k, v in torch_model.state_dict().items()}
+    d, h = SIZES["d_model"], SIZES["n_heads"]
+
+    class Linear(nnx.Module):
+        def __init__(self, prefix, bias=True):
+            self.w = nnx.Param(jnp.asarray(state[prefix + ".weight"].T))
+            self.b = nnx.Param(jnp.asarray(state[prefix + ".bias"])) if bias else None
+
+        def __call__(self, x):
+            return x @ self.w[...] + (self.b[...] if self.b is not None else 0.0)
+
+    class Norm(nnx.Module):
+        def __init__(self, prefix):
+            self.scale, self.bias = nnx.Param(jnp.asarray(state[prefix + ".weight"])), nnx.Param(jnp.asarray(state[prefix + ".bias"]))
+            self.eps = 1e-5
+
+        def __call__(self, x):
+            mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+            return (x - mean) / jnp.sqrt(var + self.eps) * self.scale[...] + self.bias[...]
+
+    class Attention(nnx.Module):
+        def __init__(self, prefix):
+            self.q, self.k, self.v = (Linear(f"{prefix}.W_{p}", bias=False) for p in "qkv")
+            self.o = Linear(f"{prefix}.W_o")
+
+        def __call__(self, x, kv, mask):
+            split = lambda t: t.reshape(t.shape[0], t.shape[1], h, d // h).transpose(0, 2, 1, 3)
+            scores = split(self.q(x)) @ split(self.k(kv)).transpose(0, 1, 3, 2) / jnp.sqrt(d // h)
+            if mask is not None:
+                scores = jnp.where(mask, scores, -1e9)
+            out = jax_softmax(scores) @ split(self.v(kv))
+            return self.o(out.transpose(0, 2, 1, 3).reshape(x.shape))
+
+    def jax_softmax(x):
+        e = jnp.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    class Ffn(nnx.Module):
+        def __init__(self, prefix):
+            self.linear1, self.linear2 = Linear(prefix + ".linear1"), Linear(prefix + ".linear2")
+
+        def __call__(self, x):
+            return self.linear2(jnp.maximum(self.linear1(x), 0.0))
+
+    class EncoderLayer(nnx.Module):
+        def __init__(self, i):
+            p = f"encoder.layers.{i}"
+            self.attn, self.ffn, self.norm1, self.norm2 = Attention(p + ".self_attn"), Ffn(p + ".ffn"), Norm(p + ".norm1"), Norm(p + ".norm2")
+
+        def __call__(self, x, mask):
+            x = self.norm1(x + self.attn(x, x, mask))
+            return self.norm2(x + self.ffn(x))
+
+    class DecoderLayer(nnx.Module):
+        def __init__(self, i):
+            p = f"decoder.layers.{i}"
+            self.attn, self.cross, self.ffn = Attention(p + ".self_attn"), Attention(p + ".cross_attn"), Ffn(p + ".ffn")
+            self.norm1, self.norm2, self.norm3 = Norm(p + ".norm1"), Norm(p + ".norm2"), Norm(p + ".norm3")
+
+        def __call__(self, y, memory, mask):
+            y = self.norm1(y + self.attn(y, y, mask))
+            y = self.norm2(y + self.cross(y, memory, None))
+            return self.norm3(y + self.ffn(y))
+
+    class Model(nnx.Module):
+        def __init__(self):
+            self.src = nnx.Param(jnp.asarray(state["encoder_embedding.weight"]))
+            self.tgt = nnx.Param(jnp.asarray(state["decoder_embedding.weight"]))
+            # The sinusoid computed in float64 (the torch buffer is float32-rounded: 1e-7 off).
+            position, div = np.arange(SIZES["max_len"])[:, None], np.exp(np.arange(0, d, 2) * -(math.log(10000.0) / d))
+            pe = np.zeros((SIZES["max_len"], d))
+            pe[:, 0::2], pe[:, 1::2] = np.sin(position * div), np.cos(position * div)
+            self.pe = jnp.asarray(pe)  # a constant, not a parameter
+            self.enc = nnx.List([EncoderLayer(i) for i in range(2)])
+            self.enc_norm = Norm("encoder.norm")
+            self.dec = nnx.List([DecoderLayer(i) for i in range(2)])
+            self.out = Linear("fc_out")
+
+        def __call__(self, src, tgt):
+            x = self.src[...][src] * jnp.sqrt(d) + self.pe[: src.shape[1]]
+            mask = (src != 0)[:, None, None, :]
+            for layer in self.enc:
+                x = layer(x, mask)
+            memory = self.enc_norm(x)
+            y = self.tgt[...][tgt] * jnp.sqrt(d) + self.pe[: tgt.shape[1]]
+            t = tgt.shape[1]
+            tgt_mask = (tgt != 0)[:, None, :, None] & jnp.tril(jnp.ones((t, t), bool))
+            for layer in self.dec:
+                y = layer(y, memory, tgt_mask)
+            return self.out(y)
+
+    layout = tmp_path / "nnx-from-scratch.toml"
+    layout.write_text('''preset = "from-scratch"
+matrices = "in-out"
+switches = { position = "sinusoid-interleaved" }
+[keys]
+"src" = "encoder.embedding.weight"
+"tgt" = "decoder.embedding.weight"
+"enc.{i}.attn.{p:q|k|v}.w" = "encoder.layers.{i}.self_attn.{p}_proj.weight"
+"enc.{i}.attn.o.{w:w=weight|b=bias}" = "encoder.layers.{i}.self_attn.o_proj.{w}"
+"enc.{i}.ffn.{m:linear1|linear2}.{w:w=weight|b=bias}" = "encoder.layers.{i}.ffn.{m}.{w}"
+"enc.{i}.{n:norm1=self_attn_norm|norm2=ffn_norm}.{w:scale=weight|bias}" = "encoder.layers.{i}.{n}.{w}"
+"enc_norm.{w:scale=weight|bias}" = "encoder.norm.{w}"
+"dec.{i}.{a:attn=self_attn|cross=cross_attn}.{p:q|k|v}.w" = "decoder.layers.{i}.{a}.{p}_proj.weight"
+"dec.{i}.{a:attn=self_attn|cross=cross_attn}.o.{w:w=weight|b=bias}" = "decoder.layers.{i}.{a}.o_proj.{w}"
+"dec.{i}.ffn.{m:linear1|linear2}.{w:w=weight|b=bias}" = "decoder.layers.{i}.ffn.{m}.{w}"
+"dec.{i}.{n:norm1=self_attn_norm|norm2=cross_attn_norm|norm3=ffn_norm}.{w:scale=weight|bias}" = "decoder.layers.{i}.{n}.{w}"
+"out.{w:w=weight|b=bias}" = "output.{w}"
+[taps]
+"encoder.{i}.self_attn" = "enc.{i}.norm1"
+"encoder.{i}.ffn" = "enc.{i}"
+"encoder.output" = "enc_norm"
+"decoder.{i}.self_attn" = "dec.{i}.norm1"
+"decoder.{i}.cross_attn" = "dec.{i}.norm2"
+"decoder.{i}.ffn" = "dec.{i}"
+''')
+    import jax
+
+    with jax.enable_x64(True):
+        model = Model()
+    src, tgt = batch("from-scratch")
+    report = conformance.compare(model, layout, src, tgt, n_heads=h, max_len=SIZES["max_len"], backends=(), grads=True,
+                                 labels=labels_for("from-scratch", tgt))
+    assert report.yours.label == "yours/cpu/float64"
+    assert report.first_divergence is None and report.ok, str(report)
+    assert report.cells[("encoder.1.ffn", "yours/cpu/float64")].comparison.max_abs < 1e-12
+    assert report.cells[("encoder.embeddings", "yours/cpu/float64")].unavailable
+    assert {row.key for row in report.grads} >= {"src", "enc.0.attn.q.w", "out.b"}
+
+    model.enc[1].norm2.eps = 1e-12  # planted: a wrong epsilon in one norm
+    report = conformance.compare(model, layout, src, tgt, n_heads=h, max_len=SIZES["max_len"], backends=())
+    assert_found(report, "encoder.1.ffn", "layer_norm_eps")

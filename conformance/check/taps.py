@@ -362,9 +362,11 @@ def foreign_loss_and_grads(model: Any, run: Callable, src_ids, tgt_ids, labels, 
             return float(loss), _flatten(jax.tree_util.tree_map(np.asarray, grads))
     from flax import nnx
 
-    def nnx_loss(m):
-        return cross_entropy(output_logits(run(m, src, tgt)))
+    graph, params, rest = nnx.split(model, nnx.Param, ...)
 
-    with _x64_for(nnx.state(model, nnx.Param)):
-        loss, grads = nnx.value_and_grad(nnx_loss)(model)
+    def nnx_loss(params):
+        return cross_entropy(output_logits(run(nnx.merge(graph, params, rest), src, tgt)))
+
+    with _x64_for(params):
+        loss, grads = jax.jit(jax.value_and_grad(nnx_loss))(params)  # compiled, as for linen
         return float(loss), _flatten(grads.to_pure_dict())
