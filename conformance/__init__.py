@@ -7,7 +7,8 @@
                           back. Imports core only (PyTorch and Flax lazily, for their own files).
     conformance/check/    the check-and-report tools: which backends and devices are here, how
                           to build a model on any of them, comparison, tolerances, the report,
-                          plots, the built-in default model. Imports core, and backends lazily.
+                          plots, the built-in default model, conformance.compare. Imports core,
+                          convert, and backends lazily.
     conformance/suite/    the hypothesis conformance suite and its pytest plugin
                           (`-p conformance.suite.pytest_plugin`). Imports core and check.
     conformance/cli/      the `rosetta` command line. May import everything above.
@@ -17,6 +18,11 @@ suite <- cli, with convert beside the backends (it imports core only). This pack
 are the core's public surface, importable with only NumPy installed:
 
     from conformance import ModelConfig, checkpoint, preset, init_params
+
+One name more is the check tools', imported only when first used (PEP 562), so that `import
+conformance` still needs no framework:
+
+    conformance.compare(model, "from-scratch", src_ids, tgt_ids)   # conformance.check.side_by_side
 """
 
 import sys as _sys
@@ -30,3 +36,14 @@ __all__ = list(_core.__all__)
 # `import conformance.checkpoint` (the contract's name for the format) keeps working: it is the
 # core's module, registered under its public name, not a copy.
 _sys.modules[__name__ + ".checkpoint"] = checkpoint
+
+
+def __getattr__(name: str):
+    if name == "compare":  # the user's model beside ours (docs/porting.md); imports the check tools
+        from conformance.check.side_by_side import compare
+
+        return compare
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ += ["compare"]

@@ -8,7 +8,9 @@
     plots        the report's and the attention pictures (matplotlib, lazily)
     defaults     the built-in default model (data/default.safetensors)
     toy          the digit-reversal task the default model was trained on
+    side_by_side `conformance.compare`: the user's own model as a column of the report
+    taps         reading a foreign model's tensors where its layout's [taps] say
 
-May import: the core, NumPy, and the backends (`impl_*`) lazily, by name, through `backends`.
-Never the suite or the CLI.
+May import: the core, NumPy, the converters (`conformance.convert`, beside the backends), and
+the backends (`impl_*`) lazily, by name, through `backends`. Never the suite or the CLI.
 """

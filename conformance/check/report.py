@@ -54,9 +54,14 @@ REL_NOTE = 1e-2
 class Cell:
     comparison: Comparison | None = None
     error: str | None = None
+    # Not compared, and why: a tensor a foreign model does not expose (conformance.compare). Such
+    # a cell fails nothing and is shown as "not exposed", never as agreement.
+    unavailable: str | None = None
 
     @property
     def passed(self) -> bool:
+        if self.unavailable is not None:
+            return True
         return self.error is None and self.comparison is not None and self.comparison.passed
 
 
@@ -152,6 +157,8 @@ class Report:
                 text = "ERROR"
             elif cell is None:
                 text = "-"
+            elif cell.unavailable is not None:
+                text = "not exposed"
             elif cell.error:
                 text = "ERROR"
             else:
@@ -191,6 +198,7 @@ class Report:
                     "tensor": tensor,
                     "results": {
                         label: (
+                            {"unavailable": cell.unavailable} if cell.unavailable is not None else
                             {"error": cell.error} if cell.error else {
                                 "max_abs": cell.comparison.max_abs,
                                 "max_abs_at": cell.comparison.max_abs_at,

@@ -24,6 +24,7 @@ COMMANDS = {
     "inspect": "inspect",
     "run": "run",
     "train-check": "train_check",
+    "compare": "compare",
 }
 
 

@@ -99,4 +99,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             target = ", ".join(t.text for t in entry.targets)
         print(f"    {entry.source.text}\n      -> {target}{_transform(layout, entry)}")
+    if layout.taps:
+        options = ", ".join(f"{k} = {v!r}" for k, v in layout.tap_options.items())
+        print(f"  taps (where the system computes each tensor, for rosetta compare; {options}):")
+        for tap in layout.taps:
+            print(f"    {tap.tensor:<22} <- {tap.describe()}")
+        print("  a tensor not listed is not exposed by the system")
     return 0

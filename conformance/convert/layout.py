@@ -26,12 +26,24 @@ documented for users in `docs/porting.md`; in short:
     key = "decoder.logitdense.kernel"
     present = { tie_output = false }
     absent = { tie_output = true }
+    [taps]                               # which foreign module computes each canonical tensor
+    "encoder.embeddings" = { module = "encoder", input = 0 }        # what the encoder is called with
+    "encoder.{i}.self_attn" = "encoder.layers.{i}.sublayer.0"       # a module's output
+    "encoder.{i}.self" = { module = "encoder.layers.{i}.self_attn", attribute = "attn" }
+    "decoder.embeddings" = { module = "pos_encoder", call = 1 }     # a shared module's second call
+    "decoder.{i}.cross" = { module = "...encoder_attn", output = 1 } # an element of a tuple output
+    batch_axis = 1                       # the system's tensors are sequence-first
+    decoder_input = "shift-right"        # the system embeds shift_right(targets) itself
+
+`[taps]` serves `conformance.compare` (docs/porting.md): a tensor the system does not expose is
+left out, never guessed. See `Tap` for each field.
 
 A layout may start from another: `extends = "torch-nn-transformer"` (a built-in name, or a .toml
 path relative to this file) takes everything from it, and this file's tables and lists replace
 what they name: a `[keys]` entry replaces the base's entry for the same canonical key(s) (or the
 same foreign pattern), `[switches]` and `[hints]` entries replace the base's one by one, and
-`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]` and `nested` given here replace the base's whole.
+`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]` and `nested` given here replace the base's whole;
+`[taps]` entries (and options) replace the base's one by one.
 
     extends = "torch-nn-transformer"
     [keys]
@@ -66,7 +78,7 @@ SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
 
 _TOP_KEYS = {"name", "description", "extends", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys", "infer",
-             "nested"}
+             "nested", "taps"}
 _ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed", "heads", "when"}
 # How a system stores a projection per head (Flax DenseGeneral): "out" is (d_in, H, K), merged
 # to (d_in, H*K); "in" is (H, K, d_out), merged to (H*K, d_out). Head h owns columns (rows)
@@ -108,6 +120,101 @@ class Entry:
         return all(switches.get(k) == v for k, v in self.when.items())
 
 
+# -- Taps ---------------------------------------------------------------------------------------
+
+# The canonical tensors a tap may name (conformance.core.output.forward_order, `{i}` for a layer).
+TAP_TENSORS = ("encoder.embeddings", "encoder.{i}.self", "encoder.{i}.self_attn", "encoder.{i}.ffn", "encoder.output",
+               "decoder.embeddings", "decoder.{i}.self", "decoder.{i}.self_attn", "decoder.{i}.cross",
+               "decoder.{i}.cross_attn", "decoder.{i}.ffn", "decoder.output", "logits")
+_TAP_FIELDS = {"module", "input", "output", "attribute", "call"}
+# Options in [taps] beside the tensors, and their defaults:
+#   batch_axis: the axis of the batch in the system's tensors (0 batch-first, 1 sequence-first);
+#   decoder_input: "as-given", or "shift-right" for a system that embeds shift_right(targets)
+#       itself (a 0 in front, the last dropped): our model is then given the shifted targets, and
+#       the decoder's tensors are compared where the target is not padding.
+TAP_DEFAULTS = {"batch_axis": 0, "decoder_input": "as-given"}
+_TAP_CHOICES = {"batch_axis": (0, 1), "decoder_input": ("as-given", "shift-right")}
+
+
+@dataclass(frozen=True)
+class Tap:
+    """One line of `[taps]`: where the foreign model computes one canonical tensor.
+
+    `tensor` is a canonical name (TAP_TENSORS, `{i}` for the layer) and `module` the foreign
+    module's dotted path (torch `named_modules()`, a linen module's path), using the same `{i}`.
+    What is read there: the module's output (default); `output = k` (or a name) of a tuple (or an
+    output object); `input = k` (or a keyword), what the module was called with; `attribute =
+    "attn"`, an attribute the module sets during its call. `call = k` picks the k-th call of a
+    module that runs more than once in a forward pass (one position module for both stacks).
+    """
+
+    tensor: str
+    module: str
+    input: int | str | None = None
+    output: int | str | None = None
+    attribute: str | None = None
+    call: int | None = None
+
+    def module_for(self, tensor: str) -> str | None:
+        """The foreign module path for a concrete canonical tensor name, or None if not this tap's."""
+        match = re.fullmatch(re.escape(self.tensor).replace(r"\{i\}", r"(?P<i>\d+)"), tensor)
+        if match is None:
+            return None
+        return self.module.replace("{i}", match.group("i")) if "i" in match.groupdict() else self.module
+
+    def describe(self) -> str:
+        read = (f"input {self.input!r}" if self.input is not None else f"attribute {self.attribute!r}"
+                if self.attribute is not None else f"output {self.output!r}" if self.output is not None else "output")
+        return f"{self.module} ({read}{'' if self.call is None else f', call {self.call}'})"
+
+
+def _tap(tensor: str, spec: Any, where: str) -> Tap:
+    where = f"{where} [taps] {tensor!r}"
+    if tensor not in TAP_TENSORS:
+        raise _fail(where, f"not a canonical tensor; expected one of {', '.join(TAP_TENSORS)}")
+    if isinstance(spec, str):
+        spec = {"module": spec}
+    if not isinstance(spec, dict):
+        raise _fail(where, f"must be a module path or an inline table, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - _TAP_FIELDS)
+    if unknown:
+        raise _fail(where, f"unknown field(s) {unknown}; expected some of {sorted(_TAP_FIELDS)}")
+    module = spec.get("module")
+    if not isinstance(module, str) or not module:
+        raise _fail(where, f"module must be the foreign module's dotted path, got {module!r}")
+    if ("{i}" in tensor) != ("{i}" in module) or CAPTURE.sub("", module.replace("{i}", "")) != module.replace("{i}", ""):
+        raise _fail(where, f"module {module!r} must use {{i}} exactly when the tensor does (and no other capture)")
+    read = [k for k in ("input", "output", "attribute") if k in spec]
+    if len(read) > 1:
+        raise _fail(where, f"reads one thing: give one of input, output, attribute, not {read}")
+    for key in ("input", "output"):
+        value = spec.get(key)
+        if key in spec and (isinstance(value, bool) or not isinstance(value, (int, str)) or value == ""
+                            or (isinstance(value, int) and value < 0)):
+            raise _fail(where, f"{key} must be a position (0, 1, ...) or a name, got {value!r}")
+    if "attribute" in spec and (not isinstance(spec["attribute"], str) or not spec["attribute"]):
+        raise _fail(where, f"attribute must be a name, got {spec['attribute']!r}")
+    call = spec.get("call")
+    if "call" in spec and (isinstance(call, bool) or not isinstance(call, int) or call < 0):
+        raise _fail(where, f"call must be 0, 1, ... (which call of the module), got {call!r}")
+    return Tap(tensor, module, spec.get("input"), spec.get("output"), spec.get("attribute"), call)
+
+
+def _taps(table: Any, where: str) -> tuple[tuple[Tap, ...], dict[str, Any]]:
+    if not isinstance(table, dict):
+        raise _fail(where, "[taps] must be a table of canonical tensor = foreign module")
+    options = dict(TAP_DEFAULTS)
+    taps = []
+    for key, value in table.items():
+        if key in TAP_DEFAULTS:
+            if value not in _TAP_CHOICES[key] or isinstance(value, bool):
+                raise _fail(where, f"[taps] {key} must be one of {list(_TAP_CHOICES[key])}, got {value!r}")
+            options[key] = value
+        else:
+            taps.append(_tap(key, value, where))
+    return tuple(taps), options
+
+
 @dataclass(frozen=True)
 class Layout:
     name: str
@@ -129,6 +236,10 @@ class Layout:
     # The system keeps its parameters as a nested tree (Flax): keys are its path joined with ".",
     # and an export returns the tree.
     nested: bool = False
+    # [taps]: where the system computes each canonical tensor (conformance.compare), and how its
+    # tensors are laid out (TAP_OPTIONS).
+    taps: tuple[Tap, ...] = ()
+    tap_options: Mapping[str, Any] = field(default_factory=lambda: dict(TAP_DEFAULTS))
     _drop_regex: tuple[re.Pattern, ...] = field(default=(), repr=False, compare=False)
 
     def base_switches(self) -> dict[str, Any]:
@@ -389,11 +500,13 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
                 _check_switch(key, value, where)
             sides.append(dict(table))
         infer.append((rule["key"], sides[0], sides[1]))
+    taps, tap_options = _taps(data.get("taps", {}), where)
     return Layout(
         name=name, description=str(data.get("description", "")), preset=preset, switches=dict(switches),
         matrices=matrices, free=frozenset(lists["free"]) | frozenset(lists["required"]),
         required=frozenset(lists["required"]), drop=tuple(lists["drop"]), entries=entries, path=path,
-        hints=dict(hints), infer=tuple(infer), nested=nested, _drop_regex=tuple(glob(d) for d in lists["drop"]),
+        hints=dict(hints), infer=tuple(infer), nested=nested, taps=taps, tap_options=tap_options,
+        _drop_regex=tuple(glob(d) for d in lists["drop"]),
     )
 
 
@@ -449,7 +562,7 @@ def _with_base(data: dict[str, Any], path: Path, seen: tuple[Path, ...]) -> dict
     for key, value in data.items():
         if key == "extends":
             continue
-        if key in ("switches", "hints") and isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if key in ("switches", "hints", "taps") and isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = {**merged[key], **value}
         elif key == "keys" and isinstance(value, dict) and isinstance(merged.get(key), dict):
             replaced = {t for spec in value.values() for t in _targets(spec)}

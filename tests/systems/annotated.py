@@ -52,7 +52,8 @@ def attention(query, key, value, mask=None):
     scores = torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(d_k)
     if mask is not None:
         scores = scores.masked_fill(mask == 0, -1e9)
-    return torch.matmul(scores.softmax(dim=-1), value)
+    p_attn = scores.softmax(dim=-1)
+    return torch.matmul(p_attn, value), p_attn
 
 
 class MultiHeadedAttention(nn.Module):
@@ -60,6 +61,7 @@ class MultiHeadedAttention(nn.Module):
         super().__init__()
         self.d_k, self.h = d_model // h, h
         self.linears = clones(nn.Linear(d_model, d_model), 4)
+        self.attn = None  # the last call's attention weights (B, h, Tq, Tk), as the original keeps them
 
     def forward(self, query, key, value, mask=None):
         if mask is not None:
@@ -68,7 +70,7 @@ class MultiHeadedAttention(nn.Module):
         query, key, value = [
             lin(x).view(nbatches, -1, self.h, self.d_k).transpose(1, 2) for lin, x in zip(self.linears, (query, key, value))
         ]
-        x = attention(query, key, value, mask=mask)
+        x, self.attn = attention(query, key, value, mask=mask)
         x = x.transpose(1, 2).contiguous().view(nbatches, -1, self.h * self.d_k)
         return self.linears[-1](x)
 

@@ -1,0 +1,380 @@
+"""`conformance.compare`: the user's own model beside ours, tensor by tensor, forward and backward.
+
+    report = conformance.compare(model, "from-scratch", src_ids, tgt_ids)
+    report.first_divergence        # "encoder.1.ffn": where the user's model first leaves tolerance
+    print(report)                  # the `rosetta check` table with the user's model as a column
+
+The user's weights go through the layout (`conformance.convert`) into our model; the float64
+NumPy oracle and our backends run on the same batch (`report.run_check`, the `rosetta check`
+engine); the user's model runs once, and the layout's `[taps]` say where it computes each
+canonical tensor (`conformance.check.taps`). The user's column is compared with the oracle under
+the tolerance of the user's own dtype, as a backend's is: the first tensor out of tolerance is
+where the two models part, and the switches acting there are named.
+
+With `grads=True` the loss and every parameter's gradient by the user's own autograd (torch) or
+`jax.grad` (Flax) are compared with the oracle's hand-written backward pass, exported to the
+user's keys through the layout, in backward order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from conformance.check import backends as backend_registry
+from conformance.check import taps as foreign
+from conformance.check.compare import compare as compare_arrays
+from conformance.check.report import Cell, Report, default_targets, run_check
+from conformance.check.tolerances import gradient_tolerance, tolerance
+from conformance.check.training import backward_order, scaled_error
+from conformance.core.config import ModelConfig
+from conformance.core.errors import InputError
+from conformance.core.output import forward_order, tensors_of
+
+# The switches that act at each kind of tensor: where a tensor first diverges, one of these (or a
+# weight that went to the wrong place) is what differs. Keyed by the name's last part.
+SWITCHES_AT = {
+    "embeddings": ("scale_embedding", "position", "share_embeddings", "pad_id"),
+    "self": ("mask_fill", "src_pad_mask", "tgt_pad_mask", "pad_id", "qkv_bias"),
+    "cross": ("mask_fill", "cross_attn_src_mask", "pad_id", "qkv_bias"),
+    "self_attn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "mask_fill", "src_pad_mask", "tgt_pad_mask",
+                  "pad_id", "qkv_bias", "out_proj_bias"),
+    "cross_attn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "mask_fill", "cross_attn_src_mask", "pad_id",
+                   "qkv_bias", "out_proj_bias"),
+    "ffn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "activation"),
+    "output": ("layer_norm_eps", "layer_norm_form", "final_encoder_norm", "final_decoder_norm"),
+    "logits": ("tie_output", "output_bias", "final_logits_bias", "scale_logits"),
+}
+# Attention weights: the encoder's self-attention masks the source, the decoder's the target.
+_NOT_IN = {"encoder": ("tgt_pad_mask", "cross_attn_src_mask", "final_decoder_norm"),
+           "decoder": ("src_pad_mask", "final_encoder_norm")}
+
+YOURS = "yours"
+
+
+def switches_at(tensor: str) -> tuple[str, ...]:
+    """The ModelConfig switches that act where `tensor` is computed."""
+    kind = tensor.rsplit(".", 1)[-1]
+    stack = tensor.split(".", 1)[0]
+    return tuple(s for s in SWITCHES_AT.get(kind, ()) if s not in _NOT_IN.get(stack, ()))
+
+
+@dataclass
+class GradRow:
+    """One of the user's parameters: its gradient against the oracle's, exported to its key."""
+
+    key: str
+    canonical: tuple[str, ...]
+    error: float
+    allowed: float
+
+    @property
+    def passed(self) -> bool:
+        return self.error <= self.allowed
+
+
+@dataclass
+class SideBySide(Report):
+    """A `rosetta check` report with the user's model as a column, and its gradients when asked."""
+
+    layout: str = ""
+    yours: backend_registry.Target | None = None
+    loss: float | None = None
+    reference_loss: float | None = None
+    loss_allowed: float | None = None
+    grads: list[GradRow] = field(default_factory=list)
+
+    @property
+    def first_divergence(self) -> str | None:
+        """The canonical tensor where the user's model first leaves tolerance, in forward order."""
+        first = self.first_failure(self.yours)
+        return first[0] if first else None
+
+    @property
+    def first_bad_grad(self) -> str | None:
+        """The user's key of the first parameter whose gradient leaves tolerance, in backward order."""
+        return next((row.key for row in self.grads if not row.passed), None)
+
+    @property
+    def loss_error(self) -> float | None:
+        if self.loss is None:
+            return None
+        if not np.isfinite(self.loss):
+            return float("inf")
+        return abs(self.loss - self.reference_loss) / max(1.0, abs(self.reference_loss))
+
+    @property
+    def ok(self) -> bool:
+        """Every column (the user's and our backends') agrees with the oracle, and so do the loss
+        and gradients when they were compared."""
+        loss_ok = self.loss is None or self.loss_error <= self.loss_allowed
+        return self.passed and loss_ok and self.first_bad_grad is None
+
+    def unexposed(self) -> dict[str, str]:
+        return {tensor: cell.unavailable for (tensor, label), cell in self.cells.items()
+                if label == self.yours.label and cell.unavailable is not None}
+
+    def to_text(self) -> str:
+        text = super().to_text().replace("rosetta check:", "rosetta compare:", 1)
+        lines = [text, ""]
+        unexposed = self.unexposed()
+        if unexposed:
+            lines.append(f"not exposed by your model ({len(unexposed)} tensors; not compared, never guessed):")
+            lines += [f"  {tensor}: {why}" for tensor, why in unexposed.items()]
+        first = self.first_divergence
+        if first:
+            cell = self.cells[(first, self.yours.label)]
+            values = {**ModelConfig().to_dict(), **self.config.to_dict()}
+            acting = ", ".join(f"{name} = {values[name]!r}" for name in switches_at(first))
+            lines += [f"first divergence: {first} (your model against the oracle: "
+                      f"{cell.error or cell.comparison.describe()})",
+                      f"  switches that act there, as converted: {acting or '(none: look at the weights)'}",
+                      f"  their values and origins for this layout: `rosetta layouts {self.layout}`; "
+                      "if yours differ, convert with that switch set (--set NAME=VALUE, or NAME=VALUE here)"]
+        elif self.yours.label in self.errors:
+            lines.append(f"your model could not run: {self.errors[self.yours.label]}")
+        else:
+            lines.append("first divergence: none; your model agrees with the oracle at every exposed tensor")
+        if self.loss is not None:
+            verdict = "ok" if self.loss_error <= self.loss_allowed else "FAIL"
+            lines += ["", f"backward: your loss {self.loss:.12g}, the oracle's {self.reference_loss:.12g}, "
+                      f"error {self.loss_error:.2e} (allowed {self.loss_allowed:.0e}) {verdict}",
+                      "gradients, in backward order (your key <- canonical; max |yours - oracle| / max(1, max |oracle|)):"]
+            width = max(len(row.key) for row in self.grads) if self.grads else 0
+            for row in self.grads:
+                lines.append(f"  {row.key:<{width}}  {row.error:.2e}  {'ok' if row.passed else 'FAIL'}  "
+                             f"<- {', '.join(row.canonical)}")
+            bad = self.first_bad_grad
+            lines.append(f"first gradient out of tolerance: {bad}" if bad else
+                         "every gradient within tolerance" if self.grads else "no gradient compared")
+        lines.append(f"result: {'ok' if self.ok else 'DIVERGES' if first or self.first_bad_grad else 'FAIL'}")
+        return "\n".join(lines)
+
+    __str__ = to_text
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        out.update({
+            "layout": self.layout, "yours": self.yours.label, "first_divergence": self.first_divergence,
+            "switches_at_divergence": list(switches_at(self.first_divergence)) if self.first_divergence else [],
+            "not_exposed": self.unexposed(), "ok": self.ok,
+        })
+        if self.loss is not None:
+            out["backward"] = {
+                "loss": self.loss, "reference_loss": self.reference_loss, "loss_error": self.loss_error,
+                "allowed": self.loss_allowed, "first_bad_grad": self.first_bad_grad,
+                "grads": [{"key": r.key, "canonical": list(r.canonical), "error": r.error, "allowed": r.allowed,
+                           "passed": r.passed} for r in self.grads],
+            }
+        return out
+
+    def plot(self, path) -> tuple[int, int]:
+        """The `rosetta check` picture (plots.plot_check), the user's model as one of its lines."""
+        from conformance.check.plots import plot_check
+
+        return plot_check(self, path)
+
+
+def _backend_names(backends: Any) -> list[str]:
+    if backends is None or isinstance(backends, str):
+        if isinstance(backends, str) and not backends.strip():
+            return []
+        try:
+            return backend_registry.requested_backends(backends)
+        except ValueError as exc:
+            raise InputError("backends", str(exc)) from None
+    names = list(backends)
+    unknown = [n for n in names if n not in backend_registry.BACKENDS]
+    if unknown:
+        raise InputError("backends", f"unknown backend(s) {unknown}; expected some of {list(backend_registry.BACKENDS)}")
+    return names
+
+
+def _default_run(model, src_ids, tgt_ids):
+    return model(src_ids, tgt_ids)
+
+
+def _ids(name: str, ids) -> np.ndarray:
+    array = np.asarray(foreign.to_numpy_exact(ids))
+    if array.dtype.kind not in "iu" or array.ndim != 2:
+        raise InputError(name, f"must be a (B, L) array of integer token ids, got {array.dtype} {array.shape}")
+    return array.astype(np.int64)
+
+
+def shift_right(tgt_ids: np.ndarray) -> np.ndarray:
+    """A 0 in front, the last id dropped: what a shift-right system embeds for `tgt_ids`."""
+    return np.pad(tgt_ids, ((0, 0), (1, 0)))[:, :-1]
+
+
+def _device_of(model: Any, kind: str) -> str:
+    if kind == "torch":
+        first = next(iter(model.parameters()), None)
+        return "cpu" if first is None or first.device.type == "cpu" else first.device.type
+    import jax
+
+    return "gpu" if jax.default_backend() == "gpu" else "cpu"
+
+
+def _dtype_of(state: dict[str, np.ndarray]) -> str:
+    kinds = {str(v.dtype) for v in state.values() if v.dtype.kind == "f"}
+    if len(kinds) != 1:
+        raise InputError("model", f"parameters of one floating dtype expected, got {sorted(kinds) or 'none'}")
+    return kinds.pop()
+
+
+def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None = None, dtype: str = "float32",
+            backends: Any = None, grads: bool = False, labels=None, label_smoothing: float = 0.0,
+            **overrides: Any) -> SideBySide:
+    """The user's own model beside ours, tensor by tensor; see the module's docstring.
+
+    Args:
+        model: a torch.nn.Module; a flax.linen module bound to its variables (`module.bind(v)`)
+            or a `(module, variables)` pair; or an nnx.Module.
+        layout: a built-in layout name, a layout TOML file or a `Layout`, as for
+            `conformance.convert.import_state_dict`; its `[taps]` say where the model computes
+            each tensor.
+        src_ids, tgt_ids: (B, S) and (B, T) integer ids, the batch both models run on (with
+            padding, to exercise the masks). With a layout whose decoder shifts its targets
+            itself (`decoder_input = "shift-right"`), `tgt_ids` are the targets the user's model
+            takes, and ours is given them shifted.
+        run: `run(model, src_ids, tgt_ids) -> logits` (or an object with `.logits`), how the
+            user's model is called, with ids as that framework's arrays; default
+            `model(src_ids, tgt_ids)`.
+        dtype: the dtype our backends run in (the oracle is float64 NumPy always). The user's
+            model runs as given, and its column is held to its own dtype's tolerance: pass it in
+            float64 (torch `.double()`, Flax float64 params) to see what float32 rounding hides.
+        backends: our backends to run beside it (names, or a comma-separated string; default:
+            every installed one; `()` for none: the user's model against the oracle alone).
+        grads: also compare the loss and every parameter's gradient (needs `labels`).
+        labels: (B, T) target labels for the loss; labels equal to pad_id are not counted.
+        label_smoothing: ε of the loss (docs/training.md).
+        **overrides: ModelConfig fields for the conversion (n_heads, switches), as for
+            `import_state_dict`.
+    """
+    from conformance.convert import convert_arrays, export_state_dict, load_layout
+
+    layout = load_layout(layout)
+    run = run or _default_run
+    src_ids, tgt_ids = _ids("src_ids", src_ids), _ids("tgt_ids", tgt_ids)
+    if src_ids.shape[0] != tgt_ids.shape[0]:
+        raise InputError("tgt_ids", f"has {tgt_ids.shape[0]} rows, src_ids {src_ids.shape[0]}")
+    if grads and labels is None:
+        raise InputError("labels", "grads=True compares a loss: give the (B, T) labels")
+    kind = foreign.framework(model)
+    state = foreign.foreign_state(model)
+    conversion = convert_arrays(state, layout, **overrides)
+    config, params = conversion.config, conversion.params
+    shifted = layout.tap_options["decoder_input"] == "shift-right"
+    ours_tgt = shift_right(tgt_ids) if shifted else tgt_ids
+
+    names = _backend_names(backends)
+    targets, skipped = default_targets(names, [dtype]) if names else ([], {})
+    source = f"your model through layout {layout.name}"
+    if targets:
+        report = run_check(config, params, source, targets, skipped, src_ids, ours_tgt)
+    else:  # the user's model against the oracle alone
+        report = Report(config=config, source=source, targets=[], tensors=forward_order(config), skipped=skipped)
+    yours = backend_registry.Target(YOURS, _device_of(model, kind), _dtype_of(state))
+    result = SideBySide(**{f: getattr(report, f) for f in Report.__dataclass_fields__}, layout=layout.name, yours=yours)
+    result.targets = [yours, *result.targets]
+
+    oracle = _oracle(config, params, src_ids, ours_tgt)
+    real = tgt_ids != config.pad_id if shifted else None
+    tol = tolerance(yours.dtype, yours.device)
+    try:
+        captured = foreign.capture(model, layout, result.tensors, run, src_ids, tgt_ids)
+    except Exception as exc:  # noqa: BLE001 - the user's code failing is a finding, reported in full
+        result.errors[yours.label] = f"{type(exc).__name__}: {exc}"
+        captured = None
+    if captured is not None:
+        if "logits" not in captured.values and "logits" not in captured.unavailable:
+            captured.values["logits"] = captured.logits
+        for tensor in result.tensors:
+            if tensor in captured.values:
+                ours, theirs = oracle[tensor], captured.values[tensor]
+                if real is not None and tensor.startswith(("decoder.", "logits")):
+                    ours, theirs = _at(ours, real, tensor), _at(theirs, real, tensor)
+                result.cells[(tensor, yours.label)] = Cell(comparison=compare_arrays(theirs, ours, tol))
+            else:
+                why = captured.unavailable.get(tensor, f"the layout {layout.name} has no tap for it")
+                result.cells[(tensor, yours.label)] = Cell(unavailable=why)
+
+    if grads:
+        _compare_grads(result, model, layout, config, params, run, src_ids, tgt_ids, ours_tgt,
+                       _ids("labels", labels), label_smoothing, export_state_dict)
+    return result
+
+
+def _oracle(config: ModelConfig, params, src_ids, tgt_ids) -> dict[str, np.ndarray]:
+    import impl_numpy
+
+    with backend_registry.forward_only("numpy"):
+        out = impl_numpy.Model(config, params, dtype="float64")(src_ids, tgt_ids)
+    return {name: np.asarray(value) for name, value in tensors_of(out).items()}
+
+
+def _at(value, real: np.ndarray, tensor: str):
+    """The positions of a decoder tensor whose target is real: (N, ...) from (B, T, ...), or
+    from (B, H, T, S) attention weights."""
+    value = np.asarray(value)
+    if value.ndim == 4:
+        value = np.swapaxes(value, 1, 2)
+    if value.shape[:2] != real.shape:
+        return value  # a shape problem, which compare() names
+    return value[real]
+
+
+def _foreign_names(config: ModelConfig, layout, export) -> dict[str, tuple[str, ...]]:
+    """foreign key -> the canonical parameters it holds, found by exporting a probe whose every
+    canonical parameter is filled with its own number (transposes and splits keep the numbers)."""
+    from conformance.core.params import param_shapes
+
+    shapes = param_shapes(config)
+    # Position tables stay 0 (no number): a system keeps them as one buffer, not a parameter.
+    numbers = {name: float(n + 1) for n, name in enumerate(shapes) if not name.endswith("position.table")}
+    probe = {name: np.full(shape, numbers.get(name, 0.0)) for name, shape in shapes.items()}
+    by_number = {v: k for k, v in numbers.items()}
+    exported = _flat(export(config, probe, layout, **_as_converted(config, layout)))
+    return {key: tuple(by_number[v] for v in np.unique(value) if v in by_number) for key, value in exported.items()}
+
+
+def _as_converted(config: ModelConfig, layout) -> dict[str, Any]:
+    """Export back to the very model that was converted: a stored position table stays a table
+    (where the system would recompute it on load, Marian, the export otherwise refuses)."""
+    return {"position": config.position} if layout.stores_positions() else {}
+
+
+def _flat(state) -> dict[str, np.ndarray]:
+    return foreign._flatten(state) if any(isinstance(v, dict) for v in state.values()) else dict(state)
+
+
+def _compare_grads(result: SideBySide, model, layout, config, params, run, src_ids, tgt_ids, ours_tgt, labels,
+                   label_smoothing, export) -> None:
+    import impl_numpy
+
+    if labels.shape != ours_tgt.shape:
+        raise InputError("labels", f"must have the targets' shape {ours_tgt.shape}, got {labels.shape}")
+    reference = impl_numpy.Model(config, params, dtype="float64")
+    ref_loss, ref_grads = reference.loss_and_grads(src_ids, ours_tgt, labels, label_smoothing=label_smoothing)
+    # A system's position buffer has no gradient of its own (it is not a parameter there): its
+    # exported gradient is left at zero, and no user gradient is compared with it.
+    ref_grads = {k: (np.zeros_like(v) if k.endswith("position.table") else np.asarray(v, np.float64))
+                 for k, v in ref_grads.items()}
+    exported = _flat(export(config, ref_grads, layout, **_as_converted(config, layout)))
+    names = _foreign_names(config, layout, export)
+    loss, grads = foreign.foreign_loss_and_grads(model, run, src_ids, tgt_ids, labels, pad_id=config.pad_id,
+                                                 label_smoothing=label_smoothing)
+    allowed = gradient_tolerance(result.yours.dtype, result.yours.device).atol
+    order = {name: n for n, name in enumerate(backward_order(config))}
+    rows = []
+    for key, grad in grads.items():
+        canonical = names.get(key, ())
+        if key not in exported:
+            rows.append((-1, GradRow(key, canonical, float("inf"), allowed)))
+            continue
+        error = scaled_error(np.asarray(grad, np.float64), exported[key].reshape(np.shape(grad)))
+        rows.append((min((order[c] for c in canonical), default=len(order)), GradRow(key, canonical, error, allowed)))
+    result.grads = [row for _, row in sorted(rows, key=lambda pair: pair[0])]
+    result.loss, result.reference_loss, result.loss_allowed = loss, float(ref_loss), allowed

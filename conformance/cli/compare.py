@@ -1,0 +1,198 @@
+"""`rosetta compare MODULE:FACTORY WEIGHTS --layout NAME`: your own model beside ours, tensor by
+tensor (`conformance.compare`, docs/porting.md). This imports and runs your Python code."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HELP = ("Run your own model (imported from MODULE:FACTORY: this imports and runs your Python code) with WEIGHTS, and "
+        "our backends on the same weights converted through --layout, and print the rosetta check table with your "
+        "model as a column: the first tensor where yours leaves tolerance, and the switches acting there. Exit 0 when "
+        "all agree, 1 at a divergence, 2 on an error.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("factory", metavar="MODULE:FACTORY",
+                        help="a Python file (my_model.py) or importable module, and a function in it that returns your "
+                             "model: a torch.nn.Module, or a flax.linen Module (WEIGHTS are then its variables). "
+                             "Imported and called: it runs your code")
+    parser.add_argument("weights", metavar="WEIGHTS",
+                        help="your weights: a PyTorch file (.pt/.pth/.bin), .safetensors, .npz, a Flax .msgpack or "
+                             "an Orbax directory; loaded into the model strictly")
+    parser.add_argument("--layout", required=True, metavar="NAME|FILE",
+                        help="the built-in layout (rosetta layouts) or a layout TOML file that maps your keys; its "
+                             "[taps] say where your model computes each tensor")
+    parser.add_argument("--run", metavar="FUNCTION",
+                        help="a function in MODULE, run(model, src_ids, tgt_ids) -> logits, that calls your model "
+                             "(default: model(src_ids, tgt_ids))")
+    parser.add_argument("--src", metavar="IDS", help="source ids, '1,2,3;4,5,0' or a .npy file (default: three rows "
+                                                    "with padding, as rosetta check)")
+    parser.add_argument("--tgt", metavar="IDS", help="target ids, the same forms (default: as --src)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="a ModelConfig field for the conversion (n_heads, a switch the layout requires); repeatable")
+    parser.add_argument("--key", help="a nested state dict or parameter subtree in WEIGHTS (as rosetta convert)")
+    parser.add_argument("--backends", help="our backends beside it, comma-separated (default: every installed one; "
+                                           "'none': your model against the oracle alone)")
+    parser.add_argument("--dtype", default="float32", help="the dtype our backends run in (default: float32)")
+    parser.add_argument("--grads", action="store_true", help="also compare the loss and every gradient with your "
+                                                            "model's own autograd (labels: the next target token)")
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="also draw the errors per tensor")
+
+
+class UserCodeError(Exception):
+    """The user's module, factory or weights: one line for the command's error."""
+
+
+def _import(spec: str):
+    module_text, sep, name = spec.rpartition(":")
+    if not sep or not module_text or not name:
+        raise UserCodeError(f"{spec!r}: expected MODULE:FACTORY (my_model.py:build or package.module:build)")
+    path = Path(module_text)
+    try:
+        if module_text.endswith(".py") or path.exists():
+            if not path.is_file():
+                raise UserCodeError(f"{module_text}: no such Python file")
+            loaded = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(loaded)
+            sys.path.insert(0, str(path.resolve().parent))  # its own imports of files beside it
+            try:
+                loaded.loader.exec_module(module)
+            finally:
+                sys.path.remove(str(path.resolve().parent))
+        else:
+            module = importlib.import_module(module_text)
+    except UserCodeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's module failing to import is one line, not our traceback
+        raise UserCodeError(f"importing {module_text} failed: {type(exc).__name__}: {exc}") from None
+    return module, name
+
+
+def _attribute(module, name: str, what: str):
+    value = getattr(module, name, None)
+    if value is None or not callable(value):
+        found = "no attribute" if value is None else f"{type(value).__name__}, not a function"
+        raise UserCodeError(f"{module.__name__}:{name}: {found} ({what})")
+    return value
+
+
+def _torch_load(model, state: dict[str, np.ndarray], weights: str) -> None:
+    import torch
+
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        parts = [f"{len(missing)} missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})" if missing else "",
+                 f"{len(unexpected)} unexpected ({', '.join(unexpected[:3])}{', ...' if len(unexpected) > 3 else ''})"
+                 if unexpected else ""]
+        raise UserCodeError(f"{weights} does not fit the model: {'; '.join(p for p in parts if p)}")
+    for key, value in own.items():
+        if tuple(value.shape) != tuple(state[key].shape):
+            raise UserCodeError(f"{weights} does not fit the model: {key} is {tuple(state[key].shape)} in the file, "
+                                f"{tuple(value.shape)} in the model")
+    model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)).to(own[k].dtype) for k, v in state.items()},
+                          strict=True)
+
+
+def _nested(flat: dict[str, np.ndarray]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def _linen_bind(module, state: dict[str, np.ndarray], weights: str):
+    import jax
+    import jax.numpy as jnp
+
+    tree = _nested(state)
+    variables = tree if "params" in tree else {"params": tree}
+    sample = {k: np.zeros((1, 2), np.int32) for k in ("src", "tgt")}
+    try:
+        expected = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.asarray(sample["src"]),
+                                                      jnp.asarray(sample["tgt"])))
+    except Exception:  # noqa: BLE001 - a model whose init we cannot guess: bind as given, let the run tell
+        return module.bind(variables)
+    have = {".".join(str(getattr(p, "key", p)) for p in path): leaf.shape
+            for path, leaf in jax.tree_util.tree_leaves_with_path(variables)}
+    want = {".".join(str(getattr(p, "key", p)) for p in path): leaf.shape
+            for path, leaf in jax.tree_util.tree_leaves_with_path(dict(expected))}
+    missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    if missing or unexpected:
+        raise UserCodeError(f"{weights} does not fit the model: {len(missing)} missing "
+                            f"({', '.join(missing[:3])}), {len(unexpected)} unexpected ({', '.join(unexpected[:3])})")
+    return module.bind(variables)
+
+
+def _default_labels(tgt: np.ndarray, pad_id: int) -> np.ndarray:
+    nxt = np.roll(tgt, -1, axis=1)
+    nxt[:, -1] = pad_id
+    return np.where(tgt == pad_id, pad_id, nxt)
+
+
+def run(args: argparse.Namespace) -> int:
+    from conformance.check import taps
+    from conformance.check.report import fixed_batch
+    from conformance.check.side_by_side import compare
+    from conformance.cli.common import check_output, parse_ids
+    from conformance.cli.convert import parse_sets
+    from conformance.convert import convert_arrays, load_layout, read_state_dict
+    from conformance.core.errors import InputError
+
+    layout = load_layout(args.layout)
+    overrides = parse_sets(args.sets)
+    json_path = check_output(args.json, "--json", (".json",)) if args.json else None
+    plot_path = check_output(args.plot, "--plot", (".png",)) if args.plot else None
+    state = read_state_dict(args.weights, args.key)
+    try:
+        module, name = _import(args.factory)
+        factory = _attribute(module, name, "the factory that returns your model")
+        user_run = _attribute(module, args.run, "--run") if args.run else None
+        try:
+            model = factory()
+        except Exception as exc:  # noqa: BLE001 - the user's factory failing is one line
+            raise UserCodeError(f"{args.factory}() raised {type(exc).__name__}: {exc}") from None
+        try:
+            kind = taps.framework(model)
+        except TypeError as exc:
+            raise UserCodeError(f"{args.factory}() returned {type(model).__name__}: {exc}") from None
+        if kind == "torch":
+            _torch_load(model.eval(), state, args.weights)
+        elif kind == "linen":
+            model = _linen_bind(model if not isinstance(model, tuple) else model[0], state, args.weights)
+        else:
+            raise UserCodeError(f"{args.factory}() returned an nnx.Module: its weights are its own; call "
+                                "conformance.compare(model, ...) from Python")
+    except UserCodeError as exc:
+        print(f"rosetta compare: error: {exc}", file=sys.stderr)
+        return 2
+    config = convert_arrays(taps.foreign_state(model), layout, **overrides).config
+    if bool(args.src) != bool(args.tgt):
+        raise InputError("--tgt" if args.src else "--src", "give --src and --tgt together (or neither, for the "
+                         "default batch)")
+    src, tgt = (parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")) if args.src else fixed_batch(config)
+    backends = [] if (args.backends or "").strip() == "none" else args.backends
+    report = compare(model, layout, src, tgt, run=user_run, dtype=args.dtype, backends=backends, grads=args.grads,
+                     labels=_default_labels(tgt, config.pad_id) if args.grads else None, **overrides)
+    print(report.to_text())
+    if json_path:
+        import json
+
+        json_path.write_text(json.dumps(report.to_json(), indent=2, default=float))
+    if plot_path:
+        width, height = report.plot(str(plot_path))
+        print(f"wrote {plot_path} ({width}x{height} px)")
+    return 0 if report.ok else 1
