@@ -185,6 +185,36 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("target_pair", target_pairs(dtypes))
 
 
+COVERAGE_FILE = "test_coverage.py"  # checks what the properties ran: collected last
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The coverage check (`test_coverage.py`) after every property, whatever the order of the files."""
+    last = [item for item in items if in_suite(item.path) and item.path.name == COVERAGE_FILE]
+    items[:] = [item for item in items if item not in last] + last
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """While a property runs, `covering.RECORDER` notes the switch values of every case it runs."""
+    from conformance.suite.covering import RECORDER
+
+    if not in_suite(item.path) or item.path.name == COVERAGE_FILE:
+        return (yield)
+    RECORDER.property, RECORDER.item = item.originalname, item.nodeid
+    try:
+        return (yield)
+    finally:
+        RECORDER.property = RECORDER.item = None
+
+
+def pytest_runtest_logreport(report):
+    from conformance.suite.covering import RECORDER
+
+    if report.when == "call" and report.passed:
+        RECORDER.passed.add(report.nodeid)
+
+
 def pytest_collection_finish(session):
     """Under a full-size profile (`scale`), an estimate of the run's time before it starts. Here,
     after collection, and not in `rosetta conformance` before pytest starts: importing the

@@ -18,6 +18,7 @@ from conformance.check import backends
 from conformance.check.backends import Target
 from conformance.check.compare import to_numpy
 from conformance.core.output import tensors_of
+from conformance.suite.covering import RECORDER
 from conformance.suite.strategies import Case
 
 # The float64 NumPy model every property compares with.
@@ -38,6 +39,7 @@ def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool
     With `repeat` > 1, the same model is called that many times and a list is returned.
     """
     started = time.perf_counter()
+    record(target, case)
     try:
         with backends.full_precision(target.backend), backends.dtype_scope(target):
             model = backends.build(target, case.config, case.params())
@@ -100,8 +102,15 @@ def _oracle_cached(config_json, seed, scale, src_bytes, src_shape, tgt_bytes, tg
     return run(ORACLE, case)
 
 
+def record(target: Target, case: Case) -> None:
+    """Note what a property ran on a target (`covering.RECORDER`); the oracle's runs are not a target's."""
+    if target != ORACLE:
+        RECORDER.add(target.label, case)
+
+
 def masks(target: Target, case: Case) -> tuple[Any, Any]:
     """The backend's own `make_masks` for the case's ids, as host arrays."""
+    record(target, case)
     module = backends.import_backend(target.backend)
     src_mask, tgt_mask = module.make_masks(case.config, case.src_ids, case.tgt_ids)
     return to_numpy(src_mask), to_numpy(tgt_mask)
@@ -110,6 +119,7 @@ def masks(target: Target, case: Case) -> tuple[Any, Any]:
 def generate(target: Target, gcase) -> np.ndarray:
     """`model.generate` of a `GenerationCase` on one target: the ids as a host int64 array."""
     started = time.perf_counter()
+    record(target, gcase.case)
     try:
         case = gcase.case
         with backends.full_precision(target.backend), backends.dtype_scope(target):
@@ -125,6 +135,7 @@ def gradients(target: Target, training) -> dict[str, np.ndarray]:
     name "loss", then every parameter's gradient by its canonical name."""
     started = time.perf_counter()
     case = training.case
+    record(target, case)
     try:
         with backends.full_precision(target.backend), backends.dtype_scope(target):
             model = backends.build(target, case.config, case.params())

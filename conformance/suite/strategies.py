@@ -375,13 +375,13 @@ def long_anchor_case() -> Case:
                 tgt_ids=_anchor_ids(rng, 40, config.pad_id, length, (length - 5,)))
 
 
-def with_examples(examples: list[Case]):
-    """Run `examples` as explicit examples of a property drawing `case`, in this order."""
+def with_examples(examples, argument: str = "case"):
+    """Run `examples` as explicit examples of a property drawing `argument` (default `case`), in this order."""
     from hypothesis import example
 
     def decorate(test):
-        for case in reversed(examples):
-            test = example(case=case)(test)
+        for case in reversed(list(examples)):
+            test = example(**{argument: case})(test)
         return test
 
     return decorate
