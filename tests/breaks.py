@@ -273,3 +273,96 @@ REALISTIC_BREAKS = {
         "q, k = at_least_float32(q), at_least_float32(k)", "pass",
     )], {}, False),
 }
+
+
+# -- Wrong derivatives in the oracle's own backward pass (issue 24) ----------------------------
+#
+# Planted in impl_numpy.backward itself, not in a copy: the NumPy model is the oracle, so the
+# oracle and the numpy targets go wrong together and only another backend (torch) can disagree,
+# as in a user's `rosetta conformance --backends numpy,torch`. One per activation and one per
+# LayerNorm form, read from the config's value tuples (a new activation or form gets its own).
+# Each replaces a function of impl_numpy/backward.py by its name (`ORACLE_BACKWARD_BREAKS`:
+# name -> (function name, a factory of the replacement from the right function)), so the breaks
+# follow the module as it is restructured: a name that no longer exists fails loudly.
+
+
+def derivative_of_another_activation(activation: str):
+    """`activation_backward` that answers for `activation` with the next activation's derivative
+    (a port's wrong branch); right for every other activation."""
+    from conformance.core.config import ACTIVATIONS
+
+    other = ACTIVATIONS[(ACTIVATIONS.index(activation) + 1) % len(ACTIVATIONS)]
+
+    def make(right):
+        def activation_backward(name, x, d_y):
+            return right(other if name == activation else name, x, d_y)
+        return activation_backward
+
+    return other, make
+
+
+class _PosingAs:
+    """A LayerNorm module that says its form is `form`, and is otherwise itself."""
+
+    def __init__(self, norm, form: str):
+        self._norm, self.form = norm, form
+
+    def __getattr__(self, name):
+        return getattr(self._norm, name)
+
+
+def layer_norm_backward_of_another_form(form: str):
+    """`layer_norm_backward` that differentiates `form` as another form would be (the standard
+    form's derivative for the Annotated Transformer's std + eps, std + eps's for the others);
+    right for every other form."""
+    other = "standard" if form == "std-eps" else "std-eps"
+
+    def make(right):
+        def layer_norm_backward(norm, *args, **kwargs):
+            return right(_PosingAs(norm, other) if norm.form == form else norm, *args, **kwargs)
+        return layer_norm_backward
+
+    return other, make
+
+
+def _oracle_backward_breaks() -> dict:
+    from conformance.core.config import ACTIVATIONS, LAYER_NORM_FORMS
+
+    breaks = {}
+    for activation in ACTIVATIONS:
+        other, make = derivative_of_another_activation(activation)
+        breaks[f"{activation} differentiated as {other}"] = ("activation_backward", make)
+    for form in LAYER_NORM_FORMS:
+        other, make = layer_norm_backward_of_another_form(form)
+        breaks[f"LayerNorm {form} differentiated as {other}"] = ("layer_norm_backward", make)
+    return breaks
+
+
+ORACLE_BACKWARD_BREAKS = _oracle_backward_breaks()
+
+
+@contextmanager
+def planted_in_the_oracle(name: str):
+    """`ORACLE_BACKWARD_BREAKS[name]` planted in impl_numpy.backward for the duration."""
+    from impl_numpy import backward
+
+    attribute, make = ORACLE_BACKWARD_BREAKS[name]
+    assert hasattr(backward, attribute), f"break {name!r}: impl_numpy/backward.py has no {attribute!r}"
+    right = getattr(backward, attribute)
+    setattr(backward, attribute, make(right))
+    try:
+        yield
+    finally:
+        setattr(backward, attribute, right)
+
+
+def pytest_configure(config):
+    """As a pytest plugin (`-p breaks`, tests/ on the path): plant `$ROSETTA_ORACLE_BREAK` in the
+    oracle for the whole run, e.g. to watch `rosetta conformance --backends numpy,torch -- -p breaks` fail."""
+    import os
+
+    name = os.environ.get("ROSETTA_ORACLE_BREAK")
+    if name:
+        planted = planted_in_the_oracle(name)
+        planted.__enter__()
+        config.add_cleanup(lambda: planted.__exit__(None, None, None))
