@@ -22,6 +22,7 @@ from conformance.check.backends import Target
 from conformance.core import config as config_module
 from conformance.core.config import ModelConfig
 from conformance.suite import covering
+from conformance.suite.strategies import model_configs as configs_module
 from conformance.suite.covering import coverage_problems, covering_cases, recording
 from conformance.suite.strategies import cases, with_examples
 
@@ -54,7 +55,11 @@ def explicit_cases(prop):
 @pytest.fixture(autouse=True)
 def fresh_switches():
     yield
-    covering.switch_values.cache_clear()
+    clear_caches()
+
+
+def clear_caches():
+    configs_module.switch_values.cache_clear()
     covering.covering_configs.cache_clear()
     covering.covering_cases.cache_clear()
 
@@ -84,7 +89,7 @@ def test_a_property_that_misses_a_value_fails_naming_it(switch, value):
             return dataclasses.replace(case, src_ids=case.src_ids[:-1], tgt_ids=case.tgt_ids[:-1])
         if getattr(case.config, switch) != value:
             return case
-        other = next(v for v in covering.switch_values()[switch] if v != value)
+        other = next(v for v in configs_module.switch_values()[switch] if v != value)
         return dataclasses.replace(case, config=case.config.replace(**{switch: other}))
 
     examples = [without(case) for case in covering_cases()]
@@ -97,8 +102,8 @@ def test_a_property_that_misses_a_value_fails_naming_it(switch, value):
 
 
 def test_values_are_read_from_the_config_module():
-    values = covering.switch_values()
-    switches = {f.name for f in dataclasses.fields(ModelConfig)} - set(covering.NOT_SWITCHES)
+    values = configs_module.switch_values()
+    switches = {f.name for f in dataclasses.fields(ModelConfig)} - set(configs_module.NOT_SWITCHES)
     assert set(values) == switches
     assert values["activation"] == config_module.ACTIVATIONS
     assert values["position"] == config_module.POSITIONS
@@ -110,9 +115,8 @@ def test_values_are_read_from_the_config_module():
 
 def test_a_new_activation_joins_the_covering_rows(monkeypatch):
     monkeypatch.setattr(config_module, "ACTIVATIONS", (*config_module.ACTIVATIONS, "tanh"))
-    covering.switch_values.cache_clear()
-    covering.covering_configs.cache_clear()
-    assert covering.switch_values()["activation"][-1] == "tanh"
+    clear_caches()
+    assert configs_module.switch_values()["activation"][-1] == "tanh"
     assert "tanh" in {c.activation for c in covering.covering_configs()}
 
 
@@ -125,14 +129,23 @@ class WithNewSwitches(ModelConfig):
 
 
 def test_new_fields_join_the_covering_rows(monkeypatch):
-    base = WithNewSwitches(**{f.name: getattr(covering.BASE, f.name) for f in dataclasses.fields(ModelConfig)})
-    monkeypatch.setattr(covering, "ModelConfig", WithNewSwitches)
-    monkeypatch.setattr(covering, "BASE", base)
-    covering.switch_values.cache_clear()
-    covering.covering_configs.cache_clear()
-    values = covering.switch_values()
+    base = WithNewSwitches(**{f.name: getattr(configs_module.BASE, f.name) for f in dataclasses.fields(ModelConfig)})
+    monkeypatch.setattr(configs_module, "ModelConfig", WithNewSwitches)
+    monkeypatch.setattr(configs_module, "BASE", base)
+    clear_caches()
+    values = configs_module.switch_values()
     assert values["glu"] == (False, True)
     assert values["attention_temperature"] == (1.0, 2.0)
     rows = covering.covering_configs()
     assert {c.glu for c in rows} == {False, True}
     assert {c.attention_temperature for c in rows} == {1.0, 2.0}
+    # The drawn configs draw them too.
+    drawn = []
+
+    @settings(max_examples=30, database=None)
+    @given(config=configs_module.configs())
+    def draw(config):
+        drawn.append(config)
+
+    draw()
+    assert {c.glu for c in drawn} == {False, True} and len({c.attention_temperature for c in drawn}) == 2

@@ -6,16 +6,10 @@ user's `rosetta conformance` run (issue 24). So every property first runs the co
 below, one per row of a covering array over the `ModelConfig` switches and the padding kinds,
 and hypothesis draws the rest.
 
-The switch values are read from `conformance.core.config`, never listed here:
-
-    bool fields                  False and True
-    str fields                   every string of the module's value tuples that the config's own
-                                 validation accepts for that field (ACTIVATIONS, POSITIONS, ...)
-    numeric fields               `NUMERIC_CHOICES` where declared; a numeric field not declared
-                                 gets its default and a second valid value (`undeclared_choices`)
-    sizes (`SIZE_FIELDS`) and `notes` are not switches.
-
-so a switch added to `ModelConfig` (a field, a value in a tuple) joins the covering rows without
+The switch values are read from `conformance.core.config`, never listed here
+(`strategies.model_configs.switch_values`: bool fields False and True, str fields every value of the
+config module's tuples that its validation accepts, numeric fields their declared choices), so a
+switch added to `ModelConfig` (a field, a value in a tuple) joins the covering rows without
 an edit here. The rows are the same for every property, with the same shapes, so a compiling
 backend (JAX) compiles each row's model once per function and dtype for the whole suite, not once
 per property. `conformance/suite/test_coverage.py` checks, from what the properties ran
@@ -26,35 +20,22 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from dataclasses import fields
 from functools import lru_cache
 
 import numpy as np
 
-from conformance.core import config as config_module
 from conformance.core.config import ModelConfig
 from conformance.core.errors import ConfigError
-from conformance.suite.strategies import (FILLS, LABEL_SMOOTHINGS, LN_GAINS, LONG_MAX_LENS, OFFSETS, OUTLIER_SIZES,
-                                          PADDING_PATTERNS, QK_GAINS, Case, GenerationCase, Trained, TrainingCase,
-                                          kinds_for)
 from conformance.core.inputs import nan_positions
+from conformance.suite.strategies import model_configs
+from conformance.suite.strategies.forward_cases import Case
+from conformance.suite.strategies.model_configs import switch_values
+from conformance.suite.strategies.generation import GenerationCase
+from conformance.suite.strategies.ids import PADDING_PATTERNS
+from conformance.suite.strategies.realistic import LONG_MAX_LENS
+from conformance.suite.strategies.training import LABEL_SMOOTHINGS, TrainingCase
+from conformance.suite.strategies.weights import LN_GAINS, OFFSETS, OUTLIER_SIZES, QK_GAINS, Trained, kinds_for
 
-# Sizes, not switches: the drawn examples vary them.
-SIZE_FIELDS = ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
-               "n_decoder_layers", "max_len")
-NOT_SWITCHES = SIZE_FIELDS + ("notes",)
-# Numeric switches and the values the suite covers: the defaults of PyTorch, Flax and BERT; every fill
-# kind (NaN rows, a finite fill, float16's and float32's edges); both pad ids the strategies draw.
-NUMERIC_CHOICES = {
-    "layer_norm_eps": (1e-5, 1e-6, 1e-12),
-    "mask_fill": FILLS,
-    "pad_id": (0, 1),
-}
-# The row every covering config starts from: small, one layer a side (a compile per row and
-# function), equal vocabularies (so that shared embeddings are possible), even d_model >= 4 (every
-# sinusoid).
-BASE = ModelConfig(src_vocab_size=13, tgt_vocab_size=13, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
-                   n_decoder_layers=1, max_len=8)
 # The batch of every covering case: one row per padding kind. The source's whole-row padding comes
 # last (the fully-masked property's own convention, `test_fully_masked.with_empty_rows`); a target
 # always starts with a real token (a BOS).
@@ -62,54 +43,6 @@ LENGTH = 5
 SRC_PADDINGS = PADDING_PATTERNS  # none, trailing, all-but-one, whole-row
 TGT_PADDINGS = ("none", "trailing", "all-but-one", "trailing")
 PADDING_SWITCHES = {"src padding": PADDING_PATTERNS, "tgt padding": PADDING_PATTERNS[:-1]}
-
-
-def _string_candidates() -> list[str]:
-    """Every string in a tuple of strings declared in conformance.core.config, in order."""
-    found: list[str] = []
-    for value in vars(config_module).values():
-        if isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
-            found += [v for v in value if v not in found]
-    return found
-
-
-def _accepts(name: str, value) -> bool:
-    """Whether the config's validation accepts `value` for field `name` on the base row."""
-    try:
-        BASE.replace(**{name: value})
-    except ConfigError as exc:
-        return exc.field != name
-    return True
-
-
-def undeclared_choices(name: str, default) -> tuple:
-    """A numeric switch not in `NUMERIC_CHOICES`: its default and the first valid one of a few
-    alternatives (twice, half, one more, 1, 0.5), so that both sides of it are exercised."""
-    for other in (2 * default, default / 2, default + 1, 1, 0.5, 2):
-        other = type(default)(other) if isinstance(default, int) and float(other).is_integer() else other
-        if other != default and _accepts(name, other):
-            return (default, other)
-    return (default,)
-
-
-@lru_cache(maxsize=1)
-def switch_values() -> dict[str, tuple]:
-    """Every switch of `ModelConfig` and the values the suite must cover, in field order."""
-    values: dict[str, tuple] = {}
-    strings = _string_candidates()
-    for f in fields(ModelConfig):
-        if f.name in NOT_SWITCHES:
-            continue
-        default = getattr(BASE, f.name)
-        if f.type == "bool":
-            values[f.name] = (False, True)
-        elif f.type == "str":
-            values[f.name] = tuple(v for v in strings if _accepts(f.name, v))
-        elif f.name in NUMERIC_CHOICES:
-            values[f.name] = tuple(NUMERIC_CHOICES[f.name])
-        else:
-            values[f.name] = undeclared_choices(f.name, default)
-    return values
 
 
 def all_switch_values() -> dict[str, tuple]:
@@ -132,7 +65,7 @@ def covering_configs() -> tuple[ModelConfig, ...]:
         if len(rows) > 2 * max(len(options) for options in values.values()):
             missing = [f"{name}={v!r}" for (name, v), count in used.items() if count == 0]
             raise AssertionError(f"no valid config takes {missing}: check ModelConfig's validation")
-        config = BASE
+        config = model_configs.BASE
         for name, options in values.items():
             def order(j, name=name, options=options):
                 return used[name, options[j]], zlib.crc32(f"{name} {len(rows)} {j}".encode())
