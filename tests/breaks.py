@@ -44,6 +44,21 @@ def paper_timescales_for_t2t(max_len, d_model, form):
     return sinusoid_table(max_len, d_model, "sinusoid-split" if form == "sinusoid-t2t" else form)
 
 
+@contextmanager
+def tf32_on():
+    """torch's `full_precision` with TF32 on instead of off (then the previous settings back)."""
+    import torch
+
+    from impl_torch import full_precision
+
+    with full_precision():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+
+
 # name -> (backend, [(text in model.py, replacement)], {module attribute: replacement})
 BREAKS = {
     "wrong LayerNorm epsilon": ("numpy", [("self.eps = config.layer_norm_eps", "self.eps = 1e-5")], {}),
@@ -65,6 +80,16 @@ BREAKS = {
     "final norm dropped": ("numpy", [(
         'self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None',
         "self.norm = None",
+    )], {}),
+    # TF32 switched on by the backend (a `full_precision` that sets it the wrong way round): it
+    # changes float32 matmuls on a GPU only, so the runner checks the switches themselves, on
+    # every device (`runner.precise`).
+    "TF32 left on by full_precision": ("torch", [], {"full_precision": tf32_on}),
+    # ...or by the model while it runs (a forward pass that sets it for speed and leaves it).
+    "TF32 turned on by the forward pass": ("torch", [(
+        "        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink)\n",
+        "        torch.backends.cuda.matmul.allow_tf32 = True\n"
+        "        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink)\n",
     )], {}),
 }
 
@@ -189,13 +214,15 @@ def broken_copy(name: str, backend: str, edits, patches):
     if backward_edits:
         patches = {**patches, "backprop": edited_module(
             name, module_name + "_backward", ROOT / f"impl_{backend}" / "backward.py", backward_edits)}
-    for attribute, value in patches.items():
-        assert hasattr(module, attribute), f"break {name!r}: impl_{backend}.model has no {attribute!r}"
-        setattr(module, attribute, value)
     # The rest of the backend's surface (full_precision, enable_x64, ...) from the real package,
-    # so that the copy is a whole backend to the suite and to `rosetta check`.
+    # so that the copy is a whole backend to the suite and to `rosetta check`; a patch may replace it.
     package = importlib.import_module(f"impl_{backend}")
-    for attribute in [*package.__all__, *package.BACKEND_EXTRAS]:
+    surface = [*package.__all__, *package.BACKEND_EXTRAS]
+    for attribute, value in patches.items():
+        assert hasattr(module, attribute) or attribute in surface, (
+            f"break {name!r}: impl_{backend}.model has no {attribute!r}")
+        setattr(module, attribute, value)
+    for attribute in surface:
         if not hasattr(module, attribute):
             setattr(module, attribute, getattr(package, attribute))
     backends.register_backend(module_name, module, like=backend)
