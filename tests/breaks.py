@@ -44,6 +44,21 @@ def paper_timescales_for_t2t(max_len, d_model, form):
     return sinusoid_table(max_len, d_model, "sinusoid-split" if form == "sinusoid-t2t" else form)
 
 
+@contextmanager
+def tf32_on():
+    """torch's `full_precision` with TF32 on instead of off (then the previous settings back)."""
+    import torch
+
+    from impl_torch import full_precision
+
+    with full_precision():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+
+
 # name -> (backend, [(text in model.py, replacement)], {module attribute: replacement})
 BREAKS = {
     "wrong LayerNorm epsilon": ("numpy", [("self.eps = config.layer_norm_eps", "self.eps = 1e-5")], {}),
@@ -67,6 +82,16 @@ BREAKS = {
     "final norm dropped": ("numpy", [(
         'self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None',
         "self.norm = None",
+    )], {}),
+    # TF32 switched on by the backend (a `full_precision` that sets it the wrong way round): it
+    # changes float32 matmuls on a GPU only, so the runner checks the switches themselves, on
+    # every device (`runner.precise`).
+    "TF32 left on by full_precision": ("torch", [], {"full_precision": tf32_on}),
+    # ...or by the model while it runs (a forward pass that sets it for speed and leaves it).
+    "TF32 turned on by the forward pass": ("torch", [(
+        "        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink)\n",
+        "        torch.backends.cuda.matmul.allow_tf32 = True\n"
+        "        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink)\n",
     )], {}),
 }
 
@@ -213,13 +238,15 @@ def broken_copy(name: str, backend: str, edits, patches):
         if side_edits:
             patches = {**patches, attribute: edited_module(
                 name, f"{module_name}_{file[:-3]}", ROOT / f"impl_{backend}" / file, side_edits)}
-    for attribute, value in patches.items():
-        assert hasattr(module, attribute), f"break {name!r}: impl_{backend}.model has no {attribute!r}"
-        setattr(module, attribute, value)
     # The rest of the backend's surface (full_precision, enable_x64, ...) from the real package,
-    # so that the copy is a whole backend to the suite and to `rosetta check`.
+    # so that the copy is a whole backend to the suite and to `rosetta check`; a patch may replace it.
     package = importlib.import_module(f"impl_{backend}")
-    for attribute in [*package.__all__, *package.BACKEND_EXTRAS]:
+    surface = [*package.__all__, *package.BACKEND_EXTRAS]
+    for attribute, value in patches.items():
+        assert hasattr(module, attribute) or attribute in surface, (
+            f"break {name!r}: impl_{backend}.model has no {attribute!r}")
+        setattr(module, attribute, value)
+    for attribute in surface:
         if not hasattr(module, attribute):
             setattr(module, attribute, getattr(package, attribute))
     backends.register_backend(module_name, module, like=backend)
@@ -297,3 +324,96 @@ REALISTIC_BREAKS = {
         "q, k = at_least_float32(q), at_least_float32(k)", "pass",
     )], {}, False),
 }
+
+
+# -- Wrong derivatives in the oracle's own backward pass (issue 24) ----------------------------
+#
+# Planted in impl_numpy.backward itself, not in a copy: the NumPy model is the oracle, so the
+# oracle and the numpy targets go wrong together and only another backend (torch) can disagree,
+# as in a user's `rosetta conformance --backends numpy,torch`. One per activation and one per
+# LayerNorm form, read from the config's value tuples (a new activation or form gets its own).
+# Each replaces a function of impl_numpy/backward.py by its name (`ORACLE_BACKWARD_BREAKS`:
+# name -> (function name, a factory of the replacement from the right function)), so the breaks
+# follow the module as it is restructured: a name that no longer exists fails loudly.
+
+
+def derivative_of_another_activation(activation: str):
+    """`activation_backward` that answers for `activation` with the next activation's derivative
+    (a port's wrong branch); right for every other activation."""
+    from conformance.core.config import ACTIVATIONS
+
+    other = ACTIVATIONS[(ACTIVATIONS.index(activation) + 1) % len(ACTIVATIONS)]
+
+    def make(right):
+        def activation_backward(name, x, d_y):
+            return right(other if name == activation else name, x, d_y)
+        return activation_backward
+
+    return other, make
+
+
+class _PosingAs:
+    """A LayerNorm module that says its form is `form`, and is otherwise itself."""
+
+    def __init__(self, norm, form: str):
+        self._norm, self.form = norm, form
+
+    def __getattr__(self, name):
+        return getattr(self._norm, name)
+
+
+def layer_norm_backward_of_another_form(form: str):
+    """`layer_norm_backward` that differentiates `form` as another form would be (the standard
+    form's derivative for the Annotated Transformer's std + eps, std + eps's for the others);
+    right for every other form."""
+    other = "standard" if form == "std-eps" else "std-eps"
+
+    def make(right):
+        def layer_norm_backward(norm, *args, **kwargs):
+            return right(_PosingAs(norm, other) if norm.form == form else norm, *args, **kwargs)
+        return layer_norm_backward
+
+    return other, make
+
+
+def _oracle_backward_breaks() -> dict:
+    from conformance.core.config import ACTIVATIONS, LAYER_NORM_FORMS
+
+    breaks = {}
+    for activation in ACTIVATIONS:
+        other, make = derivative_of_another_activation(activation)
+        breaks[f"{activation} differentiated as {other}"] = ("activation_backward", make)
+    for form in LAYER_NORM_FORMS:
+        other, make = layer_norm_backward_of_another_form(form)
+        breaks[f"LayerNorm {form} differentiated as {other}"] = ("layer_norm_backward", make)
+    return breaks
+
+
+ORACLE_BACKWARD_BREAKS = _oracle_backward_breaks()
+
+
+@contextmanager
+def planted_in_the_oracle(name: str):
+    """`ORACLE_BACKWARD_BREAKS[name]` planted in impl_numpy.backward for the duration."""
+    from impl_numpy import backward
+
+    attribute, make = ORACLE_BACKWARD_BREAKS[name]
+    assert hasattr(backward, attribute), f"break {name!r}: impl_numpy/backward.py has no {attribute!r}"
+    right = getattr(backward, attribute)
+    setattr(backward, attribute, make(right))
+    try:
+        yield
+    finally:
+        setattr(backward, attribute, right)
+
+
+def pytest_configure(config):
+    """As a pytest plugin (`-p breaks`, tests/ on the path): plant `$ROSETTA_ORACLE_BREAK` in the
+    oracle for the whole run, e.g. to watch `rosetta conformance --backends numpy,torch -- -p breaks` fail."""
+    import os
+
+    name = os.environ.get("ROSETTA_ORACLE_BREAK")
+    if name:
+        planted = planted_in_the_oracle(name)
+        planted.__enter__()
+        config.add_cleanup(lambda: planted.__exit__(None, None, None))

@@ -9,50 +9,15 @@ from hypothesis import given, strategies as st
 
 from conformance import ConfigError, ModelConfig, PRESETS, param_shapes, preset
 from conformance.core.params import param_count
-from conformance.core.config import (
-    ACTIVATIONS, FLOAT32_MAX, LAYER_NORM_FORMS, MAX_LEN_LIMIT, NORM_PLACEMENTS, PAD_MASK_SIDES, POSITIONS, SRC_PAD_MASK_SIDES,
-)
+from conformance.suite.strategies import configs as suite_configs
+from conformance.core.config import FLOAT32_MAX, MAX_LEN_LIMIT
 
 
-@st.composite
-def configs(draw):
-    heads = draw(st.integers(1, 4))
-    d_model = heads * 2 * draw(st.integers(1, 8))
-    vocab = draw(st.integers(2, 64))
-    share = draw(st.booleans())
-    return ModelConfig(
-        src_vocab_size=vocab,
-        tgt_vocab_size=vocab if share else draw(st.integers(2, 64)),
-        d_model=d_model,
-        n_heads=heads,
-        d_ff=draw(st.integers(1, 128)),
-        n_encoder_layers=draw(st.integers(0, 3)),
-        n_decoder_layers=draw(st.integers(0, 3)),
-        max_len=draw(st.integers(1, 512)),
-        norm_placement=draw(st.sampled_from(NORM_PLACEMENTS)),
-        final_encoder_norm=draw(st.booleans()),
-        final_decoder_norm=draw(st.booleans()),
-        layer_norm_eps=draw(st.sampled_from([1e-5, 1e-6, 1e-12])),
-        layer_norm_form=draw(st.sampled_from(LAYER_NORM_FORMS)),
-        scale_embedding=draw(st.booleans()),
-        position=draw(st.sampled_from(POSITIONS).filter(lambda p: d_model >= 4 or p != "sinusoid-t2t")),
-        share_embeddings=share,
-        tie_output=draw(st.booleans()),
-        qkv_bias=draw(st.booleans()),
-        out_proj_bias=draw(st.booleans()),
-        attention_temp=draw(st.sampled_from([1.0, 0.5, 4.0])),
-        mask_fill=draw(st.sampled_from([-math.inf, -1e9, -1e4, -3.4028234663852886e38])),
-        tgt_pad_mask=draw(st.sampled_from(PAD_MASK_SIDES)),
-        src_pad_mask=draw(st.sampled_from(SRC_PAD_MASK_SIDES)),
-        cross_attn_src_mask=draw(st.booleans()),
-        pad_id=draw(st.integers(0, 1)),
-        activation=draw(st.sampled_from(ACTIVATIONS)),
-        ffn_glu=draw(st.booleans()),
-        output_bias=draw(st.booleans()),
-        final_logits_bias=draw(st.booleans()),
-        scale_logits=draw(st.booleans()),
-        notes={"layout": "test"},
-    )
+def configs():
+    """The suite's config strategy (every switch, read from the config module) over wider sizes:
+    no layers, d_model down to 2, vocabularies down to 2, any d_ff and max_len up to 512."""
+    return suite_configs(min_layers=0, head_dims=range(2, 17, 2), d_models=(2, 64), vocabs=st.integers(2, 64),
+                         d_ffs=st.integers(1, 128), max_lens=st.integers(1, 512), notes={"layout": "test"})
 
 
 @given(configs())

@@ -51,6 +51,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "dtypes(*names): run the property only at these dtypes")
+    config.addinivalue_line("markers", "devices(*kinds): run the property only on these device kinds (cuda, gpu)")
     config.addinivalue_line("markers", "ci_compiling_dtypes(*names): under the ci profile, a compiling backend "
                             "runs the property only at these dtypes (compile cost)")
     load_default_profile(config)
@@ -120,6 +121,8 @@ def header_lines() -> list[str]:
         settings_text = ", ".join(f"{k}={v}" for k, v in precision.items()) or "n/a"
         lines.append(f"  {name}: {backends.version(name)}; devices {running}{not_running}; "
                      f"precision during runs: {settings_text}")
+        if backends.kind(name) == "jax" and "gpu" in running:
+            lines.append(f"  jax/gpu runs: {jax_gpu_determinism()}")
     return lines
 
 
@@ -133,9 +136,10 @@ def pytest_report_collectionfinish(config, items):
     return header_lines()
 
 
-def all_targets(dtypes=DTYPES, ci_compiling_dtypes=None) -> list:
+def all_targets(dtypes=DTYPES, ci_compiling_dtypes=None, devices=None) -> list:
     """Every (backend, device, dtype) as a pytest param, with a skip mark and reason if it cannot run.
-    `ci_compiling_dtypes`: under the `ci` profile, the dtypes a compiling backend runs (all if None)."""
+    `ci_compiling_dtypes`: under the `ci` profile, the dtypes a compiling backend runs (all if None).
+    `devices`: only these device kinds (a GPU-only property: `cuda`), present or not."""
     from hypothesis import settings
 
     available = backends.availability()
@@ -144,6 +148,8 @@ def all_targets(dtypes=DTYPES, ci_compiling_dtypes=None) -> list:
     for name in backends.requested_backends():
         supported = dtypes if available[name] else backends.dtypes(name)
         for device in backends.device_kinds(name):
+            if devices is not None and device not in devices:
+                continue
             reason = available[name] and f"{name}: {available[name]}"
             reason = reason or backends.device_skip_reason(name, device)
             for dtype in dtypes:
@@ -179,10 +185,46 @@ def pytest_generate_tests(metafunc):
     marker = metafunc.definition.get_closest_marker("dtypes")
     dtypes = tuple(marker.args) if marker else DTYPES
     bounded = metafunc.definition.get_closest_marker("ci_compiling_dtypes")
+    only = metafunc.definition.get_closest_marker("devices")
     if "target" in metafunc.fixturenames:
-        metafunc.parametrize("target", all_targets(dtypes, tuple(bounded.args) if bounded else None))
+        metafunc.parametrize("target", all_targets(dtypes, tuple(bounded.args) if bounded else None,
+                                                   tuple(only.args) if only else None))
     if "target_pair" in metafunc.fixturenames:
         metafunc.parametrize("target_pair", target_pairs(dtypes))
+
+
+COVERAGE_FILE = "test_coverage.py"  # checks what the properties ran: collected last
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The coverage check (`test_coverage.py`) after every property, whatever the order of the files."""
+    last = [item for item in items if in_suite(item.path) and item.path.name == COVERAGE_FILE]
+    items[:] = [item for item in items if item not in last] + last
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """While a property runs, `covering.RECORDER` notes the switch values of every case it runs."""
+    from conformance.suite.covering import RECORDER
+
+    if not in_suite(item.path) or item.path.name == COVERAGE_FILE:
+        return (yield)
+    RECORDER.property, RECORDER.item = item.originalname, item.nodeid
+    try:
+        return (yield)
+    finally:
+        RECORDER.property = RECORDER.item = None
+
+
+def pytest_runtest_logreport(report):
+    from conformance.suite.covering import RECORDER
+
+    if report.when == "call" and report.passed:
+        RECORDER.passed.add(report.nodeid)
+    label = _TARGETS.get(report.nodeid)
+    if label and (report.when == "call" or report.outcome != "passed"):  # one count per item
+        counts = OUTCOMES.setdefault(label, {})
+        counts[report.outcome] = counts.get(report.outcome, 0) + 1
 
 
 def pytest_collection_finish(session):
@@ -203,12 +245,65 @@ def pytest_collection_finish(session):
         print(line, flush=True)
 
 
+def target_of(item) -> str | None:
+    """The target label of a suite item ("a~b" for a pair), or None for an item without one."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "target" in params:
+        return params["target"].label
+    if "target_pair" in params:
+        return "~".join(t.label for t in params["target_pair"])
+    return None
+
+
+# target label -> {"passed": n, "failed": n, "skipped": n}, from the suite's items as they report.
+OUTCOMES: dict[str, dict[str, int]] = {}
+_TARGETS: dict[str, str] = {}  # item nodeid -> target label
+
+
+def pytest_itemcollected(item):
+    if in_suite(item.path) and target_of(item):
+        _TARGETS[item.nodeid] = target_of(item)
+
+
+def results_table(timings: dict[str, float]) -> list[str]:
+    """One table per device, a row per target: properties passed, failed and skipped, and the
+    target's seconds; pairs of targets in a table of their own."""
+    by_device: dict[str, list[str]] = {}
+    for label in sorted(OUTCOMES):
+        counts = OUTCOMES[label]
+        device = "pairs" if "~" in label else label.split("/")[1]
+        by_device.setdefault(device, []).append(
+            f"  {label:<40} {counts.get('passed', 0):6} {counts.get('failed', 0):6} {counts.get('skipped', 0):7}"
+            + (f" {timings[label]:9.1f} s" if label in timings else ""))
+    lines = []
+    for device, rows in by_device.items():
+        lines += [f"  {'target (' + device + ')':<40} {'passed':>6} {'failed':>6} {'skipped':>7} {'time':>11}", *rows]
+    return lines
+
+
+def jax_gpu_determinism() -> str:
+    """Whether JAX GPU runs are deterministic: XLA's GPU kernels (scatter, reductions by atomics)
+    may add in another order on every run unless `--xla_gpu_deterministic_ops=true` is in
+    $XLA_FLAGS; test_determinism.py checks bitwise repeats either way."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    on = "--xla_gpu_deterministic_ops=true" in flags
+    return ("deterministic (XLA_FLAGS has --xla_gpu_deterministic_ops=true)" if on else
+            "not forced deterministic (XLA_FLAGS lacks --xla_gpu_deterministic_ops=true): atomics may reorder sums "
+            "between runs; test_determinism.py reports whether they did")
+
+
 def pytest_terminal_summary(terminalreporter):
     import sys
 
     runner = sys.modules.get("conformance.suite.runner")  # imported only if a property ran
     if runner is None or not runner.TIMINGS:
         return
+    if OUTCOMES:
+        terminalreporter.section("rosetta conformance: results per target")
+        for line in results_table(runner.TIMINGS):
+            terminalreporter.write_line(line)
+    if "gpu" in (backends.requested_devices() or ["gpu"]) and any("jax/gpu" in label for label in OUTCOMES):
+        terminalreporter.write_line(f"  jax/gpu: {jax_gpu_determinism()}")
     terminalreporter.section("rosetta conformance: time per target (model build, compile and run)")
     for label, seconds in sorted(runner.TIMINGS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"  {label:<28} {seconds:7.1f} s")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from conformance.check import backends
 from conformance.check.backends import Target
 from conformance.check.compare import to_numpy
 from conformance.core.output import tensors_of
+from conformance.suite.covering import RECORDER
 from conformance.suite.strategies import Case
 
 # The float64 NumPy model every property compares with.
@@ -30,6 +32,40 @@ TIMINGS: dict[str, float] = defaultdict(float)
 PROGRESS: Callable[[Target, Case, float], None] | None = None
 
 
+# Settings that would let a float32 matmul round its inputs (TF32, bfloat16 passes) or a half-precision
+# GEMM accumulate below float32: none may be on while a property compares (`precision_problems`).
+REDUCED_PRECISION = {"tf32", "high", "medium"}
+
+
+def precision_problems(settings: dict[str, Any]) -> list[str]:
+    """The settings of `backends.precision_settings` that are not full precision: any TF32 or
+    reduced-precision-reduction switch on, any float32 matmul precision below "highest"."""
+    problems = []
+    for name, value in settings.items():
+        on = value is True and ("tf32" in name or "reduced_precision" in name)
+        reduced = isinstance(value, str) and ("matmul" in name or name.endswith("matmul_precision")) \
+            and value.lower() in REDUCED_PRECISION
+        if on or reduced:
+            problems.append(f"{name}={value!r}")
+    return problems
+
+
+@contextmanager
+def precise(target: Target) -> Iterator[None]:
+    """The scope every run happens in: full precision (TF32 off) and the dtype's scope. Checked on
+    the way in (a backend whose `full_precision` leaves TF32 on) and on the way out (a model that
+    turns it on while it runs): an AssertionError names the switch, on every device; TF32 changes
+    numbers only on a GPU, where it would pass float32 comparisons it should fail."""
+    with backends.full_precision(target.backend), backends.dtype_scope(target):
+        before = backends.precision_settings(target.backend)
+        problems = precision_problems(before)
+        assert not problems, f"{target.label}: full_precision() left reduced precision on: {', '.join(problems)}"
+        yield
+        after = backends.precision_settings(target.backend)
+        changed = [f"{name} {before[name]!r} -> {after.get(name)!r}" for name in before if after.get(name) != before[name]]
+        assert not changed, f"{target.label}: the model changed matmul precision while it ran: {', '.join(changed)}"
+
+
 def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool = False,
         return_attention: bool = True, repeat: int = 1) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
     """All tensors of one model call (`encode` then `decode` when `split`), as host arrays.
@@ -38,8 +74,9 @@ def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool
     With `repeat` > 1, the same model is called that many times and a list is returned.
     """
     started = time.perf_counter()
+    record(target, case)
     try:
-        with backends.full_precision(target.backend), backends.dtype_scope(target):
+        with precise(target):
             model = backends.build(target, case.config, case.params())
             results = []
             for _ in range(repeat):
@@ -107,8 +144,15 @@ def _oracle_cached(config_json, seed, scale, src_bytes, src_shape, tgt_bytes, tg
     return run(ORACLE, case)
 
 
+def record(target: Target, case: Case) -> None:
+    """Note what a property ran on a target (`covering.RECORDER`); the oracle's runs are not a target's."""
+    if target != ORACLE:
+        RECORDER.add(target.label, case)
+
+
 def masks(target: Target, case: Case) -> tuple[Any, Any]:
     """The backend's own `make_masks` for the case's ids, as host arrays."""
+    record(target, case)
     module = backends.import_backend(target.backend)
     src_mask, tgt_mask = module.make_masks(case.config, case.src_ids, case.tgt_ids)
     return to_numpy(src_mask), to_numpy(tgt_mask)
@@ -117,9 +161,10 @@ def masks(target: Target, case: Case) -> tuple[Any, Any]:
 def generate(target: Target, gcase) -> np.ndarray:
     """`model.generate` of a `GenerationCase` on one target: the ids as a host int64 array."""
     started = time.perf_counter()
+    record(target, gcase.case)
     try:
         case = gcase.case
-        with backends.full_precision(target.backend), backends.dtype_scope(target):
+        with precise(target):
             model = backends.build(target, case.config, case.params())
             ids = model.generate(case.src_ids, gcase.max_len, gcase.bos_id, gcase.eos_id, **gcase.arguments())
             return to_numpy(ids).astype(np.int64)
@@ -132,8 +177,9 @@ def gradients(target: Target, training) -> dict[str, np.ndarray]:
     name "loss", then every parameter's gradient by its canonical name."""
     started = time.perf_counter()
     case = training.case
+    record(target, case)
     try:
-        with backends.full_precision(target.backend), backends.dtype_scope(target):
+        with precise(target):
             model = backends.build(target, case.config, case.params())
             loss, grads = model.loss_and_grads(case.src_ids, case.tgt_ids, training.labels,
                                                label_smoothing=training.label_smoothing)

@@ -11,11 +11,13 @@ from hypothesis import given
 
 from conformance.suite import runner
 from conformance.check.backends import Target
-from conformance.suite.strategies import cases, shared_examples
+from conformance.suite.covering import covering_cases
+from conformance.suite.strategies import cases, shared_examples, with_examples
 
 
 @pytest.mark.dtypes("float32")
 @shared_examples
+@with_examples(covering_cases())
 @given(case=cases())
 def test_explicit_masks_give_the_same_result_as_derived_masks(target, case):
     src_mask, tgt_mask = runner.masks(Target("numpy", "cpu", "float64"), case)

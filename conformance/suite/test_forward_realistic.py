@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 
 from conformance.check import backends
+from conformance.suite.covering import covering_realistic_cases
 from conformance.suite.realistic import REALISTIC_DTYPES, bounded_sample, check_against_the_oracle
 from conformance.suite.strategies import any_realistic_cases, long_anchor_case, shared_examples, trained_anchor_cases, with_examples
 
@@ -30,7 +31,7 @@ DTYPES = REALISTIC_DTYPES
 @pytest.mark.dtypes(*DTYPES)
 @bounded_sample(CI_EXAMPLES)
 @shared_examples
-@with_examples([*trained_anchor_cases(), long_anchor_case()])
+@with_examples([*trained_anchor_cases(), long_anchor_case(), *covering_realistic_cases()])
 @given(case=any_realistic_cases())
 def test_every_tensor_matches_the_oracle_at_trained_scale(target, case):
     if backends.compiles(target.backend) and target.dtype != "float32":

@@ -10,7 +10,8 @@ import numpy as np
 from hypothesis import assume, given
 
 from conformance.suite import runner
-from conformance.suite.strategies import cases, shared_examples
+from conformance.suite.covering import covering_cases
+from conformance.suite.strategies import cases, shared_examples, with_examples
 from conformance.check.tolerances import in_domain, tolerance
 
 
@@ -22,6 +23,7 @@ def with_empty_rows(case):
 
 
 @shared_examples
+@with_examples(covering_cases())
 @given(case=cases().map(with_empty_rows))
 def test_fully_masked_rows_follow_the_fill(target, case):
     assume(in_domain(target.dtype, case.scale))

@@ -18,7 +18,8 @@ from hypothesis import given, settings
 
 from conformance.suite import runner
 from conformance.suite.assertions import assert_ids_match
-from conformance.suite.strategies import generation_cases, shared_examples
+from conformance.suite.covering import covering_generation_cases
+from conformance.suite.strategies import generation_cases, shared_examples, with_examples
 
 EXAMPLES = max(4, settings().max_examples // 5)  # ci: 5; thorough: 400
 
@@ -26,6 +27,7 @@ EXAMPLES = max(4, settings().max_examples // 5)  # ci: 5; thorough: 400
 @pytest.mark.dtypes("float32", "float64")
 @shared_examples
 @settings(max_examples=EXAMPLES)
+@with_examples(covering_generation_cases(), "gcase")
 @given(gcase=generation_cases())
 def test_generate_chooses_the_oracles_ids(target, gcase):
     got = runner.generate(target, gcase)

@@ -21,7 +21,8 @@ from conformance.check.compare import assert_close
 from conformance.check.tolerances import gradient_tolerance, tolerance
 from conformance.core.params import param_shapes
 from conformance.suite import runner
-from conformance.suite.strategies import shared_examples, training_cases
+from conformance.suite.covering import covering_training_cases
+from conformance.suite.strategies import shared_examples, training_cases, with_examples
 
 
 EXAMPLES = max(5, settings().max_examples // 5)  # ci: 5; thorough: 400
@@ -30,6 +31,7 @@ EXAMPLES = max(5, settings().max_examples // 5)  # ci: 5; thorough: 400
 @pytest.mark.dtypes("float32", "float64")
 @shared_examples
 @settings(max_examples=EXAMPLES)
+@with_examples(covering_training_cases(), "training")
 @given(training=training_cases())
 def test_gradients_match_the_oracle(target, training):
     if not runner.has_gradients(target):

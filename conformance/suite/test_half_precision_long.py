@@ -16,6 +16,7 @@ from hypothesis import given
 from conformance.check import backends
 from conformance.check.tolerances import long_half_tolerance
 from conformance.suite.profiles import full_size
+from conformance.suite.covering import covering_long_cases
 from conformance.suite.realistic import bounded_sample, check_against_the_oracle
 from conformance.suite.strategies import long_anchor_case, long_seeded_cases, shared_examples, with_examples
 
@@ -29,7 +30,7 @@ DTYPES = ("float16",)
 @pytest.mark.dtypes(*DTYPES)
 @bounded_sample(CI_EXAMPLES)
 @shared_examples
-@with_examples([long_anchor_case()])
+@with_examples([long_anchor_case(), *covering_long_cases()])
 @given(case=long_seeded_cases())
 def test_long_sequences_match_the_oracle_in_half_precision(target, case):
     if backends.compiles(target.backend) and not full_size():

@@ -10,11 +10,13 @@ from hypothesis import given
 
 from conformance.suite import runner
 from conformance.check.backends import Target
-from conformance.suite.strategies import cases, shared_examples
+from conformance.suite.covering import covering_cases
+from conformance.suite.strategies import cases, shared_examples, with_examples
 
 
 @pytest.mark.dtypes("float32")
 @shared_examples
+@with_examples(covering_cases())
 @given(case=cases())
 def test_masks_equal_the_oracle_exactly(target, case):
     expected_src, expected_tgt = runner.masks(Target("numpy", "cpu", "float64"), case)

@@ -8,11 +8,13 @@ from hypothesis import assume, given
 
 from conformance.suite import runner
 from conformance.suite.assertions import assert_tensors_close
-from conformance.suite.strategies import cases, shared_examples
+from conformance.suite.covering import covering_cases
+from conformance.suite.strategies import cases, shared_examples, with_examples
 from conformance.check.tolerances import in_domain
 
 
 @shared_examples
+@with_examples(covering_cases())
 @given(case=cases())
 def test_backends_agree_pairwise(target_pair, case):
     a, b = target_pair

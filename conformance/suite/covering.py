@@ -1,0 +1,259 @@
+"""Covering designs: a few explicit examples that together hold every value of every switch.
+
+A property with a bounded number of drawn examples (5 gradient examples under `ci`) meets only
+some switch values by chance: a wrong derivative for one activation in the NumPy oracle passed a
+user's `rosetta conformance` run (issue 24). So every property first runs the covering examples
+below, one per row of a covering array over the `ModelConfig` switches and the padding kinds,
+and hypothesis draws the rest.
+
+The switch values are read from `conformance.core.config`, never listed here
+(`strategies.model_configs.switch_values`: bool fields False and True, str fields every value of the
+config module's tuples that its validation accepts, numeric fields their declared choices), so a
+switch added to `ModelConfig` (a field, a value in a tuple) joins the covering rows without
+an edit here. The rows are the same for every property, with the same shapes, so a compiling
+backend (JAX) compiles each row's model once per function and dtype for the whole suite, not once
+per property. `conformance/suite/test_coverage.py` checks, from what the properties ran
+(`record`), that every property saw every value on every target it ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from functools import lru_cache
+
+import numpy as np
+
+from conformance.core.config import ModelConfig
+from conformance.core.errors import ConfigError
+from conformance.core.inputs import nan_positions
+from conformance.suite.strategies import model_configs
+from conformance.suite.strategies.forward_cases import Case
+from conformance.suite.strategies.model_configs import switch_values
+from conformance.suite.strategies.generation import GenerationCase
+from conformance.suite.strategies.ids import PADDING_PATTERNS
+from conformance.suite.strategies.realistic import LONG_MAX_LENS
+from conformance.suite.strategies.training import LABEL_SMOOTHINGS, TrainingCase
+from conformance.suite.strategies.weights import LN_GAINS, OFFSETS, OUTLIER_SIZES, QK_GAINS, Trained, kinds_for
+
+# The batch of every covering case: one row per padding kind. The source's whole-row padding comes
+# last (the fully-masked property's own convention, `test_fully_masked.with_empty_rows`); a target
+# always starts with a real token (a BOS).
+LENGTH = 5
+SRC_PADDINGS = PADDING_PATTERNS  # none, trailing, all-but-one, whole-row
+TGT_PADDINGS = ("none", "trailing", "all-but-one", "trailing")
+PADDING_SWITCHES = {"src padding": PADDING_PATTERNS, "tgt padding": PADDING_PATTERNS[:-1]}
+
+
+def all_switch_values() -> dict[str, tuple]:
+    """The config's switches and the padding kinds of the source and target rows."""
+    return {**switch_values(), **PADDING_SWITCHES}
+
+
+@lru_cache(maxsize=1)
+def covering_configs() -> tuple[ModelConfig, ...]:
+    """Configs that together hold every value of every switch (a covering array of strength 1).
+
+    Row by row, each switch takes its least used value that the config accepts with the switches
+    already set (a value no row may take would be a switch that no config can have, and fails
+    here); among equally used values a fixed pseudo-random order per (switch, row) decides, so that
+    two switches do not move in lockstep (shared embeddings always with tied outputs)."""
+    values = switch_values()
+    used = {(name, v): 0 for name, options in values.items() for v in options}
+    rows: list[ModelConfig] = []
+    while any(count == 0 for count in used.values()):
+        if len(rows) > 2 * max(len(options) for options in values.values()):
+            missing = [f"{name}={v!r}" for (name, v), count in used.items() if count == 0]
+            raise AssertionError(f"no valid config takes {missing}: check ModelConfig's validation")
+        config = model_configs.BASE
+        for name, options in values.items():
+            def order(j, name=name, options=options):
+                return used[name, options[j]], zlib.crc32(f"{name} {len(rows)} {j}".encode())
+
+            for j in sorted(range(len(options)), key=order):
+                try:
+                    config = config.replace(**{name: options[j]})
+                    break
+                except ConfigError:
+                    continue
+        for name in values:
+            used[name, getattr(config, name)] += 1
+        rows.append(config)
+    return tuple(rows)
+
+
+def _row(rng: np.random.Generator, vocab: int, pad_id: int, pattern: str, length: int) -> list[int]:
+    real = [int(i) for i in rng.integers(0, vocab - 1, size=length)]
+    row = [i + (i >= pad_id) for i in real]  # never pad_id
+    if pattern == "trailing":
+        row[length // 2 + 1:] = [pad_id] * (length - length // 2 - 1)
+    elif pattern == "all-but-one":
+        row[1:] = [pad_id] * (length - 1)
+    elif pattern == "whole-row":
+        row = [pad_id] * length
+    return row
+
+
+def _batch(rng, vocab: int, pad_id: int, patterns, length: int = LENGTH) -> np.ndarray:
+    return np.array([_row(rng, vocab, pad_id, p, length) for p in patterns], dtype=np.int64)  # (len(patterns), L)
+
+
+@lru_cache(maxsize=4)
+def covering_cases(max_len: int | None = None, src_paddings: tuple[str, ...] = SRC_PADDINGS) -> tuple[Case, ...]:
+    """One case per covering config: seeded weights at scale 1, a batch with one row per padding
+    kind. `max_len`: the configs' table size and the batch's length (long sequences)."""
+    out = []
+    for i, config in enumerate(covering_configs()):
+        length = LENGTH
+        if max_len is not None:
+            config, length = config.replace(max_len=max_len), max_len
+        rng = np.random.default_rng([24, i])
+        src = _batch(rng, config.src_vocab_size, config.pad_id, src_paddings, length)
+        tgt = _batch(rng, config.tgt_vocab_size, config.pad_id, TGT_PADDINGS[:len(src_paddings)], length)
+        out.append(Case(config=config, seed=2400 + i, scale=1.0, src_ids=src, tgt_ids=tgt))
+    return tuple(out)
+
+
+def covering_long_cases() -> tuple[Case, ...]:
+    """The covering cases at the shorter long length (512): positions far out, sums over many keys."""
+    return covering_cases(max_len=min(LONG_MAX_LENS))
+
+
+def covering_realistic_cases() -> tuple[Case, ...]:
+    """The covering cases with trained-like weights, the kinds a config can be checked on
+    (`strategies.kinds_for`) in turn, each at its realistic extreme."""
+    out = []
+    for i, case in enumerate(covering_cases()):
+        kinds = kinds_for(case.config)
+        kind = kinds[i % len(kinds)]
+        trained = {"offset": Trained(offset=OFFSETS[0], qk_gain=1 / OFFSETS[0], v_gain=1 / OFFSETS[0]),
+                   "outliers": Trained(outliers=(3, 11), outlier_size=OUTLIER_SIZES[0], ln_gain=LN_GAINS[0]),
+                   "sharp": Trained(qk_gain=QK_GAINS[0])}[kind]
+        out.append(dataclasses.replace(case, trained=trained))
+    return tuple(out)
+
+
+def covering_training_cases() -> tuple[TrainingCase, ...]:
+    """The covering cases with labels (as `strategies.training_cases` makes them: a real token
+    wherever one may count, every fifth dropped to pad_id), the label smoothings in turn."""
+    out = []
+    for i, case in enumerate(covering_cases()):
+        config = case.config
+        rng = np.random.default_rng([24, i, 1])
+        labels = np.full(case.tgt_ids.shape, config.pad_id, dtype=np.int64)
+        may_count = (case.tgt_ids != config.pad_id) & ~nan_positions(config, case.src_ids, case.tgt_ids)
+        for n, (b, t) in enumerate(map(tuple, np.argwhere(may_count))):
+            if n == 0 or n % 5:
+                labels[b, t] = _row(rng, config.tgt_vocab_size, config.pad_id, "none", 1)[0]
+        out.append(TrainingCase(case=case, labels=labels, label_smoothing=LABEL_SMOOTHINGS[i % len(LABEL_SMOOTHINGS)]))
+    return tuple(out)
+
+
+# Generation options, taken in turn by the covering rows (every value of each is met).
+GENERATION_OPTIONS = {
+    "num_beams": (1, 2, 3),
+    "length_penalty": (1.0, 0.0, 0.6, -0.5),
+    "early_stopping": (False, True, "never"),
+    "length_penalty_form": ("hf", "gnmt"),
+}
+
+
+def covering_generation_cases() -> tuple[GenerationCase, ...]:
+    """The covering cases as decoding examples: no all-padding source row (a source of padding only
+    has nothing to translate), the options in turn, bos and eos two real ids."""
+    out = []
+    for i, case in enumerate(covering_cases(src_paddings=SRC_PADDINGS[:-1])):
+        pad = case.config.pad_id
+        real = [t for t in range(case.config.tgt_vocab_size) if t != pad]
+        options = tuple((name, values[i % len(values)]) for name, values in GENERATION_OPTIONS.items())
+        out.append(GenerationCase(case=case, max_len=min(6, case.config.max_len), bos_id=real[i % len(real)],
+                                  eos_id=real[(i + 1) % len(real)], options=options))
+    return tuple(out)
+
+
+# -- What the properties ran -------------------------------------------------------------------
+
+
+def padding_kind(row: np.ndarray, pad_id: int) -> str:
+    """One row's padding kind, as `PADDING_PATTERNS` names it ("other" for a pattern it does not)."""
+    is_pad = row == pad_id
+    if not is_pad.any():
+        return "none"
+    if is_pad.all():
+        return "whole-row"
+    real = int((~is_pad).sum())
+    if is_pad[real:].all() and not is_pad[:real].any():
+        return "all-but-one" if real == 1 and len(row) > 1 else "trailing"
+    return "other"
+
+
+def seen_values(case: Case) -> set[tuple[str, object]]:
+    """(switch, value) of everything a case exercises: its config's switches and its rows' padding."""
+    config = case.config
+    seen = {(name, getattr(config, name)) for name in switch_values()}
+    seen |= {("src padding", padding_kind(row, config.pad_id)) for row in case.src_ids}
+    seen |= {("tgt padding", padding_kind(row, config.pad_id)) for row in case.tgt_ids}
+    return seen
+
+
+# property name -> {(switch, value): why that property never sees it}
+NEVER = {
+    "test_generate_chooses_the_oracles_ids": {
+        ("src padding", "whole-row"): "a source of padding only has nothing to translate (generation_cases)"},
+}
+
+
+def missed(property_name: str, seen: set[tuple[str, object]]) -> list[str]:
+    """`switch=value` for every value a property should have seen and did not, in field order."""
+    never = NEVER.get(property_name, {})
+    return [f"{name}={value!r}" for name, options in all_switch_values().items() for value in options
+            if (name, value) not in seen and (name, value) not in never]
+
+
+def coverage_problems(seen: dict[tuple[str, str], set], passed: set[str] | None = None) -> list[str]:
+    """One line per (property run, target) that missed a value: `seen` as `Recorder.seen` keeps it,
+    keyed by the pytest item (or the property's name); only the items in `passed` when given."""
+    problems = []
+    for (item, label), values in sorted(seen.items()):
+        if passed is not None and item not in passed:
+            continue
+        gaps = missed(item.split("::")[-1].split("[")[0], values)
+        if gaps:
+            problems.append(f"{item} on {label} missed {', '.join(gaps)}")
+    return problems
+
+
+class Recorder:
+    """What the properties ran: `seen[(property, target label)]` = the (switch, value) pairs of
+    every case that reached a backend (after hypothesis' `assume`s and the property's skips).
+    `property` is set by the suite's pytest plugin while a property runs, or by `recording`."""
+
+    def __init__(self):
+        self.property: str | None = None
+        self.item: str | None = None
+        self.seen: dict[tuple[str, str], set] = {}
+        self.passed: set[str] = set()  # the pytest items that passed (their records are complete)
+
+    def add(self, target_label: str, case: Case) -> None:
+        if self.property is None:
+            return
+        self.seen.setdefault((self.item or self.property, target_label), set()).update(seen_values(case))
+
+
+RECORDER = Recorder()
+
+
+class recording:
+    """`with recording("test_x") as seen:` records what runs meanwhile as property `test_x`."""
+
+    def __init__(self, property_name: str):
+        self.name = property_name
+
+    def __enter__(self) -> dict:
+        self.before = (RECORDER.property, RECORDER.item, RECORDER.seen)
+        RECORDER.property, RECORDER.item, RECORDER.seen = self.name, None, {}
+        return RECORDER.seen
+
+    def __exit__(self, *exc):
+        RECORDER.property, RECORDER.item, RECORDER.seen = self.before
+        return False

@@ -1,0 +1,46 @@
+"""Decoding examples: a model, a source batch and the arguments of `generate`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from conformance.suite.strategies.forward_cases import Case, cases
+from conformance.suite.strategies.model_configs import configs, preset_configs
+
+@dataclass(frozen=True)
+class GenerationCase:
+    """One decoding example: a model and source batch (`case`, its tgt_ids unused) and the
+    arguments of `generate`. The pad id is banned (as Marian's generation config does), so that no
+    open row reads a pad token as a query."""
+
+    case: Case
+    max_len: int
+    bos_id: int
+    eos_id: int
+    options: tuple[tuple[str, object], ...]
+
+    def arguments(self) -> dict:
+        return dict(self.options, banned_ids=(self.case.config.pad_id,))
+
+    def __repr__(self) -> str:
+        return (f"GenerationCase({self.case!r}, max_len={self.max_len}, bos_id={self.bos_id}, eos_id={self.eos_id}, "
+                f"options={self.options!r})")
+
+
+@st.composite
+def generation_cases(draw) -> GenerationCase:
+    """Greedy or beam search (1-3 beams) over a drawn config and a source batch without
+    all-padding rows, generating at most 6 tokens, with drawn length penalty and stopping rule."""
+    case = draw(cases(st.one_of(preset_configs(), configs(max_layers=2)), allow_empty_source_rows=False))
+    config = case.config
+    vocab, pad = config.tgt_vocab_size, config.pad_id
+    real = st.integers(0, vocab - 1).filter(lambda i: i != pad)
+    bos = draw(real)
+    eos = draw(real.filter(lambda i: i != bos))
+    options = (("num_beams", draw(st.sampled_from([1, 2, 3]))),
+               ("length_penalty", draw(st.sampled_from([1.0, 0.0, 0.6, -0.5]))),
+               ("early_stopping", draw(st.sampled_from([False, True, "never"]))),
+               ("length_penalty_form", draw(st.sampled_from(["hf", "gnmt"]))))
+    return GenerationCase(case=case, max_len=min(6, config.max_len), bos_id=bos, eos_id=eos, options=options)

@@ -1,0 +1,172 @@
+"""Configs: every `ModelConfig` switch, its values read from the config module, at small sizes.
+
+`switch_values()` is the one list of switches and values the suite draws from and covers
+(conformance/suite/covering.py): bool fields take False and True, str fields every value of
+conformance.core.config's tuples that the config's own validation accepts, numeric fields the
+values `NUMERIC_CHOICES` declares (an undeclared one: its default and a second valid value). A
+switch added to ModelConfig is drawn and covered without an edit here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+from functools import lru_cache
+
+from hypothesis import strategies as st
+
+from conformance.core import config as config_module
+from conformance.core.config import ModelConfig
+from conformance.core.errors import ConfigError
+from conformance.core.presets import FLOAT32_MIN, PRESETS, preset
+
+MAX_LENS = (8, 16)
+FILLS = (-math.inf, -1e9, -1e4, FLOAT32_MIN)
+
+# Sizes, not switches: the drawn examples vary them.
+SIZE_FIELDS = ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
+               "n_decoder_layers", "max_len")
+NOT_SWITCHES = SIZE_FIELDS + ("notes",)
+# Numeric switches and their values: the defaults of PyTorch, Flax and BERT; every fill kind (NaN
+# rows, a finite fill, float16's and float32's edges); both pad ids.
+NUMERIC_CHOICES = {
+    "layer_norm_eps": (1e-5, 1e-6, 1e-12),
+    "mask_fill": FILLS,
+    "pad_id": (0, 1),
+    # AlgoPerf WMT's attention temperature: 1.0 (every other system), its workload variant's 4.0,
+    # and one factor below 1.
+    "attention_temp": (1.0, 0.5, 4.0),
+}
+# The config switch values are probed on, and the covering rows start from: small, one layer a
+# side (a compile per row and function), equal vocabularies (so that shared embeddings are
+# possible), an even d_model >= 4 (every sinusoid).
+BASE = ModelConfig(src_vocab_size=13, tgt_vocab_size=13, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                   n_decoder_layers=1, max_len=8)
+
+
+def _string_candidates() -> list[str]:
+    """Every string in a tuple of strings declared in conformance.core.config, in order."""
+    found: list[str] = []
+    for value in vars(config_module).values():
+        if isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
+            found += [v for v in value if v not in found]
+    return found
+
+
+def _accepts(name: str, value) -> bool:
+    """Whether the config's validation accepts `value` for field `name` on the base config."""
+    try:
+        BASE.replace(**{name: value})
+    except ConfigError as exc:
+        return exc.field != name
+    return True
+
+
+def undeclared_choices(name: str, default) -> tuple:
+    """A numeric switch not in `NUMERIC_CHOICES`: its default and the first valid one of a few
+    alternatives (twice, half, one more, 1, 0.5, 2), so that both sides of it are exercised."""
+    for other in (2 * default, default / 2, default + 1, 1, 0.5, 2):
+        other = type(default)(other) if isinstance(default, int) and float(other).is_integer() else other
+        if other != default and _accepts(name, other):
+            return (default, other)
+    return (default,)
+
+
+@lru_cache(maxsize=1)
+def switch_values() -> dict[str, tuple]:
+    """Every switch of `ModelConfig` and the values the suite draws and covers, in field order."""
+    values: dict[str, tuple] = {}
+    strings = _string_candidates()
+    for f in fields(ModelConfig):
+        if f.name in NOT_SWITCHES:
+            continue
+        if f.type == "bool":
+            values[f.name] = (False, True)
+        elif f.type == "str":
+            values[f.name] = tuple(v for v in strings if _accepts(f.name, v))
+        elif f.name in NUMERIC_CHOICES:
+            values[f.name] = tuple(NUMERIC_CHOICES[f.name])
+        else:
+            values[f.name] = undeclared_choices(f.name, getattr(BASE, f.name))
+    return values
+
+
+def values_of(options) -> st.SearchStrategy:
+    """A strategy over a switch's values: `booleans()` for False and True, `integers` over a range
+    of ints (the draws the suite made before its switches were read from the config module)."""
+    options = tuple(options)
+    if options == (False, True) and all(type(v) is bool for v in options):
+        return st.booleans()
+    if all(type(v) is int for v in options) and options == tuple(range(options[0], options[-1] + 1)):
+        return st.integers(options[0], options[-1])
+    return st.sampled_from(options)
+
+
+@st.composite
+def configs(draw, max_layers: int = 3, min_layers: int = 1, head_dims=(2, 4, 8, 16), d_models=(8, 64),
+            vocabs=st.integers(5, 64), d_ffs=st.sampled_from([8, 16, 32, 64, 128]),
+            max_lens=st.sampled_from(MAX_LENS), notes=None) -> ModelConfig:
+    """Any valid config: every switch (`switch_values`) drawn independently, small sizes.
+
+    The sizes are the suite's unless given: 1-4 heads of `head_dims` with d_model in `d_models`
+    (inclusive), `min_layers`-`max_layers` layers a side, vocabularies from `vocabs`, d_ff from
+    `d_ffs`, max_len from `max_lens`. A switch added to ModelConfig is drawn too, after the others."""
+    heads = draw(st.integers(1, 4))
+    low, high = d_models
+    head_dim = draw(st.sampled_from(list(head_dims)).filter(lambda k: low <= heads * k <= high))
+    share = draw(st.booleans())
+    src_vocab = draw(vocabs)
+    d_model = heads * head_dim
+    values = switch_values()
+
+    def switch(name, options=None):
+        return draw(values_of(options if options is not None else values[name]))
+
+    drawn = dict(
+        src_vocab_size=src_vocab,
+        tgt_vocab_size=src_vocab if share else draw(vocabs),
+        d_model=d_model,
+        n_heads=heads,
+        d_ff=draw(d_ffs),
+        n_encoder_layers=draw(st.integers(min_layers, max_layers)),
+        n_decoder_layers=draw(st.integers(min_layers, max_layers)),
+        max_len=draw(max_lens),
+        norm_placement=switch("norm_placement"),
+        final_encoder_norm=switch("final_encoder_norm"),
+        final_decoder_norm=switch("final_decoder_norm"),
+        layer_norm_eps=switch("layer_norm_eps"),
+        layer_norm_form=switch("layer_norm_form"),
+        scale_embedding=switch("scale_embedding"),
+        position=switch("position", [p for p in values["position"] if d_model >= 4 or p != "sinusoid-t2t"]),
+        share_embeddings=share,
+        tie_output=switch("tie_output"),
+        qkv_bias=switch("qkv_bias"),
+        out_proj_bias=switch("out_proj_bias"),
+        mask_fill=switch("mask_fill"),
+        tgt_pad_mask=switch("tgt_pad_mask"),
+        src_pad_mask=switch("src_pad_mask"),
+        cross_attn_src_mask=switch("cross_attn_src_mask"),
+        pad_id=switch("pad_id"),
+        activation=switch("activation"),
+        output_bias=switch("output_bias"),
+        final_logits_bias=switch("final_logits_bias"),
+        scale_logits=switch("scale_logits"),
+    )
+    drawn |= {name: switch(name) for name in values if name not in drawn}  # switches added since
+    return ModelConfig(**drawn, **({} if notes is None else {"notes": notes}))
+
+
+def preset_configs() -> st.SearchStrategy[ModelConfig]:
+    """The named presets at a small size (the systems users actually port)."""
+    small = dict(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, max_len=8,
+                 src_vocab_size=20, tgt_vocab_size=20)
+    return st.sampled_from(sorted(PRESETS)).map(lambda name: preset(name, **small))
+
+
+def any_configs() -> st.SearchStrategy[ModelConfig]:
+    return st.one_of(preset_configs(), configs())
+
+
+def small_configs() -> st.SearchStrategy[ModelConfig]:
+    """`configs()` kept to d_model <= 32 and two layers a side: realistic numbers, small cost."""
+    return configs(max_layers=2).filter(lambda c: c.d_model <= 32)

@@ -1,0 +1,52 @@
+"""Property (CUDA): each SDPA kernel torch's fast path may pick conforms on its own.
+
+Without attention weights, torch runs attention through `F.scaled_dot_product_attention`, which
+picks a kernel per call: flash, memory-efficient, cuDNN or the math fallback, by dtype, shape, mask
+and GPU. A run of the fast-path property (`test_fast_path.py`) sees only the kernel torch picked
+for each example; here each kernel is forced in turn (`torch.nn.attention.sdpa_kernel`), so that a
+kernel a user's GPU picks and the CI GPU did not is still checked. A kernel that cannot run an
+example (flash has no arbitrary boolean mask, no float32) is skipped with torch's reason, never
+counted as conforming.
+
+torch picks among these kernels on CUDA: the property's targets are torch's CUDA ones, skipped with
+the reason where there is no CUDA device. tests/test_suite_gpu.py runs it on the CPU's kernels
+(`DEVICES`) to see it fail on a broken fast path.
+"""
+
+import pytest
+from hypothesis import assume, given
+
+from conformance.check import backends
+from conformance.check.tolerances import in_domain
+from conformance.core.output import forward_order
+from conformance.suite import runner
+from conformance.suite.assertions import assert_tensors_close
+from conformance.suite.covering import covering_cases
+from conformance.suite.strategies import cases, shared_examples, with_examples
+
+KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+DEVICES = ("cuda",)  # where torch chooses among the kernels
+# What torch says when the forced kernel cannot run the inputs (on CUDA; on the CPU).
+NOT_AVAILABLE = ("No available kernel", "No viable backend")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.devices("cuda")
+@shared_examples
+@with_examples(covering_cases())
+@given(case=cases())
+def test_each_sdpa_kernel_matches_the_oracle(target, kernel, case):
+    assert backends.kind(target.backend) == "torch" and target.device in DEVICES, f"{target.label}: not a CUDA target"
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    assume(in_domain(target.dtype, case.scale))
+    expected = runner.oracle(case)
+    try:
+        with sdpa_kernel([getattr(SDPBackend, kernel)]):
+            got = runner.run(target, case, return_attention=False)
+    except RuntimeError as exc:
+        if not any(text in str(exc) for text in NOT_AVAILABLE):
+            raise
+        pytest.skip(f"{target.label}: the {kernel} kernel does not run these inputs: {str(exc).splitlines()[0][:200]}")
+    names = [n for n in forward_order(case.config) if not n.endswith((".self", ".cross"))]
+    assert_tensors_close(got, expected, target, case.config, what=f" (fast path, {kernel} kernel)", names=names)

@@ -1,0 +1,151 @@
+"""Meta-tests of the covering designs (issue 24): every property runs every switch value.
+
+`conformance/suite/test_coverage.py` checks a real suite run from what its properties recorded;
+these tests show that check working: a property run records what it ran and covers every value,
+a property whose examples miss one value fails by that value's name, every property carries the
+covering examples, and a switch added to `ModelConfig` joins the covering rows without an edit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import Phase, given, settings
+
+import conformance.suite
+from conformance.check.backends import Target
+from conformance.core import config as config_module
+from conformance.core.config import ModelConfig
+from conformance.suite import covering
+from conformance.suite.strategies import model_configs as configs_module
+from conformance.suite.covering import coverage_problems, covering_cases, recording
+from conformance.suite.strategies import cases, with_examples
+
+import conformance.suite.test_masks as masks
+
+TARGET = Target("numpy", "cpu", "float32")
+MASKS = "test_masks_equal_the_oracle_exactly"
+# Properties whose config is fixed by design: they vary the bad input, not the model.
+FIXED_CONFIG = {"test_errors"}
+
+
+def suite_properties():
+    """(module name, property) for every property of the suite."""
+    for info in pkgutil.iter_modules(conformance.suite.__path__):
+        if not info.name.startswith("test_") or info.name in FIXED_CONFIG | {"test_coverage"}:
+            continue
+        module = importlib.import_module(f"conformance.suite.{info.name}")
+        for name, prop in inspect.getmembers(module):
+            if name.startswith("test_") and hasattr(prop, "hypothesis"):
+                yield info.name, prop
+
+
+def explicit_cases(prop):
+    """The `Case` of each explicit example of a property (a training or decoding case's own)."""
+    for example in prop.hypothesis_explicit_examples:
+        (value,) = example.kwargs.values()
+        yield getattr(value, "case", value)
+
+
+@pytest.fixture(autouse=True)
+def fresh_switches():
+    yield
+    clear_caches()
+
+
+def clear_caches():
+    configs_module.switch_values.cache_clear()
+    covering.covering_configs.cache_clear()
+    covering.covering_cases.cache_clear()
+
+
+def test_every_property_carries_examples_covering_every_switch_value():
+    found = list(suite_properties())
+    assert len(found) >= 12, f"only {len(found)} properties found"
+    for module, prop in found:
+        seen = set().union(*(covering.seen_values(case) for case in explicit_cases(prop)))
+        assert not covering.missed(prop.__name__, seen), f"{module}: {covering.missed(prop.__name__, seen)}"
+
+
+def test_a_property_run_records_every_switch_value():
+    with recording(MASKS) as seen:
+        masks.test_masks_equal_the_oracle_exactly(target=TARGET)
+    assert set(seen) == {(MASKS, TARGET.label)}
+    assert coverage_problems(seen) == []
+
+
+@pytest.mark.parametrize("switch, value", [("activation", "gelu"), ("layer_norm_form", "std-eps"),
+                                           ("mask_fill", float("-inf")), ("src padding", "whole-row")])
+def test_a_property_that_misses_a_value_fails_naming_it(switch, value):
+    """The masks property, given only the covering examples, with one value taken out (another value
+    of that switch in its place, or the whole-row padding row dropped), and no drawn ones."""
+    def without(case):
+        if switch == "src padding":
+            return dataclasses.replace(case, src_ids=case.src_ids[:-1], tgt_ids=case.tgt_ids[:-1])
+        if getattr(case.config, switch) != value:
+            return case
+        other = next(v for v in configs_module.switch_values()[switch] if v != value)
+        return dataclasses.replace(case, config=case.config.replace(**{switch: other}))
+
+    examples = [without(case) for case in covering_cases()]
+    narrow = settings(phases=[Phase.explicit], database=None)(
+        with_examples(examples)(given(case=cases())(masks.test_masks_equal_the_oracle_exactly.hypothesis.inner_test)))
+    with recording(MASKS) as seen:
+        narrow(target=TARGET)
+    problems = coverage_problems(seen)
+    assert problems == [f"{MASKS} on {TARGET.label} missed {switch}={value!r}"], problems
+
+
+def test_values_are_read_from_the_config_module():
+    values = configs_module.switch_values()
+    switches = {f.name for f in dataclasses.fields(ModelConfig)} - set(configs_module.NOT_SWITCHES)
+    assert set(values) == switches
+    assert values["activation"] == config_module.ACTIVATIONS
+    assert values["position"] == config_module.POSITIONS
+    assert values["src_pad_mask"] == config_module.SRC_PAD_MASK_SIDES
+    assert values["qkv_bias"] == (False, True)
+    for name, options in values.items():
+        assert len(options) >= 2, f"{name}: a switch with one value {options} is not covered"
+
+
+def test_a_new_activation_joins_the_covering_rows(monkeypatch):
+    monkeypatch.setattr(config_module, "ACTIVATIONS", (*config_module.ACTIVATIONS, "tanh"))
+    clear_caches()
+    assert configs_module.switch_values()["activation"][-1] == "tanh"
+    assert "tanh" in {c.activation for c in covering.covering_configs()}
+
+
+@dataclass(frozen=True)
+class WithNewSwitches(ModelConfig):
+    """ModelConfig with switches of the kinds the AlgoPerf issue adds (a bool, a number)."""
+
+    glu: bool = False
+    attention_temperature: float = 1.0
+
+
+def test_new_fields_join_the_covering_rows(monkeypatch):
+    base = WithNewSwitches(**{f.name: getattr(configs_module.BASE, f.name) for f in dataclasses.fields(ModelConfig)})
+    monkeypatch.setattr(configs_module, "ModelConfig", WithNewSwitches)
+    monkeypatch.setattr(configs_module, "BASE", base)
+    clear_caches()
+    values = configs_module.switch_values()
+    assert values["glu"] == (False, True)
+    assert values["attention_temperature"] == (1.0, 2.0)
+    rows = covering.covering_configs()
+    assert {c.glu for c in rows} == {False, True}
+    assert {c.attention_temperature for c in rows} == {1.0, 2.0}
+    # The drawn configs draw them too.
+    drawn = []
+
+    @settings(max_examples=30, database=None)
+    @given(config=configs_module.configs())
+    def draw(config):
+        drawn.append(config)
+
+    draw()
+    assert {c.glu for c in drawn} == {False, True} and len({c.attention_temperature for c in drawn}) == 2
