@@ -145,7 +145,7 @@ def generate(model, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beam
             return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
         if parents is not None:
             state["cache"] = reorder_cache(model, state["cache"], parents)
-        return decode_step(model, tokens[:, -1], state["cache"])  # (N, V)
+        return model.decode_step(tokens[:, -1], state["cache"])  # (N, V): the method, which a subclass may compile
 
     ids, scores = search(step, batch, max_len, bos_id, eos_id, model.config.pad_id, num_beams=num_beams,
                          length_penalty=length_penalty, early_stopping=early_stopping,
