@@ -562,6 +562,9 @@ def test_every_builtin_layout_has_taps_that_name_canonical_tensors():
     ({"encoder.output": {"input": 0}}, "module must be"),
     ({"batch_axis": 2}, "batch_axis must be one of"),
     ({"decoder_input": "shift-left"}, "decoder_input must be one of"),
+    ({"encoder.output": {"module": "x", "when": {"norm_placment": "pre"}}}, "norm_placment is not a ModelConfig switch"),
+    ({"encoder.output": {"module": "x", "when": {}}}, "when must be a non-empty table of switches"),
+    ({"encoder.output": []}, "an empty list of taps"),
 ])
 def test_a_bad_tap_is_a_layout_error_naming_it(taps, problem):
     from conformance.convert import LayoutError
