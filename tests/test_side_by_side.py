@@ -532,11 +532,60 @@ def test_rosetta_compare_exit_codes_and_one_line_errors(tmp_path, capsys):
     torch.save(state, tmp_path / "short.pt")
     code, out, err = rosetta(capsys, "compare", f"{user}:build", str(tmp_path / "short.pt"), *common)
     assert code == 2 and "does not fit the model: 1 missing (fc_out.bias)" in err and len(err.strip().splitlines()) == 1, err
+    state = system("from-scratch").state_dict()
+    state["fc_out.weight"] = state["fc_out.weight"][:, :-1]
+    torch.save(state, tmp_path / "narrow.pt")
+    code, out, err = rosetta(capsys, "compare", f"{user}:build", str(tmp_path / "narrow.pt"), *common)
+    assert code == 2 and "does not fit the model: fc_out.weight is (19, 31) in the file, (19, 32) in the model" in err, err
+    assert len(err.strip().splitlines()) == 1, err
     code, out, err = rosetta(capsys, "compare", f"{user}:build", str(weights), *common, "--src", "1,2")
     assert code == 2 and "--tgt" in err, err
 
     help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["compare"].format_help().split())
     assert "imports and runs your Python code" in help_text
+
+
+LINEN_USER_FILE = '''
+import dataclasses, sys
+sys.path.insert(0, {tests!r})
+from systems import flax_wmt as wmt
+
+C = wmt.WmtConfig(vocab_size=19, output_vocab_size=23, emb_dim=32, num_heads=4, qkv_dim=32, mlp_dim=48, num_layers=2,
+                  max_len=12)
+
+
+def build():
+    return wmt.Transformer(C)
+
+
+def build_wide():
+    return wmt.Transformer(dataclasses.replace(C, mlp_dim=64))
+'''
+
+
+def test_rosetta_compare_reads_a_linen_model_and_its_msgpack(tmp_path, capsys):
+    """A flax.linen factory in a user file, its variables from a Flax .msgpack: clean (forward and
+    gradients, labels the targets themselves for this shift-right model), and weights of another
+    shape refused in one line before anything runs."""
+    from pathlib import Path
+
+    from flax import serialization
+
+    user = tmp_path / "user_linen.py"
+    user.write_text(LINEN_USER_FILE.replace("{tests!r}", repr(str(Path(__file__).resolve().parent))))
+    _, _, (_, variables), src, tgt = wmt_system("float32")
+    weights = tmp_path / "params.msgpack"
+    weights.write_bytes(serialization.to_bytes(variables))
+    ids = lambda a: ";".join(",".join(str(int(x)) for x in row) for row in a)  # noqa: E731
+    common = ["--layout", "flax-wmt", "--set", "max_len=12", "--backends", "none", "--src", ids(src), "--tgt", ids(tgt)]
+    code, out, err = rosetta(capsys, "compare", f"{user}:build", str(weights), *common, "--grads")
+    assert code == 0, out + err
+    assert "first divergence: none" in out and "yours/cpu/float32" in out and "every gradient within tolerance" in out
+
+    code, out, err = rosetta(capsys, "compare", f"{user}:build_wide", str(weights), *common)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(r"does not fit the model: params\.\S+\.MlpBlock_0\.Dense_0\.bias is \(48,\) in the file, "
+                     r"\(64,\) in the model", err), err
 
 
 # -- the [taps] format ---------------------------------------------------------------------------------

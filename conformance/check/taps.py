@@ -46,9 +46,9 @@ def framework(model: Any) -> str:
     """"torch", "linen" or "nnx": which kind of model this is; TypeError for anything else."""
     if hasattr(model, "named_modules") and hasattr(model, "register_forward_hook"):
         return "torch"
-    if isinstance(model, tuple) and len(model) == 2 and _is_linen(model[0]):
+    if isinstance(model, tuple) and len(model) == 2 and is_linen(model[0]):
         return "linen"
-    if _is_linen(model):
+    if is_linen(model):
         if getattr(model, "scope", None) is None:
             raise TypeError("a flax.linen module needs its variables: pass module.bind(variables) or (module, variables)")
         return "linen"
@@ -58,7 +58,7 @@ def framework(model: Any) -> str:
                     f"{type(model).__name__}")
 
 
-def _is_linen(obj: Any) -> bool:
+def is_linen(obj: Any) -> bool:
     return any(c.__module__ == "flax.linen.module" and c.__name__ == "Module" for c in type(obj).__mro__)
 
 
