@@ -195,6 +195,26 @@ def test_a_tensor_the_system_does_not_give_is_not_exposed_not_guessed():
     assert "not exposed" in str(report)
 
 
+def test_the_report_as_a_table_json_and_a_picture(tmp_path):
+    """str(report) is the check table with the user's model as its first column beside our
+    backends; to_json() is plain JSON; plot() draws every column (a PNG)."""
+    import json
+
+    model = float64("from-scratch")
+    modules(model)["encoder.layers.1.norm2"].eps = 1e-12
+    report = run_compare("from-scratch", model, backends=["numpy"])
+    header = next(line for line in str(report).splitlines() if line.startswith("tensor "))
+    assert header.split()[1:] == ["yours/cpu/float64", "numpy/cpu/float32"], header
+    row = next(line for line in str(report).splitlines() if line.startswith("encoder.1.ffn "))
+    assert row.split()[3] == "FAIL" and row.split()[-1] == "ok", row  # yours diverges there, our backend does not
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["first_divergence"] == "encoder.1.ffn" and data["yours"] == "yours/cpu/float64" and not data["ok"]
+    assert "layer_norm_eps" in data["switches_at_divergence"] and data["layout"] == "from-scratch"
+    assert [t["label"] for t in data["targets"]] == ["yours/cpu/float64", "numpy/cpu/float32"]
+    width, height = report.plot(tmp_path / "compare.png")
+    assert width > 0 and height > 0 and (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # -- planted bugs (float64, the oracle alone) ---------------------------------------------------
 
 

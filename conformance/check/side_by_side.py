@@ -81,6 +81,7 @@ class SideBySide(Report):
 
     layout: str = ""
     yours: backend_registry.Target | None = None
+    command = "rosetta compare"  # the picture's title (plots.plot_check)
     loss: float | None = None
     reference_loss: float | None = None
     loss_allowed: float | None = None
