@@ -620,6 +620,22 @@ def test_every_builtin_layout_has_taps_that_name_canonical_tensors():
         assert {"encoder.embeddings", "encoder.{i}.ffn", "decoder.{i}.ffn"} <= tensors, layout.name
 
 
+@pytest.mark.parametrize("name", ["algoperf-wmt-torch", "algoperf-wmt-flax"])
+def test_taps_for_variants_apply_by_the_converted_switches(name, capsys):
+    """AlgoPerf's pre-LN and post-LN compute a sublayer's output in different modules: one tap each,
+    chosen by norm_placement; `rosetta layouts` shows the condition."""
+    from conformance.check.taps import tapped
+    from conformance.convert import load_layout
+
+    layout = load_layout(name)
+    pre = tapped(layout, ["encoder.1.self_attn"], {"norm_placement": "pre"})["encoder.1.self_attn"]
+    post = tapped(layout, ["encoder.1.self_attn"], {"norm_placement": "post"})["encoder.1.self_attn"]
+    assert pre[1].input == 0 and post[1].input is None and pre[0] != post[0], (pre, post)
+    assert "encoder.1.self_attn" not in tapped(layout, ["encoder.1.self_attn"], {"norm_placement": "sandwich"})
+    code, out, err = rosetta(capsys, "layouts", name)
+    assert code == 0 and "when norm_placement = 'pre'" in out and "when norm_placement = 'post'" in out, out
+
+
 @pytest.mark.parametrize("taps, problem", [
     ({"encoder.{i}.fnn": "x.{i}"}, "not a canonical tensor"),
     ({"encoder.{i}.ffn": "x"}, "must use {i} exactly when the tensor does"),
