@@ -148,6 +148,28 @@ def test_a_wrong_temperature_is_found_at_the_first_attention():
     assert_found(report, "encoder.0.self_attn", "attention_temp")
 
 
+def test_torch_in_float64_parts_from_ours_only_at_padded_source_positions(float64_masks):
+    """The docstring's claim: AlgoPerf's additive -1e10 is no fill in float64, so the clean model's
+    encoder differs from ours exactly where a source position is padding (every key masked)."""
+    import impl_numpy
+    from conformance.check.taps import capture
+    from conformance.convert import convert_arrays, load_layout
+    from conformance.core.output import tensors_of
+
+    model = copy.deepcopy(torch_source("base")).double()
+    src, tgt, shifted = batch()
+    layout = load_layout(TORCH)
+    converted = convert_arrays({k: v.numpy() for k, v in model.state_dict().items()}, layout, n_heads=HEADS)
+    ours = tensors_of(impl_numpy.Model(converted.config, converted.params, dtype="float64")(src, shifted))
+    theirs = capture(model, layout, ["encoder.0.self_attn"], lambda m, s, t: m(s, t), src, tgt,
+                     converted.config.to_dict()).values["encoder.0.self_attn"]
+    error = np.abs(theirs - np.asarray(ours["encoder.0.self_attn"])).max(axis=-1)
+    padded = src == 0
+    assert error[~padded].max() < 1e-12 and error[padded].min() > 1e-3, error
+    report = torch_compare(model, "base", src, tgt, backends=())
+    assert report.first_divergence == "encoder.0.self_attn", str(report)
+
+
 # -- planted bugs -----------------------------------------------------------------------------------
 
 
