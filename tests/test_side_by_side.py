@@ -480,6 +480,10 @@ def build_buggy():
 
 def build_broken():
     raise ValueError("no such checkpoint")
+
+
+def build_not_a_model():
+    return {"weights": None}
 '''
 
 
@@ -543,6 +547,7 @@ def test_rosetta_compare_exit_codes_and_one_line_errors(tmp_path, capsys):
     # Errors: one line, exit 2, no traceback.
     for factory, words in ((f"{user}:build_broken", "raised ValueError: no such checkpoint"),
                            (f"{user}:nothing", "no attribute"),
+                           (f"{user}:build_not_a_model", "returned dict: expected a torch.nn.Module"),
                            (f"{tmp_path / 'absent.py'}:build", "no such Python file"),
                            ("user_model", "expected MODULE:FACTORY")):
         code, out, err = rosetta(capsys, "compare", factory, str(weights), *common)
