@@ -208,14 +208,43 @@ def test_bad_generate_arguments_get_the_same_error_everywhere(backend):
 
 
 def test_nan_logits_of_an_open_row_are_refused():
-    """A start token that is the pad id, with key-side padding and a -inf fill: the first query
-    has no key, its attention is NaN, and generate says so instead of choosing from NaN."""
-    import impl_numpy
+    """The search refuses to choose from NaN logits of a row that is still open (a fully masked
+    attention row with a -inf fill), naming the step and the row."""
+    from conformance.core.decoding import search
 
+    def step(tokens, parents):
+        logits = np.zeros((len(tokens), 5))
+        logits[1] = np.nan
+        return logits
+
+    with pytest.raises(InputError, match="NaN logits at step 0, row 1"):
+        search(step, 2, 4, 1, 2, 0)
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_a_pad_start_token_needs_no_target_padding_mask(backend):
+    """Issue 27 item 3: a start token that is the pad id would be masked as a key by target
+    padding; refused, the same everywhere, unless tgt_pad_mask="none" (Marian, Flax wmt)."""
     config = preset("llmhub", **SIZES)
     src, _ = batch(config)
-    with pytest.raises(InputError, match="NaN logits at step 0"):
-        impl_numpy.Model(config).generate(src, 4, config.pad_id, 2)
+    model = backends.build(backends.Target(backend, "cpu", "float32"), config, None)
+    with pytest.raises(InputError, match='decoding from the pad id needs tgt_pad_mask="none"') as info:
+        model.generate(src, 4, config.pad_id, 2)
+    assert info.value.argument == "bos_id"
+    unmasked = backends.build(backends.Target(backend, "cpu", "float32"), config.replace(tgt_pad_mask="none"), None)
+    assert to_numpy(unmasked.generate(src, 4, config.pad_id, 2)).shape[0] == 3
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_an_all_padding_source_row_is_refused(backend):
+    """Issue 27 item 3: a source of padding only has nothing to translate."""
+    config = preset("paper", **SIZES)
+    src, _ = batch(config)
+    src[1] = config.pad_id
+    model = backends.build(backends.Target(backend, "cpu", "float32"), config, None)
+    with pytest.raises(InputError, match="row 1 is all padding") as info:
+        model.generate(src, 4, 1, 2)
+    assert info.value.argument == "src_ids"
 
 
 def test_the_two_length_penalties():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 HELP = "Decode a source sequence (greedy, or beam search with --beams) and print the output (token ids, or text for the built-in toy model)."
 
@@ -23,38 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def recorded_generation(config) -> dict:
-    """The decoding defaults a checkpoint records under its "generation" note (Hugging Face's
-    generation_config.json names, see `conformance.convert.sources.GENERATION_KEYS`), as
-    `generate` arguments: bos_id, eos_id, num_beams, length_penalty, max_len, forced_eos, banned_ids."""
-    from conformance.core.errors import ConfigError
+    """The decoding defaults a checkpoint records under its "generation" note, as `generate`
+    arguments (`conformance.core.decoding.generation_note`, which `generate` applies itself)."""
+    from conformance.core.decoding import generation_note
 
-    text = config.notes.get("generation")
-    if not text:
-        return {}
-    try:
-        recorded = json.loads(text)
-    except ValueError:
-        raise ConfigError("notes", "the checkpoint's \"generation\" note is not JSON") from None
-    if not isinstance(recorded, dict):
-        raise ConfigError("notes", "the checkpoint's \"generation\" note is not a JSON object")
-    out = {}
-    eos = recorded.get("eos_token_id")
-    if isinstance(eos, list):  # Hugging Face allows several end tokens; generate takes one
-        eos = eos[0] if len(eos) == 1 else None
-    for name, value in (("bos_id", recorded.get("decoder_start_token_id")), ("eos_id", eos),
-                        ("num_beams", recorded.get("num_beams")), ("length_penalty", recorded.get("length_penalty"))):
-        if value is not None:
-            out[name] = value
-    if recorded.get("max_new_tokens") is not None:  # Hugging Face: it wins over max_length
-        out["max_len"] = min(int(recorded["max_new_tokens"]), config.max_len)
-    elif recorded.get("max_length") is not None:  # Hugging Face counts the start token
-        out["max_len"] = min(int(recorded["max_length"]) - 1, config.max_len)
-    if recorded.get("forced_eos_token_id") is not None and recorded.get("forced_eos_token_id") == eos:
-        out["forced_eos"] = True
-    banned = [words[0] for words in recorded.get("bad_words_ids") or [] if isinstance(words, list) and len(words) == 1]
-    if banned:
-        out["banned_ids"] = banned
-    return out
+    return generation_note(config)
 
 
 def decoding(config, *, max_len=None, bos=None, eos=None, beams=None, length_penalty=None) -> dict | None:
