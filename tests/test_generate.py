@@ -190,6 +190,29 @@ BAD_OPTIONS = [
     (dict(banned_ids=3), "banned_ids"),
     (dict(return_scores=None), "return_scores"),
     (dict(max_len=13), "max_len"),
+    (dict(max_len=5.0), "max_len"),
+    (dict(bos_id=1.0), "bos_id"),
+    (dict(bos_id=np.array([1, 2])), "bos_id"),
+    (dict(eos_id=True), "eos_id"),
+    (dict(beam_rule="t5"), "beam_rule"),
+    (dict(beam_rule="flax", early_stopping=True), "early_stopping"),
+    (dict(num_return_sequences=0), "num_return_sequences"),
+    (dict(num_return_sequences=2), "num_return_sequences"),  # greedy has one sequence per row
+    (dict(num_beams=2, num_return_sequences=3), "num_return_sequences"),
+    (dict(num_beams=2, beam_rule="flax", num_return_sequences=2), "num_return_sequences"),
+    (dict(temperature=0.5), "temperature"),  # without do_sample
+    (dict(seed=3), "seed"),
+    (dict(do_sample=1), "do_sample"),
+    (dict(do_sample=True, temperature=0.0), "temperature"),
+    (dict(do_sample=True, temperature=-1.0), "temperature"),
+    (dict(do_sample=True, temperature=float("inf")), "temperature"),
+    (dict(do_sample=True, top_k=-1), "top_k"),
+    (dict(do_sample=True, top_k=2.5), "top_k"),
+    (dict(do_sample=True, top_p=0.0), "top_p"),
+    (dict(do_sample=True, top_p=1.5), "top_p"),
+    (dict(do_sample=True, seed=-1), "seed"),
+    (dict(do_sample=True, num_beams=2), "num_beams"),
+    (dict(do_sample=True, beam_rule="flax"), "beam_rule"),
 ]
 
 
@@ -250,3 +273,97 @@ def test_an_all_padding_source_row_is_refused(backend):
 def test_the_two_length_penalties():
     assert penalty(4, 1.0, "hf") == 4.0 and penalty(4, 0.0, "hf") == 1.0
     assert np.isclose(penalty(7, 0.6, "gnmt"), 2.0 ** 0.6)  # ((5 + 7) / 6) ** 0.6
+
+
+# -- Defaults from the generation note, integer scalars, several sequences ------------------------
+
+
+def noted(config, **recorded):
+    import json
+
+    return config.replace(notes={**config.notes, "generation": json.dumps(recorded)})
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_arguments_default_to_the_generation_note_and_explicit_ones_win(backend):
+    """As transformers applies a model's generation_config: what the call leaves out comes from
+    the checkpoint's note (HF names; max_length counts the start token), the rest from the call."""
+    config = preset("paper", **SIZES)
+    src, _ = batch(config)
+    target = backends.Target(backend, "cpu", "float64")
+    with backends.full_precision(backend), backends.dtype_scope(target):
+        bare = backends.build(target, config, None)
+        model = backends.build(target, noted(config, decoder_start_token_id=1, eos_token_id=2, num_beams=2,
+                                                length_penalty=0.6, max_length=6, bad_words_ids=[[4]]), None)
+        plain = bare.generate(src, 5, 1, 2, num_beams=2, length_penalty=0.6, banned_ids=[4])
+        assert (to_numpy(model.generate(src)) == to_numpy(plain)).all()
+        assert (to_numpy(model.generate(src, num_beams=1, banned_ids=())) == to_numpy(bare.generate(src, 5, 1, 2))).all()
+        assert (to_numpy(model.generate(src, 7, 3)) == to_numpy(
+            bare.generate(src, 7, 3, 2, num_beams=2, length_penalty=0.6, banned_ids=[4]))).all()
+        with pytest.raises(InputError, match="has no \"generation\" note") as info:
+            bare.generate(src, 5)
+        assert info.value.argument == "bos_id"
+        with pytest.raises(InputError) as info:
+            bare.generate(src, 5, 1)
+        assert info.value.argument == "eos_id"
+
+
+def integer_scalars():
+    """1 as an integer scalar of each installed backend."""
+    scalars = [np.int64(1), np.int32(1), np.array(1)]
+    try:
+        import torch
+
+        scalars.append(torch.tensor(1))
+    except ImportError:
+        pass
+    try:
+        import jax.numpy as jnp
+
+        scalars.append(jnp.int32(1))
+    except ImportError:
+        pass
+    return scalars
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_integer_scalars_of_every_backend_are_ids(backend):
+    """Issue 27 item 7: np.int64(1), torch.tensor(1), jnp.int32(1) are ids; a float or bool
+    scalar is refused, naming its type."""
+    config = preset("paper", **SIZES)
+    src, _ = batch(config)
+    model = backends.build(backends.Target(backend, "cpu", "float32"), config, None)
+    expected = to_numpy(model.generate(src, 4, 1, 2, num_beams=2))
+    for one in integer_scalars():
+        got = model.generate(src, 4 * one, one, 2 * one, num_beams=2 * one, banned_ids=[3 * one])
+        assert (to_numpy(got) == to_numpy(model.generate(src, 4, 1, 2, num_beams=2, banned_ids=[3]))).all(), type(one)
+        assert (to_numpy(model.generate(src, 4, one, 2, num_beams=2)) == expected).all(), type(one)
+    refused = [np.float64(1.0), np.bool_(True)]
+    try:
+        import torch
+
+        refused += [torch.tensor(1.0), torch.tensor(True), torch.tensor([1])]
+    except ImportError:
+        pass
+    for value in refused:
+        with pytest.raises(InputError, match=type(value).__name__) as info:
+            model.generate(src, 4, value, 2)
+        assert info.value.argument == "bos_id"
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_num_return_sequences_gives_the_best_beams_in_order(backend):
+    config = preset("paper", **SIZES)
+    src, _ = batch(config)
+    target = backends.Target(backend, "cpu", "float64")
+    with backends.full_precision(backend), backends.dtype_scope(target):
+        model = backends.build(target, config, None)
+        best, best_scores = model.generate(src, 6, 1, 2, num_beams=3, return_scores=True)
+        ids, scores = model.generate(src, 6, 1, 2, num_beams=3, num_return_sequences=3, return_scores=True)
+    ids, scores, best = to_numpy(ids), to_numpy(scores).reshape(3, 3), to_numpy(best)
+    assert ids.shape[0] == 9
+    width = best.shape[1]
+    assert (ids[::3, :width] == best).all() and (ids[::3, width:] == config.pad_id).all()
+    assert np.allclose(scores[:, 0], to_numpy(best_scores))
+    assert (np.diff(scores, axis=1) <= 0).all(), scores  # best first
+    assert len({tuple(row) for row in ids[:3]}) == 3  # three different hypotheses of row 0

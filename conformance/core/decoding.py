@@ -239,9 +239,9 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
         if value is None:
             value = recorded.get(name, NOTE_DEFAULTS[name])
         if value is None:
-            raise InputError(name, "was not given and the checkpoint records no generation settings (no "
-                                   "\"generation\" note): pass it")
-        values[name] = config.max_len if value == "config.max_len" else value
+            where = "its \"generation\" note does not say it" if recorded else "it has no \"generation\" note"
+            raise InputError(name, f"was not given and the checkpoint does not record it ({where}): pass it")
+        values[name] = config.max_len if isinstance(value, str) and value == "config.max_len" else value
     vocab = config.tgt_vocab_size
     values["max_len"] = _integer("max_len", values["max_len"], f"an int in [1, {config.max_len}] (the model's max_len)")
     if not 1 <= values["max_len"] <= config.max_len:
