@@ -367,3 +367,87 @@ def test_num_return_sequences_gives_the_best_beams_in_order(backend):
     assert np.allclose(scores[:, 0], to_numpy(best_scores))
     assert (np.diff(scores, axis=1) <= 0).all(), scores  # best first
     assert len({tuple(row) for row in ids[:3]}) == 3  # three different hypotheses of row 0
+
+
+# -- Sampling ----------------------------------------------------------------------------------
+
+WARPINGS = [dict(temperature=0.7), dict(top_k=4), dict(top_p=0.8), dict(temperature=1.3, top_k=6, top_p=0.6),
+            dict(top_k=1), dict(top_p=1e-6), dict(top_k=50)]
+
+
+@pytest.mark.parametrize("options", WARPINGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_filtered_distributions_equal_transformers_warpers(options):
+    """`warp` against transformers' own TemperatureLogitsWarper, TopKLogitsWarper and
+    TopPLogitsWarper, applied in generate's order, on float64 logits with banned ids (-inf) and
+    tied values; the filtered scores and their softmax are the same."""
+    torch = pytest.importorskip("torch", reason="transformers' warpers are torch code")
+    pytest.importorskip("transformers", reason="the reference is transformers itself")
+    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    from conformance.core.decoding import log_softmax, warp
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 2, (6, 13))
+    logits[:, 3] = -np.inf  # a banned id
+    logits[1, [5, 6, 7]] = logits[1, 4]  # ties at the top
+    logits[2, [8, 9]] = logits[2].max() + 1
+    warpers = LogitsProcessorList()
+    if options.get("temperature", 1.0) != 1.0:
+        warpers.append(TemperatureLogitsWarper(options["temperature"]))
+    if options.get("top_k", 0):
+        warpers.append(TopKLogitsWarper(options["top_k"]))
+    if options.get("top_p", 1.0) < 1.0:
+        warpers.append(TopPLogitsWarper(options["top_p"]))
+    theirs = warpers(torch.zeros((6, 1), dtype=torch.long), torch.from_numpy(logits.copy())).numpy()
+    ours = warp(logits, **options)
+    assert (np.isinf(ours) == np.isinf(theirs)).all(), (ours, theirs)
+    np.testing.assert_allclose(ours[np.isfinite(ours)], theirs[np.isfinite(theirs)], rtol=1e-15)
+    np.testing.assert_allclose(np.exp(log_softmax(ours)), torch.from_numpy(theirs).softmax(-1).numpy(), atol=1e-15)
+
+
+def test_draw_follows_the_distribution_and_never_draws_a_zero():
+    """Inverse-CDF sampling: evenly spread uniforms land on each id in proportion to its
+    probability, and an id of probability 0 (between, before or after others) is never drawn."""
+    from conformance.core.decoding import draw
+
+    probs = np.array([0.0, 0.1, 0.0, 0.25, 0.65, 0.0])
+    uniforms = (np.arange(10000) + 0.5) / 10000
+    ids, gaps = draw(np.tile(probs, (len(uniforms), 1)), uniforms)
+    counts = np.bincount(ids, minlength=len(probs)) / len(uniforms)
+    np.testing.assert_allclose(counts, probs, atol=1e-4)
+    assert (gaps >= 0).all()
+    assert draw(probs[None], np.array([0.0]))[0][0] == 1 and draw(probs[None], np.array([1 - 1e-16]))[0][0] == 4
+
+
+SAMPLINGS = [dict(do_sample=True, seed=3), dict(do_sample=True, seed=5, temperature=0.6, top_k=5, top_p=0.9,
+                                                  num_return_sequences=2)]
+
+
+@pytest.mark.parametrize("options", SAMPLINGS, ids=["plain", "warped-2-each"])
+def test_float64_backends_sample_identical_ids(options):
+    config = preset("paper", **SIZES)
+    src, _ = batch(config)
+    out = generate_all(config, src, **options)
+    reference_ids, reference_scores = out["numpy"]
+    assert reference_ids.shape[0] == 3 * options.get("num_return_sequences", 1)
+    for backend, (ids, scores) in out.items():
+        assert ids.shape == reference_ids.shape and (ids == reference_ids).all(), (backend, ids, reference_ids)
+        np.testing.assert_allclose(scores, reference_scores, rtol=1e-9, err_msg=backend)
+
+
+def test_sampling_is_the_seeds():
+    """The same seed draws the same ids; other seeds draw others; the samples differ from greedy."""
+    import impl_numpy
+
+    config = preset("paper", **SIZES)
+    src, _ = batch(config)
+    model = impl_numpy.Model(config)
+    first = model.generate(src, 8, 1, 2, do_sample=True, seed=0, num_return_sequences=4)
+    assert (model.generate(src, 8, 1, 2, do_sample=True, seed=0, num_return_sequences=4) == first).all()
+    others = [model.generate(src, 8, 1, 2, do_sample=True, seed=s, num_return_sequences=4) for s in (1, 2)]
+    assert any(o.shape != first.shape or (o != first).any() for o in others)
+    greedy = model.generate(src, 8, 1, 2)
+    assert len({tuple(row) for row in first.tolist()}) > 3  # 12 samples of 3 rows are not 3 sequences
+    # top_k=1 keeps only the best id: sampling is greedy search
+    assert (model.generate(src, 8, 1, 2, do_sample=True, seed=0, top_k=1) == greedy).all()

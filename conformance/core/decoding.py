@@ -257,7 +257,7 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
     banned = check_search(values["num_beams"], values["length_penalty"], early_stopping, use_cache, form,
                           values["forced_eos"], values["banned_ids"], return_scores, vocab)
     beams = _integer("num_beams", values["num_beams"])
-    sampling = _check_sampling(do_sample, temperature, top_k, top_p, seed, beams, beam_rule)
+    sampling = check_sampling(do_sample, temperature, top_k, top_p, seed, beams, beam_rule)
     count = _integer("num_return_sequences", num_return_sequences, "an int >= 1")
     most = 1 if beam_rule == "flax" and not do_sample else (count if do_sample else beams)
     if not 1 <= count <= most:
@@ -276,7 +276,7 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
                       num_return_sequences=count, **sampling)
 
 
-def _check_sampling(do_sample, temperature, top_k, top_p, seed, num_beams: int, beam_rule: str) -> dict:
+def check_sampling(do_sample, temperature, top_k, top_p, seed, num_beams: int, beam_rule: str) -> dict:
     """do_sample and its warpers (Hugging Face's TemperatureLogitsWarper, TopKLogitsWarper,
     TopPLogitsWarper): temperature > 0, top_k >= 0 (0 keeps every id), 0 < top_p <= 1, seed
     an int >= 0 or None (fresh entropy). Given without do_sample=True they are refused."""
