@@ -369,7 +369,8 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
     suite: {"gap": (B,), "scale": (B,)}, the smallest score difference between two candidates
     whose order decided something (greedy: the best two tokens; beam search: neighbours among the
     ranked candidates and finished hypotheses; sampling: the distance between the uniform and the
-    nearest edge of the cumulative distribution), and max(1, largest |logit|) of the row's beams.
+    nearest edge of the cumulative distribution, or of top_k's and top_p's thresholds,
+    `filter_gap`), and max(1, largest |logit|) of the row's beams (or sampled row).
     """
     banned = tuple(banned_ids)
     if do_sample:
@@ -446,6 +447,23 @@ def warp(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_p: fl
     return scores
 
 
+def filter_gap(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """How close each row (N, V) came to keeping other ids under `warp`: the score difference
+    between the k-th and the next id (after the temperature), and the distance of the sorted
+    cumulative probabilities from 1 - top_p (after top_k). inf where a filter is off."""
+    scores = np.array(logits, dtype=np.float64) / temperature
+    gap = np.full(len(scores), np.inf)
+    if top_k and top_k < scores.shape[-1]:
+        ranked = -np.sort(-scores, axis=-1)
+        kth, after = ranked[:, top_k - 1], ranked[:, top_k]
+        gap = np.minimum(gap, np.where(np.isfinite(after), kth - after, np.inf))
+    if top_p < 1.0:
+        kept = warp(logits, temperature, top_k)
+        cumulative = np.cumsum(np.exp(log_softmax(np.sort(kept, axis=-1))), axis=-1)
+        gap = np.minimum(gap, np.abs(cumulative - (1 - top_p)).min(axis=-1))
+    return gap
+
+
 def draw(probs: np.ndarray, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Inverse-CDF sampling: per row, the first id whose cumulative probability (in vocabulary
     order, float64) exceeds u times the total; ids of probability 0 are never drawn. Returns the
@@ -471,9 +489,10 @@ def _sample(step, rows, max_len, bos_id, eos_id, pad_id, length_penalty, form, f
         logits = np.array(as_numpy(step(tokens, None)), dtype=np.float64)  # (N, V)
         _check_finite(logits, ~done, i)
         log_probs = _processed(log_softmax(logits), i, max_len, eos_id, banned, forced_eos)
-        warped = warp(_processed(logits, i, max_len, eos_id, banned, forced_eos), temperature, top_k, top_p)
-        drawn, gap = draw(np.exp(log_softmax(warped)), uniforms[i])
+        processed = _processed(logits, i, max_len, eos_id, banned, forced_eos)
+        drawn, gap = draw(np.exp(log_softmax(warp(processed, temperature, top_k, top_p))), uniforms[i])
         if trace is not None:
+            gap = np.minimum(gap, filter_gap(processed, temperature, top_k, top_p))
             trace.append({"gap": np.where(done, np.inf, gap), "scale": _scale(logits)})
         next_id = np.where(done, pad_id, drawn)  # (N,)
         summed += np.where(done, 0.0, log_probs[np.arange(rows), next_id])
