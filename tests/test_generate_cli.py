@@ -121,3 +121,13 @@ def test_rosetta_generate_with_the_flax_beam_rule(capsys):
     assert main(["generate", "--src", "3 1 4 1 5", "--beams", "4", "--length-penalty", "0.6", "--beam-rule", "flax",
                  "--backend", "numpy"]) == 0
     assert capsys.readouterr().out.strip() == "5 1 4 1 3"
+
+
+def test_a_pad_start_token_is_refused_from_the_cli(capsys):
+    """Issue 27 item 3: the toy model masks target padding, so --bos 0 (its pad id) is refused
+    with one line naming --bos, instead of decoding wrong digits."""
+    config, _, _ = default_model()
+    assert config.pad_id == 0 and config.tgt_pad_mask != "none"
+    assert main(["generate", "--src", "3 1 4", "--bos", "0", "--backend", "numpy"]) == 2
+    err = capsys.readouterr().err
+    assert "--bos: is the pad id 0" in err and 'tgt_pad_mask="none"' in err, err
