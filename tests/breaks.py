@@ -145,6 +145,13 @@ PROPERTY_BREAKS = {
         "y = model.decoder(y, None, self_mask, cache.cross_mask,",
         "y = model.decoder(y, None, self_mask[..., :max(t, 1)], cache.cross_mask,",
     )], {})]),
+    # A sampling driver that does not forward the caller's seed: it draws its uniforms from
+    # seed 0 instead. Greedy and beam search never read the seed, so only sampling sees it.
+    "sampling ignores the seed": ("test_generate", [("numpy", [(
+        "decode.py",
+        "**settings.search_options())",
+        "**(settings.search_options() | {\"seed\": 0}))",
+    )], {})]),
     # The backward pass (impl_numpy/backward.py): invisible to every forward property.
     # LayerNorm's gradient without the term through the variance, which depends on the whole row.
     "LayerNorm gradient misses the variance term": ("test_gradients", [("numpy", [(

@@ -192,14 +192,14 @@ def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
     """The float64 NumPy ids of a `GenerationCase` and the search's closest calls per step
     (`conformance.core.decoding.search`'s `trace`), from the oracle's cached decoder: the same
     steps as its `generate`, with the trace switched on."""
-    from conformance.core.decoding import search
+    from conformance.core.decoding import resolve, search
     from conformance.core.output import Encoded
 
-    case, arguments = gcase.case, gcase.arguments()
-    beams = arguments["num_beams"]
+    case = gcase.case
+    settings = resolve(case.config, gcase.max_len, gcase.bos_id, gcase.eos_id, **gcase.arguments())
     model = backends.build(ORACLE, case.config, case.params())
     encoded = model.encode(case.src_ids, return_attention=False)
-    rows = np.repeat(np.arange(len(case.src_ids)), beams)
+    rows = np.repeat(np.arange(len(case.src_ids)), settings.rows)  # each source once per beam (or sample)
     encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
     state = {"cache": model.start_cache(encoded, gcase.max_len)}
 
@@ -209,8 +209,8 @@ def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
         return model.decode_step(tokens[:, -1], state["cache"])
 
     trace: list[dict] = []
-    ids, _ = search(step, len(case.src_ids), gcase.max_len, gcase.bos_id, gcase.eos_id, case.config.pad_id,
-                    trace=trace, **arguments)
+    ids, _ = search(step, len(case.src_ids), settings.max_len, settings.bos_id, settings.eos_id, case.config.pad_id,
+                    trace=trace, **settings.search_options())
     return ids, trace
 
 
