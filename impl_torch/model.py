@@ -826,8 +826,8 @@ class Model(nn.Module):
                              tuple(tgt_ids.shape))
         check_labels_finite(self.config, src_ids.cpu().numpy(), tgt_ids.cpu().numpy(), labels)
         epsilon = check_label_smoothing(label_smoothing)
-        counted = torch.tensor(labels != self.config.pad_id, device=self.device)  # (B, T)
-        targets = torch.tensor(labels, dtype=torch.long, device=self.device)[counted]  # (N,)
+        targets = torch.tensor(labels, dtype=torch.long, device=self.device)  # (B, T)
+        counted = targets != self.config.pad_id  # (B, T)
         names, params = zip(*self.named_parameters())
         # With a param_dtype other than dtype, autograd runs at copies of the parameters in the
         # compute dtype, and each gradient is rounded once to param_dtype. Through `cast` at each
@@ -846,9 +846,12 @@ class Model(nn.Module):
             else:
                 logits = self(src_ids, tgt_ids, **forward).logits  # (B, T, V)
             # The counted positions are selected before the log-softmax, never multiplied by 0: a
-            # padded row is not read at all, so a NaN there reaches neither the loss nor the gradient.
-            selected = at_least_float32(logits[counted])  # (N, V)
-            loss = F.cross_entropy(selected, targets, label_smoothing=epsilon)
+            # padded row is replaced by zeros (a where, whose gradient selects), so a NaN there
+            # reaches neither the loss nor the gradient; the fused cross-entropy then ignores it
+            # (ignore_index) and averages over the N counted positions. No host sync.
+            selected = at_least_float32(torch.where(counted[..., None], logits, 0.0))  # (B, T, V)
+            loss = F.cross_entropy(selected.flatten(0, 1), targets.flatten(), ignore_index=self.config.pad_id,
+                                   label_smoothing=epsilon)
             grads = torch.autograd.grad(loss, leaves, materialize_grads=True)
         grads = {name: cast(grad, param.dtype) for name, grad, param in zip(names, grads, params)}
         return loss.detach(), {name: grads[name] for name in param_shapes(self.config)}  # checkpoint order
