@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from conformance.check import backends
-from conformance.check.backends import Target
+from conformance.check.backends import Target, precision_problems
 from conformance.check.compare import to_numpy
 from conformance.core.output import tensors_of
 from conformance.suite.covering import RECORDER
@@ -30,24 +30,6 @@ TIMINGS: dict[str, float] = defaultdict(float)
 # Called as PROGRESS(target, case, seconds) after every run when set: the plugin prints a line per
 # full-size model run under the `scale` profile, where one run takes a minute.
 PROGRESS: Callable[[Target, Case, float], None] | None = None
-
-
-# Settings that would let a float32 matmul round its inputs (TF32, bfloat16 passes) or a half-precision
-# GEMM accumulate below float32: none may be on while a property compares (`precision_problems`).
-REDUCED_PRECISION = {"tf32", "high", "medium"}
-
-
-def precision_problems(settings: dict[str, Any]) -> list[str]:
-    """The settings of `backends.precision_settings` that are not full precision: any TF32 or
-    reduced-precision-reduction switch on, any float32 matmul precision below "highest"."""
-    problems = []
-    for name, value in settings.items():
-        on = value is True and ("tf32" in name or "reduced_precision" in name)
-        reduced = isinstance(value, str) and ("matmul" in name or name.endswith("matmul_precision")) \
-            and value.lower() in REDUCED_PRECISION
-        if on or reduced:
-            problems.append(f"{name}={value!r}")
-    return problems
 
 
 @contextmanager
