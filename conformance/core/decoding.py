@@ -1,17 +1,21 @@
-"""Decoding written once: greedy and beam search bookkeeping on the host, in float64 NumPy.
+"""Decoding written once: greedy search, beam search and sampling, on the host, in float64 NumPy.
 
-Every backend's `generate` encodes the source, then hands `search` a `step` function:
+Every backend's `generate` resolves its arguments with `resolve` (the checkpoint's generation
+note for what is left out, then the checks, the same errors from every backend), encodes the
+source, then hands `search` a `step` function:
 
     step(tokens, parents) -> logits
-        tokens  (N, t) int64, the decoder input so far (N = batch * num_beams rows)
+        tokens  (N, t) int64, the decoder input so far (N = batch * num_beams rows, or batch *
+                num_return_sequences when sampling)
         parents (N,) int64 or None: row i of this step continues row parents[i] of the last one;
                 a backend with a KV cache reorders it by `parents` before running the new token
         logits  (N, V) the next-token logits of each row, in the backend's own dtype
 
 `search` does everything else: log-softmax in float64, banned ids and the forced end token,
-the choice of tokens, the finished-hypothesis lists, the length penalty and the stopping rule.
-So the backends can only differ through their logits; in float64 they choose the same ids.
-The semantics (those of Hugging Face transformers' `generate`, 5.x) are written out in
+the choice of tokens (Hugging Face's beam rule or Flax examples/wmt's; sampling with
+temperature, top-k and top-p from uniforms drawn once from a NumPy seed), the finished-hypothesis
+lists, the length penalty and the stopping rule. So the backends can only differ through their
+logits; in float64 they choose the same ids. The semantics are written out in
 `docs/decoding.md`.
 
 `DecoderCache` is the state a backend's cached step carries; its fields hold the backend's own
