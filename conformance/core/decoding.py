@@ -1,17 +1,21 @@
-"""Decoding written once: greedy and beam search bookkeeping on the host, in float64 NumPy.
+"""Decoding written once: greedy search, beam search and sampling, on the host, in float64 NumPy.
 
-Every backend's `generate` encodes the source, then hands `search` a `step` function:
+Every backend's `generate` resolves its arguments with `resolve` (the checkpoint's generation
+note for what is left out, then the checks, the same errors from every backend), encodes the
+source, then hands `search` a `step` function:
 
     step(tokens, parents) -> logits
-        tokens  (N, t) int64, the decoder input so far (N = batch * num_beams rows)
+        tokens  (N, t) int64, the decoder input so far (N = batch * num_beams rows, or batch *
+                num_return_sequences when sampling)
         parents (N,) int64 or None: row i of this step continues row parents[i] of the last one;
                 a backend with a KV cache reorders it by `parents` before running the new token
         logits  (N, V) the next-token logits of each row, in the backend's own dtype
 
 `search` does everything else: log-softmax in float64, banned ids and the forced end token,
-the choice of tokens, the finished-hypothesis lists, the length penalty and the stopping rule.
-So the backends can only differ through their logits; in float64 they choose the same ids.
-The semantics (those of Hugging Face transformers' `generate`, 5.x) are written out in
+the choice of tokens (Hugging Face's beam rule or Flax examples/wmt's; sampling with
+temperature, top-k and top-p from uniforms drawn once from a NumPy seed), the finished-hypothesis
+lists, the length penalty and the stopping rule. So the backends can only differ through their
+logits; in float64 they choose the same ids. The semantics are written out in
 `docs/decoding.md`.
 
 `DecoderCache` is the state a backend's cached step carries; its fields hold the backend's own
@@ -259,12 +263,15 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
     beams = _integer("num_beams", values["num_beams"])
     sampling = check_sampling(do_sample, temperature, top_k, top_p, seed, beams, beam_rule)
     count = _integer("num_return_sequences", num_return_sequences, "an int >= 1")
-    most = 1 if beam_rule == "flax" and not do_sample else (count if do_sample else beams)
-    if not 1 <= count <= most:
-        why = ("the flax rule returns the best hypothesis of each row, as Flax's beam_search is used"
-               if beam_rule == "flax" else "greedy search has one sequence per row (use num_beams or do_sample)"
-               if beams == 1 else f"beam search returns at most its {beams} beams")
-        raise InputError("num_return_sequences", f"must be an int in [1, {max(most, 1)}]: {why}; got {count!r}")
+    if count < 1:
+        raise InputError("num_return_sequences", f"must be an int >= 1, got {count!r}")
+    if not sampling["do_sample"]:
+        most, why = ((1, "the flax rule returns each row's best hypothesis, as Flax's beam_search callers take it")
+                     if beam_rule == "flax" else
+                     (1, "greedy search has one sequence per row (use num_beams or do_sample)") if beams == 1 else
+                     (beams, f"beam search keeps {beams} beams"))
+        if count > most:
+            raise InputError("num_return_sequences", f"must be at most {most}: {why}; got {count!r}")
     if beam_rule == "flax" and early_stopping is not False:
         raise InputError("early_stopping", "applies to beam_rule=\"hf\" only: the flax rule stops as Flax's "
                                            f"beam_search does (docs/decoding.md), got {early_stopping!r}")
@@ -283,7 +290,8 @@ def check_sampling(do_sample, temperature, top_k, top_p, seed, num_beams: int, b
     do_sample = _flag("do_sample", do_sample)
     given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
     if not do_sample:
-        extra = [name for name, value in given.items() if value is not None and value != SAMPLING[name]]
+        extra = [name for name, value in given.items()
+                 if value is not None and not (type(value) in (int, float) and value == SAMPLING[name])]
         if extra:
             raise InputError(extra[0], "applies only with do_sample=True (greedy and beam search do not sample)")
         return {"do_sample": False}
