@@ -587,6 +587,8 @@ class Model(nn.Module):
     `torch.inference_mode()` and autograd all apply. `.to(dtype)` casts the sinusoid buffer along
     with the parameters, like any buffer. Under `torch.compile` the input checks stay eager (they
     read ids on the host), so the tensor work compiles as a few graphs, not one `fullgraph`.
+    `model.compile()` compiles it in place, so `loss_and_grads` and `train_step` run compiled too
+    (docs/training.md, "Compiled training").
 
     `param_dtype` (keyword-only; any of `SUPPORTED_DTYPES`; default None: `dtype`) stores the
     parameters in another dtype than the one the model computes in: `Model(config, params32,
