@@ -141,7 +141,7 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
             return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
         if parents is not None:
             state["cache"] = reorder_cache(model, state["cache"], parents)
-        return decode_step(model, tokens[:, -1], state["cache"])  # (N, V)
+        return model.decode_step(tokens[:, -1], state["cache"])  # (N, V): the method, which a subclass may compile
 
     ids, scores = search(step, batch, settings.max_len, settings.bos_id, settings.eos_id, model.config.pad_id,
                          **settings.search_options())
