@@ -232,6 +232,24 @@ def precision_settings(backend: str) -> dict[str, Any]:
     return dict(import_backend(backend).precision_settings())
 
 
+# Settings that would let a float32 matmul round its inputs (TF32, bfloat16 passes) or a half-precision
+# GEMM accumulate below float32: none may be on while a property compares (`precision_problems`).
+REDUCED_PRECISION = {"tf32", "high", "medium"}
+
+
+def precision_problems(settings: dict[str, Any]) -> list[str]:
+    """The settings of `backends.precision_settings` that are not full precision: any TF32 or
+    reduced-precision-reduction switch on, any float32 matmul precision below "highest"."""
+    problems = []
+    for name, value in settings.items():
+        on = value is True and ("tf32" in name or "reduced_precision" in name)
+        reduced = isinstance(value, str) and ("matmul" in name or name.endswith("matmul_precision")) \
+            and value.lower() in REDUCED_PRECISION
+        if on or reduced:
+            problems.append(f"{name}={value!r}")
+    return problems
+
+
 def version(backend: str) -> str:
     if backend in OPTIONAL_BACKENDS and kind(backend) == "torch":
         import torch
