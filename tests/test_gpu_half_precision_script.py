@@ -30,8 +30,8 @@ def test_it_measures_and_tabulates_on_the_cpu(script, capsys, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.delenv("ROSETTA_DEVICES", raising=False)
     code = script.main(["--backends", "numpy,torch", "--devices", "cpu", "--dtypes", "float32",
-                        "--examples", "3", "--long-examples", "1"])
+                        "--examples", "3", "--long-examples", "0"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "| torch/cpu/float32 |" in out and "| torch/cpu/float16 |" in out and "margin" in out
+    assert "| torch/cpu/float32 |" in out and "margin" in out
     assert "ROSETTA_DEVICES" not in __import__("os").environ, "the script left its device selection behind"
