@@ -73,7 +73,8 @@ def rows(result: dict, tolerance_of) -> tuple[list[str], bool]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="float16,bfloat16,float32", help="float32 shows TF32 is off")
-    parser.add_argument("--backends", default="numpy,torch,jax", help="numpy: the CPU oracle only; GPU targets are torch/jax")
+    parser.add_argument("--backends", default="numpy,torch,jax",
+                        help="numpy: the CPU oracle only; GPU targets are torch/jax")
     parser.add_argument("--examples", type=int, default=250, help="tame examples (`cases`)")
     parser.add_argument("--long-examples", type=int, default=30, help="long seeded examples (512-2048 tokens), float16")
     parser.add_argument("--seed", type=int, default=100)
