@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache, search
+from conformance.core.decoding import DecoderCache
+from conformance.core.device_search import NumpyOps, Rules, newest, prefix, run
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
-from impl_torch.arrays import to_numpy
 
 # -- Masks -------------------------------------------------------------------------------------
 
@@ -106,8 +106,15 @@ def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:
 def decode_step(model, tgt_ids, cache: DecoderCache) -> torch.Tensor:
     """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
     `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
+    tgt_ids = model._ids("tgt_ids", torch.as_tensor(tgt_ids).reshape(-1, 1), model.config.tgt_vocab_size)  # (B, 1)
+    return advance(model, tgt_ids[:, 0], cache)
+
+
+def advance(model, tgt_ids: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+    """`decode_step` without the id checks: tgt_ids (B,) int64 on the model's device, produced by
+    the search (checking them would read them back to the host at every step)."""
     config = model.config
-    tgt_ids = model._ids("tgt_ids", torch.as_tensor(tgt_ids).reshape(-1, 1), config.tgt_vocab_size)  # (B, 1)
+    tgt_ids = tgt_ids[:, None]  # (B, 1)
     t = cache.length
     cache.tgt_ids[:, t] = tgt_ids[:, 0]
     self_mask = step_mask(config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
@@ -126,33 +133,104 @@ def decode_step(model, tgt_ids, cache: DecoderCache) -> torch.Tensor:
 # -- The search --------------------------------------------------------------------------------
 
 
+class Ops(NumpyOps):
+    """The array operations of the device search (`conformance.core.device_search`) in this
+    backend's arrays."""
+
+    xp = torch
+    int_dtype = torch.long
+    bool_dtype = torch.bool
+
+    def __init__(self, device):
+        self.device = device
+
+    def top_k(self, x, k: int):
+        # torch.topk does not say which of equal scores it keeps, nor in what order; the
+        # reference keeps the lower index first. Exact ties are rare in float32 (and allowed to
+        # part ways there: a gap of 0), but structured ones (the -1e9 of unused finished slots)
+        # and float64's promise need the rule, at the cost of a pass over x.
+        values, _ = torch.topk(x, k, dim=-1)  # (..., k), best first
+        threshold = values[..., -1:]
+        above, at = x > threshold, x == threshold
+        needed = k - above.sum(-1, keepdim=True)
+        kept = above | (at & (at.cumsum(-1) <= needed))  # exactly k per row, ties to the lower index
+        slot = torch.where(kept, kept.cumsum(-1) - 1, k)  # each kept entry's place among the kept
+        index = torch.zeros(x.shape[:-1] + (k + 1,), dtype=torch.long, device=x.device)
+        index.scatter_(-1, slot, torch.arange(x.shape[-1], device=x.device).expand_as(x))
+        index = index[..., :k]  # (..., k) ascending
+        values, order = torch.sort(x.gather(-1, index), dim=-1, descending=True, stable=True)
+        return values, index.gather(-1, order)
+
+    def take(self, x, index):
+        index = index.reshape(index.shape + (1,) * (x.ndim - 2)).expand(index.shape + x.shape[2:])
+        return torch.gather(x, 1, index)
+
+    def cast(self, x, dtype):
+        return torch.as_tensor(x, device=self.device).to(dtype)
+
+    def full(self, shape, value, dtype):
+        return torch.full(shape, value, dtype=dtype, device=self.device)
+
+    def arange(self, n: int):
+        return torch.arange(n, device=self.device)
+
+    def concat(self, arrays):
+        return torch.cat(arrays, dim=1)
+
+    def reduce(self, name: str, x, axis=None, keepdims: bool = False):
+        function = {"max": torch.amax, "min": torch.amin, "sum": torch.sum, "any": torch.any, "all": torch.all}[name]
+        if axis is None:
+            return function(x)
+        return function(x, dim=axis, keepdim=keepdims)
+
+    def argmax(self, x):
+        return torch.argmax(x, dim=-1)
+
+    def where(self, condition, a, b):
+        if isinstance(condition, bool):
+            return a if condition else b
+        return torch.where(condition, a, b)
+
+
+def search_dtype(model):
+    """The dtype the search scores in: float64 for a float64 model, else float32 (as Hugging Face
+    upcasts float16 and bfloat16 logits)."""
+    return torch.float64 if model.dtype == torch.float64 else torch.float32
+
+
 def generate(model, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
              length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
              length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
              return_scores: bool = False):
-    """`Model.generate`: the source encoded once, then `conformance.core.decoding.search` fed with
-    this model's step logits (cached, or the whole decoder over the prefix with use_cache=False)."""
+    """`Model.generate`: the source encoded once, then the search of `conformance.core.device_search`
+    run in this backend's arrays on the step logits (cached, or the whole decoder over the prefix
+    with use_cache=False); one host read of the stop flag per step."""
     banned = check_generate(model.config, max_len, bos_id, eos_id, num_beams=num_beams,
                             length_penalty=length_penalty, early_stopping=early_stopping,
                             use_cache=use_cache, length_penalty_form=length_penalty_form,
                             forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
+    ops, dtype = Ops(model.device), search_dtype(model)
+    rules = Rules(max_len=max_len, num_beams=num_beams, early_stopping=early_stopping, form=length_penalty_form,
+                  forced_eos=forced_eos)
+    banned_mask = torch.zeros(model.config.tgt_vocab_size, dtype=torch.bool, device=model.device)  # (V,)
+    banned_mask[list(banned)] = True
     with torch.inference_mode():
         encoded = model.encode(src_ids, return_attention=False)
         batch = encoded.memory.shape[0]
         rows = torch.arange(batch, device=model.device).repeat_interleave(num_beams)  # (N,): each source once per beam
         encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-        state = {"cache": start_cache(model, encoded, max_len) if use_cache else None}
+        cache = {"now": start_cache(model, encoded, max_len) if use_cache else None}
 
-        def step(tokens, parents) -> torch.Tensor:
+        def step(state, i: int) -> torch.Tensor:
             if not use_cache:
-                return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
-            if parents is not None:
-                state["cache"] = reorder_cache(model, state["cache"], parents)
-            return decode_step(model, tokens[:, -1], state["cache"])  # (N, V)
+                return model.decode(prefix(ops, rules, state, i), encoded, return_attention=False).logits[:, -1]
+            if num_beams > 1 and i > 0:
+                cache["now"] = reorder_cache(model, cache["now"], state["parents"])
+            return advance(model, newest(ops, rules, state), cache["now"])  # (N, V)
 
-        ids, scores = search(step, batch, max_len, bos_id, eos_id, model.config.pad_id, num_beams=num_beams,
-                             length_penalty=length_penalty, early_stopping=early_stopping,
-                             length_penalty_form=length_penalty_form, forced_eos=forced_eos,
-                             banned_ids=banned, as_numpy=to_numpy)
-    ids, scores = torch.as_tensor(ids, device=model.device), torch.as_tensor(scores, device=model.device)
+        def read(*arrays) -> list:  # the one small host read per step
+            return torch.stack([torch.as_tensor(a, device=model.device).long() for a in arrays]).tolist()
+
+        ids, scores = run(ops, rules, step, batch, bos_id, eos_id, model.config.pad_id, banned_mask,
+                          float(length_penalty), dtype, read)
     return (ids, scores) if return_scores else ids
