@@ -152,7 +152,7 @@ def generate(model, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beam
              return_scores: bool = False):
     """`Model.generate`: the source encoded once, then the search of `conformance.core.device_search`
     run in this backend's arrays on the step logits (cached, or the whole decoder over the prefix
-    with use_cache=False); one host read of the stop flag per step."""
+    with use_cache=False); the host reads a stop flag once per step (JAX: once per search)."""
     banned = check_generate(model.config, max_len, bos_id, eos_id, num_beams=num_beams,
                             length_penalty=length_penalty, early_stopping=early_stopping,
                             use_cache=use_cache, length_penalty_form=length_penalty_form,

@@ -113,3 +113,19 @@ def test_nan_logits_of_an_open_row_are_refused_as_the_reference_does():
     with pytest.raises(InputError) as got:
         device(NumpyOps(), settings, values, 6)
     assert str(got.value) == str(expected.value)
+
+
+@pytest.mark.parametrize("kind", ["ties", "continuous"])
+def test_jax_device_search_equals_the_reference(kind):
+    """The JAX adapter (lax.top_k, the functional column writes) run eagerly; the compiled
+    while_loop around the same functions is compared through generate (tests/test_generate.py,
+    the suite)."""
+    jnp = pytest.importorskip("jax.numpy")
+    import impl_jax
+    from impl_jax.decode import Ops
+
+    values = table(kind)
+    with impl_jax.enable_x64():
+        for settings in SETTINGS[::3]:  # eager JAX dispatches op by op: a third of the settings
+            got = device(Ops(None), settings, values, 6, to_numpy=np.asarray, from_numpy=jnp.asarray)
+            same(got, reference(settings, values, 6), settings)

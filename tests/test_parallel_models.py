@@ -45,6 +45,7 @@ DECODE_IDIOM_NAMES = {
     "_start_cache": ({"jax"}, "the compiled part of start_cache"),
     "_reorder_cache": ({"jax"}, "the compiled part of reorder_cache"),
     "_decode_step": ({"jax"}, "the compiled part of decode_step (one executable for every step)"),
+    "_search": ({"jax"}, "the compiled search: start_cache and every step in one lax.while_loop"),
     "advance": ({"numpy", "torch"}, "decode_step without the id checks, for the eager search's own ids; "
                                     "JAX's search calls the traced _decode_step inside its while_loop"),
 }
