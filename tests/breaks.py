@@ -145,6 +145,13 @@ PROPERTY_BREAKS = {
         "y = model.decoder(y, None, self_mask, cache.cross_mask,",
         "y = model.decoder(y, None, self_mask[..., :max(t, 1)], cache.cross_mask,",
     )], {})]),
+    # A device search that never reorders the KV cache after beam search chose its rows: every
+    # beam keeps attending to its own old prefix. Greedy and the full forward pass never see it.
+    "beam search forgets to reorder the cache": ("test_generate", [("numpy", [(
+        "decode.py",
+        "if num_beams > 1 and i > 0:",
+        "if False:",
+    )], {})]),
     # The backward pass (impl_numpy/backward.py): invisible to every forward property.
     # LayerNorm's gradient without the term through the variance, which depends on the whole row.
     "LayerNorm gradient misses the variance term": ("test_gradients", [("numpy", [(
