@@ -141,25 +141,28 @@ class Ops(NumpyOps):
     int_dtype = torch.long
     bool_dtype = torch.bool
 
-    def __init__(self, device):
-        self.device = device
+    def __init__(self, device, exact: bool = False):
+        self.device, self.exact, self.doubts = device, exact, []
 
     def top_k(self, x, k: int):
-        # torch.topk does not say which of equal scores it keeps, nor in what order; the
-        # reference keeps the lower index first. Exact ties are rare in float32 (and allowed to
-        # part ways there: a gap of 0), but structured ones (the -1e9 of unused finished slots)
-        # and float64's promise need the rule, at the cost of a pass over x.
-        values, _ = torch.topk(x, k, dim=-1)  # (..., k), best first
-        threshold = values[..., -1:]
-        above, at = x > threshold, x == threshold
-        needed = k - above.sum(-1, keepdim=True)
-        kept = above | (at & (at.cumsum(-1) <= needed))  # exactly k per row, ties to the lower index
-        slot = torch.where(kept, kept.cumsum(-1) - 1, k)  # each kept entry's place among the kept
-        index = torch.zeros(x.shape[:-1] + (k + 1,), dtype=torch.long, device=x.device)
-        index.scatter_(-1, slot, torch.arange(x.shape[-1], device=x.device).expand_as(x))
-        index = index[..., :k]  # (..., k) ascending
+        # torch.topk says neither which of equal scores it keeps nor in what order; the
+        # reference keeps the lower index first. So: the best min(2k, M), re-sorted by (score,
+        # index); the first k are the reference's unless scores equal to the k-th run past the
+        # fetched ones, which `doubt` reports to the driver (it then redoes the step `exact`ly).
+        fetched = x.shape[-1] if self.exact else min(x.shape[-1], 2 * k)
+        values, index = torch.topk(x, fetched, dim=-1)  # (..., fetched), best first
+        if fetched < x.shape[-1]:
+            self.doubts.append((values[..., -1] == values[..., k - 1]).any())
+        index, _ = torch.sort(index, dim=-1)
         values, order = torch.sort(x.gather(-1, index), dim=-1, descending=True, stable=True)
-        return values, index.gather(-1, order)
+        return values[..., :k], index.gather(-1, order)[..., :k]
+
+    def doubt(self):
+        doubts, self.doubts = self.doubts, []
+        return torch.stack(doubts).any() if doubts else torch.zeros((), dtype=torch.bool, device=self.device)
+
+    def certain(self):
+        return Ops(self.device, exact=True)
 
     def take(self, x, index):
         index = index.reshape(index.shape + (1,) * (x.ndim - 2)).expand(index.shape + x.shape[2:])

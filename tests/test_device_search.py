@@ -102,6 +102,14 @@ def test_torch_top_k_keeps_the_lower_index_among_ties():
     values, index = Ops("cpu").top_k(x, 3)
     assert index.tolist() == [[1, 2, 4], [2, 0, 1]]
     assert values.tolist() == [[3.0, 3.0, 3.0], [5.0, -1e9, -1e9]]
+    ops = Ops("cpu")
+    assert not ops.doubt()
+    # Equal scores at the k-th place beyond the 2k fetched: the fast top-k says it is unsure.
+    x = torch.tensor([[3.0] * 7 + [5.0], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]])
+    ops.top_k(x, 2)
+    assert ops.doubt() and not ops.doubt()  # reported once
+    values, index = ops.certain().top_k(x, 2)
+    assert index.tolist() == [[7, 0], [7, 6]]
 
 
 def test_nan_logits_of_an_open_row_are_refused_as_the_reference_does():
