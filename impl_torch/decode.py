@@ -141,28 +141,25 @@ class Ops(NumpyOps):
     int_dtype = torch.long
     bool_dtype = torch.bool
 
-    def __init__(self, device, exact: bool = False):
-        self.device, self.exact, self.doubts = device, exact, []
+    def __init__(self, device):
+        self.device = device
 
     def top_k(self, x, k: int):
         # torch.topk says neither which of equal scores it keeps nor in what order; the
-        # reference keeps the lower index first. So: the best min(2k, M), re-sorted by (score,
-        # index); the first k are the reference's unless scores equal to the k-th run past the
-        # fetched ones, which `doubt` reports to the driver (it then redoes the step `exact`ly).
-        fetched = x.shape[-1] if self.exact else min(x.shape[-1], 2 * k)
-        values, index = torch.topk(x, fetched, dim=-1)  # (..., fetched), best first
-        if fetched < x.shape[-1]:
-            self.doubts.append((values[..., -1] == values[..., k - 1]).any())
-        index, _ = torch.sort(index, dim=-1)
-        values, order = torch.sort(x.gather(-1, index), dim=-1, descending=True, stable=True)
+        # reference keeps the lower index first. Every score above the k-th best is among
+        # torch's best k; of those equal to it, the k lowest indices join them (a second top-k,
+        # over m - index where x equals it, else 0); then (score, index) order picks the k.
+        m = x.shape[-1]
+        values, index = torch.topk(x, k, dim=-1)  # (..., k), best first
+        if k < m:
+            threshold = values[..., -1:]
+            key = torch.where(x == threshold, m - torch.arange(m, device=x.device), 0)
+            lowest = m - torch.topk(key, k, dim=-1).values  # (..., k): m where fewer are equal
+            index = torch.cat([torch.where(values > threshold, index, m), lowest], dim=-1)
+        index, _ = torch.sort(index, dim=-1)  # m (no candidate) last
+        values = torch.where(index < m, x.gather(-1, index.clamp(max=m - 1)), -torch.inf)
+        values, order = torch.sort(values, dim=-1, descending=True, stable=True)
         return values[..., :k], index.gather(-1, order)[..., :k]
-
-    def doubt(self):
-        doubts, self.doubts = self.doubts, []
-        return torch.stack(doubts).any() if doubts else torch.zeros((), dtype=torch.bool, device=self.device)
-
-    def certain(self):
-        return Ops(self.device, exact=True)
 
     def take(self, x, index):
         index = index.reshape(index.shape + (1,) * (x.ndim - 2)).expand(index.shape + x.shape[2:])

@@ -53,9 +53,6 @@ _ADAPTER = ({"torch", "jax"}, "the device search's array adapter (Ops) in the fr
                                "NumPy's inherits conformance.core.device_search.NumpyOps")
 DECODE_IDIOM_METHODS: dict = {name: _ADAPTER for name in ("top_k", "take", "cast", "full", "arange", "concat",
                                                            "reduce", "argmax", "where")}
-DECODE_IDIOM_METHODS.update({name: ({"torch"}, "torch.topk's unsure tie order, reported and redone exactly "
-                                               "(NumPy's stable sort and jax.lax.top_k are always sure)")
-                             for name in ("doubt", "certain")})
 # The same for the blocked output product (impl_*/blocks.py).
 BLOCKS_IDIOM_NAMES = {
     "_product_in_blocks_jvp": ({"jax"}, "the derivative of product_in_blocks as one product (jax.custom_jvp): "

@@ -71,10 +71,7 @@ class NumpyOps:
     along the last axis, best first, ties to the lower index; `take(x, index)` gathers x (B, M, ...)
     along axis 1 by index (B, k); `cast(x, dtype)`; `full(shape, value, dtype)`; `arange(n)`;
     `concat(arrays)` along axis 1; `reduce(name, x, axis)` for max, min, sum, any, all; `argmax(x)`
-    along the last axis (first of equal maxima); `where(c, a, b)`, also for a Python bool `c`;
-    `doubt()`, a 0-d bool: did a `top_k` since the last call leave the tie rule unsure (a fast
-    top-k that saw equal scores at the k-th place), and `certain()`, an adapter whose `top_k`
-    never is (the driver redoes such a step with it)."""
+    along the last axis (first of equal maxima); `where(c, a, b)`, also for a Python bool `c`."""
 
     xp = np
     int_dtype = np.int64
@@ -109,12 +106,6 @@ class NumpyOps:
         if isinstance(condition, bool):
             return a if condition else b
         return np.where(condition, a, b)
-
-    def doubt(self):
-        return np.asarray(False)  # a stable sort of every score: always the reference's order
-
-    def certain(self):
-        return self
 
 
 # -- Shared rules -------------------------------------------------------------------------------
@@ -340,15 +331,11 @@ def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: i
     for i in range(rules.max_len):
         logits = ops.cast(step(state, i), dtype)
         if beam:
-            new = beam_update(ops, rules, state, logits, banned, eos_id, length_penalty)
+            state = beam_update(ops, rules, state, logits, banned, eos_id, length_penalty)
         else:
-            new = greedy_update(ops, rules, state, logits, banned, eos_id, pad_id)
+            state = greedy_update(ops, rules, state, logits, banned, eos_id, pad_id)
         steps = i + 1
-        stop, bad, unsure = read(new["stop"], new["bad"], ops.doubt())
-        if unsure:  # equal scores at the k-th place: this step again with an exact top-k
-            new = beam_update(ops.certain(), rules, state, logits, banned, eos_id, length_penalty)
-            stop, bad = read(new["stop"], new["bad"])
-        state = new
+        stop, bad = read(state["stop"], state["bad"])
         if bad >= 0:
             raise nan_error(i, bad)
         if stop:
