@@ -120,7 +120,11 @@ def penalty(ops, length, length_penalty, form: str, dtype):
 
 
 def log_softmax(ops, logits):
-    """log softmax over the last axis, in the logits' dtype (the reference's formula)."""
+    """log softmax over the last axis, in the logits' dtype (the reference's formula, unless the
+    adapter has a fused one: `ops.log_softmax`)."""
+    fused = getattr(ops, "log_softmax", None)
+    if fused is not None:
+        return fused(logits)
     xp = ops.xp
     shifted = logits - ops.reduce("max", logits, axis=-1, keepdims=True)
     return shifted - xp.log(ops.reduce("sum", xp.exp(shifted), axis=-1, keepdims=True))
