@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache, search
-from conformance.core.device_search import (NumpyOps, Rules, beam_result, beam_start, beam_update, beam_width,
-                                            greedy_result, greedy_start, greedy_update, nan_error, newest)
+from conformance.core.decoding import DecoderCache, check_sources, search
+from conformance.core.device_search import (NumpyOps, Rules, beam_result, beam_start, beam_update, beam_width, covers,
+                                            greedy_result, greedy_start, greedy_update, nan_error, newest, rules_of)
 from conformance.core.errors import InputError
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
@@ -241,51 +241,52 @@ def _search(model, memory, cross_mask, ids, banned, length_penalty, *, rules: Ru
     return (state,)
 
 
-def generate(model, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
-             length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
-             length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
-             return_scores: bool = False):
-    """`Model.generate`: the source encoded once, then the search of `conformance.core.device_search`
-    run in this backend's arrays on the step logits (cached, or the whole decoder over the prefix
-    with use_cache=False); the host reads a stop flag once per step (JAX: once per search)."""
+def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
+    """`Model.generate`: the arguments resolved against the checkpoint's generation note, the source
+    encoded once, then the search of `conformance.core.device_search` in this backend's arrays on
+    the step logits (cached, or the whole decoder over the prefix with use_cache=False); sampling
+    and the flax beam rule run `conformance.core.decoding.search` on the host."""
     # With the cache, the whole search is one compiled lax.while_loop (`_search`): one program per
-    # (rows, source length, max_len, rules), the host reads the result once. Without it, each new
-    # prefix length is a new shape, so the reference search drives the full decoder from the
-    # host: with `buckets` set, at most len(buckets) + 1 compiles serve every step; without, one
-    # per length.
-    banned = check_generate(model.config, max_len, bos_id, eos_id, num_beams=num_beams,
-                            length_penalty=length_penalty, early_stopping=early_stopping,
-                            use_cache=use_cache, length_penalty_form=length_penalty_form,
-                            forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
-    rules = Rules(max_len=max_len, num_beams=num_beams, early_stopping=early_stopping, form=length_penalty_form,
-                  forced_eos=forced_eos)
+    # (rows, source length, max_len, rules), and the host reads the result once. Without it (and
+    # for sampling and the flax rule), the reference search drives the steps from the host; each
+    # new prefix length is a new shape: with `buckets` set, at most len(buckets) + 1 compiles
+    # serve every step; without, one per length.
+    settings = check_generate(model.config, max_len, bos_id, eos_id, **options)
     encoded = model.encode(src_ids, return_attention=False)
+    check_sources(np.asarray(encoded.src_mask))  # a row of padding only is refused
     batch = encoded.memory.shape[0]
-    rows = np.repeat(np.arange(batch), num_beams)  # (N,): each source once per beam
+    rows = np.repeat(np.arange(batch), settings.rows)  # (N,): each source once per beam (or sample)
     encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-    if not use_cache:
-        ids, scores = search(lambda tokens, parents: model.decode(tokens, encoded, return_attention=False).logits[:, -1],
-                             batch, max_len, bos_id, eos_id, model.config.pad_id, num_beams=num_beams,
-                             length_penalty=length_penalty, early_stopping=early_stopping,
-                             length_penalty_form=length_penalty_form, forced_eos=forced_eos, banned_ids=banned,
-                             as_numpy=np.asarray)
+    if not (covers(settings) and settings.use_cache):  # the reference search, on the host
+        cache = {"now": start_cache(model, encoded, model.config.max_len) if settings.use_cache else None}
+
+        def reference_step(tokens: np.ndarray, parents) -> jax.Array:
+            if not settings.use_cache:
+                return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
+            if parents is not None:
+                cache["now"] = reorder_cache(model, cache["now"], parents)
+            return model.decode_step(tokens[:, -1], cache["now"])  # (N, V): the method, which a subclass may compile
+
+        ids, scores = search(reference_step, batch, settings.max_len, settings.bos_id, settings.eos_id,
+                             model.config.pad_id, **settings.search_options(), as_numpy=np.asarray)
         ids = jax.device_put(ids.astype(np.int32), model.device)  # int64 would need x64
         scores = scores if jax.config.jax_enable_x64 else scores.astype(np.float32)
-        return (ids, jax.device_put(scores, model.device)) if return_scores else ids
+        return (ids, jax.device_put(scores, model.device)) if settings.return_scores else ids
     host.check_runnable(model.dtype, param_dtype=model.param_dtype)
-    ops, dtype = Ops(model.device), search_dtype(model)
+    ops, dtype, rules = Ops(model.device), search_dtype(model), rules_of(settings)
     banned_mask = np.zeros(model.config.tgt_vocab_size, dtype=bool)  # (V,)
-    banned_mask[list(banned)] = True
+    banned_mask[list(settings.banned_ids)] = True
     cross_mask = encoded.src_mask if model.config.cross_attn_src_mask else None
-    arguments = (encoded.memory, cross_mask, np.array([bos_id, eos_id, model.config.pad_id], dtype=np.int32),
-                 banned_mask, np.asarray(length_penalty, dtype=dtype))
+    ids = np.array([settings.bos_id, settings.eos_id, model.config.pad_id], dtype=np.int32)
+    arguments = (encoded.memory, cross_mask, ids, banned_mask, np.asarray(settings.length_penalty, dtype=dtype))
     (state,) = compiled.call(model, _search, arguments, model.device, rules=rules)
-    counter = "length" if num_beams > 1 else "step"
-    bad, count = (int(x) for x in jax.device_get((state["bad"], state[counter])))  # the one host read
+    beam = settings.num_beams > 1
+    bad, count = (int(x) for x in jax.device_get((state["bad"], state["length" if beam else "step"])))  # one read
     if bad >= 0:
-        raise nan_error(count - (2 if num_beams > 1 else 1), bad)
-    if num_beams > 1:
-        ids, scores = beam_result(ops, state, int(beam_width(ops, state)))
+        raise nan_error(count - (2 if beam else 1), bad)
+    if beam:
+        returned = settings.num_return_sequences
+        ids, scores = beam_result(ops, state, int(beam_width(ops, state, returned)), returned)
     else:
-        ids, scores = greedy_result(ops, rules, state, jnp.asarray(length_penalty, dtype=dtype), count, dtype)
-    return (ids, scores) if return_scores else ids
+        ids, scores = greedy_result(ops, rules, state, jnp.asarray(settings.length_penalty, dtype=dtype), count, dtype)
+    return (ids, scores) if settings.return_scores else ids

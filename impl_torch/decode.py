@@ -21,10 +21,11 @@ from __future__ import annotations
 import torch
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache
-from conformance.core.device_search import NumpyOps, Rules, newest, prefix, run
+from conformance.core.decoding import DecoderCache, check_sources, search
+from conformance.core.device_search import NumpyOps, covers, newest, prefix, rules_of, run
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
+from impl_torch.arrays import to_numpy
 
 # -- Masks -------------------------------------------------------------------------------------
 
@@ -201,39 +202,50 @@ def search_dtype(model):
     return torch.float64 if model.dtype == torch.float64 else torch.float32
 
 
-def generate(model, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
-             length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
-             length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
-             return_scores: bool = False):
-    """`Model.generate`: the source encoded once, then the search of `conformance.core.device_search`
-    run in this backend's arrays on the step logits (cached, or the whole decoder over the prefix
-    with use_cache=False); the host reads a stop flag once per step (JAX: once per search)."""
-    banned = check_generate(model.config, max_len, bos_id, eos_id, num_beams=num_beams,
-                            length_penalty=length_penalty, early_stopping=early_stopping,
-                            use_cache=use_cache, length_penalty_form=length_penalty_form,
-                            forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
-    ops, dtype = Ops(model.device), search_dtype(model)
-    rules = Rules(max_len=max_len, num_beams=num_beams, early_stopping=early_stopping, form=length_penalty_form,
-                  forced_eos=forced_eos)
-    banned_mask = torch.zeros(model.config.tgt_vocab_size, dtype=torch.bool, device=model.device)  # (V,)
-    banned_mask[list(banned)] = True
+def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
+    """`Model.generate`: the arguments resolved against the checkpoint's generation note, the source
+    encoded once, then the search of `conformance.core.device_search` in this backend's arrays on
+    the step logits (cached, or the whole decoder over the prefix with use_cache=False); sampling
+    and the flax beam rule run `conformance.core.decoding.search` on the host."""
+    settings = check_generate(model.config, max_len, bos_id, eos_id, **options)
     with torch.inference_mode():
         encoded = model.encode(src_ids, return_attention=False)
+        check_sources(to_numpy(encoded.src_mask))  # a row of padding only is refused
         batch = encoded.memory.shape[0]
-        rows = torch.arange(batch, device=model.device).repeat_interleave(num_beams)  # (N,): each source once per beam
+        rows = torch.arange(batch, device=model.device).repeat_interleave(settings.rows)  # (N,): per beam or sample
         encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-        cache = {"now": start_cache(model, encoded, max_len) if use_cache else None}
+        cache = {"now": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
+        if not covers(settings):  # the reference search, on the host
+
+            def reference_step(tokens, parents) -> torch.Tensor:
+                if not settings.use_cache:
+                    return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
+                if parents is not None:
+                    cache["now"] = reorder_cache(model, cache["now"], parents)
+                return model.decode_step(tokens[:, -1], cache["now"])  # (N, V): the method, which a subclass may compile
+
+            ids, scores = search(reference_step, batch, settings.max_len, settings.bos_id, settings.eos_id,
+                                 model.config.pad_id, **settings.search_options(), as_numpy=to_numpy)
+            ids, scores = torch.as_tensor(ids, device=model.device), torch.as_tensor(scores, device=model.device)
+            return (ids, scores) if settings.return_scores else ids
+        ops, dtype, rules = Ops(model.device), search_dtype(model), rules_of(settings)
+        banned_mask = torch.zeros(model.config.tgt_vocab_size, dtype=torch.bool, device=model.device)  # (V,)
+        banned_mask[list(settings.banned_ids)] = True
+        # This backend's own step without the id checks (they would read the ids back to the host
+        # every step); a subclass's decode_step (torch.compile'd, say) is called as it is.
+        own = getattr(type(model).decode_step, "__module__", None) == __name__.rsplit(".", 1)[0] + ".model"
 
         def step(state, i: int) -> torch.Tensor:
-            if not use_cache:
+            if not settings.use_cache:
                 return model.decode(prefix(ops, rules, state, i), encoded, return_attention=False).logits[:, -1]
-            if num_beams > 1 and i > 0:
+            if settings.num_beams > 1 and i > 0:
                 cache["now"] = reorder_cache(model, cache["now"], state["parents"])
-            return advance(model, newest(ops, rules, state), cache["now"])  # (N, V)
+            ids = newest(ops, rules, state)
+            return advance(model, ids, cache["now"]) if own else model.decode_step(ids, cache["now"])  # (N, V)
 
         def read(*arrays) -> list:  # the one small host read per step
             return torch.stack([torch.as_tensor(a, device=model.device).long() for a in arrays]).tolist()
 
-        ids, scores = run(ops, rules, step, batch, bos_id, eos_id, model.config.pad_id, banned_mask,
-                          float(length_penalty), dtype, read)
-    return (ids, scores) if return_scores else ids
+        ids, scores = run(ops, rules, step, batch, settings.bos_id, settings.eos_id, model.config.pad_id, banned_mask,
+                          settings.length_penalty, dtype, read, settings.num_return_sequences)
+    return (ids, scores) if settings.return_scores else ids

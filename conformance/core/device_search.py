@@ -287,17 +287,35 @@ def beam_newest(ops, state: State):
     return ops.xp.reshape(read_column(ops, running, state["length"] - 1), (running.shape[0] * running.shape[1],))
 
 
-def beam_width(ops, state: State):
-    """How many generated tokens the result holds: the longest best hypothesis (a 0-d array)."""
-    return ops.reduce("max", state["finished_lengths"][:, 0])
+def beam_width(ops, state: State, returned: int = 1):
+    """How many generated tokens the result holds: the longest of the `returned` best hypotheses
+    of every row (a 0-d array)."""
+    return ops.reduce("max", state["finished_lengths"][:, :returned])
 
 
-def beam_result(ops, state: State, width: int):
-    """(ids (B, width), scores (B,)): each row's best finished hypothesis after the start token."""
-    return state["finished"][:, 0, 1:1 + width], state["finished_scores"][:, 0]
+def beam_result(ops, state: State, width: int, returned: int = 1):
+    """(ids (B x returned, width), scores (B x returned,)): each row's `returned` best finished
+    hypotheses after the start token, best first."""
+    finished = state["finished"]
+    batch = finished.shape[0]
+    return (ops.xp.reshape(finished[:, :returned, 1:1 + width], (batch * returned, width)),
+            ops.xp.reshape(state["finished_scores"][:, :returned], (batch * returned,)))
 
 
 # -- The eager driver ----------------------------------------------------------------------------
+
+
+def covers(settings) -> bool:
+    """Whether the device search runs these `generate` settings (a `decoding.Generation`): greedy
+    and Hugging Face's beam rule, any num_return_sequences. Sampling and beam_rule="flax" run the
+    reference search (`decoding.search`) on the host (docs/decoding.md)."""
+    return not settings.do_sample and settings.beam_rule == "hf"
+
+
+def rules_of(settings) -> Rules:
+    """The static rules of a `decoding.Generation`."""
+    return Rules(max_len=settings.max_len, num_beams=settings.num_beams, early_stopping=settings.early_stopping,
+                 form=settings.length_penalty_form, forced_eos=settings.forced_eos)
 
 
 def nan_error(step: int, row: int) -> InputError:
@@ -320,14 +338,15 @@ def prefix(ops, rules: Rules, state: State, step: int):
 
 
 def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: int, banned, length_penalty,
-        dtype, read):
+        dtype, read, returned: int = 1):
     """The search with a Python loop around the device's steps (NumPy, torch). Returns the ids
     (B, n) and scores (B,) in the backend's arrays.
 
     step(state, i) -> logits (N, V): the decoder's next-token logits at step i (the driver reads
         `newest`/`prefix` and, for beam search after the first step, reorders its cache by
         state["parents"]);
-    read(*arrays) -> Python values: the one host read per step (the stop flag and the NaN row).
+    read(*arrays) -> Python values: the one host read per step (the stop flag and the NaN row);
+    returned: beam search's hypotheses per row (num_return_sequences).
     """
     beam = rules.num_beams > 1
     state = (beam_start if beam else greedy_start)(ops, rules, batch, bos_id, pad_id, dtype)
@@ -345,6 +364,6 @@ def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: i
         if stop:
             break
     if beam:
-        (width,) = read(beam_width(ops, state))
-        return beam_result(ops, state, int(width))
+        (width,) = read(beam_width(ops, state, returned))
+        return beam_result(ops, state, int(width), returned)
     return greedy_result(ops, rules, state, length_penalty, steps, dtype)
