@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache, search
+from conformance.core.decoding import DecoderCache, check_sources, search
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
 
@@ -124,30 +124,25 @@ def decode_step(model, tgt_ids, cache: DecoderCache) -> np.ndarray:
 # -- The search --------------------------------------------------------------------------------
 
 
-def generate(model, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
-             length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
-             length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
-             return_scores: bool = False):
-    """`Model.generate`: the source encoded once, then `conformance.core.decoding.search` fed with
-    this model's step logits (cached, or the whole decoder over the prefix with use_cache=False)."""
-    banned = check_generate(model.config, max_len, bos_id, eos_id, num_beams=num_beams,
-                            length_penalty=length_penalty, early_stopping=early_stopping,
-                            use_cache=use_cache, length_penalty_form=length_penalty_form,
-                            forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
+def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
+    """`Model.generate`: the arguments resolved against the checkpoint's generation note, the source
+    encoded once, then `conformance.core.decoding.search` fed with this model's step logits (cached,
+    or the whole decoder over the prefix with use_cache=False)."""
+    settings = check_generate(model.config, max_len, bos_id, eos_id, **options)
     encoded = model.encode(src_ids, return_attention=False)
+    check_sources(encoded.src_mask)  # a row of padding only is refused
     batch = encoded.memory.shape[0]
-    rows = np.repeat(np.arange(batch), num_beams)  # (N,): each source once per beam
+    rows = np.repeat(np.arange(batch), settings.rows)  # (N,): each source once per beam (or sample)
     encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-    state = {"cache": start_cache(model, encoded, max_len) if use_cache else None}
+    state = {"cache": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
 
     def step(tokens: np.ndarray, parents) -> np.ndarray:
-        if not use_cache:
+        if not settings.use_cache:
             return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
         if parents is not None:
             state["cache"] = reorder_cache(model, state["cache"], parents)
-        return decode_step(model, tokens[:, -1], state["cache"])  # (N, V)
+        return model.decode_step(tokens[:, -1], state["cache"])  # (N, V): the method, which a subclass may compile
 
-    ids, scores = search(step, batch, max_len, bos_id, eos_id, model.config.pad_id, num_beams=num_beams,
-                         length_penalty=length_penalty, early_stopping=early_stopping,
-                         length_penalty_form=length_penalty_form, forced_eos=forced_eos, banned_ids=banned)
-    return (ids, scores) if return_scores else ids
+    ids, scores = search(step, batch, settings.max_len, settings.bos_id, settings.eos_id, model.config.pad_id,
+                         **settings.search_options())
+    return (ids, scores) if settings.return_scores else ids

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache, search
+from conformance.core.decoding import DecoderCache, check_sources, search
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
 from impl_torch.arrays import to_numpy
@@ -126,33 +126,27 @@ def decode_step(model, tgt_ids, cache: DecoderCache) -> torch.Tensor:
 # -- The search --------------------------------------------------------------------------------
 
 
-def generate(model, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
-             length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
-             length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
-             return_scores: bool = False):
-    """`Model.generate`: the source encoded once, then `conformance.core.decoding.search` fed with
-    this model's step logits (cached, or the whole decoder over the prefix with use_cache=False)."""
-    banned = check_generate(model.config, max_len, bos_id, eos_id, num_beams=num_beams,
-                            length_penalty=length_penalty, early_stopping=early_stopping,
-                            use_cache=use_cache, length_penalty_form=length_penalty_form,
-                            forced_eos=forced_eos, banned_ids=banned_ids, return_scores=return_scores)
+def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
+    """`Model.generate`: the arguments resolved against the checkpoint's generation note, the source
+    encoded once, then `conformance.core.decoding.search` fed with this model's step logits (cached,
+    or the whole decoder over the prefix with use_cache=False)."""
+    settings = check_generate(model.config, max_len, bos_id, eos_id, **options)
     with torch.inference_mode():
         encoded = model.encode(src_ids, return_attention=False)
+        check_sources(to_numpy(encoded.src_mask))  # a row of padding only is refused
         batch = encoded.memory.shape[0]
-        rows = torch.arange(batch, device=model.device).repeat_interleave(num_beams)  # (N,): each source once per beam
+        rows = torch.arange(batch, device=model.device).repeat_interleave(settings.rows)  # (N,): per beam or sample
         encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-        state = {"cache": start_cache(model, encoded, max_len) if use_cache else None}
+        state = {"cache": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
 
         def step(tokens, parents) -> torch.Tensor:
-            if not use_cache:
+            if not settings.use_cache:
                 return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
             if parents is not None:
                 state["cache"] = reorder_cache(model, state["cache"], parents)
-            return decode_step(model, tokens[:, -1], state["cache"])  # (N, V)
+            return model.decode_step(tokens[:, -1], state["cache"])  # (N, V): the method, which a subclass may compile
 
-        ids, scores = search(step, batch, max_len, bos_id, eos_id, model.config.pad_id, num_beams=num_beams,
-                             length_penalty=length_penalty, early_stopping=early_stopping,
-                             length_penalty_form=length_penalty_form, forced_eos=forced_eos,
-                             banned_ids=banned, as_numpy=to_numpy)
+        ids, scores = search(step, batch, settings.max_len, settings.bos_id, settings.eos_id, model.config.pad_id,
+                             **settings.search_options(), as_numpy=to_numpy)
     ids, scores = torch.as_tensor(ids, device=model.device), torch.as_tensor(scores, device=model.device)
-    return (ids, scores) if return_scores else ids
+    return (ids, scores) if settings.return_scores else ids

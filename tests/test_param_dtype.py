@@ -474,8 +474,9 @@ def test_greedy_tokens_and_scores_equal_the_float64_model(backend, device):
     with scope(backend, device):
         mixed = build(backend, device, MARIAN, p32, "float64", param_dtype="float32")
         plain = build(backend, device, MARIAN, widened(p32), "float64")
-        ids, scores = mixed.generate(SRC, 6, 2, 3, return_scores=True)
-        ref_ids, ref_scores = plain.generate(SRC, 6, 2, 3, return_scores=True)
+        src = SRC[:2]  # generate refuses SRC's third row, padding only (docs/decoding.md)
+        ids, scores = mixed.generate(src, 6, 2, 3, return_scores=True)
+        ref_ids, ref_scores = plain.generate(src, 6, 2, 3, return_scores=True)
         package = PACKAGES[backend]
         assert np.array_equal(package.to_numpy(ids), package.to_numpy(ref_ids))
         assert np.array_equal(package.to_numpy(scores), package.to_numpy(ref_scores))
