@@ -53,9 +53,10 @@ import os
 import sys
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from pathlib import Path
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 from flax import nnx
@@ -141,19 +142,51 @@ def _phase_started(event: str, value: float, **_: Any) -> None:
 jax.monitoring.register_scalar_listener(_phase_started)
 
 
-def _traced(method: Callable, static: tuple[tuple[str, Any], ...], model: nnx.Module, *args):
+@dataclass(frozen=True)
+class Stacks:
+    """How the compiled functions run each stack's layers (impl_jax/stacks.py): `scan` under one
+    `lax.scan` (default; compiles one layer per stack) or unrolled as model.py's loop; `remat`
+    rematerialises each layer in the backward pass (`jax.checkpoint`; with `scan` only)."""
+
+    scan: bool = True
+    remat: bool = False
+
+
+# The setting in force; part of every executable's cache key. ROSETTA_JAX_SCAN=0 unrolls.
+STACKS = Stacks(scan=os.environ.get("ROSETTA_JAX_SCAN", "1") not in ("0", "false", "no", "off"))
+
+
+@contextmanager
+def stacks(*, scan: bool | None = None, remat: bool | None = None) -> Iterator[Stacks]:
+    """Run the compiled calls in this scope with the layers scanned or not, rematerialised or not
+    (None keeps the current choice); the previous setting is restored on exit."""
+    global STACKS
+    previous = STACKS
+    STACKS = Stacks(scan=previous.scan if scan is None else bool(scan),
+                    remat=previous.remat if remat is None else bool(remat))
+    try:
+        yield STACKS
+    finally:
+        STACKS = previous
+
+
+def _traced(method: Callable, static: tuple[tuple[str, Any], ...], layout: Stacks, model: nnx.Module, *args):
+    if layout.scan:
+        from impl_jax.stacks import scanned  # impl_jax.model imports this module
+
+        model = scanned(model, remat=layout.remat)
     outputs = method(model, *args, **dict(static))
     # JAX returns a plain dict with its keys sorted ("decoder.0.cross" before "decoder.0.self",
     # "encoder.10" before "encoder.2"); an OrderedDict keeps the forward order of the names.
     return tuple(OrderedDict(x) if isinstance(x, dict) else x for x in outputs)
 
 
-_JIT = jax.jit(_traced, static_argnums=(0, 1))
+_JIT = jax.jit(_traced, static_argnums=(0, 1, 2))
 
 
 def lower(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, **static: Any) -> jax.stages.Lowered:
     """The traced and lowered (not compiled) program of `method`, e.g. to read its StableHLO."""
-    return _JIT.lower(method, tuple(sorted(static.items())), model, *jax.device_put(args, device))
+    return _JIT.lower(method, tuple(sorted(static.items())), STACKS, model, *jax.device_put(args, device))
 
 
 def mapping_pressure() -> float | None:
@@ -182,7 +215,7 @@ def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *
         compiles_before = _STATS.compiles
     _ACTIVE.on, _ACTIVE.what = True, _describe(model, method, args)
     try:
-        outputs = _JIT(method, tuple(sorted(static.items())), model, *args)
+        outputs = _JIT(method, tuple(sorted(static.items())), STACKS, model, *args)
     finally:
         _ACTIVE.on = False
         if getattr(_ACTIVE, "timer", None) is not None:
