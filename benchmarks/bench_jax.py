@@ -6,7 +6,7 @@
 
 `--compile` (with `--quick`: the small config) runs benchmarks/compile_child.py in fresh
 processes and prints, per entry point (the forward pass, one training step, `generate`), the
-first call's wall time split into tracing and XLA, for the layer stacks unrolled (ROSETTA_JAX_SCAN=0)
+first call's wall time split into tracing and XLA, and its CPU time, for the layer stacks unrolled (ROSETTA_JAX_SCAN=0)
 and scanned (impl_jax/stacks.py) side by side: each cold (an empty persistent cache) and then
 from the persistent cache a first process filled (a second process). The processes alternate
 unrolled and scanned, `--repeats` times, so that the machine's load hits both alike; the medians
@@ -252,17 +252,21 @@ def compile_report(config: ModelConfig, batch: int, src_len: int, tgt_len: int, 
     print(f"first call of each entry point, seconds (median of {repeats} fresh processes each; "
           f"'cached': a second process with the persistent cache the first one filled):")
     print(f"  {'entry point':<12}{'stacks':<10}{'cache':<8}{'first call':>11}{'= trace':>9}{'+ XLA':>8}"
-          f"{'+ run etc.':>11}{'compiles':>10}{'loaded':>8}{'2nd call':>10}")
+          f"{'+ run etc.':>11}{'CPU s':>8}{'compiles':>10}{'loaded':>8}{'2nd call':>10}")
     for entry in ENTRY_POINTS:
         for (label, cache), reports in runs.items():
-            parts = {key: statistics.median(r[entry][key] for r in reports) for key in
-                     ("first", "trace", "xla", "compiles", "loaded", "again")}
+            parts = {key: statistics.median(r[entry].get(key, float("nan")) for r in reports) for key in
+                     ("first", "trace", "xla", "cpu", "compiles", "loaded", "again")}
             rest = parts["first"] - parts["trace"] - parts["xla"]
             print(f"  {entry:<12}{label:<10}{cache:<8}{parts['first']:>11.2f}{parts['trace']:>9.2f}{parts['xla']:>8.2f}"
-                  f"{rest:>11.2f}{parts['compiles']:>10.0f}{parts['loaded']:>8.0f}{parts['again']:>10.2f}")
+                  f"{rest:>11.2f}{parts['cpu']:>8.2f}{parts['compiles']:>10.0f}{parts['loaded']:>8.0f}{parts['again']:>10.2f}")
     for entry in ENTRY_POINTS:
-        cold = {label: statistics.median(r[entry]["first"] for r in runs[(label, "cold")]) for label in ("unrolled", "scanned")}
-        print(f"  {entry}: scanned / unrolled cold first call = {cold['scanned'] / cold['unrolled']:.2f}x")
+        ratios = []
+        for key in ("first", "cpu"):
+            cold = {label: statistics.median(r[entry].get(key, float("nan")) for r in runs[(label, "cold")])
+                    for label in ("unrolled", "scanned")}
+            ratios.append(cold["scanned"] / cold["unrolled"])
+        print(f"  {entry}: scanned / unrolled, cold first call: {ratios[0]:.2f}x wall, {ratios[1]:.2f}x CPU time")
 
 
 def main(argv: list[str] | None = None) -> None:

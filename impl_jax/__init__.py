@@ -42,14 +42,17 @@ from impl_jax.model import (
 )
 from impl_jax.precision import enable_x64, full_precision, precision_settings, x64_enabled
 from impl_jax.state import load_state, save_state
+from impl_jax import stacks as _stacks  # noqa: F401  (registers the scanned layer stacks with impl_jax.compiled)
 
 
-def load(path: str | os.PathLike, dtype=None, *, device=None, param_dtype=None, buckets=None) -> Model:
+def load(path: str | os.PathLike, dtype=None, *, device=None, param_dtype=None, buckets=None,
+         precision: str = "highest") -> Model:
     """A `Model` from a checkpoint file on `device` (default: JAX's default device); `dtype`
     casts the parameters (default: their own dtype; a float64 checkpoint needs `enable_x64()`,
-    or `dtype="float32"`); `param_dtype` stores them in another dtype than `dtype`, as in `Model`."""
+    or `dtype="float32"`); `param_dtype` stores them in another dtype than `dtype`, and
+    `precision` is the matmul precision ("highest" or "default"), as in `Model`."""
     config, params = checkpoint.load(path)
-    return Model(config, params, dtype, device=device, param_dtype=param_dtype, buckets=buckets)
+    return Model(config, params, dtype, device=device, param_dtype=param_dtype, buckets=buckets, precision=precision)
 
 
 def save(model: Model, path: str | os.PathLike) -> None:

@@ -61,6 +61,8 @@ from typing import Any, Callable, Iterator
 import jax
 from flax import nnx
 
+from impl_jax.precision import model_precision
+
 # The event names JAX reports (jax._src.dispatch); stable since JAX 0.4.
 TRACE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -144,16 +146,33 @@ jax.monitoring.register_scalar_listener(_phase_started)
 
 @dataclass(frozen=True)
 class Stacks:
-    """How the compiled functions run each stack's layers (impl_jax/stacks.py): `scan` under one
-    `lax.scan` (default; compiles one layer per stack) or unrolled as model.py's loop; `remat`
-    rematerialises each layer in the backward pass (`jax.checkpoint`; with `scan` only)."""
+    """How the compiled functions run each stack's layers (impl_jax/stacks.py): unrolled, as
+    model.py's loop (the default), or under one `lax.scan` over the stacked layer parameters
+    (`scan`); `remat` rematerialises each scanned layer in the backward pass (`jax.checkpoint`).
 
-    scan: bool = True
+    Unrolled is the default because it compiles faster on XLA:CPU, which already compiles each
+    distinct fused kernel once however many layers repeat it: scanned, the base model's forward
+    and training step took 1.3-1.9x the CPU time to compile (docs/jax-compile.md)."""
+
+    scan: bool = False
     remat: bool = False
 
 
-# The setting in force; part of every executable's cache key. ROSETTA_JAX_SCAN=0 unrolls.
-STACKS = Stacks(scan=os.environ.get("ROSETTA_JAX_SCAN", "1") not in ("0", "false", "no", "off"))
+# The setting in force; part of every executable's cache key. ROSETTA_JAX_SCAN=1 scans.
+STACKS = Stacks(scan=os.environ.get("ROSETTA_JAX_SCAN", "0") not in ("", "0", "false", "no", "off"))
+
+
+def _unregistered(model, *, remat: bool):
+    raise RuntimeError("impl_jax.stacks is not imported: import impl_jax (which registers the scanned stacks)")
+
+
+_SCANNER: Callable = _unregistered  # impl_jax.stacks.scanned, registered by that module (it imports this one)
+
+
+def register_scanner(scanner: Callable) -> None:
+    """Set the function that gives a traced model scanned stacks (impl_jax.stacks.scanned)."""
+    global _SCANNER
+    _SCANNER = scanner
 
 
 @contextmanager
@@ -172,10 +191,9 @@ def stacks(*, scan: bool | None = None, remat: bool | None = None) -> Iterator[S
 
 def _traced(method: Callable, static: tuple[tuple[str, Any], ...], layout: Stacks, model: nnx.Module, *args):
     if layout.scan:
-        from impl_jax.stacks import scanned  # impl_jax.model imports this module
-
-        model = scanned(model, remat=layout.remat)
-    outputs = method(model, *args, **dict(static))
+        model = _SCANNER(model, remat=layout.remat)
+    with model_precision(getattr(model, "precision", "highest")):  # the model's choice (impl_jax/precision.py)
+        outputs = method(model, *args, **dict(static))
     # JAX returns a plain dict with its keys sorted ("decoder.0.cross" before "decoder.0.self",
     # "encoder.10" before "encoder.2"); an OrderedDict keeps the forward order of the names.
     return tuple(OrderedDict(x) if isinstance(x, dict) else x for x in outputs)

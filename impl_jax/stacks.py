@@ -35,7 +35,7 @@ from flax import nnx
 
 from conformance.core.decoding import DecoderCache
 from conformance.core.dropout import Dropout
-from impl_jax import decode
+from impl_jax import compiled, decode
 from impl_jax.model import Decoder, Encoder, encoder_self_mask
 
 PLACEHOLDER = "layer"  # the name a scanned layer records under, before it gets its index
@@ -164,3 +164,6 @@ def scanned(model, *, remat: bool = False):
     object.__setattr__(model.encoder, "__class__", RematEncoder if remat else ScannedEncoder)
     object.__setattr__(model.decoder, "__class__", RematDecoder if remat else ScannedDecoder)
     return model
+
+
+compiled.register_scanner(scanned)
