@@ -189,7 +189,18 @@ def stacks(*, scan: bool | None = None, remat: bool | None = None) -> Iterator[S
         STACKS = previous
 
 
+_TRACING = threading.local()  # the layout of the program being traced on this thread
+
+
+def in_layout(model):
+    """A model built inside a traced function (e.g. merged from donated state, impl_jax.train)
+    given the layout of the program being traced, as `_traced` gives its model argument."""
+    layout = getattr(_TRACING, "layout", STACKS)
+    return _SCANNER(model, remat=layout.remat) if layout.scan and model is not None else model
+
+
 def _traced(method: Callable, static: tuple[tuple[str, Any], ...], layout: Stacks, model: nnx.Module, *args):
+    _TRACING.layout = layout
     if layout.scan:
         model = _SCANNER(model, remat=layout.remat)
     with model_precision(getattr(model, "precision", "highest")):  # the model's choice (impl_jax/precision.py)
@@ -200,6 +211,9 @@ def _traced(method: Callable, static: tuple[tuple[str, Any], ...], layout: Stack
 
 
 _JIT = jax.jit(_traced, static_argnums=(0, 1, 2))
+# The same with the first two arguments after the model donated (their buffers are reused for
+# the outputs): impl_jax.train's fused step donates the parameters and the optimizer state.
+_JIT_DONATING = jax.jit(_traced, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
 
 
 def lower(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, **static: Any) -> jax.stages.Lowered:
@@ -218,14 +232,17 @@ def mapping_pressure() -> float | None:
     return held / limit if limit > 0 else None
 
 
-def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, **static: Any) -> tuple:
-    """`method(model, *args, **static)`, compiled for these shapes on `device` (cached by jit)."""
+def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *, donate: bool = False,
+         **static: Any) -> tuple:
+    """`method(model, *args, **static)`, compiled for these shapes on `device` (cached by jit).
+    `donate`: args[0] and args[1] are donated (their buffers are invalid after the call)."""
     global _EVICT_NEXT
     args = jax.device_put(args, device)
     with _LOCK:
         evict = _EVICT_NEXT or _STATS.cached >= MAX_CACHED_EXECUTABLES
     if evict:
         _JIT.clear_cache()
+        _JIT_DONATING.clear_cache()
         with _LOCK:
             _STATS.cached, _EVICT_NEXT = 0, False
             _STATS.evictions += 1
@@ -233,7 +250,7 @@ def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *
         compiles_before = _STATS.compiles
     _ACTIVE.on, _ACTIVE.what = True, _describe(model, method, args)
     try:
-        outputs = _JIT(method, tuple(sorted(static.items())), STACKS, model, *args)
+        outputs = (_JIT_DONATING if donate else _JIT)(method, tuple(sorted(static.items())), STACKS, model, *args)
     finally:
         _ACTIVE.on = False
         if getattr(_ACTIVE, "timer", None) is not None:
@@ -281,5 +298,6 @@ def clear_cache() -> None:
     """Drop every compiled executable (the next call of each shape compiles again)."""
     global _EVICT_NEXT
     _JIT.clear_cache()
+    _JIT_DONATING.clear_cache()
     with _LOCK:
         _STATS.cached, _EVICT_NEXT = 0, False

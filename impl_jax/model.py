@@ -791,6 +791,12 @@ class Model(nnx.Module):
         like the forward); ε is an argument of it, not a constant, so a new ε does not recompile.
         `dropout`: as for a call.
         """
+        args, static = self._loss_args(src_ids, tgt_ids, labels, label_smoothing, dropout)
+        return compiled.call(self, Model._loss_and_grads, args, self.device, **static)
+
+    def _loss_args(self, src_ids, tgt_ids, labels, label_smoothing, dropout):
+        """The host part of `loss_and_grads` (also the fused `impl_jax.train_step`'s): ids, labels,
+        ε and dropout checked, masks built; returns the compiled part's arguments and statics."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_same_batch(src_ids.shape, tgt_ids.shape)
@@ -806,7 +812,7 @@ class Model(nnx.Module):
         if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
             args += ({**encoder_drop.masks, **decoder_drop.masks},)
             static["dropout_rate"] = encoder_drop.rate
-        return compiled.call(self, Model._loss_and_grads, args, self.device, **static)
+        return args, static
 
     def _loss_and_grads(self, src_ids, tgt_ids, src_mask, tgt_mask, labels, epsilon, dropout_masks=None, *,
                         dropout_rate: float | None = None):
