@@ -38,6 +38,7 @@ IDIOM_METHODS = {
     "_encode": ({"jax"}, "the compiled part of encode (one XLA executable per shape)"),
     "_decode": ({"jax"}, "the compiled part of decode"),
     "_loss_and_grads": ({"jax"}, "the compiled part of loss_and_grads (one XLA executable per shape)"),
+    "_loss_args": ({"jax"}, "the host part of loss_and_grads, shared with the fused, donating impl_jax.train_step"),
     "traceable_forward": ({"jax"}, "the unchecked forward for use inside jax.jit / vmap (host checks cannot trace)"),
 }
 # The same for the decode rooms (impl_*/decode.py).

@@ -36,6 +36,7 @@ import functools
 import os
 
 import impl_torch
+import numpy as np
 import torch
 
 NAME = "torch-compiled"
@@ -73,11 +74,27 @@ def _compiled(base: type, method_name: str, backend: str):
 USED: set[str] = set()  # the torch.compile backends this process has compiled with
 
 
+# The ids each compiled method takes first, and the vocabulary they index (decode_step's (B,)
+# tokens are made a tensor as its first line does, `torch.as_tensor`, and checked there).
+IDS = {"encode": ("src_ids", "src_vocab_size"), "decode": ("tgt_ids", "tgt_vocab_size"), "decode_step": None}
+
+
 def _calling_compiled(base: type, method_name: str):
-    def method(self, *args, **kwargs):
+    def method(self, ids, *args, **kwargs):
+        if isinstance(ids, np.ndarray) and torch.is_inference_mode_enabled():
+            # A NumPy array entering a compiled frame under torch.inference_mode (`generate`)
+            # fails TorchDynamo's own guard in torch 2.13: "Guard failed on the same frame it was
+            # created ... tensor '___from_numpy(src_ids)' dispatch key set mismatch". The
+            # model's own host check (`_ids`, eager as it always is) turns them into a tensor
+            # first, with the same checks and errors; the compiled frame checks the tensor again.
+            if IDS[method_name] is None:
+                ids = torch.as_tensor(ids)
+            else:
+                argument, vocab = IDS[method_name]
+                ids = self._ids(argument, ids, getattr(self.config, vocab))
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=RECOMPILE_LIMIT,
                                         fail_on_recompile_limit_hit=True):
-            return _compiled(base, method_name, self.compile_backend)(self, *args, **kwargs)
+            return _compiled(base, method_name, self.compile_backend)(self, ids, *args, **kwargs)
 
     method.__name__ = method_name
     method.__doc__ = f"`{base.__module__}.Model.{method_name}` under torch.compile (backend `compile_backend`)."
