@@ -73,7 +73,8 @@ def rows(result: dict, tolerance_of) -> tuple[list[str], bool]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="float16,bfloat16,float32", help="float32 shows TF32 is off")
-    parser.add_argument("--backends", default="numpy,torch,jax", help="numpy: the CPU oracle only; GPU targets are torch/jax")
+    parser.add_argument("--backends", default="numpy,torch,jax",
+                        help="numpy: the CPU oracle only; GPU targets are torch/jax")
     parser.add_argument("--examples", type=int, default=250, help="tame examples (`cases`)")
     parser.add_argument("--long-examples", type=int, default=30, help="long seeded examples (512-2048 tokens), float16")
     parser.add_argument("--seed", type=int, default=100)
@@ -83,8 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from conformance.check import backends
-    from conformance.check.tolerances import long_half_tolerance, tolerance
-    from conformance.suite.measure import measure
 
     names = backends.requested_backends(args.backends)
     found = gpu_targets(names)
@@ -96,7 +95,23 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print(f"full_precision() leaves reduced precision on, nothing measured: {problems}", file=sys.stderr)
         return 1
+    before = os.environ.get("ROSETTA_DEVICES")
     os.environ["ROSETTA_DEVICES"] = args.devices  # the GPU targets; the oracle is always numpy on the CPU
+    try:
+        return measure_all(args, names, found)
+    finally:
+        if before is None:
+            os.environ.pop("ROSETTA_DEVICES", None)
+        else:
+            os.environ["ROSETTA_DEVICES"] = before
+
+
+def measure_all(args, names: list[str], found: list[str]) -> int:
+    """The measurement, with $ROSETTA_DEVICES selecting the devices measured."""
+    from conformance.check import backends
+    from conformance.check.tolerances import long_half_tolerance, tolerance
+    from conformance.suite.measure import measure
+
     print(f"devices {args.devices}; GPU targets present: {found}; versions: {[backends.version(n) for n in names]}")
     saved, exceeded = {}, False
     plans = [("cases", args.examples, args.dtypes.split(","), tolerance),

@@ -368,13 +368,20 @@ def derivative_of_another_activation(activation: str):
 
 
 class _PosingAs:
-    """A LayerNorm module that says its form is `form`, and is otherwise itself."""
+    """A LayerNorm module that says its form is `form`, and is otherwise itself: the same key on
+    the backward pass's tape (a dict by module), so that what the forward kept is found."""
 
     def __init__(self, norm, form: str):
         self._norm, self.form = norm, form
 
     def __getattr__(self, name):
         return getattr(self._norm, name)
+
+    def __hash__(self):
+        return hash(self._norm)
+
+    def __eq__(self, other):
+        return other is self._norm or other is self
 
 
 def layer_norm_backward_of_another_form(form: str):
@@ -384,8 +391,9 @@ def layer_norm_backward_of_another_form(form: str):
     other = "standard" if form == "std-eps" else "std-eps"
 
     def make(right):
-        def layer_norm_backward(norm, *args, **kwargs):
-            return right(_PosingAs(norm, other) if norm.form == form else norm, *args, **kwargs)
+        def layer_norm_backward(*args, **kwargs):  # the norm found by its `form`, wherever it is passed
+            args = [_PosingAs(a, other) if getattr(a, "form", None) == form else a for a in args]
+            return right(*args, **kwargs)
         return layer_norm_backward
 
     return other, make

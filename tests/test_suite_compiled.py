@@ -108,8 +108,8 @@ def test_the_forward_property_passes_under_inductor(compile_with):
     compile_with("inductor")
     import conformance.suite.test_forward as forward
 
-    narrow = settings(phases=[Phase.explicit], database=None)(
-        with_examples(covering_cases()[:1])(given(case=cases())(forward.test_every_tensor_matches_the_oracle.hypothesis.inner_test)))
+    inner = forward.test_every_tensor_matches_the_oracle.hypothesis.inner_test
+    narrow = settings(phases=[Phase.explicit], database=None)(with_examples(covering_cases()[:1])(given(case=cases())(inner)))
     narrow(target=Target(NAME, "cpu", "float32"))
     assert "inductor" in compiled_torch.compile_stats()["backends"]
 
