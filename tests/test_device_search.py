@@ -107,14 +107,21 @@ def test_torch_top_k_keeps_the_lower_index_among_ties():
     assert index.tolist() == [[7, 0], [7, 6]]
 
 
-def test_nan_logits_of_an_open_row_are_refused_as_the_reference_does():
+@pytest.mark.parametrize("beams", [1, 3])
+def test_nan_logits_of_an_open_row_are_refused_as_the_reference_does(beams):
     values = table("continuous").copy()
     values[values[:, 0] > 1.0] = np.nan
-    settings = SETTINGS[0]
+    settings = next(s for s in SETTINGS if s["num_beams"] == beams)
     with pytest.raises(InputError) as expected:
         reference(settings, values, 6)
     with pytest.raises(InputError) as got:
         device(NumpyOps(), settings, values, 6)
+    assert str(got.value) == str(expected.value)
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    with pytest.raises(InputError) as got:
+        device(Ops("cpu"), settings, values, 6, to_numpy=lambda a: a.cpu().numpy(), from_numpy=torch.as_tensor)
     assert str(got.value) == str(expected.value)
 
 
