@@ -160,7 +160,9 @@ class Ops(NumpyOps):
         index, _ = torch.sort(index, dim=-1)  # m (no candidate) last
         values = torch.where(index < m, x.gather(-1, index.clamp(max=m - 1)), -torch.inf)
         values, order = torch.sort(values, dim=-1, descending=True, stable=True)
-        return values[..., :k], index.gather(-1, order)[..., :k]
+        # m stays out of the first k unless a score is NaN (equal to nothing): then the step is
+        # refused after the update (its `bad` row), and the clamp only keeps the gathers in range.
+        return values[..., :k], index.gather(-1, order)[..., :k].clamp(max=m - 1)
 
     def log_softmax(self, x):
         return torch.log_softmax(x, dim=-1)  # one fused pass instead of five

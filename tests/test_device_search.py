@@ -107,14 +107,21 @@ def test_torch_top_k_keeps_the_lower_index_among_ties():
     assert index.tolist() == [[7, 0], [7, 6]]
 
 
-def test_nan_logits_of_an_open_row_are_refused_as_the_reference_does():
+@pytest.mark.parametrize("beams", [1, 3])
+def test_nan_logits_of_an_open_row_are_refused_as_the_reference_does(beams):
     values = table("continuous").copy()
     values[values[:, 0] > 1.0] = np.nan
-    settings = SETTINGS[0]
+    settings = next(s for s in SETTINGS if s["num_beams"] == beams)
     with pytest.raises(InputError) as expected:
         reference(settings, values, 6)
     with pytest.raises(InputError) as got:
         device(NumpyOps(), settings, values, 6)
+    assert str(got.value) == str(expected.value)
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    with pytest.raises(InputError) as got:
+        device(Ops("cpu"), settings, values, 6, to_numpy=lambda a: a.cpu().numpy(), from_numpy=torch.as_tensor)
     assert str(got.value) == str(expected.value)
 
 
@@ -147,3 +154,23 @@ def test_torch_exact_top_k_is_the_stable_sorts_on_tie_heavy_rows():
         values, index = Ops("cpu").top_k(torch.as_tensor(x), k)
         assert (index.numpy() == expected_index).all(), (m, k, index, expected_index)
         assert (values.numpy() == np.take_along_axis(x, expected_index, axis=-1)).all()
+
+
+@pytest.mark.parametrize("kind", ["ties", "continuous"])
+def test_num_return_sequences_are_the_references(kind):
+    """Beam search's `returned` best hypotheses per row, best first (num_return_sequences)."""
+    values = table(kind)
+    for settings in [s for s in SETTINGS if s["num_beams"] == 3][::4]:
+        for returned in (2, 3):
+            expected = search(lambda tokens, parents: logits_of(tokens, 3, values), ROWS, 6, BOS, EOS, PAD,
+                              num_return_sequences=returned, **settings)
+            rules = Rules(max_len=6, num_beams=3, early_stopping=settings["early_stopping"],
+                          form=settings["length_penalty_form"], forced_eos=settings["forced_eos"])
+            mask = np.zeros(VOCAB, dtype=bool)
+            mask[list(settings["banned_ids"])] = True
+            ops = NumpyOps()
+            got = device_search.run(
+                ops, rules, lambda state, i: logits_of(device_search.prefix(ops, rules, state, i), 3, values), ROWS,
+                BOS, EOS, PAD, mask, settings["length_penalty"], np.float64, lambda *a: [x.item() for x in a],
+                returned)
+            same(got, expected, (settings, returned))
