@@ -1,22 +1,33 @@
 """Training-step speed: impl_torch, impl_jax and impl_numpy against a plain torch.nn.Transformer.
 
-    python benchmarks/bench_train.py            # the base config of the paper, CPU, float32
-    python benchmarks/bench_train.py --quick    # a small config and few repeats (a smoke run)
+    python benchmarks/bench_train.py                      # the base config of the paper, CPU, float32
+    python benchmarks/bench_train.py --quick              # a small config and few repeats (a smoke run)
+    python benchmarks/bench_train.py --device cuda --dtype bfloat16
+    python benchmarks/bench_train.py --contenders impl_torch,nn.Transformer --profile
 
 One training step = forward, the loss of docs/training.md (cross-entropy, ignore_index = pad_id,
 label smoothing 0.1), backward, and the paper's Adam with its schedule. Base config (d_model 512,
 8 heads, d_ff 2048, 6+6 layers, vocab 32000), batch 8, source and target length 64, padded rows.
 
     impl_torch            impl_torch.train_step(model, impl_torch.Adam(...), ...)
-    impl_jax              impl_jax.train_step(...): compiled; the compile is excluded and reported
+    impl_jax              impl_jax.train_step(...): compiled; the compile (the first step) is
+                          excluded from the step times and reported on its own line
     impl_numpy float32    impl_numpy.train_step(...): the hand-written backward pass and Adam
     nn.Transformer        PyTorch's own encoder-decoder with the same weights (benchmarks/bench_forward.py),
+                          every parameter trained (its embeddings too, as in ours),
                           F.cross_entropy, torch.optim.Adam + LambdaLR: the baseline
 
+`--device cpu|cuda` puts every torch contender (and impl_jax, on its GPU backend) on that device;
+without one the run stops with the reason. `--dtype float32|bfloat16`: bfloat16 is mixed
+precision, ours as `dtype=bfloat16, param_dtype=float32` (float32 parameters, Adam and gradients;
+bfloat16 compute) against nn.Transformer under `torch.autocast(bfloat16)`; impl_numpy has no
+bfloat16 and is left out with the reason.
+
 Calls are interleaved (each round runs every contender once, in a rotating order) so that load
-from other processes hits all alike; the report gives each median time and the median of the
-per-round ratios to nn.Transformer, against the targets of issue 13: impl_torch <= 1.0x,
-impl_jax <= 1.1x, NumPy float32 <= 3x.
+from other processes hits all alike; the report prints every round's ratios to nn.Transformer,
+then each median time and the median of the per-round ratios, against the targets of issue 28:
+impl_torch <= 1.0x, impl_jax <= 1.0x (and issue 13's NumPy float32 <= 3x). `--profile` prints
+torch.profiler's most expensive operators of one impl_torch step and one baseline step.
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ from conformance import init_params  # noqa: E402
 from conformance.core.training import paper_lrate  # noqa: E402
 
 BASELINE = "nn.Transformer"
-TARGETS = {"impl_torch": 1.0, "impl_jax": 1.1, "impl_numpy float32": 3.0}
+TARGETS = {"impl_torch": 1.0, "impl_jax": 1.0, "impl_numpy float32": 3.0}
 EPSILON = 0.1
 
 
@@ -55,79 +66,147 @@ def batch_of(config, batch: int, src_len: int, tgt_len: int, seed: int = 0):
     return src, tgt[:, :-1].copy(), labels
 
 
-def contenders(config, params, src, tgt, labels):
-    entries = {}
+def contenders(config, params, src, tgt, labels, device: str, dtype: str, wanted):
+    """{name: zero-argument callable running one training step to completion} and {name: why not}."""
+    entries, skipped = {}, {}
+    mixed = dtype == "bfloat16"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    model = impl_torch.Model(config, params, "float32")
-    optimizer = impl_torch.Adam(model, config.d_model)
-    entries["impl_torch"] = lambda: float(impl_torch.train_step(model, optimizer, src, tgt, labels,
-                                                                label_smoothing=EPSILON))
+    if "impl_torch" in wanted:
+        if mixed:
+            model = impl_torch.Model(config, params, "bfloat16", device=device, param_dtype="float32")
+        else:
+            model = impl_torch.Model(config, params, "float32", device=device)
+        optimizer = impl_torch.Adam(model, config.d_model)
+        entries["impl_torch"] = lambda: float(impl_torch.train_step(model, optimizer, src, tgt, labels,
+                                                                    label_smoothing=EPSILON))
 
-    baseline = TorchTransformer(config, params).float()
-    base_opt = torch.optim.Adam(baseline.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    schedule = torch.optim.lr_scheduler.LambdaLR(base_opt, lambda e: paper_lrate(e + 1, config.d_model))
-    src_t, tgt_t, labels_t = (torch.from_numpy(x) for x in (src, tgt, labels))
+    if BASELINE in wanted:
+        baseline = TorchTransformer(config, params).float().to(device)
+        baseline.requires_grad_(True)  # its embeddings too (from_pretrained freezes them): ours trains all
+        base_opt = torch.optim.Adam(baseline.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+        schedule = torch.optim.lr_scheduler.LambdaLR(base_opt, lambda e: paper_lrate(e + 1, config.d_model))
+        src_t, tgt_t, labels_t = (torch.from_numpy(x).to(device) for x in (src, tgt, labels))
 
-    def plain_step():
-        logits = baseline(src_t, tgt_t)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels_t.reshape(-1),
-                               ignore_index=config.pad_id, label_smoothing=EPSILON)
-        base_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        base_opt.step()
-        schedule.step()
-        return float(loss.detach())
+        def plain_step():
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=mixed):
+                logits = baseline(src_t, tgt_t)
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels_t.reshape(-1),
+                                       ignore_index=config.pad_id, label_smoothing=EPSILON)
+            base_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            base_opt.step()
+            schedule.step()
+            return float(loss.detach())  # blocks until the step is done
 
-    entries[BASELINE] = plain_step
+        entries[BASELINE] = plain_step
 
-    skipped = {}
-    try:
-        import impl_jax
+    if "impl_jax" in wanted:
+        try:
+            import jax
 
-        jmodel = impl_jax.Model(config, params, "float32")
-        jopt = impl_jax.Adam(jmodel, config.d_model)
-        stats = impl_jax.compile_stats()
-        started = time.perf_counter()
-        impl_jax.train_step(jmodel, jopt, src, tgt, labels, label_smoothing=EPSILON)  # compiles
-        first = time.perf_counter() - started
-        after = impl_jax.compile_stats()
-        print(f"impl_jax compile (first step, excluded): {first:.1f} s wall, {after['compiles'] - stats['compiles']} "
-              f"executables, {after['compile_seconds'] - stats['compile_seconds']:.1f} s XLA")
+            import impl_jax
+        except ImportError as exc:
+            skipped["impl_jax"] = f"not importable: {exc}"
+        else:
+            platform = "gpu" if device == "cuda" else "cpu"
+            try:
+                jdevice = jax.devices(platform)[0]
+            except RuntimeError as exc:
+                skipped["impl_jax"] = f"no JAX {platform} device: {exc}"
+            else:
+                with jax.default_device(jdevice):
+                    if mixed:
+                        jmodel = impl_jax.Model(config, params, "bfloat16", param_dtype="float32")
+                    else:
+                        jmodel = impl_jax.Model(config, params, "float32")
+                    jopt = impl_jax.Adam(jmodel, config.d_model)
+                    stats = impl_jax.compile_stats()
+                    started = time.perf_counter()
+                    float(impl_jax.train_step(jmodel, jopt, src, tgt, labels, label_smoothing=EPSILON))  # compiles
+                    first = time.perf_counter() - started
+                    after = impl_jax.compile_stats()
+                    started = time.perf_counter()
+                    float(impl_jax.train_step(jmodel, jopt, src, tgt, labels, label_smoothing=EPSILON))
+                    second = time.perf_counter() - started
+                COMPILE["impl_jax"] = (f"impl_jax compile (excluded from the step times): first step {first:.1f} s "
+                                       f"wall against {second:.2f} s for the second, so about "
+                                       f"{first - second:.1f} s of compile; {after['compiles'] - stats['compiles']} "
+                                       f"executables, {after['compile_seconds'] - stats['compile_seconds']:.1f} s "
+                                       f"in XLA's compiler")
+                print(COMPILE["impl_jax"])
 
-        def jax_step():
-            loss = impl_jax.train_step(jmodel, jopt, src, tgt, labels, label_smoothing=EPSILON)
-            return float(loss)  # blocks until the step is done
+                def jax_step():
+                    with jax.default_device(jdevice):
+                        loss = impl_jax.train_step(jmodel, jopt, src, tgt, labels, label_smoothing=EPSILON)
+                    return float(loss)  # blocks until the step is done
 
-        entries["impl_jax"] = jax_step
-    except ImportError as exc:
-        skipped["impl_jax"] = f"not importable: {exc}"
+                entries["impl_jax"] = jax_step
 
-    if hasattr(impl_numpy.Model, "loss_and_grads"):
-        nmodel = impl_numpy.Model(config, params, "float32")
-        nopt = impl_numpy.Adam(nmodel, config.d_model)
-        entries["impl_numpy float32"] = lambda: float(impl_numpy.train_step(nmodel, nopt, src, tgt, labels,
-                                                                            label_smoothing=EPSILON))
-    else:
-        skipped["impl_numpy float32"] = "impl_numpy has no loss_and_grads yet (issue-13a)"
+    if "impl_numpy float32" in wanted:
+        if device != "cpu" or mixed:
+            skipped["impl_numpy float32"] = "NumPy runs float32 on the CPU only"
+        else:
+            nmodel = impl_numpy.Model(config, params, "float32")
+            nopt = impl_numpy.Adam(nmodel, config.d_model)
+            entries["impl_numpy float32"] = lambda: float(impl_numpy.train_step(nmodel, nopt, src, tgt, labels,
+                                                                                label_smoothing=EPSILON))
+    for name, run in entries.items():  # each contender's steps end on the host (float(loss)); sync the rest
+        entries[name] = (lambda run: lambda: (run(), sync()))(run)
     return entries, skipped
+
+
+COMPILE: dict[str, str] = {}
+ALL = ("impl_torch", BASELINE, "impl_jax", "impl_numpy float32")
+
+
+def profile(entries, device: str, rows: int = 15) -> None:
+    """torch.profiler's most expensive operators (self CPU time) of one step of each torch contender."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    for name in ("impl_torch", BASELINE):
+        if name in entries:
+            with torch_profile(activities=activities) as prof:
+                entries[name]()
+            key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+            print(f"--- {name}: one step, by {key}")
+            print(prof.key_averages().table(sort_by=key, row_limit=rows))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small config and few rounds")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="bfloat16: dtype bfloat16 with param_dtype float32, against torch.autocast(bfloat16)")
+    parser.add_argument("--contenders", default=",".join(ALL),
+                        help=f"comma-separated, from {', '.join(ALL)} ({BASELINE} is always run)")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (default 8; --quick 4)")
+    parser.add_argument("--profile", action="store_true", help="print torch.profiler tables, then time")
     args = parser.parse_args(argv)
+    wanted = set(args.contenders.split(",")) | {BASELINE}
+    if unknown := wanted - set(ALL):
+        parser.error(f"unknown contenders {sorted(unknown)}; choose from {', '.join(ALL)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device here (torch.cuda.is_available() is False); nothing measured")
+        return 2
     torch.set_num_threads(max(1, torch.get_num_threads()))
     config, batch, src_len, tgt_len = workload(args.quick)
+    batch = args.batch or batch
     rounds = args.rounds or (3 if args.quick else 7)
     params = init_params(config, seed=0, dtype=np.float32)
     src, tgt, labels = batch_of(config, batch, src_len, tgt_len)
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"config d_model={config.d_model} layers={config.n_encoder_layers}+{config.n_decoder_layers} "
-          f"vocab={config.tgt_vocab_size}; batch {batch}, lengths {src_len}/{tgt_len}; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
-    entries, skipped = contenders(config, params, src, tgt, labels)
+          f"vocab={config.tgt_vocab_size}; batch {batch}, lengths {src_len}/{tgt_len}; {args.dtype}; "
+          f"torch {torch.__version__}, {where}; {(labels != config.pad_id).sum()} of {labels.size} labels count")
+    entries, skipped = contenders(config, params, src, tgt, labels, args.device, args.dtype, wanted)
     for name, run in entries.items():  # warm-up (allocator, first-call paths)
         run()
+    if args.profile:
+        profile(entries, args.device)
     times = {name: [] for name in entries}
     names = list(entries)
     for r in range(rounds):
@@ -136,6 +215,9 @@ def main(argv=None) -> int:
             started = time.perf_counter()
             entries[name]()
             times[name].append(time.perf_counter() - started)
+        print(f"round {r + 1}: " + ", ".join(f"{name} {times[name][-1] / times[BASELINE][-1]:.2f}x"
+                                              for name in names if name != BASELINE)
+              + f" (nn.Transformer {times[BASELINE][-1] * 1e3:.0f} ms)", flush=True)
     print(f"{'contender':<22}{'median step':>14}{'ratio to ' + BASELINE:>26}{'target':>10}")
     for name in names:
         ratios = [t / b for t, b in zip(times[name], times[BASELINE])]
@@ -143,6 +225,8 @@ def main(argv=None) -> int:
         target = TARGETS.get(name)
         verdict = "" if target is None else (f"<= {target:.1f}x " + ("met" if ratio <= target else "MISSED"))
         print(f"{name:<22}{statistics.median(times[name]) * 1e3:>11.1f} ms{ratio:>25.2f}x{verdict:>16}")
+    for line in COMPILE.values():
+        print(line)
     for name, reason in skipped.items():
         print(f"{name:<22} skipped: {reason}")
     return 0

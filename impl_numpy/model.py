@@ -645,18 +645,26 @@ class Model:
         """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
         return decode.reorder_cache(self, cache, rows)
 
-    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
-                 length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
-                 length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
-                 return_scores: bool = False):
-        """Greedy (num_beams=1) or beam search decoding: the best sequence per row after `bos_id`.
+    def generate(self, src_ids, max_len: int | None = None, bos_id: int | None = None, eos_id: int | None = None, *,
+                 num_beams: int | None = None, length_penalty: float | None = None, early_stopping: bool | str = False,
+                 use_cache: bool = True, length_penalty_form: str | None = None, forced_eos: bool | None = None,
+                 banned_ids=None, return_scores: bool = False, beam_rule: str = "hf", num_return_sequences: int = 1,
+                 do_sample: bool = False, temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None):
+        """Greedy (num_beams=1), beam search or sampling: the best sequences per row after `bos_id`.
 
-        Returns (B, n) ids with n <= max_len, `pad_id` after a row's `eos_id` (and its scores (B,)
-        with `return_scores`). The choices are made by `conformance.core.decoding.search` from this
-        model's step logits, with Hugging Face's semantics (docs/decoding.md). `use_cache=False`
+        Returns (B * num_return_sequences, n) ids with n <= max_len, `pad_id` after a row's `eos_id`
+        (and their scores with `return_scores`). An argument left at None takes the checkpoint's
+        "generation" note (as transformers applies generation_config), else its plain default;
+        bos_id and eos_id must then be given. The choices are made by
+        `conformance.core.decoding.search` from this model's step logits: Hugging Face's beam rule,
+        or Flax examples/wmt's with beam_rule="flax"; do_sample=True draws with temperature, top_k
+        and top_p from uniforms of np.random.default_rng(seed) (docs/decoding.md). `use_cache=False`
         runs the decoder over the whole prefix at every step: the plain loop, O(T^2).
         """
         return decode.generate(self, src_ids, max_len, bos_id, eos_id, num_beams=num_beams,
                                length_penalty=length_penalty, early_stopping=early_stopping, use_cache=use_cache,
                                length_penalty_form=length_penalty_form, forced_eos=forced_eos,
-                               banned_ids=banned_ids, return_scores=return_scores)
+                               banned_ids=banned_ids, return_scores=return_scores, beam_rule=beam_rule,
+                               num_return_sequences=num_return_sequences, do_sample=do_sample,
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)

@@ -23,15 +23,17 @@ def product_in_blocks(y: torch.Tensor, weight: torch.Tensor, vocab_axis: int, ca
     each written in place. `weight` is W_out (D, V) (`vocab_axis` 1) or its transpose, the tied
     embedding (V, D) (`vocab_axis` 0); `cast` is the model's, which reads each block.
 
-    Here the transpose is a view; XLA would copy it whole (`impl_jax`). With autograd the blocks
-    are concatenated instead, and taken by `split`, whose backward gathers the blocks' gradients
-    with one concatenation: a block written in place (CopySlices) copies the whole (B, T, V)
-    gradient in its backward, and a sliced block's gradient is a zero (D, V) tensor, each making a
-    base-model training step 1.4x slower at vocabulary 32000. Autograd then keeps every widened
-    block for the backward pass: the whole weight, widened, as before the blocks."""
+    Here the transpose is a view; XLA would copy it whole (`impl_jax`). With autograd recording,
+    the product is one GEMM of the whole (widened) weight, whose backward is two more: autograd
+    keeps the widened weight for the backward pass whether it is widened whole or a block at a
+    time, so the blocks would save no memory there, and cost a (B, T, V) concatenation forward
+    and backward. A model whose weight needs no cast does the same as one whose weight does, so
+    float32 parameters computed in float64 still give the float64 model's numbers bit for bit,
+    with autograd and without. (With autograd the logits are the one GEMM's, equal to the blocked
+    product's to float rounding; bit for bit when V <= OUTPUT_BLOCK.)"""
     weight = weight if vocab_axis == 1 else weight.T  # (D, V)
     if torch.is_grad_enabled() and (y.requires_grad or weight.requires_grad):
-        return torch.cat([y @ cast(columns, y.dtype) for columns in weight.split(OUTPUT_BLOCK, dim=1)], dim=-1)
+        return y @ cast(weight, y.dtype)  # (B, T, V)
     logits = y.new_empty(*y.shape[:-1], weight.shape[1])  # (B, T, V)
     for start in range(0, weight.shape[1], OUTPUT_BLOCK):
         block = slice(start, start + OUTPUT_BLOCK)

@@ -278,7 +278,7 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, empty_rows: floa
     return weights @ v, weights  # (B, H, Tq, K)
 
 
-def fast_attention(q, k, v, mask, fill: float) -> torch.Tensor:
+def fast_attention(q, k, v, mask, fill: float, *, empty_rows: float | None = None) -> torch.Tensor:
     """The same attention through PyTorch's fused kernel, without the weights.
 
     `F.scaled_dot_product_attention` reads a boolean mask as we do (True = may attend) and
@@ -286,20 +286,31 @@ def fast_attention(q, k, v, mask, fill: float) -> torch.Tensor:
     path (a finite fill's exp(fill - max) underflows to 0 there as well). Where the kernel and
     the config part ways, the config wins:
 
-    - a query with no key to attend to: the kernel returns 0; the config says NaN (0 / 0) for a
-      -inf fill and, for a finite fill, equal scores everywhere, i.e. the plain mean of v;
+    - a query with no key to attend to: the config says NaN (0 / 0) for a -inf fill (or, with
+      `empty_rows`, the loss's rule: weights `empty_rows` on every key) and, for a finite fill,
+      equal scores everywhere, i.e. the plain mean of v. The kernel never sees such a row: it is
+      unmasked for the kernel (`mask | empty`), so no kernel's convention for it (0, NaN) and no
+      0 / 0 in its backward pass can leak, and its result there is replaced;
     - a NaN value: `weights @ v` multiplies it by a masked key's weight 0 and gets NaN (IEEE),
       in every query; a fused kernel may skip masked keys, so that NaN is restored explicitly.
 
-    Both fix-ups are one `where` (no host sync, no data-dependent branch, so it also compiles).
+    Both fix-ups are one `where` (no host sync, no data-dependent branch, so it also compiles),
+    and the gradient of a `where` selects: the replaced rows send the kernel a zero gradient.
     """
-    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, Tq, K)
     mean = v.mean(dim=-2, keepdim=True)  # (B, H, 1, K): equal weights on every key
     fix = mean.isnan()  # the columns of v that hold a NaN
     if mask is not None:
-        fix = fix | ~mask.any(dim=-1, keepdim=True)  # (B, H, Tq, K): and the queries without keys
-    # A NaN column of v is NaN in `mean` too, so a finite fill's mean serves both cases.
-    return torch.where(fix, math.nan if math.isinf(fill) else mean, heads)  # (B, H, Tq, K)
+        empty = ~mask.any(dim=-1, keepdim=True)  # (B, H|1, Tq, 1): the queries without keys
+        mask = mask | empty  # each such query attends everywhere in the kernel; replaced below
+        fix = fix | empty  # (B, H, Tq, K)
+    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, Tq, K)
+    if not math.isinf(fill):
+        fixed = mean  # a NaN column of v is NaN in `mean` too, so the mean serves both cases
+    elif empty_rows is None:
+        fixed = math.nan
+    else:  # weights `empty_rows` on every key: NaN in a NaN column of v, as `weights @ v` gives
+        fixed = empty_rows * v.sum(dim=-2, keepdim=True)
+    return torch.where(fix, fixed, heads)  # (B, H, Tq, K)
 
 
 class MultiHeadAttention(nn.Module):
@@ -350,7 +361,7 @@ class MultiHeadAttention(nn.Module):
         if return_attention:
             heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, empty_rows=empty_rows)
         else:
-            heads, weights = fast_attention(q, k, v, mask, self.fill), None
+            heads, weights = fast_attention(q, k, v, mask, self.fill, empty_rows=empty_rows), None
         batch, _, length, _ = heads.shape
         concat = heads.transpose(1, 2).reshape(batch, length, -1)  # (B, Tq, D)
         return self.o_proj(concat), weights
@@ -576,6 +587,8 @@ class Model(nn.Module):
     `torch.inference_mode()` and autograd all apply. `.to(dtype)` casts the sinusoid buffer along
     with the parameters, like any buffer. Under `torch.compile` the input checks stay eager (they
     read ids on the host), so the tensor work compiles as a few graphs, not one `fullgraph`.
+    `model.compile()` compiles it in place, so `loss_and_grads` and `train_step` run compiled too
+    (docs/training.md, "Compiled training").
 
     `param_dtype` (keyword-only; any of `SUPPORTED_DTYPES`; default None: `dtype`) stores the
     parameters in another dtype than the one the model computes in: `Model(config, params32,
@@ -815,8 +828,8 @@ class Model(nn.Module):
                              tuple(tgt_ids.shape))
         check_labels_finite(self.config, src_ids.cpu().numpy(), tgt_ids.cpu().numpy(), labels)
         epsilon = check_label_smoothing(label_smoothing)
-        counted = torch.tensor(labels != self.config.pad_id, device=self.device)  # (B, T)
-        targets = torch.tensor(labels, dtype=torch.long, device=self.device)[counted]  # (N,)
+        targets = torch.tensor(labels, dtype=torch.long, device=self.device)  # (B, T)
+        counted = targets != self.config.pad_id  # (B, T)
         names, params = zip(*self.named_parameters())
         # With a param_dtype other than dtype, autograd runs at copies of the parameters in the
         # compute dtype, and each gradient is rounded once to param_dtype. Through `cast` at each
@@ -825,8 +838,9 @@ class Model(nn.Module):
         mixed = self.param_dtype != self.dtype
         leaves = [cast(p, self.dtype).detach().requires_grad_() for p in params] if mixed else list(params)
         # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
-        # loss runs: a NaN activation would reach every weight gradient as 0 * NaN.
-        forward = {"dropout": dropout, "empty_rows": 0.0}
+        # loss runs: a NaN activation would reach every weight gradient as 0 * NaN. Attention runs
+        # through the fused kernel (`fast_attention`), which takes that rule outside the kernel.
+        forward = {"dropout": dropout, "empty_rows": 0.0, "return_attention": False}
         with torch.enable_grad():
             if mixed:
                 logits = torch.func.functional_call(self, dict(zip(names, leaves)), (src_ids, tgt_ids),
@@ -834,9 +848,12 @@ class Model(nn.Module):
             else:
                 logits = self(src_ids, tgt_ids, **forward).logits  # (B, T, V)
             # The counted positions are selected before the log-softmax, never multiplied by 0: a
-            # padded row is not read at all, so a NaN there reaches neither the loss nor the gradient.
-            selected = at_least_float32(logits[counted])  # (N, V)
-            loss = F.cross_entropy(selected, targets, label_smoothing=epsilon)
+            # padded row is replaced by zeros (a where, whose gradient selects), so a NaN there
+            # reaches neither the loss nor the gradient; the fused cross-entropy then ignores it
+            # (ignore_index) and averages over the N counted positions. No host sync.
+            selected = at_least_float32(torch.where(counted[..., None], logits, 0.0))  # (B, T, V)
+            loss = F.cross_entropy(selected.flatten(0, 1), targets.flatten(), ignore_index=self.config.pad_id,
+                                   label_smoothing=epsilon)
             grads = torch.autograd.grad(loss, leaves, materialize_grads=True)
         grads = {name: cast(grad, param.dtype) for name, grad, param in zip(names, grads, params)}
         return loss.detach(), {name: grads[name] for name in param_shapes(self.config)}  # checkpoint order
@@ -859,18 +876,26 @@ class Model(nn.Module):
         """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
         return decode.reorder_cache(self, cache, rows)
 
-    def generate(self, src_ids, max_len: int, bos_id: int, eos_id: int, *, num_beams: int = 1,
-                 length_penalty: float = 1.0, early_stopping: bool | str = False, use_cache: bool = True,
-                 length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids=(),
-                 return_scores: bool = False):
-        """Greedy (num_beams=1) or beam search decoding: the best sequence per row after `bos_id`.
+    def generate(self, src_ids, max_len: int | None = None, bos_id: int | None = None, eos_id: int | None = None, *,
+                 num_beams: int | None = None, length_penalty: float | None = None, early_stopping: bool | str = False,
+                 use_cache: bool = True, length_penalty_form: str | None = None, forced_eos: bool | None = None,
+                 banned_ids=None, return_scores: bool = False, beam_rule: str = "hf", num_return_sequences: int = 1,
+                 do_sample: bool = False, temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None):
+        """Greedy (num_beams=1), beam search or sampling: the best sequences per row after `bos_id`.
 
-        Returns (B, n) ids with n <= max_len, `pad_id` after a row's `eos_id` (and its scores (B,)
-        with `return_scores`). The choices are made by `conformance.core.decoding.search` from this
-        model's step logits, with Hugging Face's semantics (docs/decoding.md). `use_cache=False`
+        Returns (B * num_return_sequences, n) ids with n <= max_len, `pad_id` after a row's `eos_id`
+        (and their scores with `return_scores`). An argument left at None takes the checkpoint's
+        "generation" note (as transformers applies generation_config), else its plain default;
+        bos_id and eos_id must then be given. The choices are made by
+        `conformance.core.decoding.search` from this model's step logits: Hugging Face's beam rule,
+        or Flax examples/wmt's with beam_rule="flax"; do_sample=True draws with temperature, top_k
+        and top_p from uniforms of np.random.default_rng(seed) (docs/decoding.md). `use_cache=False`
         runs the decoder over the whole prefix at every step: the plain loop, O(T^2).
         """
         return decode.generate(self, src_ids, max_len, bos_id, eos_id, num_beams=num_beams,
                                length_penalty=length_penalty, early_stopping=early_stopping, use_cache=use_cache,
                                length_penalty_form=length_penalty_form, forced_eos=forced_eos,
-                               banned_ids=banned_ids, return_scores=return_scores)
+                               banned_ids=banned_ids, return_scores=return_scores, beam_rule=beam_rule,
+                               num_return_sequences=num_return_sequences, do_sample=do_sample,
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)

@@ -19,7 +19,7 @@ __all__ = ["Adam", "train_step"]  # train_step: one training step, written once 
 
 
 class Adam:
-    """`torch.optim.Adam(lr=1)` scaled by `LambdaLR` to the paper's lrate_t at step t = 1, 2, ...
+    """`torch.optim.Adam(lr=1, fused=True)` scaled by `LambdaLR` to the paper's lrate_t at step t = 1, 2, ...
 
     torch.optim.Adam computes p -= (lr / (1 - β1^t)) · m / (sqrt(v) / sqrt(1 - β2^t) + ε): the
     same equation as m̂ / (sqrt(v̂) + ε), arranged differently (so it rounds differently, by an
@@ -34,7 +34,9 @@ class Adam:
         named = dict(model.named_parameters())
         self.names = list(param_shapes(model.config))
         self.params = [named[name] for name in self.names]
-        self.optimizer = torch.optim.Adam(self.params, lr=1.0, betas=self.betas, eps=self.eps)
+        # fused: one kernel for all parameters (CPU and CUDA) instead of a loop of elementwise ops
+        # per tensor: the same equation, 7x faster on 96M float32 values on a CPU (bench_train).
+        self.optimizer = torch.optim.Adam(self.params, lr=1.0, betas=self.betas, eps=self.eps, fused=True)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda epoch: paper_lrate(epoch + 1, self.d_model, self.warmup))
 

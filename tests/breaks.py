@@ -78,7 +78,8 @@ BREAKS = {
                                                           "if False:")], {}),
     "logits not divided by sqrt(D)": ("numpy", [("        if self.scale_logits:\n", "        if False:\n")], {}),
     "attention temperature ignored": ("numpy", [("self.temperature = config.attention_temp", "self.temperature = 1.0")], {}),
-    "GLU gate dropped": ("numpy", [("            units = units * gated\n", "            units = units\n")], {}),
+    "GLU gate dropped": ("numpy", [("return self.linear2(units if gated is None else units * gated, tape=tape)",
+                                   "return self.linear2(units, tape=tape)")], {}),
     "final norm dropped": ("numpy", [(
         'self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None',
         "self.norm = None",
@@ -89,9 +90,9 @@ BREAKS = {
     "TF32 left on by full_precision": ("torch", [], {"full_precision": tf32_on}),
     # ...or by the model while it runs (a forward pass that sets it for speed and leaves it).
     "TF32 turned on by the forward pass": ("torch", [(
-        "        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink)\n",
+        "        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink,\n",
         "        torch.backends.cuda.matmul.allow_tf32 = True\n"
-        "        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink)\n",
+        "        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink,\n",
     )], {}),
 }
 
@@ -103,8 +104,8 @@ DRIFT = 0.9e-12  # 0.9 x the float64 tolerance: one copy passes alone, two oppos
 PROPERTY_BREAKS = {
     # torch's fused kernel returns 0 for a query without keys; the weights-returning path is fine.
     "fast path returns 0 for fully masked rows": ("test_fast_path", [("torch", [(
-        "return torch.where(fix, math.nan if math.isinf(fill) else mean, heads)  # (B, H, Tq, K)",
-        "return heads  # (B, H, Tq, K)",
+        "return torch.where(fix, fixed, heads)  # (B, H, Tq, K)",
+        "return torch.where(fix, 0.0, heads)  # (B, H, Tq, K)",
     )], {})]),
     # An empty dict where no attention was asked for: reads as "this model has no attention layers".
     "no attention asked for gives {}": ("test_fast_path", [("numpy", [(
@@ -145,6 +146,20 @@ PROPERTY_BREAKS = {
         "y = model.decoder(y, None, self_mask, cache.cross_mask,",
         "y = model.decoder(y, None, self_mask[..., :max(t, 1)], cache.cross_mask,",
     )], {})]),
+    # A device search that never reorders the KV cache after beam search chose its rows: every
+    # beam keeps attending to its own old prefix. Greedy and the full forward pass never see it.
+    "beam search forgets to reorder the cache": ("test_generate", [("numpy", [(
+        "decode.py",
+        "if settings.num_beams > 1 and i > 0:",
+        "if False:",
+    )], {})]),
+    # A sampling driver that does not forward the caller's seed: it draws its uniforms from
+    # seed 0 instead. Greedy and beam search never read the seed, so only sampling sees it.
+    "sampling ignores the seed": ("test_generate", [("numpy", [(
+        "decode.py",
+        "**settings.search_options())",
+        "**(settings.search_options() | {\"seed\": 0}))",
+    )], {})]),
     # The backward pass (impl_numpy/backward.py): invisible to every forward property.
     # LayerNorm's gradient without the term through the variance, which depends on the whole row.
     "LayerNorm gradient misses the variance term": ("test_gradients", [("numpy", [(
@@ -168,17 +183,17 @@ PROPERTY_BREAKS = {
     # The GLU's activated branch: its gradient must be multiplied by the gate's value.
     "GLU gradient misses the gate": ("test_gradients", [("numpy", [(
         "backward.py",
-        "d_act = d_units * alive(ffn.gated)",
-        "d_act = d_units",
+        "d_act = d_units * alive(gated)  # (B, L, F)",
+        "d_act = d_units  # (B, L, F)",
     )], {})]),
     # Two backends that each stay within tolerance of the oracle, drifting in opposite directions.
     "two backends drift apart within tolerance": ("test_pairs", [
         # Added, not multiplied: the float64 tolerance is absolute (atol), so a relative drift of
         # 0.9e-12 leaves it on logits larger than 1.1 (hypothesis draws them).
-        ("numpy", [("logits = product_in_blocks(y, weight, vocab_axis)  # (B, T, V)",
-                    f"logits = product_in_blocks(y, weight, vocab_axis) + {DRIFT!r}  # (B, T, V)")], {}),
-        ("numpy", [("logits = product_in_blocks(y, weight, vocab_axis)  # (B, T, V)",
-                    f"logits = product_in_blocks(y, weight, vocab_axis) - {DRIFT!r}  # (B, T, V)")], {}),
+        ("numpy", [("logits = product_in_blocks(y, weight, vocab_axis, cast)  # (B, T, V)",
+                    f"logits = product_in_blocks(y, weight, vocab_axis, cast) + {DRIFT!r}  # (B, T, V)")], {}),
+        ("numpy", [("logits = product_in_blocks(y, weight, vocab_axis, cast)  # (B, T, V)",
+                    f"logits = product_in_blocks(y, weight, vocab_axis, cast) - {DRIFT!r}  # (B, T, V)")], {}),
     ]),
 }
 
@@ -353,13 +368,20 @@ def derivative_of_another_activation(activation: str):
 
 
 class _PosingAs:
-    """A LayerNorm module that says its form is `form`, and is otherwise itself."""
+    """A LayerNorm module that says its form is `form`, and is otherwise itself: the same key on
+    the backward pass's tape (a dict by module), so that what the forward kept is found."""
 
     def __init__(self, norm, form: str):
         self._norm, self.form = norm, form
 
     def __getattr__(self, name):
         return getattr(self._norm, name)
+
+    def __hash__(self):
+        return hash(self._norm)
+
+    def __eq__(self, other):
+        return other is self._norm or other is self
 
 
 def layer_norm_backward_of_another_form(form: str):
@@ -369,8 +391,9 @@ def layer_norm_backward_of_another_form(form: str):
     other = "standard" if form == "std-eps" else "std-eps"
 
     def make(right):
-        def layer_norm_backward(norm, *args, **kwargs):
-            return right(_PosingAs(norm, other) if norm.form == form else norm, *args, **kwargs)
+        def layer_norm_backward(*args, **kwargs):  # the norm found by its `form`, wherever it is passed
+            args = [_PosingAs(a, other) if getattr(a, "form", None) == form else a for a in args]
+            return right(*args, **kwargs)
         return layer_norm_backward
 
     return other, make

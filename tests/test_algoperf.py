@@ -17,8 +17,6 @@ One model size and one batch shape for every case, so that JAX compiles once per
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import pytest
 
@@ -248,26 +246,44 @@ def test_rosetta_convert_reads_both_files_with_at_most_n_heads_max_len_and_the_t
 # -- Beam search -------------------------------------------------------------------------------
 
 
-def _generate_takes_beam_rule() -> bool:
-    import impl_numpy
+def up_to_the_end(ids: np.ndarray, eos_id: int, width: int) -> np.ndarray:
+    """Each row up to and including its first end token, then 0 (AlgoPerf's pad), `width` wide:
+    AlgoPerf's torch port repeats the end token to the end of the row, ours pads after it."""
+    out = np.zeros((len(ids), width), dtype=np.int64)
+    for i, row in enumerate(np.asarray(ids, dtype=np.int64)):
+        ended = np.flatnonzero(row == eos_id)
+        row = row[: ended[0] + 1] if ended.size else row
+        out[i, : len(row)] = row
+    return out
 
-    return "beam_rule" in inspect.signature(impl_numpy.Model.generate).parameters
+
+# Seeds where Hugging Face's rule (with the same GNMT penalty) chooses other ids on every row.
+BEAM_SEEDS = {"base": 9, "glu-tanh": 5}
 
 
-@pytest.mark.skipif(not _generate_takes_beam_rule(),
-                    reason="waiting on the generation-speed issue: generate() has no beam_rule argument yet, so "
-                           "our beam search cannot follow Flax's rule (an end token ranked between beams and 2*beams "
-                           "is kept as finished)")
-@pytest.mark.parametrize("variant", ["base", "glu-tanh"])
+@pytest.mark.parametrize("variant", sorted(BEAM_SEEDS))
 def test_generate_with_the_flax_beam_rule_gives_algoperf_beam_search_ids(variant):
+    """AlgoPerf's torch beam search (tests/systems/algoperf_beam.py; beam 4, alpha 0.6, eos 2,
+    start token 0, max_decode_len 9 = 8 generated tokens), float32, against our
+    generate(..., beam_rule="flax") on the converted weights in float32, in every backend, up to
+    each row's end token; Hugging Face's rule gives other ids on these rows."""
+    from conformance.check import backends
+    from conformance.check.compare import to_numpy
     from systems import algoperf_beam
 
-    model = torch_source(variant, seed=7)
+    model = torch_source(variant, seed=BEAM_SEEDS[variant])
     src, _, _ = batch()
-    theirs = algoperf_beam.beam_search(model, src, beam_size=4, alpha=0.6, eos_id=2, max_decode_len=8)
+    theirs = up_to_the_end(algoperf_beam.beam_search(model, src, beam_size=4, alpha=0.6, eos_id=2, max_decode_len=9),
+                           2, 8)
     converted = convert_arrays(torch_state(model), "algoperf-wmt-torch", n_heads=HEADS)
-    import impl_numpy
-
-    ours = impl_numpy.Model(converted.config, converted.params, "float32").generate(
-        src, 8, 0, 2, num_beams=4, length_penalty=0.6, beam_rule="flax")
-    assert np.array_equal(np.asarray(ours), theirs)
+    for param in BACKEND_PARAMS:
+        backend = param.values[0]
+        if backends.availability().get(backend):
+            continue
+        target = backends.Target(backend, "cpu", "float32")
+        with backends.full_precision(backend):
+            ours = backends.build(target, converted.config, converted.params)
+            flax_rule = to_numpy(ours.generate(src, 8, 0, 2, num_beams=4, length_penalty=0.6, beam_rule="flax"))
+            hf_rule = to_numpy(ours.generate(src, 8, 0, 2, num_beams=4, length_penalty=0.6, length_penalty_form="gnmt"))
+        assert np.array_equal(up_to_the_end(flax_rule, 2, 8), theirs), (backend, flax_rule, theirs)
+        assert (up_to_the_end(hf_rule, 2, 8) != theirs).any(axis=1).all(), (backend, hf_rule, theirs)

@@ -52,6 +52,12 @@ FIRST_DIVERGENCE = {
     "attention temperature ignored": "encoder.0.self",
     "GLU gate dropped": "encoder.0.ffn",
 }
+# Breaks that change no number on a CPU (TF32 acts on GPU matmuls only): the check refuses the run
+# of that target instead, naming the switch, on every device.
+PRECISION_BREAKS = {
+    "TF32 left on by full_precision": "full_precision() left reduced precision on:",
+    "TF32 turned on by the forward pass": "the model changed matmul precision while it ran:",
+}
 # Breaks of a switch CONFIG leaves off (Flax examples/wmt's): the check runs with it on.
 SWITCHED_ON = {
     "t2t sinusoid with the paper's timescales": dict(position="sinusoid-t2t"),
@@ -63,10 +69,26 @@ SWITCHED_ON = {
 
 
 def test_every_planted_break_has_an_expected_first_tensor():
-    assert set(FIRST_DIVERGENCE) == set(BREAKS)
+    assert set(FIRST_DIVERGENCE) | set(PRECISION_BREAKS) == set(BREAKS)
+    assert not set(FIRST_DIVERGENCE) & set(PRECISION_BREAKS)
 
 
-@pytest.mark.parametrize("name", sorted(BREAKS))
+@pytest.mark.parametrize("name", sorted(PRECISION_BREAKS))
+def test_the_report_refuses_a_target_that_turns_tf32_on(name):
+    backend, edits, patches = BREAKS[name]
+    registered = broken_copy(name, backend, edits, patches)
+    target = Target(registered, "cpu", "float32")
+    try:
+        report = run_check(CONFIG, init_params(CONFIG, seed=3), "test", [target])
+    finally:
+        backends.unregister_backend(registered)
+    assert not report.passed
+    assert PRECISION_BREAKS[name] in report.errors[target.label], report.errors
+    assert "allow_tf32" in report.errors[target.label]
+    assert PRECISION_BREAKS[name] in report.to_text()
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_DIVERGENCE))
 def test_the_report_names_the_tensor_where_the_break_lives(name):
     backend, edits, patches = BREAKS[name]
     registered = broken_copy(name, backend, edits, patches)

@@ -158,3 +158,49 @@ def test_an_attention_width_other_than_d_model_is_refused_by_name():
                       num_layers=1, max_len=MAX_LEN)
     with pytest.raises(ConfigError, match="d_model.*qkv_dim"):
         convert_arrays(flat(wmt.init(c)), "flax-wmt", max_len=MAX_LEN)
+
+
+# -- Beam search: our beam_rule="flax" against wmt's decode.beam_search ----------------------------
+
+
+def our_ids(converted, src, dtype: str = "float64", **options) -> dict[str, np.ndarray]:
+    """generate's ids in every installed backend, padded with 0 to 8 columns (wmt's width)."""
+    from conformance.check import backends
+    from conformance.check.compare import to_numpy
+
+    out = {}
+    for param in BACKEND_PARAMS:
+        backend = param.values[0]
+        if backends.availability().get(backend):
+            continue
+        target = backends.Target(backend, "cpu", dtype)
+        with backends.full_precision(backend), backends.dtype_scope(target):
+            model = backends.build(target, converted.config, converted.params)
+            ids = to_numpy(model.generate(src, 8, 0, 2, num_beams=4, length_penalty=0.6, **options)).astype(np.int64)
+        out[backend] = np.pad(ids, ((0, 0), (0, 8 - ids.shape[1])))
+    return out
+
+
+@pytest.mark.parametrize("seed", [3, 5])
+def test_flax_beam_rule_gives_wmt_beam_search_ids_where_the_rules_differ(seed):
+    """wmt's beam search (tests/systems/flax_wmt_decode.py: beam 4, alpha 0.6, eos 2, start token
+    0, max_decode_len 9 = 8 generated tokens) on its own linen model, float64, against our
+    generate(..., beam_rule="flax") in every backend; Hugging Face's rule, with the same GNMT
+    penalty, chooses other ids on some of these rows (seed 3: one row, seed 5: all three), so the
+    rule, not the penalty, is what the agreement shows."""
+    from systems import flax_wmt_decode
+
+    c = config("shared-attend", dtype=jnp.float64)
+    with enable_x64():
+        params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), wmt.init(c, seed=seed))
+        src, _, _ = batch(c)
+        theirs = flax_wmt_decode.predict(c, params, src, beam_size=4, alpha=0.6, eos_id=2, max_decode_len=9)
+    converted = convert_arrays(flat(params), "flax-wmt", max_len=MAX_LEN)
+    flax_rule = our_ids(converted, src, beam_rule="flax")
+    hf_rule = our_ids(converted, src, length_penalty_form="gnmt")
+    differ = (hf_rule["numpy"] != theirs).any(axis=1)
+    assert differ.any(), f"seed {seed}: the two rules agree on every row, so this case shows nothing"
+    for backend, ids in flax_rule.items():
+        assert (ids == theirs).all(), (backend, ids, theirs)
+    print(f"seed {seed}: rows where the rules differ: {np.flatnonzero(differ).tolist()}; wmt's ids in "
+          f"{sorted(flax_rule)}")

@@ -133,22 +133,26 @@ def test_generate_returns_each_backends_own_array_type():
         assert type(ids).__name__ == kind, (backend, type(ids))
 
 
-def test_jax_generates_many_tokens_with_a_bounded_number_of_compiles():
+def test_jax_search_is_one_compiled_call_per_shape_and_max_len():
+    """The whole search is one lax.while_loop (impl_jax.decode._search): once compiled for
+    (rows, source length, max_len, rules), a call runs the encoder and the search, two compiled
+    calls in all, whatever the number of tokens; the ids, banned ids and length penalty are data."""
     impl_jax = pytest.importorskip("impl_jax", reason="JAX is not installed")
     config = preset("paper", **{**SIZES, "max_len": 24})
     src, _ = batch(config)
     model = impl_jax.Model(config, dtype="float32")
-    # Never-ending rows (eos is an id the model never gets to end on: forced only at the end).
-    model.generate(src, 2, 1, 2, num_beams=2, banned_ids=[2])  # warm: encode, start, step, reorder
+    # Never-ending rows (eos is banned: the search runs all 20 steps).
+    model.generate(src, 20, 1, 2, num_beams=2, banned_ids=[2])  # warm: the encoder and the search
     impl_jax.reset_stats()
     ids = model.generate(src, 20, 1, 2, num_beams=2, banned_ids=[2])
     assert to_numpy(ids).shape == (3, 20)
+    model.generate(src, 20, 3, 4, num_beams=2, banned_ids=[5], length_penalty=0.3)
     stats = impl_jax.compile_stats()
-    assert stats["compiles"] == 0, f"20 tokens after a 2-token warm-up compiled again: {stats}"
-    assert stats["calls"] >= 20 * 2  # one step and one reorder per token: the steps did run compiled
+    assert stats["compiles"] == 0, f"the same shapes with other ids and penalty compiled again: {stats}"
+    assert stats["calls"] == 4, f"each search should be two compiled calls (encode, search): {stats}"
     impl_jax.reset_stats()
-    model.generate(src[:2], 20, 1, 2, banned_ids=[2])  # a new (rows, source) shape: a few compiles, not 20
-    assert 1 <= impl_jax.compile_stats()["compiles"] <= 4, impl_jax.compile_stats()
+    model.generate(src, 12, 1, 2, num_beams=2, banned_ids=[2])  # a new max_len: the search compiles once
+    assert impl_jax.compile_stats()["compiles"] == 1, impl_jax.compile_stats()
 
 
 def test_torch_generates_under_inference_mode_on_the_models_device():
@@ -190,6 +194,29 @@ BAD_OPTIONS = [
     (dict(banned_ids=3), "banned_ids"),
     (dict(return_scores=None), "return_scores"),
     (dict(max_len=13), "max_len"),
+    (dict(max_len=5.0), "max_len"),
+    (dict(bos_id=1.0), "bos_id"),
+    (dict(bos_id=np.array([1, 2])), "bos_id"),
+    (dict(eos_id=True), "eos_id"),
+    (dict(beam_rule="t5"), "beam_rule"),
+    (dict(beam_rule="flax", early_stopping=True), "early_stopping"),
+    (dict(num_return_sequences=0), "num_return_sequences"),
+    (dict(num_return_sequences=2), "num_return_sequences"),  # greedy has one sequence per row
+    (dict(num_beams=2, num_return_sequences=3), "num_return_sequences"),
+    (dict(num_beams=2, beam_rule="flax", num_return_sequences=2), "num_return_sequences"),
+    (dict(temperature=0.5), "temperature"),  # without do_sample
+    (dict(seed=3), "seed"),
+    (dict(do_sample=1), "do_sample"),
+    (dict(do_sample=True, temperature=0.0), "temperature"),
+    (dict(do_sample=True, temperature=-1.0), "temperature"),
+    (dict(do_sample=True, temperature=float("inf")), "temperature"),
+    (dict(do_sample=True, top_k=-1), "top_k"),
+    (dict(do_sample=True, top_k=2.5), "top_k"),
+    (dict(do_sample=True, top_p=0.0), "top_p"),
+    (dict(do_sample=True, top_p=1.5), "top_p"),
+    (dict(do_sample=True, seed=-1), "seed"),
+    (dict(do_sample=True, num_beams=2), "num_beams"),
+    (dict(do_sample=True, beam_rule="flax"), "beam_rule"),
 ]
 
 
@@ -208,16 +235,223 @@ def test_bad_generate_arguments_get_the_same_error_everywhere(backend):
 
 
 def test_nan_logits_of_an_open_row_are_refused():
-    """A start token that is the pad id, with key-side padding and a -inf fill: the first query
-    has no key, its attention is NaN, and generate says so instead of choosing from NaN."""
-    import impl_numpy
+    """The search refuses to choose from NaN logits of a row that is still open (a fully masked
+    attention row with a -inf fill), naming the step and the row."""
+    from conformance.core.decoding import search
 
+    def step(tokens, parents):
+        logits = np.zeros((len(tokens), 5))
+        logits[1] = np.nan
+        return logits
+
+    with pytest.raises(InputError, match="NaN logits at step 0, row 1"):
+        search(step, 2, 4, 1, 2, 0)
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_a_pad_start_token_needs_no_target_padding_mask(backend):
+    """Issue 27 item 3: a start token that is the pad id would be masked as a key by target
+    padding; refused, the same everywhere, unless tgt_pad_mask="none" (Marian, Flax wmt)."""
     config = preset("llmhub", **SIZES)
     src, _ = batch(config)
-    with pytest.raises(InputError, match="NaN logits at step 0"):
-        impl_numpy.Model(config).generate(src, 4, config.pad_id, 2)
+    model = backends.build(backends.Target(backend, "cpu", "float32"), config, None)
+    with pytest.raises(InputError, match='decoding from the pad id needs tgt_pad_mask="none"') as info:
+        model.generate(src, 4, config.pad_id, 2)
+    assert info.value.argument == "bos_id"
+    unmasked = backends.build(backends.Target(backend, "cpu", "float32"), config.replace(tgt_pad_mask="none"), None)
+    assert to_numpy(unmasked.generate(src, 4, config.pad_id, 2)).shape[0] == 3
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_an_all_padding_source_row_is_refused(backend):
+    """Issue 27 item 3: a source of padding only has nothing to translate."""
+    config = preset("paper", **SIZES)
+    src, _ = batch(config)
+    src[1] = config.pad_id
+    model = backends.build(backends.Target(backend, "cpu", "float32"), config, None)
+    with pytest.raises(InputError, match="row 1 is all padding") as info:
+        model.generate(src, 4, 1, 2)
+    assert info.value.argument == "src_ids"
 
 
 def test_the_two_length_penalties():
     assert penalty(4, 1.0, "hf") == 4.0 and penalty(4, 0.0, "hf") == 1.0
     assert np.isclose(penalty(7, 0.6, "gnmt"), 2.0 ** 0.6)  # ((5 + 7) / 6) ** 0.6
+
+
+# -- Defaults from the generation note, integer scalars, several sequences ------------------------
+
+
+def noted(config, **recorded):
+    import json
+
+    return config.replace(notes={**config.notes, "generation": json.dumps(recorded)})
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_arguments_default_to_the_generation_note_and_explicit_ones_win(backend):
+    """As transformers applies a model's generation_config: what the call leaves out comes from
+    the checkpoint's note (HF names; max_length counts the start token), the rest from the call."""
+    config = preset("paper", **SIZES)
+    src, _ = batch(config)
+    target = backends.Target(backend, "cpu", "float64")
+    with backends.full_precision(backend), backends.dtype_scope(target):
+        bare = backends.build(target, config, None)
+        model = backends.build(target, noted(config, decoder_start_token_id=1, eos_token_id=2, num_beams=2,
+                                                length_penalty=0.6, max_length=6, bad_words_ids=[[4]]), None)
+        plain = bare.generate(src, 5, 1, 2, num_beams=2, length_penalty=0.6, banned_ids=[4])
+        assert (to_numpy(model.generate(src)) == to_numpy(plain)).all()
+        assert (to_numpy(model.generate(src, num_beams=1, banned_ids=())) == to_numpy(bare.generate(src, 5, 1, 2))).all()
+        assert (to_numpy(model.generate(src, 7, 3)) == to_numpy(
+            bare.generate(src, 7, 3, 2, num_beams=2, length_penalty=0.6, banned_ids=[4]))).all()
+        with pytest.raises(InputError, match="has no \"generation\" note") as info:
+            bare.generate(src, 5)
+        assert info.value.argument == "bos_id"
+        with pytest.raises(InputError) as info:
+            bare.generate(src, 5, 1)
+        assert info.value.argument == "eos_id"
+
+
+def integer_scalars():
+    """1 as an integer scalar of each installed backend."""
+    scalars = [np.int64(1), np.int32(1), np.array(1)]
+    try:
+        import torch
+
+        scalars.append(torch.tensor(1))
+    except ImportError:
+        pass
+    try:
+        import jax.numpy as jnp
+
+        scalars.append(jnp.int32(1))
+    except ImportError:
+        pass
+    return scalars
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_integer_scalars_of_every_backend_are_ids(backend):
+    """Issue 27 item 7: np.int64(1), torch.tensor(1), jnp.int32(1) are ids; a float or bool
+    scalar is refused, naming its type."""
+    config = preset("paper", **SIZES)
+    src, _ = batch(config)
+    model = backends.build(backends.Target(backend, "cpu", "float32"), config, None)
+    expected = to_numpy(model.generate(src, 4, 1, 2, num_beams=2))
+    for one in integer_scalars():
+        got = model.generate(src, 4 * one, one, 2 * one, num_beams=2 * one, banned_ids=[3 * one])
+        assert (to_numpy(got) == to_numpy(model.generate(src, 4, 1, 2, num_beams=2, banned_ids=[3]))).all(), type(one)
+        assert (to_numpy(model.generate(src, 4, one, 2, num_beams=2)) == expected).all(), type(one)
+    refused = [np.float64(1.0), np.bool_(True)]
+    try:
+        import torch
+
+        refused += [torch.tensor(1.0), torch.tensor(True), torch.tensor([1])]
+    except ImportError:
+        pass
+    for value in refused:
+        with pytest.raises(InputError, match=type(value).__name__) as info:
+            model.generate(src, 4, value, 2)
+        assert info.value.argument == "bos_id"
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_num_return_sequences_gives_the_best_beams_in_order(backend):
+    config = preset("paper", **SIZES)
+    src, _ = batch(config)
+    target = backends.Target(backend, "cpu", "float64")
+    with backends.full_precision(backend), backends.dtype_scope(target):
+        model = backends.build(target, config, None)
+        best, best_scores = model.generate(src, 6, 1, 2, num_beams=3, return_scores=True)
+        ids, scores = model.generate(src, 6, 1, 2, num_beams=3, num_return_sequences=3, return_scores=True)
+    ids, scores, best = to_numpy(ids), to_numpy(scores).reshape(3, 3), to_numpy(best)
+    assert ids.shape[0] == 9
+    width = best.shape[1]
+    assert (ids[::3, :width] == best).all() and (ids[::3, width:] == config.pad_id).all()
+    assert np.allclose(scores[:, 0], to_numpy(best_scores))
+    assert (np.diff(scores, axis=1) <= 0).all(), scores  # best first
+    assert len({tuple(row) for row in ids[:3]}) == 3  # three different hypotheses of row 0
+
+
+# -- Sampling ----------------------------------------------------------------------------------
+
+WARPINGS = [dict(temperature=0.7), dict(top_k=4), dict(top_p=0.8), dict(temperature=1.3, top_k=6, top_p=0.6),
+            dict(top_k=1), dict(top_p=1e-6), dict(top_k=50)]
+
+
+@pytest.mark.parametrize("options", WARPINGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_filtered_distributions_equal_transformers_warpers(options):
+    """`warp` against transformers' own TemperatureLogitsWarper, TopKLogitsWarper and
+    TopPLogitsWarper, applied in generate's order, on float64 logits with banned ids (-inf) and
+    tied values; the filtered scores and their softmax are the same."""
+    torch = pytest.importorskip("torch", reason="transformers' warpers are torch code")
+    pytest.importorskip("transformers", reason="the reference is transformers itself")
+    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    from conformance.core.decoding import log_softmax, warp
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 2, (6, 13))
+    logits[:, 3] = -np.inf  # a banned id
+    logits[1, [5, 6, 7]] = logits[1, 4]  # ties at the top
+    logits[2, [8, 9]] = logits[2].max() + 1
+    warpers = LogitsProcessorList()
+    if options.get("temperature", 1.0) != 1.0:
+        warpers.append(TemperatureLogitsWarper(options["temperature"]))
+    if options.get("top_k", 0):
+        warpers.append(TopKLogitsWarper(options["top_k"]))
+    if options.get("top_p", 1.0) < 1.0:
+        warpers.append(TopPLogitsWarper(options["top_p"]))
+    theirs = warpers(torch.zeros((6, 1), dtype=torch.long), torch.from_numpy(logits.copy())).numpy()
+    ours = warp(logits, **options)
+    assert (np.isinf(ours) == np.isinf(theirs)).all(), (ours, theirs)
+    np.testing.assert_allclose(ours[np.isfinite(ours)], theirs[np.isfinite(theirs)], rtol=1e-15)
+    np.testing.assert_allclose(np.exp(log_softmax(ours)), torch.from_numpy(theirs).softmax(-1).numpy(), atol=1e-15)
+
+
+def test_draw_follows_the_distribution_and_never_draws_a_zero():
+    """Inverse-CDF sampling: evenly spread uniforms land on each id in proportion to its
+    probability, and an id of probability 0 (between, before or after others) is never drawn."""
+    from conformance.core.decoding import draw
+
+    probs = np.array([0.0, 0.1, 0.0, 0.25, 0.65, 0.0])
+    uniforms = (np.arange(10000) + 0.5) / 10000
+    ids, gaps = draw(np.tile(probs, (len(uniforms), 1)), uniforms)
+    counts = np.bincount(ids, minlength=len(probs)) / len(uniforms)
+    np.testing.assert_allclose(counts, probs, atol=1e-4)
+    assert (gaps >= 0).all()
+    assert draw(probs[None], np.array([0.0]))[0][0] == 1 and draw(probs[None], np.array([1 - 1e-16]))[0][0] == 4
+
+
+SAMPLINGS = [dict(do_sample=True, seed=3), dict(do_sample=True, seed=5, temperature=0.6, top_k=5, top_p=0.9,
+                                                  num_return_sequences=2)]
+
+
+@pytest.mark.parametrize("options", SAMPLINGS, ids=["plain", "warped-2-each"])
+def test_float64_backends_sample_identical_ids(options):
+    config = preset("paper", **SIZES)
+    src, _ = batch(config)
+    out = generate_all(config, src, **options)
+    reference_ids, reference_scores = out["numpy"]
+    assert reference_ids.shape[0] == 3 * options.get("num_return_sequences", 1)
+    for backend, (ids, scores) in out.items():
+        assert ids.shape == reference_ids.shape and (ids == reference_ids).all(), (backend, ids, reference_ids)
+        np.testing.assert_allclose(scores, reference_scores, rtol=1e-9, err_msg=backend)
+
+
+def test_sampling_is_the_seeds():
+    """The same seed draws the same ids; other seeds draw others; the samples differ from greedy."""
+    import impl_numpy
+
+    config = preset("paper", **SIZES)
+    src, _ = batch(config)
+    model = impl_numpy.Model(config)
+    first = model.generate(src, 8, 1, 2, do_sample=True, seed=0, num_return_sequences=4)
+    assert (model.generate(src, 8, 1, 2, do_sample=True, seed=0, num_return_sequences=4) == first).all()
+    others = [model.generate(src, 8, 1, 2, do_sample=True, seed=s, num_return_sequences=4) for s in (1, 2)]
+    assert any(o.shape != first.shape or (o != first).any() for o in others)
+    greedy = model.generate(src, 8, 1, 2)
+    assert len({tuple(row) for row in first.tolist()}) > 3  # 12 samples of 3 rows are not 3 sequences
+    # top_k=1 keeps only the best id: sampling is greedy search
+    assert (model.generate(src, 8, 1, 2, do_sample=True, seed=0, top_k=1) == greedy).all()

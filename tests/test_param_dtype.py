@@ -213,7 +213,7 @@ def test_xla_widens_the_output_weight_a_block_at_a_time(name):
 def test_the_product_in_blocks_is_the_whole_product(backend, vocab_axis, vocab):
     """Every block lands in its place, the last partial one included, for W_out as stored (D, V)
     and for a tied embedding (V, D): float32 storage in a float64 product gives y @ W_out to
-    float64 rounding, and (torch with autograd recording, JAX through its custom derivative) the
+    float64 rounding, and (torch with autograd recording, one GEMM; JAX through its custom derivative) the
     gradients y^T g and g W_out^T, the weight's rounded to its float32 storage."""
     rng = np.random.default_rng(vocab)
     y, g = rng.standard_normal((2, 3, 16)), rng.standard_normal((2, 3, vocab))
@@ -236,7 +236,11 @@ def test_the_product_in_blocks_is_the_whole_product(backend, vocab_axis, vocab):
         out = product(ty, tw, vocab_axis)
         out.backward(torch.tensor(g))
         got, grads = out.detach().numpy(), (ty.grad.numpy(), tw.grad.numpy())
-        assert np.array_equal(without_graph, got), "torch: the in-place blocks and the concatenated ones differ"
+        # With autograd recording the product is one GEMM (impl_torch/blocks.py): the blocks' values
+        # to float64 rounding, bit for bit when there is one block.
+        if vocab <= OUTPUT_BLOCK:
+            assert np.array_equal(without_graph, got), "torch: the in-place block and the one GEMM differ"
+        np.testing.assert_allclose(without_graph, got, rtol=0, atol=1e-13 * np.abs(got).max(), err_msg="blocks")
     else:
         with scope("jax"):
             out, pull_back = jax.vjp(lambda a, b: product(a, b, vocab_axis), jax.numpy.asarray(y), jax.numpy.asarray(weight))
@@ -470,8 +474,9 @@ def test_greedy_tokens_and_scores_equal_the_float64_model(backend, device):
     with scope(backend, device):
         mixed = build(backend, device, MARIAN, p32, "float64", param_dtype="float32")
         plain = build(backend, device, MARIAN, widened(p32), "float64")
-        ids, scores = mixed.generate(SRC, 6, 2, 3, return_scores=True)
-        ref_ids, ref_scores = plain.generate(SRC, 6, 2, 3, return_scores=True)
+        src = SRC[:2]  # generate refuses SRC's third row, padding only (docs/decoding.md)
+        ids, scores = mixed.generate(src, 6, 2, 3, return_scores=True)
+        ref_ids, ref_scores = plain.generate(src, 6, 2, 3, return_scores=True)
         package = PACKAGES[backend]
         assert np.array_equal(package.to_numpy(ids), package.to_numpy(ref_ids))
         assert np.array_equal(package.to_numpy(scores), package.to_numpy(ref_scores))

@@ -195,6 +195,26 @@ def test_a_tensor_the_system_does_not_give_is_not_exposed_not_guessed():
     assert "not exposed" in str(report)
 
 
+def test_the_report_as_a_table_json_and_a_picture(tmp_path):
+    """str(report) is the check table with the user's model as its first column beside our
+    backends; to_json() is plain JSON; plot() draws every column (a PNG)."""
+    import json
+
+    model = float64("from-scratch")
+    modules(model)["encoder.layers.1.norm2"].eps = 1e-12
+    report = run_compare("from-scratch", model, backends=["numpy"])
+    header = next(line for line in str(report).splitlines() if line.startswith("tensor "))
+    assert header.split()[1:] == ["yours/cpu/float64", "numpy/cpu/float32"], header
+    row = next(line for line in str(report).splitlines() if line.startswith("encoder.1.ffn "))
+    assert row.split()[3] == "FAIL" and row.split()[-1] == "ok", row  # yours diverges there, our backend does not
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["first_divergence"] == "encoder.1.ffn" and data["yours"] == "yours/cpu/float64" and not data["ok"]
+    assert "layer_norm_eps" in data["switches_at_divergence"] and data["layout"] == "from-scratch"
+    assert [t["label"] for t in data["targets"]] == ["yours/cpu/float64", "numpy/cpu/float32"]
+    width, height = report.plot(tmp_path / "compare.png")
+    assert width > 0 and height > 0 and (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # -- planted bugs (float64, the oracle alone) ---------------------------------------------------
 
 
@@ -460,6 +480,10 @@ def build_buggy():
 
 def build_broken():
     raise ValueError("no such checkpoint")
+
+
+def build_not_a_model():
+    return {"weights": None}
 '''
 
 
@@ -523,6 +547,7 @@ def test_rosetta_compare_exit_codes_and_one_line_errors(tmp_path, capsys):
     # Errors: one line, exit 2, no traceback.
     for factory, words in ((f"{user}:build_broken", "raised ValueError: no such checkpoint"),
                            (f"{user}:nothing", "no attribute"),
+                           (f"{user}:build_not_a_model", "returned dict: expected a torch.nn.Module"),
                            (f"{tmp_path / 'absent.py'}:build", "no such Python file"),
                            ("user_model", "expected MODULE:FACTORY")):
         code, out, err = rosetta(capsys, "compare", factory, str(weights), *common)
@@ -532,11 +557,60 @@ def test_rosetta_compare_exit_codes_and_one_line_errors(tmp_path, capsys):
     torch.save(state, tmp_path / "short.pt")
     code, out, err = rosetta(capsys, "compare", f"{user}:build", str(tmp_path / "short.pt"), *common)
     assert code == 2 and "does not fit the model: 1 missing (fc_out.bias)" in err and len(err.strip().splitlines()) == 1, err
+    state = system("from-scratch").state_dict()
+    state["fc_out.weight"] = state["fc_out.weight"][:, :-1]
+    torch.save(state, tmp_path / "narrow.pt")
+    code, out, err = rosetta(capsys, "compare", f"{user}:build", str(tmp_path / "narrow.pt"), *common)
+    assert code == 2 and "does not fit the model: fc_out.weight is (19, 31) in the file, (19, 32) in the model" in err, err
+    assert len(err.strip().splitlines()) == 1, err
     code, out, err = rosetta(capsys, "compare", f"{user}:build", str(weights), *common, "--src", "1,2")
     assert code == 2 and "--tgt" in err, err
 
     help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["compare"].format_help().split())
     assert "imports and runs your Python code" in help_text
+
+
+LINEN_USER_FILE = '''
+import dataclasses, sys
+sys.path.insert(0, {tests!r})
+from systems import flax_wmt as wmt
+
+C = wmt.WmtConfig(vocab_size=19, output_vocab_size=23, emb_dim=32, num_heads=4, qkv_dim=32, mlp_dim=48, num_layers=2,
+                  max_len=12)
+
+
+def build():
+    return wmt.Transformer(C)
+
+
+def build_wide():
+    return wmt.Transformer(dataclasses.replace(C, mlp_dim=64))
+'''
+
+
+def test_rosetta_compare_reads_a_linen_model_and_its_msgpack(tmp_path, capsys):
+    """A flax.linen factory in a user file, its variables from a Flax .msgpack: clean (forward and
+    gradients, labels the targets themselves for this shift-right model), and weights of another
+    shape refused in one line before anything runs."""
+    from pathlib import Path
+
+    from flax import serialization
+
+    user = tmp_path / "user_linen.py"
+    user.write_text(LINEN_USER_FILE.replace("{tests!r}", repr(str(Path(__file__).resolve().parent))))
+    _, _, (_, variables), src, tgt = wmt_system("float32")
+    weights = tmp_path / "params.msgpack"
+    weights.write_bytes(serialization.to_bytes(variables))
+    ids = lambda a: ";".join(",".join(str(int(x)) for x in row) for row in a)  # noqa: E731
+    common = ["--layout", "flax-wmt", "--set", "max_len=12", "--backends", "none", "--src", ids(src), "--tgt", ids(tgt)]
+    code, out, err = rosetta(capsys, "compare", f"{user}:build", str(weights), *common, "--grads")
+    assert code == 0, out + err
+    assert "first divergence: none" in out and "yours/cpu/float32" in out and "every gradient within tolerance" in out
+
+    code, out, err = rosetta(capsys, "compare", f"{user}:build_wide", str(weights), *common)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert re.search(r"does not fit the model: params\.\S+\.MlpBlock_0\.Dense_0\.bias is \(48,\) in the file, "
+                     r"\(64,\) in the model", err), err
 
 
 # -- the [taps] format ---------------------------------------------------------------------------------
@@ -551,6 +625,22 @@ def test_every_builtin_layout_has_taps_that_name_canonical_tensors():
         assert {"encoder.embeddings", "encoder.{i}.ffn", "decoder.{i}.ffn"} <= tensors, layout.name
 
 
+@pytest.mark.parametrize("name", ["algoperf-wmt-torch", "algoperf-wmt-flax"])
+def test_taps_for_variants_apply_by_the_converted_switches(name, capsys):
+    """AlgoPerf's pre-LN and post-LN compute a sublayer's output in different modules: one tap each,
+    chosen by norm_placement; `rosetta layouts` shows the condition."""
+    from conformance.check.taps import tapped
+    from conformance.convert import load_layout
+
+    layout = load_layout(name)
+    pre = tapped(layout, ["encoder.1.self_attn"], {"norm_placement": "pre"})["encoder.1.self_attn"]
+    post = tapped(layout, ["encoder.1.self_attn"], {"norm_placement": "post"})["encoder.1.self_attn"]
+    assert pre[1].input == 0 and post[1].input is None and pre[0] != post[0], (pre, post)
+    assert "encoder.1.self_attn" not in tapped(layout, ["encoder.1.self_attn"], {"norm_placement": "sandwich"})
+    code, out, err = rosetta(capsys, "layouts", name)
+    assert code == 0 and "when norm_placement = 'pre'" in out and "when norm_placement = 'post'" in out, out
+
+
 @pytest.mark.parametrize("taps, problem", [
     ({"encoder.{i}.fnn": "x.{i}"}, "not a canonical tensor"),
     ({"encoder.{i}.ffn": "x"}, "must use {i} exactly when the tensor does"),
@@ -562,6 +652,9 @@ def test_every_builtin_layout_has_taps_that_name_canonical_tensors():
     ({"encoder.output": {"input": 0}}, "module must be"),
     ({"batch_axis": 2}, "batch_axis must be one of"),
     ({"decoder_input": "shift-left"}, "decoder_input must be one of"),
+    ({"encoder.output": {"module": "x", "when": {"norm_placment": "pre"}}}, "norm_placment is not a ModelConfig switch"),
+    ({"encoder.output": {"module": "x", "when": {}}}, "when must be a non-empty table of switches"),
+    ({"encoder.output": []}, "an empty list of taps"),
 ])
 def test_a_bad_tap_is_a_layout_error_naming_it(taps, problem):
     from conformance.convert import LayoutError

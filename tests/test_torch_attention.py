@@ -80,6 +80,29 @@ def test_both_attention_paths_follow_the_oracle_on_raw_tensors(inputs, dtype):
     assert_same(fast, heads, dtype, f"fast output vs explicit (fill {fill})")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@given(inputs=attention_inputs())
+def test_both_paths_give_the_loss_rule_and_its_gradients_on_raw_tensors(inputs, dtype):
+    """`empty_rows=0.0`, the rule `loss_and_grads` passes: the fused path's output and its
+    gradients for q, k and v are the explicit path's (no NaN enters: a loss forward has none)."""
+    q, k, v, mask, fill = inputs
+    q, k, v = (np.nan_to_num(a, nan=0.5) for a in (q, k, v))
+    upstream = torch.from_numpy(np.random.default_rng(1).standard_normal(q.shape[:3] + (v.shape[-1],))).to(dtype)
+    results = []
+    for path in ("explicit", "fast"):
+        tq, tk, tv = (t.requires_grad_() for t in as_torch([q, k, v], dtype))
+        tmask = torch.from_numpy(mask)
+        if path == "explicit":
+            heads, _ = impl_torch.scaled_dot_product_attention(tq, tk, tv, tmask, fill, empty_rows=0.0)
+        else:
+            heads = impl_torch.fast_attention(tq, tk, tv, tmask, fill, empty_rows=0.0)
+        grads = torch.autograd.grad((heads * upstream).sum(), (tq, tk, tv))
+        results.append((heads.detach(), *grads))
+    for name, fast, explicit in zip(("output", "dq", "dk", "dv"), results[1], results[0]):
+        assert not explicit.isnan().any(), name
+        assert_same(fast, explicit, dtype, f"fast vs explicit {name}, empty_rows=0 (fill {fill})")
+
+
 def test_fully_masked_rows_nan_for_minus_inf_and_uniform_for_a_finite_fill():
     rng = np.random.default_rng(0)
     q, k, v = (torch.from_numpy(rng.standard_normal((2, 2, 3, 4))) for _ in range(3))
@@ -123,6 +146,28 @@ def test_nan_values_spread_even_when_the_kernel_skips_masked_keys(monkeypatch):
     assert impl_torch.fast_attention(q, k, v, mask, -1e9).isnan().all()
 
 
+def kernel_with_nan_empty_rows(q, k, v, attn_mask=None):
+    """A stand-in for kernels whose empty rows are 0 / 0 = NaN, in the forward and the backward."""
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~attn_mask, -math.inf)
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def test_the_kernel_never_sees_an_empty_row(monkeypatch):
+    """Teeth for `mask | empty`: with a kernel that is NaN on empty rows (forward and backward),
+    the loss rule's output and gradients stay those of the explicit path."""
+    q, k, v = (torch.randn(2, 2, 3, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.ones(2, 1, 3, 3, dtype=torch.bool)
+    mask[1, :, 2, :] = False
+    heads, _ = impl_torch.scaled_dot_product_attention(q, k, v, mask, -math.inf, empty_rows=0.0)
+    expected = torch.autograd.grad(heads.sum(), (q, k, v))
+    monkeypatch.setattr(impl_torch.model.F, "scaled_dot_product_attention", kernel_with_nan_empty_rows)
+    assert kernel_with_nan_empty_rows(q, k, v, attn_mask=mask).isnan().any()
+    fast = impl_torch.fast_attention(q, k, v, mask, -math.inf, empty_rows=0.0)
+    torch.testing.assert_close(fast, heads, rtol=1e-12, atol=1e-12)
+    for got, want in zip(torch.autograd.grad(fast.sum(), (q, k, v)), expected):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def with_empty_rows(case):
     """A whole source row of padding: the encoder and cross-attention get queries with no key."""
     src = case.src_ids.copy()
@@ -161,7 +206,7 @@ def test_raw_sdpa_without_the_fix_ups_would_be_caught(fill, monkeypatch):
     src = np.array([[3, 4, 5, 0], [0, 0, 0, 0]])
     tgt = np.array([[2, 3, 0], [4, 5, 6]])
     monkeypatch.setattr(impl_torch.model, "fast_attention",
-                        lambda q, k, v, mask, fill: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+                        lambda q, k, v, mask, fill, **_: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
     explicit, fast = run_both_paths(config, init_params(config), src, tgt, torch.float64)
     with pytest.raises(AssertionError):
         for name, value in fast.items():

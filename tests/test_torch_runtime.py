@@ -59,6 +59,8 @@ def test_masks_equal_numpy_exactly(batch, src_len, tgt_len, pad_id, side, seed, 
 
 
 def test_inference_mode_no_grad_and_autograd_agree():
+    # Bit for bit at this vocabulary (one OUTPUT_BLOCK); beyond it autograd's output product is one
+    # GEMM, the blocks' values to rounding (impl_torch/blocks.py).
     model = impl_torch.Model(preset("llmhub"), dtype=torch.float32)
     inference = run(model, SRC, TGT)
     assert all(t.is_inference() for t in inference.values())

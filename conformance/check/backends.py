@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 BACKENDS = ("numpy", "torch", "jax")
+# Targets asked for by name only, never in the default set (`--backends numpy,torch-compiled`):
+# name -> (the module with a backend's surface, the built-in backend it behaves like).
+OPTIONAL_BACKENDS = {"torch-compiled": ("conformance.check.compiled_torch", "torch")}
 
 # Extra backends registered at run time (name -> (module, the built-in backend it behaves like)),
 # e.g. the deliberately broken copies the meta-tests use to prove the suite catches bugs.
@@ -35,16 +38,19 @@ def unregister_backend(name: str) -> None:
 
 def kind(name: str) -> str:
     """The built-in backend whose API `name` has (itself, for a built-in)."""
-    return _EXTRA[name][1] if name in _EXTRA else name
+    if name in _EXTRA:
+        return _EXTRA[name][1]
+    return OPTIONAL_BACKENDS[name][1] if name in OPTIONAL_BACKENDS else name
 
 
 # Backends that compile every new (config, shape): the suite bounds what they run under `ci`.
 COMPILING_KINDS = frozenset({"jax"})
+COMPILING_NAMES = frozenset({"torch-compiled"})
 
 
 def compiles(name: str) -> bool:
     """Whether backend `name` (or the built-in it copies) compiles per (config, shape)."""
-    return kind(name) in COMPILING_KINDS
+    return kind(name) in COMPILING_KINDS or name in COMPILING_NAMES
 
 
 @dataclass(frozen=True)
@@ -64,17 +70,24 @@ def import_backend(name: str):
     """The backend's package (`impl_numpy`, `impl_torch`, `impl_jax`); ImportError if missing."""
     if name in _EXTRA:
         return _EXTRA[name][0]
+    if name in OPTIONAL_BACKENDS:
+        return importlib.import_module(OPTIONAL_BACKENDS[name][0])
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; expected one of {list(BACKENDS)}")
+        raise ValueError(f"unknown backend {name!r}; expected one of {known_backends()}")
     return importlib.import_module(f"impl_{name}")
+
+
+def known_backends() -> list[str]:
+    """Every name `--backends` accepts: the three backends (the default set) and the optional targets."""
+    return [*BACKENDS, *OPTIONAL_BACKENDS]
 
 
 def requested_backends(option: str | None = None) -> list[str]:
     text = option or os.environ.get("ROSETTA_BACKENDS", "")
     names = [n.strip() for n in text.split(",") if n.strip()] or list(BACKENDS)
     for name in names:
-        if name not in BACKENDS:
-            raise ValueError(f"unknown backend {name!r} in ROSETTA_BACKENDS/--backends; expected {list(BACKENDS)}")
+        if name not in known_backends():
+            raise ValueError(f"unknown backend {name!r} in ROSETTA_BACKENDS/--backends; expected {known_backends()}")
     return names
 
 
@@ -219,7 +232,29 @@ def precision_settings(backend: str) -> dict[str, Any]:
     return dict(import_backend(backend).precision_settings())
 
 
+# Settings that would let a float32 matmul round its inputs (TF32, bfloat16 passes) or a half-precision
+# GEMM accumulate below float32: none may be on while a property compares (`precision_problems`).
+REDUCED_PRECISION = {"tf32", "high", "medium"}
+
+
+def precision_problems(settings: dict[str, Any]) -> list[str]:
+    """The settings of `backends.precision_settings` that are not full precision: any TF32 or
+    reduced-precision-reduction switch on, any float32 matmul precision below "highest"."""
+    problems = []
+    for name, value in settings.items():
+        on = value is True and ("tf32" in name or "reduced_precision" in name)
+        reduced = isinstance(value, str) and ("matmul" in name or name.endswith("matmul_precision")) \
+            and value.lower() in REDUCED_PRECISION
+        if on or reduced:
+            problems.append(f"{name}={value!r}")
+    return problems
+
+
 def version(backend: str) -> str:
+    if backend in OPTIONAL_BACKENDS and kind(backend) == "torch":
+        import torch
+
+        return f"torch {torch.__version__}, torch.compile backend {import_backend(backend).compile_backend()}"
     backend = kind(backend)
     if backend == "numpy":
         import numpy
@@ -240,8 +275,9 @@ def compile_report() -> list[str]:
     import sys
 
     lines = []
-    for name in BACKENDS:
-        module = sys.modules.get(f"impl_{name}")
+    modules = {name: f"impl_{name}" for name in BACKENDS} | {name: m for name, (m, _) in OPTIONAL_BACKENDS.items()}
+    for name, module_name in modules.items():
+        module = sys.modules.get(module_name)
         stats = getattr(module, "compile_stats", None) if module else None
         if stats is not None:
             lines.append(f"{name} compiles: " + ", ".join(f"{k}={v}" for k, v in stats().items()))

@@ -148,7 +148,7 @@ def plot_check(report, path) -> tuple[int, int]:
     ax.set_xlabel("tensor, in forward order", fontsize=8)
     ax.set_ylabel("max |backend - oracle| / scale\nscale = max(1, max |oracle|) of the tensor", fontsize=8)
     first = report.first_failure()
-    ax.set_title(f"rosetta check: {report.source}" + (f" — first diverging: {first[0]} on {first[1]}" if first else "")
+    ax.set_title(f"{getattr(report, 'command', 'rosetta check')}: {report.source}" + (f" — first diverging: {first[0]} on {first[1]}" if first else "")
                  + "\nerror of each backend against the float64 NumPy oracle; below its dashed line a tensor passes",
                  fontsize=8)
     if report.targets:

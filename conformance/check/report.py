@@ -350,7 +350,9 @@ def _check_target(report: Report, target: backends.Target, config: ModelConfig, 
     try:
         started = time.perf_counter()
         with backends.full_precision(target.backend), backends.dtype_scope(target):
-            report.precision[target.backend] = backends.precision_settings(target.backend)
+            before = report.precision[target.backend] = backends.precision_settings(target.backend)
+            if problems := backends.precision_problems(before):  # TF32 would pass float32 cells it should fail
+                raise RuntimeError(f"full_precision() left reduced precision on: {', '.join(problems)}")
             as_read = read()
             model = backends.build(target, config, as_read, stored_dtype(params_dtype(as_read), target.dtype,
                                                                            backends.dtypes(target.backend)))
@@ -368,6 +370,10 @@ def _check_target(report: Report, target: backends.Target, config: ModelConfig, 
                 else:
                     model(src_ids, tgt_ids, sink=record)
             del model
+            after = backends.precision_settings(target.backend)
+            if changed := [f"{name} {before[name]!r} -> {after.get(name)!r}" for name in before
+                           if after.get(name) != before[name]]:
+                raise RuntimeError(f"the model changed matmul precision while it ran: {', '.join(changed)}")
         for tensor, compared in pieces.items():
             report.cells.setdefault((tensor, target.label), Cell(comparison=compared.result()))
         report.seconds[target.label] = time.perf_counter() - started - comparing

@@ -37,13 +37,13 @@ from conformance.core.output import forward_order, tensors_of
 # weight that went to the wrong place) is what differs. Keyed by the name's last part.
 SWITCHES_AT = {
     "embeddings": ("scale_embedding", "position", "share_embeddings", "pad_id"),
-    "self": ("mask_fill", "src_pad_mask", "tgt_pad_mask", "pad_id", "qkv_bias"),
-    "cross": ("mask_fill", "cross_attn_src_mask", "pad_id", "qkv_bias"),
+    "self": ("mask_fill", "src_pad_mask", "tgt_pad_mask", "pad_id", "qkv_bias", "attention_temp"),
+    "cross": ("mask_fill", "cross_attn_src_mask", "pad_id", "qkv_bias", "attention_temp"),
     "self_attn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "mask_fill", "src_pad_mask", "tgt_pad_mask",
-                  "pad_id", "qkv_bias", "out_proj_bias"),
+                  "pad_id", "qkv_bias", "out_proj_bias", "attention_temp"),
     "cross_attn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "mask_fill", "cross_attn_src_mask", "pad_id",
-                   "qkv_bias", "out_proj_bias"),
-    "ffn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "activation"),
+                   "qkv_bias", "out_proj_bias", "attention_temp"),
+    "ffn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "activation", "ffn_glu"),
     "output": ("layer_norm_eps", "layer_norm_form", "final_encoder_norm", "final_decoder_norm"),
     "logits": ("tie_output", "output_bias", "final_logits_bias", "scale_logits"),
 }
@@ -81,6 +81,7 @@ class SideBySide(Report):
 
     layout: str = ""
     yours: backend_registry.Target | None = None
+    command = "rosetta compare"  # the picture's title (plots.plot_check)
     loss: float | None = None
     reference_loss: float | None = None
     loss_allowed: float | None = None
@@ -284,7 +285,7 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
     real = tgt_ids != config.pad_id if shifted else None
     tol = tolerance(yours.dtype, yours.device)
     try:
-        captured = foreign.capture(model, layout, result.tensors, run, src_ids, tgt_ids)
+        captured = foreign.capture(model, layout, result.tensors, run, src_ids, tgt_ids, config.to_dict())
     except Exception as exc:  # noqa: BLE001 - the user's code failing is a finding, reported in full
         result.errors[yours.label] = f"{type(exc).__name__}: {exc}"
         captured = None
@@ -298,7 +299,8 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
                     ours, theirs = _at(ours, real, tensor), _at(theirs, real, tensor)
                 result.cells[(tensor, yours.label)] = Cell(comparison=compare_arrays(theirs, ours, tol))
             else:
-                why = captured.unavailable.get(tensor, f"the layout {layout.name} has no tap for it")
+                why = captured.unavailable.get(tensor) or foreign.not_applying(layout, tensor, config.to_dict()) or (
+                    f"the layout {layout.name} has no tap for it")
                 result.cells[(tensor, yours.label)] = Cell(unavailable=why)
 
     if grads:

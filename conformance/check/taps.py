@@ -46,9 +46,9 @@ def framework(model: Any) -> str:
     """"torch", "linen" or "nnx": which kind of model this is; TypeError for anything else."""
     if hasattr(model, "named_modules") and hasattr(model, "register_forward_hook"):
         return "torch"
-    if isinstance(model, tuple) and len(model) == 2 and _is_linen(model[0]):
+    if isinstance(model, tuple) and len(model) == 2 and is_linen(model[0]):
         return "linen"
-    if _is_linen(model):
+    if is_linen(model):
         if getattr(model, "scope", None) is None:
             raise TypeError("a flax.linen module needs its variables: pass module.bind(variables) or (module, variables)")
         return "linen"
@@ -58,7 +58,7 @@ def framework(model: Any) -> str:
                     f"{type(model).__name__}")
 
 
-def _is_linen(obj: Any) -> bool:
+def is_linen(obj: Any) -> bool:
     return any(c.__module__ == "flax.linen.module" and c.__name__ == "Module" for c in type(obj).__mro__)
 
 
@@ -71,16 +71,28 @@ def linen_parts(model: Any) -> tuple[Any, dict]:
     return module, dict(variables)
 
 
-def tapped(layout, tensors: list[str]) -> dict[str, tuple[str, Any]]:
-    """canonical tensor -> (foreign module path, Tap) for every tensor the layout taps."""
+def tapped(layout, tensors: list[str], switches: dict[str, Any] | None = None) -> dict[str, tuple[str, Any]]:
+    """canonical tensor -> (foreign module path, Tap) for every tensor the layout taps: the first
+    of its taps whose `when` holds for the converted model's `switches` (all, when None)."""
     out = {}
     for tensor in tensors:
         for tap in layout.taps:
             path = tap.module_for(tensor)
-            if path is not None:
+            if path is not None and (switches is None or tap.applies(switches)):
                 out[tensor] = (path, tap)
                 break
     return out
+
+
+def not_applying(layout, tensor: str, switches: dict[str, Any]) -> str | None:
+    """Why a tensor the layout taps only under other switches is not read, or None."""
+    taps = [tap for tap in layout.taps if tap.module_for(tensor) is not None]
+    if not taps or any(tap.applies(switches) for tap in taps):
+        return None
+    return "the layout taps it only " + "; ".join(
+        "when " + ", ".join(f"{k} = {v!r}" for k, v in tap.when.items()) for tap in taps) + (
+        " (this model: " + ", ".join(f"{k} = {switches.get(k)!r}" for k in dict.fromkeys(
+            k for tap in taps for k in tap.when)) + ")")
 
 
 def _pick(tap, args: tuple, kwargs: dict, output: Any, module: Any) -> Any:
@@ -151,12 +163,14 @@ class _Recorder:
         return captured
 
 
-def capture(model: Any, layout, tensors: list[str], run: Callable, src_ids, tgt_ids) -> Captured:
-    """Run `run(model, src, tgt)` once (as that framework's arrays) and read every tapped tensor.
+def capture(model: Any, layout, tensors: list[str], run: Callable, src_ids, tgt_ids,
+            switches: dict[str, Any] | None = None) -> Captured:
+    """Run `run(model, src, tgt)` once (as that framework's arrays) and read every tapped tensor
+    (the taps whose `when` holds for `switches`, the converted model's).
 
     The logits are the run's return value (its `.logits` when it returns an output object).
     """
-    taps = tapped(layout, tensors)
+    taps = tapped(layout, tensors, switches)
     recorder = _Recorder(taps)
     kind = framework(model)
     if kind == "torch":

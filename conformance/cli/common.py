@@ -113,7 +113,9 @@ def load_model(checkpoint_path: str | None, backend: str, dtype: str = "float32"
 
 # A model call's argument -> the flag a command reads it from.
 FLAGS = {"src_ids": "--src", "tgt_ids": "--tgt", "max_len": "--max-len", "bos_id": "--bos", "eos_id": "--eos",
-         "num_beams": "--beams", "length_penalty": "--length-penalty"}
+         "num_beams": "--beams", "length_penalty": "--length-penalty", "do_sample": "--sample",
+         "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed",
+         "beam_rule": "--beam-rule"}
 
 
 @contextlib.contextmanager

@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                            "'none': your model against the oracle alone)")
     parser.add_argument("--dtype", default="float32", help="the dtype our backends run in (default: float32)")
     parser.add_argument("--grads", action="store_true", help="also compare the loss and every gradient with your "
-                                                            "model's own autograd (labels: the next target token)")
+                                                            "model's own autograd (labels: the next target token; the "
+                                                            "targets themselves for a shift-right layout)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw the errors per tensor")
 
@@ -134,10 +135,18 @@ def _linen_bind(module, state: dict[str, np.ndarray], weights: str):
     if missing or unexpected:
         raise UserCodeError(f"{weights} does not fit the model: {len(missing)} missing "
                             f"({', '.join(missing[:3])}), {len(unexpected)} unexpected ({', '.join(unexpected[:3])})")
+    for key, shape in want.items():
+        if tuple(have[key]) != tuple(shape):
+            raise UserCodeError(f"{weights} does not fit the model: {key} is {tuple(have[key])} in the file, "
+                                f"{tuple(shape)} in the model")
     return module.bind(variables)
 
 
-def _default_labels(tgt: np.ndarray, pad_id: int) -> np.ndarray:
+def _default_labels(tgt: np.ndarray, pad_id: int, shifted: bool) -> np.ndarray:
+    """The labels of --grads: the targets themselves for a model that embeds shift_right(targets)
+    (`decoder_input = "shift-right"`), else the next target token (padding not counted)."""
+    if shifted:
+        return tgt.copy()
     nxt = np.roll(tgt, -1, axis=1)
     nxt[:, -1] = pad_id
     return np.where(tgt == pad_id, pad_id, nxt)
@@ -166,13 +175,17 @@ def run(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - the user's factory failing is one line
             raise UserCodeError(f"{args.factory}() raised {type(exc).__name__}: {exc}") from None
         try:
-            kind = taps.framework(model)
+            # The factory's linen module is unbound: WEIGHTS are its variables.
+            kind = "linen" if taps.is_linen(model) else taps.framework(model)
         except TypeError as exc:
             raise UserCodeError(f"{args.factory}() returned {type(model).__name__}: {exc}") from None
         if kind == "torch":
             _torch_load(model.eval(), state, args.weights)
         elif kind == "linen":
-            model = _linen_bind(model if not isinstance(model, tuple) else model[0], state, args.weights)
+            module = model[0] if isinstance(model, tuple) else model
+            if getattr(module, "scope", None) is not None:  # bound already: WEIGHTS replace its variables
+                module = module.unbind()[0]
+            model = _linen_bind(module, state, args.weights)
         else:
             raise UserCodeError(f"{args.factory}() returned an nnx.Module: its weights are its own; call "
                                 "conformance.compare(model, ...) from Python")
@@ -186,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
     src, tgt = (parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")) if args.src else fixed_batch(config)
     backends = [] if (args.backends or "").strip() == "none" else args.backends
     report = compare(model, layout, src, tgt, run=user_run, dtype=args.dtype, backends=backends, grads=args.grads,
-                     labels=_default_labels(tgt, config.pad_id) if args.grads else None, **overrides)
+                     labels=_default_labels(tgt, config.pad_id, layout.tap_options["decoder_input"] == "shift-right")
+                     if args.grads else None, **overrides)
     print(report.to_text())
     if json_path:
         import json

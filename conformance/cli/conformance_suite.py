@@ -17,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hypothesis profile: ci (bounded, derandomized), thorough (thousands of examples) "
                              "or scale (full-size models: d_model 512-1024, 6+6 layers, vocab 32000, lengths "
                              "128-1024; prints an estimate of its time first)")
-    parser.add_argument("--backends", help="comma-separated subset of numpy,torch,jax")
+    parser.add_argument("--backends", help="comma-separated subset of numpy,torch,jax; torch-compiled "
+                        "(impl_torch under torch.compile) runs only when named")
     parser.add_argument("--devices", help="comma-separated subset of cpu,cuda,gpu")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further arguments passed to pytest (after --)")
 

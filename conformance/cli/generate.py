@@ -1,11 +1,11 @@
-"""`rosetta generate CHECKPOINT --src "..."`: greedy or beam search decoding with any backend."""
+"""`rosetta generate CHECKPOINT --src "..."`: greedy, beam search or sampling with any backend."""
 
 from __future__ import annotations
 
 import argparse
-import json
 
-HELP = "Decode a source sequence (greedy, or beam search with --beams) and print the output (token ids, or text for the built-in toy model)."
+HELP = ("Decode a source sequence (greedy, beam search with --beams, or sampling with --sample) and print the output "
+        "(token ids, or text for the built-in toy model).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,42 +19,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beams", type=int, default=None, help="beam size; 1 is greedy (default: the checkpoint's, else 1)")
     parser.add_argument("--length-penalty", type=float, default=None,
                         help="Hugging Face's length penalty alpha: scores divided by length**alpha (default: the checkpoint's, else 1.0)")
+    parser.add_argument("--beam-rule", choices=("hf", "flax"), default="hf",
+                        help="hf: Hugging Face's beam search (default); flax: Flax examples/wmt's, as t5x and AlgoPerf "
+                             "(every end among the best 2*beams finishes, GNMT length penalty); see docs/decoding.md")
+    parser.add_argument("--sample", action="store_true", help="sample each token instead of searching (greedy when "
+                        "no other flag is given); reproducible with --seed")
+    parser.add_argument("--temperature", type=float, default=None, help="with --sample: logits divided by T > 0 (default 1)")
+    parser.add_argument("--top-k", type=int, default=None, help="with --sample: keep the K best ids (default 0: all)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="with --sample: keep the best ids whose probabilities sum to P, 0 < P <= 1 (default 1: all)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="with --sample: the NumPy seed of the uniforms (the same ids in every backend; default: fresh)")
     add_backend_argument(parser)
 
 
-def recorded_generation(config) -> dict:
-    """The decoding defaults a checkpoint records under its "generation" note (Hugging Face's
-    generation_config.json names, see `conformance.convert.sources.GENERATION_KEYS`), as
-    `generate` arguments: bos_id, eos_id, num_beams, length_penalty, max_len, forced_eos, banned_ids."""
-    from conformance.core.errors import ConfigError
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
 
-    text = config.notes.get("generation")
-    if not text:
+
+def sampling(args: argparse.Namespace) -> dict:
+    """generate's sampling arguments from the flags, checked before any model loads."""
+    from conformance.cli.common import named_by_flags
+    from conformance.core.decoding import check_sampling
+    from conformance.core.errors import InputError
+
+    given = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
+    if not args.sample:
+        if given:
+            raise InputError(SAMPLING_FLAGS[next(iter(given))], "applies only with --sample")
         return {}
-    try:
-        recorded = json.loads(text)
-    except ValueError:
-        raise ConfigError("notes", "the checkpoint's \"generation\" note is not JSON") from None
-    if not isinstance(recorded, dict):
-        raise ConfigError("notes", "the checkpoint's \"generation\" note is not a JSON object")
-    out = {}
-    eos = recorded.get("eos_token_id")
-    if isinstance(eos, list):  # Hugging Face allows several end tokens; generate takes one
-        eos = eos[0] if len(eos) == 1 else None
-    for name, value in (("bos_id", recorded.get("decoder_start_token_id")), ("eos_id", eos),
-                        ("num_beams", recorded.get("num_beams")), ("length_penalty", recorded.get("length_penalty"))):
-        if value is not None:
-            out[name] = value
-    if recorded.get("max_new_tokens") is not None:  # Hugging Face: it wins over max_length
-        out["max_len"] = min(int(recorded["max_new_tokens"]), config.max_len)
-    elif recorded.get("max_length") is not None:  # Hugging Face counts the start token
-        out["max_len"] = min(int(recorded["max_length"]) - 1, config.max_len)
-    if recorded.get("forced_eos_token_id") is not None and recorded.get("forced_eos_token_id") == eos:
-        out["forced_eos"] = True
-    banned = [words[0] for words in recorded.get("bad_words_ids") or [] if isinstance(words, list) and len(words) == 1]
-    if banned:
-        out["banned_ids"] = banned
-    return out
+    if args.beams not in (None, 1):
+        raise InputError("--beams", f"--sample draws one token at a time (beam sampling is not supported); got --beams "
+                                    f"{args.beams}")
+    if args.beam_rule != "hf":
+        raise InputError("--beam-rule", "is a beam search rule; --sample samples instead")
+    with named_by_flags():
+        check_sampling(True, *(given.get(name) for name in SAMPLING_FLAGS), 1, "hf")
+    return {"do_sample": True, "num_beams": 1, **given}
+
+
+def recorded_generation(config) -> dict:
+    """The decoding defaults a checkpoint records under its "generation" note, as `generate`
+    arguments (`conformance.core.decoding.generation_note`, which `generate` applies itself)."""
+    from conformance.core.decoding import generation_note
+
+    return generation_note(config)
 
 
 def decoding(config, *, max_len=None, bos=None, eos=None, beams=None, length_penalty=None) -> dict | None:
@@ -88,12 +96,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_len is not None and args.max_len < 1:  # 0 is not "the default"; said before the model loads
         raise InputError("--max-len", f"must be an int in [1, the model's max_len], got {args.max_len}")
+    sampled = sampling(args)
     config, model = load_model(args.checkpoint, args.backend)
     is_toy = config.notes.get("task") == toy.TASK
     settings = decoding(config, max_len=args.max_len, bos=args.bos, eos=args.eos, beams=args.beams,
                         length_penalty=args.length_penalty)
     if settings is None:
         raise InputError("--bos/--eos", "this checkpoint does not say its special ids; pass --bos and --eos")
+    settings.update(sampled, beam_rule=args.beam_rule)
     src = parse_source(config, args.src)
     form = source_form(config, args.src, src)
     if form:

@@ -32,6 +32,10 @@ documented for users in `docs/porting.md`; in short:
     "encoder.{i}.self" = { module = "encoder.layers.{i}.self_attn", attribute = "attn" }
     "decoder.embeddings" = { module = "pos_encoder", call = 1 }     # a shared module's second call
     "decoder.{i}.cross" = { module = "...encoder_attn", output = 1 } # an element of a tuple output
+    "encoder.{i}.self_attn" = [          # variants computing it in different modules:
+        { module = "...norm2", input = 0, when = { norm_placement = "pre" } },   # the first whose
+        { module = "...norm1", when = { norm_placement = "post" } },             # switches hold
+    ]
     batch_axis = 1                       # the system's tensors are sequence-first
     decoder_input = "shift-right"        # the system embeds shift_right(targets) itself
 
@@ -126,7 +130,7 @@ class Entry:
 TAP_TENSORS = ("encoder.embeddings", "encoder.{i}.self", "encoder.{i}.self_attn", "encoder.{i}.ffn", "encoder.output",
                "decoder.embeddings", "decoder.{i}.self", "decoder.{i}.self_attn", "decoder.{i}.cross",
                "decoder.{i}.cross_attn", "decoder.{i}.ffn", "decoder.output", "logits")
-_TAP_FIELDS = {"module", "input", "output", "attribute", "call"}
+_TAP_FIELDS = {"module", "input", "output", "attribute", "call", "when"}
 # Options in [taps] beside the tensors, and their defaults:
 #   batch_axis: the axis of the batch in the system's tensors (0 batch-first, 1 sequence-first);
 #   decoder_input: "as-given", or "shift-right" for a system that embeds shift_right(targets)
@@ -146,6 +150,10 @@ class Tap:
     output object); `input = k` (or a keyword), what the module was called with; `attribute =
     "attn"`, an attribute the module sets during its call. `call = k` picks the k-th call of a
     module that runs more than once in a forward pass (one position module for both stacks).
+    `when = { norm_placement = "post" }` makes the tap apply only to a model converted with those
+    switches: a tensor may list several taps (a TOML array of tables), and the first that applies
+    is read (a system whose variants compute a tensor in different modules: AlgoPerf's pre-LN
+    and post-LN). A tensor none of whose taps applies is not exposed.
     """
 
     tensor: str
@@ -154,6 +162,11 @@ class Tap:
     output: int | str | None = None
     attribute: str | None = None
     call: int | None = None
+    when: Mapping[str, Any] = field(default_factory=dict)
+
+    def applies(self, switches: Mapping[str, Any]) -> bool:
+        """Whether the tap reads a model converted with these switches (its `when` holds)."""
+        return all(switches.get(k) == v for k, v in self.when.items())
 
     def module_for(self, tensor: str) -> str | None:
         """The foreign module path for a concrete canonical tensor name, or None if not this tap's."""
@@ -165,7 +178,9 @@ class Tap:
     def describe(self) -> str:
         read = (f"input {self.input!r}" if self.input is not None else f"attribute {self.attribute!r}"
                 if self.attribute is not None else f"output {self.output!r}" if self.output is not None else "output")
-        return f"{self.module} ({read}{'' if self.call is None else f', call {self.call}'})"
+        when = ", ".join(f"{k} = {v!r}" for k, v in self.when.items())
+        return (f"{self.module} ({read}{'' if self.call is None else f', call {self.call}'})"
+                f"{f' when {when}' if when else ''}")
 
 
 def _tap(tensor: str, spec: Any, where: str) -> Tap:
@@ -197,7 +212,14 @@ def _tap(tensor: str, spec: Any, where: str) -> Tap:
     call = spec.get("call")
     if "call" in spec and (isinstance(call, bool) or not isinstance(call, int) or call < 0):
         raise _fail(where, f"call must be 0, 1, ... (which call of the module), got {call!r}")
-    return Tap(tensor, module, spec.get("input"), spec.get("output"), spec.get("attribute"), call)
+    when = spec.get("when", {})
+    if not isinstance(when, dict) or not (when or "when" not in spec):
+        raise _fail(where, f"when must be a non-empty table of switches, got {when!r}")
+    for key, value in when.items():
+        if key not in SWITCH_FIELDS:
+            raise _fail(where, f"when: {key} is not a ModelConfig switch")
+        _check_switch(key, value, where)
+    return Tap(tensor, module, spec.get("input"), spec.get("output"), spec.get("attribute"), call, dict(when))
 
 
 def _taps(table: Any, where: str) -> tuple[tuple[Tap, ...], dict[str, Any]]:
@@ -210,6 +232,10 @@ def _taps(table: Any, where: str) -> tuple[tuple[Tap, ...], dict[str, Any]]:
             if value not in _TAP_CHOICES[key] or isinstance(value, bool):
                 raise _fail(where, f"[taps] {key} must be one of {list(_TAP_CHOICES[key])}, got {value!r}")
             options[key] = value
+        elif isinstance(value, list):  # alternatives, each with its `when`: the first that applies
+            if not value:
+                raise _fail(f"{where} [taps] {key!r}", "an empty list of taps")
+            taps.extend(_tap(key, spec, where) for spec in value)
         else:
             taps.append(_tap(key, value, where))
     return tuple(taps), options

@@ -1,17 +1,21 @@
-"""Decoding written once: greedy and beam search bookkeeping on the host, in float64 NumPy.
+"""Decoding written once: greedy search, beam search and sampling, on the host, in float64 NumPy.
 
-Every backend's `generate` encodes the source, then hands `search` a `step` function:
+Every backend's `generate` resolves its arguments with `resolve` (the checkpoint's generation
+note for what is left out, then the checks, the same errors from every backend), encodes the
+source, then hands `search` a `step` function:
 
     step(tokens, parents) -> logits
-        tokens  (N, t) int64, the decoder input so far (N = batch * num_beams rows)
+        tokens  (N, t) int64, the decoder input so far (N = batch * num_beams rows, or batch *
+                num_return_sequences when sampling)
         parents (N,) int64 or None: row i of this step continues row parents[i] of the last one;
                 a backend with a KV cache reorders it by `parents` before running the new token
         logits  (N, V) the next-token logits of each row, in the backend's own dtype
 
 `search` does everything else: log-softmax in float64, banned ids and the forced end token,
-the choice of tokens, the finished-hypothesis lists, the length penalty and the stopping rule.
-So the backends can only differ through their logits; in float64 they choose the same ids.
-The semantics (those of Hugging Face transformers' `generate`, 5.x) are written out in
+the choice of tokens (Hugging Face's beam rule or Flax examples/wmt's; sampling with
+temperature, top-k and top-p from uniforms drawn once from a NumPy seed), the finished-hypothesis
+lists, the length penalty and the stopping rule. So the backends can only differ through their
+logits; in float64 they choose the same ids. The semantics are written out in
 `docs/decoding.md`.
 
 `DecoderCache` is the state a backend's cached step carries; its fields hold the backend's own
@@ -22,6 +26,7 @@ This module is framework-free (NumPy and the standard library).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -33,6 +38,9 @@ from conformance.core.errors import InputError
 NEG = -1.0e9
 EARLY_STOPPING = (True, False, "never")
 LENGTH_PENALTY_FORMS = ("hf", "gnmt")
+BEAM_RULES = ("hf", "flax")
+# The penalty each beam rule uses when `length_penalty_form` is not given.
+RULE_PENALTY_FORMS = {"hf": "hf", "flax": "gnmt"}
 
 
 @dataclass
@@ -76,30 +84,257 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
+def _integer(name: str, value, what: str = "an int") -> int:
+    """An integer argument: a Python int or an integer scalar of any backend (np.int64(1),
+    torch.tensor(1), jnp.int32(1)); a bool, a float or an array of several values is refused,
+    naming its type."""
+    dtype = str(getattr(value, "dtype", ""))
+    shape = tuple(getattr(value, "shape", ()))
+    if isinstance(value, bool) or "bool" in dtype or shape != ():
+        raise InputError(name, f"must be {what}, got {value!r} ({type(value).__name__})")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InputError(name, f"must be {what}, got {value!r} ({type(value).__name__})") from None
+
+
+def _number(name: str, value) -> float:
+    """A real-number argument (a Python or NumPy number; not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise InputError(name, f"must be a finite number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not np.isfinite(value):
+        raise InputError(name, f"must be a finite number, got {value!r}")
+    return value
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InputError(name, f"must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_search(num_beams, length_penalty, early_stopping, use_cache, length_penalty_form, forced_eos,
                  banned_ids, return_scores, vocab_size: int) -> tuple[int, ...]:
     """The decoding options of `generate`; returns the banned ids as a tuple of ints."""
-    if isinstance(num_beams, bool) or not isinstance(num_beams, (int, np.integer)) or num_beams < 1:
+    num_beams = _integer("num_beams", num_beams, "an int >= 1")
+    if num_beams < 1:
         raise InputError("num_beams", f"must be an int >= 1, got {num_beams!r}")
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float, np.floating, np.integer)) \
-            or not np.isfinite(length_penalty):
-        raise InputError("length_penalty", f"must be a finite number, got {length_penalty!r}")
+    _number("length_penalty", length_penalty)
     if not any(early_stopping is option or (isinstance(option, str) and early_stopping == option)
                for option in EARLY_STOPPING):
         raise InputError("early_stopping", f"must be True, False or \"never\", got {early_stopping!r}")
     for name, value in (("use_cache", use_cache), ("forced_eos", forced_eos), ("return_scores", return_scores)):
-        if not isinstance(value, bool):
-            raise InputError(name, f"must be True or False, got {value!r}")
+        _flag(name, value)
     if length_penalty_form not in LENGTH_PENALTY_FORMS:
         raise InputError("length_penalty_form", f"must be one of {LENGTH_PENALTY_FORMS}, got {length_penalty_form!r}")
+    if isinstance(banned_ids, (str, bytes)) or getattr(banned_ids, "shape", None) == ():
+        raise InputError("banned_ids", f"must be a sequence of target token ids, got {banned_ids!r}")
     try:
         banned = tuple(banned_ids)
     except TypeError:
         raise InputError("banned_ids", f"must be a sequence of target token ids, got {banned_ids!r}") from None
+    out = []
     for value in banned:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < vocab_size:
-            raise InputError("banned_ids", f"must hold target token ids in [0, {vocab_size}), got {value!r}")
-    return tuple(int(value) for value in banned)
+        what = f"target token ids in [0, {vocab_size})"
+        value = _integer("banned_ids", value, "a sequence of " + what)
+        if not 0 <= value < vocab_size:
+            raise InputError("banned_ids", f"must hold {what}, got {value!r}")
+        out.append(value)
+    return tuple(out)
+
+
+# -- Arguments: the checkpoint's generation note, explicit arguments, checks ---------------------
+
+# The arguments a checkpoint's "generation" note may give (Hugging Face's generation_config.json,
+# read by `generation_note`) and the value each takes when neither the caller nor the note does;
+# None means there is no default: the caller must pass it.
+NOTE_DEFAULTS = {"max_len": "config.max_len", "bos_id": None, "eos_id": None, "num_beams": 1, "length_penalty": 1.0,
+                 "forced_eos": False, "banned_ids": ()}
+SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": None}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Every argument of `generate`, resolved (note defaults filled in) and checked."""
+
+    max_len: int
+    bos_id: int
+    eos_id: int
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    use_cache: bool = True
+    length_penalty_form: str = "hf"
+    forced_eos: bool = False
+    banned_ids: tuple[int, ...] = ()
+    return_scores: bool = False
+    beam_rule: str = "hf"
+    num_return_sequences: int = 1
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def rows(self) -> int:
+        """Decoder rows per source row: its beams, or its samples."""
+        return self.num_return_sequences if self.do_sample else self.num_beams
+
+    def search_options(self) -> dict:
+        """The keyword arguments of `search` after (batch, max_len, bos_id, eos_id, pad_id)."""
+        return {name: getattr(self, name) for name in (
+            "num_beams", "length_penalty", "early_stopping", "length_penalty_form", "forced_eos", "banned_ids",
+            "beam_rule", "num_return_sequences", "do_sample", "temperature", "top_k", "top_p", "seed")}
+
+
+def generation_note(config) -> dict:
+    """The decoding defaults a checkpoint records under its "generation" note (Hugging Face's
+    generation_config.json names, see `conformance.convert.sources.GENERATION_KEYS`), as
+    `generate` arguments: bos_id, eos_id, num_beams, length_penalty, max_len, forced_eos,
+    banned_ids. An empty dict when there is no note."""
+    import json
+
+    from conformance.core.errors import ConfigError
+
+    text = config.notes.get("generation")
+    if not text:
+        return {}
+    try:
+        recorded = json.loads(text)
+    except ValueError:
+        raise ConfigError("notes", "the checkpoint's \"generation\" note is not JSON") from None
+    if not isinstance(recorded, dict):
+        raise ConfigError("notes", "the checkpoint's \"generation\" note is not a JSON object")
+    out = {}
+    eos = recorded.get("eos_token_id")
+    if isinstance(eos, list):  # Hugging Face allows several end tokens; generate takes one
+        eos = eos[0] if len(eos) == 1 else None
+    for name, value in (("bos_id", recorded.get("decoder_start_token_id")), ("eos_id", eos),
+                        ("num_beams", recorded.get("num_beams")), ("length_penalty", recorded.get("length_penalty"))):
+        if value is not None:
+            out[name] = value
+    if recorded.get("max_new_tokens") is not None:  # Hugging Face: it wins over max_length
+        out["max_len"] = min(int(recorded["max_new_tokens"]), config.max_len)
+    elif recorded.get("max_length") is not None:  # Hugging Face counts the start token
+        out["max_len"] = min(int(recorded["max_length"]) - 1, config.max_len)
+    if recorded.get("forced_eos_token_id") is not None and recorded.get("forced_eos_token_id") == eos:
+        out["forced_eos"] = True
+    banned = [words[0] for words in recorded.get("bad_words_ids") or [] if isinstance(words, list) and len(words) == 1]
+    if banned:
+        out["banned_ids"] = banned
+    return out
+
+
+def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, length_penalty=None,
+            early_stopping=False, use_cache=True, length_penalty_form=None, forced_eos=None, banned_ids=None,
+            return_scores=False, beam_rule="hf", num_return_sequences=1, do_sample=False, temperature=None,
+            top_k=None, top_p=None, seed=None) -> Generation:
+    """`generate`'s arguments as a checked `Generation`. An argument left at None takes the
+    checkpoint's generation note (`generation_note`), as transformers applies a model's
+    generation_config, else its plain default (`NOTE_DEFAULTS`); explicit arguments win. bos_id
+    and eos_id have no plain default: without a note they must be given."""
+    recorded = generation_note(config)
+    given = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, num_beams=num_beams, length_penalty=length_penalty,
+                 forced_eos=forced_eos, banned_ids=banned_ids)
+    values = {}
+    for name, value in given.items():
+        if value is None:
+            value = recorded.get(name, NOTE_DEFAULTS[name])
+        if value is None:
+            where = "its \"generation\" note does not say it" if recorded else "it has no \"generation\" note"
+            raise InputError(name, f"was not given and the checkpoint does not record it ({where}): pass it")
+        values[name] = config.max_len if isinstance(value, str) and value == "config.max_len" else value
+    vocab = config.tgt_vocab_size
+    values["max_len"] = _integer("max_len", values["max_len"], f"an int in [1, {config.max_len}] (the model's max_len)")
+    if not 1 <= values["max_len"] <= config.max_len:
+        raise InputError("max_len", f"must be an int in [1, {config.max_len}] (the model's max_len), "
+                                    f"got {values['max_len']!r}")
+    for name in ("bos_id", "eos_id"):
+        values[name] = _integer(name, values[name], f"a target token id in [0, {vocab})")
+        if not 0 <= values[name] < vocab:
+            raise InputError(name, f"must be a target token id in [0, {vocab}), got {values[name]!r}")
+    if beam_rule not in BEAM_RULES:
+        raise InputError("beam_rule", f"must be one of {BEAM_RULES}, got {beam_rule!r}")
+    form = RULE_PENALTY_FORMS[beam_rule] if length_penalty_form is None else length_penalty_form
+    banned = check_search(values["num_beams"], values["length_penalty"], early_stopping, use_cache, form,
+                          values["forced_eos"], values["banned_ids"], return_scores, vocab)
+    beams = _integer("num_beams", values["num_beams"])
+    sampling = check_sampling(do_sample, temperature, top_k, top_p, seed, beams, beam_rule)
+    count = _integer("num_return_sequences", num_return_sequences, "an int >= 1")
+    if count < 1:
+        raise InputError("num_return_sequences", f"must be an int >= 1, got {count!r}")
+    if not sampling["do_sample"]:
+        most, why = ((1, "the flax rule returns each row's best hypothesis, as Flax's beam_search callers take it")
+                     if beam_rule == "flax" else
+                     (1, "greedy search has one sequence per row (use num_beams or do_sample)") if beams == 1 else
+                     (beams, f"beam search keeps {beams} beams"))
+        if count > most:
+            raise InputError("num_return_sequences", f"must be at most {most}: {why}; got {count!r}")
+    if beam_rule == "flax" and early_stopping is not False:
+        raise InputError("early_stopping", "applies to beam_rule=\"hf\" only: the flax rule stops as Flax's "
+                                           f"beam_search does (docs/decoding.md), got {early_stopping!r}")
+    _check_pad_clash(config, values["bos_id"])
+    return Generation(max_len=values["max_len"], bos_id=values["bos_id"], eos_id=values["eos_id"], num_beams=beams,
+                      length_penalty=float(values["length_penalty"]), early_stopping=early_stopping,
+                      use_cache=bool(use_cache), length_penalty_form=form, forced_eos=bool(values["forced_eos"]),
+                      banned_ids=banned, return_scores=bool(return_scores), beam_rule=beam_rule,
+                      num_return_sequences=count, **sampling)
+
+
+def check_sampling(do_sample, temperature, top_k, top_p, seed, num_beams: int, beam_rule: str) -> dict:
+    """do_sample and its warpers (Hugging Face's TemperatureLogitsWarper, TopKLogitsWarper,
+    TopPLogitsWarper): temperature > 0, top_k >= 0 (0 keeps every id), 0 < top_p <= 1, seed
+    an int >= 0 or None (fresh entropy). Given without do_sample=True they are refused."""
+    do_sample = _flag("do_sample", do_sample)
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+    if not do_sample:
+        extra = [name for name, value in given.items()
+                 if value is not None and not (type(value) in (int, float) and value == SAMPLING[name])]
+        if extra:
+            raise InputError(extra[0], "applies only with do_sample=True (greedy and beam search do not sample)")
+        return {"do_sample": False}
+    if num_beams != 1:
+        raise InputError("num_beams", f"must be 1 with do_sample=True (beam sampling is not supported), got {num_beams}")
+    if beam_rule != "hf":
+        raise InputError("beam_rule", "the flax rule is a beam search; do_sample=True samples instead")
+    out = {"do_sample": True, **{name: SAMPLING[name] if value is None else value for name, value in given.items()}}
+    out["temperature"] = _number("temperature", out["temperature"])
+    if out["temperature"] <= 0:
+        raise InputError("temperature", f"must be a number > 0 (logits are divided by it), got {temperature!r}")
+    out["top_k"] = _integer("top_k", out["top_k"], "an int >= 0 (0 keeps every id)")
+    if out["top_k"] < 0:
+        raise InputError("top_k", f"must be an int >= 0 (0 keeps every id), got {top_k!r}")
+    out["top_p"] = _number("top_p", out["top_p"])
+    if not 0 < out["top_p"] <= 1:
+        raise InputError("top_p", f"must be a number in (0, 1] (1 keeps every id), got {top_p!r}")
+    if out["seed"] is not None:
+        out["seed"] = _integer("seed", out["seed"], "an int >= 0 or None")
+        if out["seed"] < 0:
+            raise InputError("seed", f"must be an int >= 0 or None, got {seed!r}")
+    return out
+
+
+def _check_pad_clash(config, bos_id: int) -> None:
+    """A start token that is the pad id is masked as a key by target padding: refused unless
+    tgt_pad_mask="none" (Marian's and Flax wmt's choice). docs/decoding.md, "Special ids"."""
+    if bos_id == config.pad_id and config.tgt_pad_mask != "none":
+        raise InputError("bos_id", f"is the pad id {config.pad_id}: with tgt_pad_mask={config.tgt_pad_mask!r} the "
+                                   "start token would be masked as padding, so no query could read it; decoding "
+                                   "from the pad id needs tgt_pad_mask=\"none\" (docs/decoding.md)")
+
+
+def check_sources(src_mask: np.ndarray) -> None:
+    """A source row of padding only has nothing to translate: refused (docs/decoding.md).
+    `src_mask` is the encoder's source mask on the host, (B, ...) with True at real positions."""
+    src_mask = np.asarray(src_mask)
+    empty = np.flatnonzero(~src_mask.reshape(len(src_mask), -1).any(axis=1))
+    if len(empty):
+        raise InputError("src_ids", f"row {int(empty[0])} is all padding: there is nothing to decode from; drop the row")
+
+
+# -- The search --------------------------------------------------------------------------------
 
 
 def _processed(logits: np.ndarray, step: int, max_len: int, eos_id: int, banned: tuple[int, ...],
@@ -125,23 +360,38 @@ def _check_finite(logits: np.ndarray, live: np.ndarray, step: int) -> None:
 def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max_len: int, bos_id: int, eos_id: int,
            pad_id: int, *, num_beams: int = 1, length_penalty: float = 1.0, early_stopping: bool | str = False,
            length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids: Sequence[int] = (),
+           beam_rule: str = "hf", num_return_sequences: int = 1, do_sample: bool = False, temperature: float = 1.0,
+           top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
            as_numpy: Callable[[Any], np.ndarray] = np.asarray,
            trace: list | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy (num_beams=1) or beam search. Returns the best sequence per row after `bos_id`,
-    (B, n) int64 with n <= max_len, padded with `pad_id` after the end token, and its score (B,)
+    """Greedy (num_beams=1), beam search (Hugging Face's rule, or Flax's with beam_rule="flax")
+    or sampling (do_sample=True). Returns the best `num_return_sequences` sequences per source
+    row after `bos_id` (best first; samples in the order drawn), (batch * num_return_sequences, n)
+    int64 with n <= max_len, padded with `pad_id` after the end token, and their scores (.,)
     float64: the summed log-probabilities divided by `penalty(length)`.
+
+    `step` gets batch * num_beams rows (beam search) or batch * num_return_sequences (sampling:
+    each source row repeated), in source order. The options are checked by `resolve`.
 
     `trace`, a list, receives per step the closest call of each source row, for the conformance
     suite: {"gap": (B,), "scale": (B,)}, the smallest score difference between two candidates
     whose order decided something (greedy: the best two tokens; beam search: neighbours among the
-    ranked candidates and finished hypotheses), and max(1, largest |logit|) of the row's beams.
+    ranked candidates and finished hypotheses; sampling: the distance between the uniform and the
+    nearest edge of the cumulative distribution, or of top_k's and top_p's thresholds,
+    `filter_gap`), and max(1, largest |logit|) of the row's beams (or sampled row).
     """
     banned = tuple(banned_ids)
+    if do_sample:
+        return _sample(step, batch * num_return_sequences, max_len, bos_id, eos_id, pad_id, length_penalty,
+                       length_penalty_form, forced_eos, banned, temperature, top_k, top_p, seed, as_numpy, trace)
+    if beam_rule == "flax":
+        return _beam_flax(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty,
+                          length_penalty_form, forced_eos, banned, as_numpy, trace)
     if num_beams == 1:
         return _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, length_penalty_form,
                        forced_eos, banned, as_numpy, trace)
     return _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, early_stopping,
-                 length_penalty_form, forced_eos, banned, as_numpy, trace)
+                 length_penalty_form, forced_eos, banned, as_numpy, trace, num_return_sequences)
 
 
 def _scale(logits: np.ndarray) -> np.ndarray:
@@ -182,6 +432,86 @@ def _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, form, 
     return tokens[:, 1:], summed / penalty(lengths, length_penalty, form)
 
 
+def warp(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """Hugging Face's sampling warpers in its order, on float64 logits (N, V): the logits divided
+    by `temperature` (TemperatureLogitsWarper), then every id scoring below the k-th best set to
+    -inf (TopKLogitsWarper; ties with the k-th are kept; 0 keeps all), then, over the ids sorted
+    from the lowest score, every id whose cumulative probability is at most 1 - top_p set to -inf,
+    the best id always kept (TopPLogitsWarper with min_tokens_to_keep=1)."""
+    scores = np.array(logits, dtype=np.float64)
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_k:
+        kth = -np.sort(-scores, axis=-1)[:, min(top_k, scores.shape[-1]) - 1:][:, :1]  # (N, 1)
+        scores = np.where(scores < kth, -np.inf, scores)
+    if top_p < 1.0:
+        order = np.argsort(scores, axis=-1, kind="stable")  # ascending, as HF sorts
+        cumulative = np.cumsum(np.exp(log_softmax(np.take_along_axis(scores, order, axis=-1))), axis=-1)
+        remove = cumulative <= 1 - top_p
+        remove[:, -1] = False
+        unsorted = np.empty_like(remove)
+        np.put_along_axis(unsorted, order, remove, axis=-1)
+        scores = np.where(unsorted, -np.inf, scores)
+    return scores
+
+
+def filter_gap(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """How close each row (N, V) came to keeping other ids under `warp`: the score difference
+    between the k-th and the next id (after the temperature), and the distance of the sorted
+    cumulative probabilities from 1 - top_p (after top_k). inf where a filter is off."""
+    scores = np.array(logits, dtype=np.float64) / temperature
+    gap = np.full(len(scores), np.inf)
+    if top_k and top_k < scores.shape[-1]:
+        ranked = -np.sort(-scores, axis=-1)
+        kth, after = ranked[:, top_k - 1], ranked[:, top_k]
+        gap = np.minimum(gap, np.where(np.isfinite(after), kth - after, np.inf))
+    if top_p < 1.0:
+        kept = warp(logits, temperature, top_k)
+        cumulative = np.cumsum(np.exp(log_softmax(np.sort(kept, axis=-1))), axis=-1)
+        gap = np.minimum(gap, np.abs(cumulative - (1 - top_p)).min(axis=-1))
+    return gap
+
+
+def draw(probs: np.ndarray, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse-CDF sampling: per row, the first id whose cumulative probability (in vocabulary
+    order, float64) exceeds u times the total; ids of probability 0 are never drawn. Returns the
+    ids (N,) and each row's distance from u * total to the nearest edge of the distribution."""
+    cumulative = np.cumsum(probs, axis=-1)  # (N, V)
+    target = uniforms * cumulative[:, -1]  # (N,)
+    ids = (cumulative <= target[:, None]).sum(axis=-1)
+    return ids, np.abs(cumulative - target[:, None]).min(axis=-1)
+
+
+def _sample(step, rows, max_len, bos_id, eos_id, pad_id, length_penalty, form, forced_eos, banned, temperature,
+            top_k, top_p, seed, as_numpy, trace=None):
+    """Multinomial sampling (Hugging Face's `_sample` with do_sample=True): at every step the
+    processed logits are warped (`warp`), turned into float64 probabilities, and each open row
+    draws its next id with one uniform. The uniforms, (max_len, rows), are drawn once up front
+    from np.random.default_rng(seed), so every backend draws the same ids from the same logits."""
+    uniforms = np.random.default_rng(seed).random((max_len, rows))  # step i uses uniforms[i]
+    tokens = np.full((rows, 1), bos_id, dtype=np.int64)  # (N, 1)
+    done = np.zeros(rows, dtype=bool)
+    summed = np.zeros(rows)
+    lengths = np.zeros(rows, dtype=np.int64)
+    for i in range(max_len):
+        logits = np.array(as_numpy(step(tokens, None)), dtype=np.float64)  # (N, V)
+        _check_finite(logits, ~done, i)
+        log_probs = _processed(log_softmax(logits), i, max_len, eos_id, banned, forced_eos)
+        processed = _processed(logits, i, max_len, eos_id, banned, forced_eos)
+        drawn, gap = draw(np.exp(log_softmax(warp(processed, temperature, top_k, top_p))), uniforms[i])
+        if trace is not None:
+            gap = np.minimum(gap, filter_gap(processed, temperature, top_k, top_p))
+            trace.append({"gap": np.where(done, np.inf, gap), "scale": _scale(logits)})
+        next_id = np.where(done, pad_id, drawn)  # (N,)
+        summed += np.where(done, 0.0, log_probs[np.arange(rows), next_id])
+        lengths += ~done
+        tokens = np.concatenate([tokens, next_id[:, None]], axis=1)  # (N, t + 1)
+        done |= next_id == eos_id
+        if done.all():
+            break
+    return tokens[:, 1:], summed / penalty(lengths, length_penalty, form)
+
+
 def _take(array: np.ndarray, index: np.ndarray) -> np.ndarray:
     """array (B, M, ...) gathered along axis 1 by index (B, k) -> (B, k, ...)."""
     return np.take_along_axis(array, index.reshape(index.shape + (1,) * (array.ndim - 2)), axis=1)
@@ -193,7 +523,8 @@ def _top(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, early_stopping, form,
-          forced_eos, banned, as_numpy, trace=None):
+          forced_eos, banned, as_numpy, trace=None, returned=1):
+    """Hugging Face's beam search (transformers 5.x `_beam_search`), docs/decoding.md."""
     beams, keep = num_beams, 2 * num_beams  # 2 x beams candidates, so that beams stay open after ends
     width = max_len + 1  # the start token and at most max_len generated ones
     running = np.full((batch, beams, width), pad_id, dtype=np.int64)  # (B, beams, 1 + max_len)
@@ -258,5 +589,81 @@ def _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalt
         improvable &= (best_open[:, None] > worst).any(axis=1)
         if not improvable.any() or (is_finished.all() and early_stopping is True) or ends.all():
             break
-    n = int(finished_lengths[:, 0].max())
-    return finished[:, 0, 1:1 + n], finished_scores[:, 0]
+    n = int(finished_lengths[:, :returned].max())
+    return finished[:, :returned, 1:1 + n].reshape(batch * returned, n), finished_scores[:, :returned].reshape(-1)
+
+
+def _beam_flax(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, form, forced_eos, banned,
+               as_numpy, trace=None):
+    """Flax examples/wmt `decode.beam_search` (also t5x and MLCommons AlgoPerf's wmt decode.py),
+    with Flax's `max_decode_len` = max_len + 1 (its sequences hold the start token). It differs
+    from `_beam` in three places (docs/decoding.md):
+    - every end token among the best 2 x beams candidates enters the finished set;
+    - reaching max_len is not an end: an open beam is returned only by a row with no finished one;
+    - the search stops at max_len, or once in every row each of the `beams` finished slots is
+      filled and beats the best open beam scored at max_decode_len (one condition for the batch).
+    """
+    beams, keep = num_beams, 2 * num_beams
+    width = max_len + 1  # Flax's max_decode_len: the start token and at most max_len generated ones
+    live = np.full((batch, beams, width), pad_id, dtype=np.int64)  # (B, beams, 1 + max_len)
+    live[:, :, 0] = bos_id
+    live_scores = np.zeros((batch, beams))
+    live_scores[:, 1:] = NEG  # every beam starts as a copy of the first: only its candidates count
+    finished = live.copy()
+    finished_scores = np.full((batch, beams), NEG)
+    finished_lengths = np.zeros((batch, beams), dtype=np.int64)
+    flags = np.zeros((batch, beams), dtype=bool)  # Flax's finished_flags: the slot holds a hypothesis
+    parents = None
+    length = 1  # decoder input length, the start token included (Flax's cur_index + 1)
+    while True:
+        tokens = live[:, :, :length].reshape(batch * beams, length)  # (N, t)
+        logits = np.array(as_numpy(step(tokens, parents)), dtype=np.float64)  # (N, V)
+        _check_finite(logits, np.ones(len(logits), dtype=bool), length - 1)
+        vocab = logits.shape[-1]
+        log_probs = _processed(log_softmax(logits), length - 1, max_len, eos_id, banned, forced_eos)
+        totals = (log_probs.reshape(batch, beams, vocab) + live_scores[:, :, None]).reshape(batch, -1)
+
+        # The best 2 x beams continuations over all beams of each row.
+        candidates = _top(totals, keep)  # (B, keep)
+        candidate_scores = np.take_along_axis(totals, candidates, axis=1)
+        parent_beam, token = candidates // vocab, candidates % vocab
+        sequences = _take(live, parent_beam)  # (B, keep, width)
+        sequences[:, :, length] = token
+        ends = token == eos_id  # only the end token ends a hypothesis
+
+        # The best `beams` that did not end stay open.
+        open_scores = candidate_scores + ends * NEG
+        chosen = _top(open_scores, beams)
+        live = _take(sequences, chosen)
+        live_scores = np.take_along_axis(open_scores, chosen, axis=1)
+        parents = (np.arange(batch)[:, None] * beams + np.take_along_axis(parent_beam, chosen, axis=1)).reshape(-1)
+
+        # Every ending among the 2 x beams candidates competes for the finished set.
+        scored = candidate_scores / penalty(length, length_penalty, form) + ~ends * NEG
+        merged = np.concatenate([finished_scores, scored], axis=1)
+        best = _top(merged, beams)
+        if trace is not None:
+            gap = np.minimum(_neighbour_gap(totals, keep), _neighbour_gap(merged, beams))
+            trace.append({"gap": gap, "scale": _scale(logits).reshape(batch, beams).max(axis=1)})
+        finished = _take(np.concatenate([finished, sequences], axis=1), best)
+        finished_scores = np.take_along_axis(merged, best, axis=1)
+        finished_lengths = np.take_along_axis(
+            np.concatenate([finished_lengths, np.full((batch, keep), length)], axis=1), best, axis=1)
+        flags = np.take_along_axis(np.concatenate([flags, ends], axis=1), best, axis=1)
+
+        length += 1
+        if length > max_len:  # Flax: cur_index < max_decode_len - 1
+            break
+        # No row can improve: the best open beam, scored at max_decode_len (the length that favours
+        # it most for alpha >= 0), does not beat the worst finished slot, in every row; an empty
+        # slot counts as NEG.
+        best_open = live_scores[:, :1] / penalty(width, length_penalty, form)  # (B, 1)
+        worst = np.where(flags, finished_scores.min(axis=1, keepdims=True), NEG)
+        if (worst > best_open).all():
+            break
+    # A row without a finished hypothesis returns its best open beam, scored by its plain sum.
+    some = flags.any(axis=1)
+    ids = np.where(some[:, None], finished[:, 0], live[:, 0])  # (B, width)
+    lengths = np.where(some, finished_lengths[:, 0], length - 1)
+    n = int(lengths.max())
+    return ids[:, 1:1 + n], np.where(some, finished_scores[:, 0], live_scores[:, 0])

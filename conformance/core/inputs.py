@@ -123,24 +123,14 @@ def check_mask_within_ids(argument: str, first_violation: Sequence[int] | None) 
         )
 
 
-def check_generate(config: ModelConfig, max_len, bos_id, eos_id, **search_options) -> tuple[int, ...]:
-    """Arguments of `generate`: 1 <= max_len <= config.max_len (the decoder input grows to
-    max_len tokens), bos_id / eos_id valid target ids, and the decoding options of
-    `conformance.core.decoding.check_search` (num_beams, length_penalty, ...) when given.
-    Returns the banned ids as a tuple."""
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or not 1 <= max_len <= config.max_len:
-        raise InputError("max_len", f"must be an int in [1, {config.max_len}] (the model's max_len), got {max_len!r}")
-    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < config.tgt_vocab_size:
-            raise InputError(name, f"must be a target token id in [0, {config.tgt_vocab_size}), got {value!r}")
-    if not search_options:
-        return ()
-    from conformance.core.decoding import check_search  # decoding imports this module's errors only
+def check_generate(config: ModelConfig, max_len=None, bos_id=None, eos_id=None, **options):
+    """Arguments of `generate`, resolved against the checkpoint's generation note and checked
+    (`conformance.core.decoding.resolve`): 1 <= max_len <= config.max_len (the decoder input grows
+    to max_len tokens), bos_id / eos_id valid target ids, and the decoding options. Returns the
+    `conformance.core.decoding.Generation`."""
+    from conformance.core.decoding import resolve  # decoding imports this module's errors only
 
-    options = {"num_beams": 1, "length_penalty": 1.0, "early_stopping": False, "use_cache": True,
-               "length_penalty_form": "hf", "forced_eos": False, "banned_ids": (), "return_scores": False}
-    options.update(search_options)
-    return check_search(vocab_size=config.tgt_vocab_size, **options)
+    return resolve(config, max_len, bos_id, eos_id, **options)
 
 
 def host_ids(argument: str, ids: Any, vocab_size: int, max_len: int) -> np.ndarray:

@@ -88,21 +88,28 @@ def assert_ids_match(got: np.ndarray, expected: np.ndarray, trace: list[dict], t
         row, step = int(rows[first]), int(steps[first])
     else:  # one stopped where the other went on
         row, step = 0, width
-    beams = dict(gcase.options)["num_beams"]
+    options = dict(gcase.options)
+    beams = options["num_beams"]
     tol = tolerance(target.dtype, target.device)
     # The closest call of that row at or before the step, and its allowance.
     closest, allowed_at = np.inf, 0.0
     for s, record in enumerate(trace[:step + 1]):
-        per_step = 2.0 if beams == 1 else 4.0 * (s + 1)
+        if options.get("do_sample"):  # the cumulative distribution moves by up to twice a logit's error / T
+            per_step = 2.0 / options.get("temperature", 1.0)
+        elif beams == 1 and options.get("beam_rule", "hf") == "hf":
+            per_step = 2.0
+        else:
+            per_step = 4.0 * (s + 1)
         allowance = per_step * tol.atol * float(record["scale"][row])
         gap = float(record["gap"][row])
         if gap - allowance < closest - allowed_at:
             closest, allowed_at = gap, allowance
     within = target.dtype != "float64" and closest <= allowed_at
+    how = ", ".join(f"{k}={options[k]!r}" for k in ("num_beams", "beam_rule", "do_sample") if k in options)
     if not within:
         raise AssertionError(
             f"{target.label}: generate chose other ids than the float64 oracle at step {step}, row {row} "
-            f"(num_beams={beams}): got {got[row].tolist()}, oracle {expected[row].tolist()}; the oracle's "
+            f"({how}): got {got[row].tolist()}, oracle {expected[row].tolist()}; the oracle's "
             f"closest score gap up to that step is {closest:.3g}"
             + ("" if target.dtype == "float64" else f", more than the {target.dtype} allowance {allowed_at:.3g}")
             + f"; options {dict(gcase.options)}; config: {config.summary()}")

@@ -30,7 +30,7 @@ from conformance.core.inputs import nan_positions
 from conformance.suite.strategies import model_configs
 from conformance.suite.strategies.forward_cases import Case
 from conformance.suite.strategies.model_configs import switch_values
-from conformance.suite.strategies.generation import GenerationCase
+from conformance.suite.strategies.generation import MODES, GenerationCase, as_mode
 from conformance.suite.strategies.ids import PADDING_PATTERNS
 from conformance.suite.strategies.realistic import LONG_MAX_LENS
 from conformance.suite.strategies.training import LABEL_SMOOTHINGS, TrainingCase
@@ -166,6 +166,9 @@ def covering_generation_cases() -> tuple[GenerationCase, ...]:
         pad = case.config.pad_id
         real = [t for t in range(case.config.tgt_vocab_size) if t != pad]
         options = tuple((name, values[i % len(values)]) for name, values in GENERATION_OPTIONS.items())
+        # Every third case of each beam count decodes with Flax's rule, every third samples.
+        options = as_mode(options, MODES[(i // 3) % 3], seed=i, temperature=(1.0, 0.5, 2.0)[i % 3],
+                          top_k=(0, 3, 1)[(i // 2) % 3], top_p=(1.0, 0.9, 0.5)[(i // 4) % 3])
         out.append(GenerationCase(case=case, max_len=min(6, case.config.max_len), bos_id=real[i % len(real)],
                                   eos_id=real[(i + 1) % len(real)], options=options))
     return tuple(out)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from conformance.check import backends
-from conformance.check.backends import Target
+from conformance.check.backends import Target, precision_problems
 from conformance.check.compare import to_numpy
 from conformance.core.output import tensors_of
 from conformance.suite.covering import RECORDER
@@ -30,24 +30,6 @@ TIMINGS: dict[str, float] = defaultdict(float)
 # Called as PROGRESS(target, case, seconds) after every run when set: the plugin prints a line per
 # full-size model run under the `scale` profile, where one run takes a minute.
 PROGRESS: Callable[[Target, Case, float], None] | None = None
-
-
-# Settings that would let a float32 matmul round its inputs (TF32, bfloat16 passes) or a half-precision
-# GEMM accumulate below float32: none may be on while a property compares (`precision_problems`).
-REDUCED_PRECISION = {"tf32", "high", "medium"}
-
-
-def precision_problems(settings: dict[str, Any]) -> list[str]:
-    """The settings of `backends.precision_settings` that are not full precision: any TF32 or
-    reduced-precision-reduction switch on, any float32 matmul precision below "highest"."""
-    problems = []
-    for name, value in settings.items():
-        on = value is True and ("tf32" in name or "reduced_precision" in name)
-        reduced = isinstance(value, str) and ("matmul" in name or name.endswith("matmul_precision")) \
-            and value.lower() in REDUCED_PRECISION
-        if on or reduced:
-            problems.append(f"{name}={value!r}")
-    return problems
 
 
 @contextmanager
@@ -192,14 +174,14 @@ def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
     """The float64 NumPy ids of a `GenerationCase` and the search's closest calls per step
     (`conformance.core.decoding.search`'s `trace`), from the oracle's cached decoder: the same
     steps as its `generate`, with the trace switched on."""
-    from conformance.core.decoding import search
+    from conformance.core.decoding import resolve, search
     from conformance.core.output import Encoded
 
-    case, arguments = gcase.case, gcase.arguments()
-    beams = arguments["num_beams"]
+    case = gcase.case
+    settings = resolve(case.config, gcase.max_len, gcase.bos_id, gcase.eos_id, **gcase.arguments())
     model = backends.build(ORACLE, case.config, case.params())
     encoded = model.encode(case.src_ids, return_attention=False)
-    rows = np.repeat(np.arange(len(case.src_ids)), beams)
+    rows = np.repeat(np.arange(len(case.src_ids)), settings.rows)  # each source once per beam (or sample)
     encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
     state = {"cache": model.start_cache(encoded, gcase.max_len)}
 
@@ -209,8 +191,8 @@ def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
         return model.decode_step(tokens[:, -1], state["cache"])
 
     trace: list[dict] = []
-    ids, _ = search(step, len(case.src_ids), gcase.max_len, gcase.bos_id, gcase.eos_id, case.config.pad_id,
-                    trace=trace, **arguments)
+    ids, _ = search(step, len(case.src_ids), settings.max_len, settings.bos_id, settings.eos_id, case.config.pad_id,
+                    trace=trace, **settings.search_options())
     return ids, trace
 
 
@@ -233,7 +215,8 @@ def relu_kink_distance(case: Case) -> float:
     if case.config.activation != "relu":
         return float("inf")
     model = backends.build(ORACLE, case.config, case.params())
-    model(case.src_ids, case.tgt_ids)
-    hidden = [layer.ffn.hidden for layer in [*model.encoder.layers, *model.decoder.layers]]
+    tape = {}  # the oracle's forward keeps nothing on the model: each FFN's (hidden, units, gate) on a tape
+    model.decode(case.tgt_ids, model.encode(case.src_ids, tape=tape), tape=tape)
+    hidden = [tape[layer.ffn][0] for layer in [*model.encoder.layers, *model.decoder.layers]]
     return min(float(np.nanmin(np.abs(h))) / tensor_scale(h) for h in hidden)
 

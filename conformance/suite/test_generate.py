@@ -1,14 +1,17 @@
 """Property: decoding chooses the oracle's ids, or parts ways only where the oracle nearly tied.
 
-In float64 every backend's `generate` (greedy and beam search, with the KV cache) returns exactly
-the float64 NumPy oracle's ids. In lower precision two backends may choose differently, but only
-at a step where the oracle's search had a close call: two candidates whose order decided something
+In float64 every backend's `generate` (greedy and beam search under both beam rules, and
+sampling from a seed, with the KV cache) returns exactly the float64 NumPy oracle's ids. In lower
+precision two backends may choose differently, but only at a step where the oracle's search had a close call: two candidates whose order decided something
 (greedy: the best two tokens; beam search: neighbours among the ranked candidates or finished
 hypotheses) lying within what the dtype's tolerance lets the scores move. A logit may be off by
 atol * scale (the tolerance table; scale = max(1, largest |logit|)), a log-probability by twice
 that (its normaliser moves too), and a beam's score after s + 1 steps by s + 1 times that; two
 compared scores may move in opposite directions. So the allowance at step s is
-2 * atol * scale for greedy and 4 * (s + 1) * atol * scale for beam search.
+2 * atol * scale for greedy and 4 * (s + 1) * atol * scale for beam search. Sampling parts ways
+only where the uniform lay near an edge of the cumulative distribution, or the logits near
+top_k's or top_p's threshold: those move by up to twice a logit's error divided by the
+temperature, so the allowance is 2 * atol * scale / temperature.
 
 Examples and shapes are few (JAX compiles start_cache, the step and the reorder per shape).
 """

@@ -29,10 +29,32 @@ class GenerationCase:
                 f"options={self.options!r})")
 
 
+# How a drawn case decodes: Hugging Face's search (greedy or beam), Flax's beam rule, or sampling.
+MODES = ("search", "flax", "sample")
+
+
+def as_mode(options: tuple[tuple[str, object], ...], mode: str, seed: int, temperature: float, top_k: int,
+            top_p: float) -> tuple[tuple[str, object], ...]:
+    """Search options turned into `mode`'s: the flax rule keeps the beams and penalty and takes
+    no early_stopping; sampling keeps the penalty form, draws as many samples per row as there
+    were beams (the same decoder rows, so no new shapes to compile) and takes the warpers."""
+    if mode == "search":
+        return options
+    kept = dict(options)
+    if mode == "flax":
+        return tuple((k, v) for k, v in kept.items() if k != "early_stopping") + (("beam_rule", "flax"),)
+    rows = kept.pop("num_beams")
+    kept.pop("early_stopping", None)
+    return tuple(kept.items()) + (("num_beams", 1), ("do_sample", True), ("num_return_sequences", rows),
+                                  ("seed", seed), ("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
+
+
 @st.composite
 def generation_cases(draw) -> GenerationCase:
-    """Greedy or beam search (1-3 beams) over a drawn config and a source batch without
-    all-padding rows, generating at most 6 tokens, with drawn length penalty and stopping rule."""
+    """Greedy or beam search (1-3 beams), Flax's beam rule, or sampling (1-3 samples per row,
+    with drawn temperature, top_k, top_p and seed) over a drawn config and a source batch
+    without all-padding rows, generating at most 6 tokens, with drawn length penalty and
+    stopping rule."""
     case = draw(cases(st.one_of(preset_configs(), configs(max_layers=2)), allow_empty_source_rows=False))
     config = case.config
     vocab, pad = config.tgt_vocab_size, config.pad_id
@@ -43,4 +65,9 @@ def generation_cases(draw) -> GenerationCase:
                ("length_penalty", draw(st.sampled_from([1.0, 0.0, 0.6, -0.5]))),
                ("early_stopping", draw(st.sampled_from([False, True, "never"]))),
                ("length_penalty_form", draw(st.sampled_from(["hf", "gnmt"]))))
+    # Drawn after the search options, so that the configs and batches drawn before stay those of
+    # the other properties (`shared_examples`: one JAX compile per config and shape).
+    options = as_mode(options, draw(st.sampled_from(MODES)), draw(st.integers(0, 2 ** 16)),
+                      draw(st.sampled_from([1.0, 0.5, 2.0])), draw(st.sampled_from([0, 1, 3])),
+                      draw(st.sampled_from([1.0, 0.9, 0.5])))
     return GenerationCase(case=case, max_len=min(6, config.max_len), bos_id=bos, eos_id=eos, options=options)

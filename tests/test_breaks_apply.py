@@ -1,0 +1,37 @@
+"""Every planted break still applies to today's code.
+
+A break is an edit `(old, new)` of a backend's model.py (or `(file, old, new)` of a side file);
+`broken_copy` refuses one whose `old` text is gone, but only when the test that plants it runs,
+which may be a minute into a slow file. When a refactor moves a line, this says which break lost
+its anchor, in a second. (`edited_module` replaces every occurrence: the pre/post-LN swap edits the
+encoder's and the decoder's layer alike.)"""
+from __future__ import annotations
+
+import pytest
+
+from breaks import BREAKS, PROPERTY_BREAKS, REALISTIC_BREAKS, ROOT, SIDE_FILES
+
+
+def _edits():
+    for name, (backend, edits, _patches) in BREAKS.items():
+        yield name, backend, edits
+    for name, (_module, plants) in PROPERTY_BREAKS.items():
+        for backend, edits, _patches in plants:
+            yield name, backend, edits
+    for name, (backend, _dtype, edits, _patches, _tame) in REALISTIC_BREAKS.items():
+        yield name, backend, edits
+
+
+EDITS = [(name, backend, edit) for name, backend, edits in _edits() for edit in edits]
+
+
+def test_there_are_edits_to_check():
+    assert len(EDITS) >= 10
+
+
+@pytest.mark.parametrize("name,backend,edit", EDITS, ids=[f"{n}:{i}" for i, (n, _, _) in enumerate(EDITS)])
+def test_each_break_edits_text_that_still_occurs(name, backend, edit):
+    file, old = ("model.py", edit[0]) if len(edit) == 2 else (edit[0], edit[1])
+    assert file == "model.py" or file in SIDE_FILES, f"break {name!r}: unknown file {file!r}"
+    text = (ROOT / f"impl_{backend}" / file).read_text()
+    assert old in text, f"break {name!r}: {old!r} no longer occurs in impl_{backend}/{file}"
