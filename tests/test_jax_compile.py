@@ -135,7 +135,7 @@ def test_scanned_stacks_equal_the_unrolled_loop():
             with compiled.stacks(scan=scan, remat=remat):
                 out = model(SRC, TGT)
                 loss, grads = model.loss_and_grads(SRC, TGT, labels, label_smoothing=0.1, dropout=dropout)
-                ids = model.generate(SRC, 6, 1, 2, num_beams=2)
+                ids = model.generate(SRC[:2], 6, 1, 2, num_beams=2)  # rows with a real token
             results[scan, remat] = out, loss, grads, ids
     reference = results[False, False]
     tol = tolerance("float64", "cpu")
