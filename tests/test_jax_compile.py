@@ -135,7 +135,7 @@ def test_scanned_stacks_equal_the_unrolled_loop():
             with compiled.stacks(scan=scan, remat=remat):
                 out = model(SRC, TGT)
                 loss, grads = model.loss_and_grads(SRC, TGT, labels, label_smoothing=0.1, dropout=dropout)
-                ids = model.generate(SRC, 6, 1, 2, num_beams=2)
+                ids = model.generate(SRC[:2], 6, 1, 2, num_beams=2)  # rows with a real token
             results[scan, remat] = out, loss, grads, ids
     reference = results[False, False]
     tol = tolerance("float64", "cpu")
@@ -209,3 +209,32 @@ def test_precision_is_a_checked_choice_of_the_model():
     # On a CPU, XLA computes float32 matmuls in full float32 at either precision.
     a, b = highest(SRC, TGT), default(SRC, TGT)
     assert np.array_equal(np.asarray(a.logits), np.asarray(b.logits))
+
+
+# -- The fused training step ---------------------------------------------------------------------
+
+
+def test_fused_train_step_is_loss_and_grads_then_adam_and_donates():
+    """impl_jax.train_step with impl_jax.Adam: one compiled step, bit for bit the core's
+    loss_and_grads + Adam.step in float64, with the old parameter buffers donated (deleted)."""
+    import numpy as np
+    from conformance import init_params
+    from conformance.core import training
+    from batches import SRC, TGT, small
+
+    config = small()
+    labels = np.where(TGT == config.pad_id, config.pad_id, TGT)
+    with impl_jax.enable_x64():
+        params = init_params(config, dtype=np.float64)
+        fused, plain = impl_jax.Model(config, params, "float64"), impl_jax.Model(config, params, "float64")
+        fused_opt = impl_jax.Adam(fused, config.d_model, warmup=10)
+        plain_opt = impl_jax.Adam(plain, config.d_model, warmup=10)
+        for _ in range(2):
+            old = fused.params["encoder.layers.0.ffn.linear1.weight"]
+            loss = impl_jax.train_step(fused, fused_opt, SRC, TGT, labels, label_smoothing=0.1)
+            assert old.is_deleted()  # donated: XLA wrote the new values into its buffer
+            expected = training.train_step(plain, plain_opt, SRC, TGT, labels, label_smoothing=0.1)
+            assert float(loss) == float(expected)
+        assert fused_opt.steps == plain_opt.steps == 2
+        for name, value in fused.params.items():
+            np.testing.assert_array_equal(np.asarray(value), np.asarray(plain.params[name]), err_msg=name)
