@@ -1,25 +1,25 @@
-"""Decoding speed: KV-cached against uncached greedy, and beam 4, per backend, in one run.
+"""Decoding speed against transformers' `generate`, and the KV cache against the plain loop.
 
-    python benchmarks/bench_generate.py            # the base config, source 32, 64 new tokens
-    python benchmarks/bench_generate.py --quick    # a small config, 16 new tokens (a smoke run)
-    python benchmarks/bench_generate.py --backends torch,jax,numpy
+    python benchmarks/bench_generate.py                    # base size, batch 8, 64 new tokens, CPU
+    python benchmarks/bench_generate.py --quick            # a small config (a smoke run)
+    python benchmarks/bench_generate.py --contenders hf,torch,jax --repeats 3
+    python benchmarks/bench_generate.py --cache            # cached vs uncached, batch 1, 128 new tokens
+    python benchmarks/bench_generate.py --device cuda      # torch and transformers on CUDA, JAX on its GPU
 
-The base config (d_model 512, 8 heads, d_ff 2048, 6+6 layers, vocab 32000, float32, CPU) decodes
-batches of 1 and 8 sources of length 32 for exactly 64 new tokens: the end token is banned, so no
-row stops early and every contender does the same work. For each backend and batch:
+The same weights everywhere: a random `MarianMTModel` (transformers) of the base size (d_model
+512, 8 heads, d_ff 2048, 6+6 layers, vocab 32000, float32) is read into this project's config and
+parameters by `conformance.convert.from_hf_marian` (the hf-marian layout), and every backend is
+built from those. The sources (length 32, no padding) and the settings are the same for every
+contender; the end token is banned, so no row stops early and every contender does the same work
+(HF: `bad_words_ids=[[eos]]`, `max_length` = new tokens + 1, since it counts the start token).
 
-    cached     generate(..., use_cache=True): one decoder step per token against the KV cache
-    uncached   generate(..., use_cache=False): the whole decoder over the whole prefix per token
-    beam 4     generate(..., num_beams=4), cached
+Speed: greedy and beam 4, each contender timed in turn within every repeat (interleaved, so load
+on the shared machine affects all alike), the median of the repeats reported with its ratio to
+transformers' time. JAX is compiled first (one call per setting), its compile time printed apart.
+The ids are compared with transformers' (float32: a near-tie could flip one; reported, not hidden).
 
-It prints tokens per second (new tokens x batch / seconds), the cached/uncached speed-up, and
-whether the time per token stays flat (mean of the last 16 cached steps / mean of the first 16).
-JAX's compile time is measured apart (a warm-up call of every shape first, counted by
-`impl_jax.compile_stats()`); its uncached run uses `buckets` (16, 32, 64), or it would compile
-once per prefix length. NumPy is not in the default list: uncached at this size takes minutes.
-
-Every contender's ids are checked against the first backend's cached ids before the numbers
-are trusted (float32: a near-tie could flip one; it is reported, not hidden).
+Cache (`--cache`): greedy at batch 1 for 128 new tokens, `use_cache=True` against
+`use_cache=False` (the whole decoder over the whole prefix per token), per backend, interleaved.
 """
 
 from __future__ import annotations
@@ -27,21 +27,47 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import time
 
 import numpy as np
 
-from conformance import init_params, preset
 from conformance.check.compare import to_numpy
 
-BASE = dict(src_vocab_size=32000, tgt_vocab_size=32000, d_model=512, n_heads=8, d_ff=2048,
-            n_encoder_layers=6, n_decoder_layers=6, max_len=128)
-QUICK = dict(src_vocab_size=1000, tgt_vocab_size=1000, d_model=64, n_heads=4, d_ff=128,
-             n_encoder_layers=2, n_decoder_layers=2, max_len=64)
-BOS, EOS = 1, 2
+BASE = dict(vocab_size=32000, d_model=512, heads=8, d_ff=2048, layers=6, max_position_embeddings=512)
+QUICK = dict(vocab_size=1000, d_model=64, heads=4, d_ff=128, layers=2, max_position_embeddings=256)
+PAD, BOS, EOS = 0, 0, 1  # Marian's: the decoder starts from the pad id
 
 
-def build(backend: str, config, params, buckets=None):
+def marian(sizes: dict, device: str):
+    """A random float32 MarianMTModel of `sizes` (transformers' own initialisation, seed 0)."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(0)
+    config = MarianConfig(vocab_size=sizes["vocab_size"], d_model=sizes["d_model"],
+                          encoder_layers=sizes["layers"], decoder_layers=sizes["layers"],
+                          encoder_attention_heads=sizes["heads"], decoder_attention_heads=sizes["heads"],
+                          encoder_ffn_dim=sizes["d_ff"], decoder_ffn_dim=sizes["d_ff"],
+                          max_position_embeddings=sizes["max_position_embeddings"], pad_token_id=PAD,
+                          eos_token_id=EOS, decoder_start_token_id=BOS, forced_eos_token_id=None)
+    model = MarianMTModel(config).eval().to(device)
+    model.generation_config.bad_words_ids = None
+    model.generation_config.forced_eos_token_id = None
+    return model
+
+
+def hf_generate(model, src, new_tokens: int, num_beams: int):
+    import torch
+
+    with torch.inference_mode():
+        ids = model.generate(input_ids=src, attention_mask=torch.ones_like(src), max_length=new_tokens + 1,
+                             min_length=0, num_beams=num_beams, do_sample=False, bad_words_ids=[[EOS]],
+                             length_penalty=1.0, early_stopping=False, num_return_sequences=1)
+    return ids[:, 1:]
+
+
+def build(backend: str, config, params, device: str):
     if backend == "numpy":
         import impl_numpy
 
@@ -49,97 +75,148 @@ def build(backend: str, config, params, buckets=None):
     if backend == "torch":
         import impl_torch
 
-        return impl_torch.Model(config, params, "float32")
+        return impl_torch.Model(config, params, "float32", device=device)
     import impl_jax
 
-    return impl_jax.Model(config, params, "float32", buckets=buckets)
+    return impl_jax.Model(config, params, "float32", device="gpu" if device == "cuda" else device)
 
 
-def sync(backend: str, value):
-    if backend == "jax":
-        value.block_until_ready()
-    return value
+def timed(function):
+    """(result as a host array, seconds), waiting for the device to finish."""
+    started = time.perf_counter()
+    result = to_numpy(function())  # a host copy: torch's and JAX's queues drained
+    return result, time.perf_counter() - started
 
 
-def timed_generate(backend, model, src, new_tokens, **options):
-    """(ids, seconds, per-step seconds of the cached decoder steps)."""
-    steps: list[float] = []
-    cls = type(model)
-    original = cls.decode_step
+def machine(device: str) -> str:
+    import torch
 
-    def timed_step(self, tgt_ids, cache):
+    line = (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
+            f"{os.getloadavg()[0]:.2f} (shared: numbers move with the load); torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+    if device == "cuda":
+        line += f"; device {torch.cuda.get_device_name()}"
+    return line
+
+
+def speed(args, sizes, hf_model, config, params) -> None:
+    import torch
+
+    chosen = [c for c in args.contenders.split(",") if c]
+    rng = np.random.default_rng(0)
+    src = rng.integers(2, sizes["vocab_size"], size=(args.batch, args.src_len))
+    src_torch = torch.as_tensor(src, device=args.device)
+    models = {c: build(c, config, params, args.device) for c in chosen if c != "hf"}
+    settings = [("greedy", 1), ("beam 4", 4)]
+
+    def run(contender: str, num_beams: int):
+        if contender == "hf":
+            return lambda: hf_generate(hf_model, src_torch, args.new_tokens, num_beams)
+        return lambda: models[contender].generate(src, args.new_tokens, BOS, EOS, num_beams=num_beams,
+                                                  banned_ids=[EOS])
+
+    if "jax" in models:
+        import impl_jax
+
+        impl_jax.reset_stats()
         started = time.perf_counter()
-        out = sync(backend, original(self, tgt_ids, cache))
-        steps.append(time.perf_counter() - started)
-        return out
+        for _, beams in settings:
+            timed(run("jax", beams))
+        stats = impl_jax.compile_stats()
+        print(f"JAX compile (apart): {stats['compiles']} executables, "
+              f"{stats['trace_seconds'] + stats['compile_seconds']:.1f} s of {time.perf_counter() - started:.1f} s "
+              "(the first call of each setting)")
+    times = {(c, name): [] for c in chosen for name, _ in settings}
+    ids = {}
+    for _ in range(args.repeats):
+        for name, beams in settings:
+            for contender in chosen:
+                ids[contender, name], seconds = timed(run(contender, beams))
+                times[contender, name].append(seconds)
+    tokens = args.batch * args.new_tokens
+    print(f"\nbatch {args.batch}, source {args.src_len}, {args.new_tokens} new tokens, float32, {args.device}; "
+          f"median of {args.repeats} interleaved repeats")
+    print(f"{'setting':<8} {'contender':<10} {'seconds':>8} {'tok/s':>8} {'x transformers':>15}  ids vs transformers")
+    for name, _ in settings:
+        reference = times.get(("hf", name))
+        for contender in chosen:
+            seconds = statistics.median(times[contender, name])
+            ratio = f"{seconds / statistics.median(reference):.2f}x" if reference else "-"
+            if "hf" in chosen and contender != "hf":
+                same = ids[contender, name].shape == ids["hf", name].shape and (
+                    ids[contender, name] == ids["hf", name]).all()
+                agree = "same" if same else f"DIFFER ({(ids[contender, name] != ids['hf', name]).any(1).sum()} rows)"
+            else:
+                agree = ""
+            print(f"{name:<8} {contender:<10} {seconds:>8.3f} {tokens / seconds:>8.1f} {ratio:>15}  {agree}")
+    print("\ntargets (issue 29, CPU): impl_torch greedy and beam 4 <= 1.0x transformers; impl_jax after compile <= 1.0x")
 
-    # On the class, not the instance: an attribute set on an nnx.Module changes its pytree, and
-    # JAX would compile the model again.
-    cls.decode_step = timed_step
-    try:
-        started = time.perf_counter()
-        ids = model.generate(src, new_tokens, BOS, EOS, banned_ids=[EOS], **options)
-        ids = to_numpy(sync(backend, ids))
-        return ids, time.perf_counter() - started, steps
-    finally:
-        cls.decode_step = original
+
+def cache(args, sizes, config, params) -> None:
+    chosen = [c for c in args.contenders.split(",") if c and c != "hf"]
+    rng = np.random.default_rng(1)
+    src = rng.integers(2, sizes["vocab_size"], size=(1, args.src_len))
+    new_tokens = args.cache_tokens
+    models = {}
+    for contender in chosen:
+        models[contender] = build(contender, config, params, args.device)
+        if contender == "jax":  # the uncached JAX loop compiles per prefix length without buckets
+            import impl_jax
+
+            models[contender, "uncached"] = impl_jax.Model(config, params, "float32", buckets=(32, 64, 128))
+    for contender in chosen:  # warm-up: JAX compiles, torch allocates
+        models[contender].generate(src, new_tokens, BOS, EOS, banned_ids=[EOS])
+        models.get((contender, "uncached"), models[contender]).generate(src, new_tokens, BOS, EOS,
+                                                                       banned_ids=[EOS], use_cache=False)
+    times = {(c, mode): [] for c in chosen for mode in ("cached", "uncached")}
+    for _ in range(args.repeats):
+        for contender in chosen:
+            for mode in ("cached", "uncached"):
+                model = models.get((contender, mode), models[contender])
+                _, seconds = timed(lambda: model.generate(src, new_tokens, BOS, EOS, banned_ids=[EOS],
+                                                          use_cache=mode == "cached"))
+                times[contender, mode].append(seconds)
+    print(f"\ncache: batch 1, source {args.src_len}, {new_tokens} new tokens, greedy, float32, {args.device}; "
+          f"median of {args.repeats} interleaved repeats")
+    print(f"{'backend':<8} {'cached s':>9} {'uncached s':>11} {'uncached/cached':>16}")
+    for contender in chosen:
+        cached_s = statistics.median(times[contender, "cached"])
+        uncached_s = statistics.median(times[contender, "uncached"])
+        print(f"{contender:<8} {cached_s:>9.3f} {uncached_s:>11.3f} {uncached_s / cached_s:>15.1f}x")
+    print("\ntarget (issue 29): cached >= 5x faster than uncached at batch 1 for 128 new tokens")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a small config and 16 new tokens")
-    parser.add_argument("--backends", default="torch,jax", help="comma-separated (default: torch,jax)")
+    parser.add_argument("--quick", action="store_true", help="a small config")
+    parser.add_argument("--contenders", default="hf,torch,jax", help="of hf, torch, jax, numpy (default hf,torch,jax)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--src-len", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cache", action="store_true", help="cached against uncached instead (batch 1)")
+    parser.add_argument("--cache-tokens", type=int, default=128)
     args = parser.parse_args()
-    sizes, new_tokens, src_len = (QUICK, 16, 32) if args.quick else (BASE, 64, 32)
-    config = preset("paper", **sizes)
-    params = init_params(config, seed=0, dtype=np.float32)
-    rng = np.random.default_rng(0)
-    chosen = args.backends.split(",")
+    import torch
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here (torch.cuda.is_available() is False); "
+                         "run on a machine with a GPU, or leave --device out for the CPU")
+    from conformance.convert import from_hf_marian
+
+    sizes = QUICK if args.quick else BASE
+    hf_model = marian(sizes, args.device)
+    config, params = from_hf_marian(hf_model.cpu())
+    hf_model.to(args.device)
     print(f"config: d_model {config.d_model}, {config.n_heads} heads, d_ff {config.d_ff}, "
-          f"{config.n_encoder_layers}+{config.n_decoder_layers} layers, vocab {config.tgt_vocab_size}; "
-          f"source {src_len}, {new_tokens} new tokens, float32, CPU")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.2f} (shared: numbers move with the load)")
-    if "torch" in chosen:
-        import torch
-
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    reference: dict[int, np.ndarray] = {}
-    rows = []
-    for batch in (1, 8):
-        src = rng.integers(3, config.src_vocab_size, size=(batch, src_len))
-        for backend in chosen:
-            compile_note = ""
-            model = build(backend, config, params)
-            uncached_model = build(backend, config, params, buckets=(16, 32, 64)) if backend == "jax" else model
-            if backend == "jax":
-                import impl_jax
-
-                impl_jax.reset_stats()
-                model.generate(src, new_tokens, BOS, EOS, banned_ids=[EOS])  # compile the cached shapes
-                model.generate(src, new_tokens, BOS, EOS, banned_ids=[EOS], num_beams=4)
-                uncached_model.generate(src, new_tokens, BOS, EOS, banned_ids=[EOS], use_cache=False)
-                stats = impl_jax.compile_stats()
-                compile_note = (f"  [JAX compile, apart: {stats['compiles']} executables, "
-                                f"{stats['trace_seconds'] + stats['compile_seconds']:.1f} s]")
-            cached_ids, cached_s, steps = timed_generate(backend, model, src, new_tokens)
-            uncached_ids, uncached_s, _ = timed_generate(backend, uncached_model, src, new_tokens, use_cache=False)
-            _, beam_s, _ = timed_generate(backend, model, src, new_tokens, num_beams=4)
-            reference.setdefault(batch, cached_ids)
-            agree = (uncached_ids == cached_ids).all() and (cached_ids == reference[batch]).all()
-            window = min(16, len(steps) // 2)
-            flat = np.mean(steps[-window:]) / np.mean(steps[:window])
-            tokens = new_tokens * batch
-            rows.append((batch, backend, tokens / cached_s, tokens / uncached_s, tokens / beam_s,
-                         uncached_s / cached_s, flat, agree, compile_note))
-    print()
-    print(f"{'batch':>5} {'backend':<7} {'cached tok/s':>13} {'uncached tok/s':>15} {'beam-4 tok/s':>13} "
-          f"{'cached/uncached':>16} {'last16/first16':>15}  ids")
-    for batch, backend, cached, uncached, beam, speedup, flat, agree, note in rows:
-        print(f"{batch:>5} {backend:<7} {cached:>13.1f} {uncached:>15.1f} {beam:>13.1f} {speedup:>15.1f}x "
-              f"{flat:>14.2f}x  {'same' if agree else 'DIFFER'}{note}")
-    print("\ntargets: cached >= 5x uncached at 64 tokens (torch, JAX); last 16 tokens <= 1.3x the first 16")
+          f"{config.n_encoder_layers}+{config.n_decoder_layers} layers, vocab {config.tgt_vocab_size} "
+          "(a random MarianMTModel, read by from_hf_marian)")
+    print(machine(args.device))
+    if args.cache:
+        cache(args, sizes, config, params)
+    else:
+        speed(args, sizes, hf_model, config, params)
 
 
 if __name__ == "__main__":

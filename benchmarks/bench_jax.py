@@ -2,6 +2,15 @@
 
     python benchmarks/bench_jax.py             # the base config of the paper, CPU, float32
     python benchmarks/bench_jax.py --quick     # the small config only, few rounds (a smoke run)
+    python benchmarks/bench_jax.py --compile   # compile times per entry point, fresh processes
+
+`--compile` (with `--quick`: the small config) runs benchmarks/compile_child.py in fresh
+processes and prints, per entry point (the forward pass, one training step, `generate`), the
+first call's wall time split into tracing and XLA, and its CPU time, for the layer stacks unrolled (ROSETTA_JAX_SCAN=0)
+and scanned (impl_jax/stacks.py) side by side: each cold (an empty persistent cache) and then
+from the persistent cache a first process filled (a second process). The processes alternate
+unrolled and scanned, `--repeats` times, so that the machine's load hits both alike; the medians
+are printed.
 
 Workloads: the base config (d_model 512, 8 heads, d_ff 2048, 6+6 layers, vocab 32000, post-LN,
 PyTorch's translation-tutorial preset) on a batch of 8 source and target sequences of length 64,
@@ -30,11 +39,16 @@ the first call compiles, so run each once before timing (bench_forward's warm-up
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 import warnings
 from typing import Any, Callable
 
@@ -208,13 +222,69 @@ def oracle_error(model: impl_jax.Model, params, src: np.ndarray, tgt: np.ndarray
     return float(np.abs(got - expected).max()) / max(1.0, float(np.abs(expected).max()))
 
 
+# -- Compile times, fresh processes -----------------------------------------------------------
+
+ENTRY_POINTS = ("forward", "train step", "generate")
+
+
+def child(config: ModelConfig, batch: int, src_len: int, tgt_len: int, *, scan: bool, cache: str) -> dict:
+    """One fresh process's report (benchmarks/compile_child.py) with the stacks and cache given."""
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR",)}
+    env.update(ROSETTA_JAX_SCAN="1" if scan else "0", ROSETTA_JAX_CACHE=cache, ROSETTA_JAX_QUIET="1",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("compile_child.py")),
+                           json.dumps(config.to_dict()), str(batch), str(src_len), str(tgt_len)],
+                          env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"compile_child failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compile_report(config: ModelConfig, batch: int, src_len: int, tgt_len: int, repeats: int) -> None:
+    """Cold and persistent-cache compile times per entry point, unrolled against scanned."""
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for _ in range(repeats):
+        for scan in (False, True):
+            with tempfile.TemporaryDirectory(prefix="rosetta-jax-cache-") as directory:
+                label = "scanned" if scan else "unrolled"
+                runs.setdefault((label, "cold"), []).append(child(config, batch, src_len, tgt_len, scan=scan, cache=directory))
+                runs.setdefault((label, "cached"), []).append(child(config, batch, src_len, tgt_len, scan=scan, cache=directory))
+    print(f"first call of each entry point, seconds (median of {repeats} fresh processes each; "
+          f"'cached': a second process with the persistent cache the first one filled):")
+    print(f"  {'entry point':<12}{'stacks':<10}{'cache':<8}{'first call':>11}{'= trace':>9}{'+ XLA':>8}"
+          f"{'+ run etc.':>11}{'CPU s':>8}{'compiles':>10}{'loaded':>8}{'2nd call':>10}")
+    for entry in ENTRY_POINTS:
+        for (label, cache), reports in runs.items():
+            parts = {key: statistics.median(r[entry].get(key, float("nan")) for r in reports) for key in
+                     ("first", "trace", "xla", "cpu", "compiles", "loaded", "again")}
+            rest = parts["first"] - parts["trace"] - parts["xla"]
+            print(f"  {entry:<12}{label:<10}{cache:<8}{parts['first']:>11.2f}{parts['trace']:>9.2f}{parts['xla']:>8.2f}"
+                  f"{rest:>11.2f}{parts['cpu']:>8.2f}{parts['compiles']:>10.0f}{parts['loaded']:>8.0f}{parts['again']:>10.2f}")
+    for entry in ENTRY_POINTS:
+        ratios = []
+        for key in ("first", "cpu"):
+            cold = {label: statistics.median(r[entry].get(key, float("nan")) for r in runs[(label, "cold")])
+                    for label in ("unrolled", "scanned")}
+            ratios.append(cold["scanned"] / cold["unrolled"])
+        print(f"  {entry}: scanned / unrolled, cold first call: {ratios[0]:.2f}x wall, {ratios[1]:.2f}x CPU time")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the small config only, few rounds")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 15, or 5 with --quick)")
     parser.add_argument("--no-torch", action="store_true", help=f"skip {BASELINE}")
+    parser.add_argument("--compile", action="store_true", help="compile times per entry point in fresh processes")
+    parser.add_argument("--repeats", type=int, default=1, help="fresh processes per setting with --compile")
     args = parser.parse_args(argv)
     rounds = args.rounds or (5 if args.quick else 15)
+    if args.compile:
+        label, config, batch, src_len, tgt_len = workloads(args.quick)[-1]
+        print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} logical CPUs, load average "
+              f"{os.getloadavg()[0]:.2f}\n== {label}: {config.summary()}; batch {batch}, lengths {src_len}/{tgt_len}")
+        compile_report(config, batch, src_len, tgt_len, args.repeats)
+        print(f"load average at the end {os.getloadavg()[0]:.2f}")
+        return
 
     print(f"jax {jax.__version__}, {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs, "

@@ -10,6 +10,7 @@
 
     model = impl_jax.Model(config, params, buckets=(8, 16, 32))   # bounded recompilation
     impl_jax.compile_stats()                              # compiles, seconds, calls, cache size
+    impl_jax.enable_persistent_cache()                    # compiled executables kept on disk (or ROSETTA_JAX_CACHE=1)
 
 The model is an `nnx.Module`: `nnx.state(model, nnx.Param)` flattened with dots gives exactly the
 checkpoint's names, so it can be jitted, vmapped and sharded like any Flax model. Each call checks
@@ -25,6 +26,8 @@ import numpy as np
 
 from conformance.core import checkpoint
 from conformance.core.surface import BACKEND_API
+from impl_jax.cache import (clear_persistent_cache, disable_persistent_cache, enable_from_environment,
+                            enable_persistent_cache, persistent_cache_dir)
 from impl_jax.compiled import clear_cache, compile_stats, reset_stats
 from impl_jax.host import bucket_length, to_numpy
 from impl_jax.model import (
@@ -39,14 +42,17 @@ from impl_jax.model import (
 )
 from impl_jax.precision import enable_x64, full_precision, precision_settings, x64_enabled
 from impl_jax.state import load_state, save_state
+from impl_jax import stacks as _stacks  # noqa: F401  (registers the scanned layer stacks with impl_jax.compiled)
 
 
-def load(path: str | os.PathLike, dtype=None, *, device=None, param_dtype=None, buckets=None) -> Model:
+def load(path: str | os.PathLike, dtype=None, *, device=None, param_dtype=None, buckets=None,
+         precision: str = "highest") -> Model:
     """A `Model` from a checkpoint file on `device` (default: JAX's default device); `dtype`
     casts the parameters (default: their own dtype; a float64 checkpoint needs `enable_x64()`,
-    or `dtype="float32"`); `param_dtype` stores them in another dtype than `dtype`, as in `Model`."""
+    or `dtype="float32"`); `param_dtype` stores them in another dtype than `dtype`, and
+    `precision` is the matmul precision ("highest" or "default"), as in `Model`."""
     config, params = checkpoint.load(path)
-    return Model(config, params, dtype, device=device, param_dtype=param_dtype, buckets=buckets)
+    return Model(config, params, dtype, device=device, param_dtype=param_dtype, buckets=buckets, precision=precision)
 
 
 def save(model: Model, path: str | os.PathLike) -> None:
@@ -60,7 +66,11 @@ def save(model: Model, path: str | os.PathLike) -> None:
 # The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
-BACKEND_EXTRAS = ("Adam", "bucket_length", "clear_cache", "compile_stats", "enable_x64", "load_state", "reset_stats", "save_state", "train_step", "x64_enabled")
+BACKEND_EXTRAS = ("Adam", "bucket_length", "clear_cache", "clear_persistent_cache", "compile_stats",
+                  "disable_persistent_cache", "enable_persistent_cache", "enable_x64", "load_state",
+                  "persistent_cache_dir", "reset_stats", "save_state", "train_step", "x64_enabled")
+
+enable_from_environment()  # ROSETTA_JAX_CACHE (impl_jax.cache)
 
 
 def __getattr__(name: str):

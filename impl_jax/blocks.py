@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from conformance.core.params import OUTPUT_BLOCK
-from impl_jax.precision import MATMUL_PRECISION
+from impl_jax.precision import matmul_precision
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
@@ -40,7 +40,7 @@ def product_in_blocks(y: jax.Array, weight: jax.Array, vocab_axis: int, cast) ->
     def part(start, width: int) -> jax.Array:  # (B, T, width): the vocabulary entries from `start`
         entries = jax.lax.dynamic_slice_in_dim(weight, start, width, axis=vocab_axis)
         columns = entries if vocab_axis == 1 else entries.T  # (D, width)
-        return jnp.matmul(y, cast(columns, y.dtype), precision=MATMUL_PRECISION)
+        return jnp.matmul(y, cast(columns, y.dtype), precision=matmul_precision())
 
     full = vocab // OUTPUT_BLOCK
     logits = jnp.zeros((*y.shape[:-1], vocab), y.dtype)  # (B, T, V)
@@ -61,6 +61,6 @@ def _product_in_blocks_jvp(vocab_axis, cast, primals, tangents):
     product = product_in_blocks(y, weight, vocab_axis, cast)
     if vocab_axis == 0:  # the tied embedding (V, D)
         weight, dweight = weight.T, dweight.T  # (D, V)
-    tangent = (jnp.matmul(dy, cast(weight, y.dtype), precision=MATMUL_PRECISION)
-               + jnp.matmul(y, cast(dweight, y.dtype), precision=MATMUL_PRECISION))
+    tangent = (jnp.matmul(dy, cast(weight, y.dtype), precision=matmul_precision())
+               + jnp.matmul(y, cast(dweight, y.dtype), precision=matmul_precision()))
     return product, tangent

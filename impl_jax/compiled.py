@@ -35,22 +35,38 @@ compile again. Only this backend's cache is dropped, never the user's other jitt
 
 Compile work is counted through JAX's monitoring events, attributed to this backend only while one
 of its calls is running, and reported by `compile_stats()` separately from run time.
+
+A notice before a long compile. A new shape of the base model takes seconds to trace and compile
+(tens of seconds on a GPU at float32-highest, issue 28), which looks like a hang. When this
+backend starts tracing a new program, a timer starts; if the trace and compile are still running
+`NOTICE_AFTER` seconds later, one line goes to stderr saying what is being compiled and how to
+keep it across processes (`impl_jax.enable_persistent_cache`). Compiles that finish sooner, and
+executables loaded from the persistent cache, print nothing. `NOTICE_AFTER = None` (or
+ROSETTA_JAX_QUIET=1) silences it. Why a timer rather than a prediction: the same program compiles
+in 0.1 s from the persistent cache and in a minute without it, and nothing before the compile
+tells the two apart.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from pathlib import Path
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 from flax import nnx
 
+from impl_jax.precision import model_precision
+
 # The event names JAX reports (jax._src.dispatch); stable since JAX 0.4.
 TRACE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration")
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # an executable loaded from the persistent cache
 
 # The bound on live executables (see the module docstring): 256 executables hold at most ~30000
 # mappings, half the Linux default, and are far more shapes than a bucketed model ever needs.
@@ -59,12 +75,16 @@ MAX_MAP_SHARE = 0.5
 _MAPS = Path("/proc/self/maps")
 _MAX_MAP_COUNT = Path("/proc/sys/vm/max_map_count")
 
+# Seconds a trace and compile may run before the notice is printed (None: never).
+NOTICE_AFTER: float | None = None if os.environ.get("ROSETTA_JAX_QUIET", "") not in ("", "0") else 1.0
+
 
 @dataclass
 class CompileStats:
     """Counters since the process started (or since `reset_stats`)."""
 
-    compiles: int = 0  # XLA compilations (new executables)
+    compiles: int = 0  # XLA compilations (new executables), including those loaded from the persistent cache
+    persistent_hits: int = 0  # of which loaded from the persistent cache (impl_jax.enable_persistent_cache)
     trace_seconds: float = 0.0  # tracing the Python code and lowering it to StableHLO
     compile_seconds: float = 0.0  # XLA compilation
     calls: int = 0  # compiled calls, new or cached
@@ -92,19 +112,113 @@ def _listener(event: str, duration: float, **_: Any) -> None:
 jax.monitoring.register_event_duration_secs_listener(_listener)
 
 
-def _traced(method: Callable, static: tuple[tuple[str, Any], ...], model: nnx.Module, *args):
-    outputs = method(model, *args, **dict(static))
+def _hit_listener(event: str, **_: Any) -> None:
+    if event == CACHE_HIT_EVENT and getattr(_ACTIVE, "on", False):
+        with _LOCK:
+            _STATS.persistent_hits += 1
+
+
+jax.monitoring.register_event_listener(_hit_listener)
+
+
+def _notice(what: str) -> None:
+    from impl_jax.cache import persistent_cache_dir
+
+    where = persistent_cache_dir()
+    keep = (f"kept in the persistent cache {where}" if where is not None else
+            "once per process; impl_jax.enable_persistent_cache() or ROSETTA_JAX_CACHE=1 keeps it across processes")
+    print(f"impl_jax: tracing and compiling {what}, a new shape: this takes seconds ({keep})", file=sys.stderr, flush=True)
+
+
+def _phase_started(event: str, value: float, **_: Any) -> None:
+    """JAX records the start of each compile phase as a scalar: a trace starting inside one of
+    this backend's calls arms the notice's timer (at most one per call)."""
+    if event != TRACE_EVENTS[0] or NOTICE_AFTER is None or not getattr(_ACTIVE, "on", False):
+        return
+    if getattr(_ACTIVE, "timer", None) is None:
+        _ACTIVE.timer = threading.Timer(NOTICE_AFTER, _notice, (getattr(_ACTIVE, "what", "a program"),))
+        _ACTIVE.timer.daemon = True
+        _ACTIVE.timer.start()
+
+
+jax.monitoring.register_scalar_listener(_phase_started)
+
+
+@dataclass(frozen=True)
+class Stacks:
+    """How the compiled functions run each stack's layers (impl_jax/stacks.py): unrolled, as
+    model.py's loop (the default), or under one `lax.scan` over the stacked layer parameters
+    (`scan`); `remat` rematerialises each scanned layer in the backward pass (`jax.checkpoint`).
+
+    Unrolled is the default because it compiles faster on XLA:CPU, which already compiles each
+    distinct fused kernel once however many layers repeat it: scanned, the base model's forward
+    and training step took 1.3-1.9x the CPU time to compile (docs/jax-compile.md)."""
+
+    scan: bool = False
+    remat: bool = False
+
+
+# The setting in force; part of every executable's cache key. ROSETTA_JAX_SCAN=1 scans.
+STACKS = Stacks(scan=os.environ.get("ROSETTA_JAX_SCAN", "0") not in ("", "0", "false", "no", "off"))
+
+
+def _unregistered(model, *, remat: bool):
+    raise RuntimeError("impl_jax.stacks is not imported: import impl_jax (which registers the scanned stacks)")
+
+
+_SCANNER: Callable = _unregistered  # impl_jax.stacks.scanned, registered by that module (it imports this one)
+
+
+def register_scanner(scanner: Callable) -> None:
+    """Set the function that gives a traced model scanned stacks (impl_jax.stacks.scanned)."""
+    global _SCANNER
+    _SCANNER = scanner
+
+
+@contextmanager
+def stacks(*, scan: bool | None = None, remat: bool | None = None) -> Iterator[Stacks]:
+    """Run the compiled calls in this scope with the layers scanned or not, rematerialised or not
+    (None keeps the current choice); the previous setting is restored on exit."""
+    global STACKS
+    previous = STACKS
+    STACKS = Stacks(scan=previous.scan if scan is None else bool(scan),
+                    remat=previous.remat if remat is None else bool(remat))
+    try:
+        yield STACKS
+    finally:
+        STACKS = previous
+
+
+_TRACING = threading.local()  # the layout of the program being traced on this thread
+
+
+def in_layout(model):
+    """A model built inside a traced function (e.g. merged from donated state, impl_jax.train)
+    given the layout of the program being traced, as `_traced` gives its model argument."""
+    layout = getattr(_TRACING, "layout", STACKS)
+    return _SCANNER(model, remat=layout.remat) if layout.scan and model is not None else model
+
+
+def _traced(method: Callable, static: tuple[tuple[str, Any], ...], layout: Stacks, model: nnx.Module, *args):
+    _TRACING.layout = layout
+    if layout.scan:
+        model = _SCANNER(model, remat=layout.remat)
+    with model_precision(getattr(model, "precision", "highest")):  # the model's choice (impl_jax/precision.py)
+        outputs = method(model, *args, **dict(static))
     # JAX returns a plain dict with its keys sorted ("decoder.0.cross" before "decoder.0.self",
     # "encoder.10" before "encoder.2"); an OrderedDict keeps the forward order of the names.
     return tuple(OrderedDict(x) if isinstance(x, dict) else x for x in outputs)
 
 
-_JIT = jax.jit(_traced, static_argnums=(0, 1))
+_JIT = jax.jit(_traced, static_argnums=(0, 1, 2))
+# The same with the first two arguments after the model donated (their buffers are reused for
+# the outputs): impl_jax.train's fused step donates the parameters and the optimizer state.
+_JIT_DONATING = jax.jit(_traced, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
 
 
 def lower(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, **static: Any) -> jax.stages.Lowered:
     """The traced and lowered (not compiled) program of `method`, e.g. to read its StableHLO."""
-    return _JIT.lower(method, tuple(sorted(static.items())), model, *jax.device_put(args, device))
+    return _JIT.lower(method, tuple(sorted(static.items())), STACKS, model, *jax.device_put(args, device))
 
 
 def mapping_pressure() -> float | None:
@@ -118,24 +232,30 @@ def mapping_pressure() -> float | None:
     return held / limit if limit > 0 else None
 
 
-def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, **static: Any) -> tuple:
-    """`method(model, *args, **static)`, compiled for these shapes on `device` (cached by jit)."""
+def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *, donate: bool = False,
+         **static: Any) -> tuple:
+    """`method(model, *args, **static)`, compiled for these shapes on `device` (cached by jit).
+    `donate`: args[0] and args[1] are donated (their buffers are invalid after the call)."""
     global _EVICT_NEXT
     args = jax.device_put(args, device)
     with _LOCK:
         evict = _EVICT_NEXT or _STATS.cached >= MAX_CACHED_EXECUTABLES
     if evict:
         _JIT.clear_cache()
+        _JIT_DONATING.clear_cache()
         with _LOCK:
             _STATS.cached, _EVICT_NEXT = 0, False
             _STATS.evictions += 1
     with _LOCK:
         compiles_before = _STATS.compiles
-    _ACTIVE.on = True
+    _ACTIVE.on, _ACTIVE.what = True, _describe(model, method, args)
     try:
-        outputs = _JIT(method, tuple(sorted(static.items())), model, *args)
+        outputs = (_JIT_DONATING if donate else _JIT)(method, tuple(sorted(static.items())), STACKS, model, *args)
     finally:
         _ACTIVE.on = False
+        if getattr(_ACTIVE, "timer", None) is not None:
+            _ACTIVE.timer.cancel()
+            _ACTIVE.timer = None
     with _LOCK:
         _STATS.calls += 1
         compiled_now = _STATS.compiles - compiles_before
@@ -146,6 +266,15 @@ def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *
             with _LOCK:
                 _EVICT_NEXT = True
     return tuple(dict(x) if isinstance(x, OrderedDict) else x for x in outputs)
+
+
+def _describe(model, method: Callable, args: tuple) -> str:
+    """What a call compiles, for the notice: cheap (no flattening), read only if it is printed."""
+    name = getattr(method, "__qualname__", getattr(method, "__name__", "a program"))
+    config = getattr(model, "config", None)
+    size = "" if config is None else f" ({config.n_encoder_layers}+{config.n_decoder_layers} layers, d_model {config.d_model})"
+    shapes = ", ".join(str(tuple(a.shape)) for a in args[:2] if hasattr(a, "shape"))
+    return f"{name}{size}" + (f" at {shapes}" if shapes else "")
 
 
 def compile_stats() -> dict[str, Any]:
@@ -169,5 +298,6 @@ def clear_cache() -> None:
     """Drop every compiled executable (the next call of each shape compiles again)."""
     global _EVICT_NEXT
     _JIT.clear_cache()
+    _JIT_DONATING.clear_cache()
     with _LOCK:
         _STATS.cached, _EVICT_NEXT = 0, False

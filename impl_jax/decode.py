@@ -30,6 +30,8 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.decoding import DecoderCache, check_sources, search
+from conformance.core.device_search import (NumpyOps, Rules, beam_result, beam_start, beam_update, beam_width, covers,
+                                            greedy_result, greedy_start, greedy_update, nan_error, newest, rules_of)
 from conformance.core.errors import InputError
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
@@ -161,31 +163,130 @@ def _decode_step(model, tgt_ids, cache: DecoderCache):
 # -- The search --------------------------------------------------------------------------------
 
 
+class Ops(NumpyOps):
+    """The array operations of the device search (`conformance.core.device_search`) in this
+    backend's arrays."""
+
+    xp = jnp
+    int_dtype = jnp.int32  # int64 would need x64
+    bool_dtype = jnp.bool_
+
+    def __init__(self, device):
+        self.device = device  # the arrays are traced inside one compiled program: placed by jit
+
+    def top_k(self, x, k: int):
+        return jax.lax.top_k(x, k)  # equal elements: the lower index first, as the reference
+
+    def take(self, x, index):
+        return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+    def cast(self, x, dtype):
+        return jnp.asarray(x).astype(dtype)
+
+    def full(self, shape, value, dtype):
+        return jnp.full(shape, value, dtype=dtype)
+
+    def arange(self, n: int):
+        return jnp.arange(n, dtype=jnp.int32)
+
+    def concat(self, arrays):
+        return jnp.concatenate(arrays, axis=1)
+
+    def reduce(self, name: str, x, axis=None, keepdims: bool = False):
+        return getattr(jnp, name)(x, axis=axis, keepdims=keepdims)
+
+    def argmax(self, x):
+        return jnp.argmax(x, axis=-1).astype(jnp.int32)
+
+    def where(self, condition, a, b):
+        if isinstance(condition, bool):
+            return a if condition else b
+        return jnp.where(condition, a, b)
+
+
+def search_dtype(model):
+    """The dtype the search scores in: float64 for a float64 model, else float32 (as Hugging Face
+    upcasts float16 and bfloat16 logits)."""
+    return jnp.float64 if jnp.dtype(model.dtype) == jnp.float64 else jnp.float32
+
+
+def _search(model, memory, cross_mask, ids, banned, length_penalty, *, rules: Rules):
+    """The compiled search: start_cache, then one `lax.while_loop` whose body reorders the cache,
+    runs the cached step and updates the search state, until the state says stop (Flax
+    examples/wmt's and t5x's shape). One program per (rows, source length, rules); the ids, the
+    banned mask and the length penalty are data."""
+    ops, dtype = Ops(None), search_dtype(model)
+    bos_id, eos_id, pad_id = ids[0], ids[1], ids[2]
+    beam = rules.num_beams > 1
+    (cache,) = _start_cache(model, memory, cross_mask, length=rules.max_len)
+    state = (beam_start if beam else greedy_start)(ops, rules, memory.shape[0] // rules.num_beams, bos_id, pad_id,
+                                                   dtype)
+    counter = "length" if beam else "step"
+    state[counter] = jnp.asarray(state[counter], dtype=jnp.int32)
+    state["bad"] = jnp.asarray(-1, dtype=jnp.int32)
+
+    def body(carry):
+        state, cache = carry
+        if beam:  # the rows each beam continues (the identity before the first step)
+            (cache,) = _reorder_cache(model, cache, state["parents"])
+        logits, cache = _decode_step(model, newest(ops, rules, state), cache)
+        logits = logits.astype(dtype)
+        if beam:
+            state = beam_update(ops, rules, state, logits, banned, eos_id, length_penalty)
+        else:
+            state = greedy_update(ops, rules, state, logits, banned, eos_id, pad_id)
+        return state, cache
+
+    state, _ = jax.lax.while_loop(lambda carry: ~carry[0]["stop"], body, (state, cache))
+    return (state,)
+
+
 def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     """`Model.generate`: the arguments resolved against the checkpoint's generation note, the source
-    encoded once, then `conformance.core.decoding.search` fed with this model's step logits (cached,
-    or the whole decoder over the prefix with use_cache=False)."""
-    # With the cache, one executable per (rows, source length) serves every step. Without it,
-    # each new prefix length is a new shape: with `buckets` set, at most len(buckets) + 1
-    # compiles serve every step; without, one per length.
+    encoded once, then the search of `conformance.core.device_search` in this backend's arrays on
+    the step logits (cached, or the whole decoder over the prefix with use_cache=False); sampling
+    and the flax beam rule run `conformance.core.decoding.search` on the host."""
+    # With the cache, the whole search is one compiled lax.while_loop (`_search`): one program per
+    # (rows, source length, max_len, rules), and the host reads the result once. Without it (and
+    # for sampling and the flax rule), the reference search drives the steps from the host; each
+    # new prefix length is a new shape: with `buckets` set, at most len(buckets) + 1 compiles
+    # serve every step; without, one per length.
     settings = check_generate(model.config, max_len, bos_id, eos_id, **options)
     encoded = model.encode(src_ids, return_attention=False)
     check_sources(np.asarray(encoded.src_mask))  # a row of padding only is refused
     batch = encoded.memory.shape[0]
     rows = np.repeat(np.arange(batch), settings.rows)  # (N,): each source once per beam (or sample)
     encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-    state = {"cache": start_cache(model, encoded, model.config.max_len) if settings.use_cache else None}
+    if not (covers(settings) and settings.use_cache):  # the reference search, on the host
+        cache = {"now": start_cache(model, encoded, model.config.max_len) if settings.use_cache else None}
 
-    def step(tokens: np.ndarray, parents) -> jax.Array:
-        if not settings.use_cache:
-            return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
-        if parents is not None:
-            state["cache"] = reorder_cache(model, state["cache"], parents)
-        return model.decode_step(tokens[:, -1], state["cache"])  # (N, V): the method, which a subclass may compile
+        def reference_step(tokens: np.ndarray, parents) -> jax.Array:
+            if not settings.use_cache:
+                return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
+            if parents is not None:
+                cache["now"] = reorder_cache(model, cache["now"], parents)
+            return model.decode_step(tokens[:, -1], cache["now"])  # (N, V): the method, which a subclass may compile
 
-    ids, scores = search(step, batch, settings.max_len, settings.bos_id, settings.eos_id, model.config.pad_id,
-                         **settings.search_options(), as_numpy=np.asarray)
-    ids = jax.device_put(ids.astype(np.int32), model.device)  # int64 would need x64
-    if not settings.return_scores:
-        return ids
-    return ids, jax.device_put(scores if jax.config.jax_enable_x64 else scores.astype(np.float32), model.device)
+        ids, scores = search(reference_step, batch, settings.max_len, settings.bos_id, settings.eos_id,
+                             model.config.pad_id, **settings.search_options(), as_numpy=np.asarray)
+        ids = jax.device_put(ids.astype(np.int32), model.device)  # int64 would need x64
+        scores = scores if jax.config.jax_enable_x64 else scores.astype(np.float32)
+        return (ids, jax.device_put(scores, model.device)) if settings.return_scores else ids
+    host.check_runnable(model.dtype, param_dtype=model.param_dtype)
+    ops, dtype, rules = Ops(model.device), search_dtype(model), rules_of(settings)
+    banned_mask = np.zeros(model.config.tgt_vocab_size, dtype=bool)  # (V,)
+    banned_mask[list(settings.banned_ids)] = True
+    cross_mask = encoded.src_mask if model.config.cross_attn_src_mask else None
+    ids = np.array([settings.bos_id, settings.eos_id, model.config.pad_id], dtype=np.int32)
+    arguments = (encoded.memory, cross_mask, ids, banned_mask, np.asarray(settings.length_penalty, dtype=dtype))
+    (state,) = compiled.call(model, _search, arguments, model.device, rules=rules)
+    beam = settings.num_beams > 1
+    bad, count = (int(x) for x in jax.device_get((state["bad"], state["length" if beam else "step"])))  # one read
+    if bad >= 0:
+        raise nan_error(count - (2 if beam else 1), bad)
+    if beam:
+        returned = settings.num_return_sequences
+        ids, scores = beam_result(ops, state, int(beam_width(ops, state, returned)), returned)
+    else:
+        ids, scores = greedy_result(ops, rules, state, jnp.asarray(settings.length_penalty, dtype=dtype), count, dtype)
+    return (ids, scores) if settings.return_scores else ids

@@ -6,7 +6,8 @@ and local names, so that a diff of the two shows only framework idioms. Paramete
 `nnx.Param`s whose `.`-joined state paths are exactly the checkpoint's canonical names.
 
 What differs from the NumPy file, and why:
-    - every matmul passes `precision=MATMUL_PRECISION` (HIGHEST), so no device runs it in TF32;
+    - every matmul passes `precision=matmul_precision()`: HIGHEST (full float32, no TF32 on any
+      device) unless the model was built with `precision="default"` (impl_jax/precision.py);
     - the softmax and the LayerNorm statistics run in at least float32 (`reduction_dtype`);
     - ids, masks and params are validated on the host before compiled code runs: JAX would
       clamp an out-of-range id instead of failing;
@@ -53,7 +54,7 @@ from conformance.core.params import param_shapes
 from conformance.core.positions import sinusoid_table
 from impl_jax import compiled, decode, host
 from impl_jax.blocks import product_in_blocks
-from impl_jax.precision import MATMUL_PRECISION, reduction_dtype
+from impl_jax.precision import check_precision, matmul_precision, model_precision, reduction_dtype
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
@@ -178,7 +179,7 @@ class Linear(nnx.Module):
         self.bias = optional_param(params, f"{prefix}.bias")
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = jnp.matmul(x, cast(self.weight[...], x.dtype), precision=MATMUL_PRECISION)
+        y = jnp.matmul(x, cast(self.weight[...], x.dtype), precision=matmul_precision())
         if self.bias is not None:
             y = y + cast(self.bias[...], x.dtype)
         return y
@@ -286,7 +287,7 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None, 
     and the gradient of a `where` selects, so no NaN enters the backward pass.)
     """
     dtype = reduction_dtype(q.dtype)
-    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=MATMUL_PRECISION,
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=matmul_precision(),
                         preferred_element_type=dtype) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
     if mask is not None:
         scores = jnp.where(mask, scores, fill)
@@ -297,7 +298,7 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None, 
     if empty_rows is not None:
         empty = scores.max(axis=-1, keepdims=True) == -jnp.inf  # (B, H, Tq, 1): queries without a key
         weights = jnp.where(empty, jnp.asarray(empty_rows, weights.dtype), weights)
-    return jnp.einsum("bhqk,bhkd->bhqd", weights, v, precision=MATMUL_PRECISION), weights  # (B, H, Tq, K)
+    return jnp.einsum("bhqk,bhkd->bhqd", weights, v, precision=matmul_precision()), weights  # (B, H, Tq, K)
 
 
 class MultiHeadAttention(nnx.Module):
@@ -553,12 +554,18 @@ class Model(nnx.Module):
     `buckets` (e.g. (8, 16, 32)) pads every source and target length up to the next bucket
     (lengths above the last bucket go to `max_len`), so that at most len(buckets) + 1 lengths per
     side are ever compiled; results on the real positions equal the unpadded ones within rounding.
+
+    `precision` (keyword-only) is the float32 matmul precision: "highest" (the default, and what
+    every conformance run uses: full float32 on every device) or "default" (the device's fast
+    passes, TF32 on recent NVIDIA GPUs; the same as "highest" on a CPU), for users who only run
+    the model. Its measured error against the oracle is in docs/tolerances.md.
     """
 
     backend = "jax"
 
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array] | None = None, dtype=None, *,
-                 device=None, param_dtype=None, buckets=None):
+                 device=None, param_dtype=None, buckets=None, precision: str = "highest"):
+        self.precision = check_precision(precision)
         params, self.dtype = host.prepare_params(config, params, dtype, SUPPORTED_DTYPES, host.resolve_device(device),
                                                  param_dtype=param_dtype)
         self.config = config
@@ -740,11 +747,13 @@ class Model(nnx.Module):
             tgt_mask = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
         cross_mask = src_mask if self.config.cross_attn_src_mask else None
         masks, rate = (None, None) if dropout is None else (dropout.masks, dropout.rate)
-        memory, attention, intermediates = self._encode(src_ids, src_mask, None, masks, return_attention=return_attention,
-                                                        dropout_rate=rate, empty_rows=empty_rows)
-        logits, dec_attention, dec_intermediates = self._decode(
-            tgt_ids, tgt_mask, memory, cross_mask, None, None, masks,
-            return_attention=return_attention, dropout_rate=rate, empty_rows=empty_rows)
+        with model_precision(self.precision):  # the model's matmul precision, inside any transform
+            memory, attention, intermediates = self._encode(src_ids, src_mask, None, masks,
+                                                            return_attention=return_attention, dropout_rate=rate,
+                                                            empty_rows=empty_rows)
+            logits, dec_attention, dec_intermediates = self._decode(
+                tgt_ids, tgt_mask, memory, cross_mask, None, None, masks,
+                return_attention=return_attention, dropout_rate=rate, empty_rows=empty_rows)
         return ModelOutput(logits=logits, attention={**attention, **dec_attention} if return_attention else None,
                            intermediates={**intermediates, **dec_intermediates})
 
@@ -782,6 +791,12 @@ class Model(nnx.Module):
         like the forward); ε is an argument of it, not a constant, so a new ε does not recompile.
         `dropout`: as for a call.
         """
+        args, static = self._loss_args(src_ids, tgt_ids, labels, label_smoothing, dropout)
+        return compiled.call(self, Model._loss_and_grads, args, self.device, **static)
+
+    def _loss_args(self, src_ids, tgt_ids, labels, label_smoothing, dropout):
+        """The host part of `loss_and_grads` (also the fused `impl_jax.train_step`'s): ids, labels,
+        ε and dropout checked, masks built; returns the compiled part's arguments and statics."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_same_batch(src_ids.shape, tgt_ids.shape)
@@ -797,7 +812,7 @@ class Model(nnx.Module):
         if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
             args += ({**encoder_drop.masks, **decoder_drop.masks},)
             static["dropout_rate"] = encoder_drop.rate
-        return compiled.call(self, Model._loss_and_grads, args, self.device, **static)
+        return args, static
 
     def _loss_and_grads(self, src_ids, tgt_ids, src_mask, tgt_mask, labels, epsilon, dropout_masks=None, *,
                         dropout_rate: float | None = None):

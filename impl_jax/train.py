@@ -7,6 +7,14 @@ The same names and signatures as `impl_numpy.train` (written out) and `impl_torc
 (torch.optim.Adam + LambdaLR); docs/training.md gives the equations all three compute. The update
 is jit-compiled through `impl_jax.compiled` (one executable per parameter structure and dtype,
 inside the same bounded cache as the forward).
+
+`train_step` with this backend's `Adam` stepping the same model is one compiled step: the loss,
+its gradients (`Model._loss_and_grads`, the very function `loss_and_grads` runs) and the update
+(`_update`, the very function `Adam.step` runs) in one executable, whose parameter and optimizer
+state buffers are donated, so XLA writes the new values over the old ones instead of holding both,
+and no gradient goes back to the host in between. The numbers are those of `loss_and_grads`
+followed by `Adam.step` (tests/test_train_optimizers.py). Any other optimizer takes the written-once
+`conformance.core.training.train_step`.
 """
 
 from __future__ import annotations
@@ -17,11 +25,12 @@ import optax  # the JAX ecosystem's optimizers: the issue asks for optax.adam, n
 from flax import nnx
 
 from conformance.core.params import param_shapes
-from conformance.core.training import (PAPER_BETAS, PAPER_EPS, PAPER_WARMUP, check_adam, check_grads, paper_lrate,
-                                       train_step)
+from conformance.core import training
+from conformance.core.training import PAPER_BETAS, PAPER_EPS, PAPER_WARMUP, check_adam, check_grads, paper_lrate
 from impl_jax import compiled, host
+from impl_jax.precision import model_precision
 
-__all__ = ["Adam", "train_step"]  # train_step: one training step, written once in the core
+__all__ = ["Adam", "train_step"]
 
 
 def schedule(d_model: int, warmup: int):
@@ -78,3 +87,33 @@ class Adam:
         nnx.update(self.model, nnx.from_flat_state(flat))
         self.steps += 1
         return lr
+
+
+def _fused_step(_, params, state, rest, *args, graphdef, d_model, warmup, b1, b2, eps, **static):
+    """The compiled step: the model merged from its (donated) parameters, loss and gradients as
+    `loss_and_grads` computes them, then `_update` as `Adam.step` applies it."""
+    model = compiled.in_layout(nnx.merge(graphdef, params, rest))
+    with model_precision(model.precision):
+        loss, grads = type(model)._loss_and_grads(model, *args, **static)
+    paths = [path for path, _ in nnx.to_flat_state(params)]
+    flat = {".".join(str(part) for part in path): variable[...] for path, variable in nnx.to_flat_state(params)}
+    new, state = _update(None, flat, grads, state, d_model=d_model, warmup=warmup, b1=b1, b2=b2, eps=eps)
+    return loss, nnx.from_flat_state([(path, new[".".join(str(part) for part in path)]) for path in paths]), state
+
+
+def train_step(model, optimizer, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0):
+    """Forward, loss, backward and one optimizer step; returns the loss. With this backend's `Adam`
+    stepping `model`, one compiled step with donated buffers (see the module docstring); with any
+    other optimizer, `model.loss_and_grads` then `optimizer.step` (conformance.core.training)."""
+    if not isinstance(optimizer, Adam) or optimizer.model is not model:
+        return training.train_step(model, optimizer, src_ids, tgt_ids, labels, label_smoothing=label_smoothing)
+    args, static = model._loss_args(src_ids, tgt_ids, labels, label_smoothing, None)
+    host.check_runnable(model.dtype, param_dtype=model.param_dtype)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    beta1, beta2 = optimizer.betas
+    loss, params, optimizer.state = compiled.call(
+        None, _fused_step, (params, optimizer.state, rest, *args), model.device, donate=True, graphdef=graphdef,
+        d_model=optimizer.d_model, warmup=optimizer.warmup, b1=beta1, b2=beta2, eps=optimizer.eps, **static)
+    nnx.update(model, params)
+    optimizer.steps += 1
+    return loss

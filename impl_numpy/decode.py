@@ -22,6 +22,7 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.decoding import DecoderCache, check_sources, search
+from conformance.core.device_search import NumpyOps, covers, newest, prefix, rules_of, run
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
 
@@ -105,8 +106,15 @@ def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:
 def decode_step(model, tgt_ids, cache: DecoderCache) -> np.ndarray:
     """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
     `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
+    tgt_ids = model._ids("tgt_ids", np.asarray(tgt_ids).reshape(-1, 1), model.config.tgt_vocab_size)  # (B, 1)
+    return advance(model, tgt_ids[:, 0], cache)
+
+
+def advance(model, tgt_ids: np.ndarray, cache: DecoderCache) -> np.ndarray:
+    """`decode_step` without the id checks: tgt_ids (B,) int64 on the model's device, produced by
+    the search (checking them would read them back to the host at every step)."""
     config = model.config
-    tgt_ids = model._ids("tgt_ids", np.asarray(tgt_ids).reshape(-1, 1), config.tgt_vocab_size)  # (B, 1)
+    tgt_ids = tgt_ids[:, None]  # (B, 1)
     t = cache.length
     cache.tgt_ids[:, t] = tgt_ids[:, 0]
     self_mask = step_mask(config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
@@ -124,25 +132,57 @@ def decode_step(model, tgt_ids, cache: DecoderCache) -> np.ndarray:
 # -- The search --------------------------------------------------------------------------------
 
 
+class Ops(NumpyOps):
+    """The array operations of the device search (`conformance.core.device_search`) in this
+    backend's arrays."""
+
+    def __init__(self, device):
+        self.device = device  # the host: NumPy has no other
+
+
+def search_dtype(model):
+    """The dtype the search scores in: float64 for a float64 model, else float32 (as Hugging Face
+    upcasts float16 and bfloat16 logits)."""
+    return np.float64 if np.dtype(model.dtype) == np.float64 else np.float32
+
+
 def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     """`Model.generate`: the arguments resolved against the checkpoint's generation note, the source
-    encoded once, then `conformance.core.decoding.search` fed with this model's step logits (cached,
-    or the whole decoder over the prefix with use_cache=False)."""
+    encoded once, then the search of `conformance.core.device_search` in this backend's arrays on
+    the step logits (cached, or the whole decoder over the prefix with use_cache=False); sampling
+    and the flax beam rule run `conformance.core.decoding.search` on the host."""
     settings = check_generate(model.config, max_len, bos_id, eos_id, **options)
     encoded = model.encode(src_ids, return_attention=False)
     check_sources(encoded.src_mask)  # a row of padding only is refused
     batch = encoded.memory.shape[0]
     rows = np.repeat(np.arange(batch), settings.rows)  # (N,): each source once per beam (or sample)
     encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-    state = {"cache": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
+    cache = {"now": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
+    if not covers(settings):  # the reference search, on the host
 
-    def step(tokens: np.ndarray, parents) -> np.ndarray:
+        def reference_step(tokens: np.ndarray, parents) -> np.ndarray:
+            if not settings.use_cache:
+                return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
+            if parents is not None:
+                cache["now"] = reorder_cache(model, cache["now"], parents)
+            return model.decode_step(tokens[:, -1], cache["now"])  # (N, V): the method, which a subclass may compile
+
+        ids, scores = search(reference_step, batch, settings.max_len, settings.bos_id, settings.eos_id,
+                             model.config.pad_id, **settings.search_options())
+        return (ids, scores) if settings.return_scores else ids
+    ops, dtype, rules = Ops("cpu"), search_dtype(model), rules_of(settings)
+    banned_mask = np.zeros(model.config.tgt_vocab_size, dtype=bool)  # (V,)
+    banned_mask[list(settings.banned_ids)] = True
+
+    def step(state, i: int) -> np.ndarray:
         if not settings.use_cache:
-            return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
-        if parents is not None:
-            state["cache"] = reorder_cache(model, state["cache"], parents)
-        return model.decode_step(tokens[:, -1], state["cache"])  # (N, V): the method, which a subclass may compile
+            return model.decode(prefix(ops, rules, state, i), encoded, return_attention=False).logits[:, -1]  # (N, V)
+        if settings.num_beams > 1 and i > 0:
+            cache["now"] = reorder_cache(model, cache["now"], state["parents"])
+        return advance(model, newest(ops, rules, state), cache["now"])  # (N, V)
 
-    ids, scores = search(step, batch, settings.max_len, settings.bos_id, settings.eos_id, model.config.pad_id,
-                         **settings.search_options())
+    ids, scores = run(ops, rules, step, batch, settings.bos_id, settings.eos_id, model.config.pad_id, banned_mask,
+                      settings.length_penalty, dtype, lambda *arrays: [a.item() for a in arrays],
+                      settings.num_return_sequences)
+    ids = ids.astype(np.int64)
     return (ids, scores) if settings.return_scores else ids

@@ -22,6 +22,7 @@ import torch
 
 from conformance.core.config import ModelConfig
 from conformance.core.decoding import DecoderCache, check_sources, search
+from conformance.core.device_search import NumpyOps, covers, newest, prefix, rules_of, run
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
 from impl_torch.arrays import to_numpy
@@ -106,8 +107,15 @@ def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:
 def decode_step(model, tgt_ids, cache: DecoderCache) -> torch.Tensor:
     """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
     `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
+    tgt_ids = model._ids("tgt_ids", torch.as_tensor(tgt_ids).reshape(-1, 1), model.config.tgt_vocab_size)  # (B, 1)
+    return advance(model, tgt_ids[:, 0], cache)
+
+
+def advance(model, tgt_ids: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+    """`decode_step` without the id checks: tgt_ids (B,) int64 on the model's device, produced by
+    the search (checking them would read them back to the host at every step)."""
     config = model.config
-    tgt_ids = model._ids("tgt_ids", torch.as_tensor(tgt_ids).reshape(-1, 1), config.tgt_vocab_size)  # (B, 1)
+    tgt_ids = tgt_ids[:, None]  # (B, 1)
     t = cache.length
     cache.tgt_ids[:, t] = tgt_ids[:, 0]
     self_mask = step_mask(config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
@@ -126,10 +134,81 @@ def decode_step(model, tgt_ids, cache: DecoderCache) -> torch.Tensor:
 # -- The search --------------------------------------------------------------------------------
 
 
+class Ops(NumpyOps):
+    """The array operations of the device search (`conformance.core.device_search`) in this
+    backend's arrays."""
+
+    xp = torch
+    int_dtype = torch.long
+    bool_dtype = torch.bool
+
+    def __init__(self, device):
+        self.device = device
+
+    def top_k(self, x, k: int):
+        # torch.topk says neither which of equal scores it keeps nor in what order; the
+        # reference keeps the lower index first. Every score above the k-th best is among
+        # torch's best k; of those equal to it, the k lowest indices join them (a second top-k,
+        # over m - index where x equals it, else 0); then (score, index) order picks the k.
+        m = x.shape[-1]
+        values, index = torch.topk(x, k, dim=-1)  # (..., k), best first
+        if k < m:
+            threshold = values[..., -1:]
+            key = torch.where(x == threshold, m - torch.arange(m, device=x.device), 0)
+            lowest = m - torch.topk(key, k, dim=-1).values  # (..., k): m where fewer are equal
+            index = torch.cat([torch.where(values > threshold, index, m), lowest], dim=-1)
+        index, _ = torch.sort(index, dim=-1)  # m (no candidate) last
+        values = torch.where(index < m, x.gather(-1, index.clamp(max=m - 1)), -torch.inf)
+        values, order = torch.sort(values, dim=-1, descending=True, stable=True)
+        # m stays out of the first k unless a score is NaN (equal to nothing): then the step is
+        # refused after the update (its `bad` row), and the clamp only keeps the gathers in range.
+        return values[..., :k], index.gather(-1, order)[..., :k].clamp(max=m - 1)
+
+    def log_softmax(self, x):
+        return torch.log_softmax(x, dim=-1)  # one fused pass instead of five
+
+    def take(self, x, index):
+        index = index.reshape(index.shape + (1,) * (x.ndim - 2)).expand(index.shape + x.shape[2:])
+        return torch.gather(x, 1, index)
+
+    def cast(self, x, dtype):
+        return torch.as_tensor(x, device=self.device).to(dtype)
+
+    def full(self, shape, value, dtype):
+        return torch.full(shape, value, dtype=dtype, device=self.device)
+
+    def arange(self, n: int):
+        return torch.arange(n, device=self.device)
+
+    def concat(self, arrays):
+        return torch.cat(arrays, dim=1)
+
+    def reduce(self, name: str, x, axis=None, keepdims: bool = False):
+        function = {"max": torch.amax, "min": torch.amin, "sum": torch.sum, "any": torch.any, "all": torch.all}[name]
+        if axis is None:
+            return function(x)
+        return function(x, dim=axis, keepdim=keepdims)
+
+    def argmax(self, x):
+        return torch.argmax(x, dim=-1)
+
+    def where(self, condition, a, b):
+        if isinstance(condition, bool):
+            return a if condition else b
+        return torch.where(condition, a, b)
+
+
+def search_dtype(model):
+    """The dtype the search scores in: float64 for a float64 model, else float32 (as Hugging Face
+    upcasts float16 and bfloat16 logits)."""
+    return torch.float64 if model.dtype == torch.float64 else torch.float32
+
+
 def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     """`Model.generate`: the arguments resolved against the checkpoint's generation note, the source
-    encoded once, then `conformance.core.decoding.search` fed with this model's step logits (cached,
-    or the whole decoder over the prefix with use_cache=False)."""
+    encoded once, then the search of `conformance.core.device_search` in this backend's arrays on
+    the step logits (cached, or the whole decoder over the prefix with use_cache=False); sampling
+    and the flax beam rule run `conformance.core.decoding.search` on the host."""
     settings = check_generate(model.config, max_len, bos_id, eos_id, **options)
     with torch.inference_mode():
         encoded = model.encode(src_ids, return_attention=False)
@@ -137,16 +216,38 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         batch = encoded.memory.shape[0]
         rows = torch.arange(batch, device=model.device).repeat_interleave(settings.rows)  # (N,): per beam or sample
         encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-        state = {"cache": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
+        cache = {"now": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
+        if not covers(settings):  # the reference search, on the host
 
-        def step(tokens, parents) -> torch.Tensor:
+            def reference_step(tokens, parents) -> torch.Tensor:
+                if not settings.use_cache:
+                    return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
+                if parents is not None:
+                    cache["now"] = reorder_cache(model, cache["now"], parents)
+                return model.decode_step(tokens[:, -1], cache["now"])  # (N, V): the method, which a subclass may compile
+
+            ids, scores = search(reference_step, batch, settings.max_len, settings.bos_id, settings.eos_id,
+                                 model.config.pad_id, **settings.search_options(), as_numpy=to_numpy)
+            ids, scores = torch.as_tensor(ids, device=model.device), torch.as_tensor(scores, device=model.device)
+            return (ids, scores) if settings.return_scores else ids
+        ops, dtype, rules = Ops(model.device), search_dtype(model), rules_of(settings)
+        banned_mask = torch.zeros(model.config.tgt_vocab_size, dtype=torch.bool, device=model.device)  # (V,)
+        banned_mask[list(settings.banned_ids)] = True
+        # This backend's own step without the id checks (they would read the ids back to the host
+        # every step); a subclass's decode_step (torch.compile'd, say) is called as it is.
+        own = getattr(type(model).decode_step, "__module__", None) == __name__.rsplit(".", 1)[0] + ".model"
+
+        def step(state, i: int) -> torch.Tensor:
             if not settings.use_cache:
-                return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
-            if parents is not None:
-                state["cache"] = reorder_cache(model, state["cache"], parents)
-            return model.decode_step(tokens[:, -1], state["cache"])  # (N, V): the method, which a subclass may compile
+                return model.decode(prefix(ops, rules, state, i), encoded, return_attention=False).logits[:, -1]
+            if settings.num_beams > 1 and i > 0:
+                cache["now"] = reorder_cache(model, cache["now"], state["parents"])
+            ids = newest(ops, rules, state)
+            return advance(model, ids, cache["now"]) if own else model.decode_step(ids, cache["now"])  # (N, V)
 
-        ids, scores = search(step, batch, settings.max_len, settings.bos_id, settings.eos_id, model.config.pad_id,
-                             **settings.search_options(), as_numpy=to_numpy)
-    ids, scores = torch.as_tensor(ids, device=model.device), torch.as_tensor(scores, device=model.device)
+        def read(*arrays) -> list:  # the one small host read per step
+            return torch.stack([torch.as_tensor(a, device=model.device).long() for a in arrays]).tolist()
+
+        ids, scores = run(ops, rules, step, batch, settings.bos_id, settings.eos_id, model.config.pad_id, banned_mask,
+                          settings.length_penalty, dtype, read, settings.num_return_sequences)
     return (ids, scores) if settings.return_scores else ids

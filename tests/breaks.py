@@ -146,6 +146,13 @@ PROPERTY_BREAKS = {
         "y = model.decoder(y, None, self_mask, cache.cross_mask,",
         "y = model.decoder(y, None, self_mask[..., :max(t, 1)], cache.cross_mask,",
     )], {})]),
+    # A device search that never reorders the KV cache after beam search chose its rows: every
+    # beam keeps attending to its own old prefix. Greedy and the full forward pass never see it.
+    "beam search forgets to reorder the cache": ("test_generate", [("numpy", [(
+        "decode.py",
+        "if settings.num_beams > 1 and i > 0:",
+        "if False:",
+    )], {})]),
     # A sampling driver that does not forward the caller's seed: it draws its uniforms from
     # seed 0 instead. Greedy and beam search never read the seed, so only sampling sees it.
     "sampling ignores the seed": ("test_generate", [("numpy", [(

@@ -133,22 +133,26 @@ def test_generate_returns_each_backends_own_array_type():
         assert type(ids).__name__ == kind, (backend, type(ids))
 
 
-def test_jax_generates_many_tokens_with_a_bounded_number_of_compiles():
+def test_jax_search_is_one_compiled_call_per_shape_and_max_len():
+    """The whole search is one lax.while_loop (impl_jax.decode._search): once compiled for
+    (rows, source length, max_len, rules), a call runs the encoder and the search, two compiled
+    calls in all, whatever the number of tokens; the ids, banned ids and length penalty are data."""
     impl_jax = pytest.importorskip("impl_jax", reason="JAX is not installed")
     config = preset("paper", **{**SIZES, "max_len": 24})
     src, _ = batch(config)
     model = impl_jax.Model(config, dtype="float32")
-    # Never-ending rows (eos is an id the model never gets to end on: forced only at the end).
-    model.generate(src, 2, 1, 2, num_beams=2, banned_ids=[2])  # warm: encode, start, step, reorder
+    # Never-ending rows (eos is banned: the search runs all 20 steps).
+    model.generate(src, 20, 1, 2, num_beams=2, banned_ids=[2])  # warm: the encoder and the search
     impl_jax.reset_stats()
     ids = model.generate(src, 20, 1, 2, num_beams=2, banned_ids=[2])
     assert to_numpy(ids).shape == (3, 20)
+    model.generate(src, 20, 3, 4, num_beams=2, banned_ids=[5], length_penalty=0.3)
     stats = impl_jax.compile_stats()
-    assert stats["compiles"] == 0, f"20 tokens after a 2-token warm-up compiled again: {stats}"
-    assert stats["calls"] >= 20 * 2  # one step and one reorder per token: the steps did run compiled
+    assert stats["compiles"] == 0, f"the same shapes with other ids and penalty compiled again: {stats}"
+    assert stats["calls"] == 4, f"each search should be two compiled calls (encode, search): {stats}"
     impl_jax.reset_stats()
-    model.generate(src[:2], 20, 1, 2, banned_ids=[2])  # a new (rows, source) shape: a few compiles, not 20
-    assert 1 <= impl_jax.compile_stats()["compiles"] <= 4, impl_jax.compile_stats()
+    model.generate(src, 12, 1, 2, num_beams=2, banned_ids=[2])  # a new max_len: the search compiles once
+    assert impl_jax.compile_stats()["compiles"] == 1, impl_jax.compile_stats()
 
 
 def test_torch_generates_under_inference_mode_on_the_models_device():

@@ -38,6 +38,7 @@ IDIOM_METHODS = {
     "_encode": ({"jax"}, "the compiled part of encode (one XLA executable per shape)"),
     "_decode": ({"jax"}, "the compiled part of decode"),
     "_loss_and_grads": ({"jax"}, "the compiled part of loss_and_grads (one XLA executable per shape)"),
+    "_loss_args": ({"jax"}, "the host part of loss_and_grads, shared with the fused, donating impl_jax.train_step"),
     "traceable_forward": ({"jax"}, "the unchecked forward for use inside jax.jit / vmap (host checks cannot trace)"),
 }
 # The same for the decode rooms (impl_*/decode.py).
@@ -45,8 +46,15 @@ DECODE_IDIOM_NAMES = {
     "_start_cache": ({"jax"}, "the compiled part of start_cache"),
     "_reorder_cache": ({"jax"}, "the compiled part of reorder_cache"),
     "_decode_step": ({"jax"}, "the compiled part of decode_step (one executable for every step)"),
+    "_search": ({"jax"}, "the compiled search: start_cache and every step in one lax.while_loop"),
+    "advance": ({"numpy", "torch"}, "decode_step without the id checks, for the eager search's own ids; "
+                                    "JAX's search calls the traced _decode_step inside its while_loop"),
 }
-DECODE_IDIOM_METHODS: dict = {}
+_ADAPTER = ({"torch", "jax"}, "the device search's array adapter (Ops) in the framework's spelling; "
+                               "NumPy's inherits conformance.core.device_search.NumpyOps")
+DECODE_IDIOM_METHODS: dict = {name: _ADAPTER for name in ("top_k", "take", "cast", "full", "arange", "concat",
+                                                           "reduce", "argmax", "where")}
+DECODE_IDIOM_METHODS["log_softmax"] = ({"torch"}, "torch's fused log-softmax (the others run the reference's formula)")
 # The same for the blocked output product (impl_*/blocks.py).
 BLOCKS_IDIOM_NAMES = {
     "_product_in_blocks_jvp": ({"jax"}, "the derivative of product_in_blocks as one product (jax.custom_jvp): "

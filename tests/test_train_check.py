@@ -23,8 +23,8 @@ from breaks import broken_copy
 # A gradient-only bug: the FFN's hidden activation is detached from linear1, plus a term that is 0
 # in value (so the forward, and the loss, are bit-identical) but keeps linear1.bias in the graph.
 FFN_DETACHED = ("ffn gradient cut at linear1", "torch", [(
-    "return self.linear2(activation(self.activation, self.linear1(x)))",
-    "return self.linear2(activation(self.activation, self.linear1(x)).detach() + 0 * self.linear1.bias.sum())",
+    "units = activation(self.activation, self.linear1(x))  # (B, L, F)",
+    "units = activation(self.activation, self.linear1(x)).detach() + 0 * self.linear1.bias.sum()  # (B, L, F)",
 )], {})
 
 

@@ -215,7 +215,8 @@ def relu_kink_distance(case: Case) -> float:
     if case.config.activation != "relu":
         return float("inf")
     model = backends.build(ORACLE, case.config, case.params())
-    model(case.src_ids, case.tgt_ids)
-    hidden = [layer.ffn.hidden for layer in [*model.encoder.layers, *model.decoder.layers]]
+    tape = {}  # the oracle's forward keeps nothing on the model: each FFN's (hidden, units, gate) on a tape
+    model.decode(case.tgt_ids, model.encode(case.src_ids, tape=tape), tape=tape)
+    hidden = [tape[layer.ffn][0] for layer in [*model.encoder.layers, *model.decoder.layers]]
     return min(float(np.nanmin(np.abs(h))) / tensor_scale(h) for h in hidden)
 

@@ -1,0 +1,369 @@
+"""The search on the device: greedy and beam search written once, as pure functions over a small
+array adapter, so that each backend runs them in its own arrays (NumPy, torch, jax.numpy).
+
+`conformance.core.decoding.search` is the readable float64 reference and the oracle; this module
+is the same rules (docs/decoding.md) in the shape Hugging Face, Flax `examples/wmt` and t5x give
+them for speed: a log-softmax in the search dtype (float32, or float64 for a float64 model), a
+top-k of 2 x beams over beams x V, gathers, and the rows the KV cache must follow as an index
+array. Nothing leaves the device inside a step; a driver reads one small flag per step (torch,
+NumPy) or runs the whole search in one `lax.while_loop` (JAX).
+
+Every function takes the adapter `ops` (see `NumpyOps`: `xp`, the framework's array namespace,
+plus the few operations whose spelling differs), a `Rules` of static settings, and the search
+state as a dict of arrays (a pytree for JAX). The step counter may be a Python int (the eager
+drivers) or a traced scalar (JAX): columns are written with `where` against an `arange`, never by
+item assignment, so the same code traces.
+
+The ids equal the reference's in float64 bit for bit in every operation that decides an order:
+the same formulas in the same order (log-softmax as shifted - log(sum(exp(shifted))), the same
+additions of NEG, the same division by the penalty), and top-k keeps the lower index first among
+equal scores, as the reference's stable argsort does. In float32 they differ only where the
+reference had a near-tie (the suite's generate property).
+
+This module is framework-free (NumPy and the standard library); the torch and JAX adapters live
+in `impl_torch/decode.py` and `impl_jax/decode.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from conformance.core.decoding import NEG
+from conformance.core.errors import InputError
+
+State = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The static settings of one search (a new value is a new JAX program; the length penalty,
+    the ids and the banned mask are data, not rules).
+
+    max_len:          the most generated tokens
+    num_beams:        1 for greedy
+    early_stopping:   True, False or "never" (docs/decoding.md, "Beam search")
+    form:             the length penalty's form, "hf" or "gnmt"
+    forced_eos:       the last allowed step may produce only the end token
+    """
+
+    max_len: int
+    num_beams: int = 1
+    early_stopping: bool | str = False
+    form: str = "hf"
+    forced_eos: bool = False
+
+    @property
+    def never(self) -> bool:
+        return self.early_stopping == "never" and not isinstance(self.early_stopping, bool)
+
+    @property
+    def stop_when_full(self) -> bool:
+        return self.early_stopping is True
+
+
+class NumpyOps:
+    """The array operations the search needs beyond what NumPy, torch and jax.numpy spell alike.
+
+    An adapter holds `xp` (the namespace), `int_dtype`, and: `top_k(x, k)` -> (values, indices)
+    along the last axis, best first, ties to the lower index; `take(x, index)` gathers x (B, M, ...)
+    along axis 1 by index (B, k); `cast(x, dtype)`; `full(shape, value, dtype)`; `arange(n)`;
+    `concat(arrays)` along axis 1; `reduce(name, x, axis)` for max, min, sum, any, all; `argmax(x)`
+    along the last axis (first of equal maxima); `where(c, a, b)`, also for a Python bool `c`."""
+
+    xp = np
+    int_dtype = np.int64
+    bool_dtype = np.bool_
+
+    def top_k(self, x, k: int):
+        index = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+        return np.take_along_axis(x, index, axis=-1), index
+
+    def take(self, x, index):
+        return np.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+    def cast(self, x, dtype):
+        return np.asarray(x).astype(dtype, copy=False)
+
+    def full(self, shape, value, dtype):
+        return np.full(shape, value, dtype=dtype)
+
+    def arange(self, n: int):
+        return np.arange(n)
+
+    def concat(self, arrays):
+        return np.concatenate(arrays, axis=1)
+
+    def reduce(self, name: str, x, axis=None, keepdims: bool = False):
+        return getattr(np, name)(x, axis=axis, keepdims=keepdims)
+
+    def argmax(self, x):
+        return np.argmax(x, axis=-1)
+
+    def where(self, condition, a, b):
+        if isinstance(condition, bool):
+            return a if condition else b
+        return np.where(condition, a, b)
+
+
+# -- Shared rules -------------------------------------------------------------------------------
+
+
+def penalty(ops, length, length_penalty, form: str, dtype):
+    """`conformance.core.decoding.penalty` in the search dtype: hf length ** a, gnmt ((5 + length) / 6) ** a."""
+    length = ops.cast(length, dtype)
+    if form == "gnmt":
+        return ((5.0 + length) / 6.0) ** length_penalty
+    return length ** length_penalty
+
+
+def log_softmax(ops, logits):
+    """log softmax over the last axis, in the logits' dtype (the reference's formula, unless the
+    adapter has a fused one: `ops.log_softmax`)."""
+    fused = getattr(ops, "log_softmax", None)
+    if fused is not None:
+        return fused(logits)
+    xp = ops.xp
+    shifted = logits - ops.reduce("max", logits, axis=-1, keepdims=True)
+    return shifted - xp.log(ops.reduce("sum", xp.exp(shifted), axis=-1, keepdims=True))
+
+
+def processed(ops, rules: Rules, scores, step, banned, eos_id):
+    """Hugging Face's logits processors in its order (the reference's `_processed`): `banned`
+    (V,) bool gets -inf; with forced_eos, at the last step every id but eos gets -inf, eos 0."""
+    xp = ops.xp
+    scores = xp.where(banned, -np.inf, scores)
+    if rules.forced_eos:
+        last = step == rules.max_len - 1
+        is_eos = ops.arange(scores.shape[-1]) == eos_id
+        scores = ops.where(last, xp.where(is_eos, 0.0, xp.full_like(scores, -np.inf)), scores)
+    return scores
+
+
+def first_nan_row(ops, logits, live, bad):
+    """The search's record of NaN logits: `bad` stays the first (step-ordered) NaN row of an open
+    row, -1 while there is none (the driver raises the reference's InputError from it)."""
+    xp = ops.xp
+    nan_rows = ops.reduce("any", xp.isnan(logits), axis=-1) & live  # (N,)
+    n = nan_rows.shape[0]
+    first = ops.reduce("min", xp.where(nan_rows, ops.arange(n), n))
+    return xp.where((bad < 0) & (first < n), first, bad)
+
+
+def write_column(ops, array, column, values):
+    """array (..., W) with column `column` replaced by values (...): a `where`, so it traces."""
+    return ops.xp.where(ops.arange(array.shape[-1]) == column, values[..., None], array)
+
+
+def read_column(ops, array, column):
+    """array[..., column] for a column that may be traced: a masked sum over the last axis."""
+    picked = ops.reduce("sum", ops.xp.where(ops.arange(array.shape[-1]) == column, array, 0), axis=-1)
+    return ops.cast(picked, array.dtype)  # a sum may widen the integers (JAX with x64)
+
+
+# -- Greedy -------------------------------------------------------------------------------------
+
+
+def greedy_start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype) -> State:
+    """The state before the first step: every row holds the start token."""
+    xp = ops.xp
+    tokens = ops.full((batch, rules.max_len + 1), pad_id, ops.int_dtype)  # (B, 1 + max_len)
+    tokens = write_column(ops, tokens, 0, ops.full((batch,), bos_id, ops.int_dtype))
+    return {"tokens": tokens, "done": ops.full((batch,), False, ops.bool_dtype),
+            "summed": ops.full((batch,), 0.0, dtype), "lengths": ops.full((batch,), 0, ops.int_dtype),
+            "step": 0, "stop": xp.asarray(False), "bad": xp.asarray(-1)}
+
+
+def greedy_update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_id) -> State:
+    """One step: each open row appends the arg-max of its processed logits (the reference's
+    `_greedy` loop body); `logits` (B, V) already in the search dtype."""
+    xp = ops.xp
+    i, done = state["step"], state["done"]
+    bad = first_nan_row(ops, logits, ~done, state["bad"])
+    log_probs = processed(ops, rules, log_softmax(ops, logits), i, banned, eos_id)
+    chosen = ops.argmax(processed(ops, rules, logits, i, banned, eos_id))  # (B,): the logits' arg-max, as HF
+    next_id = xp.where(done, pad_id, chosen)
+    picked = ops.take(log_probs, next_id[:, None])[:, 0]
+    summed = state["summed"] + xp.where(done, 0.0, picked)
+    lengths = state["lengths"] + ops.cast(~done, ops.int_dtype)
+    tokens = write_column(ops, state["tokens"], i + 1, next_id)
+    done = done | (next_id == eos_id)
+    step = i + 1
+    stop = ops.reduce("all", done) | (step >= rules.max_len) | (bad >= 0)
+    return {"tokens": tokens, "done": done, "summed": summed, "lengths": lengths, "step": step,
+            "stop": stop, "bad": bad}
+
+
+def greedy_newest(ops, state: State):
+    """The tokens the next step feeds the decoder (B,): each row's newest."""
+    return read_column(ops, state["tokens"], state["step"])
+
+
+def greedy_result(ops, rules: Rules, state: State, length_penalty, steps: int, dtype):
+    """(ids (B, steps), scores (B,)) once the search stopped after `steps` steps (a host int)."""
+    scores = state["summed"] / penalty(ops, state["lengths"], length_penalty, rules.form, dtype)
+    return state["tokens"][:, 1:1 + steps], scores
+
+
+# -- Beam search ---------------------------------------------------------------------------------
+
+
+def beam_start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype) -> State:
+    """The state before the first step: `beams` copies of the start token per row, of which only
+    the first counts (the others start at NEG)."""
+    xp = ops.xp
+    beams, width = rules.num_beams, rules.max_len + 1
+    running = ops.full((batch, beams, width), pad_id, ops.int_dtype)  # (B, beams, 1 + max_len)
+    running = write_column(ops, running, 0, ops.full((batch, beams), bos_id, ops.int_dtype))
+    first = ops.arange(beams) == 0
+    return {"running": running,
+            "running_scores": xp.where(first, 0.0, NEG) + ops.full((batch, beams), 0.0, dtype),
+            "finished": running, "finished_scores": ops.full((batch, beams), NEG, dtype),
+            "finished_lengths": ops.full((batch, beams), 0, ops.int_dtype),
+            "is_finished": ops.full((batch, beams), False, ops.bool_dtype),
+            "improvable": ops.full((batch,), True, ops.bool_dtype),
+            "parents": ops.arange(batch * beams),
+            "length": 1, "stop": xp.asarray(False), "bad": xp.asarray(-1)}
+
+
+def beam_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_penalty) -> State:
+    """One step of the reference's `_beam` loop, on the device. `logits` (N, V), N = B x beams,
+    in the search dtype; the new state's `parents` (N,) are the rows the KV cache must follow."""
+    xp = ops.xp
+    running_scores, length = state["running_scores"], state["length"]
+    batch, beams = running_scores.shape
+    keep, width, vocab = 2 * beams, rules.max_len + 1, logits.shape[-1]
+    dtype = running_scores.dtype
+    bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
+    log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id)
+    totals = xp.reshape(xp.reshape(log_probs, (batch, beams, vocab)) + running_scores[:, :, None],
+                        (batch, beams * vocab))
+
+    # The best 2 x beams continuations over all beams of each row.
+    candidate_scores, candidates = ops.top_k(totals, keep)  # (B, keep)
+    parent_beam, token = candidates // vocab, candidates % vocab
+    sequences = write_column(ops, ops.take(state["running"], parent_beam), length, token)  # (B, keep, width)
+    ends = (token == eos_id) | (length + 1 >= width)
+
+    # The best `beams` that did not end stay open.
+    open_scores = candidate_scores + xp.where(ends, NEG, 0.0)
+    running_scores, chosen = ops.top_k(open_scores, beams)
+    running = ops.take(sequences, chosen)
+    parents = xp.reshape(ops.arange(batch)[:, None] * beams + ops.take(parent_beam[:, :, None], chosen)[:, :, 0],
+                         (batch * beams,))
+
+    # Endings among the best `beams` candidates join the finished list, scored with the penalty,
+    # unless the row is full (early_stopping=True) or can no longer improve.
+    is_finished, improvable = state["is_finished"], state["improvable"]
+    scored = candidate_scores / penalty(ops, length, length_penalty, rules.form, dtype)
+    full = ops.reduce("all", is_finished, axis=1) & rules.stop_when_full
+    just_ended = ends & (ops.arange(keep) < beams)
+    scored = scored + xp.where(full | ~improvable, NEG, 0.0)[:, None] + xp.where(~just_ended, NEG, 0.0)
+    merged = ops.concat([state["finished_scores"], scored])
+    finished_scores, best = ops.top_k(merged, beams)
+    finished = ops.take(ops.concat([state["finished"], sequences]), best)
+    lengths = ops.concat([state["finished_lengths"], ops.full((batch, keep), 0, ops.int_dtype) + length])
+    finished_lengths = ops.take(lengths[:, :, None], best)[:, :, 0]
+    is_finished = ops.take(ops.concat([is_finished, just_ended])[:, :, None], best)[:, :, 0]
+
+    length = length + 1
+    # The length an open beam's best score is guessed at (docs/decoding.md, step 5).
+    guess = ops.where(length_penalty > 0, rules.max_len, length - 1) if rules.never else length - 1
+    best_open = running_scores[:, 0] / penalty(ops, guess, length_penalty, rules.form, dtype)  # (B,)
+    worst = xp.where(is_finished, ops.reduce("min", finished_scores, axis=1, keepdims=True), NEG)
+    improvable = improvable & ops.reduce("any", best_open[:, None] > worst, axis=1)
+    stop = (~ops.reduce("any", improvable)) | (ops.reduce("all", is_finished) & rules.stop_when_full) \
+        | ops.reduce("all", ends) | (bad >= 0)
+    return {"running": running, "running_scores": running_scores, "finished": finished,
+            "finished_scores": finished_scores, "finished_lengths": finished_lengths, "is_finished": is_finished,
+            "improvable": improvable, "parents": parents, "length": length, "stop": stop, "bad": bad}
+
+
+def beam_newest(ops, state: State):
+    """The tokens the next step feeds the decoder (N,): each open beam's newest."""
+    running = state["running"]
+    return ops.xp.reshape(read_column(ops, running, state["length"] - 1), (running.shape[0] * running.shape[1],))
+
+
+def beam_width(ops, state: State, returned: int = 1):
+    """How many generated tokens the result holds: the longest of the `returned` best hypotheses
+    of every row (a 0-d array)."""
+    return ops.reduce("max", state["finished_lengths"][:, :returned])
+
+
+def beam_result(ops, state: State, width: int, returned: int = 1):
+    """(ids (B x returned, width), scores (B x returned,)): each row's `returned` best finished
+    hypotheses after the start token, best first."""
+    finished = state["finished"]
+    batch = finished.shape[0]
+    return (ops.xp.reshape(finished[:, :returned, 1:1 + width], (batch * returned, width)),
+            ops.xp.reshape(state["finished_scores"][:, :returned], (batch * returned,)))
+
+
+# -- The eager driver ----------------------------------------------------------------------------
+
+
+def covers(settings) -> bool:
+    """Whether the device search runs these `generate` settings (a `decoding.Generation`): greedy
+    and Hugging Face's beam rule, any num_return_sequences. Sampling and beam_rule="flax" run the
+    reference search (`decoding.search`) on the host (docs/decoding.md)."""
+    return not settings.do_sample and settings.beam_rule == "hf"
+
+
+def rules_of(settings) -> Rules:
+    """The static rules of a `decoding.Generation`."""
+    return Rules(max_len=settings.max_len, num_beams=settings.num_beams, early_stopping=settings.early_stopping,
+                 form=settings.length_penalty_form, forced_eos=settings.forced_eos)
+
+
+def nan_error(step: int, row: int) -> InputError:
+    """The reference's error for NaN logits of an open row (`decoding._check_finite`)."""
+    return InputError("src_ids", f"the decoder produced NaN logits at step {step}, row {row}: an attention row "
+                                 "had every key masked with mask_fill=-inf (is bos_id the pad id?)")
+
+
+def newest(ops, rules: Rules, state: State):
+    """The tokens the next step feeds the decoder (N,)."""
+    return beam_newest(ops, state) if rules.num_beams > 1 else greedy_newest(ops, state)
+
+
+def prefix(ops, rules: Rules, state: State, step: int):
+    """The whole decoder input so far (N, step + 1), for a step without the KV cache."""
+    if rules.num_beams == 1:
+        return state["tokens"][:, :step + 1]
+    running = state["running"]
+    return ops.xp.reshape(running[:, :, :step + 1], (running.shape[0] * running.shape[1], step + 1))
+
+
+def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: int, banned, length_penalty,
+        dtype, read, returned: int = 1):
+    """The search with a Python loop around the device's steps (NumPy, torch). Returns the ids
+    (B, n) and scores (B,) in the backend's arrays.
+
+    step(state, i) -> logits (N, V): the decoder's next-token logits at step i (the driver reads
+        `newest`/`prefix` and, for beam search after the first step, reorders its cache by
+        state["parents"]);
+    read(*arrays) -> Python values: the one host read per step (the stop flag and the NaN row);
+    returned: beam search's hypotheses per row (num_return_sequences).
+    """
+    beam = rules.num_beams > 1
+    state = (beam_start if beam else greedy_start)(ops, rules, batch, bos_id, pad_id, dtype)
+    steps = 0
+    for i in range(rules.max_len):
+        logits = ops.cast(step(state, i), dtype)
+        if beam:
+            state = beam_update(ops, rules, state, logits, banned, eos_id, length_penalty)
+        else:
+            state = greedy_update(ops, rules, state, logits, banned, eos_id, pad_id)
+        steps = i + 1
+        stop, bad = read(state["stop"], state["bad"])
+        if bad >= 0:
+            raise nan_error(i, bad)
+        if stop:
+            break
+    if beam:
+        (width,) = read(beam_width(ops, state, returned))
+        return beam_result(ops, state, int(width), returned)
+    return greedy_result(ops, rules, state, length_penalty, steps, dtype)

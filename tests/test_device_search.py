@@ -1,0 +1,176 @@
+"""The device search (conformance/core/device_search.py, run by every backend's `generate`) against
+the reference search (conformance/core/decoding.py), on synthetic logits: the same ids and scores
+in float64 for every setting, ties included.
+
+The logits are a fixed table read at a hash of each row's prefix (and its source row), so both
+searches see the same logits for the same prefix whatever order they ask in. Integer-valued
+tables make exact ties everywhere (the rule: the lower index first); continuous ones do not.
+The models' own searches are compared with the reference in the suite (conformance/suite,
+test_generate) and in tests/test_generate.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from conformance.core import device_search
+from conformance.core.decoding import search
+from conformance.core.device_search import NumpyOps, Rules
+from conformance.core.errors import InputError
+
+VOCAB, ROWS, BOS, EOS, PAD = 7, 3, 1, 2, 0
+SETTINGS = [dict(num_beams=beams, length_penalty=alpha, early_stopping=early, length_penalty_form=form,
+                 forced_eos=forced, banned_ids=banned)
+            for beams, alpha, early, form, forced, banned in itertools.product(
+                (1, 2, 3), (1.0, 0.0, -0.5, 2.0), (False, True, "never"), ("hf", "gnmt"), (False, True),
+                ((), (4,)))
+            if beams > 1 or early is False]
+
+
+def table(kind: str, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "ties":
+        return rng.integers(-2, 2, size=(101, VOCAB)).astype(np.float64)  # exact ties everywhere
+    return rng.normal(size=(101, VOCAB)) * 3.0
+
+
+def logits_of(tokens: np.ndarray, beams: int, values: np.ndarray) -> np.ndarray:
+    """(N, V): the table at a hash of each row's prefix and source row (N = B x beams)."""
+    n, t = tokens.shape
+    weights = np.array([31, 17, 13, 11, 7, 5, 3, 2] * 4)[:t]
+    source = np.arange(n) // beams
+    return values[(tokens @ weights + 29 * source + 3 * t) % len(values)]
+
+
+def reference(settings, values, max_len):
+    beams = settings["num_beams"]
+    return search(lambda tokens, parents: logits_of(tokens, beams, values), ROWS, max_len, BOS, EOS, PAD,
+                  **settings)
+
+
+def device(ops, settings, values, max_len, to_numpy=np.asarray, from_numpy=np.asarray, banned_mask=None, read=None):
+    beams = settings["num_beams"]
+    rules = Rules(max_len=max_len, num_beams=beams, early_stopping=settings["early_stopping"],
+                  form=settings["length_penalty_form"], forced_eos=settings["forced_eos"])
+    mask = np.zeros(VOCAB, dtype=bool)
+    mask[list(settings["banned_ids"])] = True
+
+    def step(state, i):
+        tokens = to_numpy(device_search.prefix(ops, rules, state, i))
+        return from_numpy(logits_of(tokens, beams, values))
+
+    read = read or (lambda *arrays: [to_numpy(a).item() for a in arrays])
+    ids, scores = device_search.run(ops, rules, step, ROWS, BOS, EOS, PAD, from_numpy(mask),
+                                    settings["length_penalty"], from_numpy(np.zeros((), np.float64)).dtype, read)
+    return to_numpy(ids), to_numpy(scores)
+
+
+def same(got, expected, settings):
+    (ids, scores), (ref_ids, ref_scores) = got, expected
+    assert ids.shape == ref_ids.shape and (ids == ref_ids).all(), (settings, ids, ref_ids)
+    # the same formulas; torch's exp, log and pow may round the last bit differently from NumPy's
+    np.testing.assert_allclose(scores, ref_scores, rtol=1e-14, atol=0, err_msg=str(settings))
+
+
+@pytest.mark.parametrize("kind", ["ties", "continuous"])
+def test_numpy_device_search_equals_the_reference(kind):
+    values = table(kind)
+    for settings in SETTINGS:
+        same(device(NumpyOps(), settings, values, 6), reference(settings, values, 6), settings)
+
+
+@pytest.mark.parametrize("kind", ["ties", "continuous"])
+def test_torch_device_search_equals_the_reference(kind):
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    values = table(kind)
+    for settings in SETTINGS:
+        got = device(Ops("cpu"), settings, values, 6, to_numpy=lambda a: a.cpu().numpy(),
+                     from_numpy=lambda a: torch.as_tensor(a))
+        same(got, reference(settings, values, 6), settings)
+
+
+def test_torch_top_k_keeps_the_lower_index_among_ties():
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 3.0], [-1e9, -1e9, 5.0, -1e9, -np.inf, -1e9]], dtype=torch.float64)
+    values, index = Ops("cpu").top_k(x, 3)
+    assert index.tolist() == [[1, 2, 4], [2, 0, 1]]
+    assert values.tolist() == [[3.0, 3.0, 3.0], [5.0, -1e9, -1e9]]
+    x = torch.tensor([[3.0] * 7 + [5.0], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]])
+    values, index = Ops("cpu").top_k(x, 2)
+    assert index.tolist() == [[7, 0], [7, 6]]
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_nan_logits_of_an_open_row_are_refused_as_the_reference_does(beams):
+    values = table("continuous").copy()
+    values[values[:, 0] > 1.0] = np.nan
+    settings = next(s for s in SETTINGS if s["num_beams"] == beams)
+    with pytest.raises(InputError) as expected:
+        reference(settings, values, 6)
+    with pytest.raises(InputError) as got:
+        device(NumpyOps(), settings, values, 6)
+    assert str(got.value) == str(expected.value)
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    with pytest.raises(InputError) as got:
+        device(Ops("cpu"), settings, values, 6, to_numpy=lambda a: a.cpu().numpy(), from_numpy=torch.as_tensor)
+    assert str(got.value) == str(expected.value)
+
+
+@pytest.mark.parametrize("kind", ["ties", "continuous"])
+def test_jax_device_search_equals_the_reference(kind):
+    """The JAX adapter (lax.top_k, the functional column writes) run eagerly; the compiled
+    while_loop around the same functions is compared through generate (tests/test_generate.py,
+    the suite)."""
+    jnp = pytest.importorskip("jax.numpy")
+    import impl_jax
+    from impl_jax.decode import Ops
+
+    values = table(kind)
+    with impl_jax.enable_x64():
+        for settings in SETTINGS[::3]:  # eager JAX dispatches op by op: a third of the settings
+            got = device(Ops(None), settings, values, 6, to_numpy=np.asarray, from_numpy=jnp.asarray)
+            same(got, reference(settings, values, 6), settings)
+
+
+def test_torch_exact_top_k_is_the_stable_sorts_on_tie_heavy_rows():
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    rng = np.random.default_rng(3)
+    for m, k in ((50, 3), (400, 8), (9, 4)):
+        x = rng.integers(-3, 3, size=(6, m)).astype(np.float64)
+        x[0, :] = 1.0  # one value everywhere
+        x[1, rng.random(m) < 0.5] = -np.inf
+        expected_index = np.argsort(-x, axis=-1, kind="stable")[:, :k]
+        values, index = Ops("cpu").top_k(torch.as_tensor(x), k)
+        assert (index.numpy() == expected_index).all(), (m, k, index, expected_index)
+        assert (values.numpy() == np.take_along_axis(x, expected_index, axis=-1)).all()
+
+
+@pytest.mark.parametrize("kind", ["ties", "continuous"])
+def test_num_return_sequences_are_the_references(kind):
+    """Beam search's `returned` best hypotheses per row, best first (num_return_sequences)."""
+    values = table(kind)
+    for settings in [s for s in SETTINGS if s["num_beams"] == 3][::4]:
+        for returned in (2, 3):
+            expected = search(lambda tokens, parents: logits_of(tokens, 3, values), ROWS, 6, BOS, EOS, PAD,
+                              num_return_sequences=returned, **settings)
+            rules = Rules(max_len=6, num_beams=3, early_stopping=settings["early_stopping"],
+                          form=settings["length_penalty_form"], forced_eos=settings["forced_eos"])
+            mask = np.zeros(VOCAB, dtype=bool)
+            mask[list(settings["banned_ids"])] = True
+            ops = NumpyOps()
+            got = device_search.run(
+                ops, rules, lambda state, i: logits_of(device_search.prefix(ops, rules, state, i), 3, values), ROWS,
+                BOS, EOS, PAD, mask, settings["length_penalty"], np.float64, lambda *a: [x.item() for x in a],
+                returned)
+            same(got, expected, (settings, returned))

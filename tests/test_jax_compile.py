@@ -1,0 +1,240 @@
+"""Compiling in the JAX backend: the persistent compilation cache (one call or one environment
+variable), the notice before a long compile, and the layer stacks under `lax.scan`.
+
+Each cache test runs fresh Python processes, because what it checks is what a second process
+gains: the first fills the directory, the second loads its executables from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import impl_jax
+from impl_jax import cache
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# One small model's forward pass, then what the process compiled and loaded.
+PROGRAM = """
+import json, sys, numpy as np
+import impl_jax
+from conformance import init_params
+sys.path.insert(0, {tests!r})
+from batches import SRC, TGT, small
+config = small(d_ff=52)  # a config only this test compiles
+impl_jax.Model(config, init_params(config, dtype=np.float32))(SRC, TGT)
+stats = impl_jax.compile_stats()
+print(json.dumps({{"compiles": stats["compiles"], "hits": stats["persistent_hits"],
+                  "dir": str(impl_jax.persistent_cache_dir())}}))
+"""
+
+
+def run(env: dict[str, str]) -> dict:
+    environment = {k: v for k, v in os.environ.items() if k not in ("ROSETTA_JAX_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    environment.update(env, PYTHONPATH=str(ROOT), ROSETTA_JAX_QUIET="1")
+    done = subprocess.run([sys.executable, "-c", PROGRAM.format(tests=str(ROOT / "tests"))], env=environment,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_environment_variable_fills_the_cache_and_a_second_process_loads_from_it(tmp_path):
+    directory = tmp_path / "jax-cache"
+    first = run({"ROSETTA_JAX_CACHE": str(directory)})
+    assert first["dir"] == str(directory.resolve())
+    assert first["compiles"] == 2 and first["hits"] == 0  # _encode and _decode, compiled
+    written = [p for p in directory.iterdir() if p.name.startswith("jit__traced")]
+    assert len(written) == 2, sorted(p.name for p in directory.iterdir())
+    second = run({"ROSETTA_JAX_CACHE": str(directory)})
+    assert second["hits"] == 2, second  # both loaded, none compiled
+    without = run({})
+    assert without["hits"] == 0 and without["dir"] == "None"  # off unless asked for
+
+
+def test_the_environment_variable_reads_on_off_and_a_directory(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(cache, "enable_persistent_cache", lambda path=None: calls.append(path) or path)
+    for value in ("", "0", "off"):
+        monkeypatch.setenv(cache.ENV, value)
+        assert cache.enable_from_environment() is None
+    monkeypatch.setenv(cache.ENV, "1")
+    cache.enable_from_environment()
+    monkeypatch.setenv(cache.ENV, str(tmp_path))
+    cache.enable_from_environment()
+    assert calls == [None, str(tmp_path)]
+
+
+def test_enable_in_process_sets_every_option_and_clear_empties(tmp_path):
+    import jax
+
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        directory = impl_jax.enable_persistent_cache(tmp_path / "c")
+        assert directory == (tmp_path / "c").resolve() and directory.is_dir()
+        assert impl_jax.persistent_cache_dir() == directory
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
+        assert jax.config.jax_persistent_cache_enable_xla_caches == "all"
+        (directory / "entry").write_text("x")
+        impl_jax.clear_persistent_cache()
+        assert directory.is_dir() and not any(directory.iterdir())
+        impl_jax.disable_persistent_cache()
+        assert impl_jax.persistent_cache_dir() is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+        from jax.experimental.compilation_cache import compilation_cache
+
+        compilation_cache.reset_cache()
+
+
+def test_a_long_compile_prints_one_notice(monkeypatch, capsys):
+    import numpy as np
+    from conformance import init_params
+    from impl_jax import compiled
+    from batches import SRC, TGT, small
+
+    monkeypatch.setattr(compiled, "NOTICE_AFTER", 0.0)  # every compile counts as long
+    config = small(d_ff=56)
+    impl_jax.Model(config, init_params(config, dtype=np.float32))(SRC, TGT)
+    err = capsys.readouterr().err
+    notices = [line for line in err.splitlines() if line.startswith("impl_jax: tracing and compiling")]
+    assert len(notices) == 2 and "Model._encode" in notices[0] and "Model._decode" in notices[1], err
+    impl_jax.Model(config, init_params(config, dtype=np.float32))(SRC, TGT)  # compiled: silent
+    assert "impl_jax:" not in capsys.readouterr().err
+
+
+# -- The layer stacks under lax.scan -------------------------------------------------------------
+
+
+def test_scanned_stacks_equal_the_unrolled_loop():
+    """Scanned and unrolled stacks compute the same numbers: the forward (every attention map and
+    intermediate, under the same per-layer names and in the same order), the loss and gradients
+    with dropout, rematerialised or not, and generate. In float64 within the float64 tolerance,
+    and each scanned layer does the same operations as the loop's: XLA fuses across unrolled
+    layers, so the unrolled program's layers after the first differ from it by a few ulps."""
+    import numpy as np
+    from conformance import init_params
+    from conformance.check.compare import assert_close
+    from conformance.check.tolerances import tolerance
+    from conformance.core.dropout import draw_dropout
+    from impl_jax import compiled
+    from batches import SRC, TGT, small
+
+    config = small()
+    labels = np.where(TGT == config.pad_id, config.pad_id, TGT)
+    dropout = draw_dropout(config, *SRC.shape, TGT.shape[1], seed=1)
+    with impl_jax.enable_x64():
+        model = impl_jax.Model(config, init_params(config, dtype=np.float64), "float64")
+        results = {}
+        for scan, remat in ((False, False), (True, False), (True, True)):
+            with compiled.stacks(scan=scan, remat=remat):
+                out = model(SRC, TGT)
+                loss, grads = model.loss_and_grads(SRC, TGT, labels, label_smoothing=0.1, dropout=dropout)
+                ids = model.generate(SRC[:2], 6, 1, 2, num_beams=2)  # rows with a real token
+            results[scan, remat] = out, loss, grads, ids
+    reference = results[False, False]
+    tol = tolerance("float64", "cpu")
+    for setting, (out, loss, grads, ids) in results.items():
+        assert list(out.attention) == list(reference[0].attention)  # per-layer names, the loop's order
+        assert list(out.intermediates) == list(reference[0].intermediates)
+        kwargs = dict(backend="jax", device="cpu", dtype="float64", config=config)
+        assert_close(out.logits, reference[0].logits, tol, tensor=f"logits {setting}", **kwargs)
+        for name in out.attention:
+            assert_close(out.attention[name], reference[0].attention[name], tol, tensor=name, **kwargs)
+        for name in out.intermediates:
+            assert_close(out.intermediates[name], reference[0].intermediates[name], tol, tensor=name, **kwargs)
+        assert_close(np.asarray(loss), np.asarray(reference[1]), tol, tensor="loss", **kwargs)
+        for name in grads:
+            assert_close(grads[name], reference[2][name], tol, tensor=f"grad {name}", **kwargs)
+        np.testing.assert_array_equal(np.asarray(ids), np.asarray(reference[3]))
+    # The first layer of each stack is the same program scanned or not: bit for bit.
+    scanned = results[True, False][0]
+    for name in ("encoder.0.self_attn", "encoder.0.ffn", "decoder.0.self_attn"):
+        assert np.array_equal(np.asarray(scanned.intermediates[name]), np.asarray(reference[0].intermediates[name]))
+
+
+def test_scanned_stacks_trace_one_layer():
+    """The scanned program holds one copy of each layer: its StableHLO does not grow with depth."""
+    import numpy as np
+    from conformance import init_params
+    from impl_jax import compiled
+    from impl_jax.model import Model, padding_mask
+    from batches import SRC, small
+
+    sizes = {}
+    for layers in (1, 3):
+        config = small(n_encoder_layers=layers, n_decoder_layers=layers)
+        model = Model(config, init_params(config, dtype=np.float32))
+        src = np.asarray(SRC, np.int32)
+        for scan in (False, True):
+            with compiled.stacks(scan=scan):
+                text = compiled.lower(model, Model._encode, (src, padding_mask(src, config.pad_id), None), model.device,
+                                      return_attention=False).as_text()
+            sizes[layers, scan] = text.count("dot_general")
+    assert sizes[3, False] == 3 * sizes[1, False]  # unrolled: a copy per layer
+    assert sizes[3, True] == sizes[1, True]  # scanned: one
+
+
+# -- Matmul precision, a choice of the model ------------------------------------------------------
+
+
+def test_precision_is_a_checked_choice_of_the_model():
+    import numpy as np
+    from conformance import InputError, init_params
+    from impl_jax.model import Model, padding_mask
+    from impl_jax import compiled
+    from batches import SRC, TGT, small
+
+    config = small()
+    params = init_params(config, dtype=np.float32)
+    with pytest.raises(InputError, match="precision"):
+        impl_jax.Model(config, params, precision="tf32")
+    highest, default = impl_jax.Model(config, params), impl_jax.Model(config, params, precision="default")
+    assert highest.precision == "highest"
+    src = np.asarray(SRC, np.int32)
+    for model, expected in ((highest, "HIGHEST"), (default, "DEFAULT")):
+        text = compiled.lower(model, Model._encode, (src, padding_mask(src, config.pad_id), None), model.device,
+                              return_attention=False).as_text()
+        # StableHLO names the precision of every dot_general (HIGHEST), or omits it at DEFAULT.
+        marked = text.count(f"precision = [HIGHEST, HIGHEST]") if expected == "HIGHEST" else 0
+        if expected == "HIGHEST":
+            assert marked == text.count("dot_general") > 0, text[:2000]
+        else:
+            assert "HIGHEST" not in text
+    # On a CPU, XLA computes float32 matmuls in full float32 at either precision.
+    a, b = highest(SRC, TGT), default(SRC, TGT)
+    assert np.array_equal(np.asarray(a.logits), np.asarray(b.logits))
+
+
+# -- The fused training step ---------------------------------------------------------------------
+
+
+def test_fused_train_step_is_loss_and_grads_then_adam_and_donates():
+    """impl_jax.train_step with impl_jax.Adam: one compiled step, bit for bit the core's
+    loss_and_grads + Adam.step in float64, with the old parameter buffers donated (deleted)."""
+    import numpy as np
+    from conformance import init_params
+    from conformance.core import training
+    from batches import SRC, TGT, small
+
+    config = small()
+    labels = np.where(TGT == config.pad_id, config.pad_id, TGT)
+    with impl_jax.enable_x64():
+        params = init_params(config, dtype=np.float64)
+        fused, plain = impl_jax.Model(config, params, "float64"), impl_jax.Model(config, params, "float64")
+        fused_opt = impl_jax.Adam(fused, config.d_model, warmup=10)
+        plain_opt = impl_jax.Adam(plain, config.d_model, warmup=10)
+        for _ in range(2):
+            old = fused.params["encoder.layers.0.ffn.linear1.weight"]
+            loss = impl_jax.train_step(fused, fused_opt, SRC, TGT, labels, label_smoothing=0.1)
+            assert old.is_deleted()  # donated: XLA wrote the new values into its buffer
+            expected = training.train_step(plain, plain_opt, SRC, TGT, labels, label_smoothing=0.1)
+            assert float(loss) == float(expected)
+        assert fused_opt.steps == plain_opt.steps == 2
+        for name, value in fused.params.items():
+            np.testing.assert_array_equal(np.asarray(value), np.asarray(plain.params[name]), err_msg=name)
