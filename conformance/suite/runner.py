@@ -19,7 +19,7 @@ from conformance.check import backends
 from conformance.check.backends import Target, precision_problems
 from conformance.check.compare import to_numpy
 from conformance.core.output import tensors_of
-from conformance.suite.covering import RECORDER
+from conformance.suite.covering import RECORDER, relu_kink_distance  # noqa: F401 - runner.relu_kink_distance, as before
 from conformance.suite.strategies import Case
 
 # The float64 NumPy model every property compares with.
@@ -199,24 +199,3 @@ def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
 def has_gradients(target: Target) -> bool:
     """Whether the target's backend offers `Model.loss_and_grads` (issue 13: not every one yet)."""
     return hasattr(backends.import_backend(target.backend).Model, "loss_and_grads")
-
-
-def relu_kink_distance(case: Case) -> float:
-    """How far the oracle's ReLU inputs stay from the kink at 0: min |pre-activation| / scale over
-    every FFN of the float64 forward (inf for other activations).
-
-    ReLU's derivative jumps at 0. An input within rounding of 0 may land on the other side in a
-    lower precision (measured: |x| = 4.9e-7 in float64, negative in float32), and the gradient then
-    legitimately differs by that unit's whole contribution (2.5e-2). A gradient comparison in a
-    lower precision is only a claim where the inputs are further from 0 than its forward tolerance.
-    """
-    from conformance.check.compare import tensor_scale
-
-    if case.config.activation != "relu":
-        return float("inf")
-    model = backends.build(ORACLE, case.config, case.params())
-    tape = {}  # the oracle's forward keeps nothing on the model: each FFN's (hidden, units, gate) on a tape
-    model.decode(case.tgt_ids, model.encode(case.src_ids, tape=tape), tape=tape)
-    hidden = [tape[layer.ffn][0] for layer in [*model.encoder.layers, *model.decoder.layers]]
-    return min(float(np.nanmin(np.abs(h))) / tensor_scale(h) for h in hidden)
-
