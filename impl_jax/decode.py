@@ -10,8 +10,9 @@ from the cache instead of projected from a whole prefix:
 - cross-attention: the memory's keys and values, projected once per source (`Projected`).
 
 `Model.start_cache`, `Model.decode_step`, `Model.reorder_cache` and `Model.generate` are the
-public surface and call the functions here. The choice of tokens is written once, in
-`conformance.core.decoding` (docs/decoding.md).
+public surface and call the functions here. The choice of tokens is written once, as the
+reference in `conformance.core.decoding` and for the device in `conformance.core.device_search`,
+which `generate` runs in this backend's arrays (docs/decoding.md).
 
 Sections, in the same order in every backend: masks, the cache, the step, the search.
 
@@ -29,9 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache, check_sources, search
-from conformance.core.device_search import (NumpyOps, Rules, beam_result, beam_start, beam_update, beam_width, covers,
-                                            greedy_result, greedy_start, greedy_update, nan_error, newest, rules_of)
+from conformance.core.decoding import DecoderCache, check_sources, search, uniforms
+from conformance.core.device_search import (NumpyOps, Rules, counter, nan_error, newest, result, rules_of,
+                                            sampling_data, start, update)
 from conformance.core.errors import InputError
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
@@ -177,6 +178,13 @@ class Ops(NumpyOps):
     def top_k(self, x, k: int):
         return jax.lax.top_k(x, k)  # equal elements: the lower index first, as the reference
 
+    def sort(self, x):
+        index = jnp.argsort(x, axis=-1, stable=True)
+        return jnp.take_along_axis(x, index, axis=-1), index.astype(jnp.int32)
+
+    def cumsum(self, x):
+        return jnp.cumsum(x, axis=-1)
+
     def take(self, x, index):
         return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
 
@@ -210,31 +218,25 @@ def search_dtype(model):
     return jnp.float64 if jnp.dtype(model.dtype) == jnp.float64 else jnp.float32
 
 
-def _search(model, memory, cross_mask, ids, banned, length_penalty, *, rules: Rules):
+def _search(model, memory, cross_mask, ids, banned, length_penalty, sampling, *, rules: Rules):
     """The compiled search: start_cache, then one `lax.while_loop` whose body reorders the cache,
     runs the cached step and updates the search state, until the state says stop (Flax
     examples/wmt's and t5x's shape). One program per (rows, source length, rules); the ids, the
-    banned mask and the length penalty are data."""
+    banned mask, the length penalty and sampling's uniforms and warper settings are data."""
     ops, dtype = Ops(None), search_dtype(model)
     bos_id, eos_id, pad_id = ids[0], ids[1], ids[2]
-    beam = rules.num_beams > 1
+    rows = memory.shape[0]
+    state = start(ops, rules, rows // rules.num_beams if rules.beams else rows, bos_id, pad_id, dtype)
     (cache,) = _start_cache(model, memory, cross_mask, length=rules.max_len)
-    state = (beam_start if beam else greedy_start)(ops, rules, memory.shape[0] // rules.num_beams, bos_id, pad_id,
-                                                   dtype)
-    counter = "length" if beam else "step"
-    state[counter] = jnp.asarray(state[counter], dtype=jnp.int32)
+    state[counter(rules)] = jnp.asarray(state[counter(rules)], dtype=jnp.int32)
     state["bad"] = jnp.asarray(-1, dtype=jnp.int32)
 
     def body(carry):
         state, cache = carry
-        if beam:  # the rows each beam continues (the identity before the first step)
+        if rules.beams and rules.num_beams > 1:  # the rows each beam continues (the identity before the first step)
             (cache,) = _reorder_cache(model, cache, state["parents"])
         logits, cache = _decode_step(model, newest(ops, rules, state), cache)
-        logits = logits.astype(dtype)
-        if beam:
-            state = beam_update(ops, rules, state, logits, banned, eos_id, length_penalty)
-        else:
-            state = greedy_update(ops, rules, state, logits, banned, eos_id, pad_id)
+        state = update(ops, rules, state, logits.astype(dtype), banned, eos_id, pad_id, length_penalty, sampling)
         return state, cache
 
     state, _ = jax.lax.while_loop(lambda carry: ~carry[0]["stop"], body, (state, cache))
@@ -244,28 +246,23 @@ def _search(model, memory, cross_mask, ids, banned, length_penalty, *, rules: Ru
 def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     """`Model.generate`: the arguments resolved against the checkpoint's generation note, the source
     encoded once, then the search of `conformance.core.device_search` in this backend's arrays on
-    the step logits (cached, or the whole decoder over the prefix with use_cache=False); sampling
-    and the flax beam rule run `conformance.core.decoding.search` on the host."""
+    the step logits (cached, or the whole decoder over the prefix with use_cache=False).
+
+    Here use_cache=False runs the reference search, `conformance.core.decoding.search`, on the host."""
     # With the cache, the whole search is one compiled lax.while_loop (`_search`): one program per
-    # (rows, source length, max_len, rules), and the host reads the result once. Without it (and
-    # for sampling and the flax rule), the reference search drives the steps from the host; each
-    # new prefix length is a new shape: with `buckets` set, at most len(buckets) + 1 compiles
-    # serve every step; without, one per length.
+    # (rows, source length, max_len, rules), and the host reads the result once. Without it, the
+    # reference search drives the steps from the host; each new prefix length is a new shape:
+    # with `buckets` set, at most len(buckets) + 1 compiles serve every step; without, one per length.
     settings = check_generate(model.config, max_len, bos_id, eos_id, **options)
     encoded = model.encode(src_ids, return_attention=False)
     check_sources(np.asarray(encoded.src_mask))  # a row of padding only is refused
     batch = encoded.memory.shape[0]
     rows = np.repeat(np.arange(batch), settings.rows)  # (N,): each source once per beam (or sample)
     encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-    if not (covers(settings) and settings.use_cache):  # the reference search, on the host
-        cache = {"now": start_cache(model, encoded, model.config.max_len) if settings.use_cache else None}
+    if not settings.use_cache:  # the reference search, on the host
 
         def reference_step(tokens: np.ndarray, parents) -> jax.Array:
-            if not settings.use_cache:
-                return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
-            if parents is not None:
-                cache["now"] = reorder_cache(model, cache["now"], parents)
-            return model.decode_step(tokens[:, -1], cache["now"])  # (N, V): the method, which a subclass may compile
+            return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
 
         ids, scores = search(reference_step, batch, settings.max_len, settings.bos_id, settings.eos_id,
                              model.config.pad_id, **settings.search_options(), as_numpy=np.asarray)
@@ -276,17 +273,20 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     ops, dtype, rules = Ops(model.device), search_dtype(model), rules_of(settings)
     banned_mask = np.zeros(model.config.tgt_vocab_size, dtype=bool)  # (V,)
     banned_mask[list(settings.banned_ids)] = True
+    drawn = uniforms(settings.seed, settings.max_len, len(rows)) if settings.do_sample else None  # (max_len, N)
+    sampling = sampling_data(settings, drawn, lambda name, value: np.asarray(value, dtype=np.int32 if name == "top_k"
+                                                                                else dtype))
     cross_mask = encoded.src_mask if model.config.cross_attn_src_mask else None
     ids = np.array([settings.bos_id, settings.eos_id, model.config.pad_id], dtype=np.int32)
-    arguments = (encoded.memory, cross_mask, ids, banned_mask, np.asarray(settings.length_penalty, dtype=dtype))
+    arguments = (encoded.memory, cross_mask, ids, banned_mask, np.asarray(settings.length_penalty, dtype=dtype), sampling)
     (state,) = compiled.call(model, _search, arguments, model.device, rules=rules)
-    beam = settings.num_beams > 1
-    bad, count = (int(x) for x in jax.device_get((state["bad"], state["length" if beam else "step"])))  # one read
+    bad, count = (int(x) for x in jax.device_get((state["bad"], state[counter(rules)])))  # one read
     if bad >= 0:
-        raise nan_error(count - (2 if beam else 1), bad)
-    if beam:
-        returned = settings.num_return_sequences
-        ids, scores = beam_result(ops, state, int(beam_width(ops, state, returned)), returned)
-    else:
-        ids, scores = greedy_result(ops, rules, state, jnp.asarray(settings.length_penalty, dtype=dtype), count, dtype)
+        raise nan_error(count - (2 if rules.beams else 1), bad)
+
+    def read(*arrays) -> list:
+        return [int(x) for x in jax.device_get(arrays)]
+
+    ids, scores = result(ops, rules, state, jnp.asarray(settings.length_penalty, dtype=dtype), count, dtype, read,
+                         settings.num_return_sequences)
     return (ids, scores) if settings.return_scores else ids

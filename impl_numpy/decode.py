@@ -10,8 +10,9 @@ from the cache instead of projected from a whole prefix:
 - cross-attention: the memory's keys and values, projected once per source (`Projected`).
 
 `Model.start_cache`, `Model.decode_step`, `Model.reorder_cache` and `Model.generate` are the
-public surface and call the functions here. The choice of tokens is written once, in
-`conformance.core.decoding` (docs/decoding.md).
+public surface and call the functions here. The choice of tokens is written once, as the
+reference in `conformance.core.decoding` and for the device in `conformance.core.device_search`,
+which `generate` runs in this backend's arrays (docs/decoding.md).
 
 Sections, in the same order in every backend: masks, the cache, the step, the search.
 """
@@ -21,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache, check_sources, search
-from conformance.core.device_search import NumpyOps, covers, newest, prefix, rules_of, run
+from conformance.core.decoding import DecoderCache, check_sources, uniforms
+from conformance.core.device_search import NumpyOps, newest, prefix, rules_of, run, sampling_data
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
 
@@ -149,8 +150,7 @@ def search_dtype(model):
 def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     """`Model.generate`: the arguments resolved against the checkpoint's generation note, the source
     encoded once, then the search of `conformance.core.device_search` in this backend's arrays on
-    the step logits (cached, or the whole decoder over the prefix with use_cache=False); sampling
-    and the flax beam rule run `conformance.core.decoding.search` on the host."""
+    the step logits (cached, or the whole decoder over the prefix with use_cache=False)."""
     settings = check_generate(model.config, max_len, bos_id, eos_id, **options)
     encoded = model.encode(src_ids, return_attention=False)
     check_sources(encoded.src_mask)  # a row of padding only is refused
@@ -158,21 +158,11 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     rows = np.repeat(np.arange(batch), settings.rows)  # (N,): each source once per beam (or sample)
     encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
     cache = {"now": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
-    if not covers(settings):  # the reference search, on the host
-
-        def reference_step(tokens: np.ndarray, parents) -> np.ndarray:
-            if not settings.use_cache:
-                return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
-            if parents is not None:
-                cache["now"] = reorder_cache(model, cache["now"], parents)
-            return model.decode_step(tokens[:, -1], cache["now"])  # (N, V): the method, which a subclass may compile
-
-        ids, scores = search(reference_step, batch, settings.max_len, settings.bos_id, settings.eos_id,
-                             model.config.pad_id, **settings.search_options())
-        return (ids, scores) if settings.return_scores else ids
     ops, dtype, rules = Ops("cpu"), search_dtype(model), rules_of(settings)
     banned_mask = np.zeros(model.config.tgt_vocab_size, dtype=bool)  # (V,)
     banned_mask[list(settings.banned_ids)] = True
+    drawn = uniforms(settings.seed, settings.max_len, len(rows)) if settings.do_sample else None  # (max_len, N)
+    sampling = sampling_data(settings, drawn, lambda name, value: value.astype(dtype) if name == "uniforms" else value)
 
     def step(state, i: int) -> np.ndarray:
         if not settings.use_cache:
@@ -183,6 +173,6 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
 
     ids, scores = run(ops, rules, step, batch, settings.bos_id, settings.eos_id, model.config.pad_id, banned_mask,
                       settings.length_penalty, dtype, lambda *arrays: [a.item() for a in arrays],
-                      settings.num_return_sequences)
+                      settings.num_return_sequences, sampling)
     ids = ids.astype(np.int64)
     return (ids, scores) if settings.return_scores else ids

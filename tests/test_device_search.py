@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conformance.core import device_search
-from conformance.core.decoding import search
+from conformance.core.decoding import search, uniforms
 from conformance.core.device_search import NumpyOps, Rules
 from conformance.core.errors import InputError
 
@@ -45,26 +45,49 @@ def logits_of(tokens: np.ndarray, beams: int, values: np.ndarray) -> np.ndarray:
     return values[(tokens @ weights + 29 * source + 3 * t) % len(values)]
 
 
+# Flax's beam rule: no early_stopping (refused), every beam count (one beam is a beam search too).
+FLAX_SETTINGS = [dict(num_beams=beams, length_penalty=alpha, length_penalty_form=form, forced_eos=forced,
+                      banned_ids=banned, beam_rule="flax")
+                 for beams, alpha, form, forced, banned in itertools.product(
+                     (1, 2, 3), (1.0, 0.0, -0.5, 0.6), ("gnmt", "hf"), (False, True), ((), (4,)))]
+# Sampling: each warper off and on (top_k above the vocabulary keeps every id), 1-2 samples per row.
+SAMPLE_SETTINGS = [dict(num_beams=1, do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                        num_return_sequences=returned, forced_eos=forced, banned_ids=banned)
+                   for (temperature, top_k, top_p), seed, returned, forced, banned in itertools.product(
+                       ((1.0, 0, 1.0), (0.5, 3, 1.0), (2.0, 0, 0.5), (1.0, 2, 0.9), (0.7, 9, 0.6), (1.5, 1, 0.3)),
+                       (0, 7), (1, 2), (False, True), ((), (4,)))]
+
+
+def rows_per_source(settings) -> int:
+    return settings["num_return_sequences"] if settings.get("do_sample") else settings["num_beams"]
+
+
 def reference(settings, values, max_len):
-    beams = settings["num_beams"]
-    return search(lambda tokens, parents: logits_of(tokens, beams, values), ROWS, max_len, BOS, EOS, PAD,
-                  **settings)
+    per = rows_per_source(settings)
+    return search(lambda tokens, parents: logits_of(tokens, per, values), ROWS, max_len, BOS, EOS, PAD, **settings)
 
 
 def device(ops, settings, values, max_len, to_numpy=np.asarray, from_numpy=np.asarray, banned_mask=None, read=None):
-    beams = settings["num_beams"]
-    rules = Rules(max_len=max_len, num_beams=beams, early_stopping=settings["early_stopping"],
-                  form=settings["length_penalty_form"], forced_eos=settings["forced_eos"])
+    per = rows_per_source(settings)
+    rules = Rules(max_len=max_len, num_beams=settings["num_beams"], early_stopping=settings.get("early_stopping", False),
+                  form=settings.get("length_penalty_form", "hf"), forced_eos=settings["forced_eos"],
+                  rule=settings.get("beam_rule", "hf"), do_sample=settings.get("do_sample", False))
     mask = np.zeros(VOCAB, dtype=bool)
     mask[list(settings["banned_ids"])] = True
+    dtype = from_numpy(np.zeros((), np.float64)).dtype
+    returned = settings.get("num_return_sequences", 1)
+    sampling = None
+    if rules.do_sample:
+        sampling = {"uniforms": from_numpy(uniforms(settings["seed"], max_len, ROWS * returned)),
+                    **{name: settings[name] for name in ("temperature", "top_k", "top_p")}}
 
     def step(state, i):
         tokens = to_numpy(device_search.prefix(ops, rules, state, i))
-        return from_numpy(logits_of(tokens, beams, values))
+        return from_numpy(logits_of(tokens, per, values))
 
     read = read or (lambda *arrays: [to_numpy(a).item() for a in arrays])
     ids, scores = device_search.run(ops, rules, step, ROWS, BOS, EOS, PAD, from_numpy(mask),
-                                    settings["length_penalty"], from_numpy(np.zeros((), np.float64)).dtype, read)
+                                    settings.get("length_penalty", 1.0), dtype, read, returned, sampling)
     return to_numpy(ids), to_numpy(scores)
 
 
@@ -174,3 +197,61 @@ def test_num_return_sequences_are_the_references(kind):
                 BOS, EOS, PAD, mask, settings["length_penalty"], np.float64, lambda *a: [x.item() for x in a],
                 returned)
             same(got, expected, (settings, returned))
+
+
+# -- Flax's beam rule and sampling ---------------------------------------------------------------
+
+
+def test_the_flax_and_sampling_settings_reach_what_they_test():
+    """The flax settings choose other ids than Hugging Face's rule on some rows (where the rules
+    differ: an end ranked below the best beams, the length limit), rows end early and are padded,
+    and the sampling settings draw other ids than greedy search."""
+    values = table("continuous")
+    differ = padded = 0
+    for settings in FLAX_SETTINGS:
+        if settings["num_beams"] == 1:
+            continue
+        ids, _ = reference(settings, values, 6)
+        hf = dict(settings, beam_rule="hf")
+        hf_ids, _ = reference(hf, values, 6)
+        differ += ids.shape != hf_ids.shape or (ids != hf_ids).any()
+        padded += ((ids[:, :-1] == EOS) & (ids[:, 1:] == PAD)).any()
+    assert differ >= 4 and padded >= 4, (differ, padded)
+    greedy, _ = reference(SETTINGS[0], values, 6)
+    sampled = [reference(s, values, 6)[0] for s in SAMPLE_SETTINGS if s["num_return_sequences"] == 1][:8]
+    assert any(s.shape != greedy.shape or (s != greedy).any() for s in sampled)
+
+
+@pytest.mark.parametrize("kind", ["ties", "continuous"])
+def test_numpy_device_search_equals_the_reference_flax_rule_and_sampling(kind):
+    values = table(kind)
+    for settings in FLAX_SETTINGS + SAMPLE_SETTINGS:
+        same(device(NumpyOps(), settings, values, 6), reference(settings, values, 6), settings)
+
+
+@pytest.mark.parametrize("kind", ["ties", "continuous"])
+def test_torch_device_search_equals_the_reference_flax_rule_and_sampling(kind):
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    values = table(kind)
+    for settings in FLAX_SETTINGS + SAMPLE_SETTINGS:
+        got = device(Ops("cpu"), settings, values, 6, to_numpy=lambda a: a.cpu().numpy(),
+                     from_numpy=lambda a: torch.as_tensor(a))
+        same(got, reference(settings, values, 6), settings)
+
+
+@pytest.mark.parametrize("kind", ["ties", "continuous"])
+def test_jax_device_search_equals_the_reference_flax_rule_and_sampling(kind):
+    """Eager JAX, with the warpers' settings as arrays (as the compiled search takes them): both
+    filters computed, each kept where on."""
+    jnp = pytest.importorskip("jax.numpy")
+    import impl_jax
+    from impl_jax.decode import Ops
+
+    values = table(kind)
+    with impl_jax.enable_x64():
+        for settings in FLAX_SETTINGS[::4] + SAMPLE_SETTINGS[::4]:
+            data = {name: jnp.asarray(settings[name]) for name in ("temperature", "top_k", "top_p") if name in settings}
+            got = device(Ops(None), {**settings, **data}, values, 6, to_numpy=np.asarray, from_numpy=jnp.asarray)
+            same(got, reference(settings, values, 6), settings)

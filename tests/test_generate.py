@@ -107,14 +107,38 @@ def generate_all(config, src, dtype="float64", max_len=8, **options):
     return out
 
 
+def oracle(config, src, max_len=8, **options):
+    """The reference search (`conformance.core.decoding.search`, float64 NumPy on the host) fed
+    by the float64 NumPy model's cached steps: what every backend's device search must give."""
+    from conformance.core.decoding import search
+    from conformance.core.inputs import check_generate
+
+    settings = check_generate(config, max_len, 1, 2, **options)
+    model = backends.build(backends.Target("numpy", "cpu", "float64"), config, None)
+    encoded = model.encode(src, return_attention=False)
+    rows = np.repeat(np.arange(len(src)), settings.rows)
+    encoded = type(encoded)(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
+    cache = {"now": model.start_cache(encoded, settings.max_len)}
+
+    def step(tokens, parents):
+        if parents is not None:
+            cache["now"] = model.reorder_cache(cache["now"], parents)
+        return model.decode_step(tokens[:, -1], cache["now"])
+
+    return search(step, len(src), settings.max_len, 1, 2, config.pad_id, **settings.search_options())
+
+
 @pytest.mark.parametrize("options", [dict(), dict(num_beams=3, length_penalty=0.6, length_penalty_form="gnmt"),
-                                     dict(num_beams=2, early_stopping="never", use_cache=False, max_len=4)],
-                         ids=["greedy", "beam-gnmt", "beam-never-uncached"])
+                                     dict(num_beams=2, early_stopping="never", use_cache=False, max_len=4),
+                                     dict(num_beams=3, length_penalty=0.6, beam_rule="flax")],
+                         ids=["greedy", "beam-gnmt", "beam-never-uncached", "flax-rule"])
 def test_float64_backends_choose_identical_ids(options):
+    """Every backend's device search (all of them in float64) gives the reference's ids, on a
+    source batch with padding."""
     config = preset("paper", **SIZES)
     src, _ = batch(config)
     out = generate_all(config, src, **options)
-    reference_ids, reference_scores = out["numpy"]
+    reference_ids, reference_scores = oracle(config, src, **options)
     assert reference_ids.shape[0] == 3 and reference_ids.shape[1] <= 8
     for backend, (ids, scores) in out.items():
         assert ids.shape == reference_ids.shape and (ids == reference_ids).all(), (backend, ids, reference_ids)
@@ -430,10 +454,11 @@ SAMPLINGS = [dict(do_sample=True, seed=3), dict(do_sample=True, seed=5, temperat
 
 @pytest.mark.parametrize("options", SAMPLINGS, ids=["plain", "warped-2-each"])
 def test_float64_backends_sample_identical_ids(options):
+    """Every backend's device search samples the reference's ids from the same uniforms."""
     config = preset("paper", **SIZES)
     src, _ = batch(config)
     out = generate_all(config, src, **options)
-    reference_ids, reference_scores = out["numpy"]
+    reference_ids, reference_scores = oracle(config, src, **options)
     assert reference_ids.shape[0] == 3 * options.get("num_return_sequences", 1)
     for backend, (ids, scores) in out.items():
         assert ids.shape == reference_ids.shape and (ids == reference_ids).all(), (backend, ids, reference_ids)

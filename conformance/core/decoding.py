@@ -482,13 +482,20 @@ def draw(probs: np.ndarray, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return ids, np.abs(cumulative - target[:, None]).min(axis=-1)
 
 
+def uniforms(seed: int | None, max_len: int, rows: int) -> np.ndarray:
+    """Sampling's uniforms, (max_len, rows) float64, drawn once up front from
+    np.random.default_rng(seed) (seed None: fresh entropy): step i of row r uses [i, r]. The
+    device searches take the same array (conformance.core.device_search.sampling_data)."""
+    return np.random.default_rng(seed).random((max_len, rows))
+
+
 def _sample(step, rows, max_len, bos_id, eos_id, pad_id, length_penalty, form, forced_eos, banned, temperature,
             top_k, top_p, seed, as_numpy, trace=None):
     """Multinomial sampling (Hugging Face's `_sample` with do_sample=True): at every step the
     processed logits are warped (`warp`), turned into float64 probabilities, and each open row
     draws its next id with one uniform. The uniforms, (max_len, rows), are drawn once up front
-    from np.random.default_rng(seed), so every backend draws the same ids from the same logits."""
-    uniforms = np.random.default_rng(seed).random((max_len, rows))  # step i uses uniforms[i]
+    from np.random.default_rng(seed) (`uniforms`), so every backend draws the same ids from the same logits."""
+    drawn_uniforms = uniforms(seed, max_len, rows)  # step i uses drawn_uniforms[i]
     tokens = np.full((rows, 1), bos_id, dtype=np.int64)  # (N, 1)
     done = np.zeros(rows, dtype=bool)
     summed = np.zeros(rows)
@@ -498,7 +505,7 @@ def _sample(step, rows, max_len, bos_id, eos_id, pad_id, length_penalty, form, f
         _check_finite(logits, ~done, i)
         log_probs = _processed(log_softmax(logits), i, max_len, eos_id, banned, forced_eos)
         processed = _processed(logits, i, max_len, eos_id, banned, forced_eos)
-        drawn, gap = draw(np.exp(log_softmax(warp(processed, temperature, top_k, top_p))), uniforms[i])
+        drawn, gap = draw(np.exp(log_softmax(warp(processed, temperature, top_k, top_p))), drawn_uniforms[i])
         if trace is not None:
             gap = np.minimum(gap, filter_gap(processed, temperature, top_k, top_p))
             trace.append({"gap": np.where(done, np.inf, gap), "scale": _scale(logits)})

@@ -1,5 +1,6 @@
-"""The search on the device: greedy and beam search written once, as pure functions over a small
-array adapter, so that each backend runs them in its own arrays (NumPy, torch, jax.numpy).
+"""The search on the device: greedy search, beam search (Hugging Face's rule and Flax's) and
+sampling, written once as pure functions over a small array adapter, so that each backend runs
+them in its own arrays (NumPy, torch, jax.numpy).
 
 `conformance.core.decoding.search` is the readable float64 reference and the oracle; this module
 is the same rules (docs/decoding.md) in the shape Hugging Face, Flax `examples/wmt` and t5x give
@@ -47,6 +48,9 @@ class Rules:
     early_stopping:   True, False or "never" (docs/decoding.md, "Beam search")
     form:             the length penalty's form, "hf" or "gnmt"
     forced_eos:       the last allowed step may produce only the end token
+    rule:             the beam rule, "hf" or "flax" (docs/decoding.md, "Two beam rules")
+    do_sample:        sampling instead of the arg-max (its temperature, top_k, top_p and
+                      uniforms are data: `sampling_data`)
     """
 
     max_len: int
@@ -54,6 +58,23 @@ class Rules:
     early_stopping: bool | str = False
     form: str = "hf"
     forced_eos: bool = False
+    rule: str = "hf"
+    do_sample: bool = False
+
+    @property
+    def kind(self) -> str:
+        """Which search: "sample", "flax" (Flax's beam rule, any number of beams), "beam"
+        (Hugging Face's) or "greedy"."""
+        if self.do_sample:
+            return "sample"
+        if self.rule == "flax":
+            return "flax"
+        return "beam" if self.num_beams > 1 else "greedy"
+
+    @property
+    def beams(self) -> bool:
+        """Whether the state is a beam search's (running and finished hypotheses per row)."""
+        return self.kind in ("beam", "flax")
 
     @property
     def never(self) -> bool:
@@ -68,7 +89,9 @@ class NumpyOps:
     """The array operations the search needs beyond what NumPy, torch and jax.numpy spell alike.
 
     An adapter holds `xp` (the namespace), `int_dtype`, and: `top_k(x, k)` -> (values, indices)
-    along the last axis, best first, ties to the lower index; `take(x, index)` gathers x (B, M, ...)
+    along the last axis, best first, ties to the lower index; `sort(x)` -> (values, indices) along
+    the last axis, ascending, ties to the lower index first; `cumsum(x)` along the last axis;
+    `take(x, index)` gathers x (B, M, ...)
     along axis 1 by index (B, k); `cast(x, dtype)`; `full(shape, value, dtype)`; `arange(n)`;
     `concat(arrays)` along axis 1; `reduce(name, x, axis)` for max, min, sum, any, all; `argmax(x)`
     along the last axis (first of equal maxima); `where(c, a, b)`, also for a Python bool `c`."""
@@ -80,6 +103,13 @@ class NumpyOps:
     def top_k(self, x, k: int):
         index = np.argsort(-x, axis=-1, kind="stable")[..., :k]
         return np.take_along_axis(x, index, axis=-1), index
+
+    def sort(self, x):
+        index = np.argsort(x, axis=-1, kind="stable")
+        return np.take_along_axis(x, index, axis=-1), index
+
+    def cumsum(self, x):
+        return np.cumsum(x, axis=-1)
 
     def take(self, x, index):
         return np.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
@@ -176,14 +206,20 @@ def greedy_start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype) -> State:
             "step": 0, "stop": xp.asarray(False), "bad": xp.asarray(-1)}
 
 
-def greedy_update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_id) -> State:
+def greedy_update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_id, sampling=None) -> State:
     """One step: each open row appends the arg-max of its processed logits (the reference's
-    `_greedy` loop body); `logits` (B, V) already in the search dtype."""
+    `_greedy` loop body), or with `sampling` (`sampling_data`) the id it draws from them (the
+    reference's `_sample` loop body); `logits` (B, V) already in the search dtype."""
     xp = ops.xp
     i, done = state["step"], state["done"]
     bad = first_nan_row(ops, logits, ~done, state["bad"])
     log_probs = processed(ops, rules, log_softmax(ops, logits), i, banned, eos_id)
-    chosen = ops.argmax(processed(ops, rules, logits, i, banned, eos_id))  # (B,): the logits' arg-max, as HF
+    scores = processed(ops, rules, logits, i, banned, eos_id)
+    if sampling is None:
+        chosen = ops.argmax(scores)  # (B,): the logits' arg-max, as HF
+    else:
+        warped = warp(ops, scores, sampling["temperature"], sampling["top_k"], sampling["top_p"])
+        chosen = draw(ops, xp.exp(log_softmax(ops, warped)), sampling["uniforms"][i])  # (B,)
     next_id = xp.where(done, pad_id, chosen)
     picked = ops.take(log_probs, next_id[:, None])[:, 0]
     summed = state["summed"] + xp.where(done, 0.0, picked)
@@ -205,6 +241,64 @@ def greedy_result(ops, rules: Rules, state: State, length_penalty, steps: int, d
     """(ids (B, steps), scores (B,)) once the search stopped after `steps` steps (a host int)."""
     scores = state["summed"] / penalty(ops, state["lengths"], length_penalty, rules.form, dtype)
     return state["tokens"][:, 1:1 + steps], scores
+
+
+# -- Sampling -----------------------------------------------------------------------------------
+
+
+def sampling_data(settings, uniforms, as_array) -> dict | None:
+    """What sampling reads besides the logits, as data (so that JAX compiles one program for every
+    temperature, top_k, top_p and seed): the uniforms (max_len, N) from
+    `conformance.core.decoding.uniforms`, and the warpers' settings, each passed through
+    `as_array` (the identity for the eager drivers, which then skip a filter that is off; a 0-d
+    array for JAX). None when `settings` (a `decoding.Generation`) does not sample."""
+    if not settings.do_sample:
+        return None
+    return {"uniforms": as_array("uniforms", uniforms), "temperature": as_array("temperature", settings.temperature),
+            "top_k": as_array("top_k", settings.top_k), "top_p": as_array("top_p", settings.top_p)}
+
+
+def warp(ops, scores, temperature, top_k, top_p):
+    """The reference's `warp` (Hugging Face's temperature, top-k and top-p warpers) on scores
+    (N, V). top_k and top_p may be Python numbers (a filter that is off is skipped) or traced
+    scalars (both filters are computed, and kept where on).
+
+    One stable ascending sort serves both filters. top-k's threshold is the k-th best score. The
+    reference sorts the top-k filtered scores again for top-p; as values that sorted row is this
+    one with every score below the threshold at -inf (those form its prefix, and the scores kept
+    keep their order), and top-p removes a prefix of it at least that long (a -inf has
+    cumulative probability 0). So the first id kept is at the same place of both sorts, and an id
+    is kept when it is after that one in (score, index) order: no scatter back is needed."""
+    xp = ops.xp
+    scores = scores / temperature  # the reference skips a temperature of 1: x / 1 is x
+    on_k, on_p = top_k > 0, top_p < 1.0
+    if on_k is False and on_p is False:
+        return scores
+    rows, vocab = scores.shape
+    ascending, order = ops.sort(scores)  # (N, V)
+    at = ops.full((rows, 1), vocab, ops.int_dtype) - top_k  # where the k-th best sits, ascending
+    at = xp.where(at < 0, 0, xp.where(at > vocab - 1, vocab - 1, at))  # top_k > V keeps all
+    kth = ops.where(on_k, ops.take(ascending, at), -np.inf)  # (N, 1)
+    scores = xp.where(scores < kth, -np.inf, scores)  # ties with the k-th stay
+    if on_p is False:
+        return scores
+    kept = xp.where(ascending < kth, -np.inf, ascending)  # the reference's sorted top-k filtered scores
+    cumulative = ops.cumsum(xp.exp(log_softmax(ops, kept)))
+    remove = (cumulative <= 1 - top_p) & (ops.arange(vocab) < vocab - 1)  # a prefix; the best id stays
+    first = ops.cast(ops.reduce("sum", ops.cast(remove, ops.int_dtype), axis=-1, keepdims=True), ops.int_dtype)
+    first_score, first_id = ops.take(kept, first), ops.take(order, first)  # (N, 1): the first id kept
+    keep = (scores > first_score) | ((scores == first_score) & (ops.arange(vocab) >= first_id))
+    return ops.where(on_p, xp.where(keep, scores, -np.inf), scores)
+
+
+def draw(ops, probs, uniforms):
+    """The reference's `draw`: per row, the first id whose cumulative probability exceeds u times
+    the total. An id at the very top (u x total rounded up to the total) is the last id of
+    positive probability, never one past the vocabulary."""
+    cumulative = ops.cumsum(probs)  # (N, V)
+    total = cumulative[:, -1:]
+    below = (cumulative <= uniforms[:, None] * total) & (cumulative < total)
+    return ops.cast(ops.reduce("sum", ops.cast(below, ops.int_dtype), axis=-1), ops.int_dtype)
 
 
 # -- Beam search ---------------------------------------------------------------------------------
@@ -302,20 +396,84 @@ def beam_result(ops, state: State, width: int, returned: int = 1):
             ops.xp.reshape(state["finished_scores"][:, :returned], (batch * returned,)))
 
 
+# -- Flax's beam rule ----------------------------------------------------------------------------
+# Flax examples/wmt `decode.beam_search` (t5x, MLCommons AlgoPerf): the reference's `_beam_flax`.
+# The state is beam search's (`beam_start`); `is_finished` holds Flax's finished_flags.
+
+
+def flax_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_penalty) -> State:
+    """One step of the reference's `_beam_flax` loop, on the device. It differs from
+    `beam_update` where the rules do (docs/decoding.md): every end token among the 2 x beams
+    candidates competes for the finished set, reaching max_len is not an end, and the search stops
+    at max_len or once, in every row, each finished slot is filled and beats the best open beam
+    scored at Flax's max_decode_len (max_len + 1)."""
+    xp = ops.xp
+    running_scores, length = state["running_scores"], state["length"]
+    batch, beams = running_scores.shape
+    keep, width, vocab = 2 * beams, rules.max_len + 1, logits.shape[-1]
+    dtype = running_scores.dtype
+    bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
+    log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id)
+    totals = xp.reshape(xp.reshape(log_probs, (batch, beams, vocab)) + running_scores[:, :, None],
+                        (batch, beams * vocab))
+
+    # The best 2 x beams continuations over all beams of each row.
+    candidate_scores, candidates = ops.top_k(totals, keep)  # (B, keep)
+    parent_beam, token = candidates // vocab, candidates % vocab
+    sequences = write_column(ops, ops.take(state["running"], parent_beam), length, token)  # (B, keep, width)
+    ends = token == eos_id  # only the end token ends a hypothesis
+
+    # The best `beams` that did not end stay open.
+    open_scores = candidate_scores + xp.where(ends, NEG, 0.0)
+    running_scores, chosen = ops.top_k(open_scores, beams)
+    running = ops.take(sequences, chosen)
+    parents = xp.reshape(ops.arange(batch)[:, None] * beams + ops.take(parent_beam[:, :, None], chosen)[:, :, 0],
+                         (batch * beams,))
+
+    # Every ending among the 2 x beams candidates competes for the finished set.
+    scored = candidate_scores / penalty(ops, length, length_penalty, rules.form, dtype) + xp.where(ends, 0.0, NEG)
+    merged = ops.concat([state["finished_scores"], scored])
+    finished_scores, best = ops.top_k(merged, beams)
+    finished = ops.take(ops.concat([state["finished"], sequences]), best)
+    lengths = ops.concat([state["finished_lengths"], ops.full((batch, keep), 0, ops.int_dtype) + length])
+    finished_lengths = ops.take(lengths[:, :, None], best)[:, :, 0]
+    is_finished = ops.take(ops.concat([state["is_finished"], ends])[:, :, None], best)[:, :, 0]
+
+    length = length + 1
+    # No row can improve: its best open beam, scored at max_decode_len, does not beat the worst
+    # finished slot (an empty slot counts as NEG), in every row.
+    best_open = running_scores[:, :1] / penalty(ops, width, length_penalty, rules.form, dtype)  # (B, 1)
+    worst = xp.where(is_finished, ops.reduce("min", finished_scores, axis=1, keepdims=True), NEG)
+    stop = (length > rules.max_len) | ops.reduce("all", worst > best_open) | (bad >= 0)
+    return {"running": running, "running_scores": running_scores, "finished": finished,
+            "finished_scores": finished_scores, "finished_lengths": finished_lengths, "is_finished": is_finished,
+            "improvable": state["improvable"], "parents": parents, "length": length, "stop": stop, "bad": bad}
+
+
+def flax_width(ops, state: State):
+    """How many generated tokens the result holds (a 0-d array): the longest returned row; a row
+    without a finished hypothesis returns its best open beam, as long as the search ran."""
+    some = ops.reduce("any", state["is_finished"], axis=1)  # (B,)
+    return ops.reduce("max", ops.xp.where(some, state["finished_lengths"][:, 0], state["length"] - 1))
+
+
+def flax_result(ops, state: State, width: int):
+    """(ids (B, width), scores (B,)): each row's best finished hypothesis, or, in a row that has
+    none, its best open beam scored by its plain sum."""
+    xp = ops.xp
+    some = ops.reduce("any", state["is_finished"], axis=1)  # (B,)
+    ids = xp.where(some[:, None], state["finished"][:, 0], state["running"][:, 0])  # (B, 1 + max_len)
+    return ids[:, 1:1 + width], xp.where(some, state["finished_scores"][:, 0], state["running_scores"][:, 0])
+
+
 # -- The eager driver ----------------------------------------------------------------------------
-
-
-def covers(settings) -> bool:
-    """Whether the device search runs these `generate` settings (a `decoding.Generation`): greedy
-    and Hugging Face's beam rule, any num_return_sequences. Sampling and beam_rule="flax" run the
-    reference search (`decoding.search`) on the host (docs/decoding.md)."""
-    return not settings.do_sample and settings.beam_rule == "hf"
 
 
 def rules_of(settings) -> Rules:
     """The static rules of a `decoding.Generation`."""
     return Rules(max_len=settings.max_len, num_beams=settings.num_beams, early_stopping=settings.early_stopping,
-                 form=settings.length_penalty_form, forced_eos=settings.forced_eos)
+                 form=settings.length_penalty_form, forced_eos=settings.forced_eos, rule=settings.beam_rule,
+                 do_sample=settings.do_sample)
 
 
 def nan_error(step: int, row: int) -> InputError:
@@ -326,44 +484,72 @@ def nan_error(step: int, row: int) -> InputError:
 
 def newest(ops, rules: Rules, state: State):
     """The tokens the next step feeds the decoder (N,)."""
-    return beam_newest(ops, state) if rules.num_beams > 1 else greedy_newest(ops, state)
+    return beam_newest(ops, state) if rules.beams else greedy_newest(ops, state)
 
 
 def prefix(ops, rules: Rules, state: State, step: int):
     """The whole decoder input so far (N, step + 1), for a step without the KV cache."""
-    if rules.num_beams == 1:
+    if not rules.beams:
         return state["tokens"][:, :step + 1]
     running = state["running"]
     return ops.xp.reshape(running[:, :, :step + 1], (running.shape[0] * running.shape[1], step + 1))
 
 
+def start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype, returned: int = 1) -> State:
+    """The state before the first step; `batch` source rows (sampling: `returned` rows each)."""
+    if rules.beams:
+        return beam_start(ops, rules, batch, bos_id, pad_id, dtype)
+    return greedy_start(ops, rules, batch * returned if rules.do_sample else batch, bos_id, pad_id, dtype)
+
+
+def update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_id, length_penalty, sampling=None) -> State:
+    """One step of the search `rules` choose."""
+    if rules.kind == "flax":
+        return flax_update(ops, rules, state, logits, banned, eos_id, length_penalty)
+    if rules.kind == "beam":
+        return beam_update(ops, rules, state, logits, banned, eos_id, length_penalty)
+    return greedy_update(ops, rules, state, logits, banned, eos_id, pad_id, sampling)
+
+
+def counter(rules: Rules) -> str:
+    """The state's step counter: "length" (beam search: the decoder input length, start token
+    included) or "step" (greedy search and sampling: the steps done)."""
+    return "length" if rules.beams else "step"
+
+
 def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: int, banned, length_penalty,
-        dtype, read, returned: int = 1):
+        dtype, read, returned: int = 1, sampling=None):
     """The search with a Python loop around the device's steps (NumPy, torch). Returns the ids
-    (B, n) and scores (B,) in the backend's arrays.
+    (B x returned, n) and scores (B x returned,) in the backend's arrays.
 
     step(state, i) -> logits (N, V): the decoder's next-token logits at step i (the driver reads
         `newest`/`prefix` and, for beam search after the first step, reorders its cache by
         state["parents"]);
     read(*arrays) -> Python values: the one host read per step (the stop flag and the NaN row);
-    returned: beam search's hypotheses per row (num_return_sequences).
+    returned: the hypotheses per row (num_return_sequences) of beam search, or its samples;
+    sampling: `sampling_data`, when rules.do_sample.
     """
-    beam = rules.num_beams > 1
-    state = (beam_start if beam else greedy_start)(ops, rules, batch, bos_id, pad_id, dtype)
+    state = start(ops, rules, batch, bos_id, pad_id, dtype, returned)
     steps = 0
     for i in range(rules.max_len):
         logits = ops.cast(step(state, i), dtype)
-        if beam:
-            state = beam_update(ops, rules, state, logits, banned, eos_id, length_penalty)
-        else:
-            state = greedy_update(ops, rules, state, logits, banned, eos_id, pad_id)
+        state = update(ops, rules, state, logits, banned, eos_id, pad_id, length_penalty, sampling)
         steps = i + 1
         stop, bad = read(state["stop"], state["bad"])
         if bad >= 0:
             raise nan_error(i, bad)
         if stop:
             break
-    if beam:
+    return result(ops, rules, state, length_penalty, steps, dtype, read, returned)
+
+
+def result(ops, rules: Rules, state: State, length_penalty, steps: int, dtype, read, returned: int = 1):
+    """(ids, scores) of a search that stopped after `steps` steps; `read` fetches the result's
+    width (one more small host read for beam search)."""
+    if rules.kind == "flax":
+        (width,) = read(flax_width(ops, state))
+        return flax_result(ops, state, int(width))
+    if rules.kind == "beam":
         (width,) = read(beam_width(ops, state, returned))
         return beam_result(ops, state, int(width), returned)
     return greedy_result(ops, rules, state, length_penalty, steps, dtype)
