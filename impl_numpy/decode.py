@@ -173,6 +173,7 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
 
     ids, scores = run(ops, rules, step, batch, settings.bos_id, settings.eos_id, model.config.pad_id, banned_mask,
                       settings.length_penalty, dtype, lambda *arrays: [a.item() for a in arrays],
-                      settings.num_return_sequences, sampling)
+                      settings.num_return_sequences, sampling,
+                      settings.return_scores)
     ids = ids.astype(np.int64)
     return (ids, scores) if settings.return_scores else ids

@@ -245,5 +245,6 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
             return torch.stack([torch.as_tensor(a, device=model.device).long() for a in arrays]).tolist()
 
         ids, scores = run(ops, rules, step, batch, settings.bos_id, settings.eos_id, model.config.pad_id, banned_mask,
-                          settings.length_penalty, dtype, read, settings.num_return_sequences, sampling)
+                          settings.length_penalty, dtype, read, settings.num_return_sequences, sampling,
+                          settings.return_scores)
     return (ids, scores) if settings.return_scores else ids

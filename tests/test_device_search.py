@@ -67,7 +67,8 @@ def reference(settings, values, max_len):
     return search(lambda tokens, parents: logits_of(tokens, per, values), ROWS, max_len, BOS, EOS, PAD, **settings)
 
 
-def device(ops, settings, values, max_len, to_numpy=np.asarray, from_numpy=np.asarray, banned_mask=None, read=None):
+def device(ops, settings, values, max_len, to_numpy=np.asarray, from_numpy=np.asarray, banned_mask=None, read=None,
+           scores=True):
     per = rows_per_source(settings)
     rules = Rules(max_len=max_len, num_beams=settings["num_beams"], early_stopping=settings.get("early_stopping", False),
                   form=settings.get("length_penalty_form", "hf"), forced_eos=settings["forced_eos"],
@@ -86,9 +87,9 @@ def device(ops, settings, values, max_len, to_numpy=np.asarray, from_numpy=np.as
         return from_numpy(logits_of(tokens, per, values))
 
     read = read or (lambda *arrays: [to_numpy(a).item() for a in arrays])
-    ids, scores = device_search.run(ops, rules, step, ROWS, BOS, EOS, PAD, from_numpy(mask),
-                                    settings.get("length_penalty", 1.0), dtype, read, returned, sampling)
-    return to_numpy(ids), to_numpy(scores)
+    ids, found = device_search.run(ops, rules, step, ROWS, BOS, EOS, PAD, from_numpy(mask),
+                                   settings.get("length_penalty", 1.0), dtype, read, returned, sampling, scores)
+    return to_numpy(ids), None if found is None else to_numpy(found)
 
 
 def same(got, expected, settings):
@@ -255,3 +256,18 @@ def test_jax_device_search_equals_the_reference_flax_rule_and_sampling(kind):
             data = {name: jnp.asarray(settings[name]) for name in ("temperature", "top_k", "top_p") if name in settings}
             got = device(Ops(None), {**settings, **data}, values, 6, to_numpy=np.asarray, from_numpy=jnp.asarray)
             same(got, reference(settings, values, 6), settings)
+
+
+def test_without_scores_greedy_search_and_sampling_choose_the_same_ids():
+    """scores=False (generate without return_scores) skips the log-softmax: the same ids, no scores."""
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    values = table("ties")
+    for settings in [s for s in SETTINGS if s["num_beams"] == 1] + SAMPLE_SETTINGS[::3]:
+        expected, _ = reference(settings, values, 6)
+        ids, scores = device(NumpyOps(), settings, values, 6, scores=False)
+        assert (ids == expected).all() and scores is None, settings
+        ids, scores = device(Ops("cpu"), settings, values, 6, to_numpy=lambda a: a.cpu().numpy(),
+                             from_numpy=lambda a: torch.as_tensor(a), scores=False)
+        assert (ids == expected).all() and scores is None, settings

@@ -174,12 +174,28 @@ def processed(ops, rules: Rules, scores, step, banned, eos_id):
 
 def first_nan_row(ops, logits, live, bad):
     """The search's record of NaN logits: `bad` stays the first (step-ordered) NaN row of an open
-    row, -1 while there is none (the driver raises the reference's InputError from it)."""
+    row, -1 while there is none (the driver raises the reference's InputError from it).
+
+    A row holds a NaN exactly when its max is NaN: NumPy's, torch's and JAX's max propagate NaN
+    (and +inf beside -inf is +inf, not NaN). One reduction, where isnan then any is a (N, V) mask
+    and a second pass."""
     xp = ops.xp
-    nan_rows = ops.reduce("any", xp.isnan(logits), axis=-1) & live  # (N,)
+    nan_rows = xp.isnan(ops.reduce("max", logits, axis=-1)) & live  # (N,)
     n = nan_rows.shape[0]
     first = ops.reduce("min", xp.where(nan_rows, ops.arange(n), n))
     return xp.where((bad < 0) & (first < n), first, bad)
+
+
+def processed_at(ops, rules: Rules, values, ids, step, banned, eos_id):
+    """`processed` of a (B, V) array, read at ids (B,) only: values (B,) are that array's entries
+    at ids. The processors act on each entry alone, so this is the same number, without a pass
+    over the whole vocabulary."""
+    xp = ops.xp
+    values = xp.where(banned[ids], -np.inf, values)
+    if rules.forced_eos:
+        last = step == rules.max_len - 1
+        values = ops.where(last, xp.where(ids == eos_id, 0.0, -np.inf), values)
+    return values
 
 
 def write_column(ops, array, column, values):
@@ -189,6 +205,8 @@ def write_column(ops, array, column, values):
 
 def read_column(ops, array, column):
     """array[..., column] for a column that may be traced: a masked sum over the last axis."""
+    if isinstance(column, int):  # the eager drivers' Python step
+        return array[..., column]
     picked = ops.reduce("sum", ops.xp.where(ops.arange(array.shape[-1]) == column, array, 0), axis=-1)
     return ops.cast(picked, array.dtype)  # a sum may widen the integers (JAX with x64)
 
@@ -206,23 +224,28 @@ def greedy_start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype) -> State:
             "step": 0, "stop": xp.asarray(False), "bad": xp.asarray(-1)}
 
 
-def greedy_update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_id, sampling=None) -> State:
+def greedy_update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_id, sampling=None,
+                  scores: bool = True) -> State:
     """One step: each open row appends the arg-max of its processed logits (the reference's
     `_greedy` loop body), or with `sampling` (`sampling_data`) the id it draws from them (the
-    reference's `_sample` loop body); `logits` (B, V) already in the search dtype."""
+    reference's `_sample` loop body); `logits` (B, V) already in the search dtype.
+
+    `scores` False (a Python bool: the eager drivers, when the caller does not want the scores)
+    skips the log-softmax, which only the scores read: the ids are the same, "summed" stays 0."""
     xp = ops.xp
     i, done = state["step"], state["done"]
     bad = first_nan_row(ops, logits, ~done, state["bad"])
-    log_probs = processed(ops, rules, log_softmax(ops, logits), i, banned, eos_id)
-    scores = processed(ops, rules, logits, i, banned, eos_id)
+    summed = state["summed"]
+    processed_logits = processed(ops, rules, logits, i, banned, eos_id)
     if sampling is None:
-        chosen = ops.argmax(scores)  # (B,): the logits' arg-max, as HF
+        chosen = ops.argmax(processed_logits)  # (B,): the logits' arg-max, as HF
     else:
-        warped = warp(ops, scores, sampling["temperature"], sampling["top_k"], sampling["top_p"])
+        warped = warp(ops, processed_logits, sampling["temperature"], sampling["top_k"], sampling["top_p"])
         chosen = draw(ops, xp.exp(log_softmax(ops, warped)), sampling["uniforms"][i])  # (B,)
     next_id = xp.where(done, pad_id, chosen)
-    picked = ops.take(log_probs, next_id[:, None])[:, 0]
-    summed = state["summed"] + xp.where(done, 0.0, picked)
+    if scores:  # the processed log-probability of each chosen id
+        picked = ops.take(log_softmax(ops, logits), next_id[:, None])[:, 0]
+        summed = summed + xp.where(done, 0.0, processed_at(ops, rules, picked, next_id, i, banned, eos_id))
     lengths = state["lengths"] + ops.cast(~done, ops.int_dtype)
     tokens = write_column(ops, state["tokens"], i + 1, next_id)
     done = done | (next_id == eos_id)
@@ -502,13 +525,14 @@ def start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype, returned: int = 
     return greedy_start(ops, rules, batch * returned if rules.do_sample else batch, bos_id, pad_id, dtype)
 
 
-def update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_id, length_penalty, sampling=None) -> State:
-    """One step of the search `rules` choose."""
+def update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_id, length_penalty, sampling=None,
+           scores: bool = True) -> State:
+    """One step of the search `rules` choose (`scores`: see `greedy_update`)."""
     if rules.kind == "flax":
         return flax_update(ops, rules, state, logits, banned, eos_id, length_penalty)
     if rules.kind == "beam":
         return beam_update(ops, rules, state, logits, banned, eos_id, length_penalty)
-    return greedy_update(ops, rules, state, logits, banned, eos_id, pad_id, sampling)
+    return greedy_update(ops, rules, state, logits, banned, eos_id, pad_id, sampling, scores)
 
 
 def counter(rules: Rules) -> str:
@@ -518,7 +542,7 @@ def counter(rules: Rules) -> str:
 
 
 def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: int, banned, length_penalty,
-        dtype, read, returned: int = 1, sampling=None):
+        dtype, read, returned: int = 1, sampling=None, scores: bool = True):
     """The search with a Python loop around the device's steps (NumPy, torch). Returns the ids
     (B x returned, n) and scores (B x returned,) in the backend's arrays.
 
@@ -527,20 +551,23 @@ def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: i
         state["parents"]);
     read(*arrays) -> Python values: the one host read per step (the stop flag and the NaN row);
     returned: the hypotheses per row (num_return_sequences) of beam search, or its samples;
-    sampling: `sampling_data`, when rules.do_sample.
+    sampling: `sampling_data`, when rules.do_sample;
+    scores: False when the caller drops the scores (greedy search and sampling then skip the
+        log-softmax, and the scores returned are None).
     """
     state = start(ops, rules, batch, bos_id, pad_id, dtype, returned)
     steps = 0
     for i in range(rules.max_len):
         logits = ops.cast(step(state, i), dtype)
-        state = update(ops, rules, state, logits, banned, eos_id, pad_id, length_penalty, sampling)
+        state = update(ops, rules, state, logits, banned, eos_id, pad_id, length_penalty, sampling, scores)
         steps = i + 1
         stop, bad = read(state["stop"], state["bad"])
         if bad >= 0:
             raise nan_error(i, bad)
         if stop:
             break
-    return result(ops, rules, state, length_penalty, steps, dtype, read, returned)
+    ids, found = result(ops, rules, state, length_penalty, steps, dtype, read, returned)
+    return ids, found if scores or rules.beams else None
 
 
 def result(ops, rules: Rules, state: State, length_penalty, steps: int, dtype, read, returned: int = 1):
