@@ -233,7 +233,7 @@ def _search(model, memory, cross_mask, ids, banned, length_penalty, sampling, *,
 
     def body(carry):
         state, cache = carry
-        if rules.beams and rules.num_beams > 1:  # the rows each beam continues (the identity before the first step)
+        if rules.num_beams > 1:  # the rows each beam continues (the identity before the first step)
             (cache,) = _reorder_cache(model, cache, state["parents"])
         logits, cache = _decode_step(model, newest(ops, rules, state), cache)
         state = update(ops, rules, state, logits.astype(dtype), banned, eos_id, pad_id, length_penalty, sampling)
