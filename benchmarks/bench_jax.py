@@ -263,9 +263,10 @@ def compile_report(config: ModelConfig, batch: int, src_len: int, tgt_len: int, 
     with `against`; every setting runs once per repeat, in turn."""
     trees = {"this": HERE} if against is None else {"this": HERE, "against": against.resolve()}
     runs: dict[tuple[str, str, str], list[dict]] = {}
-    for _ in range(repeats):
+    for repeat in range(repeats):
         for label in stacks:
-            for name, tree in trees.items():
+            # every other repeat in the reverse order (ABBA), so that neither checkout always goes first
+            for name, tree in (list(trees.items()) if repeat % 2 == 0 else list(trees.items())[::-1]):
                 with tempfile.TemporaryDirectory(prefix="rosetta-jax-cache-") as directory:
                     for cache in ("cold",) if cold_only else ("cold", "cached"):
                         runs.setdefault((name, label, cache), []).append(
