@@ -18,7 +18,9 @@ the persistent cache a first process filled (a second process). The processes al
 `--against DIR` adds the same processes run on another checkout of this project (its directory
 first on PYTHONPATH, e.g. a `git worktree add --detach` of an older commit), interleaved with this
 tree's, and prints this tree's compile time as a ratio of that one's; `--stacks` keeps one layout
-and `--cold-only` skips the persistent-cache processes.
+and `--cold-only` skips the persistent-cache processes and runs the cold ones with no persistent
+cache at all, as a user who never enabled it compiles (a cold process with the cache on also
+writes every executable to it).
 
 Workloads: the base config (d_model 512, 8 heads, d_ff 2048, 6+6 layers, vocab 32000, post-LN,
 PyTorch's translation-tutorial preset) on a batch of 8 source and target sequences of length 64,
@@ -268,9 +270,12 @@ def compile_report(config: ModelConfig, batch: int, src_len: int, tgt_len: int, 
             # every other repeat in the reverse order (ABBA), so that neither checkout always goes first
             for name, tree in (list(trees.items()) if repeat % 2 == 0 else list(trees.items())[::-1]):
                 with tempfile.TemporaryDirectory(prefix="rosetta-jax-cache-") as directory:
+                    # cold-only: no persistent cache at all, as a user who never enabled it compiles
+                    # (writing the executables costs the base forward 0.4-0.9 CPU s more)
                     for cache in ("cold",) if cold_only else ("cold", "cached"):
                         runs.setdefault((name, label, cache), []).append(
-                            child(config, batch, src_len, tgt_len, scan=label == "scanned", cache=directory, tree=tree))
+                            child(config, batch, src_len, tgt_len, scan=label == "scanned",
+                                  cache="" if cold_only else directory, tree=tree))
     if against is not None:
         print(f"'this': {HERE}\n'against': {trees['against']}")
     print(f"first call of each entry point, seconds (median of {repeats} fresh processes each; "
