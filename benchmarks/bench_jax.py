@@ -6,11 +6,21 @@
 
 `--compile` (with `--quick`: the small config) runs benchmarks/compile_child.py in fresh
 processes and prints, per entry point (the forward pass, one training step, `generate`), the
-first call's wall time split into tracing and XLA, and its CPU time, for the layer stacks unrolled (ROSETTA_JAX_SCAN=0)
-and scanned (impl_jax/stacks.py) side by side: each cold (an empty persistent cache) and then
-from the persistent cache a first process filled (a second process). The processes alternate
-unrolled and scanned, `--repeats` times, so that the machine's load hits both alike; the medians
-are printed.
+first call's wall time split into tracing and XLA, its CPU time, and the compile's CPU time (the
+first call's CPU time less the second call's: tracing, XLA and first-call overheads, steadier
+than wall time on a loaded machine), for the layer stacks unrolled (ROSETTA_JAX_SCAN=0) and
+scanned (impl_jax/stacks.py) side by side: each cold (an empty persistent cache) and then from
+the persistent cache a first process filled (a second process). The processes alternate,
+`--repeats` times, so that the machine's load hits every setting alike; the medians are printed.
+
+    python benchmarks/bench_jax.py --compile --against /path/to/other/checkout --stacks unrolled --cold-only
+
+`--against DIR` adds the same processes run on another checkout of this project (its directory
+first on PYTHONPATH, e.g. a `git worktree add --detach` of an older commit), interleaved with this
+tree's, and prints this tree's compile time as a ratio of that one's; `--stacks` keeps one layout
+and `--cold-only` skips the persistent-cache processes and runs the cold ones with no persistent
+cache at all, as a user who never enabled it compiles (a cold process with the cache on also
+writes every executable to it).
 
 Workloads: the base config (d_model 512, 8 heads, d_ff 2048, 6+6 layers, vocab 32000, post-LN,
 PyTorch's translation-tutorial preset) on a batch of 8 source and target sequences of length 64,
@@ -227,46 +237,78 @@ def oracle_error(model: impl_jax.Model, params, src: np.ndarray, tgt: np.ndarray
 ENTRY_POINTS = ("forward", "train step", "generate")
 
 
-def child(config: ModelConfig, batch: int, src_len: int, tgt_len: int, *, scan: bool, cache: str) -> dict:
-    """One fresh process's report (benchmarks/compile_child.py) with the stacks and cache given."""
+HERE = Path(__file__).resolve().parents[1]  # this checkout
+
+
+def child(config: ModelConfig, batch: int, src_len: int, tgt_len: int, *, scan: bool, cache: str,
+          tree: Path = HERE) -> dict:
+    """One fresh process's report (benchmarks/compile_child.py) with the stacks and cache given,
+    importing impl_jax from `tree` (this checkout unless another is named)."""
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR",)}
     env.update(ROSETTA_JAX_SCAN="1" if scan else "0", ROSETTA_JAX_CACHE=cache, ROSETTA_JAX_QUIET="1",
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("compile_child.py")),
                            json.dumps(config.to_dict()), str(batch), str(src_len), str(tgt_len)],
-                          env=env, capture_output=True, text=True)
+                          env=env, capture_output=True, text=True, cwd=tree)
     if done.returncode != 0:
         raise RuntimeError(f"compile_child failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    for entry in ENTRY_POINTS:  # the compile's CPU time: the first call's less the second call's
+        report[entry]["compile cpu"] = report[entry]["cpu"] - report[entry].get("again cpu", float("nan"))
+    return report
 
 
-def compile_report(config: ModelConfig, batch: int, src_len: int, tgt_len: int, repeats: int) -> None:
-    """Cold and persistent-cache compile times per entry point, unrolled against scanned."""
-    runs: dict[tuple[str, str], list[dict]] = {}
-    for _ in range(repeats):
-        for scan in (False, True):
-            with tempfile.TemporaryDirectory(prefix="rosetta-jax-cache-") as directory:
-                label = "scanned" if scan else "unrolled"
-                runs.setdefault((label, "cold"), []).append(child(config, batch, src_len, tgt_len, scan=scan, cache=directory))
-                runs.setdefault((label, "cached"), []).append(child(config, batch, src_len, tgt_len, scan=scan, cache=directory))
+def compile_report(config: ModelConfig, batch: int, src_len: int, tgt_len: int, repeats: int, *,
+                   stacks: tuple[str, ...] = ("unrolled", "scanned"), against: Path | None = None,
+                   cold_only: bool = False) -> None:
+    """Cold and persistent-cache compile times per entry point, per stack layout, and per checkout
+    with `against`; every setting runs once per repeat, in turn."""
+    trees = {"this": HERE} if against is None else {"this": HERE, "against": against.resolve()}
+    runs: dict[tuple[str, str, str], list[dict]] = {}
+    for repeat in range(repeats):
+        for label in stacks:
+            # every other repeat in the reverse order (ABBA), so that neither checkout always goes first
+            for name, tree in (list(trees.items()) if repeat % 2 == 0 else list(trees.items())[::-1]):
+                with tempfile.TemporaryDirectory(prefix="rosetta-jax-cache-") as directory:
+                    # cold-only: no persistent cache at all, as a user who never enabled it compiles
+                    # (writing the executables costs the base forward 0.4-0.9 CPU s more)
+                    for cache in ("cold",) if cold_only else ("cold", "cached"):
+                        runs.setdefault((name, label, cache), []).append(
+                            child(config, batch, src_len, tgt_len, scan=label == "scanned",
+                                  cache="" if cold_only else directory, tree=tree))
+    if against is not None:
+        print(f"'this': {HERE}\n'against': {trees['against']}")
     print(f"first call of each entry point, seconds (median of {repeats} fresh processes each; "
-          f"'cached': a second process with the persistent cache the first one filled):")
-    print(f"  {'entry point':<12}{'stacks':<10}{'cache':<8}{'first call':>11}{'= trace':>9}{'+ XLA':>8}"
-          f"{'+ run etc.':>11}{'CPU s':>8}{'compiles':>10}{'loaded':>8}{'2nd call':>10}")
+          f"'cached': a second process with the persistent cache the first one filled; "
+          f"'compile CPU': the first call's CPU time less the second call's):")
+    print(f"  {'entry point':<12}{'tree':<9}{'stacks':<10}{'cache':<8}{'first call':>11}{'= trace':>9}{'+ XLA':>8}"
+          f"{'+ run etc.':>11}{'CPU s':>8}{'compile CPU':>12}{'compiles':>10}{'loaded':>8}{'2nd call':>10}")
+
+    def median(reports, entry, key):
+        return statistics.median(r[entry].get(key, float("nan")) for r in reports)
+
     for entry in ENTRY_POINTS:
-        for (label, cache), reports in runs.items():
-            parts = {key: statistics.median(r[entry].get(key, float("nan")) for r in reports) for key in
-                     ("first", "trace", "xla", "cpu", "compiles", "loaded", "again")}
+        for (name, label, cache), reports in runs.items():
+            parts = {key: median(reports, entry, key) for key in
+                     ("first", "trace", "xla", "cpu", "compile cpu", "compiles", "loaded", "again")}
             rest = parts["first"] - parts["trace"] - parts["xla"]
-            print(f"  {entry:<12}{label:<10}{cache:<8}{parts['first']:>11.2f}{parts['trace']:>9.2f}{parts['xla']:>8.2f}"
-                  f"{rest:>11.2f}{parts['cpu']:>8.2f}{parts['compiles']:>10.0f}{parts['loaded']:>8.0f}{parts['again']:>10.2f}")
+            print(f"  {entry:<12}{name:<9}{label:<10}{cache:<8}{parts['first']:>11.2f}{parts['trace']:>9.2f}"
+                  f"{parts['xla']:>8.2f}{rest:>11.2f}{parts['cpu']:>8.2f}{parts['compile cpu']:>12.2f}"
+                  f"{parts['compiles']:>10.0f}{parts['loaded']:>8.0f}{parts['again']:>10.2f}")
     for entry in ENTRY_POINTS:
-        ratios = []
-        for key in ("first", "cpu"):
-            cold = {label: statistics.median(r[entry].get(key, float("nan")) for r in runs[(label, "cold")])
-                    for label in ("unrolled", "scanned")}
-            ratios.append(cold["scanned"] / cold["unrolled"])
-        print(f"  {entry}: scanned / unrolled, cold first call: {ratios[0]:.2f}x wall, {ratios[1]:.2f}x CPU time")
+        if len(stacks) == 2:
+            ratios = [median(runs[("this", "scanned", "cold")], entry, key) /
+                      median(runs[("this", "unrolled", "cold")], entry, key) for key in ("first", "cpu")]
+            print(f"  {entry}: scanned / unrolled, cold first call: {ratios[0]:.2f}x wall, {ratios[1]:.2f}x CPU time")
+        if against is not None:
+            for label in stacks:
+                cold = {name: runs[(name, label, "cold")] for name in trees}
+                ratios = [median(cold["this"], entry, key) / median(cold["against"], entry, key)
+                          for key in ("first", "cpu", "compile cpu")]
+                ratios.append((median(cold["this"], entry, "trace") + median(cold["this"], entry, "xla")) /
+                              (median(cold["against"], entry, "trace") + median(cold["against"], entry, "xla")))
+                print(f"  {entry} ({label}): this / against, cold: first call {ratios[0]:.2f}x wall, "
+                      f"{ratios[1]:.2f}x CPU; compile {ratios[2]:.2f}x CPU, trace + XLA {ratios[3]:.2f}x wall")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -276,13 +318,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-torch", action="store_true", help=f"skip {BASELINE}")
     parser.add_argument("--compile", action="store_true", help="compile times per entry point in fresh processes")
     parser.add_argument("--repeats", type=int, default=1, help="fresh processes per setting with --compile")
+    parser.add_argument("--against", type=Path, default=None, metavar="DIR",
+                        help="with --compile: also run the processes on another checkout (DIR first on PYTHONPATH), "
+                             "interleaved, and print ratios")
+    parser.add_argument("--stacks", choices=("both", "unrolled", "scanned"), default="both",
+                        help="with --compile: the layer-stack layouts to time (default both)")
+    parser.add_argument("--cold-only", action="store_true", help="with --compile: skip the persistent-cache processes")
     args = parser.parse_args(argv)
     rounds = args.rounds or (5 if args.quick else 15)
     if args.compile:
         label, config, batch, src_len, tgt_len = workloads(args.quick)[-1]
         print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} logical CPUs, load average "
               f"{os.getloadavg()[0]:.2f}\n== {label}: {config.summary()}; batch {batch}, lengths {src_len}/{tgt_len}")
-        compile_report(config, batch, src_len, tgt_len, args.repeats)
+        stacks = ("unrolled", "scanned") if args.stacks == "both" else (args.stacks,)
+        compile_report(config, batch, src_len, tgt_len, args.repeats, stacks=stacks, against=args.against,
+                       cold_only=args.cold_only)
         print(f"load average at the end {os.getloadavg()[0]:.2f}")
         return
 
