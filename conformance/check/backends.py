@@ -282,3 +282,14 @@ def compile_report() -> list[str]:
         if stats is not None:
             lines.append(f"{name} compiles: " + ", ".join(f"{k}={v}" for k, v in stats().items()))
     return lines
+
+
+def release_compiled() -> None:
+    """Drop the executables that already-imported compiling backends keep (JAX: `clear_cache`)."""
+    import sys
+
+    modules = {name: f"impl_{name}" for name in BACKENDS} | {name: m for name, (m, _) in OPTIONAL_BACKENDS.items()}
+    for module_name in modules.values():
+        clear = getattr(sys.modules.get(f"{module_name}.compiled"), "clear_cache", None)
+        if clear is not None:
+            clear()

@@ -196,24 +196,98 @@ def pytest_generate_tests(metafunc):
 COVERAGE_FILE = "test_coverage.py"  # checks what the properties ran: collected last
 
 
+# Drawn examples per property a compiling backend runs under `ci`, after the covering examples
+# (which hold every switch value on their own): each drawn example is a new (config, shape), so a
+# new compile per program, and under `ci` the drawn ones cost 40 of a JAX target's 45 compiles.
+CI_COMPILING_EXAMPLES = 5
+SUITE_GROUP = "rosetta-conformance-suite"  # pytest-xdist (--dist loadgroup): the suite on one worker
+
+
+def target_group(item) -> tuple:
+    """The (device, dtype) a suite item runs at: the suite runs group after group, so that a
+    compiling backend's executables of one dtype are reused by every property before the next
+    dtype's are compiled (property by property, the four dtypes' executables outgrew JAX's bound of
+    live executables, which dropped them all and compiled them again for the next property)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    target = params.get("target")
+    pair = params.get("target_pair")
+    if isinstance(pair, tuple):
+        target = pair[-1]
+    if not isinstance(target, Target):
+        return ("",)
+    return (target.device, target.dtype)
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """The coverage check (`test_coverage.py`) after every property, whatever the order of the files."""
-    last = [item for item in items if in_suite(item.path) and item.path.name == COVERAGE_FILE]
-    items[:] = [item for item in items if item not in last] + last
+    """The suite's properties grouped by (device, dtype), each group in file order, and the
+    coverage check (`test_coverage.py`) after every property, whatever the order of the files.
+    Under pytest-xdist the suite's items form one group (`--dist loadgroup` runs them on one
+    worker), since the coverage check reads what the properties ran in its own process."""
+    suite = [item for item in items if in_suite(item.path)]
+    last = [item for item in suite if item.path.name == COVERAGE_FILE]
+    groups: dict[tuple, list] = {}
+    for item in suite:
+        if item not in last:
+            groups.setdefault(target_group(item), []).append(item)
+    ordered = [item for group in groups.values() for item in group] + last
+    for item in ordered:
+        item.add_marker(pytest.mark.xdist_group(SUITE_GROUP))
+    position = iter(ordered)
+    items[:] = [next(position) if in_suite(item.path) else item for item in items]
+
+
+@pytest.fixture(autouse=True)
+def _one_dtype_of_executables_at_a_time(request):
+    """When the suite moves to another (device, dtype), the executables a compiling backend kept
+    for the last one are released: no property of the new group reuses them, and they would fill
+    the bound of live executables in the middle of the new group."""
+    item = request.node
+    if in_suite(item.path):
+        group = target_group(item)
+        if _LAST_GROUP and _LAST_GROUP[0] != group:
+            backends.release_compiled()
+        _LAST_GROUP[:] = [group]
+    yield
+
+
+_LAST_GROUP: list = []
+
+
+def drawn_examples(item) -> int | None:
+    """How many examples hypothesis draws for this item under `ci` when its backend compiles
+    (`CI_COMPILING_EXAMPLES`), or None: the property's own setting."""
+    from hypothesis import settings
+
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    targets = [params.get("target")] if "target" in params else list(params.get("target_pair") or ())
+    if settings._current_profile != "ci" or not any(isinstance(t, Target) and backends.compiles(t.backend)
+                                                   for t in targets):
+        return None
+    return CI_COMPILING_EXAMPLES
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """While a property runs, `covering.RECORDER` notes the switch values of every case it runs."""
+    """While a property runs, `covering.RECORDER` notes the switch values of every case it runs.
+    Under `ci`, a compiling backend's item draws at most `CI_COMPILING_EXAMPLES` examples after the
+    covering ones (hypothesis reads a test's settings when it is called: set for this item, then put back)."""
     from conformance.suite.covering import RECORDER
 
     if not in_suite(item.path) or item.path.name == COVERAGE_FILE:
         return (yield)
     RECORDER.property, RECORDER.item = item.originalname, item.nodeid
+    test, bound = item.obj, drawn_examples(item)
+    chosen = getattr(test, "_hypothesis_internal_use_settings", None)
+    if bound is not None and chosen is not None and chosen.max_examples > bound:
+        from hypothesis import settings
+
+        test._hypothesis_internal_use_settings = settings(chosen, max_examples=bound)  # this item only
     try:
         return (yield)
     finally:
         RECORDER.property = RECORDER.item = None
+        if chosen is not None:
+            test._hypothesis_internal_use_settings = chosen
 
 
 def pytest_runtest_logreport(report):
