@@ -199,7 +199,7 @@ COVERAGE_FILE = "test_coverage.py"  # checks what the properties ran: collected 
 # Drawn examples per property a compiling backend runs under `ci`, after the covering examples
 # (which hold every switch value on their own): each drawn example is a new (config, shape), so a
 # new compile per program, and under `ci` the drawn ones cost 40 of a JAX target's 45 compiles.
-CI_COMPILING_EXAMPLES = 5
+CI_COMPILING_EXAMPLES = 3
 SUITE_GROUP = "rosetta-conformance-suite"  # pytest-xdist (--dist loadgroup): the suite on one worker
 
 
