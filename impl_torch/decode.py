@@ -97,7 +97,22 @@ def start_cache(model, encoded: Encoded, length: int) -> DecoderCache:
 def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:
     """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
     rows = torch.as_tensor(rows, device=model.device)
-    return DecoderCache(keys=[k[rows] for k in cache.keys], values=[v[rows] for v in cache.values],
+
+    def rows_of(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> torch.Tensor:
+        # buffer[rows] (N, H, L, K) where it was written, positions < `length`; the positions after
+        # are left unwritten, since a step writes position `length` before any query reads it. One
+        # `index_select` of the written prefix: gathering the whole buffer by advanced indexing took
+        # about 9x as long at half the length (0.9 ms against 0.1 ms, (32, 8, 64, 64) float32, this
+        # CPU), a tenth of a base-size beam-4 step.
+        out = torch.empty_like(buffer)
+        if buffer.requires_grad and torch.is_grad_enabled():  # out= takes no part in autograd
+            out[:, :, :length] = buffer[:, :, :length].index_select(0, rows)
+        else:
+            torch.index_select(buffer[:, :, :length], 0, rows, out=out[:, :, :length])
+        return out
+
+    return DecoderCache(keys=[rows_of(k, rows, cache.length) for k in cache.keys],
+                        values=[rows_of(v, rows, cache.length) for v in cache.values],
                         cross_keys=cache.cross_keys, cross_values=cache.cross_values,
                         tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length)
 
