@@ -52,6 +52,9 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "dtypes(*names): run the property only at these dtypes")
     config.addinivalue_line("markers", "devices(*kinds): run the property only on these device kinds (cuda, gpu)")
+    # pytest-xdist registers it too; without xdist (a user's `rosetta conformance`) the suite's
+    # group mark must not warn as unknown.
+    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist --dist loadgroup runs a group on one worker")
     config.addinivalue_line("markers", "ci_compiling_dtypes(*names): under the ci profile, a compiling backend "
                             "runs the property only at these dtypes (compile cost)")
     load_default_profile(config)
