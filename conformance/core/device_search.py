@@ -345,23 +345,33 @@ def beam_start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype) -> State:
             "length": 1, "stop": xp.asarray(False), "bad": xp.asarray(-1)}
 
 
+def expand(ops, rules: Rules, state: State, logits, banned, eos_id):
+    """What both beam rules do first: the row of a NaN logit (`bad`), then the best 2 x beams
+    continuations over all beams of each row: their scores and parent beams, their tokens, and the
+    running sequences they extend with those tokens written at `length` (B, 2 x beams, width)."""
+    xp = ops.xp
+    running_scores, length = state["running_scores"], state["length"]
+    batch, beams = running_scores.shape
+    vocab = logits.shape[-1]
+    bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
+    log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id)
+    totals = xp.reshape(xp.reshape(log_probs, (batch, beams, vocab)) + running_scores[:, :, None],
+                        (batch, beams * vocab))
+    candidate_scores, candidates = ops.top_k(totals, 2 * beams)  # (B, 2 x beams)
+    parent_beam, token = candidates // vocab, candidates % vocab
+    sequences = write_column(ops, ops.take(state["running"], parent_beam), length, token)  # (B, keep, width)
+    return bad, candidate_scores, parent_beam, token, sequences
+
+
 def beam_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_penalty) -> State:
     """One step of the reference's `_beam` loop, on the device. `logits` (N, V), N = B x beams,
     in the search dtype; the new state's `parents` (N,) are the rows the KV cache must follow."""
     xp = ops.xp
     running_scores, length = state["running_scores"], state["length"]
     batch, beams = running_scores.shape
-    keep, width, vocab = 2 * beams, rules.max_len + 1, logits.shape[-1]
+    keep, width = 2 * beams, rules.max_len + 1
     dtype = running_scores.dtype
-    bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
-    log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id)
-    totals = xp.reshape(xp.reshape(log_probs, (batch, beams, vocab)) + running_scores[:, :, None],
-                        (batch, beams * vocab))
-
-    # The best 2 x beams continuations over all beams of each row.
-    candidate_scores, candidates = ops.top_k(totals, keep)  # (B, keep)
-    parent_beam, token = candidates // vocab, candidates % vocab
-    sequences = write_column(ops, ops.take(state["running"], parent_beam), length, token)  # (B, keep, width)
+    bad, candidate_scores, parent_beam, token, sequences = expand(ops, rules, state, logits, banned, eos_id)
     ends = (token == eos_id) | (length + 1 >= width)
 
     # The best `beams` that did not end stay open.
@@ -433,17 +443,9 @@ def flax_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_
     xp = ops.xp
     running_scores, length = state["running_scores"], state["length"]
     batch, beams = running_scores.shape
-    keep, width, vocab = 2 * beams, rules.max_len + 1, logits.shape[-1]
+    keep, width = 2 * beams, rules.max_len + 1
     dtype = running_scores.dtype
-    bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
-    log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id)
-    totals = xp.reshape(xp.reshape(log_probs, (batch, beams, vocab)) + running_scores[:, :, None],
-                        (batch, beams * vocab))
-
-    # The best 2 x beams continuations over all beams of each row.
-    candidate_scores, candidates = ops.top_k(totals, keep)  # (B, keep)
-    parent_beam, token = candidates // vocab, candidates % vocab
-    sequences = write_column(ops, ops.take(state["running"], parent_beam), length, token)  # (B, keep, width)
+    bad, candidate_scores, parent_beam, token, sequences = expand(ops, rules, state, logits, banned, eos_id)
     ends = token == eos_id  # only the end token ends a hypothesis
 
     # The best `beams` that did not end stay open.
