@@ -40,10 +40,32 @@ def test_the_sdpa_property_fails_on_a_wrong_fast_path(on_the_cpu):
     assert "MATH kernel" in str(caught.value)
 
 
-def test_an_unavailable_kernel_is_skipped_with_torchs_reason(on_the_cpu):
-    with pytest.raises(pytest.skip.Exception) as skipped:
-        sdpa_property(target=Target("torch", "cpu", "float64"), kernel="EFFICIENT_ATTENTION")
-    assert "EFFICIENT_ATTENTION kernel does not run these inputs" in str(skipped.value)
+def test_a_kernel_that_refuses_every_example_is_skipped_with_torchs_reason(on_the_cpu):
+    target = Target("torch", "cpu", "float64")
+    with pytest.raises(pytest.skip.Exception) as skipped, sdpa.watch_examples(target, "EFFICIENT_ATTENTION"):
+        sdpa_property(target=target, kernel="EFFICIENT_ATTENTION")
+    assert "EFFICIENT_ATTENTION kernel ran none of the examples; torch refused each" in str(skipped.value)
+    assert sdpa.CHECKED[(target.label, "EFFICIENT_ATTENTION")] == 0
+
+
+def test_a_refused_example_does_not_stop_the_kernels_other_examples(on_the_cpu, monkeypatch):
+    """A kernel that refuses some inputs is still compared on the others (on the H100 one refused
+    covering row used to skip the memory-efficient kernel in half precision altogether)."""
+    run = runner.run
+    calls = []
+
+    def refuse_every_other_example(*args, **kwargs):  # the kernel refuses the 1st, 3rd, ... example
+        calls.append(1)
+        if len(calls) % 2:
+            raise RuntimeError("No available kernel. Aborting execution. (planted)")
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run", refuse_every_other_example)
+    target = Target("torch", "cpu", "float32")
+    with sdpa.watch_examples(target, "MATH"):
+        sdpa_property(target=target, kernel="MATH")
+    key = (target.label, "MATH")
+    assert sdpa.CHECKED[key] > 0 and sdpa.REFUSED[key] == {"No available kernel. Aborting execution. (planted)"}
 
 
 def test_precision_problems_name_tf32():

@@ -21,6 +21,8 @@ appear as skipped tests with the reason: never silently absent.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import itertools
 import os
 from pathlib import Path
@@ -285,8 +287,13 @@ def pytest_runtest_call(item):
         from hypothesis import settings
 
         test._hypothesis_internal_use_settings = settings(chosen, max_examples=bound)  # this item only
+    # A property that may check nothing on a run (an SDPA kernel that refuses every example) says
+    # so by a skip after its examples: its module's `watch_examples` wraps the run.
+    watch = getattr(item.module, "watch_examples", None)
+    arguments = {} if watch is None else {name: item.funcargs[name] for name in inspect.signature(watch).parameters}
     try:
-        return (yield)
+        with watch(**arguments) if watch is not None else contextlib.nullcontext():
+            return (yield)
     finally:
         RECORDER.property = RECORDER.item = None
         if chosen is not None:
