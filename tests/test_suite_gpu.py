@@ -44,7 +44,10 @@ def test_a_kernel_that_refuses_every_example_is_skipped_with_torchs_reason(on_th
     target = Target("torch", "cpu", "float64")
     with pytest.raises(pytest.skip.Exception) as skipped, sdpa.watch_examples(target, "EFFICIENT_ATTENTION"):
         sdpa_property(target=target, kernel="EFFICIENT_ATTENTION")
-    assert "EFFICIENT_ATTENTION kernel ran none of the examples; torch refused each" in str(skipped.value)
+    assert "EFFICIENT_ATTENTION kernel ran none of the examples; torch refused each: " in str(skipped.value)
+    reasons = sdpa.REFUSED[(target.label, "EFFICIENT_ATTENTION")]
+    assert reasons and all(reasons), reasons  # torch's own words, one per kind of refusal
+    assert any(reason in str(skipped.value) for reason in reasons)
     assert sdpa.CHECKED[(target.label, "EFFICIENT_ATTENTION")] == 0
 
 

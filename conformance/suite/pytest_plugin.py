@@ -290,9 +290,11 @@ def pytest_runtest_call(item):
     # A property that may check nothing on a run (an SDPA kernel that refuses every example) says
     # so by a skip after its examples: its module's `watch_examples` wraps the run.
     watch = getattr(item.module, "watch_examples", None)
-    arguments = {} if watch is None else {name: item.funcargs[name] for name in inspect.signature(watch).parameters}
     try:
-        with watch(**arguments) if watch is not None else contextlib.nullcontext():
+        names = () if watch is None else inspect.signature(watch).parameters
+        arguments = {name: item.funcargs[name] for name in names if name in item.funcargs}
+        watching = watch(**arguments) if watch is not None and len(arguments) == len(names) else contextlib.nullcontext()
+        with watching:
             return (yield)
     finally:
         RECORDER.property = RECORDER.item = None

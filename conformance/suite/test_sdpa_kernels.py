@@ -5,11 +5,12 @@ picks a kernel per call: flash, memory-efficient, cuDNN or the math fallback, by
 and GPU. A run of the fast-path property (`test_fast_path.py`) sees only the kernel torch picked
 for each example; here each kernel is forced in turn (`torch.nn.attention.sdpa_kernel`), so that a
 kernel a user's GPU picks and the CI GPU did not is still checked. A kernel refuses some inputs
-(flash takes no boolean mask and no float32, the memory-efficient kernel in half precision wants a
-head size divisible by 8, cuDNN no key sequence of length 1): such an example checks nothing and is
-not counted, and the next one is tried. Only a kernel that refused every example of the run is
-skipped, with torch's reasons (`watch_examples`, which the suite's plugin wraps around each run of
-this property); one refusal no longer hides the examples the kernel does run.
+(flash takes no attention mask and no float32, the memory-efficient kernel in half precision wants
+a head size divisible by 8, cuDNN no key sequence of length 1): such an example checks nothing and
+is not counted (it still uses up one of the run's examples), and the property goes on with the
+others. Only a kernel that refused every example of the run is skipped, with torch's reasons
+(`watch_examples`, which the suite's plugin wraps around each run of this property); one refusal
+does not hide the examples the kernel does run.
 
 torch picks among these kernels on CUDA: the property's targets are torch's CUDA ones, skipped with
 the reason where there is no CUDA device. tests/test_suite_gpu.py runs it on the CPU's kernels
@@ -18,6 +19,7 @@ the reason where there is no CUDA device. tests/test_suite_gpu.py runs it on the
 
 import collections
 import contextlib
+import warnings
 
 import pytest
 from hypothesis import assume, event, given
@@ -32,8 +34,11 @@ from conformance.suite.strategies import cases, shared_examples, with_examples
 
 KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 DEVICES = ("cuda",)  # where torch chooses among the kernels
-# What torch says when the forced kernel cannot run the inputs (on CUDA; on the CPU).
+# What torch says when the forced kernel cannot run the inputs (on CUDA; on the CPU). Its reasons
+# come before, as warnings ("Mem efficient attention requires last dimension of inputs to be
+# divisible by 8...") between generic ones ("... not used because:", "... has been runtime disabled").
 NOT_AVAILABLE = ("No available kernel", "No viable backend")
+GENERIC = ("not used because", "has been runtime disabled")
 CHECKED: collections.Counter = collections.Counter()  # (target label, kernel) -> examples compared
 REFUSED: dict[tuple[str, str], set[str]] = collections.defaultdict(set)  # -> torch's reasons
 
@@ -61,13 +66,21 @@ def test_each_sdpa_kernel_matches_the_oracle(target, kernel, case):
 
     assume(in_domain(target.dtype, case.scale))
     expected = runner.oracle(case)
-    try:
-        with sdpa_kernel([getattr(SDPBackend, kernel)]):
-            got = runner.run(target, case, return_attention=False)
-    except RuntimeError as exc:
-        if not any(text in str(exc) for text in NOT_AVAILABLE):
-            raise
-        reason = str(exc).splitlines()[0][:200]
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel([getattr(SDPBackend, kernel)]):
+                got = runner.run(target, case, return_attention=False)
+        except RuntimeError as exc:
+            if not any(text in str(exc) for text in NOT_AVAILABLE):
+                raise
+            refusal = str(exc).splitlines()[0][:200]
+        else:
+            refusal = None
+    if refusal is not None:
+        why = [str(w.message).split(" (Triggered internally")[0] for w in said]
+        why = [w for w in dict.fromkeys(why) if w and not any(g in w for g in GENERIC)]
+        reason = " / ".join(why[:2])[:300] or refusal
         REFUSED[(target.label, kernel)].add(reason)
         event(f"{kernel} refused an example: {reason}")
         return  # nothing compared: not counted as conforming
