@@ -35,7 +35,13 @@ def product_in_blocks(y: torch.Tensor, weight: torch.Tensor, vocab_axis: int, ca
     if torch.is_grad_enabled() and (y.requires_grad or weight.requires_grad):
         return y @ cast(weight, y.dtype)  # (B, T, V)
     logits = y.new_empty(*y.shape[:-1], weight.shape[1])  # (B, T, V)
-    for start in range(0, weight.shape[1], OUTPUT_BLOCK):
-        block = slice(start, start + OUTPUT_BLOCK)
-        logits[..., block] = y @ cast(weight[:, block], y.dtype)
+    # Each block's GEMM writes its columns of the logits itself (`out=` a strided view, which BLAS
+    # and cuBLAS take as the result's leading dimension): no block result to copy, one op a block
+    # instead of three (a decoding step at V = 32000 has 16 blocks). The same numbers: measured
+    # bit for bit against `logits[..., block] = y @ block` in float32 and float64 on the CPU.
+    # The blocks as views by one `split` each, not one indexing per block.
+    rows = y.reshape(-1, y.shape[-1])  # (B * T, D)
+    columns = logits.view(-1, weight.shape[1])  # (B * T, V)
+    for block, out in zip(weight.split(OUTPUT_BLOCK, dim=1), columns.split(OUTPUT_BLOCK, dim=1)):
+        torch.mm(rows, cast(block, y.dtype), out=out)
     return logits

@@ -51,14 +51,16 @@ class Written:
     """Layer i's self-attention keys and values for a cached step: the new position's, projected
     from `memory` (B, 1, D), are written at `cache.length`; the positions so far are attended to."""
 
+    fix_ups = None  # the fused kernel's (model.fast_attention): they change with every step
+
     def __init__(self, cache: DecoderCache, i: int):
         self.cache, self.i = cache, i
 
     def keys_values(self, attention, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cache, i, t = self.cache, self.i, self.cache.length
         k, v = attention.keys_values(memory)  # (B, H, 1, K)
-        cache.keys[i][:, :, t] = k[:, :, 0]
-        cache.values[i][:, :, t] = v[:, :, 0]
+        cache.keys[i][:, :, t:t + 1] = k  # one slice and one copy each, where [:, :, t] takes two selects
+        cache.values[i][:, :, t:t + 1] = v
         return cache.keys[i][:, :, :t + 1], cache.values[i][:, :, :t + 1]  # (B, H, t + 1, K)
 
 
@@ -67,6 +69,9 @@ class Projected:
 
     def __init__(self, cache: DecoderCache, i: int):
         self.cache, self.i = cache, i
+        # The fused kernel's mask and fix-ups (model.fast_attention) depend only on the values and
+        # the source mask, so `start_cache` works them out once per source.
+        self.fix_ups = None if cache.cross_fix_ups is None else cache.cross_fix_ups[i]
 
     def keys_values(self, attention, memory) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cache.cross_keys[self.i], self.cache.cross_values[self.i]  # (B, H, S, K)
@@ -85,13 +90,57 @@ def start_cache(model, encoded: Encoded, length: int) -> DecoderCache:
     cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
                          tgt_ids=torch.full((batch, length), config.pad_id, dtype=torch.long, device=model.device),
                          cross_mask=encoded.src_mask if config.cross_attn_src_mask else None)
+    # Every layer's key and value buffer is a view of one tensor (2, layers, B, H, L, K), so that
+    # beam search reorders them all with one `index_select` (`reorder_cache`), not 2 x layers.
+    buffers = torch.zeros((2, len(model.decoder.layers)) + shape, dtype=model.dtype, device=model.device)
+    cache.keys.extend(layer_views(buffers[0]))
+    cache.values.extend(layer_views(buffers[1]))
     for layer in model.decoder.layers:
-        cache.keys.append(torch.zeros(shape, dtype=model.dtype, device=model.device))
-        cache.values.append(torch.zeros(shape, dtype=model.dtype, device=model.device))
         k, v = layer.cross_attn.keys_values(encoded.memory)  # (B, H, S, K)
         cache.cross_keys.append(k)
         cache.cross_values.append(v)
+    cache.cross_fix_ups = cross_fix_ups(model, cache)
     return cache
+
+
+def cross_fix_ups(model, cache: DecoderCache) -> list[tuple]:
+    """Each layer's `kernel_fix_ups` of its cross-attention, worked out once per source instead of
+    at every step (a mean of the values over every source position, a NaN test, the mask's empty
+    rows: 7 ops per layer and step). Where nothing is to be replaced (no NaN value, no source row
+    without keys: every source `generate` accepts), the replacement is dropped, after one host
+    read for all layers, and a step's cross-attention is the kernel alone."""
+    from impl_torch.model import kernel_fix_ups  # model.py imports this module
+
+    fix_ups = [kernel_fix_ups(v, cache.cross_mask, model.config.mask_fill) for v in cache.cross_values]
+    fixes = [fix.any() for _, fix, _ in fix_ups if fix is not None]  # none without a mask
+    if not fixes or not torch.stack(fixes).any().item():
+        fix_ups = [(mask, None, None) for mask, _, _ in fix_ups]
+    return fix_ups
+
+
+def layer_views(buffers: torch.Tensor) -> list[torch.Tensor]:
+    """The per-layer views of buffers (layers, ...): one `unbind` under inference mode (generate);
+    else one `select` each, since autograd refuses in-place writes into the views of a
+    multi-view op such as unbind."""
+    if torch.is_inference_mode_enabled():
+        return list(buffers.unbind(0))
+    return [buffers[i] for i in range(buffers.shape[0])]
+
+
+def stacked(cache: DecoderCache) -> torch.Tensor | None:
+    """The one tensor (2, layers, N, H, L, K) whose views the cache's key and value buffers are, as
+    `start_cache` allocates them (keys, then values, each contiguous, one after the other in one
+    storage), or None when they are not (a cache built otherwise). Read off the storage, since
+    views made under `torch.inference_mode` do not keep their base."""
+    first, layers = cache.keys[0], len(cache.keys)
+    storage, size = first.untyped_storage().data_ptr(), first.numel()
+    for j, buffers in enumerate((cache.keys, cache.values)):
+        for i, buffer in enumerate(buffers):
+            if (not buffer.is_contiguous() or buffer.shape != first.shape or buffer.dtype != first.dtype
+                    or buffer.untyped_storage().data_ptr() != storage
+                    or buffer.storage_offset() != first.storage_offset() + (j * layers + i) * size):
+                return None
+    return first.as_strided((2, layers) + tuple(first.shape), (layers * size, size) + first.stride())
 
 
 def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:
@@ -111,10 +160,17 @@ def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:
             torch.index_select(buffer[:, :, :length], 0, rows, out=out[:, :, :length])
         return out
 
-    return DecoderCache(keys=[rows_of(k, rows, cache.length) for k in cache.keys],
-                        values=[rows_of(v, rows, cache.length) for v in cache.values],
-                        cross_keys=cache.cross_keys, cross_values=cache.cross_values,
-                        tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length)
+    buffers = stacked(cache)
+    if buffers is not None and not (buffers.requires_grad and torch.is_grad_enabled()):
+        out = torch.empty_like(buffers)  # (2, layers, N, H, L, K)
+        torch.index_select(buffers[..., :cache.length, :], 2, rows, out=out[..., :cache.length, :])
+        keys, values = layer_views(out[0]), layer_views(out[1])
+    else:  # a cache whose buffers start_cache did not allocate
+        keys = [rows_of(k, rows, cache.length) for k in cache.keys]
+        values = [rows_of(v, rows, cache.length) for v in cache.values]
+    return DecoderCache(keys=keys, values=values, cross_keys=cache.cross_keys, cross_values=cache.cross_values,
+                        tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length,
+                        cross_fix_ups=cache.cross_fix_ups)
 
 
 # -- The step ----------------------------------------------------------------------------------
@@ -134,7 +190,9 @@ def advance(model, tgt_ids: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
     tgt_ids = tgt_ids[:, None]  # (B, 1)
     t = cache.length
     cache.tgt_ids[:, t] = tgt_ids[:, 0]
-    self_mask = step_mask(config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
+    # With tgt_pad_mask "none" every position so far is a key: no mask (the kernel is then spared
+    # the mask, and fast_attention its test for queries without keys).
+    self_mask = None if config.tgt_pad_mask == "none" else step_mask(config, cache.tgt_ids[:, :t + 1], t)
     embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
     y = model.embed(tgt_ids, embedding, model.decoder.position, at=t)  # (B, 1, D)
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
@@ -157,20 +215,29 @@ class Ops(NumpyOps):
     xp = torch
     int_dtype = torch.long
     bool_dtype = torch.bool
+    sorted_top_k = 256  # the longest row `top_k` sorts whole (stable, descending) instead of two top-ks
 
     def __init__(self, device):
         self.device = device
+        self.descending = {}  # m -> m - arange(m), the tie key of `top_k`, made once per search
 
     def top_k(self, x, k: int):
+        m = x.shape[-1]
+        if m <= self.sorted_top_k:
+            # A short row (beam search's 2 x beams open candidates, its 3 x beams finished ones):
+            # one stable sort is the reference's order itself, in 3 ops instead of about 18.
+            values, index = torch.sort(x, dim=-1, descending=True, stable=True)
+            return values[..., :k], index[..., :k]
         # torch.topk says neither which of equal scores it keeps nor in what order; the
         # reference keeps the lower index first. Every score above the k-th best is among
         # torch's best k; of those equal to it, the k lowest indices join them (a second top-k,
         # over m - index where x equals it, else 0); then (score, index) order picks the k.
-        m = x.shape[-1]
         values, index = torch.topk(x, k, dim=-1)  # (..., k), best first
         if k < m:
             threshold = values[..., -1:]
-            key = torch.where(x == threshold, m - torch.arange(m, device=x.device), 0)
+            if m not in self.descending:
+                self.descending[m] = m - torch.arange(m, device=x.device)
+            key = torch.where(x == threshold, self.descending[m], 0)
             lowest = m - torch.topk(key, k, dim=-1).values  # (..., k): m where fewer are equal
             index = torch.cat([torch.where(values > threshold, index, m), lowest], dim=-1)
         index, _ = torch.sort(index, dim=-1)  # m (no candidate) last

@@ -172,6 +172,8 @@ class Linear(nn.Module):
             return x @ cast(self.weight, x.dtype)
         # One fused GEMM (bias as the C of C + A B) over the flattened leading axes.
         weight, bias = cast(self.weight, x.dtype), cast(self.bias, x.dtype)
+        if x.is_contiguous():  # F.linear's own flatten, addmm and view: the same GEMM, one dispatch
+            return F.linear(x, weight.T, bias)  # (B, L, d_out)
         y = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight)  # (B * L, d_out)
         return y.view(*x.shape[:-1], -1)  # (B, L, d_out)
 
@@ -278,7 +280,8 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, empty_rows: floa
     return weights @ v, weights  # (B, H, Tq, K)
 
 
-def fast_attention(q, k, v, mask, fill: float, *, empty_rows: float | None = None) -> torch.Tensor:
+def fast_attention(q, k, v, mask, fill: float, *, empty_rows: float | None = None,
+                   fix_ups=None) -> torch.Tensor:
     """The same attention through PyTorch's fused kernel, without the weights.
 
     `F.scaled_dot_product_attention` reads a boolean mask as we do (True = may attend) and
@@ -296,21 +299,39 @@ def fast_attention(q, k, v, mask, fill: float, *, empty_rows: float | None = Non
 
     Both fix-ups are one `where` (no host sync, no data-dependent branch, so it also compiles),
     and the gradient of a `where` selects: the replaced rows send the kernel a zero gradient.
+
+    `fix_ups` (keyword-only): `kernel_fix_ups(v, mask, fill, empty_rows)` when it is known in
+    advance (a cached step's cross-attention, whose values and mask do not change between steps,
+    impl_torch/decode.py), instead of computing it again at every call.
     """
+    kernel_mask, fix, fixed = kernel_fix_ups(v, mask, fill, empty_rows) if fix_ups is None else fix_ups
+    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=kernel_mask)  # (B, H, Tq, K)
+    return heads if fix is None else torch.where(fix, fixed, heads)  # (B, H, Tq, K)
+
+
+def kernel_fix_ups(v, mask, fill: float, empty_rows: float | None = None):
+    """What `fast_attention` hands the kernel and what it replaces in the kernel's result, for the
+    values v (B, H, Tk, K) and `mask`: (the kernel's mask, where to replace (B, H, Tq|1, K) or
+    None for nowhere, the replacement).
+
+    Without a mask there is nothing to replace: every query has every key, and the kernel weighs
+    every key, so a NaN value reaches each query's result by itself (0 x NaN is NaN; checked on
+    torch's CPU kernels in float32, float64 and bfloat16, with the NaN's weight underflowing to 0).
+    A cached step's self-attention under tgt_pad_mask "none" is such a call."""
+    if mask is None:
+        return None, None, None
     mean = v.mean(dim=-2, keepdim=True)  # (B, H, 1, K): equal weights on every key
     fix = mean.isnan()  # the columns of v that hold a NaN
-    if mask is not None:
-        empty = ~mask.any(dim=-1, keepdim=True)  # (B, H|1, Tq, 1): the queries without keys
-        mask = mask | empty  # each such query attends everywhere in the kernel; replaced below
-        fix = fix | empty  # (B, H, Tq, K)
-    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, Tq, K)
+    empty = ~mask.any(dim=-1, keepdim=True)  # (B, H|1, Tq, 1): the queries without keys
+    mask = mask | empty  # each such query attends everywhere in the kernel; replaced below
+    fix = fix | empty  # (B, H, Tq, K)
     if not math.isinf(fill):
         fixed = mean  # a NaN column of v is NaN in `mean` too, so the mean serves both cases
     elif empty_rows is None:
         fixed = math.nan
     else:  # weights `empty_rows` on every key: NaN in a NaN column of v, as `weights @ v` gives
         fixed = empty_rows * v.sum(dim=-2, keepdim=True)
-    return torch.where(fix, fixed, heads)  # (B, H, Tq, K)
+    return mask, fix, fixed
 
 
 class MultiHeadAttention(nn.Module):
@@ -361,7 +382,8 @@ class MultiHeadAttention(nn.Module):
         if return_attention:
             heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, empty_rows=empty_rows)
         else:
-            heads, weights = fast_attention(q, k, v, mask, self.fill, empty_rows=empty_rows), None
+            fix_ups = None if cache is None else cache.fix_ups  # known once per search: the cross-attention's
+            heads, weights = fast_attention(q, k, v, mask, self.fill, empty_rows=empty_rows, fix_ups=fix_ups), None
         batch, _, length, _ = heads.shape
         concat = heads.transpose(1, 2).reshape(batch, length, -1)  # (B, Tq, D)
         return self.o_proj(concat), weights

@@ -104,8 +104,8 @@ DRIFT = 0.9e-12  # 0.9 x the float64 tolerance: one copy passes alone, two oppos
 PROPERTY_BREAKS = {
     # torch's fused kernel returns 0 for a query without keys; the weights-returning path is fine.
     "fast path returns 0 for fully masked rows": ("test_fast_path", [("torch", [(
-        "return torch.where(fix, fixed, heads)  # (B, H, Tq, K)",
-        "return torch.where(fix, 0.0, heads)  # (B, H, Tq, K)",
+        "return heads if fix is None else torch.where(fix, fixed, heads)  # (B, H, Tq, K)",
+        "return heads if fix is None else torch.where(fix, 0.0, heads)  # (B, H, Tq, K)",
     )], {})]),
     # An empty dict where no attention was asked for: reads as "this model has no attention layers".
     "no attention asked for gives {}": ("test_fast_path", [("numpy", [(

@@ -53,6 +53,9 @@ class DecoderCache:
     tgt_ids:                   (N, L) the decoder input so far (for the target padding mask)
     cross_mask:                (N, 1, 1, S) the source padding mask, or None
     length:                    how many positions are filled (an int; a 0-d array in JAX)
+    cross_fix_ups:             what a backend works out once per source for each layer's
+                               cross-attention, which does not change between steps (impl_torch:
+                               its fused kernel's mask and fix-ups), or None
     """
 
     keys: list[Any]
@@ -62,6 +65,7 @@ class DecoderCache:
     tgt_ids: Any
     cross_mask: Any
     length: Any = 0
+    cross_fix_ups: Any = None
 
 
 def penalty(length, length_penalty: float, form: str):
