@@ -51,10 +51,6 @@ DECODE_IDIOM_NAMES = {
     "_search": ({"jax"}, "the compiled search: start_cache and every step in one lax.while_loop"),
     "cross_fix_ups": ({"torch"}, "the fused kernel's cross-attention fix-ups (model.kernel_fix_ups), once per "
                                  "source instead of at every step"),
-    "layer_views": ({"torch"}, "the per-layer views of torch's one stacked key/value tensor (unbind under "
-                               "inference mode, where autograd cannot object to in-place writes)"),
-    "stacked": ({"torch"}, "finds that stacked tensor, so that beam search reorders every layer's buffers with "
-                           "one index_select; NumPy's and JAX's reorders are one gather per buffer already"),
     "advance": ({"numpy", "torch"}, "decode_step without the id checks, for the eager search's own ids; "
                                     "JAX's search calls the traced _decode_step inside its while_loop"),
 }
