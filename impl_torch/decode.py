@@ -27,6 +27,7 @@ from conformance.core.device_search import NumpyOps, newest, prefix, rules_of, r
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
 from impl_torch.arrays import to_numpy
+from impl_torch.fused import kernel_fix_ups
 
 # -- Masks -------------------------------------------------------------------------------------
 
@@ -106,8 +107,6 @@ def cross_fix_ups(model, cache: DecoderCache) -> list[tuple]:
     rows: 7 ops per layer and step). Where nothing is to be replaced (no NaN value, no source row
     without keys: every source `generate` accepts), the replacement is dropped, after one host
     read for all layers, and a step's cross-attention is the kernel alone."""
-    from impl_torch.model import kernel_fix_ups  # model.py imports this module
-
     fix_ups = [kernel_fix_ups(v, cache.cross_mask, model.config.mask_fill) for v in cache.cross_values]
     fixes = [fix.any() for _, fix, _ in fix_ups if fix is not None]  # none without a mask
     if not fixes or not torch.stack(fixes).any().item():

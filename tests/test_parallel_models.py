@@ -25,8 +25,6 @@ REFERENCE = "numpy"  # the oracle is the file the others are read next to
 IDIOM_NAMES = {
     "at_least_float32": ({"torch", "jax"}, "float16/bfloat16 are upcast for reductions; NumPy runs float32/64 only"),
     "fast_attention": ({"torch"}, "PyTorch's fused SDPA kernel, the path without attention weights"),
-    "kernel_fix_ups": ({"torch"}, "what fast_attention hands the fused kernel and replaces in its result; a "
-                                  "cached step works out the cross-attention's once per source"),
     "Sinusoid": ({"jax"}, "an nnx.Variable kind for the position constant: neither a parameter nor saved"),
     "optional_param": ({"jax"}, "nnx.Param or None, for the switchable biases"),
 }
@@ -49,7 +47,7 @@ DECODE_IDIOM_NAMES = {
     "_reorder_cache": ({"jax"}, "the compiled part of reorder_cache"),
     "_decode_step": ({"jax"}, "the compiled part of decode_step (one executable for every step)"),
     "_search": ({"jax"}, "the compiled search: start_cache and every step in one lax.while_loop"),
-    "cross_fix_ups": ({"torch"}, "the fused kernel's cross-attention fix-ups (model.kernel_fix_ups), once per "
+    "cross_fix_ups": ({"torch"}, "the fused kernel's cross-attention fix-ups (fused.kernel_fix_ups), once per "
                                  "source instead of at every step"),
     "advance": ({"numpy", "torch"}, "decode_step without the id checks, for the eager search's own ids; "
                                     "JAX's search calls the traced _decode_step inside its while_loop"),
