@@ -84,6 +84,8 @@ def test_each_sdpa_kernel_matches_the_oracle(target, kernel, case):
         REFUSED[(target.label, kernel)].add(reason)
         event(f"{kernel} refused an example: {reason}")
         return  # nothing compared: not counted as conforming
+    for w in said:  # a call the kernel ran: its warnings go on to pytest, as without the capture
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     CHECKED[(target.label, kernel)] += 1
     names = [n for n in forward_order(case.config) if not n.endswith((".self", ".cross"))]
     assert_tensors_close(got, expected, target, case.config, what=f" (fast path, {kernel} kernel)", names=names)
