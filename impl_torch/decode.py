@@ -26,6 +26,7 @@ from conformance.core.decoding import DecoderCache, check_sources, uniforms
 from conformance.core.device_search import NumpyOps, newest, prefix, rules_of, run, sampling_data
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
+from impl_torch import graphs
 from impl_torch.arrays import to_numpy
 from impl_torch.fused import kernel_fix_ups
 
@@ -282,10 +283,15 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         # This backend's own step without the id checks (they would read the ids back to the host
         # every step); a subclass's decode_step (torch.compile'd, say) is called as it is.
         own = getattr(type(model).decode_step, "__module__", None) == __name__.rsplit(".", 1)[0] + ".model"
+        # On a GPU, the same step replayed from CUDA graphs once its shapes recur (impl_torch/graphs.py).
+        room = graphs.room_for(model, cache["now"], advance) if settings.use_cache and own else None
 
         def step(state, i: int) -> torch.Tensor:
             if not settings.use_cache:
                 return model.decode(prefix(ops, rules, state, i), encoded, return_attention=False).logits[:, -1]
+            if room is not None:
+                return room.step(i, newest(ops, rules, state), state["parents"] if settings.num_beams > 1 and i > 0
+                                 else None)
             if settings.num_beams > 1 and i > 0:
                 cache["now"] = reorder_cache(model, cache["now"], state["parents"])
             ids = newest(ops, rules, state)

@@ -1,0 +1,185 @@
+"""CUDA graphs of the cached decoding step: on a GPU, `generate` replays each step instead of
+launching its ~250 kernels one by one from Python.
+
+Why. On one H100 at batch 16 (base Marian size), a cached greedy step spent about 4.6 ms on the
+host and 0.9 ms in GPU kernels (torch.profiler, docs/decoding.md): the step is bound by Python and
+kernel launches, not by the GPU. transformers' eager step is bound the same way, with fewer ops. A
+CUDA graph records the step's kernels once and replays them in one launch, which is what takes the
+host out of the loop (and why, at batch 1, the cached loop can be more than 5x the uncached one:
+the uncached loop reruns the decoder over the prefix, also launch by launch).
+
+What is captured. One graph per step position `t` of a "room": the same model, rows N, cache length
+L, source length S and the same kind of cross-attention fix-ups (`decode.cross_fix_ups`). A graph
+records exactly `decode.advance` at `cache.length = t` (and, for beam search after the first step,
+the in-place reorder of the cache by the parents), on the room's static buffers: the cache, the
+newest ids (N,) and the parents (N,). The math is the eager step's, op for op; only where its
+results live is fixed. A room is built the second time its key is seen, so one-off shapes (a
+stream of varied source lengths) never pay for a capture, and at most `MAX_ROOMS` rooms are kept
+(the least recently used is dropped): each holds a cache, (N, H, L, K) keys and values per layer.
+
+What invalidates a graph. The graphs read the parameters where they were at capture time: the key
+holds every parameter's and buffer's address, so `.to(...)`, a reload or a new parameter object
+makes a new room, while an in-place update (an optimizer step) is read by the next replay as by
+an eager step.
+
+Switched off with `ROSETTA_TORCH_CUDA_GRAPHS=0` or `impl_torch.graphs.ENABLED = False`; used only
+for the model's own step on a CUDA device (a subclass's `decode_step`, e.g. torch.compile'd, runs
+as it is). `Recorded` stands in for CUDA capture on the CPU, so that the tests exercise the rooms,
+the static buffers and the in-place reorder without a GPU; docs/decoding.md has the measurements.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Callable
+
+import torch
+
+from conformance.core.decoding import DecoderCache
+
+ENABLED = os.environ.get("ROSETTA_TORCH_CUDA_GRAPHS", "1").lower() not in ("0", "", "false", "no", "off")
+MAX_ROOMS = 2
+
+
+class CudaCapture:
+    """CUDA stream capture: `record(fn)` captures fn's kernels into a graph, then replays it once
+    (a capture runs nothing). All graphs of a room share one memory pool, replayed in order."""
+
+    def __init__(self):
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream()
+
+    def warm_up(self, fn: Callable[[], torch.Tensor]) -> None:
+        """One eager run on the capture stream before its first capture (cuBLAS' workspace and
+        handles), as torch's docs ask."""
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(self.stream)
+
+    def record(self, fn: Callable[[], torch.Tensor]):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            out = fn()
+        graph.replay()
+        return graph.replay, out
+
+
+class Recorded:
+    """A stand-in for `CudaCapture` on any device: `record` runs fn and keeps it as the "replay".
+    The tests run the rooms through it on the CPU."""
+
+    def warm_up(self, fn: Callable[[], torch.Tensor]) -> None:
+        fn()
+
+    def record(self, fn: Callable[[], torch.Tensor]):
+        holder = {"out": fn()}
+
+        def replay():
+            holder["out"].copy_(fn())
+
+        return replay, holder["out"]
+
+
+CAPTURES: dict[str, Callable[[], object]] = {"cuda": CudaCapture}  # device type -> capture
+
+
+def reorder_in_place(cache: DecoderCache, rows: torch.Tensor, length: int) -> None:
+    """`decode.reorder_cache` into the same buffers: the written prefix of each self-attention
+    buffer and the ids so far take rows `rows` (N,), in that order."""
+    for buffer in cache.keys + cache.values:
+        buffer[:, :, :length].copy_(buffer[:, :, :length].index_select(0, rows))
+    cache.tgt_ids.copy_(cache.tgt_ids.index_select(0, rows))
+
+
+def _addresses(model) -> tuple:
+    return tuple(t.data_ptr() for t in model.parameters()) + tuple(t.data_ptr() for t in model.buffers())
+
+
+def _fix_up_kind(cache: DecoderCache) -> tuple:
+    return tuple(tuple(part is None for part in fix) for fix in (cache.cross_fix_ups or ()))
+
+
+def _sources(cache: DecoderCache) -> list:
+    """The cache's tensors that depend on the source: copied into a room's at every call."""
+    tensors = cache.cross_keys + cache.cross_values + ([] if cache.cross_mask is None else [cache.cross_mask])
+    for fix in cache.cross_fix_ups or ():
+        tensors += [part for part in fix if isinstance(part, torch.Tensor)]
+    return tensors
+
+
+class Room:
+    """The static buffers and the per-position graphs of one key (see the module docstring)."""
+
+    def __init__(self, model, cache: DecoderCache, capture, advance: Callable):
+        self.model, self.cache, self.capture, self.advance = model, cache, capture, advance
+        rows = cache.tgt_ids.shape[0]
+        self.ids = torch.zeros(rows, dtype=torch.long, device=cache.tgt_ids.device)
+        self.parents = torch.arange(rows, device=cache.tgt_ids.device)
+        self.graphs: dict[tuple[int, bool], tuple[Callable, torch.Tensor]] = {}
+        self.warm = False
+
+    def load(self, cache: DecoderCache) -> None:
+        """A new call's source-dependent tensors into this room's buffers; the ids start over."""
+        if cache is not self.cache:
+            for static, new in zip(_sources(self.cache), _sources(cache)):
+                static.copy_(new)
+            self.cache.tgt_ids.fill_(self.model.config.pad_id)
+        self.cache.length = 0
+
+    def step(self, t: int, ids: torch.Tensor, parents: torch.Tensor | None) -> torch.Tensor:
+        """The logits (N, V) of step t after the newest ids (N,), the cache first reordered by
+        `parents` (N,) when given: a replay of the graph of (t, reorder), captured on first use."""
+        self.ids.copy_(ids)
+        if parents is not None:
+            self.parents.copy_(parents)
+        key = (t, parents is not None)
+        if key not in self.graphs:
+            if not self.warm:  # position 0, no reorder: rerunning it later writes the same values
+                self.cache.length = 0
+                self.capture.warm_up(lambda: self.advance(self.model, self.ids, self.cache))
+                self.warm = True
+            self.cache.length = t
+            self.graphs[key] = self.capture.record(lambda: self._step(t, parents is not None))
+        else:
+            self.graphs[key][0]()
+        self.cache.length = t + 1
+        return self.graphs[key][1].clone()  # the graph's output buffer is overwritten by the next replay
+
+    def _step(self, t: int, reorder: bool) -> torch.Tensor:
+        if reorder:
+            reorder_in_place(self.cache, self.parents, t)
+        self.cache.length = t
+        return self.advance(self.model, self.ids, self.cache)
+
+
+def room_for(model, cache: DecoderCache, advance: Callable) -> Room | None:
+    """The room for this call's cache (its buffers loaded), or None: graphs off, no capture for
+    the model's device, or the key seen for the first time."""
+    capture = CAPTURES.get(model.device.type) if ENABLED else None
+    if capture is None:
+        return None
+    rooms = model.__dict__.setdefault("_graph_rooms", OrderedDict())
+    seen = model.__dict__.setdefault("_graph_keys_seen", OrderedDict())
+    key = (tuple(cache.keys[0].shape) if cache.keys else None, tuple(cache.cross_keys[0].shape) if cache.cross_keys
+           else None, cache.cross_mask is None, _fix_up_kind(cache), model.dtype, _addresses(model))
+    if key not in rooms:
+        if key not in seen:
+            seen[key] = None
+            while len(seen) > 64:  # the keys seen once, most recent kept
+                seen.popitem(last=False)
+            return None
+        rooms[key] = Room(model, cache, capture(), advance)
+        while len(rooms) > MAX_ROOMS:
+            rooms.popitem(last=False)
+    rooms.move_to_end(key)
+    room = rooms[key]
+    room.load(cache)
+    return room
+
+
+def release(model) -> None:
+    """Drop the model's rooms and their graphs (their memory returns to torch's allocator)."""
+    model.__dict__.pop("_graph_rooms", None)
+    model.__dict__.pop("_graph_keys_seen", None)
