@@ -273,11 +273,21 @@ def test_gradients_come_in_the_parameter_dtype(backend, device, name):
         ref_loss, ref_grads = plain.loss_and_grads(SRC, TGT, labels, label_smoothing=0.1)
         assert float(loss) == float(ref_loss) and dtype_of(backend, loss) == "float64"
         assert list(grads) == list(ref_grads)
+        scale = max(float(np.abs(PACKAGES[backend].to_numpy(g)).max()) for g in ref_grads.values())
         for key, grad in grads.items():
             assert dtype_of(backend, grad) == "float32", key
             expected = PACKAGES[backend].to_numpy(ref_grads[key]).astype(np.float32)  # rounded once
             got = PACKAGES[backend].to_numpy(grad)
-            assert np.array_equal(got, expected), f"{key}: {np.max(np.abs(got - expected))} apart"
+            if backend == "jax" and device != "cpu":
+                # On a GPU, XLA fuses the two programs (float32 parameters widened at each use,
+                # float64 ones) differently, so their float64 sums round differently: measured on
+                # an H200, the key projection's bias gradient, whose true value is 0 (softmax
+                # ignores a constant added to every key), came out as float64 rounding noise of
+                # about 1e-19, of other signs. Rounded to float32, the rest may then differ by an
+                # ulp where a float64 value sits at a float32 rounding boundary.
+                np.testing.assert_allclose(got, expected, rtol=2 ** -23, atol=1e-12 * scale, err_msg=key)
+            else:
+                assert np.array_equal(got, expected), f"{key}: {np.max(np.abs(got - expected))} apart"
         assert any(np.any(PACKAGES[backend].to_numpy(g) != 0) for g in grads.values())
 
 
