@@ -373,3 +373,23 @@ def test_each_model_stores_what_its_backend_can_and_a_half_precision_checkpoint_
     report = run_check(CONFIG, params, "float16 parameters", targets, skipped, src, tgt, plan_for(ONE_AT_A_TIME))
     assert report.checked and not report.errors, report.errors
     assert report.passed, report.to_text()
+
+
+def test_freed_memory_is_handed_back_only_where_the_check_is_large(monkeypatch):
+    """A full collection and malloc_trim between models cost about a second in a process that has
+    imported torch and JAX; a check whose estimated peak is below RELEASE_ABOVE skips them, a
+    larger one and any one-at-a-time plan make them."""
+    from conformance.check import plan as plan_module
+
+    collected = []
+    monkeypatch.setattr(plan_module.gc, "collect", lambda *a: collected.append(1) or 0)
+    small = plan_module.Plan(mode=plan_module.ALL_AT_ONCE, budget=None, budget_source="unknown",
+                             peaks={plan_module.ALL_AT_ONCE: 10 * 2**20, plan_module.ONE_AT_A_TIME: 5 * 2**20})
+    plan_module.releaser(small)()
+    assert collected == []
+    large = dataclasses.replace(small, peaks={plan_module.ALL_AT_ONCE: plan_module.RELEASE_ABOVE,
+                                              plan_module.ONE_AT_A_TIME: 2**20})
+    plan_module.releaser(large)()
+    short = dataclasses.replace(small, mode=plan_module.ONE_AT_A_TIME)
+    plan_module.releaser(short)()
+    assert collected == [1, 1]

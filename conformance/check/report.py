@@ -18,8 +18,8 @@ import numpy as np
 
 from conformance.check import backends
 from conformance.check.compare import Comparison, Pieces, compare, on_host
-from conformance.check.plan import (ONE_AT_A_TIME, ORACLE_DTYPE, OracleTensors, Plan, params_dtype, plan_batch,
-                                    release_freed_memory, stored_dtype)
+from conformance.check.plan import (ONE_AT_A_TIME, ORACLE_DTYPE, OracleTensors, Plan, params_dtype, plan_batch, releaser,
+                                    stored_dtype)
 from conformance.core.output import forward_order
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
@@ -270,6 +270,7 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], 
     report = Report(config=config, source=source, targets=targets, tensors=forward_order(config),
                     skipped=dict(skipped or {}))
     report.versions["numpy"] = backends.version("numpy")
+    release = releaser(plan)  # hands freed memory back; a no-op for a small check (plan.RELEASE_ABOVE)
     with OracleTensors(plan.mode) as oracle:
         wanted = set(report.tensors)
 
@@ -285,16 +286,16 @@ def run_check(config: ModelConfig, params: dict[str, np.ndarray] | Callable[[], 
         oracle_model = impl_numpy.Model(config, as_read, dtype=ORACLE_DTYPE, param_dtype=stored_dtype(
             params_dtype(as_read), ORACLE_DTYPE, impl_numpy.SUPPORTED_DTYPES))
         del as_read
-        release_freed_memory()  # the parameters as read, when read again per model
+        release()  # the parameters as read, when read again per model
         oracle_model(src_ids, tgt_ids, sink=keep)  # a call keeps no backward values (no tape)
         del oracle_model
-        release_freed_memory()
+        release()
         for number, target in enumerate(targets, 1):
             progress(f"{target.label} ({number} of {len(targets)})")
-            _check_target(report, target, config, read, src_ids, tgt_ids, oracle)
+            _check_target(report, target, config, read, src_ids, tgt_ids, oracle, release)
             if plan.mode == ONE_AT_A_TIME:  # memory is short: nothing of this model may stay behind
                 backends.release(target.backend)
-            release_freed_memory()
+            release()
     return report
 
 
@@ -306,7 +307,8 @@ ROW_BY_ROW = ("jax",)
 
 
 def _check_target(report: Report, target: backends.Target, config: ModelConfig, read: Callable[[], dict[str, np.ndarray]],
-                  src_ids: np.ndarray, tgt_ids: np.ndarray, oracle: OracleTensors) -> None:
+                  src_ids: np.ndarray, tgt_ids: np.ndarray, oracle: OracleTensors,
+                  release: Callable[[], None]) -> None:
     report.versions.setdefault(target.backend, backends.version(target.backend))
     tol = tolerance(target.dtype, target.device)
     comparing = 0.0  # seconds spent comparing, left out of the target's own time
@@ -357,16 +359,16 @@ def _check_target(report: Report, target: backends.Target, config: ModelConfig, 
             model = backends.build(target, config, as_read, stored_dtype(params_dtype(as_read), target.dtype,
                                                                            backends.dtypes(target.backend)))
             del as_read
-            release_freed_memory()  # the parameters as read and any host cast, before the run
+            release()  # the parameters as read and any host cast, before the run
             with backends.forward_only(target.backend):
                 if backends.kind(target.backend) in ROW_BY_ROW:
                     for row in range(src_ids.shape[0]):
                         sink = functools.partial(record, row=row)
                         encoded = model.encode(src_ids[row:row + 1], sink=sink)
-                        release_freed_memory()  # the encoder's tensors, before the decoder's
+                        release()  # the encoder's tensors, before the decoder's
                         model.decode(tgt_ids[row:row + 1], encoded, sink=sink)
                         del encoded
-                        release_freed_memory()  # the row's tensors, before the next row's
+                        release()  # the row's tensors, before the next row's
                 else:
                     model(src_ids, tgt_ids, sink=record)
             del model
