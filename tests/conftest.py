@@ -7,6 +7,7 @@ import os
 # framework is imported; a user's own setting wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import gc
 import shutil
 import sys
 import tempfile
@@ -47,6 +48,16 @@ from conformance.suite.profiles import load_default_profile
 
 def pytest_configure(config):
     load_default_profile(config)
+
+
+def pytest_collection_finish(session):
+    """Everything imported and built by collection (torch, JAX, the test modules: millions of
+    objects) moves to the garbage collector's permanent generation, so that each later full
+    collection, automatic or `rosetta check`'s between large models, scans only what the tests
+    create. Measured on four gc-heavy test files with two workers: 4m20s of CPU time down to
+    3m47s. What collection built lives for the whole run anyway."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_unconfigure(config):
