@@ -137,10 +137,8 @@ class Room:
         key = (t, parents is not None)
         if key not in self.graphs:
             if not self.warm:  # position 0, no reorder: rerunning it later writes the same values
-                self.cache.length = 0
-                self.capture.warm_up(lambda: self.advance(self.model, self.ids, self.cache))
+                self.capture.warm_up(lambda: self._step(0, False))
                 self.warm = True
-            self.cache.length = t
             self.graphs[key] = self.capture.record(lambda: self._step(t, parents is not None))
         else:
             self.graphs[key][0]()
@@ -148,6 +146,7 @@ class Room:
         return self.graphs[key][1].clone()  # the graph's output buffer is overwritten by the next replay
 
     def _step(self, t: int, reorder: bool) -> torch.Tensor:
+        """What a graph records (and `Recorded` reruns): the step at position t, from the static buffers."""
         if reorder:
             reorder_in_place(self.cache, self.parents, t)
         self.cache.length = t
