@@ -9,11 +9,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import gc
 import shutil
+import subprocess
 import sys
 import tempfile
 
 # XLA:CPU compiles dominate this test run's time (about half of it: ~3500 compiles, most of the
-# tests build their own small configs and shapes). Two settings for the project's test run only,
+# tests build their own small configs and shapes). Three settings for the project's test run only,
 # set here, before any test module imports JAX (this file is loaded at startup, before the
 # suite's modules are collected; `rosetta conformance` and a user's programs never read it), and
 # inherited by the xdist workers and the CLI subprocesses:
@@ -24,14 +25,38 @@ import tempfile
 #   compiled its 8 covering configs in 22.5 s of XLA time instead of 40.8 s, and every test
 #   passed at either level; tolerances are those measured at the default level. CI's README step
 #   2 (`rosetta check`) still runs every backend at the default level.
+# - XLA:CPU's loop emitters instead of its MLIR fusion emitters
+#   (`--xla_cpu_use_fusion_emitters=false`; `ROSETTA_TEST_XLA_FUSION_EMITTERS=1` keeps XLA's
+#   default): the same fused HLO, each fusion's kernel written by the older emitter, which skips
+#   the MLIR lowering pipeline. Measured on this machine, a float64 `loss_and_grads` of a 3+3
+#   layer config: 6.6-7.9 s of XLA compile at level 0, 3.6-4.9 s with the loop emitters. The
+#   kernels may contract multiplies and adds differently (last-bit differences, within every
+#   tolerance). A JAX whose XLA no longer knows the flag is asked once, in a subprocess, and
+#   then runs without it.
 # - one JAX persistent compilation cache for the whole session (`ROSETTA_TEST_JAX_CACHE`: a
 #   directory to use and keep, "0" for none; default a fresh temporary directory, deleted at the
 #   end), so that an executable one xdist worker or CLI subprocess compiled is loaded by the
 #   others. The tests of the cache itself (tests/test_jax_compile.py) set their own directories
 #   and strip these variables from their subprocesses.
+LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _xla_accepts(flag: str) -> bool:
+    """Whether this JAX's XLA:CPU starts with `flag` in XLA_FLAGS (an unknown flag aborts it)."""
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(), "JAX_PLATFORMS": "cpu"}
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"], env=env,
+                           capture_output=True, timeout=120)
+    return probe.returncode == 0
+
+
 if os.environ.get("ROSETTA_TEST_XLA_OPT_LEVEL", "0") != "default" and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     level = os.environ.get("ROSETTA_TEST_XLA_OPT_LEVEL", "0")
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level={level}".strip()
+if os.environ.get("ROSETTA_TEST_XLA_FUSION_EMITTERS", "0") != "1" and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+    if _xla_accepts(LOOP_EMITTERS):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {LOOP_EMITTERS}".strip()
+    else:  # the xdist workers and subprocesses need not ask again
+        os.environ["ROSETTA_TEST_XLA_FUSION_EMITTERS"] = "1"
 _OWN_CACHE = None
 if os.environ.get("ROSETTA_TEST_JAX_CACHE", "") != "0" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     if os.environ.get("ROSETTA_TEST_JAX_CACHE"):

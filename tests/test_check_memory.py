@@ -321,10 +321,11 @@ def test_the_memory_minimising_xla_schedule_gives_the_same_report(tmp_path):
     path = tmp_path / "small.safetensors"
     checkpoint.save(path, CONFIG, {k: v.astype(np.float32) for k, v in init_params(CONFIG, seed=2).items()})
     reports = {}
+    ours = os.environ.get("XLA_FLAGS", "")  # the test run's compile settings (tests/conftest.py), in both runs
     for schedule in ("false", "true"):
-        env = dict(os.environ, XLA_FLAGS=f"{XLA_SCHEDULE_FLAG}={schedule}")
+        env = dict(os.environ, XLA_FLAGS=f"{ours} {XLA_SCHEDULE_FLAG}={schedule}".strip())
         if schedule == "false":
-            env.pop("XLA_FLAGS")  # the command's own choice
+            env["XLA_FLAGS"] = ours  # the command's own choice
         out = tmp_path / f"{schedule}.json"
         run = subprocess.run([sys.executable, "-m", "conformance.cli", "check", str(path), "--backends", "jax",
                               "--dtypes", "float32,float64", "--json", str(out)],

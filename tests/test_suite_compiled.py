@@ -32,6 +32,12 @@ from conformance.suite.strategies import cases, with_examples
 torch = pytest.importorskip("torch")
 compiled_torch = importlib.import_module("conformance.check.compiled_torch")
 
+# One xdist worker for the whole file: the properties share the compiled graphs of the forward
+# property's covering configs (TorchDynamo's cache is per process). Split across two workers, the
+# forward and encode-decode properties each paid ~35 s for the same graphs; in one process the
+# second takes 0.2 s.
+pytestmark = pytest.mark.xdist_group("torch-compiled")
+
 NAME = "torch-compiled"
 # Properties whose examples are no model runs on the compiled code, or that run only on CUDA:
 # the SDPA kernels are run on the CPU's kernels like tests/test_suite_gpu.py does.
