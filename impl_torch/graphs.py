@@ -98,15 +98,17 @@ def _addresses(model) -> tuple:
 
 
 def _fix_up_kind(cache: DecoderCache) -> tuple:
-    return tuple(tuple(part is None for part in fix) for fix in (cache.cross_fix_ups or ()))
+    return (tuple(tuple(part is None for part in fix) for fix in (cache.cross_fix_ups or ())),
+            cache.output_weight is None)
 
 
 def _sources(cache: DecoderCache) -> list:
-    """The cache's tensors that depend on the source: copied into a room's at every call."""
+    """The cache's tensors made for each call (from the source, and a copy of the output weight
+    where a step takes one, `decode.step_output_weight`): copied into a room's at every call."""
     tensors = cache.cross_keys + cache.cross_values + ([] if cache.cross_mask is None else [cache.cross_mask])
     for fix in cache.cross_fix_ups or ():
         tensors += [part for part in fix if isinstance(part, torch.Tensor)]
-    return tensors
+    return tensors + ([] if cache.output_weight is None else [cache.output_weight])
 
 
 class Room:

@@ -552,9 +552,13 @@ class Output(nn.Module):
         self.bias = nn.Parameter(torch.empty(v, dtype=dtype)) if config.output_bias else None
         self.scale_logits = config.scale_logits
 
-    def forward(self, y: torch.Tensor, tied_embedding: Embedding) -> torch.Tensor:
-        # W_out as stored: `output.weight` (D, V), or the tied embedding (V, D)
-        weight, vocab_axis = (tied_embedding.weight, 0) if self.weight is None else (self.weight, 1)
+    def forward(self, y: torch.Tensor, tied_embedding: Embedding, *, weight=None) -> torch.Tensor:
+        # W_out as stored: `output.weight` (D, V), or the tied embedding (V, D); or `weight`, a
+        # (D, V) copy a cached step multiplies instead (decode.step_output_weight)
+        if weight is not None:
+            vocab_axis = 1
+        else:
+            weight, vocab_axis = (tied_embedding.weight, 0) if self.weight is None else (self.weight, 1)
         logits = product_in_blocks(y, weight, vocab_axis, cast)  # (B, T, V)
         # Outside autograd's graph the scale and the bias are applied in place: at V = 32000 each
         # fresh result would be another copy of the largest tensor of the forward pass.

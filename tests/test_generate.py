@@ -70,6 +70,42 @@ def test_cached_steps_equal_the_full_prefix_decoder(backend, dtype):
             assert int(to_numpy(cache.length)) == tgt.shape[1]
 
 
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "decoder-only"])
+def test_torch_steps_multiply_a_copy_of_a_tied_output_weight_made_per_search(share, monkeypatch):
+    """impl_torch on the CPU: a search's steps multiply by a contiguous (D, V) copy of a tied W_out
+    made by `start_cache` (decode.step_output_weight). The copy is the (decoder's) embedding
+    transposed, exactly; the steps' logits are the stored weight's to float rounding and the ids
+    the same; a change made through `.data` (which bumps no version counter) is in the next
+    search's copy; an untied W_out and ROSETTA_TORCH_STEP_OUTPUT_COPY=0 take the stored weight."""
+    import torch
+
+    from impl_torch import decode
+
+    config = preset("paper", **SIZES).replace(share_embeddings=share)
+    assert config.tie_output
+    src, tgt = batch(config)
+    with backends.full_precision("torch"):
+        model = backends.build(backends.Target("torch", "cpu", "float64"), config, None)
+        embedding = model.encoder.embedding if share else model.decoder.embedding
+        encoded = model.encode(src, return_attention=False)
+        copied = model.start_cache(encoded, config.max_len)
+        assert copied.output_weight.is_contiguous() and torch.equal(copied.output_weight, embedding.weight.T)
+        monkeypatch.setattr(decode, "STEP_OUTPUT_COPY", False)
+        stored = model.start_cache(encoded, config.max_len)
+        assert stored.output_weight is None
+        for t in range(tgt.shape[1]):
+            assert_close(to_numpy(model.decode_step(tgt[:, t], copied)), to_numpy(model.decode_step(tgt[:, t], stored)),
+                         tolerance("float64"), tensor=f"step {t} logits", backend="torch", dtype="float64",
+                         config=config, against="the steps with the stored weight")
+        ids_stored = to_numpy(model.generate(src[:1], 8, 1, 2, num_beams=2))
+        monkeypatch.setattr(decode, "STEP_OUTPUT_COPY", True)
+        np.testing.assert_array_equal(to_numpy(model.generate(src[:1], 8, 1, 2, num_beams=2)), ids_stored)
+        embedding.weight.data.mul_(2)
+        assert torch.equal(model.start_cache(encoded, config.max_len).output_weight, embedding.weight.T)
+        untied = backends.build(backends.Target("torch", "cpu", "float64"), preset("llmhub", **SIZES), None)
+        assert untied.start_cache(untied.encode(src, return_attention=False), 4).output_weight is None
+
+
 @pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_reorder_cache_follows_the_rows(backend):
     config = preset("paper", **SIZES)

@@ -49,6 +49,9 @@ DECODE_IDIOM_NAMES = {
     "_search": ({"jax"}, "the compiled search: start_cache and every step in one lax.while_loop"),
     "cross_fix_ups": ({"torch"}, "the fused kernel's cross-attention fix-ups (fused.kernel_fix_ups), once per "
                                  "source instead of at every step"),
+    "STEP_OUTPUT_COPY": ({"torch"}, "ROSETTA_TORCH_STEP_OUTPUT_COPY: whether step_output_weight copies"),
+    "step_output_weight": ({"torch"}, "a tied W_out copied to (D, V) once per search on the CPU: MKL streams "
+                                      "the transposed (V, D) layout at half the speed"),
     "advance": ({"numpy", "torch"}, "decode_step without the id checks, for the eager search's own ids; "
                                     "JAX's search calls the traced _decode_step inside its while_loop"),
 }

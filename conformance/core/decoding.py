@@ -56,6 +56,9 @@ class DecoderCache:
     cross_fix_ups:             what a backend works out once per source for each layer's
                                cross-attention, which does not change between steps (impl_torch:
                                its fused kernel's mask and fix-ups), or None
+    output_weight:             W_out (D, V) in the layout a backend's step multiplies fastest, when
+                               that is not how it is stored (impl_torch on the CPU: the tied
+                               embedding transposed once per search), or None for the stored one
     """
 
     keys: list[Any]
@@ -66,6 +69,7 @@ class DecoderCache:
     cross_mask: Any
     length: Any = 0
     cross_fix_ups: Any = None
+    output_weight: Any = None
 
 
 def penalty(length, length_penalty: float, form: str):
