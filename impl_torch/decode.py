@@ -129,18 +129,23 @@ def step_output_weight(model):
     Tied to the embedding, W_out is the embedding's (V, D) read transposed. A step multiplies it
     by a few rows (N, D): a matrix-vector product that streams the whole weight once, and this
     torch's BLAS (MKL, on this machine's AMD EPYC) streams the transposed layout at about half
-    the speed of a (D, V) one. Base Marian (V 32000, D 512), one thread: one row 10-12 ms against
-    5-6 ms, eight rows 22 against 15 ms. The copy costs about 90 ms there (65 MB, fresh pages
-    included), what three or four steps take, and lives as long as the cache: a copy per search,
-    not one kept on the model, so that every change to the weight (`.data` included) is seen.
-    Not on CUDA, where cuBLAS reads both layouts alike and a CUDA graph reads the stored weight
-    (impl_torch/graphs.py). The logits are the stored weight's to float rounding (a GEMV's sums
-    in another order)."""
+    the speed of a (D, V) one. Base Marian (V 32000, D 512), float32, one thread: one row 7-12 ms
+    against 5-6 ms, eight rows 15-22 against 13-15 ms. The copy costs about 90 ms there (65 MB,
+    fresh pages included), what some 15 steps save: a shorter search pays up to that much more.
+    A copy per search, not one kept on the model, so that a change to the weight between searches
+    (`.data` included) is seen; a search driven by hand that changes the weight between its steps
+    keeps the copy it started with. Only for float32 and float64 weights (where BLAS runs it; the
+    measurements are float32's), outside autograd (a step recorded for a gradient multiplies the
+    stored weight, which the gradient reaches), and not on CUDA, where cuBLAS reads both layouts
+    alike and a CUDA graph reads the stored weight (impl_torch/graphs.py). The logits are the
+    stored weight's to float rounding (a GEMV's sums in another order)."""
     config = model.config
     if not (STEP_OUTPUT_COPY and config.tie_output and model.device.type == "cpu"):
         return None
-    embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
-    return embedding.weight.detach().T.contiguous()  # (D, V)
+    weight = (model.encoder.embedding if config.share_embeddings else model.decoder.embedding).weight
+    if weight.dtype not in (torch.float32, torch.float64) or (torch.is_grad_enabled() and weight.requires_grad):
+        return None
+    return weight.detach().T.contiguous()  # (D, V)
 
 
 def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:

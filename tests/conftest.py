@@ -44,8 +44,11 @@ LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 def _xla_accepts(flag: str) -> bool:
     """Whether this JAX's XLA:CPU starts with `flag` in XLA_FLAGS (an unknown flag aborts it)."""
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(), "JAX_PLATFORMS": "cpu"}
-    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"], env=env,
-                           capture_output=True, timeout=120)
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"], env=env,
+                               capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
     return probe.returncode == 0
 
 

@@ -76,15 +76,17 @@ def test_torch_steps_multiply_a_copy_of_a_tied_output_weight_made_per_search(sha
     made by `start_cache` (decode.step_output_weight). The copy is the (decoder's) embedding
     transposed, exactly; the steps' logits are the stored weight's to float rounding and the ids
     the same; a change made through `.data` (which bumps no version counter) is in the next
-    search's copy; an untied W_out and ROSETTA_TORCH_STEP_OUTPUT_COPY=0 take the stored weight."""
+    search's copy; an untied W_out, ROSETTA_TORCH_STEP_OUTPUT_COPY=0, a float16 weight and a step
+    recorded for a gradient take the stored weight."""
     import torch
 
     from impl_torch import decode
 
+    monkeypatch.setattr(decode, "STEP_OUTPUT_COPY", True)
     config = preset("paper", **SIZES).replace(share_embeddings=share)
     assert config.tie_output
     src, tgt = batch(config)
-    with backends.full_precision("torch"):
+    with backends.full_precision("torch"), torch.no_grad():  # as generate's inference_mode
         model = backends.build(backends.Target("torch", "cpu", "float64"), config, None)
         embedding = model.encoder.embedding if share else model.decoder.embedding
         encoded = model.encode(src, return_attention=False)
@@ -104,6 +106,14 @@ def test_torch_steps_multiply_a_copy_of_a_tied_output_weight_made_per_search(sha
         assert torch.equal(model.start_cache(encoded, config.max_len).output_weight, embedding.weight.T)
         untied = backends.build(backends.Target("torch", "cpu", "float64"), preset("llmhub", **SIZES), None)
         assert untied.start_cache(untied.encode(src, return_attention=False), 4).output_weight is None
+        half = backends.build(backends.Target("torch", "cpu", "float16"), config, None)
+        assert half.start_cache(half.encode(src, return_attention=False), 4).output_weight is None
+    # With autograd on, the stored weight: the step's gradient reaches the tied embedding.
+    assert embedding.weight.requires_grad and torch.is_grad_enabled()
+    recorded = model.start_cache(model.encode(src, return_attention=False), config.max_len)
+    assert recorded.output_weight is None
+    model.decode_step(tgt[:, 0], recorded).sum().backward()
+    assert embedding.weight.grad is not None and embedding.weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("backend", BACKEND_PARAMS)
