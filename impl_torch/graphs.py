@@ -98,8 +98,7 @@ def _addresses(model) -> tuple:
 
 
 def _fix_up_kind(cache: DecoderCache) -> tuple:
-    return (tuple(tuple(part is None for part in fix) for fix in (cache.cross_fix_ups or ())),
-            cache.output_weight is None)
+    return tuple(tuple(part is None for part in fix) for fix in (cache.cross_fix_ups or ()))
 
 
 def _sources(cache: DecoderCache) -> list:
@@ -164,7 +163,8 @@ def room_for(model, cache: DecoderCache, advance: Callable) -> Room | None:
     rooms = model.__dict__.setdefault("_graph_rooms", OrderedDict())
     seen = model.__dict__.setdefault("_graph_keys_seen", OrderedDict())
     key = (tuple(cache.keys[0].shape) if cache.keys else None, tuple(cache.cross_keys[0].shape) if cache.cross_keys
-           else None, cache.cross_mask is None, _fix_up_kind(cache), model.dtype, _addresses(model))
+           else None, cache.cross_mask is None, _fix_up_kind(cache), cache.output_weight is None, model.dtype,
+           _addresses(model))
     if key not in rooms:
         if key not in seen:
             seen[key] = None

@@ -41,9 +41,14 @@ import tempfile
 LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
 
+def _xla_flags_with(flag: str) -> str:
+    """XLA_FLAGS as set now, with `flag` after them."""
+    return f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+
+
 def _xla_accepts(flag: str) -> bool:
     """Whether this JAX's XLA:CPU starts with `flag` in XLA_FLAGS (an unknown flag aborts it)."""
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip(), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": _xla_flags_with(flag), "JAX_PLATFORMS": "cpu"}
     try:
         probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"], env=env,
                                capture_output=True, timeout=120)
@@ -54,10 +59,10 @@ def _xla_accepts(flag: str) -> bool:
 
 if os.environ.get("ROSETTA_TEST_XLA_OPT_LEVEL", "0") != "default" and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     level = os.environ.get("ROSETTA_TEST_XLA_OPT_LEVEL", "0")
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level={level}".strip()
+    os.environ["XLA_FLAGS"] = _xla_flags_with(f"--xla_backend_optimization_level={level}")
 if os.environ.get("ROSETTA_TEST_XLA_FUSION_EMITTERS", "0") != "1" and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
     if _xla_accepts(LOOP_EMITTERS):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {LOOP_EMITTERS}".strip()
+        os.environ["XLA_FLAGS"] = _xla_flags_with(LOOP_EMITTERS)
     else:  # the xdist workers and subprocesses need not ask again
         os.environ["ROSETTA_TEST_XLA_FUSION_EMITTERS"] = "1"
 _OWN_CACHE = None
