@@ -56,11 +56,20 @@ def product_in_blocks(y: jax.Array, weight: jax.Array, vocab_axis: int, cast) ->
 def _product_in_blocks_jvp(vocab_axis, cast, primals, tangents):
     """Differentiated as the product it is, so reverse mode transposes two whole GEMMs. Through
     the loop, each block's weight gradient would be a zero (D, V) array added to the running sum:
-    the base model's projection at vocabulary 32000 took 1.45x as long to differentiate."""
+    the base model's projection at vocabulary 32000 took 1.45x as long to differentiate.
+
+    The tangent's products are taken on rows flattened to (B * T, D), so that reverse mode
+    transposes `y @ dW` into `y^T @ dlogits`, a GEMM of the two arrays as they lie; left 3-D,
+    XLA:CPU first copied the (B * T, V) gradient of the logits transposed (about 60 ms at the
+    base model's batch 8, length 64, vocabulary 32000). The primal stays the blocked product: as
+    one GEMM it let XLA:CPU fuse a float32-stored weight's widening into the product, so float32
+    parameters computed in float64 no longer gave the float64 model's gradients bit for bit
+    (tests/test_param_dtype.py)."""
     (y, weight), (dy, dweight) = primals, tangents
-    product = product_in_blocks(y, weight, vocab_axis, cast)
+    product = product_in_blocks(y, weight, vocab_axis, cast)  # (B, T, V)
     if vocab_axis == 0:  # the tied embedding (V, D)
         weight, dweight = weight.T, dweight.T  # (D, V)
-    tangent = (jnp.matmul(dy, cast(weight, y.dtype), precision=matmul_precision())
-               + jnp.matmul(y, cast(dweight, y.dtype), precision=matmul_precision()))
-    return product, tangent
+    rows, drows = y.reshape(-1, y.shape[-1]), dy.reshape(-1, y.shape[-1])  # (B * T, D)
+    tangent = (jnp.matmul(drows, cast(weight, y.dtype), precision=matmul_precision())
+               + jnp.matmul(rows, cast(dweight, y.dtype), precision=matmul_precision()))
+    return product, tangent.reshape(product.shape)

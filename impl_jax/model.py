@@ -54,6 +54,7 @@ from conformance.core.params import param_shapes
 from conformance.core.positions import sinusoid_table
 from impl_jax import compiled, decode, host
 from impl_jax.blocks import product_in_blocks
+from impl_jax.loss import cross_entropy
 from impl_jax.precision import check_precision, matmul_precision, model_precision, reduction_dtype
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -825,15 +826,10 @@ class Model(nnx.Module):
             # the loss runs: a NaN activation would reach every weight gradient as 0 * NaN.
             logits = model.traceable_forward(src_ids, tgt_ids, src_mask, tgt_mask, return_attention=False,
                                              dropout=dropout, empty_rows=0.0).logits
-            # The counted positions are selected before the log-softmax (the first where), and the
-            # gradient of a where selects: a padded row is never multiplied by 0, so a NaN there
-            # reaches neither the loss nor the gradient (JAX's where-gradient NaN trap).
-            logits = jnp.where(counted[..., None], at_least_float32(logits), 0)  # (B, T, V)
-            logp = jax.nn.log_softmax(logits, axis=-1)  # (B, T, V)
-            nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]  # (B, T)
-            smooth = -logp.mean(axis=-1)  # (B, T)
-            per_token = (1 - epsilon) * nll + epsilon * smooth  # (B, T)
-            return jnp.where(counted, per_token, 0).sum() / counted.sum()
+            # The counted positions are selected before anything is computed, never multiplied by
+            # 0: a NaN in a padded row reaches neither the loss nor the gradient. One function
+            # with its own gradient, as torch's fused cross-entropy (impl_jax/loss.py).
+            return cross_entropy(at_least_float32(logits), labels, counted, epsilon)
 
         if self.param_dtype == self.dtype:
             loss, grads = nnx.value_and_grad(loss_fn)(self)
