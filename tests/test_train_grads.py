@@ -120,6 +120,35 @@ def test_nan_rows_are_selected_out_not_multiplied_by_zero():
     assert_grads_close(grads_numpy(expected), grads_numpy(jgrads), 1e-11, "jax, NaN rows vs finite fill")
 
 
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_jax_cross_entropy_is_the_numpy_loss_and_its_gradient(epsilon):
+    """impl_jax.loss.cross_entropy, the loss with its own written gradient, against the NumPy
+    backward's `cross_entropy` (the same two equations, by another hand) in float64, with NaN
+    logits in the positions that do not count: the loss and its gradient stay finite there, and
+    that gradient is exactly 0."""
+    from impl_jax.loss import cross_entropy
+    from impl_numpy.backward import cross_entropy as numpy_cross_entropy
+
+    rng = np.random.default_rng(0)
+    pad_id = 1
+    labels = rng.integers(0, 11, size=(3, 5))
+    labels[0, 3:] = pad_id
+    labels[2, :] = pad_id  # a row that does not count at all
+    labels[1, 0] = 10  # the last class
+    logits = rng.normal(scale=3.0, size=(3, 5, 11))
+    logits[labels == pad_id] = np.nan
+    expected_loss, expected_grad = numpy_cross_entropy(logits, labels, pad_id, epsilon)
+    with enable_x64():
+        counted = jax.numpy.asarray(labels != pad_id)
+        loss, grad = jax.value_and_grad(cross_entropy)(jax.numpy.asarray(logits), jax.numpy.asarray(labels),
+                                                       counted, jax.numpy.float64(epsilon))
+    loss, grad = float(loss), np.asarray(grad)
+    assert np.isfinite(loss) and np.isfinite(grad).all()
+    assert abs(loss - float(expected_loss)) <= 1e-14 * abs(float(expected_loss))
+    assert np.all(grad[labels == pad_id] == 0)
+    np.testing.assert_allclose(grad, expected_grad, rtol=0, atol=1e-15)
+
+
 def test_jax_loss_compiles_once_per_shape_not_per_epsilon():
     config = tiny("default")
     model = impl_jax.Model(config, init_params(config), "float32")
