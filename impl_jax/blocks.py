@@ -61,10 +61,10 @@ def _product_in_blocks_jvp(vocab_axis, cast, primals, tangents):
     The tangent's products are taken on rows flattened to (B * T, D), so that reverse mode
     transposes `y @ dW` into `y^T @ dlogits`, a GEMM of the two arrays as they lie; left 3-D,
     XLA:CPU first copied the (B * T, V) gradient of the logits transposed (about 60 ms at the
-    base model's batch 8, length 64, vocabulary 32000). The primal stays the blocked product: as
-    one GEMM it let XLA:CPU fuse a float32-stored weight's widening into the product, so float32
-    parameters computed in float64 no longer gave the float64 model's gradients bit for bit
-    (tests/test_param_dtype.py)."""
+    base model's batch 8, length 64, vocabulary 32000). The primal stays the blocked product: with
+    it computed as one GEMM, float32 parameters computed in float64 no longer gave the float64
+    model's gradients bit for bit (tests/test_param_dtype.py: XLA:CPU compiled the two programs
+    differently, and a gradient that is 0 in exact arithmetic came out as other rounding noise)."""
     (y, weight), (dy, dweight) = primals, tangents
     product = product_in_blocks(y, weight, vocab_axis, cast)  # (B, T, V)
     if vocab_axis == 0:  # the tied embedding (V, D)
