@@ -827,8 +827,8 @@ class Model(nnx.Module):
             logits = model.traceable_forward(src_ids, tgt_ids, src_mask, tgt_mask, return_attention=False,
                                              dropout=dropout, empty_rows=0.0).logits
             # The counted positions are selected before anything is computed, never multiplied by
-            # 0: a NaN in a padded row reaches neither the loss nor the gradient. One function
-            # with its own gradient, as torch's fused cross-entropy (impl_jax/loss.py).
+            # 0: a NaN in a padded row reaches neither the loss nor the logits' gradient. One
+            # function with its own gradient, as torch's fused cross-entropy (impl_jax/loss.py).
             return cross_entropy(at_least_float32(logits), labels, counted, epsilon)
 
         if self.param_dtype == self.dtype:

@@ -17,6 +17,7 @@ import pytest
 
 import impl_jax
 from impl_jax import cache
+from xla_emitters import run_with_xla_emitters
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -179,12 +180,8 @@ def test_the_first_layer_of_a_stack_is_the_same_program_scanned_or_not():
     XLA:CPU's own kernel emitters. Run in a process of its own without the loop emitters this test
     run compiles with (tests/conftest.py), which write the same operations' kernels differently
     in the two programs (last bits of the first layers differ there)."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_cpu_use_fusion_emitters")]
-    environment = {**os.environ, "XLA_FLAGS": " ".join(flags), "PYTHONPATH": str(ROOT), "ROSETTA_JAX_QUIET": "1"}
-    done = subprocess.run([sys.executable, "-c", FIRST_LAYERS.format(tests=str(ROOT / "tests"))], env=environment,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    printed = run_with_xla_emitters(FIRST_LAYERS.format(tests=str(ROOT / "tests")))
+    assert json.loads(printed.strip().splitlines()[-1]) == []
 
 
 def test_scanned_stacks_trace_one_layer():

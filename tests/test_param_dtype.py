@@ -23,6 +23,7 @@ from conformance import InputError, init_params
 from conformance.check import backends
 from conformance.core.params import OUTPUT_BLOCK
 from batches import SRC, TGT, small
+from xla_emitters import loop_emitters_on, run_with_xla_emitters
 
 torch = pytest.importorskip("torch", reason="the PyTorch backend needs torch")
 jax = pytest.importorskip("jax", reason="the JAX backend needs jax")
@@ -263,6 +264,17 @@ GRAD_CASES = [pytest.param(*target.values, name, id=f"{target.id}-{name}", marks
 
 @pytest.mark.parametrize("backend, device, name", GRAD_CASES)
 def test_gradients_come_in_the_parameter_dtype(backend, device, name):
+    if backend == "jax" and device == "cpu" and loop_emitters_on():
+        # A claim about XLA's own code generation (tests/xla_emitters.py): under the test run's
+        # loop emitters the two programs round the gradients that are 0 in exact arithmetic (the
+        # key projections' biases, softmax ignores a constant added to every key) to different
+        # noise of about 1e-18; every other gradient stays bit for bit there too.
+        run_with_xla_emitters(f"import test_param_dtype as t; t.check_gradients_in_the_parameter_dtype('jax', 'cpu', {name!r})")
+    else:
+        check_gradients_in_the_parameter_dtype(backend, device, name)
+
+
+def check_gradients_in_the_parameter_dtype(backend, device, name):
     config = CONFIGS[name]
     p32 = values(config, np.float32)
     labels = np.where(TGT == config.pad_id, config.pad_id, (TGT + 1) % config.tgt_vocab_size)

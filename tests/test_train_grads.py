@@ -125,7 +125,9 @@ def test_jax_cross_entropy_is_the_numpy_loss_and_its_gradient(epsilon):
     """impl_jax.loss.cross_entropy, the loss with its own written gradient, against the NumPy
     backward's `cross_entropy` (the same two equations, by another hand) in float64, with NaN
     logits in the positions that do not count: the loss and its gradient stay finite there, and
-    that gradient is exactly 0."""
+    that gradient is exactly 0. The incoming cotangent scales it, and the gradient with respect
+    to ε is the loss's slope in ε (the loss is linear in ε, so a central difference is exact up
+    to rounding)."""
     from impl_jax.loss import cross_entropy
     from impl_numpy.backward import cross_entropy as numpy_cross_entropy
 
@@ -139,14 +141,38 @@ def test_jax_cross_entropy_is_the_numpy_loss_and_its_gradient(epsilon):
     logits[labels == pad_id] = np.nan
     expected_loss, expected_grad = numpy_cross_entropy(logits, labels, pad_id, epsilon)
     with enable_x64():
-        counted = jax.numpy.asarray(labels != pad_id)
-        loss, grad = jax.value_and_grad(cross_entropy)(jax.numpy.asarray(logits), jax.numpy.asarray(labels),
-                                                       counted, jax.numpy.float64(epsilon))
-    loss, grad = float(loss), np.asarray(grad)
+        jlogits, jlabels, counted = (jax.numpy.asarray(x) for x in (logits, labels, labels != pad_id))
+        loss, pull_back = jax.vjp(lambda z, e: cross_entropy(z, jlabels, counted, e), jlogits, jax.numpy.float64(epsilon))
+        grad, d_epsilon = (np.asarray(x) for x in pull_back(jax.numpy.float64(2.5)))
+        h = 1e-3
+        slope = (float(cross_entropy(jlogits, jlabels, counted, epsilon + h))
+                 - float(cross_entropy(jlogits, jlabels, counted, epsilon - h))) / (2 * h)
+    loss = float(loss)
     assert np.isfinite(loss) and np.isfinite(grad).all()
     assert abs(loss - float(expected_loss)) <= 1e-14 * abs(float(expected_loss))
     assert np.all(grad[labels == pad_id] == 0)
-    np.testing.assert_allclose(grad, expected_grad, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(grad, 2.5 * expected_grad, rtol=0, atol=1e-15)
+    assert abs(float(d_epsilon) - 2.5 * slope) <= 1e-10 * abs(slope)
+
+
+def test_jax_cross_entropy_keeps_float32_gradients_accurate_at_large_logits():
+    """The softmax of the backward pass is exp(shifted - lse) of the shifted logits, so logits far
+    from 0 (here about 200, where a float32 ulp is 1.5e-5) cost no accuracy. Measured over 20
+    seeds: at most 3.3e-7 of the largest gradient from the float64 oracle of the same (float32)
+    logits; computed as exp(z - (max + lse)) it was 7.3e-6."""
+    from impl_jax.loss import cross_entropy
+    from impl_numpy.backward import cross_entropy as numpy_cross_entropy
+
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        labels = rng.integers(0, 500, size=(4, 6))
+        labels[0, 3:] = 1
+        logits = (rng.normal(scale=10.0, size=(4, 6, 500)) + 200).astype(np.float32)
+        _, expected = numpy_cross_entropy(logits.astype(np.float64), labels, 1, 0.1)
+        grad = np.asarray(jax.grad(cross_entropy)(jax.numpy.asarray(logits), jax.numpy.asarray(labels),
+                                                  jax.numpy.asarray(labels != 1), np.float32(0.1)))
+        assert grad.dtype == np.float32
+        np.testing.assert_allclose(grad, expected, rtol=0, atol=1e-6 * np.abs(expected).max(), err_msg=f"seed {seed}")
 
 
 def test_jax_loss_compiles_once_per_shape_not_per_epsilon():
