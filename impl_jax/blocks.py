@@ -67,8 +67,9 @@ def _product_in_blocks_jvp(vocab_axis, cast, primals, tangents):
     Each product is taken on rows flattened to (B * T, D): reverse mode then transposes
     `y @ dW` into `y^T @ dlogits`, a GEMM of the two arrays as they lie; left 3-D, XLA:CPU first
     copied the (B * T, V) gradient of the logits transposed (about 60 ms at that size).
-    Float32 parameters computed in float64 still give the float64 model's gradients bit for bit
-    (tests/test_param_dtype.py, under XLA's own emitters)."""
+    The logits are then the one GEMM's, equal to the blocked product's to float rounding (as in
+    impl_torch), and float32 parameters computed in float64 still give the float64 model's
+    gradients bit for bit (tests/test_param_dtype.py, at XLA's own settings)."""
     (y, weight), (dy, dweight) = primals, tangents
     if vocab_axis == 0:  # the tied embedding (V, D)
         weight, dweight = weight.T, dweight.T  # (D, V)

@@ -428,7 +428,7 @@ class Output:
     logits = y W_out / sqrt(D) + b_out (Flax examples/wmt's `logits_via_embedding`).
 
     The product y W_out is taken a block of vocabulary columns at a time (impl_numpy/blocks.py):
-    a W_out stored narrower than the compute dtype is never widened whole."""
+    a W_out stored narrower than the compute dtype is never widened whole outside differentiation."""
 
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray]):
         self.weight = None if config.tie_output else params["output.weight"]

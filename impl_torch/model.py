@@ -543,7 +543,7 @@ class Output(nn.Module):
     logits = y W_out / sqrt(D) + b_out (Flax examples/wmt's `logits_via_embedding`).
 
     The product y W_out is taken a block of vocabulary columns at a time (impl_torch/blocks.py):
-    a W_out stored narrower than the compute dtype is never widened whole."""
+    a W_out stored narrower than the compute dtype is never widened whole outside differentiation."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()

@@ -176,10 +176,10 @@ print(json.dumps([n for n in names if not np.array_equal(np.asarray(outs[False][
 
 
 def test_the_first_layer_of_a_stack_is_the_same_program_scanned_or_not():
-    """The first layer of each stack is the same program scanned or unrolled: bit for bit, under
-    XLA:CPU's own kernel emitters. Run in a process of its own without the loop emitters this test
-    run compiles with (tests/conftest.py), which write the same operations' kernels differently
-    in the two programs (last bits of the first layers differ there)."""
+    """The first layer of each stack is the same program scanned or unrolled: bit for bit, at
+    XLA:CPU's own settings. Run in a process of its own without the LLVM level and the loop
+    emitters this test run compiles with (tests/xla_emitters.py): the loop emitters write the same
+    operations' kernels differently in the two programs (last bits of the first layers differ)."""
     printed = run_with_xla_emitters(FIRST_LAYERS.format(tests=str(ROOT / "tests")))
     assert json.loads(printed.strip().splitlines()[-1]) == []
 

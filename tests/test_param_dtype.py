@@ -23,7 +23,7 @@ from conformance import InputError, init_params
 from conformance.check import backends
 from conformance.core.params import OUTPUT_BLOCK
 from batches import SRC, TGT, small
-from xla_emitters import loop_emitters_on, run_with_xla_emitters
+from xla_emitters import run_with_xla_emitters, xla_test_settings_on
 
 torch = pytest.importorskip("torch", reason="the PyTorch backend needs torch")
 jax = pytest.importorskip("jax", reason="the JAX backend needs jax")
@@ -214,7 +214,7 @@ def test_xla_widens_the_output_weight_a_block_at_a_time(name):
 def test_the_product_in_blocks_is_the_whole_product(backend, vocab_axis, vocab):
     """Every block lands in its place, the last partial one included, for W_out as stored (D, V)
     and for a tied embedding (V, D): float32 storage in a float64 product gives y @ W_out to
-    float64 rounding, and (torch with autograd recording, one GEMM; JAX through its custom derivative) the
+    float64 rounding, and (torch with autograd recording, JAX differentiated: one GEMM) the
     gradients y^T g and g W_out^T, the weight's rounded to its float32 storage."""
     rng = np.random.default_rng(vocab)
     y, g = rng.standard_normal((2, 3, 16)), rng.standard_normal((2, 3, vocab))
@@ -244,8 +244,14 @@ def test_the_product_in_blocks_is_the_whole_product(backend, vocab_axis, vocab):
         np.testing.assert_allclose(without_graph, got, rtol=0, atol=1e-13 * np.abs(got).max(), err_msg="blocks")
     else:
         with scope("jax"):
-            out, pull_back = jax.vjp(lambda a, b: product(a, b, vocab_axis), jax.numpy.asarray(y), jax.numpy.asarray(weight))
+            jy, jw = jax.numpy.asarray(y), jax.numpy.asarray(weight)
+            blocked = np.asarray(product(jy, jw, vocab_axis))  # the blocks in their loop
+            out, pull_back = jax.vjp(lambda a, b: product(a, b, vocab_axis), jy, jw)
             got, grads = np.asarray(out), tuple(np.asarray(x) for x in pull_back(jax.numpy.asarray(g)))
+        # Differentiated, the product is one GEMM (impl_jax/blocks.py): the blocks' values to
+        # float64 rounding, and each block must land in its place.
+        np.testing.assert_allclose(blocked, expected, rtol=0, atol=1e-13 * np.abs(expected).max(), err_msg="jax blocks")
+        np.testing.assert_allclose(blocked, got, rtol=0, atol=1e-13 * np.abs(got).max(), err_msg="jax blocks")
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13 * np.abs(expected).max(), err_msg=backend)
     if grads is not None:
         assert grads[1].dtype == np.float32 and grads[1].shape == weight.shape, backend
@@ -264,7 +270,7 @@ GRAD_CASES = [pytest.param(*target.values, name, id=f"{target.id}-{name}", marks
 
 @pytest.mark.parametrize("backend, device, name", GRAD_CASES)
 def test_gradients_come_in_the_parameter_dtype(backend, device, name):
-    if backend == "jax" and device == "cpu" and loop_emitters_on():
+    if backend == "jax" and device == "cpu" and xla_test_settings_on():
         # A claim about XLA's own code generation (tests/xla_emitters.py): under the test run's
         # loop emitters the two programs round the gradients that are 0 in exact arithmetic (the
         # key projections' biases, softmax ignores a constant added to every key) to different

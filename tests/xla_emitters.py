@@ -1,10 +1,10 @@
 """A claim about XLA:CPU's own code generation, checked in a process of its own.
 
-The project's test run compiles XLA:CPU with its older loop emitters (tests/conftest.py: the
-whole run takes about two thirds of the time). Those write some kernels differently from XLA's
-default fusion emitters, so two programs that XLA's defaults compile to the same arithmetic may
-differ there in the last bits. A test of such a bit-for-bit claim runs its check here, in a
-subprocess with the run's other flags and without the loop emitters: what users run.
+The project's test run compiles XLA:CPU at LLVM level 0 and with its older loop emitters
+(tests/conftest.py: the whole run takes about two thirds of the time). Those write some kernels
+differently from XLA's defaults, so two programs that XLA's defaults compile to the same
+arithmetic may differ there in the last bits. A test of such a bit-for-bit claim runs its check
+here, in a CPU-only subprocess with neither setting: XLA as users run it.
 """
 
 from __future__ import annotations
@@ -16,19 +16,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters"
+TEST_RUN_FLAGS = (LOOP_EMITTERS, "--xla_backend_optimization_level")  # what tests/conftest.py adds
 
 
-def loop_emitters_on() -> bool:
-    """Whether this process compiles with the loop emitters (XLA_FLAGS names the flag)."""
-    return LOOP_EMITTERS in os.environ.get("XLA_FLAGS", "")
+def xla_test_settings_on() -> bool:
+    """Whether this process compiles with either of the test run's settings (XLA_FLAGS names one)."""
+    return any(flag in os.environ.get("XLA_FLAGS", "") for flag in TEST_RUN_FLAGS)
 
 
 def run_with_xla_emitters(code: str, timeout: float = 300) -> str:
-    """Run `code` in a fresh Python with XLA's own emitters (tests/ and the checkout importable);
-    fail with its stderr if it fails; return its standard output."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(LOOP_EMITTERS)]
-    environment = {**os.environ, "XLA_FLAGS": " ".join(flags), "ROSETTA_JAX_QUIET": "1",
-                   "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    """Run `code` in a fresh Python on the CPU at XLA's own settings (tests/ and the checkout
+    importable); fail with its stderr if it fails; return its standard output."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(TEST_RUN_FLAGS)]
+    path = [str(ROOT), str(ROOT / "tests"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    environment = {**os.environ, "XLA_FLAGS": " ".join(flags), "ROSETTA_JAX_QUIET": "1", "JAX_PLATFORMS": "cpu",
+                   "PYTHONPATH": os.pathsep.join(path)}
     done = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
