@@ -11,7 +11,7 @@ with z the logits, lse = log sum_v exp(z_v) and ε the label smoothing:
     dz   = (1 / N) (p - (1 - ε) onehot(label) - ε / V)     at counted positions, 0 elsewhere
     dε   = (1 / N) sum over counted positions of [ z_label - mean_v z_v ]
 
-(impl_numpy.backward.cross_entropy writes the same two lines out; p = softmax(z) = exp(z - lse)).
+(impl_numpy.backward.cross_entropy writes the first and third out; p = softmax(z) = exp(z - lse)).
 
 Why a custom derivative. Differentiated by JAX, the log-softmax, the label's gather, the mean
 and the two `where`s became, on XLA:CPU, several passes over the (B, T, V) logits in the backward
@@ -58,17 +58,17 @@ def _loss(logits, labels, counted, epsilon):
     loss = jnp.where(counted, per_token, 0).sum() / count
     # d loss / d ε = (1 / N) sum over counted positions of (z_label - mean_v z_v)
     d_epsilon = jnp.where(counted, target - mean, 0).sum() / count
-    return loss, (shifted, lse, labels, counted, epsilon, d_epsilon)
+    return loss, (shifted, lse, labels, counted, count, epsilon, d_epsilon)
 
 
 def _backward(saved, grad):
-    shifted, lse, labels, counted, epsilon, d_epsilon = saved
+    shifted, lse, labels, counted, count, epsilon, d_epsilon = saved
     vocab = shifted.shape[-1]
     index = jnp.promote_types(labels.dtype, jnp.int32)  # a class index, whatever the labels' width
     target = (jax.lax.broadcasted_iota(index, shifted.shape, shifted.ndim - 1)
               == labels[..., None].astype(index))  # (B, T, V)
     p = jnp.exp(shifted - lse[..., None])  # (B, T, V): softmax(z), from the shifted logits
-    dz = (p - jnp.where(target, 1 - epsilon, 0) - epsilon / vocab) * (grad / counted.sum())
+    dz = (p - jnp.where(target, 1 - epsilon, 0) - epsilon / vocab) * (grad / count)
     return (jnp.where(counted[..., None], dz, 0).astype(shifted.dtype), None, None,
             (grad * d_epsilon).astype(jnp.result_type(epsilon)))
 

@@ -38,7 +38,7 @@ import tempfile
 #   end), so that an executable one xdist worker or CLI subprocess compiled is loaded by the
 #   others. The tests of the cache itself (tests/test_jax_compile.py) set their own directories
 #   and strip these variables from their subprocesses.
-LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+from xla_emitters import LOOP_EMITTERS, OPT_LEVEL  # the flags this file adds, named once
 
 
 def _xla_flags_with(flag: str) -> str:
@@ -57,12 +57,12 @@ def _xla_accepts(flag: str) -> bool:
     return probe.returncode == 0
 
 
-if os.environ.get("ROSETTA_TEST_XLA_OPT_LEVEL", "0") != "default" and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+if os.environ.get("ROSETTA_TEST_XLA_OPT_LEVEL", "0") != "default" and OPT_LEVEL not in os.environ.get("XLA_FLAGS", ""):
     level = os.environ.get("ROSETTA_TEST_XLA_OPT_LEVEL", "0")
-    os.environ["XLA_FLAGS"] = _xla_flags_with(f"--xla_backend_optimization_level={level}")
-if os.environ.get("ROSETTA_TEST_XLA_FUSION_EMITTERS", "0") != "1" and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
-    if _xla_accepts(LOOP_EMITTERS):
-        os.environ["XLA_FLAGS"] = _xla_flags_with(LOOP_EMITTERS)
+    os.environ["XLA_FLAGS"] = _xla_flags_with(f"{OPT_LEVEL}={level}")
+if os.environ.get("ROSETTA_TEST_XLA_FUSION_EMITTERS", "0") != "1" and LOOP_EMITTERS not in os.environ.get("XLA_FLAGS", ""):
+    if _xla_accepts(f"{LOOP_EMITTERS}=false"):
+        os.environ["XLA_FLAGS"] = _xla_flags_with(f"{LOOP_EMITTERS}=false")
     else:  # the xdist workers and subprocesses need not ask again
         os.environ["ROSETTA_TEST_XLA_FUSION_EMITTERS"] = "1"
 _OWN_CACHE = None

@@ -157,16 +157,15 @@ def test_scanned_stacks_equal_the_unrolled_loop():
 
 # The first layer of each stack, scanned and unrolled, in float64; prints which intermediates differ.
 FIRST_LAYERS = """
-import json, sys, numpy as np
+import json, numpy as np
 import impl_jax
 from conformance import init_params
 from impl_jax import compiled
-sys.path.insert(0, {tests!r})
 from batches import SRC, TGT, small
 config = small()
 with impl_jax.enable_x64():
     model = impl_jax.Model(config, init_params(config, dtype=np.float64), "float64")
-    outs = {{}}
+    outs = {}
     for scan in (False, True):
         with compiled.stacks(scan=scan):
             outs[scan] = model(SRC, TGT).intermediates
@@ -180,7 +179,7 @@ def test_the_first_layer_of_a_stack_is_the_same_program_scanned_or_not():
     XLA:CPU's own settings. Run in a process of its own without the LLVM level and the loop
     emitters this test run compiles with (tests/xla_emitters.py): the loop emitters write the same
     operations' kernels differently in the two programs (last bits of the first layers differ)."""
-    printed = run_with_xla_emitters(FIRST_LAYERS.format(tests=str(ROOT / "tests")))
+    printed = run_with_xla_emitters(FIRST_LAYERS)
     assert json.loads(printed.strip().splitlines()[-1]) == []
 
 

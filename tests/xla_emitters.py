@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The XLA flags tests/conftest.py adds to the test run (without their values).
 LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters"
-TEST_RUN_FLAGS = (LOOP_EMITTERS, "--xla_backend_optimization_level")  # what tests/conftest.py adds
+OPT_LEVEL = "--xla_backend_optimization_level"
+TEST_RUN_FLAGS = (LOOP_EMITTERS, OPT_LEVEL)
 
 
 def xla_test_settings_on() -> bool:
