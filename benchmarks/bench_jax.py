@@ -69,7 +69,7 @@ import numpy as np
 import impl_jax
 import impl_numpy
 from conformance import init_params, preset
-from conformance.core.config import ModelConfig
+from conformance.core.config import ADDED_FIELDS, ModelConfig
 
 BASELINE = "nn.Transformer"
 
@@ -247,8 +247,13 @@ def child(config: ModelConfig, batch: int, src_len: int, tgt_len: int, *, scan: 
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR",)}
     env.update(ROSETTA_JAX_SCAN="1" if scan else "0", ROSETTA_JAX_CACHE=cache, ROSETTA_JAX_QUIET="1",
                PYTHONPATH=os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]))
+    # A field added since an older checkout was cut (ADDED_FIELDS) is left out where it keeps its
+    # default, the behaviour that checkout has, so that --against can reach back before it.
+    default = ModelConfig()
+    stored = {name: value for name, value in config.to_dict().items()
+              if not (name in ADDED_FIELDS and value == getattr(default, name))}
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("compile_child.py")),
-                           json.dumps(config.to_dict()), str(batch), str(src_len), str(tgt_len)],
+                           json.dumps(stored), str(batch), str(src_len), str(tgt_len)],
                           env=env, capture_output=True, text=True, cwd=tree)
     if done.returncode != 0:
         raise RuntimeError(f"compile_child failed:\n{done.stderr[-3000:]}")

@@ -58,7 +58,8 @@ def main() -> None:
                         "trace": after["trace_seconds"] - before["trace_seconds"],
                         "xla": after["compile_seconds"] - before["compile_seconds"],
                         "compiles": after["compiles"] - before["compiles"],
-                        "loaded": after["persistent_hits"] - before["persistent_hits"]}
+                        # a checkout older than the persistent cache (bench_jax --against) counts no hits
+                        "loaded": after.get("persistent_hits", 0) - before.get("persistent_hits", 0)}
     print(json.dumps(report))
 
 
