@@ -109,6 +109,47 @@ def test_a_long_compile_prints_one_notice(monkeypatch, capsys):
     assert "impl_jax:" not in capsys.readouterr().err
 
 
+def test_the_garbage_collector_pauses_while_a_new_program_traces(monkeypatch):
+    """Off from the trace's start to the call's end, on again after; left alone by a cached call,
+    by a user who disabled it, and with PAUSE_GC = False (where the probe sees it running)."""
+    import gc
+
+    import jax
+    import numpy as np
+    from conformance import init_params
+    from impl_jax import compiled
+    from batches import SRC, TGT, small
+
+    seen: list[bool] = []  # gc.isenabled() as each trace of this test ends (JAX's event)
+
+    def probe(event: str, duration: float, **_) -> None:
+        # only traces inside impl_jax's calls (an eager jnp op may compile a helper program too)
+        if event == compiled.TRACE_EVENTS[0] and recording and getattr(compiled._ACTIVE, "on", False):
+            seen.append(gc.isenabled())
+
+    recording = True
+    jax.monitoring.register_event_duration_secs_listener(probe)
+    try:
+        config = small(d_ff=52)  # a config no other test compiles: every call below traces
+        model = impl_jax.Model(config, init_params(config, dtype=np.float32))
+        assert gc.isenabled()
+        model(SRC, TGT)
+        assert seen == [False, False] and gc.isenabled()  # _encode and _decode, paused for each
+        model(SRC, TGT)  # cached: no trace
+        assert seen == [False, False] and gc.isenabled()
+        gc.disable()
+        try:
+            model(SRC[:2], TGT[:2])  # a new shape: traced, and the user's choice is kept
+            assert seen[2:] == [False, False] and not gc.isenabled()
+        finally:
+            gc.enable()
+        monkeypatch.setattr(compiled, "PAUSE_GC", False)
+        model(SRC[:1], TGT[:1])
+        assert seen[4:] == [True, True] and gc.isenabled()
+    finally:
+        recording = False
+
+
 # -- The layer stacks under lax.scan -------------------------------------------------------------
 
 
