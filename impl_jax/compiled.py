@@ -44,10 +44,14 @@ by `gc.callbacks`, on this project's 2-core CPU. So a trace starting inside one 
 calls disables the collector, if it was enabled, until the call returns, and enables it again
 then; cycles created meanwhile are collected at its next run, and reference counting frees
 everything else at once. Side by side (benchmarks/bench_jax.py --compile --against, 4 fresh
-processes each) the step's tracing took 2.07 s against 2.57 s, the forward's 0.41 against 0.53 s:
-3-4% of a cold compile, which XLA dominates; the process's peak memory was the same (2.69 GB
+processes each) the step's tracing took 2.07 s against 2.57 s, the forward's 0.41 against 0.53 s
+(less than the collector's own time: the cycles are still collected, after the call, and single
+runs of the same trace vary by a fifth): 3-4% of a cold compile, which XLA dominates; the process's peak memory was the same (2.69 GB
 after the step's first call, either way). A call whose executable exists does not trace and
-leaves the collector alone. `PAUSE_GC = False` turns this off.
+leaves the collector alone. `PAUSE_GC = False` turns this off. The collector is one per process:
+with calls tracing on several threads at once, the first pause disables it (if it was enabled)
+and the last call to finish enables it again; a `gc.disable()` made by other code while a pause
+is running is undone then.
 
 A notice before a long compile. A new shape of the base model takes seconds to trace and compile
 (tens of seconds on a GPU at float32-highest, issue 28), which looks like a hang. When this
@@ -92,6 +96,8 @@ _MAX_MAP_COUNT = Path("/proc/sys/vm/max_map_count")
 # Whether Python's cyclic garbage collector pauses while one of this backend's calls traces and
 # compiles a new program (see the module docstring). Calls whose executable exists never touch it.
 PAUSE_GC = True
+_GC_PAUSES = 0  # calls pausing it now, across threads (the collector is one per process)
+_GC_DISABLED_HERE = False  # whether the first of them disabled it (it was enabled), so the last enables it
 
 # Seconds a trace and compile may run before the notice is printed (None: never).
 NOTICE_AFTER: float | None = None if os.environ.get("ROSETTA_JAX_QUIET", "") not in ("", "0") else 1.0
@@ -148,15 +154,36 @@ def _notice(what: str) -> None:
     print(f"impl_jax: tracing and compiling {what}, a new shape: this takes seconds ({keep})", file=sys.stderr, flush=True)
 
 
+def _pause_gc() -> None:
+    """This thread's call pauses the collector: the first of any concurrent pauses disables it if
+    it was enabled, and only then does the last resume enable it again."""
+    global _GC_PAUSES, _GC_DISABLED_HERE
+    _ACTIVE.gc_paused = True  # first: an interrupt after it leaves at most a resume with nothing to undo
+    with _LOCK:
+        if _GC_PAUSES == 0:
+            _GC_DISABLED_HERE = gc.isenabled()
+            gc.disable()
+        _GC_PAUSES += 1
+
+
+def _resume_gc() -> None:
+    global _GC_PAUSES, _GC_DISABLED_HERE
+    _ACTIVE.gc_paused = False
+    with _LOCK:
+        _GC_PAUSES = max(_GC_PAUSES - 1, 0)
+        if _GC_PAUSES == 0 and _GC_DISABLED_HERE:
+            _GC_DISABLED_HERE = False
+            gc.enable()
+
+
 def _phase_started(event: str, value: float, **_: Any) -> None:
     """JAX records the start of each compile phase as a scalar: a trace starting inside one of
     this backend's calls pauses the cyclic garbage collector (`PAUSE_GC`) and arms the notice's
     timer (at most one per call)."""
     if event != TRACE_EVENTS[0] or not getattr(_ACTIVE, "on", False):
         return
-    if PAUSE_GC and not getattr(_ACTIVE, "gc_paused", False) and gc.isenabled():
-        gc.disable()
-        _ACTIVE.gc_paused = True
+    if PAUSE_GC and not getattr(_ACTIVE, "gc_paused", False):
+        _pause_gc()
     if NOTICE_AFTER is None:
         return
     if getattr(_ACTIVE, "timer", None) is None:
@@ -278,8 +305,7 @@ def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *
     finally:
         _ACTIVE.on = False
         if getattr(_ACTIVE, "gc_paused", False):
-            _ACTIVE.gc_paused = False
-            gc.enable()
+            _resume_gc()
         if getattr(_ACTIVE, "timer", None) is not None:
             _ACTIVE.timer.cancel()
             _ACTIVE.timer = None

@@ -110,8 +110,8 @@ def test_a_long_compile_prints_one_notice(monkeypatch, capsys):
 
 
 def test_the_garbage_collector_pauses_while_a_new_program_traces(monkeypatch):
-    """Off from the trace's start to the call's end, on again after; left alone by a cached call,
-    by a user who disabled it, and with PAUSE_GC = False (where the probe sees it running)."""
+    """Off when each trace ends (JAX's event) and on again after the call; left alone by a cached
+    call, by a user who disabled it, and with PAUSE_GC = False (where the probe sees it running)."""
     import gc
 
     import jax
@@ -120,17 +120,18 @@ def test_the_garbage_collector_pauses_while_a_new_program_traces(monkeypatch):
     from impl_jax import compiled
     from batches import SRC, TGT, small
 
-    seen: list[bool] = []  # gc.isenabled() as each trace of this test ends (JAX's event)
+    seen: list[bool] = []  # gc.isenabled() as each trace inside impl_jax's calls ends
 
     def probe(event: str, duration: float, **_) -> None:
         # only traces inside impl_jax's calls (an eager jnp op may compile a helper program too)
         if event == compiled.TRACE_EVENTS[0] and recording and getattr(compiled._ACTIVE, "on", False):
             seen.append(gc.isenabled())
 
+    impl_jax.clear_cache()  # every first call below traces, whatever this process compiled before
     recording = True
     jax.monitoring.register_event_duration_secs_listener(probe)
     try:
-        config = small(d_ff=52)  # a config no other test compiles: every call below traces
+        config = small(d_ff=52)
         model = impl_jax.Model(config, init_params(config, dtype=np.float32))
         assert gc.isenabled()
         model(SRC, TGT)
@@ -138,16 +139,53 @@ def test_the_garbage_collector_pauses_while_a_new_program_traces(monkeypatch):
         model(SRC, TGT)  # cached: no trace
         assert seen == [False, False] and gc.isenabled()
         gc.disable()
-        try:
-            model(SRC[:2], TGT[:2])  # a new shape: traced, and the user's choice is kept
-            assert seen[2:] == [False, False] and not gc.isenabled()
-        finally:
-            gc.enable()
+        model(SRC[:2], TGT[:2])  # a new shape: traced, and the user's choice is kept
+        assert seen[2:] == [False, False] and not gc.isenabled()
+        gc.enable()
         monkeypatch.setattr(compiled, "PAUSE_GC", False)
         model(SRC[:1], TGT[:1])
         assert seen[4:] == [True, True] and gc.isenabled()
     finally:
         recording = False
+        unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)  # not in every JAX
+        if unregister is not None:
+            unregister(probe)
+        gc.enable()
+
+
+def test_concurrent_pauses_enable_the_collector_when_the_last_ends():
+    """The collector is one per process: two threads' overlapping pauses disable it once, and only
+    the second to end enables it again; a collector disabled before any pause stays disabled."""
+    import gc
+    import threading
+
+    from impl_jax import compiled
+
+    def pausing(paused: threading.Event, go: threading.Event, done: threading.Event) -> None:
+        compiled._pause_gc()
+        paused.set()
+        go.wait(10)
+        compiled._resume_gc()
+        done.set()
+
+    try:
+        for enabled_before in (True, False):
+            (gc.enable if enabled_before else gc.disable)()
+            events = [[threading.Event() for _ in range(3)] for _ in range(2)]
+            threads = [threading.Thread(target=pausing, args=e) for e in events]
+            for thread, (paused, _, _) in zip(threads, events):
+                thread.start()
+                assert paused.wait(10)
+            assert not gc.isenabled()
+            events[0][1].set()  # the first pause ends while the second still runs
+            assert events[0][2].wait(10) and not gc.isenabled()
+            events[1][1].set()
+            assert events[1][2].wait(10)
+            assert gc.isenabled() == enabled_before
+            for thread in threads:
+                thread.join(10)
+    finally:
+        gc.enable()
 
 
 # -- The layer stacks under lax.scan -------------------------------------------------------------
