@@ -35,13 +35,21 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def interleaved(variants: dict[str, Callable[[], None]], rounds: int, device: torch.device) -> dict[str, list[float]]:
-    """Seconds per call of each variant, `rounds` rounds of one call each, after two warm-ups."""
+def interleaved(variants: dict[str, Callable[[], None]], rounds: int, device: torch.device,
+                leaves: list[torch.Tensor]) -> dict[str, list[float]]:
+    """Seconds per call of each variant, `rounds` rounds of one call each, after two warm-ups.
+    Every gradient in `leaves` is cleared before each call, outside the timing, as a training step
+    starts from none: a call writes its gradients and accumulates into nothing."""
+    def clear() -> None:
+        for leaf in leaves:
+            leaf.grad = None
+
     for run in variants.values():
-        run(), run()
+        clear(), run(), clear(), run()
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, run in variants.items():
+            clear()
             sync(device)
             start = time.perf_counter()
             run()
@@ -57,9 +65,11 @@ def report(title: str, times: dict[str, list[float]], reference: str) -> None:
     print(f"  {title}: {cells}")
 
 
-def linear_variants(d_in: int, d_out: int, device: torch.device, dtype: torch.dtype) -> dict[str, Callable[[], None]]:
+def linear_variants(d_in: int, d_out: int, device: torch.device, dtype: torch.dtype, leaves: list[torch.Tensor]
+                    ) -> dict[str, Callable[[], None]]:
     def param(*shape):
-        return torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
+        leaves.append(torch.randn(*shape, device=device, dtype=dtype, requires_grad=True))
+        return leaves[-1]
 
     ours, theirs, bias = param(d_in, d_out), param(d_out, d_in), param(d_out)
     x = param(8, 64, d_in)
@@ -71,9 +81,11 @@ def linear_variants(d_in: int, d_out: int, device: torch.device, dtype: torch.dt
     }
 
 
-def qkv_variants(d_model: int, device: torch.device, dtype: torch.dtype) -> dict[str, Callable[[], None]]:
+def qkv_variants(d_model: int, device: torch.device, dtype: torch.dtype, leaves: list[torch.Tensor]
+                 ) -> dict[str, Callable[[], None]]:
     def param(*shape):
-        return torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
+        leaves.append(torch.randn(*shape, device=device, dtype=dtype, requires_grad=True))
+        return leaves[-1]
 
     x = param(8, 64, d_model)
     weights, biases = [param(d_model, d_model) for _ in range(3)], [param(d_model) for _ in range(3)]
@@ -96,15 +108,25 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as exc:
+        parser.error(f"--device {args.device!r}: {exc}")
+    dtype = getattr(torch, args.dtype)
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda (optionally cuda:N), got {args.device!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here")
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {device}, {args.dtype}, {torch.get_num_threads()} threads, "
           f"{args.rounds} interleaved rounds; median time (median per-round ratio to the first variant)")
     for d_in, d_out in ((512, 512), (512, 2048), (2048, 512)):
-        report(f"{d_in} -> {d_out}", interleaved(linear_variants(d_in, d_out, device, dtype), args.rounds, device), "ours")
-    report("q, k, v 512 -> 512", interleaved(qkv_variants(512, device, dtype), args.rounds, device), "three")
+        leaves: list[torch.Tensor] = []
+        variants = linear_variants(d_in, d_out, device, dtype, leaves)
+        report(f"{d_in} -> {d_out}", interleaved(variants, args.rounds, device, leaves), "ours")
+    leaves = []
+    variants = qkv_variants(512, device, dtype, leaves)
+    report("q, k, v 512 -> 512", interleaved(variants, args.rounds, device, leaves), "three")
 
 
 if __name__ == "__main__":
