@@ -36,22 +36,22 @@ compile again. Only this backend's cache is dropped, never the user's other jitt
 Compile work is counted through JAX's monitoring events, attributed to this backend only while one
 of its calls is running, and reported by `compile_stats()` separately from run time.
 
-The garbage collector pauses while a new program is traced. Tracing creates many short-lived
-Python objects (a tracer, an equation and its variables for each of the 9,000 primitives of the
-base model's training step), and Python's cyclic collector, which runs after every 700 net
-allocations, ran 257 times during that trace, twice over all of the process's objects: 0.8-1.0 s
-by `gc.callbacks`, on this project's 2-core CPU. So a trace starting inside one of this backend's
-calls disables the collector, if it was enabled, until the call returns, and enables it again
-then; cycles created meanwhile are collected at its next run, and reference counting frees
-everything else at once. Side by side (benchmarks/bench_jax.py --compile --against, 4 fresh
-processes each) the step's tracing took 2.07 s against 2.57 s, the forward's 0.41 against 0.53 s
-(less than the collector's own time: the cycles are still collected, after the call, and single
-runs of the same trace vary by a fifth): 3-4% of a cold compile, which XLA dominates; the process's peak memory was the same (2.69 GB
-after the step's first call, either way). A call whose executable exists does not trace and
-leaves the collector alone. `PAUSE_GC = False` turns this off. The collector is one per process:
-with calls tracing on several threads at once, the first pause disables it (if it was enabled)
-and the last call to finish enables it again; a `gc.disable()` made by other code while a pause
-is running is undone then.
+The garbage collector pauses while a new program is traced. Tracing creates many short-lived Python
+objects (a tracer, an equation and its variables for each of the 9,000 primitives of the base
+model's training step), and Python's cyclic collector, which runs after every 700 net allocations,
+ran 257 times during that trace, twice over all of the process's objects: 0.8-1.0 s by
+`gc.callbacks`, on this project's 2-core CPU. So a trace starting inside one of this backend's
+calls disables the collector, if it was enabled, until the call returns, and enables it again then;
+cycles created meanwhile are collected at its next run, and reference counting frees everything
+else at once. Side by side (benchmarks/bench_jax.py --compile --against, 4 fresh processes each)
+the step's tracing took 2.07 s against 2.57 s, the forward's 0.41 against 0.53 s (less than the
+collector's own time: the cycles are still collected, after the call, and single runs of the same
+trace vary by a fifth): 3-4% of a cold compile, which XLA dominates; the process's peak memory was
+the same (2.69 GB after the step's first call, either way). A call whose executable exists does not
+trace and leaves the collector alone. `PAUSE_GC = False` turns this off. The collector is one per
+process: with calls tracing on several threads at once, the first pause disables it (if it was
+enabled) and the last call to finish enables it again; a `gc.disable()` made by other code while a
+pause is running is undone then.
 
 A notice before a long compile. A new shape of the base model takes seconds to trace and compile
 (tens of seconds on a GPU at float32-highest, issue 28), which looks like a hang. When this
