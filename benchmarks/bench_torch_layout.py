@@ -35,25 +35,41 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def interleaved(variants: dict[str, Callable[[], None]], rounds: int, device: torch.device,
-                leaves: list[torch.Tensor]) -> dict[str, list[float]]:
+class Leaves(list):
+    """The tensors a set of variants differentiates with respect to, made here so that their
+    gradients can be cleared between calls."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        self.device, self.dtype = device, dtype
+
+    def new(self, *shape: int) -> torch.Tensor:
+        self.append(torch.randn(*shape, device=self.device, dtype=self.dtype, requires_grad=True))
+        return self[-1]
+
+    def constant(self, *shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=self.device, dtype=self.dtype)
+
+    def clear_grads(self) -> None:
+        for leaf in self:
+            leaf.grad = None
+
+
+def interleaved(variants: dict[str, Callable[[], None]], rounds: int, leaves: Leaves) -> dict[str, list[float]]:
     """Seconds per call of each variant, `rounds` rounds of one call each, after two warm-ups.
     Every gradient in `leaves` is cleared before each call, outside the timing, as a training step
     starts from none: a call writes its gradients and accumulates into nothing."""
-    def clear() -> None:
-        for leaf in leaves:
-            leaf.grad = None
-
-    for run in variants.values():
-        clear(), run(), clear(), run()
+    for run in (*variants.values(), *variants.values()):
+        leaves.clear_grads()
+        run()
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, run in variants.items():
-            clear()
-            sync(device)
+            leaves.clear_grads()
+            sync(leaves.device)
             start = time.perf_counter()
             run()
-            sync(device)
+            sync(leaves.device)
             times[name].append(time.perf_counter() - start)
     return times
 
@@ -65,15 +81,10 @@ def report(title: str, times: dict[str, list[float]], reference: str) -> None:
     print(f"  {title}: {cells}")
 
 
-def linear_variants(d_in: int, d_out: int, device: torch.device, dtype: torch.dtype, leaves: list[torch.Tensor]
-                    ) -> dict[str, Callable[[], None]]:
-    def param(*shape):
-        leaves.append(torch.randn(*shape, device=device, dtype=dtype, requires_grad=True))
-        return leaves[-1]
-
-    ours, theirs, bias = param(d_in, d_out), param(d_out, d_in), param(d_out)
-    x = param(8, 64, d_in)
-    dy = torch.randn(8, 64, d_out, device=device, dtype=dtype)
+def linear_variants(d_in: int, d_out: int, leaves: Leaves) -> dict[str, Callable[[], None]]:
+    ours, theirs, bias = leaves.new(d_in, d_out), leaves.new(d_out, d_in), leaves.new(d_out)
+    x = leaves.new(8, 64, d_in)
+    dy = leaves.constant(8, 64, d_out)
     return {
         "ours": lambda: F.linear(x, ours.T, bias).backward(dy),
         "(out, in)": lambda: F.linear(x, theirs, bias).backward(dy),
@@ -81,16 +92,11 @@ def linear_variants(d_in: int, d_out: int, device: torch.device, dtype: torch.dt
     }
 
 
-def qkv_variants(d_model: int, device: torch.device, dtype: torch.dtype, leaves: list[torch.Tensor]
-                 ) -> dict[str, Callable[[], None]]:
-    def param(*shape):
-        leaves.append(torch.randn(*shape, device=device, dtype=dtype, requires_grad=True))
-        return leaves[-1]
-
-    x = param(8, 64, d_model)
-    weights, biases = [param(d_model, d_model) for _ in range(3)], [param(d_model) for _ in range(3)]
-    packed, packed_bias = param(3 * d_model, d_model), param(3 * d_model)
-    dys = [torch.randn(8, 64, d_model, device=device, dtype=dtype) for _ in range(3)]
+def qkv_variants(d_model: int, leaves: Leaves) -> dict[str, Callable[[], None]]:
+    x = leaves.new(8, 64, d_model)
+    weights, biases = [leaves.new(d_model, d_model) for _ in range(3)], [leaves.new(d_model) for _ in range(3)]
+    packed, packed_bias = leaves.new(3 * d_model, d_model), leaves.new(3 * d_model)
+    dys = [leaves.constant(8, 64, d_model) for _ in range(3)]
     dy_packed = torch.cat(dys, -1)
 
     def three():
@@ -121,13 +127,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, {device}, {args.dtype}, {torch.get_num_threads()} threads, "
           f"{args.rounds} interleaved rounds; median time (median per-round ratio to the first variant)")
     for d_in, d_out in ((512, 512), (512, 2048), (2048, 512)):
-        leaves: list[torch.Tensor] = []
-        variants = linear_variants(d_in, d_out, device, dtype, leaves)
-        report(f"{d_in} -> {d_out}", interleaved(variants, args.rounds, device, leaves), "ours")
-    leaves = []
-    variants = qkv_variants(512, device, dtype, leaves)
-    report("q, k, v 512 -> 512", interleaved(variants, args.rounds, device, leaves), "three")
-
+        leaves = Leaves(device, dtype)
+        variants = linear_variants(d_in, d_out, leaves)
+        report(f"{d_in} -> {d_out}", interleaved(variants, args.rounds, leaves), "ours")
+    leaves = Leaves(device, dtype)
+    variants = qkv_variants(512, leaves)
+    report("q, k, v 512 -> 512", interleaved(variants, args.rounds, leaves), "three")
 
 if __name__ == "__main__":
     main()
