@@ -4,6 +4,7 @@
     python benchmarks/bench_train.py --quick              # a small config and few repeats (a smoke run)
     python benchmarks/bench_train.py --device cuda --dtype bfloat16
     python benchmarks/bench_train.py --contenders impl_torch,nn.Transformer --profile
+    python benchmarks/bench_train.py --contenders impl_torch,nn.Transformer --ops --batch 2
 
 One training step = forward, the loss of docs/training.md (cross-entropy, ignore_index = pad_id,
 label smoothing 0.1), backward, and the paper's Adam with its schedule. Base config (d_model 512,
@@ -27,7 +28,11 @@ Calls are interleaved (each round runs every contender once, in a rotating order
 from other processes hits all alike; the report prints every round's ratios to nn.Transformer,
 then each median time and the median of the per-round ratios, against the targets of issue 28:
 impl_torch <= 1.0x, impl_jax <= 1.0x (and issue 13's NumPy float32 <= 3x). `--profile` prints
-torch.profiler's most expensive operators of one impl_torch step and one baseline step.
+torch.profiler's most expensive operators of one impl_torch step and one baseline step. `--ops`
+counts the torch ops of one step of each torch contender, the loss and gradients apart from the
+optimizer: host dispatches (top-level aten ops: called from Python, or by autograd's engine in the
+backward pass) and kernels (ops dispatched, less views). A step bound by the host, as on a GPU at
+batch 32, costs about that, and the counts do not depend on the device or the batch.
 """
 
 from __future__ import annotations
@@ -80,6 +85,10 @@ def contenders(config, params, src, tgt, labels, device: str, dtype: str, wanted
         optimizer = impl_torch.Adam(model, config.d_model)
         entries["impl_torch"] = lambda: float(impl_torch.train_step(model, optimizer, src, tgt, labels,
                                                                     label_smoothing=EPSILON))
+        grads = {}
+        PARTS["impl_torch"] = (
+            lambda: grads.update(model.loss_and_grads(src, tgt, labels, label_smoothing=EPSILON)[1]),
+            lambda: optimizer.step(grads))
 
     if BASELINE in wanted:
         baseline = TorchTransformer(config, params).float().to(device)
@@ -88,18 +97,26 @@ def contenders(config, params, src, tgt, labels, device: str, dtype: str, wanted
         schedule = torch.optim.lr_scheduler.LambdaLR(base_opt, lambda e: paper_lrate(e + 1, config.d_model))
         src_t, tgt_t, labels_t = (torch.from_numpy(x).to(device) for x in (src, tgt, labels))
 
-        def plain_step():
+        def plain_loss():
             with torch.autocast(device, dtype=torch.bfloat16, enabled=mixed):
                 logits = baseline(src_t, tgt_t)
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels_t.reshape(-1),
                                        ignore_index=config.pad_id, label_smoothing=EPSILON)
             base_opt.zero_grad(set_to_none=True)
             loss.backward()
+            return loss
+
+        def plain_update():
             base_opt.step()
             schedule.step()
+
+        def plain_step():
+            loss = plain_loss()
+            plain_update()
             return float(loss.detach())  # blocks until the step is done
 
         entries[BASELINE] = plain_step
+        PARTS[BASELINE] = (plain_loss, plain_update)
 
     if "impl_jax" in wanted:
         try:
@@ -157,6 +174,7 @@ def contenders(config, params, src, tgt, labels, device: str, dtype: str, wanted
 
 
 COMPILE: dict[str, str] = {}
+PARTS: dict[str, tuple] = {}  # torch contender: (loss and gradients, optimizer update), run in this order
 ALL = ("impl_torch", BASELINE, "impl_jax", "impl_numpy float32")
 
 
@@ -174,6 +192,48 @@ def profile(entries, device: str, rows: int = 15) -> None:
             print(prof.key_averages().table(sort_by=key, row_limit=rows))
 
 
+def count_ops(function) -> tuple[int, int]:
+    """(host dispatches, kernels) of one call: torch.profiler's top-level aten ops (called from
+    Python, or by autograd's engine in the backward pass), and the ops that reach a kernel (every
+    op dispatched, nested ones included, less views and aliases: on a GPU each is a launch or a
+    host-device copy)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Kernels(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not (func.is_view or func.__name__.split(".")[0] in ("detach", "alias", "lift_fresh")):
+                Kernels.count += 1
+            return func(*args, **(kwargs or {}))
+
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        function()
+    top = 0
+    for event in prof.events():
+        if event.name.startswith("aten::"):
+            parent = event.cpu_parent
+            while parent is not None and not parent.name.startswith("aten::"):
+                parent = parent.cpu_parent
+            top += parent is None
+    with Kernels():
+        function()
+    return top, Kernels.count
+
+
+def report_ops(device: str) -> None:
+    """Ops of one step of each torch contender, by part (counted twice: profiler, then dispatch)."""
+    print(f"{'ops of one step':<22}{'loss and gradients':>26}{'optimizer':>22}{'step':>22}   (host dispatches / kernels)")
+    for name, (loss, update) in PARTS.items():
+        counted = [count_ops(loss), count_ops(update)]
+        total = tuple(map(sum, zip(*counted)))
+        print(f"{name:<22}" + "".join(f"{f'{top} / {kernels}':>22}" for top, kernels in counted + [total]))
+    if device == "cpu":
+        print(f"(on the CPU, {BASELINE}'s torch.optim.Adam takes its for-loop over the tensors; on CUDA its default "
+              "is foreach, fewer ops: compare the loss-and-gradients column across devices)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small config and few rounds")
@@ -185,6 +245,8 @@ def main(argv=None) -> int:
                         help=f"comma-separated, from {', '.join(ALL)} ({BASELINE} is always run)")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default 8; --quick 4)")
     parser.add_argument("--profile", action="store_true", help="print torch.profiler tables, then time")
+    parser.add_argument("--ops", action="store_true",
+                        help="count the torch ops of one step of each torch contender (host dispatches, kernels), then time")
     args = parser.parse_args(argv)
     wanted = set(args.contenders.split(",")) | {BASELINE}
     if unknown := wanted - set(ALL):
@@ -207,6 +269,8 @@ def main(argv=None) -> int:
         run()
     if args.profile:
         profile(entries, args.device)
+    if args.ops:
+        report_ops(args.device)
     times = {name: [] for name in entries}
     names = list(entries)
     for r in range(rounds):

@@ -46,6 +46,7 @@ from impl_torch import decode
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 from impl_torch.blocks import product_in_blocks
 from impl_torch.fused import kernel_fix_ups
+from impl_torch.train import parameters_replaced
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
@@ -838,16 +839,14 @@ class Model(nn.Module):
         # use, autograd would round every use's gradient to param_dtype and sum them there (a
         # shared or tied embedding, the scatter-add of looked-up rows): an ulp away.
         mixed = self.param_dtype != self.dtype
-        leaves = [cast(p, self.dtype).detach().requires_grad_() for p in params] if mixed else list(params)
+        with torch.no_grad():  # the copies are leaves of the graph below (no .detach(): 260 dispatches fewer)
+            leaves = [cast(p, self.dtype).requires_grad_() for p in params] if mixed else list(params)
         # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
         # loss runs: a NaN activation would reach every weight gradient as 0 * NaN. Attention runs
         # through the fused kernel (`fast_attention`), which takes that rule outside the kernel.
         forward = {"dropout": dropout, "empty_rows": 0.0, "return_attention": False}
         with torch.enable_grad():
-            if mixed:
-                logits = torch.func.functional_call(self, dict(zip(names, leaves)), (src_ids, tgt_ids),
-                                                    forward).logits  # (B, T, V)
-            else:
+            with parameters_replaced(self, {id(p): leaf for p, leaf in zip(params, leaves)} if mixed else {}):
                 logits = self(src_ids, tgt_ids, **forward).logits  # (B, T, V)
             # The counted positions are selected before the log-softmax, never multiplied by 0: a
             # padded row is replaced by zeros (a where, whose gradient selects), so a NaN there

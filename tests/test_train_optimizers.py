@@ -4,6 +4,8 @@ step after step, through the warmup peak; the schedule is the paper's equation 3
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 import pytest
 import torch
@@ -103,3 +105,62 @@ def test_bad_optimizer_arguments_are_input_errors(backend):
     with pytest.raises(InputError, match="missing") as error:
         optimizer.step(grads)
     assert error.value.argument == "grads"
+
+
+def test_torch_adam_uses_tensor_gradients_as_they_are_and_copies_anything_else():
+    """impl_torch's Adam hands `loss_and_grads`' own tensors to the fused kernel without copying
+    them (a host dispatch each saved, docs/training.md), and copies NumPy arrays, another dtype or
+    a tensor that requires grad: the same updates either way, and the given gradients unchanged."""
+    config = small("default", n_encoder_layers=1, n_decoder_layers=1)
+    params = init_params(config)
+    grads = grads_at(config, 1)
+    kinds = {
+        "tensors": {name: torch.tensor(g) for name, g in grads.items()},
+        "numpy": grads,
+        "float32 tensors": {name: torch.tensor(g, dtype=torch.float32) for name, g in grads.items()},
+        "requiring grad": {name: torch.tensor(g).requires_grad_() for name, g in grads.items()},
+    }
+    results = {}
+    for kind, given in kinds.items():
+        model = impl_torch.Model(config, params, "float64")
+        optimizer = impl_torch.train.Adam(model, config.d_model, warmup=WARMUP)
+        seen = {}
+        hook = optimizer.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs: seen.update({name: p.grad for name, p in zip(optimizer.names, optimizer.params)}))
+        before = {name: g.detach().clone() if isinstance(g, torch.Tensor) else g.copy() for name, g in given.items()}
+        optimizer.step(given)
+        hook.remove()
+        shared = [seen[name] is given[name] for name in given]
+        assert all(shared) if kind == "tensors" else not any(shared), kind
+        for name, g in given.items():  # the optimizer changed no gradient it was given
+            assert np.array_equal(impl_torch.to_numpy(g.detach()) if isinstance(g, torch.Tensor) else g,
+                                  impl_torch.to_numpy(before[name]) if isinstance(g, torch.Tensor) else before[name])
+        assert all(p.grad is None for p in optimizer.params), kind  # zeroed after the step
+        results[kind] = {name: impl_torch.to_numpy(p).copy() for name, p in model.state_dict().items()}
+    for kind in ("numpy", "requiring grad"):
+        for name, value in results["tensors"].items():
+            assert np.array_equal(results[kind][name], value), (kind, name)
+
+
+def test_parameters_replaced_swaps_only_the_named_parameters_and_always_restores():
+    """The mixed-precision loss reads compute-dtype copies through `parameters_replaced`
+    (impl_torch/train.py), in place of `torch.func.functional_call`: inside the block the module
+    reads each replacement, outside it its own parameters again, even after an error."""
+    config = small("default", n_encoder_layers=1, n_decoder_layers=1)
+    model = impl_torch.Model(config, init_params(config), "float64")
+    named = dict(model.named_parameters())
+    target = "decoder.0.cross_attn.v_proj.weight" if "decoder.0.cross_attn.v_proj.weight" in named else sorted(named)[0]
+    replacement = torch.zeros_like(named[target])
+    src, tgt = np.array([[5, 6, 7, config.pad_id]]), np.array([[2, 8, 9]])
+    plain = model(src, tgt).logits
+    with impl_torch.train.parameters_replaced(model, {id(named[target]): replacement}):
+        assert attrgetter(target)(model) is replacement
+        assert all(attrgetter(name)(model) is p for name, p in named.items() if name != target)
+        inside = model(src, tgt).logits
+        reference = torch.func.functional_call(model, {target: replacement}, (src, tgt)).logits
+    assert torch.equal(inside, reference) and not torch.equal(inside, plain)
+    with pytest.raises(RuntimeError, match="inside"):
+        with impl_torch.train.parameters_replaced(model, {id(p): torch.zeros_like(p) for p in named.values()}):
+            raise RuntimeError("inside")
+    assert dict(model.named_parameters()) == named and all(isinstance(p, torch.nn.Parameter) for p in named.values())
+    assert torch.equal(model(src, tgt).logits, plain)

@@ -51,7 +51,8 @@ def paper_lrate(step: int, d_model: int, warmup: int = PAPER_WARMUP) -> float:
 def check_grads(param_shapes: dict[str, tuple[int, ...]], names: Sequence[str], shape_of) -> None:
     """Gradients given to an optimizer step: exactly the model's parameter names, each of its
     parameter's shape (`shape_of(name)` reads the gradient's shape)."""
-    missing = [name for name in param_shapes if name not in names]
+    given = set(names)  # a set: as lists, 260 names against 260 took 0.5-0.6 ms a step
+    missing = [name for name in param_shapes if name not in given]
     unknown = [name for name in names if name not in param_shapes]
     if missing or unknown:
         raise InputError("grads", f"keys must be the model's parameter names; missing {missing[:3]}, "
