@@ -194,11 +194,12 @@ def profile(entries, device: str, rows: int = 15) -> None:
 
 def count_ops(function) -> tuple[int, int]:
     """(host dispatches, kernels) of one call: torch.profiler's top-level aten ops (called from
-    Python, or by autograd's engine in the backward pass), and the ops that reach a kernel (every
-    op dispatched, nested ones included, less views and aliases: on a GPU each is a launch or a
-    host-device copy)."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    Python, or by autograd's engine in the backward pass; `ops_per_step.count_ops`), and the ops
+    that reach a kernel (every op dispatched, nested ones included, less views and aliases: on a
+    GPU each is a launch or a host-device copy)."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ops_per_step import count_ops as profiled
 
     class Kernels(TorchDispatchMode):
         count = 0
@@ -208,15 +209,7 @@ def count_ops(function) -> tuple[int, int]:
                 Kernels.count += 1
             return func(*args, **(kwargs or {}))
 
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        function()
-    top = 0
-    for event in prof.events():
-        if event.name.startswith("aten::"):
-            parent = event.cpu_parent
-            while parent is not None and not parent.name.startswith("aten::"):
-                parent = parent.cpu_parent
-            top += parent is None
+    top, _ = profiled(function)
     with Kernels():
         function()
     return top, Kernels.count
