@@ -66,6 +66,7 @@ tells the two apart.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
@@ -283,12 +284,30 @@ def mapping_pressure() -> float | None:
     return held / limit if limit > 0 else None
 
 
+def placed(args: tuple, device: jax.Device) -> tuple:
+    """`jax.device_put(args, device)`, without putting what is already there: each argument
+    whose arrays are all committed to `device` is passed as it is (device_put returns such an
+    array unchanged, after about 30 µs of host work a leaf on this project's CPU: 27 ms for a
+    training step's 790 parameters and optimizer moments), any other argument is put whole."""
+    sharding = _single_device_sharding(device)
+
+    def there(x) -> bool:
+        return isinstance(x, jax.Array) and x.committed and x.sharding == sharding
+
+    return tuple(x if all(map(there, jax.tree.leaves(x))) else jax.device_put(x, device) for x in args)
+
+
+@functools.lru_cache(maxsize=None)
+def _single_device_sharding(device: jax.Device) -> jax.sharding.SingleDeviceSharding:
+    return jax.sharding.SingleDeviceSharding(device)
+
+
 def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *, donate: bool = False,
          **static: Any) -> tuple:
     """`method(model, *args, **static)`, compiled for these shapes on `device` (cached by jit).
     `donate`: args[0] and args[1] are donated (their buffers are invalid after the call)."""
     global _EVICT_NEXT
-    args = jax.device_put(args, device)
+    args = placed(args, device)
     with _LOCK:
         evict = _EVICT_NEXT or _STATS.cached >= MAX_CACHED_EXECUTABLES
     if evict:

@@ -15,10 +15,20 @@ state buffers are donated, so XLA writes the new values over the old ones instea
 and no gradient goes back to the host in between. The numbers are those of `loss_and_grads`
 followed by `Adam.step` (tests/test_train_optimizers.py). Any other optimizer takes the written-once
 `conformance.core.training.train_step`.
+
+The host side of a step is kept small, because on a GPU the step waits for it (docs/training.md):
+the model's variables are read through one tree flatten (`step_layout`: its structure, a
+`PyTreeDef`, keys the `StepLayout` found once by `nnx.split`), arguments already on the device are
+not put there again (`compiled.placed`), and the new values are set on the model's own variables,
+where `nnx.split`, `jax.device_put` of every parameter and moment, and `nnx.update` took most of
+a small model's step.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax  # the JAX ecosystem's optimizers: the issue asks for optax.adam, not a re-derivation
@@ -77,28 +87,76 @@ class Adam:
         check_grads(param_shapes(self.model.config), list(grads), lambda name: np.shape(grads[name]))
         host.check_runnable(self.model.dtype, param_dtype=self.model.param_dtype)
         lr = self.lr
-        params = self.model.params
+        _, variables, layout = step_layout(self.model)
+        params = {name: variables[i].get_raw_value() for name, i in zip(layout.param_names, layout.param_positions)}
         grads = {name: jnp.asarray(grads[name], params[name].dtype) for name in params}
         beta1, beta2 = self.betas
         new, self.state = compiled.call(None, _update, (params, grads, self.state), self.model.device,
                                         d_model=self.d_model, warmup=self.warmup, b1=beta1, b2=beta2, eps=self.eps)
-        state = nnx.state(self.model, nnx.Param)
-        flat = [(path, new[".".join(str(part) for part in path)]) for path, _ in nnx.to_flat_state(state)]
-        nnx.update(self.model, nnx.from_flat_state(flat))
+        for name, i in zip(layout.param_names, layout.param_positions):  # the model's own variables
+            variables[i].set_raw_value(new[name])
         self.steps += 1
         return lr
 
 
-def _fused_step(_, params, state, rest, *args, graphdef, d_model, warmup, b1, b2, eps, **static):
-    """The compiled step: the model merged from its (donated) parameters, loss and gradients as
-    `loss_and_grads` computes them, then `_update` as `Adam.step` applies it."""
-    model = compiled.in_layout(nnx.merge(graphdef, params, rest))
+class StepLayout:
+    """Where a model's variables go in the fused step, for one model structure: the graphdef,
+    and each variable's position among `jax.tree.leaves(model, is_leaf=is_variable)` and its path
+    in `nnx.split(model, nnx.Param, ...)`'s states (the parameters, then the rest)."""
+
+    def __init__(self, model, variables):
+        self.graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        position = {id(variable): i for i, variable in enumerate(variables)}
+        self.param_paths, self.param_positions = self._paths(params, position)
+        self.rest_paths, self.rest_positions = self._paths(rest, position)
+        self.param_names = tuple(".".join(str(part) for part in path) for path in self.param_paths)
+
+    @staticmethod
+    def _paths(state, position) -> tuple[tuple, tuple[int, ...]]:
+        flat = nnx.to_flat_state(state)
+        return tuple(path for path, _ in flat), tuple(position[id(variable)] for _, variable in flat)
+
+    def merge(self, params, rest):
+        """The model, from the parameters' and the rest's values (lists in this layout's order)."""
+        return nnx.merge(self.graphdef, nnx.from_flat_state(list(zip(self.param_paths, params))),
+                         nnx.from_flat_state(list(zip(self.rest_paths, rest))))
+
+
+# A model's structure (`jax.tree.flatten(model)`'s tree: its modules, their static attributes,
+# each variable's type and metadata) -> its StepLayout. Read again on every step, the structure
+# costs a tree flatten (about a millisecond for the base model) where `nnx.split` and `nnx.update`
+# cost tens (docs/training.md); a model whose structure changed flattens to another tree.
+_LAYOUTS: dict = {}
+MAX_LAYOUTS = 32  # distinct model structures stepped in one process before the table is emptied
+
+
+def _is_variable(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def step_layout(model) -> tuple[Any, list, StepLayout]:
+    """(the structure, the model's variables in leaf order, its StepLayout)."""
+    structure = jax.tree.structure(model)
+    variables = jax.tree.leaves(model, is_leaf=_is_variable)
+    layout = _LAYOUTS.get(structure)
+    if layout is None:
+        if len(_LAYOUTS) >= MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[structure] = StepLayout(model, variables)
+    return structure, variables, layout
+
+
+def _fused_step(_, params, state, rest, *args, structure, d_model, warmup, b1, b2, eps, **static):
+    """The compiled step: the model rebuilt from its (donated) parameters, loss and gradients as
+    `loss_and_grads` computes them, then `_update` as `Adam.step` applies it; returns the loss,
+    the new parameters (a list, in the layout's order) and the new optimizer state."""
+    layout = _LAYOUTS[structure]
+    model = compiled.in_layout(layout.merge(params, rest))
     with model_precision(model.precision):
         loss, grads = type(model)._loss_and_grads(model, *args, **static)
-    paths = [path for path, _ in nnx.to_flat_state(params)]
-    flat = {".".join(str(part) for part in path): variable[...] for path, variable in nnx.to_flat_state(params)}
+    flat = dict(zip(layout.param_names, params))
     new, state = _update(None, flat, grads, state, d_model=d_model, warmup=warmup, b1=b1, b2=b2, eps=eps)
-    return loss, nnx.from_flat_state([(path, new[".".join(str(part) for part in path)]) for path in paths]), state
+    return loss, [new[name] for name in layout.param_names], state
 
 
 def train_step(model, optimizer, src_ids, tgt_ids, labels, *, label_smoothing: float = 0.0):
@@ -108,12 +166,14 @@ def train_step(model, optimizer, src_ids, tgt_ids, labels, *, label_smoothing: f
     if not isinstance(optimizer, Adam) or optimizer.model is not model:
         return training.train_step(model, optimizer, src_ids, tgt_ids, labels, label_smoothing=label_smoothing)
     args, static = model._loss_args(src_ids, tgt_ids, labels, label_smoothing, None)
-    host.check_runnable(model.dtype, param_dtype=model.param_dtype)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    structure, variables, layout = step_layout(model)
+    params = [variables[i].get_raw_value() for i in layout.param_positions]
+    rest = [variables[i].get_raw_value() for i in layout.rest_positions]
     beta1, beta2 = optimizer.betas
     loss, params, optimizer.state = compiled.call(
-        None, _fused_step, (params, optimizer.state, rest, *args), model.device, donate=True, graphdef=graphdef,
+        None, _fused_step, (params, optimizer.state, rest, *args), model.device, donate=True, structure=structure,
         d_model=optimizer.d_model, warmup=optimizer.warmup, b1=beta1, b2=beta2, eps=optimizer.eps, **static)
-    nnx.update(model, params)
+    for i, value in zip(layout.param_positions, params):  # the model's own variables take the new values
+        variables[i].set_raw_value(value)
     optimizer.steps += 1
     return loss

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 import impl_jax
@@ -342,3 +343,57 @@ def test_fused_train_step_is_loss_and_grads_then_adam_and_donates():
         assert fused_opt.steps == plain_opt.steps == 2
         for name, value in fused.params.items():
             np.testing.assert_array_equal(np.asarray(value), np.asarray(plain.params[name]), err_msg=name)
+
+
+def test_fused_train_step_follows_the_model_between_steps():
+    """The fused step reads the model's structure and variables afresh at every step
+    (impl_jax/train.py's StepLayout, a tree flatten instead of nnx.split): new values through
+    nnx.update, a variable replaced by another and a changed static attribute (the matmul
+    precision) are all stepped as the unfused loss_and_grads + Adam.step steps them, and an
+    unchanged model reuses its layout without compiling again."""
+    import numpy as np
+    from flax import nnx
+
+    from conformance import init_params
+    from conformance.core import training
+    from impl_jax.train import step_layout
+    from batches import SRC, TGT, small
+
+    config = small()
+    labels = np.where(TGT == config.pad_id, config.pad_id, TGT)
+    with impl_jax.enable_x64():
+        params = init_params(config, dtype=np.float64)
+        fused, plain = impl_jax.Model(config, params, "float64"), impl_jax.Model(config, params, "float64")
+        fused_opt = impl_jax.Adam(fused, config.d_model, warmup=10)
+        plain_opt = impl_jax.Adam(plain, config.d_model, warmup=10)
+
+        def step_both(what: str) -> None:
+            loss = impl_jax.train_step(fused, fused_opt, SRC, TGT, labels, label_smoothing=0.1)
+            expected = training.train_step(plain, plain_opt, SRC, TGT, labels, label_smoothing=0.1)
+            assert float(loss) == float(expected), what
+            for name, value in fused.params.items():
+                np.testing.assert_array_equal(np.asarray(value), np.asarray(plain.params[name]), err_msg=f"{what}: {name}")
+
+        step_both("first step")
+        layout = step_layout(fused)[2]
+        compiles = impl_jax.compile_stats()["compiles"]
+        step_both("unchanged")
+        assert step_layout(fused)[2] is layout and impl_jax.compile_stats()["compiles"] == compiles
+
+        bias = np.linspace(-0.5, 0.5, config.tgt_vocab_size)
+        for model in (fused, plain):  # new values in the same variable
+            nnx.update(model, nnx.from_flat_state([(("output", "bias"), jax.numpy.asarray(bias))]))
+        step_both("nnx.update")
+        for model in (fused, plain):  # another variable object in its place
+            model.output.bias = nnx.Param(jax.numpy.asarray(bias[::-1].copy()))
+        replaced = fused.output.bias
+        step_both("a replaced variable")
+        assert replaced is fused.output.bias and np.array_equal(np.asarray(replaced[...]), np.asarray(plain.output.bias[...]))
+        assert not np.array_equal(np.asarray(replaced[...]), bias[::-1])  # the new variable was stepped
+
+        compiles = impl_jax.compile_stats()["compiles"]
+        for model in (fused, plain):  # a static attribute: another program
+            model.precision = "default"
+        step_both("precision default")
+        assert step_layout(fused)[2] is not layout
+        assert impl_jax.compile_stats()["compiles"] > compiles
