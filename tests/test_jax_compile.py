@@ -319,21 +319,29 @@ def test_precision_is_a_checked_choice_of_the_model():
 # -- The fused training step ---------------------------------------------------------------------
 
 
+def fused_and_plain():
+    """Two float64 models of tests/batches' small config from the same weights, each with an
+    impl_jax.Adam, and the labels of TGT (call inside `impl_jax.enable_x64()`)."""
+    import numpy as np
+    from conformance import init_params
+    from batches import TGT, small
+
+    config = small()
+    params = init_params(config, dtype=np.float64)
+    fused, plain = impl_jax.Model(config, params, "float64"), impl_jax.Model(config, params, "float64")
+    optimizers = (impl_jax.Adam(fused, config.d_model, warmup=10), impl_jax.Adam(plain, config.d_model, warmup=10))
+    return config, np.where(TGT == config.pad_id, config.pad_id, TGT), (fused, plain), optimizers
+
+
 def test_fused_train_step_is_loss_and_grads_then_adam_and_donates():
     """impl_jax.train_step with impl_jax.Adam: one compiled step, bit for bit the core's
     loss_and_grads + Adam.step in float64, with the old parameter buffers donated (deleted)."""
     import numpy as np
-    from conformance import init_params
     from conformance.core import training
-    from batches import SRC, TGT, small
+    from batches import SRC, TGT
 
-    config = small()
-    labels = np.where(TGT == config.pad_id, config.pad_id, TGT)
     with impl_jax.enable_x64():
-        params = init_params(config, dtype=np.float64)
-        fused, plain = impl_jax.Model(config, params, "float64"), impl_jax.Model(config, params, "float64")
-        fused_opt = impl_jax.Adam(fused, config.d_model, warmup=10)
-        plain_opt = impl_jax.Adam(plain, config.d_model, warmup=10)
+        _, labels, (fused, plain), (fused_opt, plain_opt) = fused_and_plain()
         for _ in range(2):
             old = fused.params["encoder.layers.0.ffn.linear1.weight"]
             loss = impl_jax.train_step(fused, fused_opt, SRC, TGT, labels, label_smoothing=0.1)
@@ -354,18 +362,12 @@ def test_fused_train_step_follows_the_model_between_steps():
     import numpy as np
     from flax import nnx
 
-    from conformance import init_params
     from conformance.core import training
     from impl_jax.train import step_layout
-    from batches import SRC, TGT, small
+    from batches import SRC, TGT
 
-    config = small()
-    labels = np.where(TGT == config.pad_id, config.pad_id, TGT)
     with impl_jax.enable_x64():
-        params = init_params(config, dtype=np.float64)
-        fused, plain = impl_jax.Model(config, params, "float64"), impl_jax.Model(config, params, "float64")
-        fused_opt = impl_jax.Adam(fused, config.d_model, warmup=10)
-        plain_opt = impl_jax.Adam(plain, config.d_model, warmup=10)
+        config, labels, (fused, plain), (fused_opt, plain_opt) = fused_and_plain()
 
         def step_both(what: str) -> None:
             loss = impl_jax.train_step(fused, fused_opt, SRC, TGT, labels, label_smoothing=0.1)
