@@ -89,7 +89,7 @@ class Adam:
         lr = self.lr
         _, variables, layout = step_layout(self.model)
         params = {name: variables[i].get_raw_value() for name, i in zip(layout.param_names, layout.param_positions)}
-        grads = {name: jnp.asarray(grads[name], params[name].dtype) for name in params}
+        grads = {name: _as_array(grads[name], params[name].dtype) for name in params}
         beta1, beta2 = self.betas
         new, self.state = compiled.call(None, _update, (params, grads, self.state), self.model.device,
                                         d_model=self.d_model, warmup=self.warmup, b1=beta1, b2=beta2, eps=self.eps)
@@ -144,6 +144,13 @@ def step_layout(model) -> tuple[Any, list, StepLayout]:
             _LAYOUTS.clear()
         layout = _LAYOUTS[structure] = StepLayout(model, variables)
     return structure, variables, layout
+
+
+def _as_array(x, dtype) -> jax.Array:
+    """x as a JAX array of `dtype`: a JAX array of that dtype (`loss_and_grads`' own gradients) as
+    it is, committed where it lies, anything else through `jnp.asarray` (260 conversions a step
+    otherwise, and results that `compiled.placed` must then put on the device again)."""
+    return x if isinstance(x, jax.Array) and x.dtype == dtype else jnp.asarray(x, dtype)
 
 
 def _fused_step(_, params, state, rest, *args, structure, d_model, warmup, b1, b2, eps, **static):
