@@ -26,8 +26,6 @@ a small model's step.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -87,7 +85,7 @@ class Adam:
         check_grads(param_shapes(self.model.config), list(grads), lambda name: np.shape(grads[name]))
         host.check_runnable(self.model.dtype, param_dtype=self.model.param_dtype)
         lr = self.lr
-        _, variables, layout = step_layout(self.model)
+        variables, layout = step_layout(self.model)
         params = {name: variables[i].get_raw_value() for name, i in zip(layout.param_names, layout.param_positions)}
         grads = {name: _as_array(grads[name], params[name].dtype) for name in params}
         beta1, beta2 = self.betas
@@ -101,15 +99,23 @@ class Adam:
 
 class StepLayout:
     """Where a model's variables go in the fused step, for one model structure: the graphdef,
-    and each variable's position among `jax.tree.leaves(model, is_leaf=is_variable)` and its path
+    and each variable's position among `jax.tree.leaves(model, is_leaf=_is_variable)` and its path
     in `nnx.split(model, nnx.Param, ...)`'s states (the parameters, then the rest)."""
 
-    def __init__(self, model, variables):
+    def __init__(self, model, structure, variables):
+        self.structure = structure
         self.graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         position = {id(variable): i for i, variable in enumerate(variables)}
         self.param_paths, self.param_positions = self._paths(params, position)
         self.rest_paths, self.rest_positions = self._paths(rest, position)
         self.param_names = tuple(".".join(str(part) for part in path) for path in self.param_paths)
+
+    # A static argument of the compiled step: equal for equal structures, which trace equal programs.
+    def __hash__(self) -> int:
+        return hash(self.structure)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, StepLayout) and self.structure == other.structure
 
     @staticmethod
     def _paths(state, position) -> tuple[tuple, tuple[int, ...]]:
@@ -125,7 +131,9 @@ class StepLayout:
 # A model's structure (`jax.tree.flatten(model)`'s tree: its modules, their static attributes,
 # each variable's type and metadata) -> its StepLayout. Read again on every step, the structure
 # costs a tree flatten (about a millisecond for the base model) where `nnx.split` and `nnx.update`
-# cost tens (docs/training.md); a model whose structure changed flattens to another tree.
+# cost tens (docs/training.md); a model whose structure changed flattens to another tree. The
+# compiled step receives its layout as a static argument, so emptying this table cannot pull a
+# layout from under a trace running on another thread.
 _LAYOUTS: dict = {}
 MAX_LAYOUTS = 32  # distinct model structures stepped in one process before the table is emptied
 
@@ -134,16 +142,16 @@ def _is_variable(x) -> bool:
     return isinstance(x, nnx.Variable)
 
 
-def step_layout(model) -> tuple[Any, list, StepLayout]:
-    """(the structure, the model's variables in leaf order, its StepLayout)."""
+def step_layout(model) -> tuple[list, StepLayout]:
+    """(the model's variables in leaf order, the StepLayout of its structure)."""
     structure = jax.tree.structure(model)
     variables = jax.tree.leaves(model, is_leaf=_is_variable)
     layout = _LAYOUTS.get(structure)
     if layout is None:
         if len(_LAYOUTS) >= MAX_LAYOUTS:
             _LAYOUTS.clear()
-        layout = _LAYOUTS[structure] = StepLayout(model, variables)
-    return structure, variables, layout
+        layout = _LAYOUTS[structure] = StepLayout(model, structure, variables)
+    return variables, layout
 
 
 def _as_array(x, dtype) -> jax.Array:
@@ -153,11 +161,10 @@ def _as_array(x, dtype) -> jax.Array:
     return x if isinstance(x, jax.Array) and x.dtype == dtype else jnp.asarray(x, dtype)
 
 
-def _fused_step(_, params, state, rest, *args, structure, d_model, warmup, b1, b2, eps, **static):
+def _fused_step(_, params, state, rest, *args, layout, d_model, warmup, b1, b2, eps, **static):
     """The compiled step: the model rebuilt from its (donated) parameters, loss and gradients as
     `loss_and_grads` computes them, then `_update` as `Adam.step` applies it; returns the loss,
     the new parameters (a list, in the layout's order) and the new optimizer state."""
-    layout = _LAYOUTS[structure]
     model = compiled.in_layout(layout.merge(params, rest))
     with model_precision(model.precision):
         loss, grads = type(model)._loss_and_grads(model, *args, **static)
@@ -173,12 +180,12 @@ def train_step(model, optimizer, src_ids, tgt_ids, labels, *, label_smoothing: f
     if not isinstance(optimizer, Adam) or optimizer.model is not model:
         return training.train_step(model, optimizer, src_ids, tgt_ids, labels, label_smoothing=label_smoothing)
     args, static = model._loss_args(src_ids, tgt_ids, labels, label_smoothing, None)
-    structure, variables, layout = step_layout(model)
+    variables, layout = step_layout(model)
     params = [variables[i].get_raw_value() for i in layout.param_positions]
     rest = [variables[i].get_raw_value() for i in layout.rest_positions]
     beta1, beta2 = optimizer.betas
     loss, params, optimizer.state = compiled.call(
-        None, _fused_step, (params, optimizer.state, rest, *args), model.device, donate=True, structure=structure,
+        None, _fused_step, (params, optimizer.state, rest, *args), model.device, donate=True, layout=layout,
         d_model=optimizer.d_model, warmup=optimizer.warmup, b1=beta1, b2=beta2, eps=optimizer.eps, **static)
     for i, value in zip(layout.param_positions, params):  # the model's own variables take the new values
         variables[i].set_raw_value(value)
