@@ -102,20 +102,20 @@ class StepLayout:
     and each variable's position among `jax.tree.leaves(model, is_leaf=_is_variable)` and its path
     in `nnx.split(model, nnx.Param, ...)`'s states (the parameters, then the rest)."""
 
-    def __init__(self, model, structure, variables):
-        self.structure = structure
+    def __init__(self, model, key, variables):
+        self.key = key  # (structure, sharing): see step_layout
         self.graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         position = {id(variable): i for i, variable in enumerate(variables)}
         self.param_paths, self.param_positions = self._paths(params, position)
         self.rest_paths, self.rest_positions = self._paths(rest, position)
         self.param_names = tuple(".".join(str(part) for part in path) for path in self.param_paths)
 
-    # A static argument of the compiled step: equal for equal structures, which trace equal programs.
+    # A static argument of the compiled step: equal for equal keys, which trace equal programs.
     def __hash__(self) -> int:
-        return hash(self.structure)
+        return hash(self.key)
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, StepLayout) and self.structure == other.structure
+        return isinstance(other, StepLayout) and self.key == other.key
 
     @staticmethod
     def _paths(state, position) -> tuple[tuple, tuple[int, ...]]:
@@ -129,9 +129,10 @@ class StepLayout:
 
 
 # A model's structure (`jax.tree.flatten(model)`'s tree: its modules, their static attributes,
-# each variable's type and metadata) -> its StepLayout. Read again on every step, the structure
-# costs a tree flatten (about a millisecond for the base model) where `nnx.split` and `nnx.update`
-# cost tens (docs/training.md); a model whose structure changed flattens to another tree. The
+# each variable's type and metadata) and its sharing (which leaves are one variable: a tree does
+# not say, nnx.split does) -> its StepLayout. Read again on every step, they cost a tree flatten
+# (about a millisecond for the base model) where `nnx.split` and `nnx.update` cost tens
+# (docs/training.md); a model whose structure or sharing changed gets another key. The
 # compiled step receives its layout as a static argument, so emptying this table cannot pull a
 # layout from under a trace running on another thread.
 _LAYOUTS: dict = {}
@@ -143,22 +144,26 @@ def _is_variable(x) -> bool:
 
 
 def step_layout(model) -> tuple[list, StepLayout]:
-    """(the model's variables in leaf order, the StepLayout of its structure)."""
-    structure = jax.tree.structure(model)
+    """(the model's variables in leaf order, the StepLayout of its structure and sharing)."""
     variables = jax.tree.leaves(model, is_leaf=_is_variable)
-    layout = _LAYOUTS.get(structure)
+    first: dict[int, int] = {}  # each leaf's first position: a variable in two places repeats one
+    key = (jax.tree.structure(model), tuple(first.setdefault(id(v), i) for i, v in enumerate(variables)))
+    layout = _LAYOUTS.get(key)
     if layout is None:
         if len(_LAYOUTS) >= MAX_LAYOUTS:
             _LAYOUTS.clear()
-        layout = _LAYOUTS[structure] = StepLayout(model, structure, variables)
+        layout = _LAYOUTS[key] = StepLayout(model, key, variables)
     return variables, layout
 
 
 def _as_array(x, dtype) -> jax.Array:
     """x as a JAX array of `dtype`: a JAX array of that dtype (`loss_and_grads`' own gradients) as
-    it is, committed where it lies, anything else through `jnp.asarray` (260 conversions a step
-    otherwise, and results that `compiled.placed` must then put on the device again)."""
-    return x if isinstance(x, jax.Array) and x.dtype == dtype else jnp.asarray(x, dtype)
+    it is, committed where it lies, anything else (a weakly typed array too, which would compile
+    another program) through `jnp.asarray` (260 conversions a step otherwise, and results that
+    `compiled.placed` must then put on the device again)."""
+    if isinstance(x, jax.Array) and x.dtype == dtype and not x.weak_type:
+        return x
+    return jnp.asarray(x, dtype)
 
 
 def _fused_step(_, params, state, rest, *args, layout, d_model, warmup, b1, b2, eps, **static):

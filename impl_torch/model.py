@@ -46,7 +46,7 @@ from impl_torch import decode
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 from impl_torch.blocks import product_in_blocks
 from impl_torch.fused import kernel_fix_ups
-from impl_torch.train import parameters_replaced
+from impl_torch.train import leaf_in, parameters_replaced
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
@@ -840,7 +840,7 @@ class Model(nn.Module):
         # shared or tied embedding, the scatter-add of looked-up rows): an ulp away.
         mixed = self.param_dtype != self.dtype
         with torch.no_grad():  # the copies are leaves of the graph below (no .detach(): 260 dispatches fewer)
-            leaves = [cast(p, self.dtype).requires_grad_() for p in params] if mixed else list(params)
+            leaves = [leaf_in(p, self.dtype) for p in params] if mixed else list(params)
         # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
         # loss runs: a NaN activation would reach every weight gradient as 0 * NaN. Attention runs
         # through the fused kernel (`fast_attention`), which takes that rule outside the kernel.

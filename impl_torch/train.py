@@ -22,6 +22,14 @@ from conformance.core.training import (PAPER_BETAS, PAPER_EPS, PAPER_WARMUP, che
 __all__ = ["Adam", "train_step"]  # train_step: one training step, written once in the core
 
 
+def leaf_in(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A leaf of autograd's graph holding p's values in `dtype` (call under `torch.no_grad()`): the
+    cast itself, or, where p already is in `dtype`, a detached view, so that marking the leaf as
+    requiring grad never touches p (a frozen parameter stays frozen)."""
+    leaf = p.to(dtype)
+    return (p.detach() if leaf is p else leaf).requires_grad_()
+
+
 @contextlib.contextmanager
 def parameters_replaced(module: nn.Module, tensors: Mapping[int, torch.Tensor]) -> Iterator[None]:
     """Inside the block, `module` reads each parameter p as `tensors[id(p)]` (parameters not
@@ -83,8 +91,10 @@ class Adam:
         for name, p in zip(self.names, self.params):
             grad = grads[name]
             # loss_and_grads' own gradients are used as they are (the fused kernel reads them and
-            # writes only the parameter and its moments); anything else is copied in: three host
-            # dispatches a tensor, 260 tensors a step, on a launch-bound GPU step (docs/training.md)
+            # writes only the parameter and its moments), without the three host dispatches of
+            # as_tensor, detach and to (260 tensors a step, on a launch-bound GPU step:
+            # docs/training.md); anything else goes through them (a copy where dtype or device
+            # differ, a view that does not require grad where one does)
             if not (isinstance(grad, torch.Tensor) and grad.device == p.device and grad.dtype == p.dtype
                     and not grad.requires_grad):
                 grad = torch.as_tensor(grad).detach().to(device=p.device, dtype=p.dtype)

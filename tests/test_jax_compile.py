@@ -399,3 +399,33 @@ def test_fused_train_step_follows_the_model_between_steps():
         step_both("precision default")
         assert step_layout(fused)[1] is not layout
         assert impl_jax.compile_stats()["compiles"] > compiles
+
+
+def test_step_layout_tells_a_variable_shared_by_two_places_from_two_variables():
+    """A tree's structure cannot say that two of its places hold one variable (nnx.split can): the
+    fused step's layout is keyed by the sharing too, so a model whose decoder reads the encoder's
+    embedding module never takes the layout of one with two embeddings (whose parameter list would
+    hold the shared array twice). And gradients that are weakly typed JAX arrays are made strong
+    before the update (a weak type is a separate jit key: another compile)."""
+    import numpy as np
+
+    from conformance import init_params
+    from impl_jax.train import _as_array, step_layout
+    from batches import small
+
+    config = small()
+    params = init_params(config, dtype=np.float32)
+    apart, shared = impl_jax.Model(config, params, "float32"), impl_jax.Model(config, params, "float32")
+    _, layout = step_layout(apart)
+    shared.decoder.embedding = shared.encoder.embedding  # one module, reached from two places
+    assert jax.tree.structure(shared) == jax.tree.structure(apart)  # the tree alone cannot tell
+    variables, shared_layout = step_layout(shared)
+    assert shared_layout != layout
+    assert len(shared_layout.param_paths) == len(layout.param_paths) - 1
+    assert len({id(v) for v in variables}) == len(variables) - 1
+    assert step_layout(apart)[1] is layout  # and the model apart keeps its own
+
+    weak = jax.numpy.full((3,), 1.0)
+    assert weak.weak_type and not _as_array(weak, np.float32).weak_type
+    strong = jax.numpy.ones((3,), np.float32)
+    assert _as_array(strong, np.float32) is strong

@@ -108,9 +108,9 @@ def test_bad_optimizer_arguments_are_input_errors(backend):
 
 
 def test_torch_adam_uses_tensor_gradients_as_they_are_and_copies_anything_else():
-    """impl_torch's Adam hands `loss_and_grads`' own tensors to the fused kernel without copying
-    them (a host dispatch each saved, docs/training.md), and copies NumPy arrays, another dtype or
-    a tensor that requires grad: the same updates either way, and the given gradients unchanged."""
+    """impl_torch's Adam hands `loss_and_grads`' own tensors to the fused kernel as they are (three
+    host dispatches each saved, docs/training.md), and converts NumPy arrays, another dtype or a
+    tensor that requires grad: the same updates either way, and the given gradients unchanged."""
     config = small("default", n_encoder_layers=1, n_decoder_layers=1)
     params = init_params(config)
     grads = grads_at(config, 1)
@@ -149,18 +149,34 @@ def test_parameters_replaced_swaps_only_the_named_parameters_and_always_restores
     config = small("default", n_encoder_layers=1, n_decoder_layers=1)
     model = impl_torch.Model(config, init_params(config), "float64")
     named = dict(model.named_parameters())
-    target = "decoder.0.cross_attn.v_proj.weight" if "decoder.0.cross_attn.v_proj.weight" in named else sorted(named)[0]
+    target = "decoder.layers.0.cross_attn.v_proj.weight"
     replacement = torch.zeros_like(named[target])
     src, tgt = np.array([[5, 6, 7, config.pad_id]]), np.array([[2, 8, 9]])
     plain = model(src, tgt).logits
+    reference = torch.func.functional_call(model, {target: replacement}, (src, tgt)).logits
     with impl_torch.train.parameters_replaced(model, {id(named[target]): replacement}):
         assert attrgetter(target)(model) is replacement
         assert all(attrgetter(name)(model) is p for name, p in named.items() if name != target)
         inside = model(src, tgt).logits
-        reference = torch.func.functional_call(model, {target: replacement}, (src, tgt)).logits
     assert torch.equal(inside, reference) and not torch.equal(inside, plain)
     with pytest.raises(RuntimeError, match="inside"):
         with impl_torch.train.parameters_replaced(model, {id(p): torch.zeros_like(p) for p in named.values()}):
             raise RuntimeError("inside")
     assert dict(model.named_parameters()) == named and all(isinstance(p, torch.nn.Parameter) for p in named.values())
     assert torch.equal(model(src, tgt).logits, plain)
+
+
+def test_the_mixed_precision_loss_never_marks_a_parameter_as_requiring_grad():
+    """`loss_and_grads` with a param_dtype differentiates at leaves in the compute dtype
+    (`impl_torch.train.leaf_in`): a parameter already in that dtype is read through a detached
+    view, so a frozen parameter stays frozen, and its gradient is still returned."""
+    config = small("default", n_encoder_layers=1, n_decoder_layers=1)
+    model = impl_torch.Model(config, init_params(config), "float64", param_dtype="float32")
+    frozen = model.output.bias
+    frozen.data = frozen.data.double()  # already in the compute dtype
+    frozen.requires_grad_(False)
+    src, tgt = np.array([[5, 6, 7, config.pad_id]]), np.array([[2, 8, 9]])
+    labels = np.array([[8, 9, config.pad_id]])
+    _, grads = model.loss_and_grads(src, tgt, labels)
+    assert not frozen.requires_grad and frozen.grad is None
+    assert grads["output.bias"].shape == frozen.shape and float(grads["output.bias"].abs().sum()) > 0
