@@ -86,13 +86,12 @@ class Adam:
         host.check_runnable(self.model.dtype, param_dtype=self.model.param_dtype)
         lr = self.lr
         variables, layout = step_layout(self.model)
-        params = {name: variables[i].get_raw_value() for name, i in zip(layout.param_names, layout.param_positions)}
+        params = dict(zip(layout.param_names, layout.read(variables, layout.param_positions)))
         grads = {name: _as_array(grads[name], params[name].dtype) for name in params}
         beta1, beta2 = self.betas
         new, self.state = compiled.call(None, _update, (params, grads, self.state), self.model.device,
                                         d_model=self.d_model, warmup=self.warmup, b1=beta1, b2=beta2, eps=self.eps)
-        for name, i in zip(layout.param_names, layout.param_positions):  # the model's own variables
-            variables[i].set_raw_value(new[name])
+        layout.write(variables, [new[name] for name in layout.param_names])
         self.steps += 1
         return lr
 
@@ -121,6 +120,16 @@ class StepLayout:
     def _paths(state, position) -> tuple[tuple, tuple[int, ...]]:
         flat = nnx.to_flat_state(state)
         return tuple(path for path, _ in flat), tuple(position[id(variable)] for _, variable in flat)
+
+    @staticmethod
+    def read(variables, positions) -> list:
+        """The values of the variables at `positions`."""
+        return [variables[i].get_raw_value() for i in positions]
+
+    def write(self, variables, params) -> None:
+        """The parameters' new values (a list in this layout's order) set on the model's own variables."""
+        for i, value in zip(self.param_positions, params):
+            variables[i].set_raw_value(value)
 
     def merge(self, params, rest):
         """The model, from the parameters' and the rest's values (lists in this layout's order)."""
@@ -186,13 +195,11 @@ def train_step(model, optimizer, src_ids, tgt_ids, labels, *, label_smoothing: f
         return training.train_step(model, optimizer, src_ids, tgt_ids, labels, label_smoothing=label_smoothing)
     args, static = model._loss_args(src_ids, tgt_ids, labels, label_smoothing, None)
     variables, layout = step_layout(model)
-    params = [variables[i].get_raw_value() for i in layout.param_positions]
-    rest = [variables[i].get_raw_value() for i in layout.rest_positions]
+    params, rest = layout.read(variables, layout.param_positions), layout.read(variables, layout.rest_positions)
     beta1, beta2 = optimizer.betas
     loss, params, optimizer.state = compiled.call(
         None, _fused_step, (params, optimizer.state, rest, *args), model.device, donate=True, layout=layout,
         d_model=optimizer.d_model, warmup=optimizer.warmup, b1=beta1, b2=beta2, eps=optimizer.eps, **static)
-    for i, value in zip(layout.param_positions, params):  # the model's own variables take the new values
-        variables[i].set_raw_value(value)
+    layout.write(variables, params)
     optimizer.steps += 1
     return loss
