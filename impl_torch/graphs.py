@@ -1,5 +1,6 @@
-"""CUDA graphs of the cached decoding step: on a GPU, `generate` replays each step instead of
-launching its ~250 kernels one by one from Python.
+"""CUDA graphs of the cached decoding step and of the training step: on a GPU, `generate` replays
+each step instead of launching its ~250 kernels one by one from Python, and `loss_and_grads` its
+forward and backward instead of ~2000.
 
 Why. On one H100 at batch 16 (base Marian size), a cached greedy step spent about 4.6 ms on the
 host and 0.9 ms in GPU kernels (torch.profiler, docs/decoding.md): the step is bound by Python and
@@ -22,17 +23,34 @@ holds every parameter's and buffer's address, so `.to(...)`, a reload or a new p
 makes a new room, while an in-place update (an optimizer step) is read by the next replay as by
 an eager step.
 
-Switched off with `ROSETTA_TORCH_CUDA_GRAPHS=0` or `impl_torch.graphs.ENABLED = False`; used only
-for the model's own step on a CUDA device (a subclass's `decode_step`, e.g. torch.compile'd, runs
-as it is). `Recorded` stands in for CUDA capture on the CPU, so that the tests exercise the rooms,
-the static buffers and the in-place reorder without a GPU; docs/decoding.md has the measurements.
+The training step. `loss_and_grads` (so `train_step`) is bound by the host the same way: on an
+H100 at batch 32 a float32 step issued ~2000 ops from Python for ~26 ms of kernels
+(docs/training.md). Once a call's key recurs (the shapes, ε, the dtypes, the parameters'
+addresses, the matmul settings), its tensor work (`Model._loss_and_grads`: forward, loss,
+backward, the casts of a mixed-precision step) is one graph of a `TrainRoom`, replayed on static
+ids, targets and outputs. The checks of the ids and labels stay eager, before the replay (the
+forward skips its own check of the static ids while recording: `checked_static_input`); the
+optimizer is not captured (fused Adam is a couple of host calls). The gradients come back in one
+flat buffer, copied at every call, so that a caller's gradients are never overwritten by the next
+replay. A call with dropout masks, under autocast or inference mode, or on a compiled model or a
+subclass, runs eagerly. Each room keeps its step's memory in its graph's pool (base size, batch
+32, lengths 64, float32 on an H100: 3.26 GiB held after the steps against 1.74-2.09 GiB eagerly;
+benchmarks/train_graphs.py), at most `MAX_TRAIN_ROOMS` of them (pad batches to a few shapes, as
+for JAX).
+
+Switched off with `ROSETTA_TORCH_CUDA_GRAPHS=0` or `impl_torch.graphs.ENABLED = False` (both
+uses); used only for the model's own step on a CUDA device (a subclass's `decode_step`, e.g.
+torch.compile'd, runs as it is). `Recorded` stands in for CUDA capture on the CPU, so that the
+tests exercise the rooms, the static buffers and the in-place reorder without a GPU;
+docs/decoding.md and docs/training.md have the measurements.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -40,6 +58,7 @@ from conformance.core.decoding import DecoderCache
 
 ENABLED = os.environ.get("ROSETTA_TORCH_CUDA_GRAPHS", "1").lower() not in ("0", "", "false", "no", "off")
 MAX_ROOMS = 2
+MAX_TRAIN_ROOMS = 2
 
 
 class CudaCapture:
@@ -74,12 +93,14 @@ class Recorded:
         fn()
 
     def record(self, fn: Callable[[], torch.Tensor]):
-        holder = {"out": fn()}
+        out = fn()  # a tensor, or a tuple of tensors
 
         def replay():
-            holder["out"].copy_(fn())
+            new = fn()
+            for static, fresh in zip(*((out, new) if isinstance(out, tuple) else ((out,), (new,)))):
+                static.copy_(fresh)
 
-        return replay, holder["out"]
+        return replay, out
 
 
 CAPTURES: dict[str, Callable[[], object]] = {"cuda": CudaCapture}  # device type -> capture
@@ -182,5 +203,99 @@ def room_for(model, cache: DecoderCache, advance: Callable) -> Room | None:
 
 def release(model) -> None:
     """Drop the model's rooms and their graphs (their memory returns to torch's allocator)."""
-    model.__dict__.pop("_graph_rooms", None)
-    model.__dict__.pop("_graph_keys_seen", None)
+    for name in ("_graph_rooms", "_graph_keys_seen", "_train_rooms", "_train_keys_seen"):
+        model.__dict__.pop(name, None)
+
+
+@contextlib.contextmanager
+def switched_off() -> Iterator[None]:
+    """Inside the block, no graph is recorded or replayed (`ENABLED` False): every step runs
+    eagerly, as on a CPU. For side-by-side measurements (benchmarks/bench_train.py)."""
+    global ENABLED
+    previous, ENABLED = ENABLED, False
+    try:
+        yield
+    finally:
+        ENABLED = previous
+
+
+# -- The training step ---------------------------------------------------------------------------
+
+
+_RECORDED_INPUTS: set[int] = set()  # ids of the static inputs of the graph being recorded now
+
+
+def checked_static_input(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a static input of the training graph being recorded now: ids that
+    `loss_and_grads` checked on the host before copying them there. The forward skips its own
+    check of them while recording (a check reads the ids on the host, which a capture forbids)."""
+    return id(tensor) in _RECORDED_INPUTS
+
+
+class TrainRoom:
+    """The static inputs, the graph and the static outputs of `Model._loss_and_grads` for one key
+    (see the module docstring): the graph is recorded at the room's first call and replayed at
+    every call after."""
+
+    def __init__(self, model, src_ids: torch.Tensor, tgt_ids: torch.Tensor, targets: torch.Tensor,
+                 epsilon: float, capture):
+        self.model, self.epsilon, self.capture = model, epsilon, capture
+        self.src_ids, self.tgt_ids, self.targets = (torch.empty_like(t) for t in (src_ids, tgt_ids, targets))
+        self.shapes = [p.shape for p in model.parameters()]
+        self.sizes = [p.numel() for p in model.parameters()]
+        self.replay = None
+
+    def _loss_and_grads(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the graph records (and `Recorded` reruns): the loss and every gradient, flattened
+        into one buffer in `named_parameters` order, from the static inputs."""
+        loss, grads = self.model._loss_and_grads(self.src_ids, self.tgt_ids, self.targets, self.epsilon, None)
+        return loss, torch.cat([g.reshape(-1) for g in grads])
+
+    def run(self, src_ids: torch.Tensor, tgt_ids: torch.Tensor, targets: torch.Tensor):
+        """`Model._loss_and_grads` of these (checked, on the device) ids and targets: the loss and
+        the gradients in `named_parameters` order, copies of the graph's outputs."""
+        for static, new in ((self.src_ids, src_ids), (self.tgt_ids, tgt_ids), (self.targets, targets)):
+            static.copy_(new)
+        if self.replay is None:  # record (which runs the graph once)
+            self.capture.warm_up(self._loss_and_grads)
+            _RECORDED_INPUTS.update((id(self.src_ids), id(self.tgt_ids)))
+            try:
+                self.replay, (self.loss, self.flat) = self.capture.record(self._loss_and_grads)
+            finally:
+                _RECORDED_INPUTS.clear()
+        else:
+            self.replay()
+        # Copies, because the next replay overwrites the outputs: one for the loss, one for all the
+        # gradients, then views of it (no kernel each)
+        flat = self.flat.clone()
+        return self.loss.clone(), [part.view(shape) for part, shape in zip(flat.split(self.sizes), self.shapes)]
+
+
+def train_room_for(model, src_ids: torch.Tensor, tgt_ids: torch.Tensor, targets: torch.Tensor,
+                   epsilon: float) -> TrainRoom | None:
+    """The room of this `loss_and_grads` call without dropout, or None: graphs off, no capture for
+    the model's device, a call that must run eagerly (module docstring), or the key seen for the
+    first time."""
+    capture = CAPTURES.get(model.device.type) if ENABLED else None
+    if (capture is None or torch.is_inference_mode_enabled() or torch.is_autocast_enabled(model.device.type)
+            or model.__dict__.get("_compiled_call_impl") is not None):
+        return None
+    params = list(model.parameters())
+    if len({p.dtype for p in params}) != 1:  # the gradients would not fit one flat buffer
+        return None
+    key = (tuple(src_ids.shape), tuple(tgt_ids.shape), epsilon, model.dtype, _addresses(model),
+           tuple(p.requires_grad for p in params), torch.get_float32_matmul_precision(),
+           torch.are_deterministic_algorithms_enabled())
+    rooms = model.__dict__.setdefault("_train_rooms", OrderedDict())
+    seen = model.__dict__.setdefault("_train_keys_seen", OrderedDict())
+    if key not in rooms:
+        if key not in seen:
+            seen[key] = None
+            while len(seen) > 64:
+                seen.popitem(last=False)
+            return None
+        rooms[key] = TrainRoom(model, src_ids, tgt_ids, targets, epsilon, capture())
+        while len(rooms) > MAX_TRAIN_ROOMS:
+            rooms.popitem(last=False)
+    rooms.move_to_end(key)
+    return rooms[key]

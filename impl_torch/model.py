@@ -42,7 +42,7 @@ from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, record
 from conformance.core.params import param_shapes, prepare_params
 from conformance.core.positions import sinusoid_table
-from impl_torch import decode
+from impl_torch import decode, graphs
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 from impl_torch.blocks import product_in_blocks
 from impl_torch.fused import kernel_fix_ups
@@ -684,6 +684,8 @@ class Model(nn.Module):
         if not isinstance(ids, torch.Tensor):
             ids = host_ids(argument, ids, vocab_size, self.config.max_len)
             return torch.tensor(ids, dtype=torch.long, device=self.device)
+        if graphs.checked_static_input(ids):  # a training graph's input, checked before its recording
+            return ids
         is_integer = not (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool)
         bounds = lambda: id_bounds(ids)  # noqa: E731
         check_ids(argument, ids.shape, dtype_name(ids.dtype), is_integer, bounds, vocab_size, self.config.max_len)
@@ -822,7 +824,8 @@ class Model(nn.Module):
         `dtype`: computed in `dtype`, each rounded once to `param_dtype`). The ids are checked as
         by `forward`; labels (B, T) must be target ids with at least one that is not `pad_id`.
         `dropout`: as for `forward` (masks from `conformance.core.dropout.draw_dropout`), None for
-        none.
+        none. On a CUDA device a call without dropout whose shapes recur is replayed from a CUDA
+        graph (impl_torch/graphs.py): the same kernels, the same numbers.
         """
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
@@ -832,15 +835,29 @@ class Model(nn.Module):
         check_labels_finite(self.config, src_ids.cpu().numpy(), tgt_ids.cpu().numpy(), labels)
         epsilon = check_label_smoothing(label_smoothing)
         targets = torch.tensor(labels, dtype=torch.long, device=self.device)  # (B, T)
+        # On a GPU, the same tensor work replayed from a CUDA graph once its shapes recur (impl_torch/graphs.py).
+        room = (graphs.train_room_for(self, src_ids, tgt_ids, targets, epsilon)
+                if dropout is None and type(self) is Model else None)
+        if room is not None:
+            loss, grads = room.run(src_ids, tgt_ids, targets)
+        else:
+            loss, grads = self._loss_and_grads(src_ids, tgt_ids, targets, epsilon, dropout)
+        grads = dict(zip((name for name, _ in self.named_parameters()), grads))
+        return loss, {name: grads[name] for name in param_shapes(self.config)}  # checkpoint order
+
+    def _loss_and_grads(self, src_ids: torch.Tensor, tgt_ids: torch.Tensor, targets: torch.Tensor, epsilon: float,
+                        dropout) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The tensor work of `loss_and_grads` on its checked ids and targets (B, T), on the
+        model's device: the loss, detached, and the gradients in `named_parameters` order."""
         counted = targets != self.config.pad_id  # (B, T)
-        names, params = zip(*self.named_parameters())
+        params = list(self.parameters())
         # With a param_dtype other than dtype, autograd runs at copies of the parameters in the
         # compute dtype, and each gradient is rounded once to param_dtype. Through `cast` at each
         # use, autograd would round every use's gradient to param_dtype and sum them there (a
         # shared or tied embedding, the scatter-add of looked-up rows): an ulp away.
         mixed = self.param_dtype != self.dtype
         with torch.no_grad():  # the copies are leaves of the graph below (no .detach(): 260 dispatches fewer)
-            leaves = [leaf_in(p, self.dtype) for p in params] if mixed else list(params)
+            leaves = [leaf_in(p, self.dtype) for p in params] if mixed else params
         # A query with no key to attend to (-inf fill) gets zero weights instead of NaN while the
         # loss runs: a NaN activation would reach every weight gradient as 0 * NaN. Attention runs
         # through the fused kernel (`fast_attention`), which takes that rule outside the kernel.
@@ -856,8 +873,7 @@ class Model(nn.Module):
             loss = F.cross_entropy(selected.flatten(0, 1), targets.flatten(), ignore_index=self.config.pad_id,
                                    label_smoothing=epsilon)
             grads = torch.autograd.grad(loss, leaves, materialize_grads=True)
-        grads = {name: cast(grad, param.dtype) for name, grad, param in zip(names, grads, params)}
-        return loss.detach(), {name: grads[name] for name in param_shapes(self.config)}  # checkpoint order
+        return loss.detach(), [cast(grad, param.dtype) for grad, param in zip(grads, params)]
 
     # Generation ------------------------------------------------------------------------------
     # The decoder with a KV cache: each layer keeps the keys and values of the positions so far,

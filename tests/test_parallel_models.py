@@ -37,7 +37,8 @@ IDIOM_METHODS = {
     "params": ({"jax"}, "a property: the flattened nnx.Param state; NumPy keeps the dict, torch has state_dict()"),
     "_encode": ({"jax"}, "the compiled part of encode (one XLA executable per shape)"),
     "_decode": ({"jax"}, "the compiled part of decode"),
-    "_loss_and_grads": ({"jax"}, "the compiled part of loss_and_grads (one XLA executable per shape)"),
+    "_loss_and_grads": ({"jax", "torch"}, "the device part of loss_and_grads: JAX compiles it (one XLA executable "
+                                          "per shape), torch replays it from a CUDA graph (impl_torch/graphs.py)"),
     "_loss_args": ({"jax"}, "the host part of loss_and_grads, shared with the fused, donating impl_jax.train_step"),
     "traceable_forward": ({"jax"}, "the unchecked forward for use inside jax.jit / vmap (host checks cannot trace)"),
 }
