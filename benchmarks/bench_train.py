@@ -10,7 +10,10 @@ One training step = forward, the loss of docs/training.md (cross-entropy, ignore
 label smoothing 0.1), backward, and the paper's Adam with its schedule. Base config (d_model 512,
 8 heads, d_ff 2048, 6+6 layers, vocab 32000), batch 8, source and target length 64, padded rows.
 
-    impl_torch            impl_torch.train_step(model, impl_torch.Adam(...), ...)
+    impl_torch            impl_torch.train_step(model, impl_torch.Adam(...), ...); on CUDA its loss and
+                          gradients are replayed from a CUDA graph (impl_torch/graphs.py)
+    impl_torch eager      the same with the graphs switched off (`impl_torch.graphs.switched_off()`): on the CPU
+                          the same as impl_torch
     impl_jax              impl_jax.train_step(...): compiled; the compile (the first step) is
                           excluded from the step times and reported on its own line
     impl_numpy float32    impl_numpy.train_step(...): the hand-written backward pass and Adam
@@ -89,6 +92,19 @@ def contenders(config, params, src, tgt, labels, device: str, dtype: str, wanted
         PARTS["impl_torch"] = (
             lambda: grads.update(model.loss_and_grads(src, tgt, labels, label_smoothing=EPSILON)[1]),
             lambda: optimizer.step(grads))
+
+    if "impl_torch eager" in wanted:
+        if mixed:
+            eager = impl_torch.Model(config, params, "bfloat16", device=device, param_dtype="float32")
+        else:
+            eager = impl_torch.Model(config, params, "float32", device=device)
+        eager_opt = impl_torch.Adam(eager, config.d_model)
+
+        def eager_step():
+            with impl_torch.graphs.switched_off():
+                return float(impl_torch.train_step(eager, eager_opt, src, tgt, labels, label_smoothing=EPSILON))
+
+        entries["impl_torch eager"] = eager_step
 
     if BASELINE in wanted:
         baseline = TorchTransformer(config, params).float().to(device)
@@ -175,7 +191,7 @@ def contenders(config, params, src, tgt, labels, device: str, dtype: str, wanted
 
 COMPILE: dict[str, str] = {}
 PARTS: dict[str, tuple] = {}  # torch contender: (loss and gradients, optimizer update), run in this order
-ALL = ("impl_torch", BASELINE, "impl_jax", "impl_numpy float32")
+ALL = ("impl_torch", "impl_torch eager", BASELINE, "impl_jax", "impl_numpy float32")
 
 
 def profile(entries, device: str, rows: int = 15) -> None:
@@ -234,8 +250,9 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="bfloat16: dtype bfloat16 with param_dtype float32, against torch.autocast(bfloat16)")
-    parser.add_argument("--contenders", default=",".join(ALL),
-                        help=f"comma-separated, from {', '.join(ALL)} ({BASELINE} is always run)")
+    parser.add_argument("--contenders", default=",".join(name for name in ALL if name != "impl_torch eager"),
+                        help=f"comma-separated, from {', '.join(ALL)} ({BASELINE} is always run; by default all "
+                             "but impl_torch eager)")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default 8; --quick 4)")
     parser.add_argument("--profile", action="store_true", help="print torch.profiler tables, then time")
     parser.add_argument("--ops", action="store_true",
@@ -258,7 +275,8 @@ def main(argv=None) -> int:
           f"vocab={config.tgt_vocab_size}; batch {batch}, lengths {src_len}/{tgt_len}; {args.dtype}; "
           f"torch {torch.__version__}, {where}; {(labels != config.pad_id).sum()} of {labels.size} labels count")
     entries, skipped = contenders(config, params, src, tgt, labels, args.device, args.dtype, wanted)
-    for name, run in entries.items():  # warm-up (allocator, first-call paths)
+    for name, run in entries.items():  # warm-up (allocator, first-call paths; impl_torch's graph, recorded
+        run()                           # at the second call of its shapes)
         run()
     if args.profile:
         profile(entries, args.device)
