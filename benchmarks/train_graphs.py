@@ -52,10 +52,13 @@ def steps(config, params, dtype: str, batches, graphed: bool):
                 loss, grads = model.loss_and_grads(src, tgt, labels, label_smoothing=EPSILON)
         taken.append({"loss": loss.clone(), **{name: g.clone() for name, g in grads.items()}})
         optimizer.step(grads)
+    del loss, grads
     torch.cuda.synchronize()
     rooms = len(model.__dict__.get("_train_rooms", {}))
-    memory = (f"{rooms} graph(s); peak {(torch.cuda.max_memory_allocated() - base) / GIB:.2f} GiB, "
-              f"held after the steps {(torch.cuda.memory_allocated() - base) / GIB:.2f} GiB")
+    kept = sum(t.numel() * t.element_size() for step in taken for t in step.values())  # this script's copies
+    memory = (f"{rooms} graph(s); held after the steps {(torch.cuda.memory_allocated() - base - kept) / GIB:.2f} GiB "
+              f"(the model, Adam's moments and the graph's pool; not this script's {kept / GIB:.2f} GiB of copies), "
+              f"peak {(torch.cuda.max_memory_allocated() - base) / GIB:.2f} GiB (with the copies so far)")
     after = {name: t.clone() for name, t in model.state_dict().items()}
     impl_torch.graphs.release(model)
     return taken, after, memory

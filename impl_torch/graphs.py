@@ -19,40 +19,48 @@ stream of varied source lengths) never pay for a capture, and at most `MAX_ROOMS
 (the least recently used is dropped): each holds a cache, (N, H, L, K) keys and values per layer.
 
 What invalidates a graph. The graphs read the parameters where they were at capture time: the key
-holds every parameter's and buffer's address, so `.to(...)`, a reload or a new parameter object
-makes a new room, while an in-place update (an optimizer step) is read by the next replay as by
-an eager step.
+holds every parameter's and buffer's address (with its dtype and shape), so parameters moved or
+recast to other memory (`.to(...)`, a reload with new tensors) make a new room, while an in-place
+update (an optimizer step) is read by the next replay as by an eager step.
 
-The training step. `loss_and_grads` (so `train_step`) is bound by the host the same way: on an
-H100 at batch 32 a float32 step issued ~2000 ops from Python for ~26 ms of kernels
-(docs/training.md). Once a call's key recurs (the shapes, ε, the dtypes, the parameters'
-addresses, the matmul settings), its tensor work (`Model._loss_and_grads`: forward, loss,
-backward, the casts of a mixed-precision step) is one graph of a `TrainRoom`, replayed on static
-ids, targets and outputs. The checks of the ids and labels stay eager, before the replay (the
-forward skips its own check of the static ids while recording: `checked_static_input`); the
-optimizer is not captured (fused Adam is a couple of host calls). The gradients come back in one
-flat buffer, copied at every call, so that a caller's gradients are never overwritten by the next
-replay. A call with dropout masks, under autocast or inference mode, or on a compiled model or a
-subclass, runs eagerly. Each room keeps its step's memory in its graph's pool (base size, batch
-32, lengths 64, float32 on an H100: 3.26 GiB held after the steps against 1.74-2.09 GiB eagerly;
-benchmarks/train_graphs.py), at most `MAX_TRAIN_ROOMS` of them (pad batches to a few shapes, as
-for JAX).
+The training step. `loss_and_grads` (so `train_step`) is bound by the host the same way: on an H100
+at batch 32 a float32 step issued ~2000 ops from Python for ~26 ms of kernels (docs/training.md).
+Once a call's key recurs (the shapes, ε, the compute dtype, the parameters' and buffers' addresses,
+dtypes and shapes, which parameters require grad, and the settings that choose kernels: float32
+matmul precision and TF32, reduced-precision reductions, deterministic algorithms, the SDPA
+backends, the BLAS library), its tensor work (`Model._loss_and_grads`: forward, loss, backward, the
+casts of a mixed-precision step) is one graph of a `TrainRoom`, replayed on static ids, targets and
+outputs. The checks of the ids and labels stay eager, before the replay (the forward skips its own
+check of the static ids while recording: `checked_static_input`); the optimizer is not captured
+(fused Adam is a couple of host calls). The gradients come back in one flat buffer, copied at every
+call, so that a caller's gradients are never overwritten by the next replay. A call runs eagerly
+where a graph could not replay it: with dropout masks, under autocast, inference mode or anomaly
+detection, with a module or parameter hook or a TorchFunction/TorchDispatch mode active (Python that
+a replay would skip), on a compiled model or a subclass. A recording that fails (out of memory, say)
+warns once, and that key's calls run eagerly from then on. Each room keeps its step's memory in its
+graph's pool between calls (float32, base size, batch 32, lengths 64 on an H100: 1.2-1.5 GiB more
+allocated between steps than eagerly; benchmarks/train_graphs.py), at most `MAX_TRAIN_ROOMS` rooms
+(pad batches to a few shapes, as for JAX).
 
-Switched off with `ROSETTA_TORCH_CUDA_GRAPHS=0` or `impl_torch.graphs.ENABLED = False` (both
-uses); used only for the model's own step on a CUDA device (a subclass's `decode_step`, e.g.
-torch.compile'd, runs as it is). `Recorded` stands in for CUDA capture on the CPU, so that the
-tests exercise the rooms, the static buffers and the in-place reorder without a GPU;
-docs/decoding.md and docs/training.md have the measurements.
+Switched off with `ROSETTA_TORCH_CUDA_GRAPHS=0`, `impl_torch.graphs.ENABLED = False`, or on one
+thread inside `with impl_torch.graphs.switched_off():` (both uses); used only for the model's own
+step on a CUDA device (a subclass's `decode_step`, e.g. torch.compile'd, runs as it is). `Recorded`
+stands in for CUDA capture on the CPU, so that the tests exercise the rooms, the static buffers and
+the in-place reorder without a GPU; docs/decoding.md and docs/training.md have the measurements.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import warnings
+import weakref
 from collections import OrderedDict
 from typing import Callable, Iterator
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from conformance.core.decoding import DecoderCache
 
@@ -115,7 +123,10 @@ def reorder_in_place(cache: DecoderCache, rows: torch.Tensor, length: int) -> No
 
 
 def _addresses(model) -> tuple:
-    return tuple(t.data_ptr() for t in model.parameters()) + tuple(t.data_ptr() for t in model.buffers())
+    """Where every parameter and buffer lives, and as what: memory reused by another dtype or
+    shape (a recast freed and then allocated again) is another key."""
+    return tuple((t.data_ptr(), t.dtype, t.shape) for tensors in (model.parameters(), model.buffers())
+                 for t in tensors)
 
 
 def _fix_up_kind(cache: DecoderCache) -> tuple:
@@ -178,7 +189,7 @@ class Room:
 def room_for(model, cache: DecoderCache, advance: Callable) -> Room | None:
     """The room for this call's cache (its buffers loaded), or None: graphs off, no capture for
     the model's device, or the key seen for the first time."""
-    capture = CAPTURES.get(model.device.type) if ENABLED else None
+    capture = CAPTURES.get(model.device.type) if enabled() else None
     if capture is None:
         return None
     rooms = model.__dict__.setdefault("_graph_rooms", OrderedDict())
@@ -203,33 +214,72 @@ def room_for(model, cache: DecoderCache, advance: Callable) -> Room | None:
 
 def release(model) -> None:
     """Drop the model's rooms and their graphs (their memory returns to torch's allocator)."""
-    for name in ("_graph_rooms", "_graph_keys_seen", "_train_rooms", "_train_keys_seen"):
+    for name in ("_graph_rooms", "_graph_keys_seen", "_train_rooms", "_train_keys_seen", "_train_keys_eager"):
         model.__dict__.pop(name, None)
+
+
+_LOCAL = threading.local()  # per thread: switched_off's depth, the static inputs being recorded
+
+
+def enabled() -> bool:
+    """Whether graphs may be recorded and replayed here: `ENABLED`, and not inside `switched_off()`."""
+    return ENABLED and not getattr(_LOCAL, "off", 0)
 
 
 @contextlib.contextmanager
 def switched_off() -> Iterator[None]:
-    """Inside the block, no graph is recorded or replayed (`ENABLED` False): every step runs
+    """Inside the block, on this thread, no graph is recorded or replayed: every step runs
     eagerly, as on a CPU. For side-by-side measurements (benchmarks/bench_train.py)."""
-    global ENABLED
-    previous, ENABLED = ENABLED, False
+    _LOCAL.off = getattr(_LOCAL, "off", 0) + 1
     try:
         yield
     finally:
-        ENABLED = previous
+        _LOCAL.off -= 1
 
 
 # -- The training step ---------------------------------------------------------------------------
 
-
-_RECORDED_INPUTS: set[int] = set()  # ids of the static inputs of the graph being recorded now
+_LOCK = threading.Lock()  # the training rooms' tables, across threads
 
 
 def checked_static_input(tensor: torch.Tensor) -> bool:
-    """Whether `tensor` is a static input of the training graph being recorded now: ids that
-    `loss_and_grads` checked on the host before copying them there. The forward skips its own
+    """Whether `tensor` is a static input of the training graph this thread is recording now: ids
+    that `loss_and_grads` checked on the host before copying them there. The forward skips its own
     check of them while recording (a check reads the ids on the host, which a capture forbids)."""
-    return id(tensor) in _RECORDED_INPUTS
+    return id(tensor) in getattr(_LOCAL, "recording", ())
+
+
+def _settings() -> tuple:
+    """The process's settings that choose a training step's kernels or their rounding (part of a
+    room's key: a replay keeps the kernels of its recording)."""
+    cuda = torch.backends.cuda
+
+    def read(owner, name):
+        value = getattr(owner, name, None)
+        return str(value() if callable(value) else value)
+
+    return (torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
+            *(read(cuda.matmul, name) for name in ("allow_tf32", "allow_bf16_reduced_precision_reduction",
+                                                   "allow_fp16_reduced_precision_reduction")),
+            *(read(cuda, name) for name in ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled",
+                                            "cudnn_sdp_enabled", "preferred_blas_library")))
+
+
+def _python_inside(model) -> str | None:
+    """What would run Python code, or read values on the host, inside a training step (a graph
+    replays only its kernels): None, or what it is."""
+    if torch.is_anomaly_enabled():
+        return "anomaly detection"
+    if torch.overrides._get_current_function_mode_stack() or _get_current_dispatch_mode() is not None:
+        return "a TorchFunctionMode or TorchDispatchMode"
+    module_hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    if any(getattr(torch.nn.modules.module, f"_global{name}", None) for name in module_hooks):
+        return "a global module hook"
+    if any(getattr(module, name, None) for module in model.modules() for name in module_hooks):
+        return "a module hook"
+    if any(p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters()):
+        return "a parameter hook"
+    return None
 
 
 class TrainRoom:
@@ -239,7 +289,8 @@ class TrainRoom:
 
     def __init__(self, model, src_ids: torch.Tensor, tgt_ids: torch.Tensor, targets: torch.Tensor,
                  epsilon: float, capture):
-        self.model, self.epsilon, self.capture = model, epsilon, capture
+        self.model = weakref.ref(model)  # the model holds its rooms: no cycle that only gc could free
+        self.epsilon, self.capture = epsilon, capture
         self.src_ids, self.tgt_ids, self.targets = (torch.empty_like(t) for t in (src_ids, tgt_ids, targets))
         self.shapes = [p.shape for p in model.parameters()]
         self.sizes = [p.numel() for p in model.parameters()]
@@ -248,7 +299,7 @@ class TrainRoom:
     def _loss_and_grads(self) -> tuple[torch.Tensor, torch.Tensor]:
         """What the graph records (and `Recorded` reruns): the loss and every gradient, flattened
         into one buffer in `named_parameters` order, from the static inputs."""
-        loss, grads = self.model._loss_and_grads(self.src_ids, self.tgt_ids, self.targets, self.epsilon, None)
+        loss, grads = self.model()._loss_and_grads(self.src_ids, self.tgt_ids, self.targets, self.epsilon, None)
         return loss, torch.cat([g.reshape(-1) for g in grads])
 
     def run(self, src_ids: torch.Tensor, tgt_ids: torch.Tensor, targets: torch.Tensor):
@@ -258,44 +309,60 @@ class TrainRoom:
             static.copy_(new)
         if self.replay is None:  # record (which runs the graph once)
             self.capture.warm_up(self._loss_and_grads)
-            _RECORDED_INPUTS.update((id(self.src_ids), id(self.tgt_ids)))
+            _LOCAL.recording = (id(self.src_ids), id(self.tgt_ids))
             try:
                 self.replay, (self.loss, self.flat) = self.capture.record(self._loss_and_grads)
             finally:
-                _RECORDED_INPUTS.clear()
+                _LOCAL.recording = ()
         else:
             self.replay()
         # Copies, because the next replay overwrites the outputs: one for the loss, one for all the
-        # gradients, then views of it (no kernel each)
+        # gradients, then views of it (no kernel each; so one gradient kept keeps them all)
         flat = self.flat.clone()
         return self.loss.clone(), [part.view(shape) for part, shape in zip(flat.split(self.sizes), self.shapes)]
 
 
-def train_room_for(model, src_ids: torch.Tensor, tgt_ids: torch.Tensor, targets: torch.Tensor,
-                   epsilon: float) -> TrainRoom | None:
-    """The room of this `loss_and_grads` call without dropout, or None: graphs off, no capture for
-    the model's device, a call that must run eagerly (module docstring), or the key seen for the
-    first time."""
-    capture = CAPTURES.get(model.device.type) if ENABLED else None
+def replayed_loss_and_grads(model, src_ids: torch.Tensor, tgt_ids: torch.Tensor, targets: torch.Tensor,
+                            epsilon: float):
+    """`Model._loss_and_grads` without dropout from this call's room (recorded now if it is new),
+    or None where the call is to run eagerly: graphs off, no capture for the model's device, a
+    call that must run eagerly (module docstring), the key seen for the first time, or a key whose
+    recording failed (with a warning, once: those calls run eagerly from then on)."""
+    capture = CAPTURES.get(model.device.type) if enabled() else None
     if (capture is None or torch.is_inference_mode_enabled() or torch.is_autocast_enabled(model.device.type)
-            or model.__dict__.get("_compiled_call_impl") is not None):
+            or model.__dict__.get("_compiled_call_impl") is not None or _python_inside(model) is not None):
         return None
     params = list(model.parameters())
     if len({p.dtype for p in params}) != 1:  # the gradients would not fit one flat buffer
         return None
     key = (tuple(src_ids.shape), tuple(tgt_ids.shape), epsilon, model.dtype, _addresses(model),
-           tuple(p.requires_grad for p in params), torch.get_float32_matmul_precision(),
-           torch.are_deterministic_algorithms_enabled())
-    rooms = model.__dict__.setdefault("_train_rooms", OrderedDict())
-    seen = model.__dict__.setdefault("_train_keys_seen", OrderedDict())
-    if key not in rooms:
-        if key not in seen:
-            seen[key] = None
-            while len(seen) > 64:
-                seen.popitem(last=False)
+           tuple(p.requires_grad for p in params), _settings())
+    with _LOCK:
+        rooms = model.__dict__.setdefault("_train_rooms", OrderedDict())
+        seen = model.__dict__.setdefault("_train_keys_seen", OrderedDict())
+        eager = model.__dict__.setdefault("_train_keys_eager", set())
+        if key in eager:
             return None
-        rooms[key] = TrainRoom(model, src_ids, tgt_ids, targets, epsilon, capture())
-        while len(rooms) > MAX_TRAIN_ROOMS:
-            rooms.popitem(last=False)
-    rooms.move_to_end(key)
-    return rooms[key]
+        if key not in rooms:
+            if key not in seen:
+                seen[key] = None
+                while len(seen) > 64:
+                    seen.popitem(last=False)
+                return None
+            rooms[key] = TrainRoom(model, src_ids, tgt_ids, targets, epsilon, capture())
+            while len(rooms) > MAX_TRAIN_ROOMS:
+                rooms.popitem(last=False)
+        rooms.move_to_end(key)
+        room = rooms[key]
+    recorded = room.replay is not None
+    try:
+        return room.run(src_ids, tgt_ids, targets)
+    except Exception as exc:
+        if recorded:  # a replay's failure is the device's: not hidden
+            raise
+        with _LOCK:
+            rooms.pop(key, None)
+            eager.add(key)
+        warnings.warn(f"impl_torch: recording the training step as a CUDA graph failed ({type(exc).__name__}: "
+                      f"{exc}); calls of these shapes run eagerly", RuntimeWarning, stacklevel=3)
+        return None

@@ -836,12 +836,9 @@ class Model(nn.Module):
         epsilon = check_label_smoothing(label_smoothing)
         targets = torch.tensor(labels, dtype=torch.long, device=self.device)  # (B, T)
         # On a GPU, the same tensor work replayed from a CUDA graph once its shapes recur (impl_torch/graphs.py).
-        room = (graphs.train_room_for(self, src_ids, tgt_ids, targets, epsilon)
-                if dropout is None and type(self) is Model else None)
-        if room is not None:
-            loss, grads = room.run(src_ids, tgt_ids, targets)
-        else:
-            loss, grads = self._loss_and_grads(src_ids, tgt_ids, targets, epsilon, dropout)
+        replayed = (graphs.replayed_loss_and_grads(self, src_ids, tgt_ids, targets, epsilon)
+                    if dropout is None and type(self) is Model else None)
+        loss, grads = replayed or self._loss_and_grads(src_ids, tgt_ids, targets, epsilon, dropout)
         grads = dict(zip((name for name, _ in self.named_parameters()), grads))
         return loss, {name: grads[name] for name in param_shapes(self.config)}  # checkpoint order
 

@@ -163,8 +163,9 @@ def test_a_new_shape_or_new_parameters_make_a_new_room(recorded):
 
 
 def test_calls_that_must_stay_eager_keep_no_room(recorded, monkeypatch):
-    """Dropout masks, autocast and inference mode (where loss_and_grads fails as it does eagerly), a
-    compiled model, a subclass, graphs switched off, and the shipped table (no CPU capture)."""
+    """Dropout masks, autocast and inference mode (where loss_and_grads fails as it does eagerly),
+    anomaly detection, module and parameter hooks, a TorchFunctionMode, a compiled model, a
+    subclass, graphs switched off, and the shipped table (no CPU capture)."""
     config = preset("paper", **SIZES)
     src, tgt, labels = batch(config, 1)
 
@@ -184,9 +185,25 @@ def test_calls_that_must_stay_eager_keep_no_room(recorded, monkeypatch):
     with graphs.switched_off():
         assert keeps_no_room(impl_torch.Model(config, dtype="float32"))
     model = impl_torch.Model(config, dtype="float32")
-    with torch.inference_mode(), pytest.raises(RuntimeError):
-        model.loss_and_grads(src, tgt, labels)
+    with torch.inference_mode():
+        for _ in range(3):
+            with pytest.raises(RuntimeError):
+                model.loss_and_grads(src, tgt, labels)
     assert not model.__dict__.get("_train_rooms")
+    with torch.autograd.set_detect_anomaly(True):
+        assert keeps_no_room(impl_torch.Model(config, dtype="float32"))
+    hooked = impl_torch.Model(config, dtype="float32")  # a replay would not run the hook
+    hooked.decoder.layers[0].register_forward_hook(lambda module, args, output: None)
+    assert keeps_no_room(hooked)
+    hooked = impl_torch.Model(config, dtype="float32")
+    next(hooked.parameters()).register_hook(lambda grad: grad)
+    assert keeps_no_room(hooked)
+    class PassThrough(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with PassThrough():
+        assert keeps_no_room(impl_torch.Model(config, dtype="float32"))
 
     class Subclass(impl_torch.Model):
         pass
@@ -207,3 +224,80 @@ def test_a_cuda_graph_gives_the_eager_training_steps(dtype):
     for name in ("paper", "hf-marian"):
         model = steps_side_by_side(preset(name, **SIZES), dtype, "cuda", seeds=(1, 2, 3, 4))
         assert len(model._train_rooms) == 1
+
+
+@pytest.mark.parametrize("setting", ["float32 matmul precision", "deterministic algorithms", "an SDPA backend",
+                                     "requires_grad"])
+def test_a_setting_that_chooses_kernels_makes_a_new_room(recorded, setting):
+    """A replay keeps its recording's kernels, so each setting that chooses them is in the key."""
+    config = preset("paper", **SIZES)
+    model = impl_torch.Model(config, dtype="bfloat16", param_dtype="float32")  # mixed: frozen parameters train too
+    src, tgt, labels = batch(config, 1)
+    for _ in range(2):
+        model.loss_and_grads(src, tgt, labels)
+    assert Counted.captured == 1
+    changes = {
+        "float32 matmul precision": lambda: torch.set_float32_matmul_precision("medium"),
+        "deterministic algorithms": lambda: torch.use_deterministic_algorithms(True),
+        "an SDPA backend": lambda: torch.backends.cuda.enable_flash_sdp(False),
+        "requires_grad": lambda: next(model.parameters()).requires_grad_(False),
+    }
+    restore = (torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
+               torch.backends.cuda.flash_sdp_enabled())
+    try:
+        changes[setting]()
+        for _ in range(2):
+            model.loss_and_grads(src, tgt, labels)
+    finally:
+        torch.set_float32_matmul_precision(restore[0])
+        torch.use_deterministic_algorithms(restore[1])
+        torch.backends.cuda.enable_flash_sdp(restore[2])
+    assert Counted.captured == 2 and len(model._train_rooms) == 2
+
+
+class Failing(graphs.Recorded):
+    """A capture whose recording fails, as one out of memory would."""
+
+    def record(self, fn):
+        raise torch.OutOfMemoryError("no memory for the graph's pool (planted)")
+
+
+def test_a_recording_that_fails_warns_once_and_those_calls_run_eagerly(monkeypatch):
+    monkeypatch.setattr(graphs, "CAPTURES", {"cpu": Failing})
+    monkeypatch.setattr(graphs, "ENABLED", True)
+    config = preset("paper", **SIZES)
+    model = impl_torch.Model(config, dtype="float32")
+    src, tgt, labels = batch(config, 1)
+    with graphs.switched_off():
+        want_loss, want_grads = model.loss_and_grads(src, tgt, labels)
+    model.loss_and_grads(src, tgt, labels)  # the key's first call: eager
+    with pytest.warns(RuntimeWarning, match="recording the training step as a CUDA graph failed.*planted"):
+        loss, grads = model.loss_and_grads(src, tgt, labels)
+    assert_equal(loss, want_loss, "the loss of the call whose recording failed")
+    for name in grads:
+        assert_equal(grads[name], want_grads[name], name)
+    assert not graphs.checked_static_input(src) and not getattr(graphs._LOCAL, "recording", ())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning, no second attempt
+        for _ in range(2):
+            model.loss_and_grads(src, tgt, labels)
+    assert not model._train_rooms
+
+
+def test_switched_off_holds_on_its_own_thread_only(recorded):
+    import threading
+
+    config = preset("paper", **SIZES)
+    model = impl_torch.Model(config, dtype="float32")
+    src, tgt, labels = batch(config, 1)
+    seen = []
+    with graphs.switched_off():
+        thread = threading.Thread(target=lambda: seen.append(graphs.enabled()))
+        thread.start()
+        thread.join()
+        for _ in range(2):
+            model.loss_and_grads(src, tgt, labels)
+        assert not graphs.enabled() and not model.__dict__.get("_train_rooms")
+    assert seen == [True] and graphs.enabled()
