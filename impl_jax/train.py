@@ -198,7 +198,8 @@ def train_step(model, optimizer, src_ids, tgt_ids, labels, *, label_smoothing: f
     params, rest = layout.read(variables, layout.param_positions), layout.read(variables, layout.rest_positions)
     beta1, beta2 = optimizer.betas
     loss, params, optimizer.state = compiled.call(
-        None, _fused_step, (params, optimizer.state, rest, *args), model.device, donate=True, layout=layout,
+        None, _fused_step, (params, optimizer.state, rest, *args), model.device, donate=True,
+        compute_dtype=model.dtype, layout=layout,
         d_model=optimizer.d_model, warmup=optimizer.warmup, b1=beta1, b2=beta2, eps=optimizer.eps, **static)
     layout.write(variables, params)
     optimizer.steps += 1

@@ -429,3 +429,53 @@ def test_step_layout_tells_a_variable_shared_by_two_places_from_two_variables():
     assert weak.weak_type and not _as_array(weak, np.float32).weak_type
     strong = jax.numpy.ones((3,), np.float32)
     assert _as_array(strong, np.float32) is strong
+
+
+def test_triton_products_are_chosen_by_platform_dtype_and_setting(monkeypatch):
+    """On a GPU, float32 and float64 programs are compiled without Triton products (cuBLAS), other
+    dtypes with XLA's default; elsewhere the option is never set; TRITON_GEMM overrides; a value
+    that means nothing is refused by name."""
+    from impl_jax import compiled
+
+    triton = compiled.triton_gemm
+    assert not triton("gpu", "float32") and not triton("gpu", "float64")
+    assert triton("gpu", "bfloat16") and triton("gpu", "float16") and triton("cpu", "float32")
+    monkeypatch.setattr(compiled, "TRITON_GEMM", "1")
+    assert triton("gpu", "float32")
+    monkeypatch.setattr(compiled, "TRITON_GEMM", "0")
+    assert not triton("gpu", "bfloat16") and triton("cpu", "float32")
+    monkeypatch.setattr(compiled, "TRITON_GEMM", "sometimes")
+    with pytest.raises(ValueError, match="ROSETTA_JAX_TRITON_GEMM.*'sometimes'.*auto, 1 or 0"):
+        triton("gpu", "float32")
+
+
+def test_programs_compiled_without_triton_products_give_the_same_numbers(monkeypatch):
+    """The jits that carry XLA's `xla_gpu_enable_triton_gemm=False` (forced here on the CPU, where
+    the option changes nothing) are the ones called, they compile, and the forward pass and the
+    fused training step give the default jits' numbers bit for bit."""
+    import numpy as np
+    from conformance import init_params
+    from batches import SRC, TGT, small
+    from impl_jax import compiled
+
+    config = small(d_ff=20)  # a config only this test compiles
+    params = init_params(config, dtype=np.float32)
+    labels = np.where(TGT == config.pad_id, config.pad_id, TGT)
+
+    def run():
+        model = impl_jax.Model(config, params, "float32")
+        optimizer = impl_jax.Adam(model, config.d_model, warmup=10)
+        logits = np.asarray(model(SRC, TGT, return_attention=False).logits)
+        loss = float(impl_jax.train_step(model, optimizer, SRC, TGT, labels, label_smoothing=0.1))
+        return logits, loss, {name: np.asarray(value) for name, value in model.params.items()}
+
+    want = run()
+    monkeypatch.setattr(compiled, "triton_gemm", lambda platform, dtype: False)
+    sizes = {key: jit._cache_size() for key, jit in compiled._JITS.items()}
+    got = run()
+    assert compiled._JITS[(False, False)]._cache_size() > sizes[(False, False)]  # the forward's programs
+    assert compiled._JITS[(True, False)]._cache_size() > sizes[(True, False)]  # the fused, donating step
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1] == want[1]
+    for name in want[2]:
+        np.testing.assert_array_equal(got[2][name], want[2][name], err_msg=name)
