@@ -80,11 +80,13 @@ def contenders(config, params, src, tgt, labels, device: str, dtype: str, wanted
     mixed = dtype == "bfloat16"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    if "impl_torch" in wanted:
+    def torch_model():
         if mixed:
-            model = impl_torch.Model(config, params, "bfloat16", device=device, param_dtype="float32")
-        else:
-            model = impl_torch.Model(config, params, "float32", device=device)
+            return impl_torch.Model(config, params, "bfloat16", device=device, param_dtype="float32")
+        return impl_torch.Model(config, params, "float32", device=device)
+
+    if "impl_torch" in wanted:
+        model = torch_model()
         optimizer = impl_torch.Adam(model, config.d_model)
         entries["impl_torch"] = lambda: float(impl_torch.train_step(model, optimizer, src, tgt, labels,
                                                                     label_smoothing=EPSILON))
@@ -94,10 +96,7 @@ def contenders(config, params, src, tgt, labels, device: str, dtype: str, wanted
             lambda: optimizer.step(grads))
 
     if "impl_torch eager" in wanted:
-        if mixed:
-            eager = impl_torch.Model(config, params, "bfloat16", device=device, param_dtype="float32")
-        else:
-            eager = impl_torch.Model(config, params, "float32", device=device)
+        eager = torch_model()
         eager_opt = impl_torch.Adam(eager, config.d_model)
 
         def eager_step():
