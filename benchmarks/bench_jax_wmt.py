@@ -10,14 +10,18 @@ pins; Flax `examples/wmt` runs at JAX's default precision (TF32 passes on an H10
 written again, pre-LN, the same parameter names) runs twice, at the default precision and with
 `JAX_DEFAULT_MATMUL_PRECISION=highest`, and impl_jax (pinned to highest) beside them, each in a
 fresh process with no persistent cache, in turn, `--repeats` times. The same sizes in all: the
-base config (d_model 512, 8 heads, d_ff 2048, 6+6 layers, vocab 32000), float32.
+base config (d_model 512, 8 heads, d_ff 2048, 6+6 layers, vocab 32000), float32. On a GPU impl_jax
+compiles its float32 programs with cuBLAS products, not autotuned Triton kernels (its own choice:
+`impl_jax.compiled.triton_gemm`); the linen copy takes XLA's defaults, as a user's code does
+(`XLA_FLAGS=--xla_gpu_enable_triton_gemm=false` gives it the same, docs/jax-compile.md).
 
 Per process: the first call's wall time (tracing, compiling, running) and the median of the
-following `--calls` calls, each waited for (`block_until_ready`). impl_jax's call is its public
-API: two executables (encoder, decoder) and the masks built from the ids on the host; the linen
-copy's is one jitted `apply`. Only the comparison at the same
-precision is like for like; the default-precision row shows what TF32 buys.
-"""
+following `--calls` calls, each waited for (`block_until_ready`), and of how long each call took to
+return before that wait: the host's part (checks, masks, flattening the parameters, dispatching; on
+a GPU the device starts on the encoder while the host still prepares the decoder, so the two overlap
+in part). impl_jax's call is its public API: two executables (encoder, decoder) and the masks built
+from the ids on the host; the linen copy's is one jitted `apply`. Only the comparison at the same
+precision is like for like; the default-precision row shows what TF32 buys."""
 
 from __future__ import annotations
 
@@ -81,13 +85,16 @@ def child(setting: str, quick: bool, calls: int) -> dict:
     start = time.perf_counter()
     jax.block_until_ready(run())
     first = time.perf_counter() - start
-    times = []
+    times, host = [], []
     for _ in range(calls):
         start = time.perf_counter()
-        jax.block_until_ready(run())
+        out = run()  # returns once the host has dispatched the call's work (JAX runs it asynchronously)
+        host.append(time.perf_counter() - start)
+        jax.block_until_ready(out)
         times.append(time.perf_counter() - start)
     precision = model.precision if not setting.startswith("wmt") else str(jax.config.jax_default_matmul_precision)
-    return {"first": first, "each": statistics.median(times), "device": str(jax.devices()[0]), "precision": precision}
+    return {"first": first, "each": statistics.median(times), "host": statistics.median(host),
+            "device": str(jax.devices()[0]), "precision": precision}
 
 
 def main() -> None:
@@ -119,11 +126,12 @@ def main() -> None:
     print(f"\nforward, d_model {s['d']}, {s['layers']}+{s['layers']} layers, vocab {s['vocab']}, batch {s['batch']}, "
           f"lengths {s['length']}, float32, on {runs[SETTINGS[-1]][0]['device']}; medians of {args.repeats} "
           "fresh processes, no persistent cache")
-    print(f"{'':<30}{'cold first call':>18}{'each call after':>18}")
+    print(f"{'':<30}{'cold first call':>18}{'each call after':>18}{'of which host':>16}")
     for setting in SETTINGS:
         first = statistics.median(r["first"] for r in runs[setting])
         each = statistics.median(r["each"] for r in runs[setting])
-        print(f"{setting:<30}{first:>16.2f} s{each * 1e3:>15.2f} ms")
+        host = statistics.median(r["host"] for r in runs[setting])
+        print(f"{setting:<30}{first:>16.2f} s{each * 1e3:>15.2f} ms{host * 1e3:>13.2f} ms")
     ours, theirs = runs[SETTINGS[2]], runs[SETTINGS[1]]
     print(f"impl_jax / wmt linen at the same precision (highest): cold "
           f"{statistics.median(r['first'] for r in ours) / statistics.median(r['first'] for r in theirs):.2f}x, "
