@@ -265,6 +265,9 @@ def _settings() -> tuple:
                                             "cudnn_sdp_enabled", "preferred_blas_library")))
 
 
+_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
 def _python_inside(model, params: list) -> str | None:
     """What would run Python code, or read values on the host, inside a training step (a graph
     replays only its kernels): None, or what it is. `params`: the model's parameters."""
@@ -280,9 +283,6 @@ def _python_inside(model, params: list) -> str | None:
     if any(p._backward_hooks or p._post_accumulate_grad_hooks for p in params):
         return "a parameter hook"
     return None
-
-
-_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 class TrainRoom:
