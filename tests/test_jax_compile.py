@@ -24,16 +24,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # One small model's forward pass, then what the process compiled and loaded.
 PROGRAM = """
-import json, sys, numpy as np
+import json, os, sys, numpy as np
 import impl_jax
 from conformance import init_params
+from impl_jax import compiled
+if os.environ.get("TEST_FORCE_NO_TRITON_GEMM"):  # a GPU float32 choice, forced (a no-op on a CPU)
+    compiled.triton_gemm = lambda platform, dtype: False
 sys.path.insert(0, {tests!r})
 from batches import SRC, TGT, small
 config = small(d_ff=52)  # a config only this test compiles
 impl_jax.Model(config, init_params(config, dtype=np.float32))(SRC, TGT)
 stats = impl_jax.compile_stats()
 print(json.dumps({{"compiles": stats["compiles"], "hits": stats["persistent_hits"],
-                  "dir": str(impl_jax.persistent_cache_dir())}}))
+                  "dir": str(impl_jax.persistent_cache_dir()),
+                  "without_triton": compiled._JITS[(False, False)]._cache_size()}}))
 """
 
 
@@ -57,6 +61,16 @@ def test_environment_variable_fills_the_cache_and_a_second_process_loads_from_it
     assert second["hits"] == 2, second  # both loaded, none compiled
     without = run({})
     assert without["hits"] == 0 and without["dir"] == "None"  # off unless asked for
+
+
+def test_programs_compiled_without_triton_products_are_kept_and_loaded_by_the_cache(tmp_path):
+    """The compile option of a GPU's float32 programs (`compiled.triton_gemm`) travels through the
+    persistent cache: written by one process, loaded by the next."""
+    env = {"ROSETTA_JAX_CACHE": str(tmp_path / "jax-cache"), "TEST_FORCE_NO_TRITON_GEMM": "1"}
+    first = run(env)
+    assert first["compiles"] == 2 and first["hits"] == 0 and first["without_triton"] == 2
+    second = run(env)
+    assert second["hits"] == 2 and second["without_triton"] == 2
 
 
 def test_the_environment_variable_reads_on_off_and_a_directory(monkeypatch, tmp_path):
