@@ -3,8 +3,9 @@
 `call(model, Model._encode, args, device, return_attention=...)` runs a traced method of the model
 through `jax.jit`. The model goes in as an argument (Flax NNX modules are pytrees): its
 parameters are the executable's inputs, not constants baked into it, so updating a parameter in
-place needs no recompilation, and jit's C++ dispatch flattens the model in about a millisecond
-(`nnx.split` on every call would cost ten times that for the 6+6-layer base model).
+place needs no recompilation. Flattening the model costs about a millisecond for the 6+6-layer
+base model (`nnx.split` on every call would cost ten times that), and is done once and kept while
+the model's structure holds (impl_jax/flat.py: a check of about 0.2 ms a call).
 
 jit's cache key is everything the executable depends on: the method and flags, the model's tree
 structure (its modules and their static attributes: the config and dtype), the shapes and dtypes of
@@ -96,6 +97,7 @@ from typing import Any, Callable, Iterator
 import jax
 from flax import nnx
 
+from impl_jax.flat import Flat, flattened
 from impl_jax.precision import model_precision
 
 # The event names JAX reports (jax._src.dispatch); stable since JAX 0.4.
@@ -271,8 +273,10 @@ def in_layout(model):
     return _SCANNER(model, remat=layout.remat) if layout.scan and model is not None else model
 
 
-def _traced(method: Callable, static: tuple[tuple[str, Any], ...], layout: Stacks, model: nnx.Module, *args):
+def _traced(method: Callable, static: tuple[tuple[str, Any], ...], layout: Stacks, model, *args):
     _TRACING.layout = layout
+    if isinstance(model, Flat):  # `call` hands jit the model flattened (impl_jax/flat.py)
+        model = model.model()
     if layout.scan:
         model = _SCANNER(model, remat=layout.remat)
     with model_precision(getattr(model, "precision", "highest")):  # the model's choice (impl_jax/precision.py)
@@ -306,7 +310,7 @@ _JIT = _JITS[(False, True)]
 
 def lower(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, **static: Any) -> jax.stages.Lowered:
     """The traced and lowered (not compiled) program of `method`, e.g. to read its StableHLO."""
-    return _JIT.lower(method, tuple(sorted(static.items())), STACKS, model, *jax.device_put(args, device))
+    return _JIT.lower(method, tuple(sorted(static.items())), STACKS, flattened(model), *jax.device_put(args, device))
 
 
 def mapping_pressure() -> float | None:
@@ -359,7 +363,7 @@ def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *
         compiles_before = _STATS.compiles
     _ACTIVE.on, _ACTIVE.what = True, _describe(model, method, args)
     try:
-        outputs = jit(method, tuple(sorted(static.items())), STACKS, model, *args)
+        outputs = jit(method, tuple(sorted(static.items())), STACKS, flattened(model), *args)
     finally:
         _ACTIVE.on = False
         if getattr(_ACTIVE, "gc_paused", False):

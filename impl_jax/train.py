@@ -17,8 +17,9 @@ followed by `Adam.step` (tests/test_train_optimizers.py). Any other optimizer ta
 `conformance.core.training.train_step`.
 
 The host side of a step is kept small, because on a GPU the step waits for it (docs/training.md):
-the model's variables are read through one tree flatten (`step_layout`: its structure, a
-`PyTreeDef`, keys the `StepLayout` found once by `nnx.split`), arguments already on the device are
+the model's variables and structure (a `PyTreeDef`, which keys the `StepLayout` found once by
+`nnx.split`) come from the flattening kept between calls (`step_layout`, impl_jax/flat.py: a
+check of the structure, not two tree flattens, each step), arguments already on the device are
 not put there again (`compiled.placed`), and the new values are set on the model's own variables,
 where `nnx.split`, `jax.device_put` of every parameter and moment, and `nnx.update` took most of
 a small model's step.
@@ -35,7 +36,7 @@ from flax import nnx
 from conformance.core.params import param_shapes
 from conformance.core import training
 from conformance.core.training import PAPER_BETAS, PAPER_EPS, PAPER_WARMUP, check_adam, check_grads, paper_lrate
-from impl_jax import compiled, host
+from impl_jax import compiled, flat, host
 from impl_jax.precision import model_precision
 
 __all__ = ["Adam", "train_step"]
@@ -98,7 +99,7 @@ class Adam:
 
 class StepLayout:
     """Where a model's variables go in the fused step, for one model structure: the graphdef,
-    and each variable's position among `jax.tree.leaves(model, is_leaf=_is_variable)` and its path
+    and each variable's position among the model's variables in leaf order and its path
     in `nnx.split(model, nnx.Param, ...)`'s states (the parameters, then the rest)."""
 
     def __init__(self, model, key, variables):
@@ -139,24 +140,18 @@ class StepLayout:
 
 # A model's structure (`jax.tree.flatten(model)`'s tree: its modules, their static attributes,
 # each variable's type and metadata) and its sharing (which leaves are one variable: a tree does
-# not say, nnx.split does) -> its StepLayout. Read again on every step, they cost a tree flatten
-# (about a millisecond for the base model) where `nnx.split` and `nnx.update` cost tens
-# (docs/training.md); a model whose structure or sharing changed gets another key. The
+# not say, nnx.split does) -> its StepLayout. Read again on every step (from impl_jax/flat.py's
+# record, checked in about 0.2 ms for the base model; two tree flattens took 1.7 ms) where `nnx.split`
+# and `nnx.update` cost tens of milliseconds (docs/training.md); a model whose structure or sharing changed gets another key. The
 # compiled step receives its layout as a static argument, so emptying this table cannot pull a
 # layout from under a trace running on another thread.
 _LAYOUTS: dict = {}
 MAX_LAYOUTS = 32  # distinct model structures stepped in one process before the table is emptied
 
 
-def _is_variable(x) -> bool:
-    return isinstance(x, nnx.Variable)
-
-
 def step_layout(model) -> tuple[list, StepLayout]:
     """(the model's variables in leaf order, the StepLayout of its structure and sharing)."""
-    variables = jax.tree.leaves(model, is_leaf=_is_variable)
-    first: dict[int, int] = {}  # each leaf's first position: a variable in two places repeats one
-    key = (jax.tree.structure(model), tuple(first.setdefault(id(v), i) for i, v in enumerate(variables)))
+    variables, key = flat.variables(model)  # kept between steps while the structure holds
     layout = _LAYOUTS.get(key)
     if layout is None:
         if len(_LAYOUTS) >= MAX_LAYOUTS:
