@@ -34,9 +34,10 @@ outputs. The checks of the ids and labels stay eager, before the replay (the for
 check of the static ids while recording: `checked_static_input`); the optimizer is not captured
 (fused Adam is a couple of host calls). The gradients come back in one flat buffer, copied at every
 call, so that a caller's gradients are never overwritten by the next replay. A call runs eagerly
-where a graph could not replay it: with dropout masks, under autocast, inference mode or anomaly
-detection, with a module or parameter hook or a TorchFunction/TorchDispatch mode active (Python that
-a replay would skip), on a compiled model or a subclass. A recording that fails (out of memory, say)
+where a graph could not replay it: with dropout masks, under inference mode or anomaly detection
+(autocast is refused before, by the model's input checks), with a module or parameter hook or a
+TorchFunction/TorchDispatch mode active (Python that a replay would skip), on a compiled model or a
+subclass. A recording that fails (out of memory, say)
 warns once, and that key's calls run eagerly from then on. Each room keeps its step's memory in its
 graph's pool between calls (float32, base size, batch 32, lengths 64 on an H100: 1.2-1.5 GiB more
 allocated between steps than eagerly; benchmarks/train_graphs.py), at most `MAX_TRAIN_ROOMS` rooms

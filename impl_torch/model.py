@@ -46,6 +46,7 @@ from impl_torch import decode, graphs
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 from impl_torch.blocks import product_in_blocks
 from impl_torch.fused import kernel_fix_ups
+from impl_torch.precision import check_no_autocast
 from impl_torch.train import leaf_in, parameters_replaced
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -587,7 +588,9 @@ class Model(nn.Module):
     present here is an `InputError`.
 
     The model is an ordinary `nn.Module`: `.to("cuda")`, `.to(torch.float16)`, `torch.compile`,
-    `torch.inference_mode()` and autograd all apply. `.to(dtype)` casts the sinusoid buffer along
+    `torch.inference_mode()` and autograd all apply; a call under `torch.autocast` is refused with an
+    `InputError` (it would recompute the products in autocast's dtype: `param_dtype` is the mixed
+    precision, `impl_torch.precision.check_no_autocast`). `.to(dtype)` casts the sinusoid buffer along
     with the parameters, like any buffer. Under `torch.compile` the input checks stay eager (they
     read ids on the host), so the tensor work compiles as a few graphs, not one `fullgraph`.
     `model.compile()` compiles it in place, so `loss_and_grads` and `train_step` run compiled too
@@ -681,6 +684,7 @@ class Model(nn.Module):
 
     @torch.compiler.disable  # host-side checks: torch.compile runs them eagerly, outside the graph
     def _ids(self, argument: str, ids, vocab_size: int) -> torch.Tensor:
+        check_no_autocast(self.device)  # the model's dtype is its precision, not autocast's
         if not isinstance(ids, torch.Tensor):
             ids = host_ids(argument, ids, vocab_size, self.config.max_len)
             return torch.tensor(ids, dtype=torch.long, device=self.device)

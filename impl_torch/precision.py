@@ -19,6 +19,8 @@ from typing import Any, Iterator
 
 import torch
 
+from conformance.core.errors import InputError
+
 # (backend, op) pairs of the new API that can lower float32 matmul/conv precision.
 _NEW_API = (("cuda", "matmul"), ("cudnn", "conv"), ("cudnn", "rnn"), ("mkldnn", "matmul"), ("mkldnn", "conv"), ("mkldnn", "rnn"))
 
@@ -111,3 +113,20 @@ def precision_settings() -> dict[str, Any]:
         report[f"{backend}.{op}.fp32_precision"] = _new_get(backend, op)
     report["cuda"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "not available"
     return report
+
+
+def check_no_autocast(device: torch.device) -> None:
+    """Refuse a call under `torch.autocast` for the model's device type, with an `InputError`.
+
+    Autocast recomputes chosen operations (matmuls, linear layers) in its lower dtype whatever the
+    tensors' dtype, so the model would silently compute in a precision that neither its `dtype` nor
+    the conformance tolerances describe: on a CPU, a float32 model's logits came back float32 and
+    0.04 away from its own; elsewhere the output changed dtype. The model's precision is its
+    `dtype` (and `param_dtype` for mixed precision: `dtype=bfloat16, param_dtype=float32` is what
+    autocast's bfloat16 training is measured against, docs/training.md)."""
+    if torch.is_autocast_enabled(device.type):
+        lower = str(torch.get_autocast_dtype(device.type)).removeprefix("torch.")
+        raise InputError("torch.autocast", f"is on for {device.type} ({lower}): it would recompute the model's "
+                                           "products in that dtype, which the model's dtype does not describe; "
+                                           f"leave autocast off and give the model dtype={lower}, "
+                                           "param_dtype=float32 for mixed precision")

@@ -280,3 +280,31 @@ def test_out_of_range_ids_on_cuda_raise_the_shared_error_not_a_device_assert():
             model(bad, TGT)
     torch.cuda.synchronize()  # a device-side assert would surface here
     assert model(SRC, TGT).logits.isfinite().all()
+
+
+@pytest.mark.parametrize("lower", [torch.bfloat16, torch.float16])
+def test_a_call_under_autocast_is_refused_by_every_entry_point(lower):
+    """Autocast would recompute the products in its own dtype, silently (a float32 model's logits
+    came back float32 and 0.04 away on this CPU) or with another output dtype: each entry point
+    refuses it with an InputError that blames `torch.autocast` and says what to use instead."""
+    model = impl_torch.Model(CONFIG, PARAMS, "float32")
+    labels = np.roll(TGT, -1, axis=1)
+    calls = {
+        "forward": lambda: model(SRC, TGT),
+        "encode": lambda: model.encode(SRC),
+        "decode": lambda: model.decode(TGT, encoded),
+        "loss_and_grads": lambda: model.loss_and_grads(SRC, TGT, labels),
+        "generate": lambda: model.generate(SRC, max_len=4, bos_id=1, eos_id=2),
+        "decode_step": lambda: model.decode_step(TGT[:, 0], model.start_cache(encoded, 4)),
+    }
+    encoded = model.encode(SRC)
+    name = str(lower).removeprefix("torch.")
+    for entry, call in calls.items():
+        with torch.autocast("cpu", dtype=lower):
+            with pytest.raises(InputError, match=rf"torch.autocast: is on for cpu \({name}\).*dtype={name}, "
+                                                 "param_dtype=float32") as caught:
+                call()
+        assert caught.value.argument == "torch.autocast", entry
+    with torch.autocast("cpu", dtype=lower, enabled=False):  # switched off: the model's own numbers
+        expected = model(SRC, TGT).logits
+    assert torch.equal(expected, model(SRC, TGT).logits)
