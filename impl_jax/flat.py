@@ -2,44 +2,56 @@
 
 Every compiled call hands the model to `jax.jit` as an argument (impl_jax/compiled.py), and jit
 flattens that argument on each call: for an NNX model, a Python function per module, per module
-state and per variable, 550 of them for the 6+6-layer base model, 0.84 ms on this project's CPU.
-A forward runs two executables (encoder, decoder), a training step flattens the model twice more
-to find its variables, and on a GPU that host work lies on the critical path (issue 28: the host
-prepares the encoder's call while the device is idle).
+state and per variable, 550 of them for the 6+6-layer base model, about 0.85 ms on this project's
+CPU. A forward runs two executables (encoder, decoder), a training step flattened the model twice
+more to find its variables, and on a GPU that host work lies on the critical path (issue 28: the
+host prepares the encoder's call while the device is idle).
 
 So the model is flattened once and the result kept: its tree structure, its variables in leaf
-order, and a record of everything that flattening read, which is checked again before each later
-call (about 0.2 ms for the base model, against 0.85 ms for a flatten):
+order, and a copy of everything that flattening read, taken as it read it (in the same pass),
+which is checked again before each later call (about 0.2 ms for the base model):
 
-- each module (and module container, such as `nnx.List`): the names of its attributes and the
-  identity of every value, in order. Replacing or adding a submodule, a variable or a static
-  attribute (`model.config = ...`) changes one of them;
+- each module (and module container, such as `nnx.List`): its type, that its attribute dict is
+  the same object, the names of its attributes and the identity of every value, in order.
+  Replacing or adding a submodule, a variable or a static attribute (`model.config = ...`)
+  changes one of them;
 - each module's state object: its flags (`initializing`, `is_setup`), which are in the structure;
-- each variable: its metadata (`set_metadata`), and that its value is still one array;
+- each variable: its type, its metadata (`set_metadata`), and that its value is still one array;
 - each plain list or dict that flattening visits: the identity of its items, in order (and a
   dict's keys).
 
 A variable's value is not recorded: it is read again on every call (`get_raw_value`), so setting
 it (`variable.value = x`, `nnx.update`, the fused training step's writes) needs nothing more, and a
 value of another shape or dtype gives jit another key, as before. When any check fails, the model
-is flattened again and the record rebuilt: results are those of flattening on every call
-(tests/test_jax_flat.py compares them, and plants each missed change).
+is flattened again and the record rebuilt (tests/test_jax_flat.py plants each missed change). Each
+node's copy is taken as flattening reaches it, so a change made on another thread while the record
+is built is seen at the next call. What is not covered: changes to Flax's private state in place (a module's
+`_pytree__nodes` mapping, class attributes); and, as for any Python object, a model changed on one
+thread while another calls it gives that call either state.
 
-A model holding anything else that flattening visits (a plain array attribute, a mutable container
-other than a list or a dict, a pytree node of a type not listed above) is flattened on every call,
-as before. A model's first compiled call only remembers it: the record (two tree flattens and the
-walk above) is built at its second call, a forward's decoder, so that a model built for one
-encoder call or one step pays one flatten, not three.
+Not recorded, so flattened on every call as before: a model holding anything else that
+flattening visits (a plain array attribute, a container of another type, a pytree node of a type
+not listed above), a variable whose value is not one array, or a static attribute that is not plain
+data (strings, numbers, dtypes, classes, and tuples, mappings and dataclasses of them): a bound
+method or a function could refer back to the model, which its record would then keep alive. Such
+a model is tried again every `RETRY_AFTER` calls. A model's first compiled call only remembers it:
+the record (one flatten that also copies what it reads: 3.6 ms for the base structure, four plain
+flattens) is built at its second call, a forward's decoder, and again after each change of its
+structure, so that a model built for one encoder call or one step pays one flatten.
 
-`KEEP = False` turns the record off: every call flattens.
+The records are kept by the model's identity (a weak reference: a model's record goes with it),
+never by its equality. `KEEP = False` turns them off: every call flattens.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import itertools
 import operator
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -48,14 +60,19 @@ from flax import nnx
 
 try:
     from flax.nnx.pytreelib import PytreeState
-except ImportError:  # another Flax: a module's state object is then not recorded, and its model not kept
+except ImportError:  # another Flax: a module's state object is then an unknown node, and its model not recorded
     PytreeState = ()
 
 KEEP = True
+RETRY_AFTER = 100  # calls of a model that could not be recorded before it is tried again
 
 # The leaf types a variable's value may hold for its value to be one leaf of the tree.
 _ARRAYS = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 _RAW_VALUE = operator.methodcaller("get_raw_value")
+_VARS = operator.attrgetter("__dict__")
+# Static attributes that cannot refer back to a model (containers of them are checked item by item).
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, np.dtype, np.generic, enum.Enum, type)
+_SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes})
 
 
 class Flat:
@@ -75,64 +92,113 @@ jax.tree_util.register_pytree_node(Flat, lambda flat: (flat.leaves, flat.treedef
                                    lambda treedef, leaves: Flat(treedef, list(leaves)))
 
 
+class _NotKept(Exception):
+    """This model cannot be recorded: it is flattened on every call."""
+
+
+def _plain(value, depth: int = 0) -> bool:
+    """Whether a static attribute is data that cannot refer back to a model (module docstring)."""
+    if type(value) in _SCALARS or isinstance(value, _PLAIN):
+        return True
+    if depth > 8:
+        return False
+    if isinstance(value, (tuple, list, frozenset, set)):
+        return set(map(type, value)) <= _SCALARS or all(_plain(x, depth + 1) for x in value)
+    if isinstance(value, Mapping):  # (each module's `_pytree__nodes`: names to flags, checked in C)
+        if set(map(type, value.keys())) <= _SCALARS and set(map(type, value.values())) <= _SCALARS:
+            return True
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+    if dataclasses.is_dataclass(value):
+        return all(_plain(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value))
+    return False
+
+
 class _Record:
     """What flattening one model read, and its result (see the module docstring)."""
 
-    __slots__ = ("treedef", "variables", "sharing", "attributes", "states", "metadata_of", "variables_metadata")
+    __slots__ = ("model", "root", "treedef", "variables", "sharing", "objects", "types", "modules", "module_dicts", "dicts",
+                 "keys", "values", "lists", "list_values", "states", "metadata")
 
     def __init__(self, model):
-        visited: list = []
+        if not isinstance(model, nnx.Pytree):
+            raise _NotKept(f"a {type(model).__name__} is not an NNX module")
+        self.model, self.root = weakref.ref(model), (type(model), vars(model))
+        self.objects, self.modules, self.module_dicts, self.dicts, self.keys, self.values = [], [], [], [], [], []
+        self.lists, self.list_values, self.states, self.variables, self.metadata = [], [], [], [], []
+        unknown: list = []
+        tuples: list = []
 
-        def visit(node) -> bool:
-            visited.append(node)
-            return isinstance(node, nnx.Variable)
-
-        variables = jax.tree.leaves(model, is_leaf=visit)
-        leaves, self.treedef = jax.tree.flatten(model)
-        if len(leaves) != len(variables) or not all(isinstance(v, nnx.Variable) and leaf is v.get_raw_value()
-                                                    for leaf, v in zip(leaves, variables)):
-            raise _NotKept("a variable's value is not one leaf, or a leaf is not a variable's value")
-        self.variables = variables
-        first: dict[int, int] = {}  # a variable in two places (tied weights) is one variable
-        self.sharing = tuple(first.setdefault(id(v), i) for i, v in enumerate(variables))
-        # Each dict flattening reads (a module's attributes; a plain dict), or list: (it, its keys, its values).
-        self.attributes: list[tuple[Any, tuple | None, tuple]] = []
-        self.states, self.variables_metadata = [], []
-        for node in visited:
+        def copy(node) -> bool:  # called on each node right before flattening reads it
             if isinstance(node, nnx.Variable):
                 metadata = getattr(node, "_var_metadata", None)  # what its flattening reads (Flax 0.12)
                 if not isinstance(metadata, dict):
-                    raise _NotKept("a variable's metadata is not where this Flax keeps it")
-                self.variables_metadata.append(dict(metadata))
-            elif isinstance(node, (nnx.Pytree, dict)):
+                    unknown.append(node)
+                self.objects.append(node)
+                self.variables.append(node)
+                self.metadata.append(dict(metadata or {}))
+            elif isinstance(node, nnx.Pytree) or type(node) is dict:
                 attributes = vars(node) if isinstance(node, nnx.Pytree) else node
-                self.attributes.append((attributes, tuple(attributes), tuple(attributes.values())))
-            elif isinstance(node, list):
-                self.attributes.append((node, None, tuple(node)))
-            elif isinstance(node, PytreeState):
+                if isinstance(node, nnx.Pytree) and node is not model:  # the model itself: by weak reference
+                    self.objects.append(node)
+                    self.modules.append(node)
+                    self.module_dicts.append(attributes)
+                self.dicts.append(attributes)
+                self.keys.append(tuple(attributes))
+                self.values.append(tuple(attributes.values()))
+            elif type(node) is list:
+                self.lists.append(node)
+                self.list_values.append(tuple(node))
+            elif PytreeState and isinstance(node, PytreeState):
                 self.states.append((node, node.initializing, node.is_setup))
-            elif not (node is None or isinstance(node, tuple)):  # immutable: checked through its parent
-                raise _NotKept(f"flattening visits a {type(node).__name__}")
-        self.metadata_of = [v for v in visited if isinstance(v, nnx.Variable)]
+            elif type(node) is tuple:  # immutable: its items are checked as nodes of their own
+                tuples.append(node)
+            elif not (node is None or isinstance(node, _ARRAYS)):
+                unknown.append(node)  # arrays: a variable's value, or a bare leaf (counted below)
+            return False
 
-    def holds(self) -> bool:
-        """Whether flattening the model again would read what it read when this was recorded."""
+        leaves, self.treedef = jax.tree.flatten(model, is_leaf=copy)
+        if unknown:
+            raise _NotKept(f"flattening visits a {type(unknown[0]).__name__}")
+        if len(leaves) != len(self.variables) or not all(map(operator.is_, leaves, map(_RAW_VALUE, self.variables))):
+            raise _NotKept("a variable's value is not one leaf, or a leaf is not a variable's value")
+        self.types = tuple(map(type, self.objects))
+        nodes = {id(x) for x in itertools.chain(self.objects, self.lists, self.dicts, tuples)}
+        nodes.update(id(state) for state, _, _ in self.states)
+        plain: set[int] = set()  # the same config or dtype is an attribute of many modules: checked once
+        for value in itertools.chain.from_iterable(self.values):
+            if id(value) not in nodes and id(value) not in plain:
+                if not _plain(value):
+                    raise _NotKept(f"a static attribute is a {type(value).__name__}, which could refer back to the model")
+                plain.add(id(value))
+        if not all(_plain(m) for m in self.metadata):
+            raise _NotKept("a variable's metadata is not plain data")
+        first: dict[int, int] = {}  # a variable in two places (tied weights) is one variable
+        self.sharing = tuple(first.setdefault(id(v), i) for i, v in enumerate(self.variables))
+
+    def holds(self, model) -> bool:
+        """Whether flattening `model` now would read what it read when this was recorded."""
         try:
-            return self._holds()
-        except RuntimeError:  # a dict changed size while read: the model is being changed on another thread
+            return (self.model() is model and type(model) is self.root[0] and vars(model) is self.root[1]
+                    and self._holds())
+        except (RuntimeError, ValueError, TypeError):  # a dict resized by another thread; metadata not comparable
             return False
 
     def _holds(self) -> bool:
-        for attributes, keys, values in self.attributes:  # the loops over items run in C
-            if keys is None:
-                if len(attributes) != len(values) or not all(map(operator.is_, attributes, values)):
-                    return False
-            elif tuple(attributes) != keys or not all(map(operator.is_, attributes.values(), values)):
+        # The loops over items run in C.
+        if not all(map(operator.is_, map(type, self.objects), self.types)):
+            return False
+        if not all(map(operator.is_, map(_VARS, self.modules), self.module_dicts)):
+            return False
+        for attributes, keys, values in zip(self.dicts, self.keys, self.values):
+            if tuple(attributes) != keys or not all(map(operator.is_, attributes.values(), values)):
+                return False
+        for items, values in zip(self.lists, self.list_values):
+            if len(items) != len(values) or not all(map(operator.is_, items, values)):
                 return False
         for node, initializing, is_setup in self.states:
             if node.initializing is not initializing or node.is_setup is not is_setup:
                 return False
-        return [v._var_metadata for v in self.metadata_of] == self.variables_metadata
+        return [v._var_metadata for v in self.variables] == self.metadata
 
     def leaves(self) -> list | None:
         """The variables' values now, or None where one is no longer a single leaf."""
@@ -140,14 +206,29 @@ class _Record:
         return values if all(map(isinstance, values, itertools.repeat(_ARRAYS))) else None
 
 
-class _NotKept(Exception):
-    """This model cannot be recorded: it is flattened on every call."""
-
-
 _LOCK = threading.Lock()
-_SEEN, _REFUSED = "seen once", "cannot be kept"
-_RECORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> _Record, _SEEN or _REFUSED
-_STATS = {"flattens": 0, "kept": 0}
+_SEEN = "seen once"
+
+
+@dataclasses.dataclass
+class _Refused:
+    """A model that could not be recorded: flattened on every call, tried again after `calls_left`."""
+
+    calls_left: int
+
+
+# id(model) -> (a weak reference to it, its state: _SEEN, a _Record or a _Refused). By identity:
+# two models that compare equal are two entries. The weak reference's callback drops the entry.
+_RECORDS: dict[int, tuple[weakref.ref, Any]] = {}
+_STATS = {"flattens": 0, "kept": 0, "recorded": 0}
+
+
+def _drop(key: int, ref: weakref.ref, lock=_LOCK, records=_RECORDS) -> None:
+    # The lock and table are bound here: at interpreter exit the module's globals may be gone first.
+    with lock:
+        entry = records.get(key)
+        if entry is not None and entry[0] is ref:
+            del records[key]
 
 
 def record(model) -> _Record | None:
@@ -155,24 +236,32 @@ def record(model) -> _Record | None:
     where it is not kept (a first call, `KEEP` off, a model that cannot be recorded)."""
     if not KEEP:
         return None
-    try:
-        with _LOCK:
-            kept = _RECORDS.get(model)
-            if kept is None:  # the first call: remembered, not recorded
-                _RECORDS[model] = _SEEN
-    except TypeError:  # a model that takes no weak reference
-        return None
-    if kept is None or kept is _REFUSED:
-        return None
-    if kept is not _SEEN and kept.holds():
-        return kept
-    try:
-        kept = _Record(model)
-    except _NotKept:
-        kept = _REFUSED
+    key = id(model)
     with _LOCK:
-        _RECORDS[model] = kept
-    return None if kept is _REFUSED else kept
+        entry = _RECORDS.get(key)
+        if entry is not None and entry[0]() is not model:
+            entry = None  # a dead model's id, reused before its callback ran
+        if entry is None:  # the first call: remembered, not recorded
+            try:
+                _RECORDS[key] = (weakref.ref(model, lambda ref, key=key, drop=_drop: drop(key, ref)), _SEEN)
+            except TypeError:  # a model that takes no weak reference
+                pass
+            return None
+        ref, state = entry
+        if isinstance(state, _Refused):
+            state.calls_left -= 1
+            if state.calls_left > 0:
+                return None
+    if isinstance(state, _Record) and state.holds(model):
+        return state
+    try:
+        state = _Record(model)
+    except _NotKept:
+        state = _Refused(RETRY_AFTER)
+    with _LOCK:
+        _RECORDS[key] = (ref, state)
+        _STATS["recorded"] += isinstance(state, _Record)
+    return state if isinstance(state, _Record) else None
 
 
 def flattened(model) -> Flat | None:
@@ -203,7 +292,7 @@ def variables(model) -> tuple[list, tuple[Any, tuple[int, ...]]]:
 
 
 def stats() -> dict[str, int]:
-    """Calls that flattened the model, and calls that took it from its record (for tests and reports)."""
+    """Calls that flattened the model, calls that took it from its record, and records built."""
     with _LOCK:
         return dict(_STATS)
 

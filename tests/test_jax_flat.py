@@ -4,6 +4,7 @@ it on every call gives, whatever is changed in the model between two calls."""
 from __future__ import annotations
 
 import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -153,3 +154,104 @@ def test_keep_off_flattens_every_call():
         assert flat.stats()["flattens"] == before + 2
     finally:
         flat.KEEP = True
+
+
+def test_a_change_made_while_the_record_is_built_is_seen(monkeypatch):
+    """Another thread's change landing between the record's flatten and its end: the record is
+    checked once built, so it is not kept (planted here deterministically)."""
+    model = recorded_model()
+    flat.forget()
+    flat.flattened(model)  # seen once again: the next call builds the record
+    original = jax.tree.flatten
+    layer = model.encoder.layers[0].ffn.linear1
+
+    def flatten_then_change(tree, is_leaf=None, **kwargs):
+        out = original(tree, is_leaf=is_leaf, **kwargs)
+        if is_leaf is not None and tree is model:
+            layer.weight = other_param(layer.weight)
+        return out
+
+    monkeypatch.setattr(jax.tree, "flatten", flatten_then_change)
+    flat.record(model)
+    monkeypatch.setattr(jax.tree, "flatten", original)
+    assert_as_flattening(model)
+
+
+def test_records_go_by_identity_not_equality():
+    """Two modules that compare equal (a user's `__eq__`) are two models with two records."""
+
+    class Equal(nnx.Module):
+        def __init__(self, value):
+            self.w = nnx.Param(jnp.full((2,), value))
+
+        def __eq__(self, other):
+            return isinstance(other, Equal)
+
+        def __hash__(self):
+            return 0
+
+    a, b = Equal(1.0), Equal(5.0)
+    for _ in range(3):
+        flat.flattened(a)
+    assert flat.record(a) is not None
+    assert float(flat.flattened(b).leaves[0][0]) == 5.0
+    assert_as_flattening(b)
+
+
+def test_a_model_that_refers_to_itself_is_not_recorded_and_is_freed():
+    """A static attribute that could refer back to the model (a bound method of its own) would
+    keep the model alive through its record: such a model is flattened every call instead."""
+
+    class Parent(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(jnp.ones(2))
+            self.act = self.identity
+
+        def identity(self, x):
+            return x
+
+    model = Parent()
+    for _ in range(3):
+        assert_as_flattening(model)
+    assert flat.record(model) is None
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
+
+
+def test_a_model_that_could_not_be_recorded_is_tried_again(monkeypatch):
+    monkeypatch.setattr(flat, "RETRY_AFTER", 3)
+    model = recorded_model()
+    model.extra = nnx.data(jnp.ones(3))
+    assert flat.record(model) is None
+    del model.extra
+    calls = 0
+    while flat.record(model) is None:
+        calls += 1
+        assert calls <= 3, "retried after RETRY_AFTER calls"
+    assert_as_flattening(model)
+
+
+@pytest.mark.parametrize("change", ["a variable's class", "a module's attribute dict", "the model's attribute dict"])
+def test_changes_behind_nnx_are_seen(change):
+    model = recorded_model()
+    linear = model.encoder.layers[0].ffn.linear1
+    if change == "a variable's class":
+        linear.weight.__class__ = nnx.BatchStat
+    elif change == "a module's attribute dict":
+        object.__setattr__(linear, "__dict__", dict(vars(linear)))
+        vars(linear)["weight"] = other_param(linear.weight)
+    else:
+        object.__setattr__(model, "__dict__", dict(vars(model)))
+        vars(model)["precision"] = "default"
+    assert_as_flattening(model)
+
+
+def test_a_variable_holding_two_arrays_when_the_record_is_built_is_not_recorded():
+    model = recorded_model()
+    flat.forget()
+    model.decoder.layers[0].ffn.linear2.bias.set_value((jnp.zeros(2), jnp.ones(2)))
+    for _ in range(3):
+        assert_as_flattening(model)
+    assert flat.record(model) is None
