@@ -16,7 +16,9 @@ which is checked again before each later call (about 0.2 ms for the base model):
   Replacing or adding a submodule, a variable or a static attribute (`model.config = ...`)
   changes one of them;
 - each module's state object: its flags (`initializing`, `is_setup`), which are in the structure;
-- each variable: its type, its metadata (`set_metadata`), and that its value is still one array;
+- each variable: its type, its metadata (`set_metadata`; compared by equality, so metadata set to
+  an equal value of another type, 1.0 for 1, keeps the record: jit's cache key compares it the same
+  way), and that its value is still one array;
 - each plain list or dict that flattening visits: the identity of its items, in order (and a
   dict's keys).
 
@@ -25,21 +27,27 @@ it (`variable.value = x`, `nnx.update`, the fused training step's writes) needs 
 value of another shape or dtype gives jit another key, as before. When any check fails, the model
 is flattened again and the record rebuilt (tests/test_jax_flat.py plants each missed change). Each
 node's copy is taken as flattening reaches it, so a change made on another thread while the record
-is built is seen at the next call. What is not covered: changes to Flax's private state in place (a module's
-`_pytree__nodes` mapping, class attributes); and, as for any Python object, a model changed on one
-thread while another calls it gives that call either state.
+is built is seen at the next call. What is not covered: changes to Flax's private state in place
+(a module's `_pytree__nodes` mapping, class attributes); and, as for any Python object, a model
+changed on one thread while another calls it gives that call either state.
 
 Not recorded, so flattened on every call as before: a model holding anything else that
 flattening visits (a plain array attribute, a container of another type, a pytree node of a type
-not listed above), a variable whose value is not one array, or a static attribute that is not plain
-data (strings, numbers, dtypes, classes, and tuples, mappings and dataclasses of them): a bound
-method or a function could refer back to the model, which its record would then keep alive. Such
-a model is tried again every `RETRY_AFTER` calls. A model's first compiled call only remembers it:
-the record (one flatten that also copies what it reads: 3.6 ms for the base structure, four plain
-flattens) is built at its second call, a forward's decoder, and again after each change of its
-structure, so that a model built for one encoder call or one step pays one flatten.
+not listed above), a variable whose value is not one array, or a static attribute that is not
+plain data. Plain data is None, booleans, numbers, strings and bytes, NumPy dtypes and scalars,
+enum members, classes, built-in functions and module-level functions without a closure, and
+tuples, lists, sets, dicts and dataclasses (their fields only) of them. Anything else, a bound
+method or a closure say, could refer back to the model, which its record would then keep alive.
+(Flax's own layers hold jitted functions as attributes, so `nnx.Linear` and its kind are not
+recorded; this backend's model holds none.) A class attribute or an enum member's own attribute
+pointing at a model is not looked for. Such a model is tried again every `RETRY_AFTER` calls. A
+model's first compiled call only remembers it: the record (one flatten that also copies what it
+reads: 3.6-4.4 ms for the base structure, four to five plain flattens) is built at its second
+call, a forward's decoder, and again after each change of its structure, so that a model built
+for one encoder call or one step pays one flatten.
 
-The records are kept by the model's identity (a weak reference: a model's record goes with it),
+The records are kept by the model's identity (a weak reference whose callback drops the entry,
+without taking the table's lock: it can run inside any allocation, on a thread that holds it),
 never by its equality. `KEEP = False` turns them off: every call flattens.
 """
 
@@ -50,8 +58,8 @@ import enum
 import itertools
 import operator
 import threading
+import types
 import weakref
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -62,6 +70,10 @@ try:
     from flax.nnx.pytreelib import PytreeState
 except ImportError:  # another Flax: a module's state object is then an unknown node, and its model not recorded
     PytreeState = ()
+try:
+    from flax.typing import HashableMapping  # each module's `_pytree__nodes`
+except ImportError:
+    HashableMapping = None
 
 KEEP = True
 RETRY_AFTER = 100  # calls of a model that could not be recorded before it is tried again
@@ -72,7 +84,9 @@ _RAW_VALUE = operator.methodcaller("get_raw_value")
 _VARS = operator.attrgetter("__dict__")
 # Static attributes that cannot refer back to a model (containers of them are checked item by item).
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, np.dtype, np.generic, enum.Enum, type)
-_SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes})
+_SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes, types.BuiltinFunctionType})
+# Mappings whose only state is their items (a user's Mapping type may hold anything else).
+_MAPPINGS = (dict, types.MappingProxyType, *((HashableMapping,) if HashableMapping else ()))
 
 
 class Flat:
@@ -98,18 +112,30 @@ class _NotKept(Exception):
 
 def _plain(value, depth: int = 0) -> bool:
     """Whether a static attribute is data that cannot refer back to a model (module docstring)."""
+    try:
+        return _plain_data(value, depth)
+    except Exception:  # an object that cannot even be read (an unset field, a mapping that raises): not kept
+        return False
+
+
+def _plain_data(value, depth: int) -> bool:
     if type(value) in _SCALARS or isinstance(value, _PLAIN):
         return True
+    if isinstance(value, types.FunctionType):  # a module-level function refers to no instance; a closure might
+        return value.__closure__ is None
     if depth > 8:
         return False
-    if isinstance(value, (tuple, list, frozenset, set)):
-        return set(map(type, value)) <= _SCALARS or all(_plain(x, depth + 1) for x in value)
-    if isinstance(value, Mapping):  # (each module's `_pytree__nodes`: names to flags, checked in C)
+    if type(value) in (tuple, list, frozenset, set):
+        return set(map(type, value)) <= _SCALARS or all(_plain_data(x, depth + 1) for x in value)
+    if type(value) in _MAPPINGS:  # (each module's `_pytree__nodes`: names to flags, checked in C)
         if set(map(type, value.keys())) <= _SCALARS and set(map(type, value.values())) <= _SCALARS:
             return True
-        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
-    if dataclasses.is_dataclass(value):
-        return all(_plain(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value))
+        return all(_plain_data(k, depth + 1) and _plain_data(v, depth + 1) for k, v in value.items())
+    if dataclasses.is_dataclass(value):  # its fields, and nothing else stored on it
+        names = {f.name for f in dataclasses.fields(value)}
+        if not set(getattr(value, "__dict__", {})) <= names:
+            return False
+        return all(_plain_data(getattr(value, name), depth + 1) for name in names)
     return False
 
 
@@ -180,7 +206,7 @@ class _Record:
         try:
             return (self.model() is model and type(model) is self.root[0] and vars(model) is self.root[1]
                     and self._holds())
-        except (RuntimeError, ValueError, TypeError):  # a dict resized by another thread; metadata not comparable
+        except Exception:  # a dict resized by another thread; metadata that does not compare: rebuilt
             return False
 
     def _holds(self) -> bool:
@@ -223,12 +249,16 @@ _RECORDS: dict[int, tuple[weakref.ref, Any]] = {}
 _STATS = {"flattens": 0, "kept": 0, "recorded": 0}
 
 
-def _drop(key: int, ref: weakref.ref, lock=_LOCK, records=_RECORDS) -> None:
-    # The lock and table are bound here: at interpreter exit the module's globals may be gone first.
-    with lock:
-        entry = records.get(key)
-        if entry is not None and entry[0] is ref:
-            del records[key]
+def _drop(key: int, ref: weakref.ref, records=_RECORDS) -> None:
+    # A model freed: its entry goes. Without the lock: the callback can run inside any allocation,
+    # on a thread that already holds it (a collection of a model in a reference cycle while `record`
+    # writes the table), or at exit with the lock held by a frozen daemon thread. Should another
+    # thread store an entry at the same id between the two lines, that entry is dropped: its model
+    # is then met as for the first time, which is safe. The table is bound here: at interpreter
+    # exit the module's globals may be gone first.
+    entry = records.get(key)
+    if entry is not None and entry[0] is ref:
+        records.pop(key, None)
 
 
 def record(model) -> _Record | None:

@@ -3,7 +3,9 @@ it on every call gives, whatever is changed in the model between two calls."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import threading
 import weakref
 
 import numpy as np
@@ -255,3 +257,66 @@ def test_a_variable_holding_two_arrays_when_the_record_is_built_is_not_recorded(
     for _ in range(3):
         assert_as_flattening(model)
     assert flat.record(model) is None
+
+
+class Inner(nnx.Module):
+    def __init__(self):
+        self.w = nnx.Param(jnp.ones(2))
+
+
+class Outer(nnx.Module):
+    def __init__(self):
+        self.inner = Inner()
+
+
+def test_a_model_freed_while_the_table_is_in_use_does_not_deadlock():
+    """A record can hold the last reference to another recorded model (the old submodule, replaced):
+    freeing that record runs the other model's weak-reference callback inside `forget`, which once
+    waited on the lock `forget` held. Run on a thread so that a hang fails instead of freezing."""
+    outer = Outer()
+    for _ in range(2):
+        flat.flattened(outer)
+        flat.flattened(outer.inner)
+    outer.inner = Inner()  # the old inner is held only by outer's record now
+    done = threading.Thread(target=flat.forget, daemon=True)
+    done.start()
+    done.join(timeout=30)
+    assert not done.is_alive(), "forget() deadlocked in a weak-reference callback"
+
+
+@dataclasses.dataclass(eq=False)
+class Lazy:
+    size: int = 2
+    table: list = dataclasses.field(init=False)  # never set: reading it raises
+
+
+def helper(x):
+    return x
+
+
+def test_static_attributes_that_are_not_plain_data_are_refused_without_raising():
+    class Holding(nnx.Module):
+        def __init__(self, static):
+            self.w = nnx.Param(jnp.ones(2))
+            self.static = static
+
+    lazy = Holding(Lazy())  # reading its unset field raises: refused, not raised
+    owner = Holding(None)
+    config = Lazy()
+    config.table = []
+    config.owner = owner  # stored beside the dataclass's fields: could keep the model alive
+    owner.static = config
+    offset = 1.0
+    closure = Holding(lambda x: x + offset)
+    for model in (lazy, owner, closure):
+        for _ in range(3):
+            assert_as_flattening(model)
+        assert flat.record(model) is None
+    plain = Holding(helper)  # a module-level function refers to no instance
+    for _ in range(3):
+        assert_as_flattening(plain)
+    assert flat.record(plain) is not None
+    alive = weakref.ref(owner)
+    del owner, config
+    gc.collect()
+    assert alive() is None
