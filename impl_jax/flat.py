@@ -198,8 +198,7 @@ class _Record:
                 plain.add(id(value))
         if not all(_plain(m) for m in self.metadata):
             raise _NotKept("a variable's metadata is not plain data")
-        first: dict[int, int] = {}  # a variable in two places (tied weights) is one variable
-        self.sharing = tuple(first.setdefault(id(v), i) for i, v in enumerate(self.variables))
+        self.sharing = _sharing(self.variables)
 
     def holds(self, model) -> bool:
         """Whether flattening `model` now would read what it read when this was recorded."""
@@ -317,8 +316,13 @@ def variables(model) -> tuple[list, tuple[Any, tuple[int, ...]]]:
     if kept is not None and kept.leaves() is not None:
         return kept.variables, (kept.treedef, kept.sharing)
     found = jax.tree.leaves(model, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return found, (jax.tree.structure(model), _sharing(found))
+
+
+def _sharing(variables: list) -> tuple[int, ...]:
+    """Each leaf's first position: a variable in two places (tied weights) is one variable."""
     first: dict[int, int] = {}
-    return found, (jax.tree.structure(model), tuple(first.setdefault(id(v), i) for i, v in enumerate(found)))
+    return tuple(first.setdefault(id(v), i) for i, v in enumerate(variables))
 
 
 def stats() -> dict[str, int]:
