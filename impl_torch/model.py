@@ -831,12 +831,12 @@ class Model(nn.Module):
         none. On a CUDA device a call without dropout whose shapes recur is replayed from a CUDA
         graph (impl_torch/graphs.py): the same kernels, the same numbers.
         """
+        given = (src_ids, tgt_ids)  # NumPy ids are read on the host as given, not copied back from the device
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_same_batch(src_ids.shape, tgt_ids.shape)
-        labels = host_labels(self.config, labels.cpu() if isinstance(labels, torch.Tensor) else labels,
-                             tuple(tgt_ids.shape))
-        check_labels_finite(self.config, src_ids.cpu().numpy(), tgt_ids.cpu().numpy(), labels)
+        labels = host_labels(self.config, to_numpy(labels), tuple(tgt_ids.shape))
+        check_labels_finite(self.config, *(to_numpy(ids) for ids in given), labels)
         epsilon = check_label_smoothing(label_smoothing)
         targets = torch.tensor(labels, dtype=torch.long, device=self.device)  # (B, T)
         # On a GPU, the same tensor work replayed from a CUDA graph once its shapes recur (impl_torch/graphs.py).

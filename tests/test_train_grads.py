@@ -225,3 +225,31 @@ def test_bad_ids_are_checked_as_by_forward():
         with pytest.raises(InputError) as error:
             model.loss_and_grads(SRC + 100, TGT, labels_for(config))
         assert error.value.argument == "src_ids"
+
+
+def test_torch_reads_numpy_ids_and_labels_on_the_host_not_back_from_the_device(monkeypatch):
+    """The checks of `loss_and_grads` read NumPy ids and labels where they were given: copying the
+    uploaded ids back (`.cpu()`) is a device sync per step on a GPU. Tensors given are checked
+    the same way, with the same results and the same refusals."""
+    config = tiny("default", mask_fill=float("-inf"))
+    model = impl_torch.Model(config, init_params(config), "float32")
+    labels = labels_for(config)
+    reads = []
+    real_cpu = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: reads.append(self.shape) or real_cpu(self, *a, **k))
+    loss, grads = model.loss_and_grads(SRC, TGT, labels)
+    assert reads == [], f"loss_and_grads copied tensors of shapes {reads} back to the host"
+    as_tensors = [torch.as_tensor(a) for a in (SRC, TGT, labels)]
+    loss_t, grads_t = model.loss_and_grads(*as_tensors)
+    assert float(loss_t) == float(loss)
+    assert all(torch.equal(grads_t[name], grads[name]) for name in grads)
+    # An all-padding source row under a -inf fill: its labels count where the logits are NaN,
+    # refused from NumPy and from tensors alike.
+    src = SRC.copy()
+    src[0] = config.pad_id
+    for given in ((src, TGT, labels), [torch.as_tensor(a) for a in (src, TGT, labels)]):
+        with pytest.raises(InputError, match="logits are NaN") as error:
+            model.loss_and_grads(*given)
+        assert error.value.argument == "labels"
+    with pytest.raises(InputError, match="integer dtype"):
+        model.loss_and_grads(SRC, TGT, torch.as_tensor(labels, dtype=torch.bfloat16))
