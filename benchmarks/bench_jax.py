@@ -68,7 +68,7 @@ import numpy as np
 
 import impl_jax
 import impl_numpy
-from conformance import init_params, preset
+from conformance import PRESETS, init_params, preset
 from conformance.core.config import ADDED_FIELDS, ModelConfig
 
 BASELINE = "nn.Transformer"
@@ -77,11 +77,12 @@ BASELINE = "nn.Transformer"
 # -- Workloads ---------------------------------------------------------------------------------
 
 
-def workloads(quick: bool) -> list[tuple[str, ModelConfig, int, int, int]]:
-    """(label, config, batch, source length, target length)."""
-    small = ("small", preset("torch-nn-transformer", d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2,
+def workloads(quick: bool, family: str = "torch-nn-transformer") -> list[tuple[str, ModelConfig, int, int, int]]:
+    """(label, config, batch, source length, target length); `family`: the preset the sizes are
+    applied to (its norm placement, norm form, masks and biases)."""
+    small = ("small", preset(family, d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2,
                              n_decoder_layers=2, src_vocab_size=1000, tgt_vocab_size=1000, max_len=32), 4, 32, 32)
-    base = ("base", preset("torch-nn-transformer", d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6,
+    base = ("base", preset(family, d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6,
                            n_decoder_layers=6, src_vocab_size=32000, tgt_vocab_size=32000, max_len=64), 8, 64, 64)
     return [small] if quick else [small, base]
 
@@ -329,10 +330,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stacks", choices=("both", "unrolled", "scanned"), default="both",
                         help="with --compile: the layer-stack layouts to time (default both)")
     parser.add_argument("--cold-only", action="store_true", help="with --compile: skip the persistent-cache processes")
+    parser.add_argument("--preset", default="torch-nn-transformer", choices=sorted(PRESETS),
+                        help="with --compile: the preset the base and small sizes are applied to (default: "
+                             "torch-nn-transformer, post-LN; flax-wmt is pre-LN)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (5 if args.quick else 15)
     if args.compile:
-        label, config, batch, src_len, tgt_len = workloads(args.quick)[-1]
+        label, config, batch, src_len, tgt_len = workloads(args.quick, args.preset)[-1]
         print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {os.cpu_count()} logical CPUs, load average "
               f"{os.getloadavg()[0]:.2f}\n== {label}: {config.summary()}; batch {batch}, lengths {src_len}/{tgt_len}")
         stacks = ("unrolled", "scanned") if args.stacks == "both" else (args.stacks,)

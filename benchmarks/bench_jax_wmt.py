@@ -1,8 +1,10 @@
-"""impl_jax's forward against a plain linen copy of Flax `examples/wmt`: cold compile and each call after.
+"""impl_jax against a plain linen copy of Flax `examples/wmt`: cold compile and each call after, of
+the forward or of a training step.
 
-    python benchmarks/bench_jax_wmt.py                 # base size, batch 32, lengths 128, fresh processes
+    python benchmarks/bench_jax_wmt.py                 # the forward, base size, batch 32, lengths 128, fresh processes
     python benchmarks/bench_jax_wmt.py --quick         # a small config (a smoke run)
     python benchmarks/bench_jax_wmt.py --repeats 2
+    python benchmarks/bench_jax_wmt.py --step --batch 8 --length 64   # a training step (issue 28's CPU sizes)
 
 Issue 28's comparison: on an H100 most of a cold float32 compile was XLA's autotuning of GEMMs at
 precision `highest` (issue 28: 61 s cold, 7 s with `--xla_gpu_autotune_level=0`), which impl_jax
@@ -21,7 +23,17 @@ return before that wait: the host's part (checks, masks, flattening the paramete
 a GPU the device starts on the encoder while the host still prepares the decoder, so the two overlap
 in part). impl_jax's call is its public API: two executables (encoder, decoder) and the masks built
 from the ids on the host; the linen copy's is one jitted `apply`. Only the comparison at the same
-precision is like for like; the default-precision row shows what TF32 buys."""
+precision is like for like; the default-precision row shows what TF32 buys.
+
+`--step`: one training step instead of the forward, without dropout, label smoothing 0.1. The
+linen copy's is `examples/wmt` train.py's `train_step` on one device (no pmap, so no
+`pmean`/`psum`; no dropout, no dynamic scale): `jax.value_and_grad` of the weighted label-smoothed
+cross-entropy over the non-padding targets, `optax.adamw` with wmt's betas (0.9, 0.98), eps 1e-9,
+weight decay 0 and its warmup-then-rsqrt schedule, and the step's metrics (loss, accuracy,
+denominator), in one jitted function over the parameters and the optimizer state. impl_jax's is
+its public `impl_jax.train_step(model, impl_jax.Adam(model, d_model), src, tgt, labels,
+label_smoothing=0.1)`: loss, gradients and the paper's Adam (betas (0.9, 0.98), eps 1e-9) in one
+executable, the ids and labels checked on the host."""
 
 from __future__ import annotations
 
@@ -38,19 +50,64 @@ HERE = Path(__file__).resolve().parents[1]
 SETTINGS = ("wmt linen, default precision", "wmt linen, highest", "impl_jax (highest)")
 
 
-def sizes(quick: bool) -> dict:
+def sizes(quick: bool, batch: int | None = None, length: int | None = None) -> dict:
     if quick:
-        return dict(vocab=1000, d=128, heads=4, ff=512, layers=2, batch=4, length=32)
-    return dict(vocab=32000, d=512, heads=8, ff=2048, layers=6, batch=32, length=128)
+        s = dict(vocab=1000, d=128, heads=4, ff=512, layers=2, batch=4, length=32)
+    else:
+        s = dict(vocab=32000, d=512, heads=8, ff=2048, layers=6, batch=32, length=128)
+    return {**s, "batch": batch or s["batch"], "length": length or s["length"]}
 
 
-def child(setting: str, quick: bool, calls: int) -> dict:
+def linen_step(flax_wmt, config, params, label_smoothing: float):
+    """`examples/wmt` train.py's train_step on one device, without dropout: (params, opt_state,
+    inputs, targets) -> (params, opt_state, metrics), jitted; and the optimizer state to start."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    def schedule(count, learning_rate=0.0625, warmup=1000):  # wmt's linear warmup, then rsqrt
+        return jnp.where(count < warmup, learning_rate * count / warmup,
+                         learning_rate * (jnp.maximum(count, 1) / warmup) ** -0.5)
+
+    optimizer = optax.adamw(schedule, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0)
+    module = flax_wmt.Transformer(config)
+
+    def cross_entropy(logits, targets, weights):  # compute_weighted_cross_entropy
+        vocab = logits.shape[-1]
+        confidence = 1.0 - label_smoothing
+        low = (1.0 - confidence) / (vocab - 1)
+        constant = -(confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20))
+        soft = jnp.where(jax.nn.one_hot(targets, vocab) > 0, confidence, low)
+        loss = -jnp.sum(soft * jax.nn.log_softmax(logits), axis=-1) - constant
+        return (loss * weights).sum(), weights.sum()
+
+    def step(params, opt_state, inputs, targets):
+        weights = jnp.where(targets > 0, 1, 0).astype(jnp.float32)
+
+        def loss_fn(p):
+            logits = module.apply({"params": p}, inputs, targets)
+            loss, weight_sum = cross_entropy(logits, targets, weights)
+            return loss / weight_sum, logits
+
+        (_, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        loss, denominator = cross_entropy(logits, targets, weights)
+        accuracy = (jnp.equal(jnp.argmax(logits, -1), targets) * weights).sum()
+        return params, opt_state, {"loss": loss, "accuracy": accuracy, "denominator": denominator}
+
+    return jax.jit(step), optimizer.init(params)
+
+
+def child(setting: str, quick: bool, calls: int, train: bool = False, batch: int | None = None,
+          length: int | None = None) -> dict:
     """Runs in a fresh process: builds one model, times its first call and `calls` more."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    s = sizes(quick)
+    s = sizes(quick, batch, length)
     rng = np.random.default_rng(0)
     src = rng.integers(3, s["vocab"], size=(s["batch"], s["length"])).astype(np.int32)
     tgt = rng.integers(3, s["vocab"], size=(s["batch"], s["length"])).astype(np.int32)
@@ -68,6 +125,14 @@ def child(setting: str, quick: bool, calls: int) -> dict:
 
         def run():
             return forward(params, src, tgt)
+
+        if train:
+            step, state = linen_step(flax_wmt, config, params, 0.1)
+            held = {"params": params, "opt": state}
+
+            def run():  # noqa: F811 (the step replaces the forward)
+                held["params"], held["opt"], metrics = step(held["params"], held["opt"], src, tgt)
+                return held["params"], metrics
     else:
         import impl_jax
         from conformance import init_params, preset
@@ -79,6 +144,15 @@ def child(setting: str, quick: bool, calls: int) -> dict:
 
         def run():
             return model(src, tgt, return_attention=False).logits
+
+        if train:
+            optimizer = impl_jax.Adam(model, config.d_model)
+            labels = np.roll(tgt, -1, axis=1)  # the next token; pad_id (0) where the target is padding
+            labels[:, -1] = 3
+            labels = np.where(tgt == config.pad_id, config.pad_id, labels)
+
+            def run():  # noqa: F811 (the step replaces the forward)
+                return impl_jax.train_step(model, optimizer, src, tgt, labels, label_smoothing=0.1)  # the loss
     # Both contenders start with the device's libraries loaded: the linen copy's init above ran
     # small programs on the device, so impl_jax runs one too (a tiny matmul, its own shapes).
     jax.block_until_ready(jnp.ones((8, 8)) @ jnp.ones((8, 8)))
@@ -102,10 +176,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--step", action="store_true", help="a training step instead of the forward")
+    parser.add_argument("--batch", type=int, help="the batch (default: 32, or 4 with --quick)")
+    parser.add_argument("--length", type=int, help="source and target lengths (default: 128, or 32 with --quick)")
     parser.add_argument("--child", choices=SETTINGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for name in ("batch", "length", "calls", "repeats"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
     if args.child:
-        print(json.dumps(child(args.child, args.quick, args.calls)))
+        print(json.dumps(child(args.child, args.quick, args.calls, args.step, args.batch, args.length)))
         return
     runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
     for repeat in range(args.repeats):
@@ -116,14 +196,16 @@ def main() -> None:
             if setting == "wmt linen, highest":
                 env["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
             command = [sys.executable, __file__, "--child", setting, "--calls", str(args.calls)]
-            done = subprocess.run(command + (["--quick"] if args.quick else []), env=env, capture_output=True,
-                                  text=True, cwd=HERE)
+            command += ["--quick"] * args.quick + ["--step"] * args.step
+            command += [f"--{name}={getattr(args, name)}" for name in ("batch", "length") if getattr(args, name)]
+            done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=HERE)
             if done.returncode != 0:
                 raise SystemExit(f"{setting} failed:\n{done.stderr[-3000:]}")
             runs[setting].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"  repeat {repeat + 1}, {setting}: {runs[setting][-1]}", flush=True)
-    s = sizes(args.quick)
-    print(f"\nforward, d_model {s['d']}, {s['layers']}+{s['layers']} layers, vocab {s['vocab']}, batch {s['batch']}, "
+    s = sizes(args.quick, args.batch, args.length)
+    what = "training step (label smoothing 0.1, Adam)" if args.step else "forward"
+    print(f"\n{what}, d_model {s['d']}, {s['layers']}+{s['layers']} layers, vocab {s['vocab']}, batch {s['batch']}, "
           f"lengths {s['length']}, float32, on {runs[SETTINGS[-1]][0]['device']}; medians of {args.repeats} "
           "fresh processes, no persistent cache")
     print(f"{'':<30}{'cold first call':>18}{'each call after':>18}{'of which host':>16}")
