@@ -1,5 +1,6 @@
 """Compiling in the JAX backend: the persistent compilation cache (one call or one environment
-variable), the notice before a long compile, and the layer stacks under `lax.scan`.
+variable), the notice before a long compile, the layer stacks under `lax.scan`, and LayerNorm as
+one function under differentiation.
 
 Each cache test runs fresh Python processes, because what it checks is what a second process
 gains: the first fills the directory, the second loads its executables from it.
@@ -297,6 +298,86 @@ def test_scanned_stacks_trace_one_layer():
             sizes[layers, scan] = text.count("dot_general")
     assert sizes[3, False] == 3 * sizes[1, False]  # unrolled: a copy per layer
     assert sizes[3, True] == sizes[1, True]  # scanned: one
+
+
+# -- LayerNorm, one function under differentiation ------------------------------------------------
+
+
+def largest_fusion_of_the_gradient(config) -> int:
+    """Instructions in the largest fused computation of `_loss_and_grads`, as XLA:CPU optimised it."""
+    import re
+
+    import numpy as np
+    from conformance import init_params
+    from impl_jax import compiled
+    from impl_jax.model import Model
+    from batches import SRC, TGT
+
+    model = Model(config, init_params(config, dtype=np.float32), "float32")
+    src, tgt = SRC[:2], TGT[:2]  # the third source row is all padding: NaN under a -inf fill
+    args, static = model._loss_args(src, tgt, np.where(tgt == config.pad_id, config.pad_id, 3), 0.1, None)
+    text = compiled.lower(model, Model._loss_and_grads, args, model.device, **static).compile().as_text()
+    return max(c.count(" = ") for c in re.split(r"\n(?=\S)", text) if c.startswith("%fused"))
+
+
+@pytest.mark.parametrize("name", ["flax-wmt", "pre-ln-tutorial"])
+def test_a_pre_ln_backward_does_not_chain_its_layers_into_one_fusion(name):
+    """In a pre-LN stack, x feeds the residual and the norm. Spread out, the norm's parts of x's
+    gradient (through x - mean, the mean, x * x) met the residual's one by one, and XLA fused each
+    layer's norm backward into every fusion below it: the largest fusion grew with depth (on jax
+    0.10.2: 300 to 550 instructions from 2 to 4 layers, the base step's compile 2x slower). With
+    LayerNorm one jitted function, its gradient for x is one sum, and the fusions stay a layer's."""
+    from batches import small
+
+    sizes = [largest_fusion_of_the_gradient(small(name, n_encoder_layers=n, n_decoder_layers=n)) for n in (1, 4)]
+    assert sizes[1] <= 1.25 * sizes[0], f"largest fusion {sizes[0]} instructions at 1 layer, {sizes[1]} at 4"
+
+
+NORM_AS_ONE_FUNCTION = """
+import json, numpy as np
+import impl_jax
+from impl_jax.model import LayerNorm
+from conformance import init_params
+from batches import SRC, TGT, small
+results = {}
+for name in ("flax-wmt", "pre-ln-tutorial", "annotated-transformer", "default"):  # three norm forms; pre-LN, post-LN
+    config = small(name, n_encoder_layers=1, n_decoder_layers=1)
+    params = init_params(config, dtype=np.float32)
+    src, tgt = SRC[:2], TGT[:2]  # the third source row is all padding: NaN under a -inf fill
+    labels = np.where(tgt == config.pad_id, config.pad_id, 3)
+    outs = []
+    for jitted in (True, False):
+        if not jitted:  # the norm written out inline; the executables of the jitted one dropped
+            LayerNorm.__call__ = LayerNorm.__call__.__wrapped__
+            impl_jax.compiled.clear_cache()
+        model = impl_jax.Model(config, params, "float32")
+        out = model(SRC, TGT)
+        loss, grads = model.loss_and_grads(src, tgt, labels)
+        outs.append(({**out.intermediates, **out.attention, "logits": out.logits}, grads))
+        if not jitted:
+            LayerNorm.__call__ = impl_jax.model.jax.jit(LayerNorm.__call__)
+            impl_jax.compiled.clear_cache()
+    (fwd, grads), (fwd0, grads0) = outs
+    results[name] = {
+        "forward": [k for k in fwd if not np.array_equal(np.asarray(fwd[k]), np.asarray(fwd0[k]), equal_nan=True)],
+        # against the largest gradient entry of all: a key bias's gradient is zero in exact
+        # arithmetic (softmax ignores a shift of every score), rounding noise in either order
+        "gradient": max(float(np.max(np.abs(np.asarray(grads[k]) - np.asarray(grads0[k])))) for k in grads)
+                    / max(float(np.max(np.abs(np.asarray(g)))) for g in grads0.values()),
+    }
+print(json.dumps(results))
+"""
+
+
+def test_layer_norm_as_one_function_keeps_the_forward_bit_for_bit():
+    """The nested jit is inlined by XLA: every tensor of the forward is what the norm written out
+    inline gives, bit for bit (XLA:CPU's own settings, tests/xla_emitters.py), and the gradients
+    differ only where the sum's order does (pre-LN, float32 rounding: on the base size at most
+    1.4e-6 of a tensor's largest entry)."""
+    results = json.loads(run_with_xla_emitters(NORM_AS_ONE_FUNCTION).strip().splitlines()[-1])
+    for name, result in results.items():
+        assert result["forward"] == [], f"{name}: these tensors changed: {result['forward']}"
+        assert result["gradient"] <= 1e-5, f"{name}: gradients moved by {result['gradient']:.2e} of their largest"
 
 
 # -- Matmul precision, a choice of the model ------------------------------------------------------
