@@ -302,3 +302,25 @@ def test_switched_off_holds_on_its_own_thread_only(recorded):
             model.loss_and_grads(src, tgt, labels)
         assert not graphs.enabled() and not model.__dict__.get("_train_rooms")
     assert seen == [True] and graphs.enabled()
+
+
+def test_the_suites_gradient_property_checks_a_replayed_step(recorded, monkeypatch):
+    """The conformance suite calls `loss_and_grads` twice on each example's model: on a CUDA
+    device the second call records the step and returns the graph's replay, so the suite holds the
+    replayed gradients to the oracle as well (here through the CPU stand-in: one recording per
+    example, each example's model being new)."""
+    from conformance.check.backends import Target
+    from conformance.suite import runner
+    from conformance.suite.test_gradients import test_gradients_match_the_oracle as gradients
+
+    target, examples = Target("torch", "cpu", "float64"), []
+    real = runner.gradients
+
+    def counted(on, training, **kwargs):
+        examples.append(on) if on == target else None
+        return real(on, training, **kwargs)
+
+    monkeypatch.setattr(runner, "gradients", counted)
+    gradients(target=target)
+    assert examples and Counted.captured == len(examples), (
+        f"{Counted.captured} steps recorded and replayed in {len(examples)} examples")

@@ -154,18 +154,24 @@ def generate(target: Target, gcase) -> np.ndarray:
         TIMINGS[target.label] += time.perf_counter() - started
 
 
-def gradients(target: Target, training) -> dict[str, np.ndarray]:
+def gradients(target: Target, training, *, repeat: int = 1) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
     """`loss_and_grads` of one training case on one target, as host arrays: the loss under the
-    name "loss", then every parameter's gradient by its canonical name."""
+    name "loss", then every parameter's gradient by its canonical name.
+
+    With `repeat` > 1, the same model is called that many times and a list is returned (a
+    backend may run a repeated step another way: impl_torch replays it from a CUDA graph)."""
     started = time.perf_counter()
     case = training.case
     record(target, case)
     try:
         with precise(target):
             model = backends.build(target, case.config, case.params())
-            loss, grads = model.loss_and_grads(case.src_ids, case.tgt_ids, training.labels,
-                                               label_smoothing=training.label_smoothing)
-            return {"loss": to_numpy(loss), **{name: to_numpy(g) for name, g in grads.items()}}
+            results = []
+            for _ in range(repeat):
+                loss, grads = model.loss_and_grads(case.src_ids, case.tgt_ids, training.labels,
+                                                   label_smoothing=training.label_smoothing)
+                results.append({"loss": to_numpy(loss), **{name: to_numpy(g) for name, g in grads.items()}})
+            return results[0] if repeat == 1 else results
     finally:
         TIMINGS[target.label] += time.perf_counter() - started
 

@@ -7,6 +7,11 @@ skipped with that reason. Below float64, examples whose ReLU inputs come within 
 tolerance of the kink are assumed away: there the two precisions may legitimately take
 different branches of the derivative (`runner.relu_kink_distance`).
 
+Each example calls `loss_and_grads` twice on the same model, and both calls must match: a backend
+may run a repeated step another way (impl_torch, on a CUDA device, records the step as a CUDA graph
+the second time its shapes are seen and returns that graph's replay; JAX runs its compiled
+executable again).
+
 Compiles are the cost here: JAX compiles `loss_and_grads` (forward and backward, ~10-15 s on two
 CPU cores) for every new (config, shape, dtype). So examples are few (`EXAMPLES`: 5 under `ci`),
 and under `ci` a compiling backend runs them in float64 only, where the claim is tightest; its
@@ -42,15 +47,17 @@ def test_gradients_match_the_oracle(target, training):
     if target.dtype != "float64":
         assume(runner.relu_kink_distance(case) > tolerance(target.dtype, target.device).atol)
     expected = runner.gradients(runner.ORACLE, training)
-    got = runner.gradients(target, training)
     tol = gradient_tolerance(target.dtype, target.device)
-    missing = sorted(set(expected) - set(got))
-    if missing:
-        raise AssertionError(f"{target.label}: loss_and_grads did not return {missing[:5]}")
-    extra = sorted(set(got) - set(expected))
-    if extra:
-        raise AssertionError(f"{target.label}: loss_and_grads returned gradients for unknown names {extra[:5]}")
-    for name in ["loss", *reversed(list(param_shapes(case.config)))]:
-        what = "the loss" if name == "loss" else f"gradient {name}"
-        assert_close(got[name], expected[name], tol, tensor=what, backend=target.backend, device=target.device,
-                     dtype=target.dtype, config=f"{case.config.summary()}; label_smoothing={training.label_smoothing}")
+    for call, got in zip(("", " (a second call on the same model)"), runner.gradients(target, training, repeat=2)):
+        missing = sorted(set(expected) - set(got))
+        if missing:
+            raise AssertionError(f"{target.label}: loss_and_grads{call} did not return {missing[:5]}")
+        extra = sorted(set(got) - set(expected))
+        if extra:
+            raise AssertionError(f"{target.label}: loss_and_grads{call} returned gradients for unknown names "
+                                 f"{extra[:5]}")
+        for name in ["loss", *reversed(list(param_shapes(case.config)))]:
+            what = ("the loss" if name == "loss" else f"gradient {name}") + call
+            assert_close(got[name], expected[name], tol, tensor=what, backend=target.backend, device=target.device,
+                         dtype=target.dtype,
+                         config=f"{case.config.summary()}; label_smoothing={training.label_smoothing}")
