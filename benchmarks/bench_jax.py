@@ -25,6 +25,7 @@ writes every executable to it).
 Workloads: the base config (d_model 512, 8 heads, d_ff 2048, 6+6 layers, vocab 32000, post-LN,
 PyTorch's translation-tutorial preset) on a batch of 8 source and target sequences of length 64,
 and a small config (d_model 128, 4 heads, d_ff 512, 2+2 layers, vocab 1000, batch 4, length 32).
+With `--compile`, `--preset NAME` applies those sizes to another preset (`flax-wmt`: pre-LN).
 
 For each workload the script reports
     - compile time: the first call of a new shape traces and compiles `_encode` and `_decode`
@@ -334,6 +335,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --compile: the preset the base and small sizes are applied to (default: "
                              "torch-nn-transformer, post-LN; flax-wmt is pre-LN)")
     args = parser.parse_args(argv)
+    if args.preset != "torch-nn-transformer" and not args.compile:
+        parser.error("--preset applies to --compile only (the steady-state rounds run nn.Transformer's preset)")
     rounds = args.rounds or (5 if args.quick else 15)
     if args.compile:
         label, config, batch, src_len, tgt_len = workloads(args.quick, args.preset)[-1]

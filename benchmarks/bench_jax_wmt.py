@@ -29,8 +29,9 @@ precision is like for like; the default-precision row shows what TF32 buys.
 linen copy's is `examples/wmt` train.py's `train_step` on one device (no pmap, so no
 `pmean`/`psum`; no dropout, no dynamic scale): `jax.value_and_grad` of the weighted label-smoothed
 cross-entropy over the non-padding targets, `optax.adamw` with wmt's betas (0.9, 0.98), eps 1e-9,
-weight decay 0 and its warmup-then-rsqrt schedule, and the step's metrics (loss, accuracy,
-denominator), in one jitted function over the parameters and the optimizer state. impl_jax's is
+weight decay 0 and its warmup-then-rsqrt schedule, and the step's metrics (loss without smoothing,
+accuracy, denominator, learning rate), in one jitted function that donates the parameters and
+the optimizer state, as wmt's pmap does. impl_jax's is
 its public `impl_jax.train_step(model, impl_jax.Adam(model, d_model), src, tgt, labels,
 label_smoothing=0.1)`: loss, gradients and the paper's Adam (betas (0.9, 0.98), eps 1e-9) in one
 executable, the ids and labels checked on the host."""
@@ -60,7 +61,8 @@ def sizes(quick: bool, batch: int | None = None, length: int | None = None) -> d
 
 def linen_step(flax_wmt, config, params, label_smoothing: float):
     """`examples/wmt` train.py's train_step on one device, without dropout: (params, opt_state,
-    inputs, targets) -> (params, opt_state, metrics), jitted; and the optimizer state to start."""
+    step, inputs, targets) -> (params, opt_state, metrics), jitted with the parameters and the
+    optimizer state donated (wmt's pmap donates its train state); and the optimizer state to start."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -73,31 +75,33 @@ def linen_step(flax_wmt, config, params, label_smoothing: float):
     optimizer = optax.adamw(schedule, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0)
     module = flax_wmt.Transformer(config)
 
-    def cross_entropy(logits, targets, weights):  # compute_weighted_cross_entropy
+    def cross_entropy(logits, targets, weights, smoothing):  # compute_weighted_cross_entropy
         vocab = logits.shape[-1]
-        confidence = 1.0 - label_smoothing
+        confidence = 1.0 - smoothing
         low = (1.0 - confidence) / (vocab - 1)
         constant = -(confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20))
         soft = jnp.where(jax.nn.one_hot(targets, vocab) > 0, confidence, low)
         loss = -jnp.sum(soft * jax.nn.log_softmax(logits), axis=-1) - constant
         return (loss * weights).sum(), weights.sum()
 
-    def step(params, opt_state, inputs, targets):
+    def step(params, opt_state, count, inputs, targets):
         weights = jnp.where(targets > 0, 1, 0).astype(jnp.float32)
 
         def loss_fn(p):
             logits = module.apply({"params": p}, inputs, targets)
-            loss, weight_sum = cross_entropy(logits, targets, weights)
+            loss, weight_sum = cross_entropy(logits, targets, weights, label_smoothing)
             return loss / weight_sum, logits
 
         (_, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        loss, denominator = cross_entropy(logits, targets, weights)
+        # compute_metrics: its cross-entropy at its default smoothing, 0
+        loss, denominator = cross_entropy(logits, targets, weights, 0.0)
         accuracy = (jnp.equal(jnp.argmax(logits, -1), targets) * weights).sum()
-        return params, opt_state, {"loss": loss, "accuracy": accuracy, "denominator": denominator}
+        return params, opt_state, {"loss": loss, "accuracy": accuracy, "denominator": denominator,
+                                   "learning_rate": schedule(count)}
 
-    return jax.jit(step), optimizer.init(params)
+    return jax.jit(step, donate_argnums=(0, 1)), optimizer.init(params)
 
 
 def child(setting: str, quick: bool, calls: int, train: bool = False, batch: int | None = None,
@@ -128,10 +132,12 @@ def child(setting: str, quick: bool, calls: int, train: bool = False, batch: int
 
         if train:
             step, state = linen_step(flax_wmt, config, params, 0.1)
-            held = {"params": params, "opt": state}
+            held = {"params": params, "opt": state, "count": 0}
 
             def run():  # noqa: F811 (the step replaces the forward)
-                held["params"], held["opt"], metrics = step(held["params"], held["opt"], src, tgt)
+                held["params"], held["opt"], metrics = step(held["params"], held["opt"], np.int32(held["count"]),
+                                                            src, tgt)
+                held["count"] += 1
                 return held["params"], metrics
     else:
         import impl_jax
@@ -147,9 +153,8 @@ def child(setting: str, quick: bool, calls: int, train: bool = False, batch: int
 
         if train:
             optimizer = impl_jax.Adam(model, config.d_model)
-            labels = np.roll(tgt, -1, axis=1)  # the next token; pad_id (0) where the target is padding
-            labels[:, -1] = 3
-            labels = np.where(tgt == config.pad_id, config.pad_id, labels)
+            # the next token (3 at the end, never pad_id) where the target is real; pad_id where it is padding
+            labels = np.where(tgt == config.pad_id, config.pad_id, np.maximum(np.roll(tgt, -1, axis=1), 3))
 
             def run():  # noqa: F811 (the step replaces the forward)
                 return impl_jax.train_step(model, optimizer, src, tgt, labels, label_smoothing=0.1)  # the loss
@@ -181,9 +186,11 @@ def main() -> None:
     parser.add_argument("--length", type=int, help="source and target lengths (default: 128, or 32 with --quick)")
     parser.add_argument("--child", choices=SETTINGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    for name in ("batch", "length", "calls", "repeats"):
+    for name in ("batch", "calls", "repeats"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if args.length is not None and args.length < 2:
+        parser.error("--length must be at least 2 (the first row's second half is padding, and a label must count)")
     if args.child:
         print(json.dumps(child(args.child, args.quick, args.calls, args.step, args.batch, args.length)))
         return

@@ -210,7 +210,9 @@ class LayerNorm(nnx.Module):
     # One function under differentiation (a nested jit, which XLA inlines: the same forward, bit for
     # bit): x's gradient through the norm is summed inside it before it meets the residual's. Spread
     # out, a pre-LN stack's backward chained every layer's norm into XLA's fusions below it, and
-    # compiled 2-3x slower (docs/jax-compile.md). Traced once per shape, not once per layer.
+    # its step compiled about 2x slower (docs/jax-compile.md). Traced once per shape, not once per
+    # layer. (Called on its own, outside the model's programs, a norm compiles an executable of its
+    # own, which impl_jax.compiled's cache does not count.)
     @jax.jit
     def __call__(self, x: jax.Array) -> jax.Array:
         dtype = x.dtype

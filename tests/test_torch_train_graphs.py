@@ -305,22 +305,27 @@ def test_switched_off_holds_on_its_own_thread_only(recorded):
 
 
 def test_the_suites_gradient_property_checks_a_replayed_step(recorded, monkeypatch):
-    """The conformance suite calls `loss_and_grads` twice on each example's model: on a CUDA
-    device the second call records the step and returns the graph's replay, so the suite holds the
-    replayed gradients to the oracle as well (here through the CPU stand-in: one recording per
-    example, each example's model being new)."""
+    """The conformance suite calls `loss_and_grads` three times on each example's model: on a
+    CUDA device the second call records the step, and the third replays the graph on other labels,
+    so the suite holds the replayed gradients to the oracle too (here through the CPU stand-in:
+    one recording and one replay per example, each example's model being new)."""
     from conformance.check.backends import Target
     from conformance.suite import runner
     from conformance.suite.test_gradients import test_gradients_match_the_oracle as gradients
 
-    target, examples = Target("torch", "cpu", "float64"), []
-    real = runner.gradients
+    target, examples, replays = Target("torch", "cpu", "float64"), [], []
+    real_gradients, real_record = runner.gradients, Counted.record
 
-    def counted(on, training, **kwargs):
+    def counted(on, training, *more):
         examples.append(on) if on == target else None
-        return real(on, training, **kwargs)
+        return real_gradients(on, training, *more)
+
+    def record(self, fn):
+        replay, out = real_record(self, fn)
+        return (lambda: replays.append(1) or replay()), out
 
     monkeypatch.setattr(runner, "gradients", counted)
+    monkeypatch.setattr(Counted, "record", record)
     gradients(target=target)
-    assert examples and Counted.captured == len(examples), (
-        f"{Counted.captured} steps recorded and replayed in {len(examples)} examples")
+    assert examples and Counted.captured == len(replays) == len(examples), (
+        f"{Counted.captured} steps recorded and {len(replays)} replayed in {len(examples)} examples")

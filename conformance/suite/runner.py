@@ -154,24 +154,26 @@ def generate(target: Target, gcase) -> np.ndarray:
         TIMINGS[target.label] += time.perf_counter() - started
 
 
-def gradients(target: Target, training, *, repeat: int = 1) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
+def gradients(target: Target, training, *more) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
     """`loss_and_grads` of one training case on one target, as host arrays: the loss under the
     name "loss", then every parameter's gradient by its canonical name.
 
-    With `repeat` > 1, the same model is called that many times and a list is returned (a
-    backend may run a repeated step another way: impl_torch replays it from a CUDA graph)."""
+    With `more` training cases (of the same case: its config, weights and ids), the same model is
+    called on each in turn and a list is returned, one result per call: a backend may run a
+    repeated step another way (impl_torch replays it from a CUDA graph)."""
     started = time.perf_counter()
     case = training.case
+    assert all(other.case is case for other in more), "repeated calls run on one model: the same case"
     record(target, case)
     try:
         with precise(target):
             model = backends.build(target, case.config, case.params())
             results = []
-            for _ in range(repeat):
-                loss, grads = model.loss_and_grads(case.src_ids, case.tgt_ids, training.labels,
-                                                   label_smoothing=training.label_smoothing)
+            for call in (training, *more):
+                loss, grads = model.loss_and_grads(case.src_ids, case.tgt_ids, call.labels,
+                                                   label_smoothing=call.label_smoothing)
                 results.append({"loss": to_numpy(loss), **{name: to_numpy(g) for name, g in grads.items()}})
-            return results[0] if repeat == 1 else results
+            return results if more else results[0]
     finally:
         TIMINGS[target.label] += time.perf_counter() - started
 

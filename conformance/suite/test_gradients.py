@@ -7,16 +7,21 @@ skipped with that reason. Below float64, examples whose ReLU inputs come within 
 tolerance of the kink are assumed away: there the two precisions may legitimately take
 different branches of the derivative (`runner.relu_kink_distance`).
 
-Each example calls `loss_and_grads` twice on the same model, and both calls must match: a backend
-may run a repeated step another way (impl_torch, on a CUDA device, records the step as a CUDA graph
-the second time its shapes are seen and returns that graph's replay; JAX runs its compiled
-executable again).
+Each example calls `loss_and_grads` three times on the same model, and every call must match:
+twice on its labels, then once on other labels at the same positions (`relabelled`, against its
+own oracle run). A backend may run a repeated step another way. impl_torch, on a CUDA device,
+records the step as a CUDA graph the second time its shapes are seen (the recording runs it
+once), and replays that graph on the third call's inputs, which is what every later training step
+does; a recording that fails is an error here, not a quiet fall back to eager steps. JAX runs its
+compiled executable again.
 
 Compiles are the cost here: JAX compiles `loss_and_grads` (forward and backward, ~10-15 s on two
 CPU cores) for every new (config, shape, dtype). So examples are few (`EXAMPLES`: 5 under `ci`),
 and under `ci` a compiling backend runs them in float64 only, where the claim is tightest; its
 float32 path is the same traced code. Other profiles run every dtype.
 """
+
+import warnings
 
 import pytest
 from hypothesis import assume, given, settings
@@ -27,7 +32,7 @@ from conformance.check.tolerances import gradient_tolerance, tolerance
 from conformance.core.params import param_shapes
 from conformance.suite import runner
 from conformance.suite.covering import covering_training_cases
-from conformance.suite.strategies import shared_examples, training_cases, with_examples
+from conformance.suite.strategies import relabelled, shared_examples, training_cases, with_examples
 
 
 EXAMPLES = max(5, settings().max_examples // 5)  # ci: 5; thorough: 400
@@ -46,18 +51,24 @@ def test_gradients_match_the_oracle(target, training):
     case = training.case
     if target.dtype != "float64":
         assume(runner.relu_kink_distance(case) > tolerance(target.dtype, target.device).atol)
+    other = relabelled(training)
     expected = runner.gradients(runner.ORACLE, training)
+    expected_other = runner.gradients(runner.ORACLE, other)
     tol = gradient_tolerance(target.dtype, target.device)
-    for call, got in zip(("", " (a second call on the same model)"), runner.gradients(target, training, repeat=2)):
-        missing = sorted(set(expected) - set(got))
+    with warnings.catch_warnings():  # impl_torch's step could not be recorded: the replay would go unchecked
+        warnings.filterwarnings("error", message="impl_torch: recording the training step")
+        results = runner.gradients(target, training, training, other)
+    calls = ("", " (a second call on the same model)", " (a third call on the same model, other labels)")
+    for call, got, want in zip(calls, results, (expected, expected, expected_other)):
+        missing = sorted(set(want) - set(got))
         if missing:
             raise AssertionError(f"{target.label}: loss_and_grads{call} did not return {missing[:5]}")
-        extra = sorted(set(got) - set(expected))
+        extra = sorted(set(got) - set(want))
         if extra:
             raise AssertionError(f"{target.label}: loss_and_grads{call} returned gradients for unknown names "
                                  f"{extra[:5]}")
         for name in ["loss", *reversed(list(param_shapes(case.config)))]:
             what = ("the loss" if name == "loss" else f"gradient {name}") + call
-            assert_close(got[name], expected[name], tol, tensor=what, backend=target.backend, device=target.device,
+            assert_close(got[name], want[name], tol, tensor=what, backend=target.backend, device=target.device,
                          dtype=target.dtype,
                          config=f"{case.config.summary()}; label_smoothing={training.label_smoothing}")

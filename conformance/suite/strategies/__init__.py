@@ -27,6 +27,6 @@ from conformance.suite.strategies.realistic import (LONG_MAX_LENS, SCALE_D_MODEL
                                                     SCALE_LENGTHS, SCALE_VOCAB, any_realistic_cases, long_anchor_case,
                                                     long_cases, long_seeded_cases, realistic_cases, scale_cases,
                                                     trained_anchor_cases)
-from conformance.suite.strategies.training import LABEL_SMOOTHINGS, TrainingCase, training_cases
+from conformance.suite.strategies.training import LABEL_SMOOTHINGS, TrainingCase, relabelled, training_cases
 from conformance.suite.strategies.weights import (KINDS, LN_GAINS, OFFSETS, OUTLIER_SIZES, QK_GAINS, Trained,
                                                   kinds_for, realistic_in_domain, trained)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from hypothesis import assume
@@ -56,3 +56,13 @@ def training_cases(draw, config_strategy: st.SearchStrategy[ModelConfig] | None 
             labels[b, t] = draw(real)
     case = Case(config=config, seed=case.seed, scale=case.scale, src_ids=src, tgt_ids=case.tgt_ids)
     return TrainingCase(case=case, labels=labels, label_smoothing=draw(st.sampled_from(LABEL_SMOOTHINGS)))
+
+
+def relabelled(training: TrainingCase) -> TrainingCase:
+    """The same case with other labels at the same counted positions: each counted label moved
+    to the next id that is not pad_id (cyclically), a second batch of the same shapes. A label
+    only stays where the vocabulary has a single id besides pad_id."""
+    labels, pad, vocab = training.labels, training.case.config.pad_id, training.case.config.tgt_vocab_size
+    moved = (labels + 1) % vocab
+    moved = np.where(moved == pad, (moved + 1) % vocab, moved)
+    return replace(training, labels=np.where(labels == pad, pad, moved))
