@@ -151,7 +151,8 @@ def _decode_step(model, tgt_ids, cache: DecoderCache):
     self_mask = step_mask(config, cache.tgt_ids, t)  # (B, 1, 1, L)
     written = jnp.arange(cache.tgt_ids.shape[1]) <= t  # (L,): the positions that are keys so far
     embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
-    y = model.embed(tgt_ids[:, None], embedding, model.decoder.position, at=t)  # (B, 1, D)
+    y = model.embed(tgt_ids[:, None], embedding, model.decoder.position, model.decoder.embedding_norm,
+                    at=t)  # (B, 1, D)
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
     y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, tgt_real=written, cache=layer_caches(cache))
     logits = model.output(y, embedding)[:, 0]  # (B, V)

@@ -51,7 +51,7 @@ from conformance.core.inputs import (
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, send_in_order
 from conformance.core.params import param_shapes
-from conformance.core.positions import sinusoid_table
+from conformance.core.positions import position_table
 from impl_jax import compiled, decode, host
 from impl_jax.blocks import product_in_blocks
 from impl_jax.loss import cross_entropy
@@ -127,7 +127,10 @@ class Sinusoid(nnx.Variable):
 class Positions(nnx.Module):
     """The position term added to the scaled token embeddings (section 3.5).
 
-    A sinusoid (a constant of the config, computed in float64) or a stored `(max_len, D)` table.
+    A sinusoid (a constant of the config, computed in float64) or a stored table, of
+    `max_len + position_offset` rows: position p reads row p + position_offset (BART's learned
+    table and M2M100's sinusoid skip 2 rows). With position_ids "non-pad" (M2M100/NLLB) only the
+    tokens that are not the pad id are numbered, and a pad token gets no position term.
     """
 
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, dtype):
@@ -135,15 +138,32 @@ class Positions(nnx.Module):
             self.table = nnx.Param(params[f"{prefix}.table"])
         else:
             # Cast on the host from float64, once: the same rounding as the NumPy backend's table.
-            table = sinusoid_table(config.max_len, config.d_model, config.position)  # (max_len, D) float64
+            table = position_table(config)  # (max_len + offset, D) float64
             self.table = Sinusoid(jnp.asarray(table.astype(dtype)))
+        self.offset = config.position_offset
+        self.pad_id = config.pad_id if config.position_ids == "non-pad" else None
 
-    def __call__(self, length: int, dtype) -> jax.Array:
-        return cast(self.table[...][None, :length, :], dtype)  # (1, L, D)
+    def rows(self, ids: jax.Array):
+        """The table row each token reads (B, L), and where it adds one (B, L), or True: all do."""
+        length = ids.shape[1]
+        if self.pad_id is None:
+            return jnp.arange(self.offset, self.offset + length)[None, :], True  # (1, L)
+        real = ids != self.pad_id  # (B, L)
+        counted = jnp.cumsum(real, axis=1) - 1  # (B, L): the real tokens before each one
+        return self.offset + jnp.maximum(counted, 0), real
 
-    def at(self, position, dtype) -> jax.Array:
-        """The term of one position, for a cached decoding step."""
-        return cast(jax.lax.dynamic_slice_in_dim(self.table[...], position, 1)[None, :, :], dtype)  # (1, 1, D)
+    def __call__(self, ids: jax.Array, dtype) -> jax.Array:
+        """The terms of the tokens `ids` (B, L): (1, L, D), or (B, L, D) with "non-pad" ids."""
+        if self.pad_id is None:  # a slice, not a gather: (1, L, D)
+            return cast(self.table[...][None, self.offset:self.offset + ids.shape[1], :], dtype)
+        rows, real = self.rows(ids)
+        return jnp.where(real[..., None], cast(self.table[...][rows], dtype), 0).astype(dtype)  # (B, L, D)
+
+    def at(self, position, ids: jax.Array, dtype) -> jax.Array:
+        """The term of one position for the tokens `ids` (B, 1), for a cached decoding step: row
+        position + offset, as transformers' cached step reads it (no pad token before it is counted)."""
+        term = cast(jax.lax.dynamic_slice_in_dim(self.table[...], self.offset + position, 1)[None, :, :], dtype)  # (1, 1, D)
+        return term if self.pad_id is None else jnp.where((ids != self.pad_id)[..., None], term, 0).astype(dtype)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
@@ -461,21 +481,27 @@ class DecoderLayer(nnx.Module):
 
 
 class Embedding(nnx.Module):
-    """A token lookup table (V, D)."""
+    """A token lookup table (V, D). With `freeze_pad_embedding` the lookups of pad_id send its row
+    no gradient (`nn.Embedding(padding_idx=pad_id)`); the forward is the same."""
 
-    def __init__(self, params: Mapping[str, jax.Array], prefix: str):
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str):
         self.weight = nnx.Param(params[f"{prefix}.weight"])
+        self.padding_idx = config.pad_id if config.freeze_pad_embedding else None
 
     def __call__(self, ids: jax.Array, dtype) -> jax.Array:
         # The ids were checked on the host: JAX would clamp an out-of-range id here, not fail.
-        return cast(self.weight[...][ids], dtype)  # (B, L, D): the looked-up rows cast, not the table
+        rows = self.weight[...][ids]  # (B, L, D)
+        if self.padding_idx is not None:  # the same values; no gradient through the pad lookups
+            rows = jnp.where((ids == self.padding_idx)[..., None], jax.lax.stop_gradient(rows), rows)
+        return cast(rows, dtype)  # the looked-up rows cast, not the table
 
 
 class Encoder(nnx.Module):
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], dtype):
         self.config = config
-        self.embedding = Embedding(params, "encoder.embedding")
+        self.embedding = Embedding(config, params, "encoder.embedding")
         self.position = Positions(config, params, "encoder.position", dtype)
+        self.embedding_norm = LayerNorm(config, params, "encoder.embedding_norm") if config.embedding_norm else None
         self.layers = nnx.List(
             [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)])
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
@@ -494,8 +520,9 @@ class Encoder(nnx.Module):
 class Decoder(nnx.Module):
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], dtype):
         # With shared embeddings the decoder reads the encoder's table (see Model.decode).
-        self.embedding = None if config.share_embeddings else Embedding(params, "decoder.embedding")
+        self.embedding = None if config.share_embeddings else Embedding(config, params, "decoder.embedding")
         self.position = Positions(config, params, "decoder.position", dtype)
+        self.embedding_norm = LayerNorm(config, params, "decoder.embedding_norm") if config.embedding_norm else None
         self.layers = nnx.List(
             [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)])
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
@@ -623,14 +650,16 @@ class Model(nnx.Module):
     # `encode` and `decode` check the inputs and build the masks on the host, pad to buckets if
     # asked, then run the compiled `_encode` / `_decode`.
 
-    def embed(self, ids: jax.Array, embedding: Embedding, position: Positions, *, at=None) -> jax.Array:
-        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions.
+    def embed(self, ids: jax.Array, embedding: Embedding, position: Positions, norm=None, *, at=None) -> jax.Array:
+        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions,
+        then `norm` when the config has an embedding norm (BART's `layernorm_embedding`).
 
         The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`."""
         x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        return x + (position(ids.shape[1], self.dtype) if at is None else position.at(at, self.dtype))
+        x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
+        return x if norm is None else norm(x)
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
@@ -669,7 +698,7 @@ class Model(nnx.Module):
         `empty_rows` (static): attention's rule for a query with no key, 0.0 in the loss."""
         encoded = Encoded(memory=None, src_mask=src_mask)
         dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
-        x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
+        x = self.embed(src_ids, self.encoder.embedding, self.encoder.position, self.encoder.embedding_norm)
         encoded.intermediates["encoder.embeddings"] = x
         x = apply_dropout(x, dropout, "encoder.embeddings")
         encoded.memory = self.encoder(x, src_mask, encoded, src_real=src_real, dropout=dropout, empty_rows=empty_rows)
@@ -723,7 +752,7 @@ class Model(nnx.Module):
 
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
         dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
-        y = self.embed(tgt_ids, embedding, self.decoder.position)
+        y = self.embed(tgt_ids, embedding, self.decoder.position, self.decoder.embedding_norm)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
         y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real=tgt_real, src_real=src_real, dropout=dropout,

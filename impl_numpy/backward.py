@@ -64,13 +64,18 @@ def alive(x: np.ndarray) -> np.ndarray:
 # -- Positions ---------------------------------------------------------------------------------
 
 
-def positions_backward(config, prefix: str, d_x: np.ndarray, grads: Grads) -> None:
-    """x = embedding + P[:L]  ->  dP[:L] = sum over the batch of dx.
+def positions_backward(config, position, prefix: str, ids: np.ndarray, d_x: np.ndarray, grads: Grads) -> None:
+    """x = embedding + P[rows]  ->  dP[row] = the sum of dx over every token that read that row
+    (rows p + position_offset; with "non-pad" position ids only the tokens that are not padding).
 
     Only a stored table (`{prefix}.table`) has a gradient; a sinusoid is a constant of the config.
     """
     if config.position == "table":
-        grads[f"{prefix}.table"][: d_x.shape[1]] += d_x.sum(axis=0)  # (L, D)
+        rows, real = position.rows(ids)  # (1|B, L), and where a term was added
+        if real is True:
+            grads[f"{prefix}.table"][rows[0]] += d_x.sum(axis=0)  # (L, D): one row per position
+        else:
+            np.add.at(grads[f"{prefix}.table"], rows[real], d_x[real])
 
 
 # -- Building blocks ---------------------------------------------------------------------------
@@ -292,18 +297,26 @@ def decoder_layer_backward(tape: Tape, layer, prefix: str, name: str, d_x: np.nd
 # -- Encoder and decoder -----------------------------------------------------------------------
 
 
-def embedding_backward(name: str, ids: np.ndarray, d_x: np.ndarray, grads: Grads) -> None:
+def embedding_backward(embedding, name: str, ids: np.ndarray, d_x: np.ndarray, grads: Grads) -> None:
     """x = E[ids]  ->  dE[i] = sum of dx over every position whose id is i (a scatter-add: a token
-    that occurs twice gets both gradients)."""
+    that occurs twice gets both gradients). With `freeze_pad_embedding` the lookups of pad_id send
+    nothing (`nn.Embedding(padding_idx=pad_id)`: its backward skips that row)."""
+    if embedding.padding_idx is not None:
+        looked_up = ids != embedding.padding_idx  # (B, L)
+        ids, d_x = ids[looked_up], d_x[looked_up]
     np.add.at(grads[name], ids, d_x)
 
 
-def embed_backward(config, name: str, position_prefix: str, ids: np.ndarray, d_x: np.ndarray, grads: Grads) -> None:
-    """x = E[ids] * sqrt(D) (when scale_embedding) + P[:L]  (sections 3.4 and 3.5)."""
-    positions_backward(config, position_prefix, d_x, grads)
+def embed_backward(config, embedding, stack, prefix: str, name: str, ids: np.ndarray, d_x: np.ndarray,
+                   grads: Grads, tape: Tape) -> None:
+    """x = E[ids] * sqrt(D) (when scale_embedding) + P[rows], then the embedding norm if there is
+    one (sections 3.4 and 3.5; BART's `layernorm_embedding`)."""
+    if stack.embedding_norm is not None:
+        d_x = layer_norm_backward(tape, stack.embedding_norm, f"{prefix}.embedding_norm", d_x, grads)
+    positions_backward(config, stack.position, f"{prefix}.position", ids, d_x, grads)
     if config.scale_embedding:
         d_x = d_x * math.sqrt(config.d_model)
-    embedding_backward(name, ids, d_x, grads)
+    embedding_backward(embedding, name, ids, d_x, grads)
 
 
 def encoder_backward(tape: Tape, encoder, d_memory: np.ndarray, grads: Grads, dropout=None) -> np.ndarray:
@@ -412,6 +425,7 @@ def loss_and_grads(model, src_ids: np.ndarray, tgt_ids: np.ndarray, labels: np.n
     d_x = encoder_backward(tape, model.encoder, d_memory, grads, dropout)  # (B, S, D)
 
     # The embeddings: with shared embeddings both lookups add to encoder.embedding.weight.
-    embed_backward(config, tied_name(config), "decoder.position", tgt_ids, d_y, grads)
-    embed_backward(config, "encoder.embedding.weight", "encoder.position", src_ids, d_x, grads)
+    embed_backward(config, tgt_embedding, model.decoder, "decoder", tied_name(config), tgt_ids, d_y, grads, tape)
+    embed_backward(config, model.encoder.embedding, model.encoder, "encoder", "encoder.embedding.weight", src_ids, d_x,
+                   grads, tape)
     return loss, {name: g.astype(model.param_dtype, copy=False) for name, g in grads.items()}

@@ -120,7 +120,7 @@ def advance(model, tgt_ids: np.ndarray, cache: DecoderCache) -> np.ndarray:
     cache.tgt_ids[:, t] = tgt_ids[:, 0]
     self_mask = step_mask(config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
     embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
-    y = model.embed(tgt_ids, embedding, model.decoder.position, at=t)  # (B, 1, D)
+    y = model.embed(tgt_ids, embedding, model.decoder.position, model.decoder.embedding_norm, at=t)  # (B, 1, D)
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
     y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, cache=layer_caches(cache))
     logits = model.output(y, embedding)[:, 0]  # (B, V)

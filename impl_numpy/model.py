@@ -35,7 +35,7 @@ from conformance.core.inputs import (
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, record
 from conformance.core.params import prepare_params
-from conformance.core.positions import sinusoid_table
+from conformance.core.positions import position_table
 from impl_numpy import backward as backprop
 from impl_numpy import decode
 from impl_numpy.blocks import product_in_blocks
@@ -94,21 +94,40 @@ def make_masks(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray) ->
 class Positions:
     """The position term added to the scaled token embeddings (section 3.5).
 
-    A sinusoid (a constant of the config, computed in float64) or a stored `(max_len, D)` table.
+    A sinusoid (a constant of the config, computed in float64) or a stored table, of
+    `max_len + position_offset` rows: position p reads row p + position_offset (BART's learned
+    table and M2M100's sinusoid skip 2 rows). With position_ids "non-pad" (M2M100/NLLB) only the
+    tokens that are not the pad id are numbered, and a pad token gets no position term.
     """
 
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, dtype):
         if config.position == "table":
             self.table = params[f"{prefix}.table"]
         else:
-            self.table = sinusoid_table(config.max_len, config.d_model, config.position).astype(dtype)
+            self.table = position_table(config).astype(dtype)
+        self.offset = config.position_offset
+        self.pad_id = config.pad_id if config.position_ids == "non-pad" else None
 
-    def __call__(self, length: int, dtype) -> np.ndarray:
-        return cast(self.table[None, :length, :], dtype)  # (1, L, D)
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """The table row each token reads (B, L), and where it adds one (B, L), or True: all do."""
+        length = ids.shape[1]
+        if self.pad_id is None:
+            return np.arange(self.offset, self.offset + length)[None, :], True  # (1, L)
+        real = ids != self.pad_id  # (B, L)
+        counted = np.cumsum(real, axis=1) - 1  # (B, L): the real tokens before each one
+        return self.offset + np.maximum(counted, 0), real
 
-    def at(self, position: int, dtype) -> np.ndarray:
-        """The term of one position, for a cached decoding step."""
-        return cast(self.table[None, position:position + 1, :], dtype)  # (1, 1, D)
+    def __call__(self, ids: np.ndarray, dtype) -> np.ndarray:
+        """The terms of the tokens `ids` (B, L): (1, L, D), or (B, L, D) with "non-pad" ids."""
+        rows, real = self.rows(ids)
+        term = cast(self.table[rows], dtype)  # (1|B, L, D)
+        return term if real is True else np.where(real[..., None], term, 0).astype(dtype)
+
+    def at(self, position: int, ids: np.ndarray, dtype) -> np.ndarray:
+        """The term of one position for the tokens `ids` (B, 1), for a cached decoding step: row
+        position + offset, as transformers' cached step reads it (no pad token before it is counted)."""
+        term = cast(self.table[None, self.offset + position:self.offset + position + 1, :], dtype)  # (1, 1, D)
+        return term if self.pad_id is None else np.where((ids != self.pad_id)[..., None], term, 0).astype(dtype)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
@@ -376,10 +395,12 @@ class DecoderLayer:
 
 
 class Embedding:
-    """A token lookup table (V, D)."""
+    """A token lookup table (V, D). With `freeze_pad_embedding` the lookups of pad_id send its row
+    no gradient (`nn.Embedding(padding_idx=pad_id)`); the forward is the same."""
 
-    def __init__(self, params: Mapping[str, np.ndarray], prefix: str):
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
         self.weight = params[f"{prefix}.weight"]
+        self.padding_idx = config.pad_id if config.freeze_pad_embedding else None  # read by backward.py
 
     def __call__(self, ids: np.ndarray, dtype) -> np.ndarray:
         return cast(self.weight[ids], dtype)  # (B, L, D): the looked-up rows cast, not the table
@@ -388,8 +409,9 @@ class Embedding:
 class Encoder:
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], dtype):
         self.config = config
-        self.embedding = Embedding(params, "encoder.embedding")
+        self.embedding = Embedding(config, params, "encoder.embedding")
         self.position = Positions(config, params, "encoder.position", dtype)
+        self.embedding_norm = LayerNorm(config, params, "encoder.embedding_norm") if config.embedding_norm else None
         self.layers = [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)]
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
 
@@ -406,8 +428,9 @@ class Encoder:
 class Decoder:
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], dtype):
         # With shared embeddings the decoder reads the encoder's table (see Model.decode).
-        self.embedding = None if config.share_embeddings else Embedding(params, "decoder.embedding")
+        self.embedding = None if config.share_embeddings else Embedding(config, params, "decoder.embedding")
         self.position = Positions(config, params, "decoder.position", dtype)
+        self.embedding_norm = LayerNorm(config, params, "decoder.embedding_norm") if config.embedding_norm else None
         self.layers = [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)]
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
@@ -510,14 +533,17 @@ class Model:
 
     # Forward -----------------------------------------------------------------------------------
 
-    def embed(self, ids: np.ndarray, embedding: Embedding, position: Positions, *, at=None) -> np.ndarray:
-        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions.
+    def embed(self, ids: np.ndarray, embedding: Embedding, position: Positions, norm=None, *, at=None,
+              tape=None) -> np.ndarray:
+        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions,
+        then `norm` when the config has an embedding norm (BART's `layernorm_embedding`).
 
         The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`."""
         x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        return x + (position(ids.shape[1], self.dtype) if at is None else position.at(at, self.dtype))
+        x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
+        return x if norm is None else norm(x, tape=tape)
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None,
                tape=None) -> Encoded:
@@ -537,7 +563,7 @@ class Model:
             src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
         encoded = Encoded(memory=None, src_mask=src_mask, attention=record(sink if return_attention else None),
                           intermediates=record(sink))
-        x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
+        x = self.embed(src_ids, self.encoder.embedding, self.encoder.position, self.encoder.embedding_norm, tape=tape)
         encoded.intermediates["encoder.embeddings"] = x
         x = apply_dropout(x, dropout, "encoder.embeddings")
         encoded.memory = self.encoder(x, src_mask, encoded, dropout=dropout, tape=tape)
@@ -567,7 +593,7 @@ class Model:
                           intermediates=record(sink, encoded.intermediates))
 
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
-        y = self.embed(tgt_ids, embedding, self.decoder.position)
+        y = self.embed(tgt_ids, embedding, self.decoder.position, self.decoder.embedding_norm, tape=tape)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
         y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, dropout=dropout, tape=tape)

@@ -196,7 +196,7 @@ def advance(model, tgt_ids: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
     # the mask, and fast_attention its test for queries without keys).
     self_mask = None if config.tgt_pad_mask == "none" else step_mask(config, cache.tgt_ids[:, :t + 1], t)
     embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
-    y = model.embed(tgt_ids, embedding, model.decoder.position, at=t)  # (B, 1, D)
+    y = model.embed(tgt_ids, embedding, model.decoder.position, model.decoder.embedding_norm, at=t)  # (B, 1, D)
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
     y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, return_attention=False,
                       cache=layer_caches(cache))

@@ -41,7 +41,7 @@ from conformance.core.inputs import (
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, record
 from conformance.core.params import param_shapes, prepare_params
-from conformance.core.positions import sinusoid_table
+from conformance.core.positions import position_table
 from impl_torch import decode, graphs
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 from impl_torch.blocks import product_in_blocks
@@ -106,7 +106,10 @@ def make_masks(config: ModelConfig, src_ids: torch.Tensor, tgt_ids: torch.Tensor
 class Positions(nn.Module):
     """The position term added to the scaled token embeddings (section 3.5).
 
-    A sinusoid (a constant of the config, computed in float64) or a stored `(max_len, D)` table.
+    A sinusoid (a constant of the config, computed in float64) or a stored table, of
+    `max_len + position_offset` rows: position p reads row p + position_offset (BART's learned
+    table and M2M100's sinusoid skip 2 rows). With position_ids "non-pad" (M2M100/NLLB) only the
+    tokens that are not the pad id are numbered, and a pad token gets no position term.
     The sinusoid is a non-persistent buffer: it follows `.to(device/dtype)` like any tensor of
     the module but is not a parameter, so it never appears in `state_dict()`.
     """
@@ -114,24 +117,41 @@ class Positions(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
         if config.position == "table":
-            self.table = nn.Parameter(torch.empty(config.max_len, config.d_model, dtype=dtype))
+            self.table = nn.Parameter(torch.empty(config.max_len + config.position_offset, config.d_model, dtype=dtype))
         else:
             # Cast on the host from float64, once (`to_torch`): the same rounding as the NumPy and
             # JAX tables; torch's own float64 -> float16 cast rounds twice, through float32.
-            table = sinusoid_table(config.max_len, config.d_model, config.position)  # (max_len, D) float64
+            table = position_table(config)  # (max_len + offset, D) float64
             table = to_torch(table, dtype_name(dtype)).to(torch.get_default_device())
             self.register_buffer("table", table, persistent=False)
+        self.offset = config.position_offset
+        self.pad_id = config.pad_id if config.position_ids == "non-pad" else None
 
     def extra_repr(self) -> str:
         kind = "stored table" if isinstance(self.table, nn.Parameter) else "sinusoid buffer"
-        return f"{kind} {tuple(self.table.shape)}"
+        return f"{kind} {tuple(self.table.shape)}, offset={self.offset}"
 
-    def forward(self, length: int, dtype: torch.dtype) -> torch.Tensor:
-        return cast(self.table[None, :length, :], dtype)  # (1, L, D)
+    def rows(self, ids: torch.Tensor):
+        """The table row each token reads (B, L), and where it adds one (B, L), or True: all do."""
+        length = ids.shape[1]
+        if self.pad_id is None:
+            return torch.arange(self.offset, self.offset + length, device=ids.device)[None, :], True  # (1, L)
+        real = ids != self.pad_id  # (B, L)
+        counted = torch.cumsum(real, dim=1) - 1  # (B, L): the real tokens before each one
+        return self.offset + counted.clamp_min(0), real
 
-    def at(self, position: int, dtype: torch.dtype) -> torch.Tensor:
-        """The term of one position, for a cached decoding step."""
-        return cast(self.table[None, position:position + 1, :], dtype)  # (1, 1, D)
+    def forward(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The terms of the tokens `ids` (B, L): (1, L, D), or (B, L, D) with "non-pad" ids."""
+        if self.pad_id is None:  # a slice, not a gather: (1, L, D)
+            return cast(self.table[None, self.offset:self.offset + ids.shape[1], :], dtype)
+        rows, real = self.rows(ids)
+        return torch.where(real[..., None], cast(self.table[rows], dtype), 0.0)  # (B, L, D)
+
+    def at(self, position: int, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The term of one position for the tokens `ids` (B, 1), for a cached decoding step: row
+        position + offset, as transformers' cached step reads it (no pad token before it is counted)."""
+        term = cast(self.table[None, self.offset + position:self.offset + position + 1, :], dtype)  # (1, 1, D)
+        return term if self.pad_id is None else torch.where((ids != self.pad_id)[..., None], term, 0.0)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
@@ -484,25 +504,29 @@ class DecoderLayer(nn.Module):
 
 
 class Embedding(nn.Module):
-    """A token lookup table (V, D)."""
+    """A token lookup table (V, D). With `freeze_pad_embedding` the lookups of pad_id send its row
+    no gradient (`nn.Embedding(padding_idx=pad_id)`); the forward is the same."""
 
-    def __init__(self, vocab_size: int, d_model: int, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, vocab_size: int, dtype: torch.dtype):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, d_model, dtype=dtype))
+        self.weight = nn.Parameter(torch.empty(vocab_size, config.d_model, dtype=dtype))
+        self.padding_idx = config.pad_id if config.freeze_pad_embedding else None
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}, padding_idx={self.padding_idx}"
 
     def forward(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return cast(F.embedding(ids, self.weight), dtype)  # (B, L, D): the looked-up rows cast, not the table
+        rows = F.embedding(ids, self.weight, padding_idx=self.padding_idx)  # (B, L, D)
+        return cast(rows, dtype)  # the looked-up rows cast, not the table
 
 
 class Encoder(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.config = config
-        self.embedding = Embedding(config.src_vocab_size, config.d_model, dtype)
+        self.embedding = Embedding(config, config.src_vocab_size, dtype)
         self.position = Positions(config, dtype)
+        self.embedding_norm = LayerNorm(config, dtype) if config.embedding_norm else None
         self.layers = nn.ModuleList(EncoderLayer(config, dtype) for _ in range(config.n_encoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_encoder_norm else None
 
@@ -523,8 +547,9 @@ class Decoder(nn.Module):
         super().__init__()
         # With shared embeddings the decoder reads the encoder's table (see Model.decode); it is
         # passed at call time, not registered here, so state_dict() holds it once.
-        self.embedding = None if config.share_embeddings else Embedding(config.tgt_vocab_size, config.d_model, dtype)
+        self.embedding = None if config.share_embeddings else Embedding(config, config.tgt_vocab_size, dtype)
         self.position = Positions(config, dtype)
+        self.embedding_norm = LayerNorm(config, dtype) if config.embedding_norm else None
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.n_decoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_decoder_norm else None
 
@@ -658,7 +683,7 @@ class Model(nn.Module):
         if self._compute_dtype is not None:
             for position in (self.encoder.position, self.decoder.position):
                 if not isinstance(position.table, nn.Parameter) and position.table.dtype != self._compute_dtype:
-                    table = sinusoid_table(self.config.max_len, self.config.d_model, self.config.position)
+                    table = position_table(self.config)
                     position.table = to_torch(table, dtype_name(self._compute_dtype)).to(position.table.device)
         return self
 
@@ -711,14 +736,17 @@ class Model(nn.Module):
 
     # Forward -----------------------------------------------------------------------------------
 
-    def embed(self, ids: torch.Tensor, embedding: Embedding, position: Positions, *, at=None) -> torch.Tensor:
-        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions.
+    def embed(self, ids: torch.Tensor, embedding: Embedding, position: Positions, norm=None, *,
+              at=None) -> torch.Tensor:
+        """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions,
+        then `norm` when the config has an embedding norm (BART's `layernorm_embedding`).
 
         The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`."""
         x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        return x + (position(ids.shape[1], self.dtype) if at is None else position.at(at, self.dtype))
+        x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
+        return x if norm is None else norm(x)
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None,
                empty_rows=None) -> Encoded:
@@ -741,7 +769,7 @@ class Model(nn.Module):
                           intermediates=record(sink))
         if dropout is not None:  # the checked host masks, on the model's device
             dropout = Dropout(dropout.rate, {site: torch.tensor(m, device=self.device) for site, m in dropout.masks.items()})
-        x = self.embed(src_ids, self.encoder.embedding, self.encoder.position)
+        x = self.embed(src_ids, self.encoder.embedding, self.encoder.position, self.encoder.embedding_norm)
         encoded.intermediates["encoder.embeddings"] = x
         x = apply_dropout(x, dropout, "encoder.embeddings")
         encoded.memory = self.encoder(x, src_mask, encoded, return_attention=return_attention, dropout=dropout,
@@ -774,7 +802,7 @@ class Model(nn.Module):
         if dropout is not None:  # the checked host masks, on the model's device
             dropout = Dropout(dropout.rate, {site: torch.tensor(m, device=self.device) for site, m in dropout.masks.items()})
         embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
-        y = self.embed(tgt_ids, embedding, self.decoder.position)
+        y = self.embed(tgt_ids, embedding, self.decoder.position, self.decoder.embedding_norm)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
         y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention=return_attention,

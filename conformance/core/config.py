@@ -20,7 +20,8 @@ from conformance.core.errors import ConfigError
 
 NORM_PLACEMENTS = ("post", "pre")
 LAYER_NORM_FORMS = ("standard", "std-eps", "fast-variance")
-POSITIONS = ("sinusoid-interleaved", "sinusoid-split", "sinusoid-t2t", "table")
+POSITIONS = ("sinusoid-interleaved", "sinusoid-split", "sinusoid-t2t", "sinusoid-fairseq", "table")
+POSITION_IDS = ("arange", "non-pad")
 PAD_MASK_SIDES = ("keys", "queries", "both", "none")
 SRC_PAD_MASK_SIDES = ("keys", "both")
 ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu", "tanh")
@@ -38,7 +39,8 @@ MAX_LEN_LIMIT = 65536
 # Fields added after the first checkpoints were written. A stored config that lacks one of them
 # predates it and meant its default, which is the behaviour every backend had before the field
 # existed; every other field must be named by a stored config (see `from_dict(complete=True)`).
-ADDED_FIELDS = ("src_pad_mask", "scale_logits", "ffn_glu", "attention_temp")
+ADDED_FIELDS = ("src_pad_mask", "scale_logits", "ffn_glu", "attention_temp", "position_offset", "position_ids",
+                "embedding_norm", "freeze_pad_embedding")
 
 _SIZE_FIELDS = (
     "src_vocab_size",
@@ -81,10 +83,26 @@ class ModelConfig:
             "sinusoid-split" (first half sin, second half cos: Marian), "sinusoid-t2t" (split, with
             tensor2tensor's timescales `exp(-ln(1e4) i / (D/2 - 1))` and the table rounded to
             float32, as Flax `examples/wmt`'s `sinusoidal_init` stores it; needs D >= 4), or
-            "table" (a stored `(max_len, D)` table per stack: learned, or a sinusoid saved as a
-            buffer).
+            "sinusoid-fairseq" (fairseq's and M2M100/NLLB's `get_embedding`: split, t2t timescales,
+            computed in float32 as `torch` does there, and the row of `pad_id` zero), or "table" (a
+            stored `(max_len + position_offset, D)` table per stack: learned, or a sinusoid saved as
+            a buffer).
+        position_offset: position p reads row `p + position_offset` of the position table, whose
+            first rows are never read: 2 in BART and mBART (`BartLearnedPositionalEmbedding.offset`)
+            and in M2M100/NLLB (`padding_idx + 1`), 0 elsewhere.
+        position_ids: "arange" numbers the tokens 0, 1, 2, ...; "non-pad" (fairseq's
+            `make_positions`, M2M100/NLLB's `create_position_ids_from_input_ids`) numbers only the
+            tokens that are not `pad_id`, and a pad token gets no position term at all (its row
+            is the zero row of `pad_id` there). A cached decoding step's token at position t reads
+            row `t + position_offset` unless it is the pad id, as transformers' cached step does.
+        embedding_norm: a LayerNorm on the embeddings plus positions, before the first layer (BART
+            and mBART's `layernorm_embedding`), `{encoder,decoder}.embedding_norm` in each stack.
         share_embeddings: the decoder uses the encoder's token embedding (needs equal vocabs).
         tie_output: the output projection is the target embedding transposed (section 3.4).
+        freeze_pad_embedding: training only: the row of `pad_id` in each token embedding gets no
+            gradient from lookups, as in `nn.Embedding(padding_idx=pad_id)` (Marian, BART, mBART,
+            M2M100, Pegasus). A tied output projection still sends that row its gradient, as in
+            PyTorch, where padding_idx masks the lookup's backward only. The forward is unchanged.
 
     Attention:
         qkv_bias: the q, k and v projections have a bias.
@@ -145,8 +163,12 @@ class ModelConfig:
 
     scale_embedding: bool = True
     position: str = "sinusoid-interleaved"
+    position_offset: int = 0
+    position_ids: str = "arange"
+    embedding_norm: bool = False
     share_embeddings: bool = False
     tie_output: bool = False
+    freeze_pad_embedding: bool = False
 
     qkv_bias: bool = True
     out_proj_bias: bool = True
@@ -211,6 +233,9 @@ class ModelConfig:
                 "max_len", f"{self.max_len} exceeds the supported {MAX_LEN_LIMIT}: every backend precomputes a "
                            f"(max_len, d_model) position table"
             )
+        if self.position_offset < 0 or self.max_len + self.position_offset > MAX_LEN_LIMIT:
+            raise ConfigError("position_offset", f"must be >= 0 with max_len + position_offset <= {MAX_LEN_LIMIT}, "
+                                                 f"got {self.position_offset}")
         for name in ("n_encoder_layers", "n_decoder_layers"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
@@ -222,6 +247,7 @@ class ModelConfig:
             "norm_placement": NORM_PLACEMENTS,
             "layer_norm_form": LAYER_NORM_FORMS,
             "position": POSITIONS,
+            "position_ids": POSITION_IDS,
             "tgt_pad_mask": PAD_MASK_SIDES,
             "src_pad_mask": SRC_PAD_MASK_SIDES,
             "activation": ACTIVATIONS,
@@ -233,8 +259,8 @@ class ModelConfig:
                 )
         if self.position.startswith("sinusoid") and self.d_model % 2:
             raise ConfigError("d_model", f"a sinusoid needs an even d_model, got {self.d_model}")
-        if self.position == "sinusoid-t2t" and self.d_model < 4:
-            raise ConfigError("d_model", f"the sinusoid-t2t timescales are spaced over D/2 - 1 intervals, so it needs "
+        if self.position in ("sinusoid-t2t", "sinusoid-fairseq") and self.d_model < 4:
+            raise ConfigError("d_model", f"the {self.position} timescales are spaced over D/2 - 1 intervals, so it needs "
                                          f"d_model >= 4, got {self.d_model}")
         if not (self.layer_norm_eps > 0 and math.isfinite(self.layer_norm_eps)):
             raise ConfigError("layer_norm_eps", f"must be positive and finite, got {self.layer_norm_eps}")

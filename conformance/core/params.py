@@ -5,7 +5,8 @@ Flax state and the checkpoint file all use exactly these names. Matrices are sto
 `(d_in, d_out)` so that the math reads `y = x @ W + b` as in the paper; embeddings are `(V, D)`.
 
     encoder.embedding.weight                      (V_src, D)
-    encoder.position.table                        (max_len, D)   position == "table"
+    encoder.position.table                        (max_len + position_offset, D)   position == "table"
+    encoder.embedding_norm.{weight,bias}          (D,)          embedding_norm
     encoder.layers.{i}.self_attn.{q,k,v,o}_proj.weight  (D, D)
     encoder.layers.{i}.self_attn.{q,k,v}_proj.bias      (D,)     qkv_bias
     encoder.layers.{i}.self_attn.o_proj.bias            (D,)     out_proj_bias
@@ -16,7 +17,8 @@ Flax state and the checkpoint file all use exactly these names. Matrices are sto
     encoder.layers.{i}.ffn_norm.{weight,bias}           (D,)
     encoder.norm.{weight,bias}                    (D,)          final_encoder_norm
     decoder.embedding.weight                      (V, D)        unless share_embeddings
-    decoder.position.table                        (max_len, D)  position == "table"
+    decoder.position.table                        (max_len + position_offset, D)  position == "table"
+    decoder.embedding_norm.{weight,bias}          (D,)          embedding_norm
     decoder.layers.{i}.self_attn.* / self_attn_norm.* / cross_attn.* / cross_attn_norm.* /
         ffn.* / ffn_norm.*
     decoder.norm.{weight,bias}                    (D,)          final_decoder_norm
@@ -70,7 +72,9 @@ def param_shapes(config: ModelConfig) -> dict[str, Shape]:
     d = config.d_model
     shapes: dict[str, Shape] = {"encoder.embedding.weight": (config.src_vocab_size, d)}
     if config.position == "table":
-        shapes["encoder.position.table"] = (config.max_len, d)
+        shapes["encoder.position.table"] = (config.max_len + config.position_offset, d)
+    if config.embedding_norm:
+        shapes |= _norm_shapes("encoder.embedding_norm", config)
     for i in range(config.n_encoder_layers):
         layer = f"encoder.layers.{i}"
         shapes |= _attention_shapes(f"{layer}.self_attn", config)
@@ -83,7 +87,9 @@ def param_shapes(config: ModelConfig) -> dict[str, Shape]:
     if not config.share_embeddings:
         shapes["decoder.embedding.weight"] = (config.tgt_vocab_size, d)
     if config.position == "table":
-        shapes["decoder.position.table"] = (config.max_len, d)
+        shapes["decoder.position.table"] = (config.max_len + config.position_offset, d)
+    if config.embedding_norm:
+        shapes |= _norm_shapes("decoder.embedding_norm", config)
     for i in range(config.n_decoder_layers):
         layer = f"decoder.layers.{i}"
         shapes |= _attention_shapes(f"{layer}.self_attn", config)

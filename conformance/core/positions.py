@@ -10,6 +10,10 @@
     spaced over D/2 - 1 intervals (the last pair reaches 1/10000 exactly), and the table rounded
     to float32 after a float64 computation, because that is the table the system stores and adds.
 
+fairseq (fairseq's and M2M100/NLLB's `get_embedding`): t2t's split and timescales, computed in
+    float32 throughout as PyTorch computes it there (float32 positions times float32 timescales),
+    with the row of the padding id set to zero.
+
 The table is a constant of the config, so every backend takes it from here and casts it to its
 own dtype: computing it in float32 instead (as several tutorials do) moves angles by about
 `pos * 6e-8`, which is a visible error at long positions.
@@ -19,14 +23,26 @@ This module is framework-free (NumPy only).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
-def sinusoid_table(max_len: int, d_model: int, form: str) -> np.ndarray:
-    """The `(max_len, d_model)` float64 sinusoid; `form` is "sinusoid-interleaved", "sinusoid-split"
-    or "sinusoid-t2t" (whose values are float32 numbers, held in float64)."""
+def position_table(config) -> np.ndarray:
+    """The `(max_len + position_offset, D)` float64 sinusoid a `ModelConfig` adds (position p
+    reads row p + position_offset); not for position == "table", which is a parameter."""
+    return sinusoid_table(config.max_len + config.position_offset, config.d_model, config.position,
+                          pad_id=config.pad_id)
+
+
+def sinusoid_table(max_len: int, d_model: int, form: str, *, pad_id: int | None = None) -> np.ndarray:
+    """The `(max_len, d_model)` float64 sinusoid; `form` is "sinusoid-interleaved", "sinusoid-split",
+    "sinusoid-t2t" or "sinusoid-fairseq" (whose values are float32 numbers, held in float64; the
+    latter's row `pad_id` is zero when it is a row of the table)."""
     if form == "sinusoid-t2t":
         return _t2t_table(max_len, d_model)
+    if form == "sinusoid-fairseq":
+        return _fairseq_table(max_len, d_model, pad_id)
     pos = np.arange(max_len, dtype=np.float64)[:, None]  # (L, 1)
     pair = np.arange(d_model // 2, dtype=np.float64)[None, :]  # (1, D/2)
     angle = pos / np.power(10000.0, 2.0 * pair / d_model)  # (L, D/2)
@@ -52,4 +68,21 @@ def _t2t_table(max_len: int, d_model: int) -> np.ndarray:
     table = np.zeros((max_len, d_model), dtype=np.float32)
     table[:, :half] = np.sin(pos * timescale)
     table[:, half : 2 * half] = np.cos(pos * timescale)
+    return table.astype(np.float64)
+
+
+def _fairseq_table(max_len: int, d_model: int, pad_id: int | None) -> np.ndarray:
+    """M2M100's `M2M100SinusoidalPositionalEmbedding.get_embedding(max_len, D, pad_id)` (fairseq's
+    `SinusoidalPositionalEmbedding`), whose every step is float32 there. The products are float32
+    products, bit for bit; exp, sin and cos are taken in float64 and rounded once to float32 (the
+    nearest float32), where torch's float32 kernels are off by an ulp in about one value in ten, which
+    a large position turns into ~1e-5 of angle: that is the float32 system's own noise."""
+    half = d_model // 2
+    step = np.float32(math.log(10000) / (half - 1))
+    exponent = np.arange(half, dtype=np.float32) * -step  # (D/2,) float32
+    timescale = np.exp(exponent.astype(np.float64)).astype(np.float32)  # (D/2,)
+    angle = (np.arange(max_len, dtype=np.float32)[:, None] * timescale[None, :]).astype(np.float64)  # (L, D/2)
+    table = np.concatenate([np.sin(angle), np.cos(angle)], axis=1).astype(np.float32)  # (L, D)
+    if pad_id is not None and pad_id < max_len:
+        table[pad_id, :] = 0
     return table.astype(np.float64)
