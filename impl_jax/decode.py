@@ -37,6 +37,7 @@ from conformance.core.errors import InputError
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
 from impl_jax import compiled, host
+from impl_jax.precision import reduction_dtype
 
 # -- Masks -------------------------------------------------------------------------------------
 
@@ -100,7 +101,7 @@ def _start_cache(model, memory, cross_mask, *, length: int):
     """The compiled part of `start_cache`."""
     config = model.config
     batch = memory.shape[0]
-    shape = (batch, config.n_heads, length, config.d_model // config.n_heads)  # (B, H, L, K)
+    shape = (batch, config.n_heads, length, config.head_dim)  # (B, H, L, K)
     cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
                          tgt_ids=jnp.full((batch, length), config.pad_id, dtype=jnp.int32),
                          cross_mask=cross_mask, length=jnp.zeros((), dtype=jnp.int32))
@@ -154,7 +155,10 @@ def _decode_step(model, tgt_ids, cache: DecoderCache):
     y = model.embed(tgt_ids[:, None], embedding, model.decoder.position, model.decoder.embedding_norm,
                     at=t)  # (B, 1, D)
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
-    y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, tgt_real=written, cache=layer_caches(cache))
+    bias = model.decoder.position.score_bias(1, cache.tgt_ids.shape[1], reduction_dtype(y.dtype),
+                                             first_query=t)  # (1, H, 1, L), or None
+    y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, bias=bias, tgt_real=written,
+                      cache=layer_caches(cache))
     logits = model.output(y, embedding)[:, 0]  # (B, V)
     if model.final_logits_bias is not None:
         logits = logits + model.final_logits_bias[...].astype(logits.dtype)

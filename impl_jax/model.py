@@ -51,7 +51,7 @@ from conformance.core.inputs import (
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, send_in_order
 from conformance.core.params import param_shapes
-from conformance.core.positions import position_table
+from conformance.core.positions import offset_buckets, position_table
 from impl_jax import compiled, decode, host
 from impl_jax.blocks import product_in_blocks
 from impl_jax.loss import cross_entropy
@@ -121,7 +121,8 @@ def make_masks(config: ModelConfig, src_ids, tgt_ids) -> tuple[np.ndarray | jax.
 
 
 class Sinusoid(nnx.Variable):
-    """A constant of the config held on the model's device: neither a parameter nor saved."""
+    """A constant of the config held on the model's device (a sinusoid table, T5's buckets per
+    offset): neither a parameter nor saved."""
 
 
 class Positions(nnx.Module):
@@ -164,6 +165,44 @@ class Positions(nnx.Module):
         position + offset, as transformers' cached step reads it (no pad token before it is counted)."""
         term = cast(jax.lax.dynamic_slice_in_dim(self.table[...], self.offset + position, 1)[None, :, :], dtype)  # (1, 1, D)
         return term if self.pad_id is None else jnp.where((ids != self.pad_id)[..., None], term, 0).astype(dtype)
+
+
+    def score_bias(self, query_len: int, key_len: int, dtype, *, first_query=0):
+        """An absolute position term adds nothing to the attention scores: None."""
+        return None
+
+
+class RelativePositionBias(nnx.Module):
+    """T5's relative position bias: no term on the embeddings; a learned (buckets, H) table whose
+    row bucket(j - i) is added to every self-attention score of query i and key j in the stack
+    (bidirectional in the encoder, causal in the decoder; `conformance.core.positions`)."""
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, *, bidirectional: bool):
+        self.relative_bias = nnx.Param(params[f"{prefix}.relative_bias"])  # (buckets, H)
+        buckets = offset_buckets(config, bidirectional=bidirectional)  # (2 max_len - 1,): offset n at n + max_len - 1
+        self.buckets = Sinusoid(jnp.asarray(buckets, dtype=jnp.int32))
+        self.max_len = config.max_len
+
+    def __call__(self, ids: jax.Array, dtype):
+        return 0  # nothing is added to the embeddings
+
+    def at(self, position, ids: jax.Array, dtype):
+        return 0
+
+    def score_bias(self, query_len: int, key_len: int, dtype, *, first_query=0) -> jax.Array:
+        """(1, H, Tq, Tk): the bias of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1.
+
+        `first_query` may be traced: a cached step's position."""
+        query = first_query + jnp.arange(query_len)  # (Tq,)
+        buckets = self.buckets[...][jnp.arange(key_len)[None, :] - query[:, None] + self.max_len - 1]  # (Tq, Tk)
+        return cast(self.relative_bias[...][buckets], dtype).transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
+
+
+def positions(config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, dtype, *, bidirectional: bool):
+    """The stack's position term: `RelativePositionBias` for position "relative" (T5), else `Positions`."""
+    if config.position == "relative":
+        return RelativePositionBias(config, params, prefix, bidirectional=bidirectional)
+    return Positions(config, params, prefix, dtype)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
@@ -213,6 +252,8 @@ class LayerNorm(nnx.Module):
     std-eps:        y = (x - mean) / (std + eps) * weight + bias       (unbiased std; the
                     Annotated Transformer's own LayerNorm)
     fast-variance:  as standard, with var = max(E[x^2] - E[x]^2, 0)    (Flax nn.LayerNorm)
+    rms:            y = x / sqrt(mean(x^2) + eps) * weight             (T5LayerNorm: RMSNorm, no
+                    mean, no bias)
 
     Not `nnx.LayerNorm`: its epsilon defaults to 1e-6 (PyTorch's is 1e-5) and its fast variance
     E[x^2] - E[x]^2 cancels catastrophically when |mean| >> std. Here epsilon always comes from the
@@ -223,7 +264,7 @@ class LayerNorm(nnx.Module):
 
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str):
         self.weight = nnx.Param(params[f"{prefix}.weight"])
-        self.bias = nnx.Param(params[f"{prefix}.bias"])
+        self.bias = optional_param(params, f"{prefix}.bias")  # None for rms
         self.eps = config.layer_norm_eps
         self.form = config.layer_norm_form
 
@@ -237,6 +278,9 @@ class LayerNorm(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         dtype = x.dtype
         x = at_least_float32(x)
+        if self.form == "rms":
+            normed = x / jnp.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)
+            return (normed * cast(self.weight[...], dtype)).astype(dtype)
         mean = x.mean(axis=-1, keepdims=True)
         centered = x - mean
         if self.form == "standard":
@@ -297,12 +341,17 @@ def softmax(scores: jax.Array) -> jax.Array:
     return jnp.where(empty, jnp.nan, e / e.sum(axis=-1, keepdims=True))
 
 
-def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None, empty_rows=None):
-    """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
+def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = True, bias=None, real_keys=None,
+                                 empty_rows=None):
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(K) + bias) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
     None. Masked scores are replaced by `fill` before the softmax. Returns the output
     (B, H, Tq, K) and the weights (B, H, Tq, Tk).
+
+    `scaled=False` (keyword-only) drops the 1 / sqrt(K) (T5: scores = Q K^T); `bias` (keyword-only),
+    broadcastable to (B, H, Tq, Tk), is added to the scores before the mask (T5's relative
+    position bias, `score_bias`).
 
     The scores and the softmax are computed in at least float32. `real_keys` (Tk,) is False at
     keys that exist only because the length was padded up to a bucket: they get weight exactly 0
@@ -316,7 +365,11 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, real_keys=None, 
     """
     dtype = reduction_dtype(q.dtype)
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=matmul_precision(),
-                        preferred_element_type=dtype) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+                        preferred_element_type=dtype)  # (B, H, Tq, Tk)
+    if scaled:
+        scores = scores / math.sqrt(q.shape[-1])
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = jnp.where(mask, scores, fill)
     if real_keys is not None:
@@ -339,12 +392,14 @@ class MultiHeadAttention(nnx.Module):
         self.v_proj = Linear(params, f"{prefix}.v_proj")
         self.o_proj = Linear(params, f"{prefix}.o_proj")
         self.n_heads = config.n_heads
+        self.head_dim = config.head_dim
         self.fill = config.mask_fill
         self.temperature = config.attention_temp
+        self.scaled = config.scale_scores
 
     def split_heads(self, x: jax.Array) -> jax.Array:
-        batch, length, d_model = x.shape
-        x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
+        batch, length, _ = x.shape
+        x = x.reshape(batch, length, self.n_heads, self.head_dim)  # (B, L, H, K)
         return x.transpose(0, 2, 1, 3)  # (B, H, L, K)
 
     def queries(self, x: jax.Array) -> jax.Array:
@@ -353,9 +408,11 @@ class MultiHeadAttention(nnx.Module):
         q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
         return q if self.temperature == 1.0 else q * self.temperature
 
-    def __call__(self, x: jax.Array, memory: jax.Array, mask, *, real_keys=None, empty_rows=None, cache=None):
+    def __call__(self, x: jax.Array, memory: jax.Array, mask, *, bias=None, real_keys=None, empty_rows=None,
+                 cache=None):
         """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention).
 
+        `bias` (keyword-only): added to the scores, (1, H, Tq, Tk) (T5's relative position bias).
         `cache` (keyword-only; a cached decoding step, impl_jax/decode.py): where the keys and
         values come from instead, `cache.keys_values(self, memory)`."""
         q = self.queries(x)  # (B, H, Tq, K)
@@ -363,10 +420,10 @@ class MultiHeadAttention(nnx.Module):
             k, v = self.keys_values(memory)  # (B, H, Tk, K) each
         else:
             k, v = cache.keys_values(self, memory)
-        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, real_keys=real_keys,
-                                                      empty_rows=empty_rows)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias,
+                                                      real_keys=real_keys, empty_rows=empty_rows)
         batch, _, length, _ = heads.shape
-        concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
+        concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, H K)
         return self.o_proj(concat), weights
 
     def keys_values(self, memory: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -425,11 +482,12 @@ class EncoderLayer(nnx.Module):
         self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
         self.pre_ln = config.norm_placement == "pre"
 
-    def __call__(self, x: jax.Array, src_mask, name: str, out: ModelOutput | Encoded, *, src_real=None,
+    def __call__(self, x: jax.Array, src_mask, name: str, out: ModelOutput | Encoded, *, bias=None, src_real=None,
                  dropout=None, empty_rows=None) -> jax.Array:
+        # `bias`: the self-attention's score bias (T5's relative positions), or None.
         # Self-attention: each source position attends to every unmasked source position.
         x, out.attention[f"{name}.self"] = sublayer(
-            x, lambda h: self.self_attn(h, h, src_mask, real_keys=src_real, empty_rows=empty_rows),
+            x, lambda h: self.self_attn(h, h, src_mask, bias=bias, real_keys=src_real, empty_rows=empty_rows),
             self.self_attn_norm, self.pre_ln, dropout, f"{name}.self_attn")
         out.intermediates[f"{name}.self_attn"] = x
 
@@ -454,12 +512,14 @@ class DecoderLayer(nnx.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                 tgt_real=None, src_real=None, dropout=None, empty_rows=None, cache=None) -> jax.Array:
+                 bias=None, tgt_real=None, src_real=None, dropout=None, empty_rows=None, cache=None) -> jax.Array:
+        # `bias`: the self-attention's score bias (T5's relative positions), or None.
         # `cache`: the (self, cross) attentions' key and value sources of a cached step (decode.py).
         self_cache, cross_cache = (None, None) if cache is None else cache
         # Masked self-attention: position t attends to target positions <= t.
         x, out.attention[f"{name}.self"] = sublayer(
-            x, lambda h: self.self_attn(h, h, tgt_mask, real_keys=tgt_real, empty_rows=empty_rows, cache=self_cache),
+            x, lambda h: self.self_attn(h, h, tgt_mask, bias=bias, real_keys=tgt_real, empty_rows=empty_rows,
+                                        cache=self_cache),
             self.self_attn_norm, self.pre_ln, dropout, f"{name}.self_attn")
         out.intermediates[f"{name}.self_attn"] = x
 
@@ -500,7 +560,7 @@ class Encoder(nnx.Module):
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], dtype):
         self.config = config
         self.embedding = Embedding(config, params, "encoder.embedding")
-        self.position = Positions(config, params, "encoder.position", dtype)
+        self.position = positions(config, params, "encoder.position", dtype, bidirectional=True)
         self.embedding_norm = LayerNorm(config, params, "encoder.embedding_norm") if config.embedding_norm else None
         self.layers = nnx.List(
             [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)])
@@ -509,8 +569,10 @@ class Encoder(nnx.Module):
     def __call__(self, x: jax.Array, src_mask, out: Encoded, *, src_real=None, dropout=None,
                  empty_rows=None) -> jax.Array:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
+        bias = self.position.score_bias(x.shape[1], x.shape[1], reduction_dtype(x.dtype))  # (1, H, S, S), or None
         for i, layer in enumerate(self.layers):
-            x = layer(x, self_mask, f"encoder.{i}", out, src_real=src_real, dropout=dropout, empty_rows=empty_rows)
+            x = layer(x, self_mask, f"encoder.{i}", out, bias=bias, src_real=src_real, dropout=dropout,
+                      empty_rows=empty_rows)
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["encoder.output"] = x
@@ -521,17 +583,20 @@ class Decoder(nnx.Module):
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], dtype):
         # With shared embeddings the decoder reads the encoder's table (see Model.decode).
         self.embedding = None if config.share_embeddings else Embedding(config, params, "decoder.embedding")
-        self.position = Positions(config, params, "decoder.position", dtype)
+        self.position = positions(config, params, "decoder.position", dtype, bidirectional=False)
         self.embedding_norm = LayerNorm(config, params, "decoder.embedding_norm") if config.embedding_norm else None
         self.layers = nnx.List(
             [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)])
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, tgt_real=None, src_real=None,
+    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, bias=None, tgt_real=None, src_real=None,
                  dropout=None, empty_rows=None, cache=None) -> jax.Array:
+        # `bias`: the self-attention's score bias (a cached step's row of it); None: the stack's own.
+        if bias is None:
+            bias = self.position.score_bias(x.shape[1], x.shape[1], reduction_dtype(x.dtype))  # (1, H, T, T), or None
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, tgt_real=tgt_real, src_real=src_real,
-                      dropout=dropout, empty_rows=empty_rows, cache=None if cache is None else cache[i])
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, bias=bias, tgt_real=tgt_real,
+                      src_real=src_real, dropout=dropout, empty_rows=empty_rows, cache=None if cache is None else cache[i])
         if self.norm is not None:
             x = self.norm(x)
         out.intermediates["decoder.output"] = x

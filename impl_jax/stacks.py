@@ -37,6 +37,7 @@ from conformance.core.decoding import DecoderCache
 from conformance.core.dropout import Dropout
 from impl_jax import compiled, decode
 from impl_jax.model import Decoder, Encoder, encoder_self_mask
+from impl_jax.precision import reduction_dtype
 
 PLACEHOLDER = "layer"  # the name a scanned layer records under, before it gets its index
 
@@ -97,10 +98,11 @@ class ScannedEncoder(Encoder):
 
     def __call__(self, x: jax.Array, src_mask, out, *, src_real=None, dropout=None, empty_rows=None) -> jax.Array:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
+        bias = self.position.score_bias(x.shape[1], x.shape[1], reduction_dtype(x.dtype))  # (1, H, S, S), or None
 
         def body(layer, x, records, masks):
             drop = None if dropout is None else Dropout(dropout.rate, masks)
-            return layer(x, self_mask, PLACEHOLDER, records, src_real=src_real, dropout=drop,
+            return layer(x, self_mask, PLACEHOLDER, records, bias=bias, src_real=src_real, dropout=drop,
                          empty_rows=empty_rows), None
 
         x, _ = scan_layers(self.layers, x, body, "encoder", out, _layer_masks(dropout, "encoder", len(self.layers)),
@@ -117,9 +119,11 @@ class ScannedDecoder(Decoder):
 
     remat = False
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, out, *, tgt_real=None, src_real=None,
+    def __call__(self, x, memory, tgt_mask, cross_mask, out, *, bias=None, tgt_real=None, src_real=None,
                  dropout=None, empty_rows=None, cache=None) -> jax.Array:
         count = len(self.layers)
+        if bias is None:
+            bias = self.position.score_bias(x.shape[1], x.shape[1], reduction_dtype(x.dtype))  # (1, H, T, T), or None
         full = None if cache is None else cache[0][0].cache  # decode.layer_caches' DecoderCache
         per_layer = {"masks": _layer_masks(dropout, "decoder", count)}
         if full is not None:
@@ -135,8 +139,8 @@ class ScannedDecoder(Decoder):
                                        cross_values=[cross_values], tgt_ids=full.tgt_ids,
                                        cross_mask=full.cross_mask, length=full.length)
                 step_cache = decode.layer_caches(written)[0]
-            x = layer(x, memory, tgt_mask, cross_mask, PLACEHOLDER, records, tgt_real=tgt_real, src_real=src_real,
-                      dropout=drop, empty_rows=empty_rows, cache=step_cache)
+            x = layer(x, memory, tgt_mask, cross_mask, PLACEHOLDER, records, bias=bias, tgt_real=tgt_real,
+                      src_real=src_real, dropout=drop, empty_rows=empty_rows, cache=step_cache)
             return x, None if written is None else (written.keys[0], written.values[0])
 
         x, written = scan_layers(self.layers, x, body, "decoder", out, per_layer, remat=self.remat)

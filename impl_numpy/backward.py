@@ -78,6 +78,15 @@ def positions_backward(config, position, prefix: str, ids: np.ndarray, d_x: np.n
             np.add.at(grads[f"{prefix}.table"], rows[real], d_x[real])
 
 
+def score_bias_backward(tape: Tape, position, prefix: str, d_bias: list, grads: Grads) -> None:
+    """bias[h, i, j] = R[bucket(j - i), h] added to every self-attention layer of the stack (T5)
+    ->  dR[b, h] = the sum, over the layers and over every (i, j) in bucket b, of d scores[h, i, j].
+    `d_bias` holds each layer's (H, Tq, Tk), summed over the batch; empty without a score bias."""
+    if d_bias:
+        buckets = tape[position]  # (Tq, Tk)
+        np.add.at(grads[f"{prefix}.relative_bias"], buckets, sum(d_bias).transpose(1, 2, 0))  # (Tq, Tk, H)
+
+
 # -- Building blocks ---------------------------------------------------------------------------
 
 
@@ -96,6 +105,13 @@ def layer_norm_backward(tape: Tape, norm, prefix: str, d_y: np.ndarray, grads: G
     dn = dy * weight, and dx as below for each form. c = x - mean(x) throughout."""
     x = alive(tape[norm])
     d = x.shape[-1]
+    if norm.form == "rms":
+        # y = n * weight, n = x r, r = (mean(x^2) + eps)^(-1/2)  ->  dx = r (dn - n mean(dn n))
+        rstd = 1 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + norm.eps)
+        normed = x * rstd
+        grads[f"{prefix}.weight"] += (d_y * normed).reshape(-1, d).sum(axis=0)
+        d_normed = d_y * norm.weight.astype(d_y.dtype, copy=False)
+        return rstd * (d_normed - normed * (d_normed * normed).mean(axis=-1, keepdims=True))
     centered = x - x.mean(axis=-1, keepdims=True)
     if norm.form in ("standard", "fast-variance"):  # the same function: E[x^2] - E[x]^2 = mean(c^2)
         rstd = 1 / np.sqrt((centered * centered).mean(axis=-1, keepdims=True) + norm.eps)
@@ -104,7 +120,8 @@ def layer_norm_backward(tape: Tape, norm, prefix: str, d_y: np.ndarray, grads: G
         std = np.sqrt((centered * centered).sum(axis=-1, keepdims=True) / (d - 1))
         normed = centered / (std + norm.eps)
     grads[f"{prefix}.weight"] += (d_y * normed).reshape(-1, d).sum(axis=0)
-    grads[f"{prefix}.bias"] += d_y.reshape(-1, d).sum(axis=0)
+    if norm.bias is not None:
+        grads[f"{prefix}.bias"] += d_y.reshape(-1, d).sum(axis=0)
     d_normed = d_y * norm.weight.astype(d_y.dtype, copy=False)
     if norm.form in ("standard", "fast-variance"):
         # n = c r, r = (mean(c^2) + eps)^(-1/2). The three terms: dn itself; the mean that c
@@ -158,14 +175,14 @@ def softmax_backward(weights: np.ndarray, d_weights: np.ndarray) -> np.ndarray:
     return weights * (d_weights - (weights * d_weights).sum(axis=-1, keepdims=True))
 
 
-def scaled_dot_product_attention_backward(q, k, v, weights, mask, d_out):
-    """out = a V, a = softmax(fill where masked, else Q K^T / sqrt(K))  (section 3.2.1)  ->
+def scaled_dot_product_attention_backward(q, k, v, weights, mask, d_out, *, scaled: bool = True):
+    """out = a V, a = softmax(fill where masked, else s), s = Q K^T / sqrt(K) + bias  (section 3.2.1)  ->
 
-        da = d_out V^T,  dV = a^T d_out,  ds = softmax'(da), 0 where masked,
-        dQ = ds K / sqrt(K),  dK = ds^T Q / sqrt(K).
+        da = d_out V^T,  dV = a^T d_out,  ds = softmax'(da), 0 where masked,  dbias = ds,
+        dQ = ds K / sqrt(K),  dK = ds^T Q / sqrt(K)   (without the 1 / sqrt(K) when not `scaled`).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); weights: (B, H, Tq, Tk); d_out: (B, H, Tq, K).
-    Returns dq, dk, dv.
+    Returns dq, dk, dv and ds (B, H, Tq, Tk), the gradient of a bias added to the scores.
     """
     d_weights = d_out @ v.swapaxes(-1, -2)  # (B, H, Tq, Tk)
     d_v = weights.swapaxes(-1, -2) @ d_out  # (B, H, Tk, K)
@@ -175,26 +192,32 @@ def scaled_dot_product_attention_backward(q, k, v, weights, mask, d_out):
         # gradient reaches it. (A row with every key masked and a finite fill is a uniform
         # average: its softmax gradient is not 0 there, and must still be dropped.)
         d_scores = np.where(mask, d_scores, 0)
-    d_scores = d_scores / math.sqrt(q.shape[-1])
-    return d_scores @ k, d_scores.swapaxes(-1, -2) @ q, d_v  # (B, H, Tq, K), (B, H, Tk, K) x 2
+    d_bias = d_scores
+    if scaled:
+        d_scores = d_scores / math.sqrt(q.shape[-1])
+    return d_scores @ k, d_scores.swapaxes(-1, -2) @ q, d_v, d_bias  # (B, H, Tq, K), (B, H, Tk, K) x 2
 
 
 def merge_heads(x: np.ndarray) -> np.ndarray:
-    """(B, H, L, K) -> (B, L, D): the inverse of `MultiHeadAttention.split_heads`."""
+    """(B, H, L, K) -> (B, L, H K): the inverse of `MultiHeadAttention.split_heads`."""
     batch, heads, length, head_dim = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(batch, length, heads * head_dim)  # (B, L, D)
+    return x.transpose(0, 2, 1, 3).reshape(batch, length, heads * head_dim)  # (B, L, H K)
 
 
-def multi_head_attention_backward(tape: Tape, attn, prefix: str, d_out: np.ndarray, grads: Grads):
+def multi_head_attention_backward(tape: Tape, attn, prefix: str, d_out: np.ndarray, grads: Grads, d_bias=None):
     """MultiHead(x, memory) = Concat(heads) W_o, heads from x W_q, memory W_k, memory W_v
     (section 3.2.2). Returns (d_x, d_memory): what reaches the queries' input and what reaches
-    the keys' and values' input (the same array for self-attention: the caller adds them)."""
-    q, k, v, weights, mask = tape[attn]
-    d_concat = linear_backward(tape, attn.o_proj, f"{prefix}.o_proj", d_out, grads)  # (B, Tq, D)
+    the keys' and values' input (the same array for self-attention: the caller adds them).
+    `d_bias` (a list): where an attention with a score bias appends the bias's gradient, summed
+    over the batch (H, Tq, Tk)."""
+    q, k, v, weights, mask, biased = tape[attn]
+    d_concat = linear_backward(tape, attn.o_proj, f"{prefix}.o_proj", d_out, grads)  # (B, Tq, H K)
     # concat = heads transposed and reshaped, so its gradient splits back the same way.
     d_heads = attn.split_heads(d_concat)  # (B, H, Tq, K)
-    d_q, d_k, d_v = scaled_dot_product_attention_backward(
-        alive(q), alive(k), alive(v), alive(weights), mask, d_heads)
+    d_q, d_k, d_v, d_scores = scaled_dot_product_attention_backward(
+        alive(q), alive(k), alive(v), alive(weights), mask, d_heads, scaled=attn.scaled)
+    if biased:
+        d_bias.append(d_scores.sum(axis=0))  # (H, Tq, Tk)
     if attn.temperature != 1.0:
         d_q = d_q * attn.temperature  # q = temp * (x W_q): the saved q is the scaled one
     d_x = linear_backward(tape, attn.q_proj, f"{prefix}.q_proj", merge_heads(d_q), grads)  # (B, Tq, D)
@@ -249,30 +272,32 @@ def sublayer_backward(tape: Tape, pre_ln: bool, norm, prefix: str, fn_backward, 
     return d_sum + fn_backward(dropout_backward(d_sum, dropout, site))
 
 
-def self_attention_backward(tape: Tape, attn, prefix: str, grads: Grads):
+def self_attention_backward(tape: Tape, attn, prefix: str, grads: Grads, d_bias=None):
     """f(h) = MultiHead(h, h): queries, keys and values all come from h, so dh is their sum."""
     def backward(d_out):
-        d_x, d_memory = multi_head_attention_backward(tape, attn, prefix, d_out, grads)
+        d_x, d_memory = multi_head_attention_backward(tape, attn, prefix, d_out, grads, d_bias)
         return d_x + d_memory
     return backward
 
 
 def encoder_layer_backward(tape: Tape, layer, prefix: str, name: str, d_x: np.ndarray, grads: Grads,
-                           dropout=None) -> np.ndarray:
+                           dropout=None, d_bias=None) -> np.ndarray:
     """The encoder layer backwards: the feed-forward sublayer first, then self-attention. `name`
-    is the layer's name in the forward's records and dropout sites (`encoder.{i}`)."""
+    is the layer's name in the forward's records and dropout sites (`encoder.{i}`); `d_bias`
+    collects the self-attention's score-bias gradient (`multi_head_attention_backward`)."""
     d_x = sublayer_backward(tape, layer.pre_ln, layer.ffn_norm, f"{prefix}.ffn_norm",
                             lambda d: feed_forward_backward(tape, layer.ffn, f"{prefix}.ffn", d, grads), d_x, grads,
                             dropout, f"{name}.ffn")
     return sublayer_backward(tape, layer.pre_ln, layer.self_attn_norm, f"{prefix}.self_attn_norm",
-                             self_attention_backward(tape, layer.self_attn, f"{prefix}.self_attn", grads), d_x, grads,
-                             dropout, f"{name}.self_attn")
+                             self_attention_backward(tape, layer.self_attn, f"{prefix}.self_attn", grads, d_bias), d_x,
+                             grads, dropout, f"{name}.self_attn")
 
 
 # -- Decoder layer -----------------------------------------------------------------------------
 
 
-def decoder_layer_backward(tape: Tape, layer, prefix: str, name: str, d_x: np.ndarray, grads: Grads, dropout=None):
+def decoder_layer_backward(tape: Tape, layer, prefix: str, name: str, d_x: np.ndarray, grads: Grads, dropout=None,
+                           d_bias=None):
     """The decoder layer backwards: feed-forward, cross-attention, masked self-attention.
     Returns (d_x, d_memory): cross-attention's keys and values come from the encoder's memory."""
     d_memory = []
@@ -289,8 +314,8 @@ def decoder_layer_backward(tape: Tape, layer, prefix: str, name: str, d_x: np.nd
     d_x = sublayer_backward(tape, layer.pre_ln, layer.cross_attn_norm, f"{prefix}.cross_attn_norm",
                             cross_attention_backward, d_x, grads, dropout, f"{name}.cross_attn")
     d_x = sublayer_backward(tape, layer.pre_ln, layer.self_attn_norm, f"{prefix}.self_attn_norm",
-                            self_attention_backward(tape, layer.self_attn, f"{prefix}.self_attn", grads), d_x, grads,
-                            dropout, f"{name}.self_attn")
+                            self_attention_backward(tape, layer.self_attn, f"{prefix}.self_attn", grads, d_bias), d_x,
+                            grads, dropout, f"{name}.self_attn")
     return d_x, d_memory[0]
 
 
@@ -325,8 +350,11 @@ def encoder_backward(tape: Tape, encoder, d_memory: np.ndarray, grads: Grads, dr
     d_x = d_memory
     if encoder.norm is not None:
         d_x = layer_norm_backward(tape, encoder.norm, "encoder.norm", d_x, grads)
+    d_bias = []
     for i in reversed(range(len(encoder.layers))):
-        d_x = encoder_layer_backward(tape, encoder.layers[i], f"encoder.layers.{i}", f"encoder.{i}", d_x, grads, dropout)
+        d_x = encoder_layer_backward(tape, encoder.layers[i], f"encoder.layers.{i}", f"encoder.{i}", d_x, grads, dropout,
+                                     d_bias)
+    score_bias_backward(tape, encoder.position, "encoder.position", d_bias, grads)
     return dropout_backward(d_x, dropout, "encoder.embeddings")
 
 
@@ -336,11 +364,12 @@ def decoder_backward(tape: Tape, decoder, d_y: np.ndarray, grads: Grads, dropout
     gradients add up."""
     if decoder.norm is not None:
         d_y = layer_norm_backward(tape, decoder.norm, "decoder.norm", d_y, grads)
-    d_memory = 0
+    d_memory, d_bias = 0, []
     for i in reversed(range(len(decoder.layers))):
         d_y, d_layer_memory = decoder_layer_backward(tape, decoder.layers[i], f"decoder.layers.{i}", f"decoder.{i}",
-                                                     d_y, grads, dropout)
+                                                     d_y, grads, dropout, d_bias)
         d_memory = d_memory + d_layer_memory
+    score_bias_backward(tape, decoder.position, "decoder.position", d_bias, grads)
     return dropout_backward(d_y, dropout, "decoder.embeddings"), d_memory
 
 

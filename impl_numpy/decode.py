@@ -80,7 +80,7 @@ def start_cache(model, encoded: Encoded, length: int) -> DecoderCache:
     """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
     config = model.config
     batch = encoded.memory.shape[0]
-    shape = (batch, config.n_heads, length, config.d_model // config.n_heads)  # (B, H, L, K)
+    shape = (batch, config.n_heads, length, config.head_dim)  # (B, H, L, K)
     cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
                          tgt_ids=np.full((batch, length), config.pad_id, dtype=np.int64),
                          cross_mask=encoded.src_mask if config.cross_attn_src_mask else None)
@@ -122,7 +122,8 @@ def advance(model, tgt_ids: np.ndarray, cache: DecoderCache) -> np.ndarray:
     embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
     y = model.embed(tgt_ids, embedding, model.decoder.position, model.decoder.embedding_norm, at=t)  # (B, 1, D)
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
-    y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, cache=layer_caches(cache))
+    bias = model.decoder.position.score_bias(1, t + 1, model.dtype, first_query=t)  # (1, H, 1, t + 1), or None
+    y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, bias=bias, cache=layer_caches(cache))
     logits = model.output(y, embedding)[:, 0]  # (B, V)
     if model.final_logits_bias is not None:
         logits = logits + model.final_logits_bias.astype(logits.dtype, copy=False)

@@ -35,7 +35,7 @@ from conformance.core.inputs import (
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, record
 from conformance.core.params import prepare_params
-from conformance.core.positions import position_table
+from conformance.core.positions import offset_buckets, position_table
 from impl_numpy import backward as backprop
 from impl_numpy import decode
 from impl_numpy.blocks import product_in_blocks
@@ -130,6 +130,43 @@ class Positions:
         return term if self.pad_id is None else np.where((ids != self.pad_id)[..., None], term, 0).astype(dtype)
 
 
+    def score_bias(self, query_len: int, key_len: int, dtype, *, first_query: int = 0, tape=None):
+        """An absolute position term adds nothing to the attention scores: None."""
+        return None
+
+
+class RelativePositionBias:
+    """T5's relative position bias: no term on the embeddings; a learned (buckets, H) table whose
+    row bucket(j - i) is added to every self-attention score of query i and key j in the stack
+    (bidirectional in the encoder, causal in the decoder; `conformance.core.positions`)."""
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, *, bidirectional: bool):
+        self.relative_bias = params[f"{prefix}.relative_bias"]  # (buckets, H)
+        self.buckets = offset_buckets(config, bidirectional=bidirectional)  # (2 max_len - 1,): offset n at n + max_len - 1
+        self.max_len = config.max_len
+
+    def __call__(self, ids: np.ndarray, dtype):
+        return 0  # nothing is added to the embeddings
+
+    def at(self, position: int, ids: np.ndarray, dtype):
+        return 0
+
+    def score_bias(self, query_len: int, key_len: int, dtype, *, first_query: int = 0, tape=None) -> np.ndarray:
+        """(1, H, Tq, Tk): the bias of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1."""
+        query = first_query + np.arange(query_len)  # (Tq,)
+        buckets = self.buckets[np.arange(key_len)[None, :] - query[:, None] + self.max_len - 1]  # (Tq, Tk)
+        if tape is not None:
+            tape[self] = buckets
+        return cast(self.relative_bias[buckets], dtype).transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
+
+
+def positions(config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, dtype, *, bidirectional: bool):
+    """The stack's position term: `RelativePositionBias` for position "relative" (T5), else `Positions`."""
+    if config.position == "relative":
+        return RelativePositionBias(config, params, prefix, bidirectional=bidirectional)
+    return Positions(config, params, prefix, dtype)
+
+
 # -- Building blocks ---------------------------------------------------------------------------
 # Parameters are stored in the model's `param_dtype` and computed in its `dtype` (Flax's
 # `param_dtype` / `dtype` split): every read of a parameter goes through `cast`, which widens or
@@ -165,17 +202,21 @@ class LayerNorm:
     std-eps:        y = (x - mean) / (std + eps) * weight + bias       (unbiased std; the
                     Annotated Transformer's own LayerNorm)
     fast-variance:  as standard, with var = max(E[x^2] - E[x]^2, 0)    (Flax nn.LayerNorm)
+    rms:            y = x / sqrt(mean(x^2) + eps) * weight             (T5LayerNorm: RMSNorm, no
+                    mean, no bias)
     """
 
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
         self.weight = params[f"{prefix}.weight"]
-        self.bias = params[f"{prefix}.bias"]
+        self.bias = params.get(f"{prefix}.bias")  # None for rms
         self.eps = config.layer_norm_eps
         self.form = config.layer_norm_form
 
     def __call__(self, x: np.ndarray, *, tape=None) -> np.ndarray:
         if tape is not None:
             tape[self] = x
+        if self.form == "rms":
+            return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps) * cast(self.weight, x.dtype)
         mean = x.mean(axis=-1, keepdims=True)
         centered = x - mean
         if self.form == "standard":
@@ -229,14 +270,22 @@ def softmax(scores: np.ndarray) -> np.ndarray:
         return e / e.sum(axis=-1, keepdims=True)
 
 
-def scaled_dot_product_attention(q, k, v, mask, fill: float):
-    """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
+def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = True, bias=None):
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(K) + bias) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
     None. Masked scores are replaced by `fill` before the softmax. Returns the output
     (B, H, Tq, K) and the weights (B, H, Tq, Tk).
+
+    `scaled=False` (keyword-only) drops the 1 / sqrt(K) (T5: scores = Q K^T); `bias` (keyword-only),
+    broadcastable to (B, H, Tq, Tk), is added to the scores before the mask (T5's relative
+    position bias, `score_bias`).
     """
-    scores = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    scores = q @ k.swapaxes(-1, -2)  # (B, H, Tq, Tk)
+    if scaled:
+        scores = scores / math.sqrt(q.shape[-1])
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = np.where(mask, scores, fill)
     weights = softmax(scores)  # (B, H, Tq, Tk)
@@ -253,12 +302,14 @@ class MultiHeadAttention:
         self.v_proj = Linear(params, f"{prefix}.v_proj")
         self.o_proj = Linear(params, f"{prefix}.o_proj")
         self.n_heads = config.n_heads
+        self.head_dim = config.head_dim
         self.fill = config.mask_fill
         self.temperature = config.attention_temp
+        self.scaled = config.scale_scores
 
     def split_heads(self, x: np.ndarray) -> np.ndarray:
-        batch, length, d_model = x.shape
-        x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
+        batch, length, _ = x.shape
+        x = x.reshape(batch, length, self.n_heads, self.head_dim)  # (B, L, H, K)
         return x.transpose(0, 2, 1, 3)  # (B, H, L, K)
 
     def queries(self, x: np.ndarray, *, tape=None) -> np.ndarray:
@@ -267,9 +318,10 @@ class MultiHeadAttention:
         q = self.split_heads(self.q_proj(x, tape=tape))  # (B, H, Tq, K)
         return q if self.temperature == 1.0 else q * self.temperature
 
-    def __call__(self, x: np.ndarray, memory: np.ndarray, mask, *, tape=None, cache=None):
+    def __call__(self, x: np.ndarray, memory: np.ndarray, mask, *, bias=None, tape=None, cache=None):
         """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention).
 
+        `bias` (keyword-only): added to the scores, (1, H, Tq, Tk) (T5's relative position bias).
         `cache` (keyword-only; a cached decoding step, impl_numpy/decode.py): where the keys and
         values come from instead, `cache.keys_values(self, memory)`."""
         q = self.queries(x, tape=tape)  # (B, H, Tq, K)
@@ -277,11 +329,11 @@ class MultiHeadAttention:
             k, v = self.keys_values(memory, tape=tape)  # (B, H, Tk, K) each
         else:
             k, v = cache.keys_values(self, memory)
-        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias)
         if tape is not None:
-            tape[self] = (q, k, v, weights, mask)
+            tape[self] = (q, k, v, weights, mask, bias is not None)
         batch, _, length, _ = heads.shape
-        concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, D)
+        concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, H K)
         return self.o_proj(concat, tape=tape), weights
 
     def keys_values(self, memory: np.ndarray, *, tape=None) -> tuple[np.ndarray, np.ndarray]:
@@ -341,10 +393,11 @@ class EncoderLayer:
         self.pre_ln = config.norm_placement == "pre"
 
     def __call__(self, x: np.ndarray, src_mask, name: str, out: ModelOutput | Encoded, *,
-                 dropout=None, tape=None) -> np.ndarray:
+                 bias=None, dropout=None, tape=None) -> np.ndarray:
+        # `bias`: the self-attention's score bias (T5's relative positions), or None.
         # Self-attention: each source position attends to every unmasked source position.
         x, out.attention[f"{name}.self"] = sublayer(
-            x, lambda h: self.self_attn(h, h, src_mask, tape=tape), self.self_attn_norm, self.pre_ln,
+            x, lambda h: self.self_attn(h, h, src_mask, bias=bias, tape=tape), self.self_attn_norm, self.pre_ln,
             dropout, f"{name}.self_attn", tape=tape)
         out.intermediates[f"{name}.self_attn"] = x
 
@@ -369,12 +422,13 @@ class DecoderLayer:
         self.pre_ln = config.norm_placement == "pre"
 
     def __call__(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                 dropout=None, tape=None, cache=None) -> np.ndarray:
+                 bias=None, dropout=None, tape=None, cache=None) -> np.ndarray:
+        # `bias`: the self-attention's score bias (T5's relative positions), or None.
         # `cache`: the (self, cross) attentions' key and value sources of a cached step (decode.py).
         self_cache, cross_cache = (None, None) if cache is None else cache
         # Masked self-attention: position t attends to target positions <= t.
         x, out.attention[f"{name}.self"] = sublayer(
-            x, lambda h: self.self_attn(h, h, tgt_mask, tape=tape, cache=self_cache), self.self_attn_norm,
+            x, lambda h: self.self_attn(h, h, tgt_mask, bias=bias, tape=tape, cache=self_cache), self.self_attn_norm,
             self.pre_ln, dropout, f"{name}.self_attn", tape=tape)
         out.intermediates[f"{name}.self_attn"] = x
 
@@ -410,15 +464,16 @@ class Encoder:
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], dtype):
         self.config = config
         self.embedding = Embedding(config, params, "encoder.embedding")
-        self.position = Positions(config, params, "encoder.position", dtype)
+        self.position = positions(config, params, "encoder.position", dtype, bidirectional=True)
         self.embedding_norm = LayerNorm(config, params, "encoder.embedding_norm") if config.embedding_norm else None
         self.layers = [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)]
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
 
     def __call__(self, x: np.ndarray, src_mask, out: Encoded, *, dropout=None, tape=None) -> np.ndarray:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
+        bias = self.position.score_bias(x.shape[1], x.shape[1], x.dtype, tape=tape)  # (1, H, S, S), or None
         for i, layer in enumerate(self.layers):
-            x = layer(x, self_mask, f"encoder.{i}", out, dropout=dropout, tape=tape)
+            x = layer(x, self_mask, f"encoder.{i}", out, bias=bias, dropout=dropout, tape=tape)
         if self.norm is not None:
             x = self.norm(x, tape=tape)
         out.intermediates["encoder.output"] = x
@@ -429,15 +484,18 @@ class Decoder:
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], dtype):
         # With shared embeddings the decoder reads the encoder's table (see Model.decode).
         self.embedding = None if config.share_embeddings else Embedding(config, params, "decoder.embedding")
-        self.position = Positions(config, params, "decoder.position", dtype)
+        self.position = positions(config, params, "decoder.position", dtype, bidirectional=False)
         self.embedding_norm = LayerNorm(config, params, "decoder.embedding_norm") if config.embedding_norm else None
         self.layers = [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)]
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
-    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, dropout=None, tape=None,
+    def __call__(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, bias=None, dropout=None, tape=None,
                  cache=None) -> np.ndarray:
+        # `bias`: the self-attention's score bias (a cached step's row of it); None: the stack's own.
+        if bias is None:
+            bias = self.position.score_bias(x.shape[1], x.shape[1], x.dtype, tape=tape)  # (1, H, T, T), or None
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, dropout=dropout, tape=tape,
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, bias=bias, dropout=dropout, tape=tape,
                       cache=None if cache is None else cache[i])
         if self.norm is not None:
             x = self.norm(x, tape=tape)

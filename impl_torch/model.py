@@ -41,7 +41,7 @@ from conformance.core.inputs import (
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, record
 from conformance.core.params import param_shapes, prepare_params
-from conformance.core.positions import position_table
+from conformance.core.positions import offset_buckets, position_table
 from impl_torch import decode, graphs
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 from impl_torch.blocks import product_in_blocks
@@ -154,6 +154,47 @@ class Positions(nn.Module):
         return term if self.pad_id is None else torch.where((ids != self.pad_id)[..., None], term, 0.0)
 
 
+    def score_bias(self, query_len: int, key_len: int, dtype: torch.dtype, *, first_query: int = 0):
+        """An absolute position term adds nothing to the attention scores: None."""
+        return None
+
+
+class RelativePositionBias(nn.Module):
+    """T5's relative position bias: no term on the embeddings; a learned (buckets, H) table whose
+    row bucket(j - i) is added to every self-attention score of query i and key j in the stack
+    (bidirectional in the encoder, causal in the decoder; `conformance.core.positions`)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool):
+        super().__init__()
+        self.relative_bias = nn.Parameter(torch.empty(config.relative_buckets, config.n_heads, dtype=dtype))  # (buckets, H)
+        buckets = offset_buckets(config, bidirectional=bidirectional)  # (2 max_len - 1,): offset n at n + max_len - 1
+        self.register_buffer("buckets", torch.as_tensor(buckets).to(torch.get_default_device()), persistent=False)
+        self.max_len = config.max_len
+
+    def extra_repr(self) -> str:
+        return f"relative bias {tuple(self.relative_bias.shape)}"
+
+    def forward(self, ids: torch.Tensor, dtype: torch.dtype):
+        return 0  # nothing is added to the embeddings
+
+    def at(self, position: int, ids: torch.Tensor, dtype: torch.dtype):
+        return 0
+
+    def score_bias(self, query_len: int, key_len: int, dtype: torch.dtype, *, first_query: int = 0) -> torch.Tensor:
+        """(1, H, Tq, Tk): the bias of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1."""
+        device = self.buckets.device
+        query = first_query + torch.arange(query_len, device=device)  # (Tq,)
+        buckets = self.buckets[torch.arange(key_len, device=device)[None, :] - query[:, None] + self.max_len - 1]
+        return cast(self.relative_bias[buckets], dtype).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
+
+
+def positions(config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool):
+    """The stack's position term: `RelativePositionBias` for position "relative" (T5), else `Positions`."""
+    if config.position == "relative":
+        return RelativePositionBias(config, dtype, bidirectional=bidirectional)
+    return Positions(config, dtype)
+
+
 # -- Building blocks ---------------------------------------------------------------------------
 # Parameters are stored in the model's `param_dtype` and computed in its `dtype` (Flax's
 # `param_dtype` / `dtype` split): every read of a parameter goes through `cast`, which widens or
@@ -173,6 +214,7 @@ def cast(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
     """float16 / bfloat16 -> float32; float32 and float64 unchanged."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
 
 
 class Linear(nn.Module):
@@ -208,6 +250,8 @@ class LayerNorm(nn.Module):
     std-eps:        y = (x - mean) / (std + eps) * weight + bias       (unbiased std; the
                     Annotated Transformer's own LayerNorm)
     fast-variance:  as standard, with var = max(E[x^2] - E[x]^2, 0)    (Flax nn.LayerNorm)
+    rms:            y = x / sqrt(mean(x^2) + eps) * weight             (T5LayerNorm: RMSNorm, no
+                    mean, no bias)
 
     Statistics and the affine are computed in at least float32 (float16 would lose the mean of a
     large residual) and cast once at the end, as JAX does.
@@ -216,7 +260,8 @@ class LayerNorm(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(config.d_model, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(config.d_model, dtype=dtype))
+        rms = config.layer_norm_form == "rms"
+        self.bias = None if rms else nn.Parameter(torch.empty(config.d_model, dtype=dtype))
         self.eps = config.layer_norm_eps
         self.form = config.layer_norm_form
 
@@ -229,6 +274,9 @@ class LayerNorm(nn.Module):
             # inside the root), accumulating float16/bfloat16 inputs in float32.
             return F.layer_norm(x, (x.shape[-1],), cast(self.weight, x.dtype), cast(self.bias, x.dtype), self.eps)
         x32 = at_least_float32(x)
+        if self.form == "rms":
+            normed = x32 / torch.sqrt((x32 * x32).mean(dim=-1, keepdim=True) + self.eps)
+            return (normed * cast(self.weight, x.dtype)).to(x.dtype)
         mean = x32.mean(dim=-1, keepdim=True)
         centered = x32 - mean
         if self.form == "fast-variance":
@@ -274,12 +322,17 @@ def softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1)
 
 
-def scaled_dot_product_attention(q, k, v, mask, fill: float, *, empty_rows: float | None = None):
-    """Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V  (section 3.2.1).
+def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = True, bias=None,
+                                 empty_rows: float | None = None):
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(K) + bias) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
     None. Masked scores are replaced by `fill` before the softmax. Returns the output
     (B, H, Tq, K) and the weights (B, H, Tq, Tk).
+
+    `scaled=False` (keyword-only) drops the 1 / sqrt(K) (T5: scores = Q K^T); `bias` (keyword-only),
+    broadcastable to (B, H, Tq, Tk), is added to the scores before the mask (T5's relative
+    position bias, `score_bias`).
 
     `empty_rows` (keyword-only; the loss passes 0.0, docs/training.md) gives a query with no
     key to attend to weights `empty_rows` instead of the -inf fill's NaN: the row is selected out
@@ -292,7 +345,11 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, empty_rows: floa
     back to the model's dtype for the product with v.
     """
     q, k = at_least_float32(q), at_least_float32(k)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    scores = q @ k.transpose(-1, -2)  # (B, H, Tq, Tk)
+    if scaled:
+        scores = scores / math.sqrt(q.shape[-1])
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = torch.where(mask, scores, fill)
     if empty_rows is not None and mask is not None and math.isinf(fill):
@@ -303,7 +360,7 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, empty_rows: floa
     return weights @ v, weights  # (B, H, Tq, K)
 
 
-def fast_attention(q, k, v, mask, fill: float, *, empty_rows: float | None = None,
+def fast_attention(q, k, v, mask, fill: float, *, scaled: bool = True, empty_rows: float | None = None,
                    fix_ups=None) -> torch.Tensor:
     """The same attention through PyTorch's fused kernel, without the weights.
 
@@ -328,7 +385,7 @@ def fast_attention(q, k, v, mask, fill: float, *, empty_rows: float | None = Non
     impl_torch/decode.py), instead of computing it again at every call.
     """
     kernel_mask, fix, fixed = kernel_fix_ups(v, mask, fill, empty_rows) if fix_ups is None else fix_ups
-    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=kernel_mask)  # (B, H, Tq, K)
+    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=kernel_mask, scale=None if scaled else 1.0)  # (B, H, Tq, K)
     return heads if fix is None else torch.where(fix, fixed, heads)  # (B, H, Tq, K)
 
 
@@ -338,21 +395,23 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
-        d = config.d_model
-        self.q_proj = Linear(d, d, config.qkv_bias, dtype)
-        self.k_proj = Linear(d, d, config.qkv_bias, dtype)
-        self.v_proj = Linear(d, d, config.qkv_bias, dtype)
-        self.o_proj = Linear(d, d, config.out_proj_bias, dtype)
+        d, inner = config.d_model, config.inner_dim  # inner = H K: d_model unless d_head is set (T5's d_kv)
+        self.q_proj = Linear(d, inner, config.qkv_bias, dtype)
+        self.k_proj = Linear(d, inner, config.qkv_bias, dtype)
+        self.v_proj = Linear(d, inner, config.qkv_bias, dtype)
+        self.o_proj = Linear(inner, d, config.out_proj_bias, dtype)
         self.n_heads = config.n_heads
+        self.head_dim = config.head_dim
         self.fill = config.mask_fill
         self.temperature = config.attention_temp
+        self.scaled = config.scale_scores
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, mask_fill={self.fill:g}"
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, d_model = x.shape
-        x = x.view(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)
+        batch, length, _ = x.shape
+        x = x.view(batch, length, self.n_heads, self.head_dim)  # (B, L, H, K)
         return x.transpose(1, 2)  # (B, H, L, K)
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
@@ -361,10 +420,11 @@ class MultiHeadAttention(nn.Module):
         q = self.split_heads(self.q_proj(x))  # (B, H, Tq, K)
         return q if self.temperature == 1.0 else q * self.temperature
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, mask, *, return_attention: bool = True,
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, mask, *, bias=None, return_attention: bool = True,
                 empty_rows=None, cache=None):
         """x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (x itself for self-attention).
 
+        `bias` (keyword-only): added to the scores, (1, H, Tq, Tk) (T5's relative position bias).
         `cache` (keyword-only; a cached decoding step, impl_torch/decode.py): where the keys and
         values come from instead, `cache.keys_values(self, memory)`.
 
@@ -377,13 +437,16 @@ class MultiHeadAttention(nn.Module):
             k, v = self.keys_values(memory)  # (B, H, Tk, K) each
         else:
             k, v = cache.keys_values(self, memory)
-        if return_attention:
-            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, empty_rows=empty_rows)
+        if return_attention or bias is not None:  # a score bias (T5) takes the explicit path
+            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias,
+                                                          empty_rows=empty_rows)
+            weights = weights if return_attention else None
         else:
             fix_ups = None if cache is None else cache.fix_ups  # known once per search: the cross-attention's
-            heads, weights = fast_attention(q, k, v, mask, self.fill, empty_rows=empty_rows, fix_ups=fix_ups), None
+            heads, weights = fast_attention(q, k, v, mask, self.fill, scaled=self.scaled, empty_rows=empty_rows,
+                                            fix_ups=fix_ups), None
         batch, _, length, _ = heads.shape
-        concat = heads.transpose(1, 2).reshape(batch, length, -1)  # (B, Tq, D)
+        concat = heads.transpose(1, 2).reshape(batch, length, -1)  # (B, Tq, H K)
         return self.o_proj(concat), weights
 
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -404,9 +467,9 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
-        self.linear1 = Linear(config.d_model, config.d_ff, True, dtype)
-        self.gate = Linear(config.d_model, config.d_ff, True, dtype) if config.ffn_glu else None
-        self.linear2 = Linear(config.d_ff, config.d_model, True, dtype)
+        self.linear1 = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype)
+        self.gate = Linear(config.d_model, config.d_ff, config.ffn_bias, dtype) if config.ffn_glu else None
+        self.linear2 = Linear(config.d_ff, config.d_model, config.ffn_bias, dtype)
         self.activation = config.activation
 
     def extra_repr(self) -> str:
@@ -447,11 +510,12 @@ class EncoderLayer(nn.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def forward(self, x: torch.Tensor, src_mask, name: str, out: ModelOutput | Encoded, *,
-                return_attention: bool = True, dropout=None, empty_rows=None) -> torch.Tensor:
+                bias=None, return_attention: bool = True, dropout=None, empty_rows=None) -> torch.Tensor:
+        # `bias`: the self-attention's score bias (T5's relative positions), or None.
         options = {"return_attention": return_attention, "empty_rows": empty_rows}  # for each attention
         # Self-attention: each source position attends to every unmasked source position.
         x, out.attention[f"{name}.self"] = sublayer(
-            x, lambda h: self.self_attn(h, h, src_mask, **options), self.self_attn_norm, self.pre_ln,
+            x, lambda h: self.self_attn(h, h, src_mask, bias=bias, **options), self.self_attn_norm, self.pre_ln,
             dropout, f"{name}.self_attn")
         out.intermediates[f"{name}.self_attn"] = x
 
@@ -477,13 +541,14 @@ class DecoderLayer(nn.Module):
         self.pre_ln = config.norm_placement == "pre"
 
     def forward(self, x, memory, tgt_mask, cross_mask, name: str, out: ModelOutput, *,
-                return_attention: bool = True, dropout=None, empty_rows=None, cache=None) -> torch.Tensor:
+                bias=None, return_attention: bool = True, dropout=None, empty_rows=None, cache=None) -> torch.Tensor:
+        # `bias`: the self-attention's score bias (T5's relative positions), or None.
         # `cache`: the (self, cross) attentions' key and value sources of a cached step (decode.py).
         self_cache, cross_cache = (None, None) if cache is None else cache
         options = {"return_attention": return_attention, "empty_rows": empty_rows}  # for each attention
         # Masked self-attention: position t attends to target positions <= t.
         x, out.attention[f"{name}.self"] = sublayer(
-            x, lambda h: self.self_attn(h, h, tgt_mask, cache=self_cache, **options), self.self_attn_norm,
+            x, lambda h: self.self_attn(h, h, tgt_mask, bias=bias, cache=self_cache, **options), self.self_attn_norm,
             self.pre_ln, dropout, f"{name}.self_attn")
         out.intermediates[f"{name}.self_attn"] = x
 
@@ -525,7 +590,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = Embedding(config, config.src_vocab_size, dtype)
-        self.position = Positions(config, dtype)
+        self.position = positions(config, dtype, bidirectional=True)
         self.embedding_norm = LayerNorm(config, dtype) if config.embedding_norm else None
         self.layers = nn.ModuleList(EncoderLayer(config, dtype) for _ in range(config.n_encoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_encoder_norm else None
@@ -533,8 +598,10 @@ class Encoder(nn.Module):
     def forward(self, x: torch.Tensor, src_mask, out: Encoded, *, return_attention: bool = True,
                 dropout=None, empty_rows=None) -> torch.Tensor:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
+        scores = torch.promote_types(x.dtype, torch.float32)  # the dtype attention forms its scores in
+        bias = self.position.score_bias(x.shape[1], x.shape[1], scores)  # (1, H, S, S), or None
         for i, layer in enumerate(self.layers):
-            x = layer(x, self_mask, f"encoder.{i}", out, return_attention=return_attention, dropout=dropout,
+            x = layer(x, self_mask, f"encoder.{i}", out, bias=bias, return_attention=return_attention, dropout=dropout,
                       empty_rows=empty_rows)
         if self.norm is not None:
             x = self.norm(x)
@@ -548,15 +615,19 @@ class Decoder(nn.Module):
         # With shared embeddings the decoder reads the encoder's table (see Model.decode); it is
         # passed at call time, not registered here, so state_dict() holds it once.
         self.embedding = None if config.share_embeddings else Embedding(config, config.tgt_vocab_size, dtype)
-        self.position = Positions(config, dtype)
+        self.position = positions(config, dtype, bidirectional=False)
         self.embedding_norm = LayerNorm(config, dtype) if config.embedding_norm else None
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.n_decoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_decoder_norm else None
 
-    def forward(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *,
+    def forward(self, x, memory, tgt_mask, cross_mask, out: ModelOutput, *, bias=None,
                 return_attention: bool = True, dropout=None, empty_rows=None, cache=None) -> torch.Tensor:
+        # `bias`: the self-attention's score bias (a cached step's row of it); None: the stack's own.
+        if bias is None:
+            scores = torch.promote_types(x.dtype, torch.float32)  # the dtype attention forms its scores in
+            bias = self.position.score_bias(x.shape[1], x.shape[1], scores)  # (1, H, T, T), or None
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, return_attention=return_attention,
+            x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, bias=bias, return_attention=return_attention,
                       dropout=dropout, empty_rows=empty_rows, cache=None if cache is None else cache[i])
         if self.norm is not None:
             x = self.norm(x)
@@ -682,7 +753,9 @@ class Model(nn.Module):
         super()._apply(fn, recurse)
         if self._compute_dtype is not None:
             for position in (self.encoder.position, self.decoder.position):
-                if not isinstance(position.table, nn.Parameter) and position.table.dtype != self._compute_dtype:
+                if not isinstance(position, Positions) or isinstance(position.table, nn.Parameter):
+                    continue  # a stored table or T5's relative bias: parameters, recast as stored
+                if position.table.dtype != self._compute_dtype:
                     table = position_table(self.config)
                     position.table = to_torch(table, dtype_name(self._compute_dtype)).to(position.table.device)
         return self

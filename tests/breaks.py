@@ -26,22 +26,33 @@ from conformance.check import backends
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def swapped_sinusoid(max_len, d_model, form):
-    """sin and cos exchanged: the even (or first-half) dims get cos, the others sin."""
-    from conformance.core.positions import sinusoid_table
+def swapped_sinusoid(config):
+    """`position_table` with sin and cos exchanged: the even (or first-half) dims get cos, the others sin."""
+    from conformance.core.positions import position_table
 
-    table = sinusoid_table(max_len, d_model, form)
-    if form == "sinusoid-interleaved":
-        return table.reshape(max_len, d_model // 2, 2)[:, :, ::-1].reshape(max_len, d_model).copy()
+    table = position_table(config)
+    rows, d_model = table.shape
+    if config.position == "sinusoid-interleaved":
+        return table.reshape(rows, d_model // 2, 2)[:, :, ::-1].reshape(rows, d_model).copy()
     half = d_model // 2
     return np.concatenate([table[:, half:], table[:, :half]], axis=1)
 
 
-def paper_timescales_for_t2t(max_len, d_model, form):
-    """The t2t sinusoid built with the paper's timescales (spaced over D/2, not D/2 - 1)."""
-    from conformance.core.positions import sinusoid_table
+def paper_timescales_for_t2t(config):
+    """`position_table` with the t2t sinusoid built with the paper's timescales (spaced over D/2,
+    not D/2 - 1)."""
+    from conformance.core.positions import position_table, sinusoid_table
 
-    return sinusoid_table(max_len, d_model, "sinusoid-split" if form == "sinusoid-t2t" else form)
+    if config.position != "sinusoid-t2t":
+        return position_table(config)
+    return sinusoid_table(config.max_len + config.position_offset, config.d_model, "sinusoid-split")
+
+
+def shifted_buckets(config, *, bidirectional):
+    """T5's buckets per offset, read one offset off: offset n gets the bucket of n - 1."""
+    from conformance.core.positions import offset_buckets
+
+    return np.roll(offset_buckets(config, bidirectional=bidirectional), 1)
 
 
 @contextmanager
@@ -62,18 +73,18 @@ def tf32_on():
 # name -> (backend, [(text in model.py, replacement)], {module attribute: replacement})
 BREAKS = {
     "wrong LayerNorm epsilon": ("numpy", [("self.eps = config.layer_norm_eps", "self.eps = 1e-5")], {}),
-    "sin and cos swapped": ("numpy", [], {"sinusoid_table": swapped_sinusoid}),
+    "sin and cos swapped": ("numpy", [], {"position_table": swapped_sinusoid}),
     "missing embedding scale": ("numpy", [("if self.config.scale_embedding:", "if False:")], {}),
     "pre/post-LN swapped": ("numpy", [('self.pre_ln = config.norm_placement == "pre"',
                                        'self.pre_ln = config.norm_placement != "pre"')], {}),
     "causal mask shifted by one": ("numpy", [("np.tril(np.ones((length, length), dtype=bool))",
                                               "np.tril(np.ones((length, length), dtype=bool), k=1)")], {}),
     "heads split in the wrong order": ("numpy", [(
-        "x = x.reshape(batch, length, self.n_heads, d_model // self.n_heads)  # (B, L, H, K)",
-        "x = x.reshape(batch, length, d_model // self.n_heads, self.n_heads).swapaxes(2, 3)",
+        "x = x.reshape(batch, length, self.n_heads, self.head_dim)  # (B, L, H, K)",
+        "x = x.reshape(batch, length, self.head_dim, self.n_heads).swapaxes(2, 3)",
     )], {}),
     "mask fill changed": ("numpy", [("self.fill = config.mask_fill", "self.fill = -1e9")], {}),
-    "t2t sinusoid with the paper's timescales": ("numpy", [], {"sinusoid_table": paper_timescales_for_t2t}),
+    "t2t sinusoid with the paper's timescales": ("numpy", [], {"position_table": paper_timescales_for_t2t}),
     "source padding masked on the keys only": ("numpy", [('if config.src_pad_mask == "both" and src_mask is not None:',
                                                           "if False:")], {}),
     "logits not divided by sqrt(D)": ("numpy", [("        if self.scale_logits:\n", "        if False:\n")], {}),
@@ -84,6 +95,26 @@ BREAKS = {
         'self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None',
         "self.norm = None",
     )], {}),
+    # BART's learned table read from row 0, not row 2 (`BartLearnedPositionalEmbedding.offset`).
+    "position offset ignored": ("numpy", [("self.offset = config.position_offset", "self.offset = 0")], {}),
+    # M2M100's positions numbered over every token, padding included (fairseq's make_positions skips it).
+    "pad tokens numbered as positions": ("numpy", [(
+        'self.pad_id = config.pad_id if config.position_ids == "non-pad" else None', "self.pad_id = None")], {}),
+    # BART's layernorm_embedding left out of a port.
+    "embedding norm dropped": ("numpy", [(
+        'self.embedding_norm = LayerNorm(config, params, "encoder.embedding_norm") if config.embedding_norm else None',
+        "self.embedding_norm = None",
+    )], {}),
+    # T5's relative positions read one offset off (the bucket of j - i - 1 for key j, query i).
+    "relative-position bucket off by one": ("numpy", [], {"offset_buckets": shifted_buckets}),
+    # T5's RMSNorm written as a LayerNorm without its bias: the mean subtracted.
+    "RMSNorm subtracts the mean": ("numpy", [(
+        "return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps) * cast(self.weight, x.dtype)",
+        "return (x - x.mean(axis=-1, keepdims=True)) / np.sqrt(x.var(axis=-1, keepdims=True) + self.eps) "
+        "* cast(self.weight, x.dtype)",
+    )], {}),
+    # T5's unscaled scores (Q K^T) divided by sqrt(K) as in the paper.
+    "T5 scores scaled by 1/sqrt(K)": ("numpy", [("self.scaled = config.scale_scores", "self.scaled = True")], {}),
     # TF32 switched on by the backend (a `full_precision` that sets it the wrong way round): it
     # changes float32 matmuls on a GPU only, so the runner checks the switches themselves, on
     # every device (`runner.precise`).
@@ -185,6 +216,24 @@ PROPERTY_BREAKS = {
         "backward.py",
         "d_act = d_units * alive(gated)  # (B, L, F)",
         "d_act = d_units  # (B, L, F)",
+    )], {})]),
+    # nn.Embedding(padding_idx=...) ignored: the pad row gets the gradient of every pad lookup.
+    "pad embedding row gets lookup gradients": ("test_gradients", [("numpy", [(
+        "backward.py",
+        "    if embedding.padding_idx is not None:\n",
+        "    if False:\n",
+    )], {})]),
+    # T5's relative bias: the score gradient never reaches the bucket table.
+    "relative bias gets no gradient": ("test_gradients", [("numpy", [(
+        "backward.py",
+        "    if d_bias:\n",
+        "    if False:\n",
+    )], {})]),
+    # RMSNorm's gradient without the term through the root mean square of the row.
+    "RMSNorm gradient misses the normalisation term": ("test_gradients", [("numpy", [(
+        "backward.py",
+        "return rstd * (d_normed - normed * (d_normed * normed).mean(axis=-1, keepdims=True))",
+        "return rstd * d_normed",
     )], {})]),
     # A repeated training step that is not the step: what a mis-recorded CUDA graph would give
     # (impl_torch/graphs.py records a step the second time its shapes are seen). The first call on
@@ -294,14 +343,14 @@ def broken_copy(name: str, backend: str, edits, patches):
 # strategies alone miss it (checked by tests/test_suite_realistic_teeth.py either way).
 
 
-def float32_sinusoid(max_len, d_model, form):
-    """The sinusoid computed in float32 (as several tutorials do), returned as float64."""
-    return _sinusoid_in(np.float32, max_len, d_model, form)
+def float32_sinusoid(config):
+    """`position_table` computed in float32 (as several tutorials do), returned as float64."""
+    return _sinusoid_in(np.float32, config.max_len + config.position_offset, config.d_model, config.position)
 
 
-def float16_sinusoid(max_len, d_model, form):
-    """The sinusoid computed in float16, the dtype of a half-precision model."""
-    return _sinusoid_in(np.float16, max_len, d_model, form)
+def float16_sinusoid(config):
+    """`position_table` computed in float16, the dtype of a half-precision model."""
+    return _sinusoid_in(np.float16, config.max_len + config.position_offset, config.d_model, config.position)
 
 
 def _sinusoid_in(dtype, max_len, d_model, form):
@@ -350,7 +399,7 @@ REALISTIC_BREAKS = {
     )], {}, False),
     # The tame sample meets it too, barely (8 tokens: 0.07 against the table's 0.05); the long
     # anchor's 2048 tokens by far more (0.088 against its measured tolerance, `LONG_HALF_TOLERANCES`).
-    "position table computed in float16": ("torch", "float16", [], {"sinusoid_table": float16_sinusoid}, False),
+    "position table computed in float16": ("torch", "float16", [], {"position_table": float16_sinusoid}, False),
     "softmax sum accumulated in float16": ("torch", "float16", [], {"softmax": float16_sum_softmax}, True),
     # Scores formed in float16: q k^T and the fill overflow 65504.
     "attention scores in float16 without the float32 upcast": ("torch", "float16", [(
@@ -406,7 +455,8 @@ def layer_norm_backward_of_another_form(form: str):
     """`layer_norm_backward` that differentiates `form` as another form would be (the standard
     form's derivative for the Annotated Transformer's std + eps, std + eps's for the others);
     right for every other form."""
-    other = "standard" if form == "std-eps" else "std-eps"
+    # rms (no mean, no bias) is differentiated as the standard form, as if its mean were subtracted.
+    other = "standard" if form in ("std-eps", "rms") else "std-eps"
 
     def make(right):
         def layer_norm_backward(*args, **kwargs):  # the norm found by its `form`, wherever it is passed

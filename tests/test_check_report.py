@@ -51,6 +51,12 @@ FIRST_DIVERGENCE = {
     "logits not divided by sqrt(D)": "logits",
     "attention temperature ignored": "encoder.0.self",
     "GLU gate dropped": "encoder.0.ffn",
+    "position offset ignored": "encoder.embeddings",
+    "pad tokens numbered as positions": "encoder.embeddings",  # the padded source positions' terms
+    "embedding norm dropped": "encoder.embeddings",
+    "relative-position bucket off by one": "encoder.0.self",
+    "RMSNorm subtracts the mean": "encoder.0.self",  # pre-LN, as for the epsilon above
+    "T5 scores scaled by 1/sqrt(K)": "encoder.0.self",
 }
 # Breaks that change no number on a CPU (TF32 acts on GPU matmuls only): the check refuses the run
 # of that target instead, naming the switch, on every device.
@@ -65,6 +71,12 @@ SWITCHED_ON = {
     "logits not divided by sqrt(D)": dict(scale_logits=True),
     "attention temperature ignored": dict(attention_temp=4.0),
     "GLU gate dropped": dict(ffn_glu=True, activation="tanh"),
+    "position offset ignored": dict(position="table", position_offset=2),
+    "pad tokens numbered as positions": dict(position="sinusoid-fairseq", position_ids="non-pad", position_offset=2),
+    "embedding norm dropped": dict(embedding_norm=True),
+    "relative-position bucket off by one": dict(position="relative", relative_buckets=8, relative_max_distance=20),
+    "RMSNorm subtracts the mean": dict(layer_norm_form="rms"),
+    "T5 scores scaled by 1/sqrt(K)": dict(scale_scores=False),
 }
 
 

@@ -69,8 +69,10 @@ BLOCKS_IDIOM_NAMES = {
 # Method names that mean the same: torch's nn.Module runs `forward` through `__call__`.
 ALIASES = {"torch": {"forward": "__call__"}}
 # Constructors are framework idioms: torch modules create empty parameters from (config, dtype)
-# and the model loads its state dict once; NumPy and Flax wrap the given arrays by name.
+# and the model loads its state dict once; NumPy and Flax wrap the given arrays by name. A function
+# that picks which module to build (`positions`: T5's relative bias or a position term) is one.
 CONSTRUCTOR_BACKENDS = {"numpy", "jax"}
+CONSTRUCTOR_FUNCTIONS = {"positions"}
 SECTION = re.compile(r"^# -- (.+?) -+$", re.M)
 
 
@@ -141,7 +143,8 @@ def drift(reference: dict, other: dict, backend: str, file: str = "model.py") ->
         theirs = other["signatures"].get(qualname)
         if theirs is None:
             continue  # a missing name is reported above
-        if qualname.endswith("__init__") and not {REFERENCE, backend} <= CONSTRUCTOR_BACKENDS:
+        constructor = qualname.endswith("__init__") or qualname in CONSTRUCTOR_FUNCTIONS
+        if constructor and not {REFERENCE, backend} <= CONSTRUCTOR_BACKENDS:
             continue
         if params != theirs:
             problems.append(f"positional parameters of {qualname} differ: {params} vs {theirs} "
@@ -187,7 +190,7 @@ def test_drift_is_caught():
             r"def forward\(self, x: torch.Tensor, src_mask, name: str, out",
             "def forward(self, x: torch.Tensor, src_mask, name: str, extra, out", text, count=1),
         "docstring of scaled_dot_product_attention differs": text.replace(
-            "Attention(Q, K, V) = softmax(Q K^T / sqrt(K)) V", "Attention(Q, K, V) = softmax(Q K^T) V"),
+            "Attention(Q, K, V) = softmax(Q K^T / sqrt(K) + bias) V", "Attention(Q, K, V) = softmax(Q K^T) V"),
     }
     for expected, broken in cases.items():
         assert broken != text, f"the planted drift for {expected!r} did not apply"

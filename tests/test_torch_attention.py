@@ -128,11 +128,11 @@ def test_fully_masked_rows_nan_for_minus_inf_and_uniform_for_a_finite_fill():
 SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
-def kernel_that_skips_masked_keys(q, k, v, attn_mask=None):
+def kernel_that_skips_masked_keys(q, k, v, attn_mask=None, scale=None):
     """A stand-in for fused kernels that never read a key masked for the whole block: masked
     keys contribute exactly nothing, not 0 * v (so a NaN value there does not spread)."""
     keep = attn_mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]).any(dim=-2)[..., None]  # (B, H, Tk, 1)
-    return SDPA(q, k.where(keep, 0), v.where(keep, 0), attn_mask=attn_mask)
+    return SDPA(q, k.where(keep, 0), v.where(keep, 0), attn_mask=attn_mask, scale=scale)
 
 
 def test_nan_values_spread_even_when_the_kernel_skips_masked_keys(monkeypatch):
@@ -146,9 +146,10 @@ def test_nan_values_spread_even_when_the_kernel_skips_masked_keys(monkeypatch):
     assert impl_torch.fast_attention(q, k, v, mask, -1e9).isnan().all()
 
 
-def kernel_with_nan_empty_rows(q, k, v, attn_mask=None):
+def kernel_with_nan_empty_rows(q, k, v, attn_mask=None, scale=None):
     """A stand-in for kernels whose empty rows are 0 / 0 = NaN, in the forward and the backward."""
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~attn_mask, -math.inf)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~attn_mask, -math.inf)
     return torch.softmax(scores, dim=-1) @ v
 
 

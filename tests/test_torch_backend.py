@@ -140,15 +140,16 @@ def test_default_params_and_dtype_follow_numpy():
 
 
 def swap_sin_and_cos(monkeypatch):
-    original = impl_torch.model.sinusoid_table
+    original = impl_torch.model.position_table
 
-    def swapped(max_len, d_model, form):
-        table = original(max_len, d_model, form)
-        if form == "sinusoid-interleaved":  # (L, D/2, [sin, cos]) -> (L, D/2, [cos, sin])
-            return table.reshape(max_len, d_model // 2, 2)[:, :, ::-1].reshape(max_len, d_model)
+    def swapped(config):
+        table = original(config)
+        rows, d_model = table.shape
+        if config.position == "sinusoid-interleaved":  # (L, D/2, [sin, cos]) -> (L, D/2, [cos, sin])
+            return table.reshape(rows, d_model // 2, 2)[:, :, ::-1].reshape(rows, d_model)
         return np.concatenate([table[:, d_model // 2:], table[:, : d_model // 2]], axis=1)
 
-    monkeypatch.setattr(impl_torch.model, "sinusoid_table", swapped)
+    monkeypatch.setattr(impl_torch.model, "position_table", swapped)
 
 
 def layer_norm_eps_ten_times_too_large(monkeypatch):

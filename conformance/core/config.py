@@ -19,8 +19,8 @@ from typing import Any, Mapping
 from conformance.core.errors import ConfigError
 
 NORM_PLACEMENTS = ("post", "pre")
-LAYER_NORM_FORMS = ("standard", "std-eps", "fast-variance")
-POSITIONS = ("sinusoid-interleaved", "sinusoid-split", "sinusoid-t2t", "sinusoid-fairseq", "table")
+LAYER_NORM_FORMS = ("standard", "std-eps", "fast-variance", "rms")
+POSITIONS = ("sinusoid-interleaved", "sinusoid-split", "sinusoid-t2t", "sinusoid-fairseq", "table", "relative")
 POSITION_IDS = ("arange", "non-pad")
 PAD_MASK_SIDES = ("keys", "queries", "both", "none")
 SRC_PAD_MASK_SIDES = ("keys", "both")
@@ -40,7 +40,8 @@ MAX_LEN_LIMIT = 65536
 # predates it and meant its default, which is the behaviour every backend had before the field
 # existed; every other field must be named by a stored config (see `from_dict(complete=True)`).
 ADDED_FIELDS = ("src_pad_mask", "scale_logits", "ffn_glu", "attention_temp", "position_offset", "position_ids",
-                "embedding_norm", "freeze_pad_embedding")
+                "embedding_norm", "freeze_pad_embedding", "d_head", "scale_scores", "relative_buckets",
+                "relative_max_distance", "ffn_bias")
 
 _SIZE_FIELDS = (
     "src_vocab_size",
@@ -60,6 +61,9 @@ class ModelConfig:
         src_vocab_size, tgt_vocab_size: token vocabularies (V_src, V). Logits are over the target
             vocabulary.
         d_model (D), n_heads (H), d_ff (F): the paper's d_model, h and d_ff (section 3.2.2, 3.3).
+        d_head: K, the size of one head; 0 (the paper's) means d_model / n_heads. T5's `d_kv` is
+            set on its own (mT5-small: d_model 512, 6 heads of 64), so the attention's inner width
+            H * K may differ from D: q, k, v are (D, H K) and o is (H K, D).
         n_encoder_layers, n_decoder_layers: stack depths (the paper's N; 0 is allowed, giving a
             model that is only embeddings, final norms and the output projection).
         max_len: the longest source or target sequence accepted; also the rows of a stored table.
@@ -74,7 +78,9 @@ class ModelConfig:
             "std-eps" is the Annotated Transformer's `(x - mean) / (std + eps)` with the unbiased
             standard deviation; "fast-variance" is Flax `nn.LayerNorm`'s default
             (`use_fast_variance=True`): the same as "standard" but with the variance computed as
-            `max(E[x^2] - E[x]^2, 0)`, which cancels when |mean| >> std.
+            `max(E[x^2] - E[x]^2, 0)`, which cancels when |mean| >> std; "rms" is T5's
+            `T5LayerNorm` (RMSNorm): `x / sqrt(mean(x^2) + eps) * weight`, no mean, no bias
+            parameter, its statistics in at least float32.
 
     Embeddings and positions:
         scale_embedding: multiply token embeddings by sqrt(d_model) before adding positions
@@ -87,6 +93,13 @@ class ModelConfig:
             computed in float32 as `torch` does there, and the row of `pad_id` zero), or "table" (a
             stored `(max_len + position_offset, D)` table per stack: learned, or a sinusoid saved as
             a buffer).
+        relative_buckets, relative_max_distance: with position "relative" (T5), no position term
+            is added to the embeddings; instead each stack learns a bias (relative_buckets, H),
+            `{encoder,decoder}.position.relative_bias`, added to every layer's self-attention
+            scores at (query i, key j) from the bucket of j - i (`relative_position_buckets`:
+            T5's `_relative_position_bucket`, bidirectional in the encoder, causal in the
+            decoder; exact up to a quarter (encoder) or half (decoder) of the buckets, then
+            logarithmic up to relative_max_distance). Cross-attention has no bias.
         position_offset: position p reads row `p + position_offset` of the position table, whose
             first rows are never read: 2 in BART and mBART (`BartLearnedPositionalEmbedding.offset`)
             and in M2M100/NLLB (`padding_idx + 1`), 0 elsewhere.
@@ -105,6 +118,8 @@ class ModelConfig:
             PyTorch, where padding_idx masks the lookup's backward only. The forward is unchanged.
 
     Attention:
+        scale_scores: scores are Q K^T / sqrt(K) (the paper, section 3.2.1); False is T5's Q K^T,
+            whose initialisation folds the scale into W_q.
         qkv_bias: the q, k and v projections have a bias.
         out_proj_bias: the attention output projection has a bias.
         mask_fill: the value written over masked scores before the softmax. `-inf` makes a row
@@ -140,6 +155,7 @@ class ModelConfig:
             WMT workload `WmtWorkloadGLUTanH`: `MlpBlock` in `algoperf/workloads/wmt/wmt_jax/models.py`
             (`Dense_0` activated, `Dense_1` the gate, `Dense_2` the output) and `_ff_block` in
             `wmt_pytorch/models.py` (`linear1` activated, `linear_glu` the gate).
+        ffn_bias: linear1, linear2 (and the gate) have biases; T5 has none.
         output_bias: the output projection has its own bias `output.bias`.
         final_logits_bias: a separate `final_logits_bias` vector added to the logits (Marian).
         scale_logits: divide `y W_out` by sqrt(D) before any bias (Flax `examples/wmt` with
@@ -151,6 +167,7 @@ class ModelConfig:
     d_model: int = 32
     n_heads: int = 4
     d_ff: int = 64
+    d_head: int = 0
     n_encoder_layers: int = 2
     n_decoder_layers: int = 2
     max_len: int = 64
@@ -166,10 +183,13 @@ class ModelConfig:
     position_offset: int = 0
     position_ids: str = "arange"
     embedding_norm: bool = False
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
     share_embeddings: bool = False
     tie_output: bool = False
     freeze_pad_embedding: bool = False
 
+    scale_scores: bool = True
     qkv_bias: bool = True
     out_proj_bias: bool = True
     attention_temp: float = 1.0
@@ -181,6 +201,7 @@ class ModelConfig:
 
     activation: str = "relu"
     ffn_glu: bool = False
+    ffn_bias: bool = True
     output_bias: bool = True
     final_logits_bias: bool = False
     scale_logits: bool = False
@@ -207,8 +228,13 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        """K, the size of one head: d_model / n_heads (section 3.2.2)."""
-        return self.d_model // self.n_heads
+        """K, the size of one head: d_head, or d_model / n_heads (section 3.2.2)."""
+        return self.d_head or self.d_model // self.n_heads
+
+    @property
+    def inner_dim(self) -> int:
+        """H * K, the width of the concatenated heads (d_model unless d_head says otherwise)."""
+        return self.n_heads * self.head_dim
 
     def validate(self) -> None:
         """Raise `ConfigError` (a `ValueError`) naming the first field that is not valid."""
@@ -239,7 +265,15 @@ class ModelConfig:
         for name in ("n_encoder_layers", "n_decoder_layers"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
+        if self.d_head < 0:
+            raise ConfigError("d_head", f"must be >= 0 (0: d_model / n_heads), got {self.d_head}")
+        if self.relative_buckets < 4:
+            raise ConfigError("relative_buckets", f"must be >= 4 (the encoder halves them, then halves again for "
+                                                  f"the exact ones), got {self.relative_buckets}")
+        if self.relative_max_distance <= self.relative_buckets // 2:
+            raise ConfigError("relative_max_distance", f"must exceed relative_buckets // 2 = {self.relative_buckets // 2} "
+                                                       f"(the last exact distance), got {self.relative_max_distance}")
+        if not self.d_head and self.d_model % self.n_heads:
             raise ConfigError(
                 "n_heads", f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
             )

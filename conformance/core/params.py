@@ -6,12 +6,14 @@ Flax state and the checkpoint file all use exactly these names. Matrices are sto
 
     encoder.embedding.weight                      (V_src, D)
     encoder.position.table                        (max_len + position_offset, D)   position == "table"
+    encoder.position.relative_bias                (relative_buckets, H)   position == "relative"
     encoder.embedding_norm.{weight,bias}          (D,)          embedding_norm
-    encoder.layers.{i}.self_attn.{q,k,v,o}_proj.weight  (D, D)
-    encoder.layers.{i}.self_attn.{q,k,v}_proj.bias      (D,)     qkv_bias
+    encoder.layers.{i}.self_attn.{q,k,v}_proj.weight    (D, H K)  (H K = D unless d_head is set)
+    encoder.layers.{i}.self_attn.o_proj.weight          (H K, D)
+    encoder.layers.{i}.self_attn.{q,k,v}_proj.bias      (H K,)   qkv_bias
     encoder.layers.{i}.self_attn.o_proj.bias            (D,)     out_proj_bias
-    encoder.layers.{i}.self_attn_norm.{weight,bias}     (D,)
-    encoder.layers.{i}.ffn.linear1.{weight,bias}        (D, F), (F,)
+    encoder.layers.{i}.self_attn_norm.{weight,bias}     (D,)     (no bias: layer_norm_form "rms")
+    encoder.layers.{i}.ffn.linear1.{weight,bias}        (D, F), (F,)    (biases: ffn_bias)
     encoder.layers.{i}.ffn.gate.{weight,bias}           (D, F), (F,)    ffn_glu
     encoder.layers.{i}.ffn.linear2.{weight,bias}        (F, D), (D,)
     encoder.layers.{i}.ffn_norm.{weight,bias}           (D,)
@@ -45,26 +47,34 @@ Shape = tuple[int, ...]
 
 
 def _attention_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
-    d = config.d_model
+    d, inner = config.d_model, config.inner_dim
     shapes: dict[str, Shape] = {}
-    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        shapes[f"{prefix}.{proj}.weight"] = (d, d)
-        has_bias = config.out_proj_bias if proj == "o_proj" else config.qkv_bias
-        if has_bias:
-            shapes[f"{prefix}.{proj}.bias"] = (d,)
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        shapes[f"{prefix}.{proj}.weight"] = (d, inner)
+        if config.qkv_bias:
+            shapes[f"{prefix}.{proj}.bias"] = (inner,)
+    shapes[f"{prefix}.o_proj.weight"] = (inner, d)
+    if config.out_proj_bias:
+        shapes[f"{prefix}.o_proj.bias"] = (d,)
     return shapes
 
 
 def _norm_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
+    if config.layer_norm_form == "rms":  # T5's RMSNorm: a scale, no bias
+        return {f"{prefix}.weight": (config.d_model,)}
     return {f"{prefix}.weight": (config.d_model,), f"{prefix}.bias": (config.d_model,)}
 
 
+def _linear_shapes(prefix: str, d_in: int, d_out: int, bias: bool) -> dict[str, Shape]:
+    return {f"{prefix}.weight": (d_in, d_out), **({f"{prefix}.bias": (d_out,)} if bias else {})}
+
+
 def _ffn_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
-    d, f = config.d_model, config.d_ff
-    shapes = {f"{prefix}.linear1.weight": (d, f), f"{prefix}.linear1.bias": (f,)}
+    d, f, bias = config.d_model, config.d_ff, config.ffn_bias
+    shapes = _linear_shapes(f"{prefix}.linear1", d, f, bias)
     if config.ffn_glu:
-        shapes |= {f"{prefix}.gate.weight": (d, f), f"{prefix}.gate.bias": (f,)}
-    return shapes | {f"{prefix}.linear2.weight": (f, d), f"{prefix}.linear2.bias": (d,)}
+        shapes |= _linear_shapes(f"{prefix}.gate", d, f, bias)
+    return shapes | _linear_shapes(f"{prefix}.linear2", f, d, bias)
 
 
 def param_shapes(config: ModelConfig) -> dict[str, Shape]:
@@ -73,6 +83,8 @@ def param_shapes(config: ModelConfig) -> dict[str, Shape]:
     shapes: dict[str, Shape] = {"encoder.embedding.weight": (config.src_vocab_size, d)}
     if config.position == "table":
         shapes["encoder.position.table"] = (config.max_len + config.position_offset, d)
+    elif config.position == "relative":
+        shapes["encoder.position.relative_bias"] = (config.relative_buckets, config.n_heads)
     if config.embedding_norm:
         shapes |= _norm_shapes("encoder.embedding_norm", config)
     for i in range(config.n_encoder_layers):
@@ -88,6 +100,8 @@ def param_shapes(config: ModelConfig) -> dict[str, Shape]:
         shapes["decoder.embedding.weight"] = (config.tgt_vocab_size, d)
     if config.position == "table":
         shapes["decoder.position.table"] = (config.max_len + config.position_offset, d)
+    elif config.position == "relative":
+        shapes["decoder.position.relative_bias"] = (config.relative_buckets, config.n_heads)
     if config.embedding_norm:
         shapes |= _norm_shapes("decoder.embedding_norm", config)
     for i in range(config.n_decoder_layers):
@@ -153,6 +167,12 @@ def _init_std(name: str, shape: Shape, config: ModelConfig) -> tuple[float, floa
         return 0.0, 0.2
     if leaf == "table":
         return 0.0, 0.5
+    if leaf == "relative_bias":  # added to the scores: O(1), so that a wrong bucket is visible
+        return 0.0, 1.0
+    if name.endswith("q_proj.weight") and not config.scale_scores:
+        # T5's initialisation folds the 1 / sqrt(K) it leaves out of the scores into W_q
+        # (`T5PreTrainedModel._init_weights`: std (D K)^-1/2), so its scores are of the paper's size.
+        return 0.0, (shape[0] * config.head_dim) ** -0.5
     if name.endswith("embedding.weight"):
         # Scaled by sqrt(D) in the forward pass when scale_embedding is set (section 3.4).
         return 0.0, config.d_model**-0.5 if config.scale_embedding else 0.5

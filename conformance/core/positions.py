@@ -14,6 +14,16 @@ fairseq (fairseq's and M2M100/NLLB's `get_embedding`): t2t's split and timescale
     float32 throughout as PyTorch computes it there (float32 positions times float32 timescales),
     with the row of the padding id set to zero.
 
+relative (T5): no term is added to the embeddings. A learned bias per stack and head is added to
+    the self-attention scores instead, looked up by the bucket of the key's offset from the query
+    (`relative_position_buckets`, T5's `_relative_position_bucket`):
+
+    n = j - i (key j, query i); bidirectional (encoder): N = buckets / 2, bucket = N [n > 0] + b(|n|);
+    causal (decoder): N = buckets, bucket = b(max(-n, 0)); with E = N / 2 exact buckets,
+        b(m) = m                                                           for m < E
+        b(m) = min(E + trunc(log(m / E) / log(max_distance / E) * (N - E)), N - 1)   otherwise,
+    the logarithm taken in float32, as transformers (and so the checkpoints' training) take it.
+
 The table is a constant of the config, so every backend takes it from here and casts it to its
 own dtype: computing it in float32 instead (as several tutorials do) moves angles by about
 `pos * 6e-8`, which is a visible error at long positions.
@@ -86,3 +96,37 @@ def _fairseq_table(max_len: int, d_model: int, pad_id: int | None) -> np.ndarray
     if pad_id is not None and pad_id < max_len:
         table[pad_id, :] = 0
     return table.astype(np.float64)
+
+
+def relative_position_bucket(offset: np.ndarray, *, bidirectional: bool, buckets: int, max_distance: int) -> np.ndarray:
+    """The bucket of each key-minus-query offset n = j - i (an int array, any shape): T5's
+    `_relative_position_bucket`, elementwise.
+
+    The logarithmic part is computed in float32 as PyTorch computes it there (a float32 log, then a
+    float32 division by log(max_distance / E) and product with N - E, truncated), because at
+    offsets such as 16, 32 and 64 the real quotient is an integer and float32's rounding decides
+    the bucket."""
+    offset = np.asarray(offset, dtype=np.int64)
+    n_buckets, bucket = buckets, np.zeros_like(offset)
+    if bidirectional:
+        n_buckets //= 2
+        bucket = bucket + (offset > 0) * n_buckets
+        distance = np.abs(offset)
+    else:
+        distance = -np.minimum(offset, 0)
+    exact = n_buckets // 2
+    with np.errstate(divide="ignore"):  # log(0) at distance 0, which is exact anyway
+        log_ratio = np.log(distance.astype(np.float32) / np.float32(exact))
+    scaled = log_ratio / np.float32(math.log(max_distance / exact)) * np.float32(n_buckets - exact)
+    large = exact + np.where(distance < exact, 0, scaled).astype(np.int64)
+    large = np.minimum(large, n_buckets - 1)
+    return bucket + np.where(distance < exact, distance, large)
+
+
+def offset_buckets(config, *, bidirectional: bool) -> np.ndarray:
+    """(2 max_len - 1,) int64: the bucket of every offset n = j - i a model of `config` can meet,
+    at index n + max_len - 1, so that the bucket of query i and key j is
+    `offset_buckets[j - i + max_len - 1]` in every backend (one gather, also for a cached step)."""
+    offsets = np.arange(-(config.max_len - 1), config.max_len)
+    return relative_position_bucket(offsets, bidirectional=bidirectional, buckets=config.relative_buckets,
+                                    max_distance=config.relative_max_distance)

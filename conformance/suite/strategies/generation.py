@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+from hypothesis import assume
 from hypothesis import strategies as st
+
+from conformance.core.inputs import nan_positions
 
 from conformance.suite.strategies.forward_cases import Case, cases
 from conformance.suite.strategies.model_configs import configs, preset_configs
@@ -53,14 +57,18 @@ def as_mode(options: tuple[tuple[str, object], ...], mode: str, seed: int, tempe
 def generation_cases(draw) -> GenerationCase:
     """Greedy or beam search (1-3 beams), Flax's beam rule, or sampling (1-3 samples per row,
     with drawn temperature, top_k, top_p and seed) over a drawn config and a source batch
-    without all-padding rows, generating at most 6 tokens, with drawn length penalty and
-    stopping rule."""
+    without all-padding rows and whose first step is not NaN, generating at most 6 tokens, with
+    drawn length penalty and stopping rule."""
     case = draw(cases(st.one_of(preset_configs(), configs(max_layers=2)), allow_empty_source_rows=False))
     config = case.config
     vocab, pad = config.tgt_vocab_size, config.pad_id
     real = st.integers(0, vocab - 1).filter(lambda i: i != pad)
     bos = draw(real)
     eos = draw(real.filter(lambda i: i != bos))
+    # A first step that is NaN (a -inf fill whose empty queries poison the memory every
+    # cross-attention reads, e.g. src_pad_mask "both" over a padded source) decodes nothing: every
+    # backend refuses it alike, with the same InputError (docs/decoding.md), so it is not a search case.
+    assume(not nan_positions(config, case.src_ids, np.full((len(case.src_ids), 1), bos)).any())
     options = (("num_beams", draw(st.sampled_from([1, 2, 3]))),
                ("length_penalty", draw(st.sampled_from([1.0, 0.0, 0.6, -0.5]))),
                ("early_stopping", draw(st.sampled_from([False, True, "never"]))),

@@ -36,6 +36,14 @@ NUMERIC_CHOICES = {
     # AlgoPerf WMT's attention temperature: 1.0 (every other system), its workload variant's 4.0,
     # and one factor below 1.
     "attention_temp": (1.0, 0.5, 4.0),
+    # Every other system (0) and BART's, mBART's and M2M100's first position row (2).
+    "position_offset": (0, 2),
+    # T5's relative positions: its own 32 buckets and 128 positions, and 8 and 20, under which the
+    # suite's lengths (up to 16) reach the logarithmic buckets (past 2 in the encoder, 4 in the decoder).
+    "relative_buckets": (32, 8),
+    "relative_max_distance": (128, 20),
+    # K from d_model / n_heads (0), or T5's d_kv set apart from it (the attention's width H K != D).
+    "d_head": (0, 4),
 }
 # The config switch values are probed on, and the covering rows start from: small, one layer a
 # side (a compile per row and function), equal vocabularies (so that shared embeddings are
@@ -137,7 +145,8 @@ def configs(draw, max_layers: int = 3, min_layers: int = 1, head_dims=(2, 4, 8, 
         layer_norm_eps=switch("layer_norm_eps"),
         layer_norm_form=switch("layer_norm_form"),
         scale_embedding=switch("scale_embedding"),
-        position=switch("position", [p for p in values["position"] if d_model >= 4 or p != "sinusoid-t2t"]),
+        position=switch("position", [p for p in values["position"]
+                                     if d_model >= 4 or p not in ("sinusoid-t2t", "sinusoid-fairseq")]),
         share_embeddings=share,
         tie_output=switch("tie_output"),
         qkv_bias=switch("qkv_bias"),
