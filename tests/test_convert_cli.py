@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conformance.convert.layout import SWITCH_FIELDS
+
 torch = pytest.importorskip("torch", reason="the CLI tests write PyTorch files")
 
 import impl_numpy  # noqa: E402
@@ -328,7 +330,7 @@ def test_layouts_shows_every_switch_a_layout_implies(tmp_path, capsys):
     status, out, _ = cli(capsys, "layouts", "hyunwoongko")
     assert status == 0
     rows = switch_rows(out)
-    assert len(rows) == 22  # every ModelConfig switch (18, plus src_pad_mask, scale_logits, ffn_glu, attention_temp)
+    assert set(rows) == SWITCH_FIELDS  # every ModelConfig switch
     # The preset's switches, and ModelConfig's defaults for the ones the preset does not set.
     assert rows["layer_norm_eps"] == ["1e-12", "preset"] and rows["scale_embedding"] == ["false", "preset"]
     assert rows["mask_fill"] == ["-10000.0", "preset"] and rows["tgt_pad_mask"] == ["queries", "preset"]

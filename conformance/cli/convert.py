@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["float64", "float32", "float16", "bfloat16"], help="cast every parameter (default: keep the stored dtype)")
     parser.add_argument("--to", metavar="LAYOUT", help="the other direction: SRC is a rosetta checkpoint, DST the "
                         "foreign file in LAYOUT's key space (.safetensors, .msgpack for Flax's msgpack, or a "
-                        "new directory: for hf-marian a Hugging Face model folder that MarianMTModel.from_pretrained "
-                        "loads, otherwise an Orbax checkpoint)")
+                        "new directory: for a Hugging Face layout (hf-marian, hf-bart, ...) a model folder that its "
+                        "from_pretrained loads, otherwise an Orbax checkpoint)")
     parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model), or the dotted path of the parameter tree in a Flax msgpack file or Orbax checkpoint (e.g. params)")
     parser.add_argument("--rename", dest="renames", action="append", default=[], metavar="OLD=NEW",
                         help="rename a key prefix before matching a layout, e.g. embed_src.=src_tok_emb.embedding. "
@@ -114,19 +114,20 @@ def run(args: argparse.Namespace) -> int:
     from conformance.convert.hf_folder import config_beside, convert_folder, is_hf_folder
 
     beside = config_beside(src)
-    if beside is not None and args.layout not in (None, "hf-marian"):
+    if beside is not None and args.layout is not None and not _reads_folders(args.layout):
         raise CheckpointError(src, f"sits beside {beside}, which describes the model; it converts with that config "
-                              f"(layout hf-marian), not --layout {args.layout}: move the file out of the folder to "
-                              "convert it on its own")
+                              f"(the layout its model_type names), not --layout {args.layout}: move the file out of "
+                              "the folder to convert it on its own")
     status = Status("rosetta convert")
     try:
         with warnings.catch_warnings(record=True) as caught, status:
             warnings.simplefilter("always", PaddingWarning)
             status(f"reading {src}")
             if is_hf_folder(src):
-                if args.layout not in (None, "hf-marian") or args.key or renames:
-                    raise CheckpointError(src, "a model folder converts with the hf-marian layout, no --key and no --rename")
-                result = convert_folder(src, dtype=args.dtype, **overrides)
+                if (args.layout is not None and not _reads_folders(args.layout)) or args.key or renames:
+                    raise CheckpointError(src, "a model folder converts with the layout its config.json's model_type "
+                                          "names (hf-marian, hf-bart, ...), no --key and no --rename")
+                result = convert_folder(src, dtype=args.dtype, layout=args.layout, **overrides)
             else:
                 arrays = read_state_dict(src, key=args.key)
                 if renames:
@@ -135,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
                     except KeyError as exc:
                         raise InputError("--rename", exc.args[0]) from None
                 if beside is not None:
-                    result = convert_folder(src.parent, dtype=args.dtype, weights=arrays, source_file=src.name, **overrides)
+                    result = convert_folder(src.parent, dtype=args.dtype, weights=arrays, source_file=src.name,
+                                            layout=args.layout, **overrides)
                 else:
                     result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name},
                                             **overrides)
@@ -163,6 +165,13 @@ def run(args: argparse.Namespace) -> int:
     if not problems:
         print("  trial forward pass (NumPy, 3 padded rows): every logit finite")
     return 0
+
+
+def _reads_folders(layout_name: str) -> bool:
+    """Whether a layout (a built-in name or a TOML file) reads Hugging Face folders (has `[hf]`)."""
+    from conformance.convert import load_layout
+
+    return load_layout(layout_name).hf is not None
 
 
 def trial_run(config, params) -> list[str]:
@@ -205,7 +214,7 @@ def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any]) -> in
         raise CheckpointError(dst, "already exists; converting never overwrites a file or directory")
     if not dst.parent.is_dir() and str(dst.parent):
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
-    folder = layout.name == "hf-marian"  # a directory is a Hugging Face model folder; for Flax, Orbax
+    folder = layout.hf is not None  # a directory is a Hugging Face model folder; for Flax, Orbax
     if dst.suffix not in (".msgpack", ".safetensors", ""):
         raise CheckpointError(dst, "name the output *.msgpack, *.safetensors, or a new directory "
                               f"({'a Hugging Face model folder' if folder else 'Orbax'})")
@@ -223,8 +232,8 @@ def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any]) -> in
     elif folder:
         from conformance.convert.hf_folder import write_folder
 
-        problems = write_folder(dst, config, exported)
-        kind = "Hugging Face folder: config.json, generation_config.json, model.safetensors"
+        problems = write_folder(dst, config, exported, layout)
+        kind = f"Hugging Face folder: {', '.join(sorted(p.name for p in dst.iterdir()))}"
     else:
         trees.write_orbax(dst, tree)
         kind = "Orbax checkpoint"

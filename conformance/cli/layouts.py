@@ -99,6 +99,17 @@ def run(args: argparse.Namespace) -> int:
         else:
             target = ", ".join(t.text for t in entry.targets)
         print(f"    {entry.source.text}\n      -> {target}{_transform(layout, entry)}")
+    if layout.hf is not None:
+        hf = layout.hf
+        print(f"  Hugging Face folders (model_type {', '.join(hf.model_types)}; {', '.join(hf.architectures)}): "
+              "config.json gives")
+        for spec in hf.fields:
+            default = f"default {spec.default!r}" if spec.has_default else "no default"
+            shift = f" = {spec.hf} + {spec.add}" if spec.add else ""
+            print(f"    {spec.hf:<26} -> {', '.join(spec.to)}{shift}  ({default})")
+        for rule in hf.unsupported:
+            print(f"    {rule.hf:<26} must be {rule.value!r}{' (transformers 3 field)' if rule.legacy else ''}: {rule.why}")
+        print(f"    generation note: {', '.join(hf.generation)}")
     if layout.taps:
         options = ", ".join(f"{k} = {v!r}" for k, v in layout.tap_options.items())
         print(f"  taps (where the system computes each tensor, for rosetta compare; {options}):")

@@ -7,8 +7,8 @@
                                        "torch-nn-transformer", n_heads=8, pad_id=0, norm_placement="post")
     state_dict = export_state_dict(config, params, "annotated-transformer")  # NumPy arrays
 
-    from conformance.convert import from_hf_marian, from_torch_nn_transformer
-    config, params = from_hf_marian(marian_mt_model)
+    from conformance.convert import from_hf, from_hf_folder, from_torch_nn_transformer
+    config, params = from_hf(model)                          # Marian, BART, mBART, M2M100/NLLB, Pegasus
     config, params = from_hf_folder("opus-mt-en-de/")        # a published folder: config.json read too
     config, params = from_torch_nn_transformer(model.transformer, model.src_tok_emb, model.tgt_tok_emb, model.generator)
 
@@ -42,7 +42,7 @@ from conformance.convert.layout import Layout, builtin_layout_names, builtin_lay
 from conformance.convert.hf_folder import from_hf_folder, is_hf_folder, read_weights
 from conformance.convert.readers import as_arrays, read_file
 from conformance.core.errors import CheckpointError
-from conformance.convert.sources import from_hf_marian, from_torch_nn_transformer
+from conformance.convert.sources import from_hf, from_hf_marian, from_torch_nn_transformer
 
 
 def read_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarray]:
@@ -118,6 +118,7 @@ __all__ = [
     "convert_arrays",
     "detect_layout",
     "export_state_dict",
+    "from_hf",
     "from_hf_folder",
     "from_hf_marian",
     "from_torch_nn_transformer",

@@ -34,9 +34,12 @@ from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, TABLES, Layou
 from conformance.convert.transforms import backward, forward, identical, recognise_positions, stored_heads
 from conformance.core.errors import ConfigError
 from conformance.core.params import PARAM_DTYPE_NAMES, check_numpy_params, param_shapes
-from conformance.core.positions import sinusoid_table
+from conformance.core.positions import position_table
 
 _CONFIG_FIELDS = SWITCH_FIELDS | SIZE_FIELDS | {"notes"}
+# Switches that change a training step and never a forward pass: exported weights compute the
+# same logits in the system whatever they say, so an export does not refuse them.
+TRAINING_ONLY = frozenset({"freeze_pad_embedding"})
 
 
 # -- Import ------------------------------------------------------------------------------------
@@ -238,9 +241,12 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
                               f"(with {key}) or {', '.join(f'{k}={v!r}' for k, v in absent.items())} (without it); this "
                               f"config's {', '.join(f'{k}={getattr(config, k)!r}' for k in present)} is neither")
     expected = system_switches(layout, target)
+    # A transformers family reads some switches from its config.json, which an export of a folder
+    # writes (and checks: hf_config.HFTable.write): like free ones, they are the user's.
+    carried = {name for spec in layout.hf.fields for name in spec.to} if layout.hf else set()
     wrong = []
     for name in sorted(SWITCH_FIELDS):
-        if name in layout.free or name in layout.inferred_names():
+        if name in layout.free or name in layout.inferred_names() or name in carried or name in TRAINING_ONLY:
             continue
         if name == "position" and layout.computes_with_stored_positions():
             continue
@@ -288,7 +294,7 @@ def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: La
     for bit. Tied duplicates are written as copies so that `load_state_dict(strict=True)` works;
     keys the layout drops are not written. A `nested` layout (Flax) is returned as its nested tree
     of dicts, ready for `Module.apply({"params": tree}, ...)`. A position table the system stores is written even
-    when the config computes a sinusoid (as `conformance.core.positions.sinusoid_table`, in the
+    when the config computes a sinusoid (as `conformance.core.positions.position_table`, in the
     parameters' dtype), since the system reads its buffer. `target` names switches of a changed
     copy of the system (see `check_exportable`).
     """
@@ -299,7 +305,7 @@ def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: La
     canonical = dict(arrays)
     if layout.stores_positions() and config.position != "table":
         dtype = next(iter(arrays.values())).dtype
-        table = sinusoid_table(config.max_len, config.d_model, config.position).astype(dtype)
+        table = position_table(config).astype(dtype)  # (max_len + position_offset, D)
         canonical.update({name: table for name in TABLES})
     plan = plan_keys(layout, canonical, config.to_dict())
     out = {fkey: backward(layout, entry, fkey, [canonical[c] for c in ckeys], ckeys, config.n_heads)

@@ -2,21 +2,26 @@
 
     from conformance.convert import from_hf_folder
     config, params = from_hf_folder("opus-mt-en-de/")          # every switch from config.json
+    config, params = from_hf_folder("bart-large-cnn/")         # any family with an [hf] layout
 
-The weights are whichever of these the folder holds (the first found):
+config.json's `model_type` picks the layout: the built-in layout whose `[hf]` table names it
+(`hf-marian`, `hf-bart`, `hf-mbart`, `hf-m2m100`, `hf-pegasus`; see docs/porting.md, "Families").
+That table says which config.json field gives which switch and size, with the config class's
+defaults, and which values the layout cannot express (a `ConfigError` naming the field); one
+reader (`conformance.convert.hf_config`) serves every family. The weights are whichever of these
+the folder holds (the first found):
 
     model.safetensors                               one file
     model.safetensors.index.json + its shards       `weight_map` names the shard of every key
     pytorch_model.bin                               a state dict, through PyTorch's weights-only unpickler
-    flax_model.msgpack                              what transformers <= 4.x wrote for Flax Marian, renamed
+    flax_model.msgpack                              what transformers <= 4.x wrote for Flax models, renamed
                                                     to PyTorch's names by transformers' own rule (below)
 
-`config.json` gives every switch the `hf-marian` layout leaves free or required (activation,
-embedding scale, pad id, head count, sizes); a field this layout cannot express is a
-`ConfigError` naming it. `generation_config.json` (or, in older folders, the same fields in
-`config.json`) is recorded in the checkpoint's notes under "generation", as JSON, for decoding.
-Nothing in the folder is executed: JSON is parsed, safetensors headers are validated, and a
-pickle goes through `torch.load(weights_only=True)`.
+`generation_config.json` (or, in older folders, the same fields in `config.json`) is recorded in
+the checkpoint's notes under "generation", as JSON, for decoding. An export (`write_folder`) is
+the inverse: config.json, generation_config.json and model.safetensors that the family's
+`from_pretrained` loads. Nothing in the folder is executed: JSON is parsed, safetensors headers are
+validated, and a pickle goes through `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
@@ -27,24 +32,13 @@ from typing import Any
 
 import numpy as np
 
+from conformance.convert.errors import KeyMismatchError
+from conformance.convert.layout import Layout, builtin_layouts, load_layout
 from conformance.convert.readers import read_file
-from conformance.convert.sources import GENERATION_KEYS, HF_ACTIVATIONS, merge_switches
+from conformance.convert.planner import merge_switches
 from conformance.core.checkpoint import read_tensors
 from conformance.core.config import ModelConfig
 from conformance.core.errors import CheckpointError, ConfigError
-
-
-# Marian-family config fields whose non-default value the hf-marian layout cannot express.
-# (field, the value Marian models have, why another one cannot be converted)
-_UNSUPPORTED = (
-    ("normalize_before", False, "pre-LN Marian/BART variants have norms the hf-marian layout does not map"),
-    ("normalize_embedding", False, "a LayerNorm on the embeddings (layernorm_embedding) is not a ModelConfig switch"),
-    ("add_final_layer_norm", False, "final encoder/decoder norms are not in the hf-marian layout"),
-    ("add_bias_logits", False, "a bias inside lm_head is not in the hf-marian layout (it has final_logits_bias)"),
-    ("static_position_embeddings", True, "learned position embeddings are not what Marian's sinusoid is"),
-    ("share_encoder_decoder_embeddings", True, "separate source and target embeddings are not in the hf-marian layout"),
-    ("tie_word_embeddings", True, "an lm_head not tied to the embedding is not in the hf-marian layout"),
-)
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -114,64 +108,48 @@ def flax_to_torch_names(flat: dict[str, np.ndarray], path: Path) -> dict[str, np
     return out
 
 
-def _field(hf: dict, name: str, path: Path, kind=int):
-    if name not in hf:
-        raise ConfigError(name, f"is missing from {path}")
-    value = hf[name]
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(name, f"{path}: must be an int, got {value!r}")
-    return value
+def hf_layouts() -> list[Layout]:
+    """The built-in layouts of transformers families (those with an `[hf]` table)."""
+    return [layout for layout in builtin_layouts() if layout.hf is not None]
 
 
-def read_switches(folder: Path) -> dict[str, Any]:
-    """ModelConfig fields from `config.json` (a Marian config), refusing what hf-marian cannot express."""
+def hf_layout(hf: dict, where: str, layout: str | Layout | None = None) -> Layout:
+    """The layout of a Hugging Face config (parsed config.json or `model.config.to_dict()`): the
+    built-in one whose `[hf]` table names its model_type, or `layout` when given (which must
+    have an `[hf]` table naming it)."""
+    model_type = hf.get("model_type")
+    if layout is not None:
+        chosen = load_layout(layout)
+        if chosen.hf is None or model_type not in chosen.hf.model_types:
+            says = f"model_type {', '.join(chosen.hf.model_types)}" if chosen.hf else "no [hf] table"
+            raise ConfigError("model_type", f"{where} says model_type {model_type!r}, but layout {chosen.name} reads "
+                              f"{says}")
+        return chosen
+    for candidate in hf_layouts():
+        if model_type in candidate.hf.model_types:
+            return candidate
+    known = ", ".join(f"{t} ({c.name})" for c in hf_layouts() for t in c.hf.model_types)
+    raise ConfigError("model_type", f"{where} says model_type {model_type!r}; the folders this converter reads say "
+                      f"one of: {known}")
+
+
+def read_switches(folder: Path, layout: str | Layout | None = None) -> tuple[Layout, dict[str, Any]]:
+    """The folder's layout and the ModelConfig fields its `config.json` gives (by the layout's
+    `[hf]` table), refusing what the layout cannot express."""
     path = folder / "config.json"
     hf = _json(path)
-    if hf.get("model_type") != "marian":
-        raise ConfigError("model_type", f"{path} says {hf.get('model_type')!r}; this reader converts Marian folders "
-                          "(model_type 'marian', layout hf-marian)")
-    for name, supported, why in _UNSUPPORTED:
-        if name in hf and hf[name] != supported:
-            raise ConfigError(name, f"{path} has {name}={hf[name]!r}: {why}")
-    vocab = _field(hf, "vocab_size", path)
-    decoder_vocab = hf.get("decoder_vocab_size")
-    if decoder_vocab is not None and decoder_vocab != vocab:
-        raise ConfigError("decoder_vocab_size", f"{path} has decoder_vocab_size={decoder_vocab} != vocab_size={vocab}: "
-                          "separate source and target vocabularies are not in the hf-marian layout")
-    pairs = {"n_heads": ("encoder_attention_heads", "decoder_attention_heads"),
-             "d_ff": ("encoder_ffn_dim", "decoder_ffn_dim")}
-    for name, (a, b) in pairs.items():
-        if _field(hf, a, path) != _field(hf, b, path):
-            raise ConfigError(name, f"{path}: {a}={hf[a]} differs from {b}={hf[b]}; ModelConfig has one {name}")
-    activation = hf.get("activation_function", "gelu")  # MarianConfig's default
-    if activation not in HF_ACTIVATIONS:
-        raise ConfigError("activation", f"{path}: activation_function {activation!r} has no ModelConfig name; known: "
-                          f"{sorted(HF_ACTIVATIONS)}")
-    scale = hf.get("scale_embedding", False)  # MarianConfig's default
-    if not isinstance(scale, bool):
-        raise ConfigError("scale_embedding", f"{path}: must be true or false, got {scale!r}")
-    return {
-        "n_heads": hf["encoder_attention_heads"], "d_ff": hf["encoder_ffn_dim"], "d_model": _field(hf, "d_model", path),
-        "n_encoder_layers": _field(hf, "encoder_layers", path), "n_decoder_layers": _field(hf, "decoder_layers", path),
-        "max_len": _field(hf, "max_position_embeddings", path), "activation": HF_ACTIVATIONS[activation],
-        "scale_embedding": scale, "pad_id": _field(hf, "pad_token_id", path),
-    }
+    chosen = hf_layout(hf, str(path), layout)
+    return chosen, chosen.hf.read(hf, str(path))
 
 
-def read_generation(folder: Path) -> dict[str, Any]:
+def read_generation(folder: Path, layout: Layout) -> dict[str, Any]:
     """Special ids and decoding defaults: generation_config.json first, then config.json."""
-    found: dict[str, Any] = {}
-    for name in ("generation_config.json", "config.json"):
-        if (folder / name).is_file():
-            data = _json(folder / name)
-            for key in GENERATION_KEYS:
-                if key in data and data[key] is not None and key not in found:
-                    found[key] = data[key]
-    return found
+    sources = [_json(folder / name) for name in ("generation_config.json", "config.json") if (folder / name).is_file()]
+    return layout.hf.generation_of(sources)
 
 
 def from_hf_folder(folder: str | Path, **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """A published Marian folder -> `(config, params)`; see the module docstring."""
+    """A published model folder -> `(config, params)`; see the module docstring."""
     result = convert_folder(folder, **overrides)
     return result.config, result.params
 
@@ -192,71 +170,93 @@ def config_beside(path: Path) -> Path | None:
 
 
 def convert_folder(folder: str | Path, *, dtype: str | None = None, weights: dict[str, np.ndarray] | None = None,
-                   source_file: str | None = None, **overrides: Any):
+                   source_file: str | None = None, layout: str | Layout | None = None, **overrides: Any):
     """The `Conversion` of a folder (config, params and the decisions made), as `rosetta convert` prints it.
 
     `weights` (with the `source_file` they were read from): one weights file of the folder, given
-    on its own, converted with the folder's config.json all the same."""
+    on its own, converted with the folder's config.json all the same. `layout`: the layout to read
+    it with (default: the one config.json's model_type names)."""
     from conformance.convert.engine import convert_arrays
 
     folder = Path(folder)
     if not is_hf_folder(folder):
         raise CheckpointError(folder, "is not a model folder (no config.json)")
-    read = read_switches(folder)
+    chosen, read = read_switches(folder, layout)
     arrays = read_weights(folder) if weights is None else weights
     values = merge_switches(read, {}, overrides, "config.json")
     notes = {"source": "Hugging Face folder", "source_file": source_file or folder.name}
-    generation = read_generation(folder)
+    generation = read_generation(folder, chosen)
     if generation:
         notes["generation"] = json.dumps(generation, sort_keys=True)
-    result = convert_arrays(arrays, "hf-marian", dtype=dtype, notes=notes, **values)
-    if source_file is not None:
-        result.decisions.insert(1, f"switches read from {folder / 'config.json'}, beside {source_file}")
+    try:
+        result = convert_arrays(arrays, chosen, dtype=dtype, notes=notes, **values)
+    except KeyMismatchError as exc:
+        raise _other_family(folder, chosen, arrays) or exc from None
+    beside = f", beside {source_file}" if source_file is not None else ""
+    result.decisions.insert(1, f"switches read from {folder / 'config.json'}{beside} (model_type "
+                               f"{read_model_type(folder)!r}, layout {chosen.name})")
     return result
 
 
-# Our activation -> the activation_function a MarianConfig spells it with (the first of HF_ACTIVATIONS).
-def _hf_activation(name: str) -> str:
-    return next(hf for hf, ours in HF_ACTIVATIONS.items() if ours == name)
+def read_model_type(folder: Path) -> Any:
+    return _json(folder / "config.json").get("model_type")
 
 
-def folder_files(config: ModelConfig) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """`(config.json, generation_config.json, warnings)` for a Marian folder of `config`: the
-    inverse of `read_switches` and `read_generation`. The special ids come from the checkpoint's
-    "generation" note (a converted folder's own); without one, Marian's convention (the decoder
-    starts with the pad id) and a warning that no end-of-sequence id is known."""
-    generation = json.loads(config.notes["generation"]) if config.notes.get("generation") else {}
+def _other_family(folder: Path, chosen: Layout, arrays: dict) -> ConfigError | None:
+    """When a folder's weights fit another family's keys exactly, its config.json names the wrong
+    model_type: say that, rather than list every key the chosen layout misses."""
+    from conformance.convert.planner import check_keys
+
+    for other in hf_layouts():
+        if other.name != chosen.name:
+            try:
+                fits = check_keys(other, arrays).exact
+            except ValueError:
+                fits = False
+            if fits:
+                return ConfigError("model_type", f"{folder / 'config.json'} says {read_model_type(folder)!r} (layout "
+                                   f"{chosen.name}), but the weights are those of layout {other.name} (model_type "
+                                   f"{', '.join(other.hf.model_types)})")
+    return None
+
+
+def folder_files(config: ModelConfig, layout: Layout) -> tuple[dict[str, Any], dict[str, Any] | None, list[str]]:
+    """`(config.json, generation_config.json or None, warnings)` for a folder of `config` in
+    `layout`'s family: the inverse of `read_switches` and `read_generation`. The special ids come
+    from the checkpoint's "generation" note (a converted folder's own); without one, the family's
+    `[hf.generation_defaults]` (Marian: the decoder starts with the pad id), or none at all."""
+    where = f"the {layout.name} system's config.json"
+    hf = layout.hf.write(config, where)
+    note = json.loads(config.notes["generation"]) if config.notes.get("generation") else {}
+    generation = {k: v for k, v in note.items() if k in layout.hf.generation}
     warnings = []
     if not generation:
-        generation = {"decoder_start_token_id": config.pad_id, "pad_token_id": config.pad_id}
-        warnings.append("the checkpoint records no generation settings (note 'generation'), so "
-                        "generation_config.json names no eos_token_id; add it before generating with transformers")
-    hf = {
-        "architectures": ["MarianMTModel"], "model_type": "marian",
-        "vocab_size": config.src_vocab_size, "decoder_vocab_size": config.tgt_vocab_size, "d_model": config.d_model,
-        "encoder_layers": config.n_encoder_layers, "decoder_layers": config.n_decoder_layers,
-        "encoder_attention_heads": config.n_heads, "decoder_attention_heads": config.n_heads,
-        "encoder_ffn_dim": config.d_ff, "decoder_ffn_dim": config.d_ff, "max_position_embeddings": config.max_len,
-        "activation_function": _hf_activation(config.activation), "scale_embedding": config.scale_embedding,
-        "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
-        **{k: generation[k] for k in ("pad_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id")
-           if k in generation},
-    }
+        generation = {name: getattr(config, field) for name, field in layout.hf.generation_defaults.items()}
+        warnings.append("the checkpoint records no generation settings (note 'generation'), so config.json names no "
+                        f"eos_token_id{' and no generation_config.json is written' if not generation else ''}: "
+                        f"transformers takes {layout.hf.architectures[0]}'s defaults for the special ids; set them "
+                        "before generating with transformers")
+    hf.update({k: generation[k] for k in layout.hf.special_ids if k in generation})
     hf["pad_token_id"] = config.pad_id  # the model's padding id, whatever decoding was given
-    return hf, generation, warnings
+    return hf, (generation or None), warnings
 
 
-def write_folder(folder: Path, config: ModelConfig, state_dict: dict[str, np.ndarray]) -> list[str]:
-    """A new folder that `MarianMTModel.from_pretrained` loads: config.json, generation_config.json
-    and model.safetensors (the hf-marian state dict, with the "pt" format mark transformers checks).
-    Returns the warnings to show. Refuses a folder that exists."""
+def write_folder(folder: Path, config: ModelConfig, state_dict: dict[str, np.ndarray],
+                 layout: str | Layout = "hf-marian") -> list[str]:
+    """A new folder that the family's `from_pretrained` loads: config.json, generation_config.json
+    (when there are generation settings) and model.safetensors (the layout's state dict, with the
+    "pt" format mark transformers checks). Returns the warnings to show. Refuses a folder that exists."""
     from conformance.core.checkpoint import write_tensors
 
+    layout = load_layout(layout)
+    if layout.hf is None:
+        raise ConfigError("layout", f"layout {layout.name} has no [hf] table: it describes no Hugging Face folder")
     if folder.exists():
         raise CheckpointError(folder, "already exists; an export writes a new folder")
-    hf, generation, warnings = folder_files(config)
+    hf, generation, warnings = folder_files(config, layout)
     folder.mkdir()
     write_tensors(folder / "model.safetensors", state_dict, {"format": "pt"})
-    for name, data in (("config.json", hf), ("generation_config.json", generation)):
+    files = [("config.json", hf)] + ([("generation_config.json", generation)] if generation else [])
+    for name, data in files:
         (folder / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return warnings

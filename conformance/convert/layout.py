@@ -38,6 +38,8 @@ documented for users in `docs/porting.md`; in short:
     ]
     batch_axis = 1                       # the system's tensors are sequence-first
     decoder_input = "shift-right"        # the system embeds shift_right(targets) itself
+    [hf]                                 # a transformers family: its config.json as data
+    model_types = ["bart"]               # (conformance.convert.hf_config)
 
 `[taps]` serves `conformance.compare` (docs/porting.md): a tensor the system does not expose is
 left out, never guessed. See `Tap` for each field.
@@ -46,7 +48,7 @@ A layout may start from another: `extends = "torch-nn-transformer"` (a built-in 
 path relative to this file) takes everything from it, and this file's tables and lists replace
 what they name: a `[keys]` entry replaces the base's entry for the same canonical key(s) (or the
 same foreign pattern), `[switches]` and `[hints]` entries replace the base's one by one, and
-`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]` and `nested` given here replace the base's whole;
+`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]`, `nested` and `[hf]` given here replace the base's whole;
 `[taps]` entries (and options) replace the base's one by one.
 
     extends = "torch-nn-transformer"
@@ -69,6 +71,7 @@ from typing import Any, Mapping
 
 from conformance.core.config import ModelConfig
 from conformance.convert.errors import KIND_WORDS, LayoutError
+from conformance.convert.hf_config import HFTable, parse_hf_table
 from conformance.convert.patterns import CAPTURE, Capture, Pattern, glob
 from conformance.core.params import param_shapes
 from conformance.core.presets import PRESETS
@@ -77,12 +80,12 @@ LAYOUT_DIR = Path(__file__).parent / "layouts"
 
 # Sizes are read from tensor shapes (or given as overrides); every other field is a switch.
 SIZE_FIELDS = frozenset({"src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len",
-                         "n_encoder_layers", "n_decoder_layers"})
+                         "n_encoder_layers", "n_decoder_layers", "d_head"})
 SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {"notes"}
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
 
 _TOP_KEYS = {"name", "description", "extends", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys", "infer",
-             "nested", "taps"}
+             "nested", "taps", "hf"}
 _ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed", "heads", "when"}
 # How a system stores a projection per head (Flax DenseGeneral): "out" is (d_in, H, K), merged
 # to (d_in, H*K); "in" is (H, K, d_out), merged to (H*K, d_out). Head h owns columns (rows)
@@ -266,6 +269,9 @@ class Layout:
     # tensors are laid out (TAP_OPTIONS).
     taps: tuple[Tap, ...] = ()
     tap_options: Mapping[str, Any] = field(default_factory=lambda: dict(TAP_DEFAULTS))
+    # [hf]: the Hugging Face family's config.json as data (conformance.convert.hf_config), for a
+    # layout whose system is a transformers model; None for every other.
+    hf: HFTable | None = None
     _drop_regex: tuple[re.Pattern, ...] = field(default=(), repr=False, compare=False)
 
     def base_switches(self) -> dict[str, Any]:
@@ -372,7 +378,7 @@ def _all_canonical_names() -> frozenset[str]:
     config = ModelConfig(
         n_encoder_layers=1, n_decoder_layers=1, position="table", qkv_bias=True, out_proj_bias=True,
         final_encoder_norm=True, final_decoder_norm=True, share_embeddings=False, tie_output=False,
-        output_bias=True, final_logits_bias=True, ffn_glu=True,
+        output_bias=True, final_logits_bias=True, ffn_glu=True, embedding_norm=True,
     )
     return frozenset(param_shapes(config))
 
@@ -527,11 +533,12 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
             sides.append(dict(table))
         infer.append((rule["key"], sides[0], sides[1]))
     taps, tap_options = _taps(data.get("taps", {}), where)
+    hf = parse_hf_table(data["hf"], where) if "hf" in data else None
     return Layout(
         name=name, description=str(data.get("description", "")), preset=preset, switches=dict(switches),
         matrices=matrices, free=frozenset(lists["free"]) | frozenset(lists["required"]),
         required=frozenset(lists["required"]), drop=tuple(lists["drop"]), entries=entries, path=path,
-        hints=dict(hints), infer=tuple(infer), nested=nested, taps=taps, tap_options=tap_options,
+        hints=dict(hints), infer=tuple(infer), nested=nested, taps=taps, tap_options=tap_options, hf=hf,
         _drop_regex=tuple(glob(d) for d in lists["drop"]),
     )
 

@@ -9,6 +9,8 @@ decides before a tensor is transformed; `conformance.convert.engine` carries the
     needs_transpose                     whether a canonical matrix is stored (out, in) there
     infer_sizes, build_config           the sizes the shapes tell; the config: the layout's
                                         switches, those sizes, then the overrides
+    merge_switches                      facts read from a model or its config.json, which an
+                                        override may not contradict
     defaulted_switches, alternatives    what the layout's defaults supplied, and how to change it
 
 `check_keys` matches every key against the layout's entries, counts the layers from the captured
@@ -317,6 +319,13 @@ def build_config(layout, canonical, origin, layers, overrides, position, rows, n
             raise ConfigError("n_heads", f"{given!r} (given) contradicts {heads[1]}, which stores {heads[0]} heads")
         values["n_heads"] = heads[0]
     if rows is not None:
+        # A table of max_len + position_offset rows: BART's first 2 are never read.
+        offset = overrides.get("position_offset", values.get("position_offset", 0))
+        if isinstance(offset, int) and not isinstance(offset, bool) and offset:
+            if rows <= offset:
+                raise ConfigError("position_offset", f"{offset}, but the stored position table has only {rows} rows: "
+                                  "position p reads row p + position_offset, so the table needs more")
+            rows -= offset
         inferred["max_len"] = (rows, TABLES[0])
     for fieldname, (value, ckey) in inferred.items():
         given = overrides.get(fieldname)
@@ -349,3 +358,11 @@ def build_config(layout, canonical, origin, layers, overrides, position, rows, n
                               f"system and is not in the tensors); give it: {fieldname}=... in Python, --set {fieldname}="
                               f"{alternatives(fieldname)} on the command line{_hint(layout, fieldname)}")
     return ModelConfig(**values, notes={**(notes or {}), "converted_from": layout.name})
+
+
+def merge_switches(read: dict[str, Any], defaults: dict[str, Any], overrides: dict[str, Any], source: str) -> dict[str, Any]:
+    """Facts read from the model cannot be overridden; defaults (the tutorial's choices) can."""
+    for name, value in overrides.items():
+        if name in read and read[name] != value:
+            raise ConfigError(name, f"{value!r} (given) contradicts the model, whose {source} has {name}={read[name]!r}")
+    return {**defaults, **read, **overrides}

@@ -14,6 +14,7 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.convert.engine import convert_arrays
+from conformance.convert.planner import merge_switches
 from conformance.convert.errors import TensorError
 from conformance.convert.readers import as_arrays, as_numpy
 from conformance.core.errors import ConfigError
@@ -65,14 +66,6 @@ def _agree(values: dict[str, Any], name: str, what: str) -> Any:
         shown = ", ".join(f"{where}={v!r}" for where, v in list(values.items())[:4])
         raise ConfigError(name, f"differs between layers ({shown}); ModelConfig has one {what}")
     return next(iter(values.values()))
-
-
-def merge_switches(read: dict[str, Any], defaults: dict[str, Any], overrides: dict[str, Any], source: str) -> dict[str, Any]:
-    """Facts read from the model cannot be overridden; defaults (the tutorial's choices) can."""
-    for name, value in overrides.items():
-        if name in read and read[name] != value:
-            raise ConfigError(name, f"{value!r} (given) contradicts the model, whose {source} has {name}={read[name]!r}")
-    return {**defaults, **read, **overrides}
 
 
 def from_torch_nn_transformer(transformer, src_embedding, tgt_embedding, generator, **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]]:
@@ -145,34 +138,63 @@ def from_torch_nn_transformer(transformer, src_embedding, tgt_embedding, generat
     return result.config, result.params
 
 
-# Hugging Face activation names (ACT2FN) -> ModelConfig names. "swish" is SiLU; the tanh GELUs
-# ("gelu_new", "gelu_pytorch_tanh", "gelu_fast") all compute 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))).
-HF_ACTIVATIONS = {
-    "relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu",
-    "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh", "gelu_fast": "gelu-tanh",
-}
-
-
 # What `rosetta generate` reads from a checkpoint's "generation" note (a JSON object), named as in
 # Hugging Face's generation_config.json.
-# Hugging Face folders (`hf_folder`) and live models (`from_hf_marian`) record the same keys.
+# Each transformers family's layout lists its own (`[hf] generation`); these are Marian's.
 GENERATION_KEYS = ("decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id", "forced_eos_token_id",
                    "num_beams", "length_penalty", "max_length", "max_new_tokens", "bad_words_ids")
 
 
-def hf_generation_note(generation_config) -> str:
-    """A transformers GenerationConfig's special ids and decoding defaults as the JSON text of the
-    checkpoint note "generation" ("" when there is none)."""
+def hf_generation_note(generation_config, keys=GENERATION_KEYS) -> str:
+    """A transformers GenerationConfig's special ids and decoding defaults (`keys`) as the JSON
+    text of the checkpoint note "generation" ("" when there is none)."""
     import json
 
     if generation_config is None:
         return ""
-    values = {key: getattr(generation_config, key, None) for key in GENERATION_KEYS}
+    values = {key: getattr(generation_config, key, None) for key in keys}
     return json.dumps({key: value for key, value in values.items() if value is not None}, sort_keys=True)
 
 
+def from_hf(model, **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Import a live transformers model of any family with a built-in `[hf]` layout (MarianMTModel,
+    BartForConditionalGeneration, MBartForConditionalGeneration, M2M100ForConditionalGeneration,
+    PegasusForConditionalGeneration), every size and switch read from `model.config`.
+
+    `model.config.model_type` picks the layout, whose `[hf]` table says which config field gives
+    what (`conformance.convert.hf_config`), exactly as for a folder's config.json; its
+    generation_config is recorded in the checkpoint's "generation" note. A config the layout
+    cannot express (an untied lm_head, unequal encoder and decoder head counts) is a ConfigError
+    naming the field; `overrides` may add switches but not contradict the config.
+    """
+    import torch
+
+    from conformance.convert.hf_folder import hf_layout
+
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict") or not hasattr(model, "state_dict"):
+        raise TypeError(f"expected a transformers model, got {type(model).__name__}")
+    hf = config.to_dict()
+    where = f"{type(model).__name__}.config"
+    layout = hf_layout(hf, where)
+    if type(model).__name__ not in layout.hf.architectures:
+        raise TypeError(f"the {layout.name} layout describes {', '.join(layout.hf.architectures)} (with its lm_head), "
+                        f"not {type(model).__name__}")
+    read = layout.hf.read(hf, where)
+    with torch.no_grad():
+        arrays = {k: as_numpy(v, k) for k, v in model.state_dict().items()}
+    values = merge_switches(read, {}, overrides, "config")
+    notes = {"source": f"transformers {type(model).__name__}",
+             "name_or_path": str(getattr(config, "_name_or_path", "") or "")}
+    generation = hf_generation_note(getattr(model, "generation_config", None), layout.hf.generation)
+    if generation:
+        notes["generation"] = generation
+    result = convert_arrays(arrays, layout, notes=notes, **values)
+    return result.config, result.params
+
+
 def from_hf_marian(model, **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """Import a Hugging Face `MarianMTModel` (from transformers), reading its config.
+    """Import a Hugging Face `MarianMTModel` (from transformers): `from_hf` for Marian only.
 
     From `model.config`: d_model, the head count (equal for encoder and decoder), the layer
     counts, the FFN width, max_position_embeddings, activation_function, scale_embedding and
@@ -180,36 +202,7 @@ def from_hf_marian(model, **overrides: Any) -> tuple[ModelConfig, dict[str, np.n
     output to it (`share_encoder_decoder_embeddings`, `tie_word_embeddings`); models that do not
     are refused with a ConfigError, since the hf-marian layout describes the shared form.
     """
-    import torch
-
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) != "marian" or not hasattr(model, "lm_head"):
         raise TypeError(f"expected a transformers MarianMTModel, got {type(model).__name__}")
-    if not getattr(config, "share_encoder_decoder_embeddings", True):
-        raise ConfigError("share_embeddings", "this Marian model has separate source and target embeddings "
-                          "(share_encoder_decoder_embeddings=False), which the hf-marian layout does not describe")
-    if not getattr(config, "tie_word_embeddings", True):
-        raise ConfigError("tie_output", "this Marian model does not tie lm_head to the embedding (tie_word_embeddings=False), "
-                          "which the hf-marian layout does not describe")
-    pairs = {"n_heads": ("encoder_attention_heads", "decoder_attention_heads"), "d_ff": ("encoder_ffn_dim", "decoder_ffn_dim")}
-    for name, (a, b) in pairs.items():
-        if getattr(config, a) != getattr(config, b):
-            raise ConfigError(name, f"{a}={getattr(config, a)} differs from {b}={getattr(config, b)}; ModelConfig has one {name}")
-    activation = config.activation_function
-    if activation not in HF_ACTIVATIONS:
-        raise ConfigError("activation", f"Marian activation_function {activation!r} has no ModelConfig name; known: {sorted(HF_ACTIVATIONS)}")
-    read = {
-        "n_heads": config.encoder_attention_heads, "d_ff": config.encoder_ffn_dim, "d_model": config.d_model,
-        "n_encoder_layers": config.encoder_layers, "n_decoder_layers": config.decoder_layers,
-        "max_len": config.max_position_embeddings, "activation": HF_ACTIVATIONS[activation],
-        "scale_embedding": bool(config.scale_embedding), "pad_id": config.pad_token_id,
-    }
-    with torch.no_grad():
-        arrays = {k: as_numpy(v, k) for k, v in model.state_dict().items()}
-    values = merge_switches(read, {}, overrides, "config")
-    notes = {"source": "transformers MarianMTModel", "name_or_path": str(getattr(config, "_name_or_path", "") or "")}
-    generation = hf_generation_note(getattr(model, "generation_config", None))
-    if generation:
-        notes["generation"] = generation
-    result = convert_arrays(arrays, "hf-marian", notes=notes, **values)
-    return result.config, result.params
+    return from_hf(model, **overrides)

@@ -62,7 +62,46 @@ PRESETS: dict[str, dict[str, Any]] = {
     "hf-marian": dict(
         norm_placement="post", scale_embedding=True, position="sinusoid-split",
         share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True,
-        activation="silu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none",
+        activation="silu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", freeze_pad_embedding=True,
+    ),
+    # The BART family in transformers (modeling_bart, modeling_mbart, modeling_m2m_100,
+    # modeling_pegasus): Marian's attention and masks (finfo.min fill, a causal-only target mask:
+    # `decoder_attention_mask` is None in generate() and training), one shared embedding tied to
+    # `lm_head`, LayerNorm eps 1e-5, and `nn.Embedding(padding_idx=pad_token_id)` for the tokens.
+    # Activation, embedding scale and pad id are config.json's (`[hf]` in each layout); the values
+    # here are the released models'.
+    # P5 BART: post-LN, `layernorm_embedding`, a learned table read 2 rows in
+    # (`BartLearnedPositionalEmbedding.offset`), GELU, no embedding scale, final_logits_bias.
+    "hf-bart": dict(
+        norm_placement="post", embedding_norm=True, scale_embedding=False, position="table", position_offset=2,
+        share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True, activation="gelu",
+        mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=1, freeze_pad_embedding=True,
+    ),
+    # P6 mBART: BART pre-LN, with a final LayerNorm on each stack (`encoder.layer_norm`) after the
+    # embedding LayerNorm; released models scale the embedding (facebook/mbart-large-cc25).
+    "hf-mbart": dict(
+        norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True, embedding_norm=True,
+        scale_embedding=True, position="table", position_offset=2, share_embeddings=True, tie_output=True,
+        output_bias=False, final_logits_bias=True, activation="gelu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none",
+        pad_id=1, freeze_pad_embedding=True,
+    ),
+    # P7 M2M100 / NLLB: pre-LN with final norms, no embedding LayerNorm, fairseq's float32 sinusoid
+    # (not stored: a non-persistent buffer) numbering only non-pad tokens from pad_id + 1, ReLU,
+    # scaled embedding, and no final_logits_bias (lm_head alone gives the logits).
+    "hf-m2m100": dict(
+        norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True, scale_embedding=True,
+        position="sinusoid-fairseq", position_offset=2, position_ids="non-pad", share_embeddings=True,
+        tie_output=True, output_bias=False, activation="relu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none",
+        pad_id=1, freeze_pad_embedding=True,
+    ),
+    # P8 Pegasus: pre-LN with final norms, Marian's split sinusoid from position 0 (a frozen table
+    # that save_pretrained keeps), final_logits_bias, pad id 0 (also the decoder start); released
+    # models (google/pegasus-*) use ReLU and a scaled embedding.
+    "hf-pegasus": dict(
+        norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True, scale_embedding=True,
+        position="sinusoid-split", share_embeddings=True, tie_output=True, output_bias=False,
+        final_logits_bias=True, activation="relu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0,
+        freeze_pad_embedding=True,
     ),
     # P4 The Annotated Transformer: pre-LN via SublayerConnection, its own (x-mean)/(std+eps)
     # LayerNorm with eps 1e-6, final norms on both stacks.
