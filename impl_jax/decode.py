@@ -31,8 +31,8 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.decoding import DecoderCache, check_sources, search, uniforms
-from conformance.core.device_search import (NumpyOps, Rules, counter, nan_error, newest, result, rules_of,
-                                            sampling_data, start, update)
+from conformance.core.device_search import (NumpyOps, Rules, counter, nan_error, newest, processor_data, result,
+                                            rules_of, sampling_data, start, update)
 from conformance.core.errors import InputError
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
@@ -216,6 +216,10 @@ class Ops(NumpyOps):
             return a if condition else b
         return jnp.where(condition, a, b)
 
+    def mark(self, index, size: int):
+        rows = jnp.arange(index.shape[0])[:, None]  # (N, 1)
+        return jnp.zeros((index.shape[0], size), dtype=jnp.bool_).at[rows, index].set(True)
+
 
 def search_dtype(model):
     """The dtype the search scores in: float64 for a float64 model, else float32 (as Hugging Face
@@ -223,11 +227,12 @@ def search_dtype(model):
     return jnp.float64 if jnp.dtype(model.dtype) == jnp.float64 else jnp.float32
 
 
-def _search(model, memory, cross_mask, ids, banned, length_penalty, sampling, *, rules: Rules):
+def _search(model, memory, cross_mask, ids, banned, length_penalty, sampling, data, *, rules: Rules):
     """The compiled search: start_cache, then one `lax.while_loop` whose body reorders the cache,
     runs the cached step and updates the search state, until the state says stop (Flax
     examples/wmt's and t5x's shape). One program per (rows, source length, rules); the ids, the
-    banned mask, the length penalty and sampling's uniforms and warper settings are data."""
+    banned mask, the length penalty, sampling's uniforms and warper settings, the forced first id
+    and the bad-word table (`processor_data`, one program per table shape) are data."""
     ops, dtype = Ops(None), search_dtype(model)
     bos_id, eos_id, pad_id = ids[0], ids[1], ids[2]
     rows = memory.shape[0]
@@ -241,7 +246,8 @@ def _search(model, memory, cross_mask, ids, banned, length_penalty, sampling, *,
         if rules.num_beams > 1:  # the rows each beam continues (the identity before the first step)
             (cache,) = _reorder_cache(model, cache, state["parents"])
         logits, cache = _decode_step(model, newest(ops, rules, state), cache)
-        state = update(ops, rules, state, logits.astype(dtype), banned, eos_id, pad_id, length_penalty, sampling)
+        state = update(ops, rules, state, logits.astype(dtype), banned, eos_id, pad_id, length_penalty, sampling,
+                       data=data)
         return state, cache
 
     state, _ = jax.lax.while_loop(lambda carry: ~carry[0]["stop"], body, (state, cache))
@@ -281,9 +287,11 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     drawn = uniforms(settings.seed, settings.max_len, len(rows)) if settings.do_sample else None  # (max_len, N)
     sampling = sampling_data(settings, drawn, lambda name, value: np.asarray(value, dtype=np.int32 if name == "top_k"
                                                                                 else dtype))
+    data = processor_data(settings, lambda name, value: np.asarray(value, dtype=np.int32))  # int64 would need x64
     cross_mask = encoded.src_mask if model.config.cross_attn_src_mask else None
     ids = np.array([settings.bos_id, settings.eos_id, model.config.pad_id], dtype=np.int32)
-    arguments = (encoded.memory, cross_mask, ids, banned_mask, np.asarray(settings.length_penalty, dtype=dtype), sampling)
+    arguments = (encoded.memory, cross_mask, ids, banned_mask, np.asarray(settings.length_penalty, dtype=dtype), sampling,
+                 data)
     (state,) = compiled.call(model, _search, arguments, model.device, rules=rules)
     bad, count = (int(x) for x in jax.device_get((state["bad"], state[counter(rules)])))  # one read
     if bad >= 0:

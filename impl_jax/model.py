@@ -968,9 +968,10 @@ class Model(nnx.Module):
     def generate(self, src_ids, max_len: int | None = None, bos_id: int | None = None, eos_id: int | None = None, *,
                  num_beams: int | None = None, length_penalty: float | None = None, early_stopping: bool | str = False,
                  use_cache: bool = True, length_penalty_form: str | None = None, forced_eos: bool | None = None,
-                 banned_ids=None, return_scores: bool = False, beam_rule: str = "hf", num_return_sequences: int = 1,
-                 do_sample: bool = False, temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None):
+                 banned_ids=None, bad_words_ids=None, no_repeat_ngram_size: int | None = None,
+                 forced_bos_id: int | bool | None = None, return_scores: bool = False, beam_rule: str = "hf",
+                 num_return_sequences: int = 1, do_sample: bool = False, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None):
         """Greedy (num_beams=1), beam search or sampling: the best sequences per row after `bos_id`.
 
         Returns (B * num_return_sequences, n) ids with n <= max_len, `pad_id` after a row's `eos_id`
@@ -980,11 +981,16 @@ class Model(nnx.Module):
         `conformance.core.decoding.search` from this model's step logits: Hugging Face's beam rule,
         or Flax examples/wmt's with beam_rule="flax"; do_sample=True draws with temperature, top_k
         and top_p from uniforms of np.random.default_rng(seed) (docs/decoding.md). `use_cache=False`
-        runs the decoder over the whole prefix at every step: the plain loop, O(T^2).
+        runs the decoder over the whole prefix at every step: the plain loop, O(T^2). Hugging Face's
+        logits processors, in its order: `no_repeat_ngram_size`, `banned_ids` and `bad_words_ids`
+        (lists of ids; a word of several tokens is banned where its start ends the sequence),
+        `forced_bos_id` (False: none, whatever the note says), `forced_eos`.
         """
         return decode.generate(self, src_ids, max_len, bos_id, eos_id, num_beams=num_beams,
                                length_penalty=length_penalty, early_stopping=early_stopping, use_cache=use_cache,
                                length_penalty_form=length_penalty_form, forced_eos=forced_eos,
-                               banned_ids=banned_ids, return_scores=return_scores, beam_rule=beam_rule,
+                               banned_ids=banned_ids, bad_words_ids=bad_words_ids,
+                               no_repeat_ngram_size=no_repeat_ngram_size, forced_bos_id=forced_bos_id,
+                               return_scores=return_scores, beam_rule=beam_rule,
                                num_return_sequences=num_return_sequences, do_sample=do_sample,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)

@@ -23,7 +23,7 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.decoding import DecoderCache, check_sources, uniforms
-from conformance.core.device_search import NumpyOps, newest, prefix, rules_of, run, sampling_data
+from conformance.core.device_search import NumpyOps, newest, prefix, processor_data, rules_of, run, sampling_data
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
 
@@ -164,6 +164,7 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     banned_mask[list(settings.banned_ids)] = True
     drawn = uniforms(settings.seed, settings.max_len, len(rows)) if settings.do_sample else None  # (max_len, N)
     sampling = sampling_data(settings, drawn, lambda name, value: value.astype(dtype) if name == "uniforms" else value)
+    data = processor_data(settings, lambda name, value: value)  # the forced first id, the bad-word table
 
     def step(state, i: int) -> np.ndarray:
         if not settings.use_cache:
@@ -174,7 +175,6 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
 
     ids, scores = run(ops, rules, step, batch, settings.bos_id, settings.eos_id, model.config.pad_id, banned_mask,
                       settings.length_penalty, dtype, lambda *arrays: [a.item() for a in arrays],
-                      settings.num_return_sequences, sampling,
-                      settings.return_scores)
+                      settings.num_return_sequences, sampling, settings.return_scores, data)
     ids = ids.astype(np.int64)
     return (ids, scores) if settings.return_scores else ids

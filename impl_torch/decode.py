@@ -25,7 +25,7 @@ import torch
 
 from conformance.core.config import ModelConfig
 from conformance.core.decoding import DecoderCache, check_sources, uniforms
-from conformance.core.device_search import NumpyOps, newest, prefix, rules_of, run, sampling_data
+from conformance.core.device_search import NumpyOps, newest, prefix, processor_data, rules_of, run, sampling_data
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
 from impl_torch import graphs
@@ -290,6 +290,10 @@ class Ops(NumpyOps):
             return a if condition else b
         return torch.where(condition, a, b)
 
+    def mark(self, index, size: int):
+        out = torch.zeros((index.shape[0], size), dtype=torch.bool, device=index.device)
+        return out.scatter_(-1, index, True)
+
 
 def search_dtype(model):
     """The dtype the search scores in: float64 for a float64 model, else float32 (as Hugging Face
@@ -315,6 +319,9 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         drawn = uniforms(settings.seed, settings.max_len, len(rows)) if settings.do_sample else None  # (max_len, N)
         sampling = sampling_data(settings, drawn, lambda name, value: ops.cast(value, dtype) if name == "uniforms"
                                  else value)
+        # The forced first id as a Python int, the bad-word table on the device.
+        data = processor_data(settings, lambda name, value: value if name == "forced_bos"
+                              else torch.as_tensor(value, device=model.device))
         # This backend's own step without the id checks (they would read the ids back to the host
         # every step); a subclass's decode_step (torch.compile'd, say) is called as it is.
         own = getattr(type(model).decode_step, "__module__", None) == __name__.rsplit(".", 1)[0] + ".model"
@@ -337,5 +344,5 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
 
         ids, scores = run(ops, rules, step, batch, settings.bos_id, settings.eos_id, model.config.pad_id, banned_mask,
                           settings.length_penalty, dtype, read, settings.num_return_sequences, sampling,
-                          settings.return_scores)
+                          settings.return_scores, data)
     return (ids, scores) if settings.return_scores else ids

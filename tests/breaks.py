@@ -235,6 +235,29 @@ PROPERTY_BREAKS = {
         "return rstd * (d_normed - normed * (d_normed * normed).mean(axis=-1, keepdims=True))",
         "return rstd * d_normed",
     )], {})]),
+    # Hugging Face's logits processors, forwarded wrongly by a backend's generate (the rules
+    # themselves are the core's, conformance/core/device_search.py).
+    "no_repeat_ngram window one token short": ("test_generate", [("numpy", [(
+        "decode.py", "rules_of(settings)",
+        'rules_of(__import__("dataclasses").replace(settings, no_repeat_ngram_size=max(settings.no_repeat_ngram_size - 1, 0)))',
+    )], {})]),
+    "no_repeat_ngram window one token long": ("test_generate", [("numpy", [(
+        "decode.py", "rules_of(settings)",
+        'rules_of(__import__("dataclasses").replace(settings, no_repeat_ngram_size=settings.no_repeat_ngram_size and '
+        'settings.no_repeat_ngram_size + 1))',
+    )], {})]),
+    "forced BOS id not forwarded": ("test_generate", [("numpy", [(
+        "decode.py", "data = processor_data(settings,",
+        'data = processor_data(__import__("dataclasses").replace(settings, forced_bos_id=None),',
+    )], {})]),
+    "multi-token bad words banned everywhere (prefix ignored)": ("test_generate", [("numpy", [(
+        "decode.py", "banned_mask[list(settings.banned_ids)] = True",
+        "banned_mask[list(settings.banned_ids) + [w[-1] for w in settings.bad_words_ids]] = True",
+    )], {})]),
+    "multi-token bad words dropped": ("test_generate", [("numpy", [(
+        "decode.py", "data = processor_data(settings,",
+        'data = processor_data(__import__("dataclasses").replace(settings, bad_words_ids=()),',
+    )], {})]),
     # A repeated training step that is not the step: what a mis-recorded CUDA graph would give
     # (impl_torch/graphs.py records a step the second time its shapes are seen). The first call on
     # a model is right; every later one is off by 0.1%.

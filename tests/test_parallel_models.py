@@ -59,7 +59,7 @@ DECODE_IDIOM_NAMES = {
 _ADAPTER = ({"torch", "jax"}, "the device search's array adapter (Ops) in the framework's spelling; "
                                "NumPy's inherits conformance.core.device_search.NumpyOps")
 DECODE_IDIOM_METHODS: dict = {name: _ADAPTER for name in ("top_k", "sort", "cumsum", "take", "cast", "full", "arange",
-                                                           "concat", "reduce", "argmax", "where")}
+                                                           "concat", "reduce", "argmax", "where", "mark")}
 DECODE_IDIOM_METHODS["log_softmax"] = ({"torch"}, "torch's fused log-softmax (the others run the reference's formula)")
 # The same for the blocked output product (impl_*/blocks.py).
 BLOCKS_IDIOM_NAMES = {

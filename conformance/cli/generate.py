@@ -30,6 +30,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --sample: keep the best ids whose probabilities sum to P, 0 < P <= 1 (default 1: all)")
     parser.add_argument("--seed", type=int, default=None,
                         help="with --sample: the NumPy seed of the uniforms (the same ids in every backend; default: fresh)")
+    parser.add_argument("--no-repeat-ngram-size", type=int, default=None,
+                        help="no n-gram of N tokens twice in a row's output, its start token included (Hugging Face's "
+                             "no_repeat_ngram_size; default: the checkpoint's, else 0: off)")
+    parser.add_argument("--forced-bos", type=int, default=None,
+                        help="the id every row's first token must be (Hugging Face's forced_bos_token_id: mBART-50's "
+                             "and NLLB's target language; default: the checkpoint's, else none)")
+    parser.add_argument("--bad-words", default=None,
+                        help="id sequences never generated, 'A,B;C' (Hugging Face's bad_words_ids: the last id of each "
+                             "is banned where the others end the output; default: the checkpoint's)")
     add_backend_argument(parser)
 
 
@@ -57,6 +66,29 @@ def sampling(args: argparse.Namespace) -> dict:
     return {"do_sample": True, "num_beams": 1, **given}
 
 
+PROCESSOR_FLAGS = {"no_repeat_ngram_size": "--no-repeat-ngram-size", "forced_bos_id": "--forced-bos",
+                   "bad_words_ids": "--bad-words"}
+
+
+def processors(args: argparse.Namespace) -> dict:
+    """generate's logits-processor arguments from the flags (those not given are left to the
+    checkpoint's note); --bad-words 'A,B;C' is [[A, B], [C]]."""
+    from conformance.core.errors import InputError
+
+    out = {}
+    if args.no_repeat_ngram_size is not None:
+        out["no_repeat_ngram_size"] = args.no_repeat_ngram_size
+    if args.forced_bos is not None:
+        out["forced_bos_id"] = args.forced_bos
+    if args.bad_words is not None:
+        try:
+            out["bad_words_ids"] = [[int(token) for token in word.split(",")] for word in args.bad_words.split(";")]
+        except ValueError:
+            raise InputError("--bad-words", f"must be id sequences like '5,6;7' (',' within a sequence, ';' between "
+                                            f"them), got {args.bad_words!r}") from None
+    return out
+
+
 def recorded_generation(config) -> dict:
     """The decoding defaults a checkpoint records under its "generation" note, as `generate`
     arguments (`conformance.core.decoding.generation_note`, which `generate` applies itself)."""
@@ -68,7 +100,9 @@ def recorded_generation(config) -> dict:
 def decoding(config, *, max_len=None, bos=None, eos=None, beams=None, length_penalty=None) -> dict | None:
     """`model.generate`'s keyword arguments: each one given, else the checkpoint's recorded
     generation settings, else the toy model's ids and the plain defaults. None when no start or
-    end id is known (neither given nor recorded)."""
+    end id is known (neither given nor recorded). The logits processors (forced end and first
+    tokens, banned ids and words, no repeated n-gram) are left out: `generate` reads them from the
+    note itself, so that an explicit --bad-words replaces the note's whole list, as in transformers."""
     from conformance.check import toy
 
     is_toy = config.notes.get("task") == toy.TASK
@@ -79,8 +113,7 @@ def decoding(config, *, max_len=None, bos=None, eos=None, beams=None, length_pen
         return None
     return dict(max_len=max_len if max_len is not None else recorded.get("max_len", config.max_len), bos_id=bos,
                 eos_id=eos, num_beams=beams if beams is not None else recorded.get("num_beams", 1),
-                length_penalty=length_penalty if length_penalty is not None else recorded.get("length_penalty", 1.0),
-                forced_eos=recorded.get("forced_eos", False), banned_ids=recorded.get("banned_ids", ()))
+                length_penalty=length_penalty if length_penalty is not None else recorded.get("length_penalty", 1.0))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,13 +130,14 @@ def run(args: argparse.Namespace) -> int:
     if args.max_len is not None and args.max_len < 1:  # 0 is not "the default"; said before the model loads
         raise InputError("--max-len", f"must be an int in [1, the model's max_len], got {args.max_len}")
     sampled = sampling(args)
+    constraints = processors(args)
     config, model = load_model(args.checkpoint, args.backend)
     is_toy = config.notes.get("task") == toy.TASK
     settings = decoding(config, max_len=args.max_len, bos=args.bos, eos=args.eos, beams=args.beams,
                         length_penalty=args.length_penalty)
     if settings is None:
         raise InputError("--bos/--eos", "this checkpoint does not say its special ids; pass --bos and --eos")
-    settings.update(sampled, beam_rule=args.beam_rule)
+    settings.update(sampled, **constraints, beam_rule=args.beam_rule)
     src = parse_source(config, args.src)
     form = source_form(config, args.src, src)
     if form:
@@ -111,7 +145,12 @@ def run(args: argparse.Namespace) -> int:
     eos = settings["eos_id"]
     with named_by_flags(), Status("rosetta generate") as status:
         status(f"decoding {len(src)} row(s) on {args.backend}, up to {settings['max_len']} tokens")
-        generated = to_numpy(model.generate(src, **settings)).astype(np.int64)
+        try:
+            generated = to_numpy(model.generate(src, **settings)).astype(np.int64)
+        except InputError as exc:  # under the flag the user typed
+            if exc.argument not in PROCESSOR_FLAGS:
+                raise
+            raise InputError(PROCESSOR_FLAGS[exc.argument], exc.problem) from None
     for row in generated:
         # A row ends at its <eos>; what follows is the padding of rows that ended early.
         ended = np.flatnonzero(row == eos)

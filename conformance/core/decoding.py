@@ -11,8 +11,9 @@ source, then hands `search` a `step` function:
                 a backend with a KV cache reorders it by `parents` before running the new token
         logits  (N, V) the next-token logits of each row, in the backend's own dtype
 
-`search` does everything else: log-softmax in float64, banned ids and the forced end token,
-the choice of tokens (Hugging Face's beam rule or Flax examples/wmt's; sampling with
+`search` does everything else: log-softmax in float64, Hugging Face's logits processors (no
+repeated n-gram, banned ids and words, the forced first and end tokens: `Processors`), the choice
+of tokens (Hugging Face's beam rule or Flax examples/wmt's; sampling with
 temperature, top-k and top-p from uniforms drawn once from a NumPy seed), the finished-hypothesis
 lists, the length penalty and the stopping rule. So the backends can only differ through their
 logits; in float64 they choose the same ids. The semantics are written out in
@@ -152,13 +153,66 @@ def check_search(num_beams, length_penalty, early_stopping, use_cache, length_pe
     return tuple(out)
 
 
+def check_processors(forced_bos_id, no_repeat_ngram_size, bad_words_ids, vocab_size: int, eos_id: int
+                     ) -> tuple[int | None, int, tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """The options of the logits processors `generate` adds to the banned ids (Hugging Face's
+    ForcedBOSTokenLogitsProcessor, NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor).
+    Returns (the forced first id or None, the n-gram size (0: off), the one-token bad words, the
+    bad words of two tokens or more); a one-token bad word equal to the end id is dropped, as
+    transformers drops it."""
+    what = f"a target token id in [0, {vocab_size})"
+    forced = None
+    if forced_bos_id is not False:
+        forced = _integer("forced_bos_id", forced_bos_id, what + ", or False for none")
+        if not 0 <= forced < vocab_size:
+            raise InputError("forced_bos_id", f"must be {what}, or False for none, got {forced!r}")
+    size = _integer("no_repeat_ngram_size", no_repeat_ngram_size, "an int >= 0 (0: off)")
+    if size < 0:
+        raise InputError("no_repeat_ngram_size", f"must be an int >= 0 (0: off), got {size!r}")
+    return (forced, size, *split_bad_words(_token_lists(bad_words_ids, vocab_size), eos_id))
+
+
+def _token_lists(value, vocab_size: int) -> tuple[tuple[int, ...], ...]:
+    """`bad_words_ids` as tuples of ints: a sequence of non-empty sequences of target token ids."""
+    what = f"a list of non-empty lists of target token ids in [0, {vocab_size}) (Hugging Face's bad_words_ids)"
+
+    def sequence(value, where: str) -> tuple:
+        if isinstance(value, (str, bytes)) or getattr(value, "shape", None) == ():
+            raise InputError("bad_words_ids", f"must be {what}; {where} is {value!r}")
+        try:
+            return tuple(value)
+        except TypeError:
+            raise InputError("bad_words_ids", f"must be {what}; {where} is {value!r}") from None
+
+    out = []
+    for i, words in enumerate(sequence(value, "it")):
+        tokens = sequence(words, f"entry {i}")
+        if not tokens:
+            raise InputError("bad_words_ids", f"must be {what}; entry {i} is empty")
+        word = tuple(_integer("bad_words_ids", token, what) for token in tokens)
+        if not all(0 <= token < vocab_size for token in word):
+            raise InputError("bad_words_ids", f"must be {what}; entry {i} is {list(word)!r}")
+        out.append(word)
+    return tuple(out)
+
+
+def split_bad_words(words, eos_id: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Hugging Face's bad_words_ids as (the ids banned at every step, the words of two tokens or
+    more, banned only where their prefix ends the sequence). A one-token word that is the end
+    token is dropped, as NoBadWordsLogitsProcessor drops it."""
+    words = [tuple(int(token) for token in word) for word in words]
+    return (tuple(word[0] for word in words if len(word) == 1 and word[0] != eos_id),
+            tuple(word for word in words if len(word) > 1))
+
+
 # -- Arguments: the checkpoint's generation note, explicit arguments, checks ---------------------
 
 # The arguments a checkpoint's "generation" note may give (Hugging Face's generation_config.json,
 # read by `generation_note`) and the value each takes when neither the caller nor the note does;
 # None means there is no default: the caller must pass it.
 NOTE_DEFAULTS = {"max_len": "config.max_len", "bos_id": None, "eos_id": None, "num_beams": 1, "length_penalty": 1.0,
-                 "forced_eos": False, "banned_ids": ()}
+                 "forced_eos": False, "banned_ids": (), "bad_words_ids": (), "no_repeat_ngram_size": 0,
+                 "forced_bos_id": False}  # forced_bos_id False: no forced first token
 SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": None}
 
 
@@ -175,7 +229,10 @@ class Generation:
     use_cache: bool = True
     length_penalty_form: str = "hf"
     forced_eos: bool = False
-    banned_ids: tuple[int, ...] = ()
+    banned_ids: tuple[int, ...] = ()  # every id banned at every step: banned_ids and one-token bad words
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # the bad words of two tokens or more
+    no_repeat_ngram_size: int = 0
+    forced_bos_id: int | None = None
     return_scores: bool = False
     beam_rule: str = "hf"
     num_return_sequences: int = 1
@@ -194,14 +251,17 @@ class Generation:
         """The keyword arguments of `search` after (batch, max_len, bos_id, eos_id, pad_id)."""
         return {name: getattr(self, name) for name in (
             "num_beams", "length_penalty", "early_stopping", "length_penalty_form", "forced_eos", "banned_ids",
-            "beam_rule", "num_return_sequences", "do_sample", "temperature", "top_k", "top_p", "seed")}
+            "bad_words_ids", "no_repeat_ngram_size", "forced_bos_id", "beam_rule", "num_return_sequences",
+            "do_sample", "temperature", "top_k", "top_p", "seed")}
 
 
 def generation_note(config) -> dict:
     """The decoding defaults a checkpoint records under its "generation" note (Hugging Face's
     generation_config.json names, see `conformance.convert.sources.GENERATION_KEYS`), as
     `generate` arguments: bos_id, eos_id, num_beams, length_penalty, max_len, forced_eos,
-    banned_ids. An empty dict when there is no note."""
+    forced_bos_id, no_repeat_ngram_size, and bad_words_ids split in two: its one-token words as
+    banned_ids (without the end token, which transformers drops), the longer ones as
+    bad_words_ids. An empty dict when there is no note."""
     import json
 
     from conformance.core.errors import ConfigError
@@ -217,10 +277,13 @@ def generation_note(config) -> dict:
         raise ConfigError("notes", "the checkpoint's \"generation\" note is not a JSON object")
     out = {}
     eos = recorded.get("eos_token_id")
+    ends = eos if isinstance(eos, list) else [eos]
     if isinstance(eos, list):  # Hugging Face allows several end tokens; generate takes one
         eos = eos[0] if len(eos) == 1 else None
     for name, value in (("bos_id", recorded.get("decoder_start_token_id")), ("eos_id", eos),
-                        ("num_beams", recorded.get("num_beams")), ("length_penalty", recorded.get("length_penalty"))):
+                        ("num_beams", recorded.get("num_beams")), ("length_penalty", recorded.get("length_penalty")),
+                        ("forced_bos_id", recorded.get("forced_bos_token_id")),
+                        ("no_repeat_ngram_size", recorded.get("no_repeat_ngram_size"))):
         if value is not None:
             out[name] = value
     if recorded.get("max_new_tokens") is not None:  # Hugging Face: it wins over max_length
@@ -229,23 +292,34 @@ def generation_note(config) -> dict:
         out["max_len"] = min(int(recorded["max_length"]) - 1, config.max_len)
     if recorded.get("forced_eos_token_id") is not None and recorded.get("forced_eos_token_id") == eos:
         out["forced_eos"] = True
-    banned = [words[0] for words in recorded.get("bad_words_ids") or [] if isinstance(words, list) and len(words) == 1]
+    words = [words for words in recorded.get("bad_words_ids") or [] if isinstance(words, list) and words]
+    banned = [word[0] for word in words if len(word) == 1 and word[0] not in ends]
     if banned:
         out["banned_ids"] = banned
+    longer = [word for word in words if len(word) > 1]
+    if longer:
+        out["bad_words_ids"] = longer
     return out
 
 
 def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, length_penalty=None,
             early_stopping=False, use_cache=True, length_penalty_form=None, forced_eos=None, banned_ids=None,
-            return_scores=False, beam_rule="hf", num_return_sequences=1, do_sample=False, temperature=None,
-            top_k=None, top_p=None, seed=None) -> Generation:
+            bad_words_ids=None, no_repeat_ngram_size=None, forced_bos_id=None, return_scores=False, beam_rule="hf",
+            num_return_sequences=1, do_sample=False, temperature=None, top_k=None, top_p=None,
+            seed=None) -> Generation:
     """`generate`'s arguments as a checked `Generation`. An argument left at None takes the
     checkpoint's generation note (`generation_note`), as transformers applies a model's
     generation_config, else its plain default (`NOTE_DEFAULTS`); explicit arguments win. bos_id
-    and eos_id have no plain default: without a note they must be given."""
+    and eos_id have no plain default: without a note they must be given. An explicit
+    bad_words_ids replaces the note's whole list, its one-token words (banned_ids) included, as
+    transformers' argument replaces generation_config's; forced_bos_id=False turns off a forced
+    first token the note records."""
     recorded = generation_note(config)
+    if bad_words_ids is not None and banned_ids is None:
+        banned_ids = ()
     given = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, num_beams=num_beams, length_penalty=length_penalty,
-                 forced_eos=forced_eos, banned_ids=banned_ids)
+                 forced_eos=forced_eos, banned_ids=banned_ids, bad_words_ids=bad_words_ids,
+                 no_repeat_ngram_size=no_repeat_ngram_size, forced_bos_id=forced_bos_id)
     values = {}
     for name, value in given.items():
         if value is None:
@@ -268,6 +342,9 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
     form = RULE_PENALTY_FORMS[beam_rule] if length_penalty_form is None else length_penalty_form
     banned = check_search(values["num_beams"], values["length_penalty"], early_stopping, use_cache, form,
                           values["forced_eos"], values["banned_ids"], return_scores, vocab)
+    forced_bos, ngram, one_token, words = check_processors(values["forced_bos_id"], values["no_repeat_ngram_size"],
+                                                           values["bad_words_ids"], vocab, values["eos_id"])
+    banned = tuple(dict.fromkeys(banned + one_token))  # in order, once each
     beams = _integer("num_beams", values["num_beams"])
     sampling = check_sampling(do_sample, temperature, top_k, top_p, seed, beams, beam_rule)
     count = _integer("num_return_sequences", num_return_sequences, "an int >= 1")
@@ -287,7 +364,8 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
     return Generation(max_len=values["max_len"], bos_id=values["bos_id"], eos_id=values["eos_id"], num_beams=beams,
                       length_penalty=float(values["length_penalty"]), early_stopping=early_stopping,
                       use_cache=bool(use_cache), length_penalty_form=form, forced_eos=bool(values["forced_eos"]),
-                      banned_ids=banned, return_scores=bool(return_scores), beam_rule=beam_rule,
+                      banned_ids=banned, bad_words_ids=words, no_repeat_ngram_size=ngram, forced_bos_id=forced_bos,
+                      return_scores=bool(return_scores), beam_rule=beam_rule,
                       num_return_sequences=count, **sampling)
 
 
@@ -342,19 +420,81 @@ def check_sources(src_mask: np.ndarray) -> None:
         raise InputError("src_ids", f"row {int(empty[0])} is all padding: there is nothing to decode from; drop the row")
 
 
+# -- The logits processors ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Processors:
+    """Hugging Face's logits processors that `generate` supports, resolved. `_processed` applies
+    them in transformers' order (`GenerationMixin._get_logits_processor`): no repeated n-gram,
+    bad words (the one-token ones, `banned_ids`, then the longer ones), the forced first token,
+    the forced end token (docs/decoding.md, "What is scored").
+
+    banned_ids:            ids banned at every step
+    bad_words_ids:         words of two tokens or more: the last token is banned where the others
+                           end the decoder input
+    no_repeat_ngram_size:  n: no n-gram of the decoder input (its start token included) twice; 0 off
+    forced_bos_id:         the only id the first step may choose, or None
+    forced_eos:            the only id the last step (the max_len-th token) may choose is eos_id
+    """
+
+    max_len: int
+    eos_id: int
+    banned_ids: tuple[int, ...] = ()
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    no_repeat_ngram_size: int = 0
+    forced_bos_id: int | None = None
+    forced_eos: bool = False
+
+
+def repeated_ngram_bans(tokens: np.ndarray, n: int) -> list[list[int]]:
+    """Per row of the decoder input so far (N, t), the ids that would repeat one of its n-grams
+    (NoRepeatNGramLogitsProcessor): each n-gram whose first n - 1 tokens are the row's last n - 1
+    bans its last token. The start token is part of the row, as in transformers' encoder-decoder
+    search, so n = 1 bans every id the row holds, the start token too."""
+    t = tokens.shape[1]
+    if t < n:  # no whole n-gram yet
+        return [[] for _ in tokens]
+    bans = []
+    for row in tokens.tolist():
+        suffix = row[t - n + 1:]
+        bans.append([row[j + n - 1] for j in range(t - n + 1) if row[j:j + n - 1] == suffix])
+    return bans
+
+
+def bad_word_bans(tokens: np.ndarray, words: tuple[tuple[int, ...], ...]) -> list[list[int]]:
+    """Per row of the decoder input so far (N, t), the last tokens of the bad words whose other
+    tokens end the row (NoBadWordsLogitsProcessor's words of two tokens or more; a word longer
+    than the row plus one never applies). The start token is part of the row."""
+    t = tokens.shape[1]
+    return [[word[-1] for word in words if len(word) - 1 <= t and tuple(row[t - len(word) + 1:]) == word[:-1]]
+            for row in tokens.tolist()]
+
+
+def _processed(scores: np.ndarray, tokens: np.ndarray, step: int, processors: Processors) -> np.ndarray:
+    """Hugging Face's logits processors, in its order, on scores (N, V) after the decoder input
+    tokens (N, step + 1): repeated n-grams and bad words get -inf; at the first step every id but
+    the forced first token gets -inf and that token 0 (`forced_bos_token_id`); at the last step
+    every id but the end token gets -inf and the end token 0 (`forced_eos_token_id`)."""
+    p = processors
+    if p.no_repeat_ngram_size:
+        for row, banned in enumerate(repeated_ngram_bans(tokens, p.no_repeat_ngram_size)):
+            scores[row, banned] = -np.inf
+    if p.banned_ids:
+        scores[:, list(p.banned_ids)] = -np.inf
+    if p.bad_words_ids:
+        for row, banned in enumerate(bad_word_bans(tokens, p.bad_words_ids)):
+            scores[row, banned] = -np.inf
+    if p.forced_bos_id is not None and step == 0:
+        scores[:, :] = -np.inf
+        scores[:, p.forced_bos_id] = 0.0
+    if p.forced_eos and step == p.max_len - 1:
+        scores[:, :] = -np.inf
+        scores[:, p.eos_id] = 0.0
+    return scores
+
+
 # -- The search --------------------------------------------------------------------------------
-
-
-def _processed(logits: np.ndarray, step: int, max_len: int, eos_id: int, banned: tuple[int, ...],
-               forced_eos: bool) -> np.ndarray:
-    """Hugging Face's logits processors, in its order: banned ids get -inf (`bad_words_ids`);
-    at the last step every id but the end token gets -inf and the end token 0 (`forced_eos_token_id`)."""
-    if banned:
-        logits[:, list(banned)] = -np.inf
-    if forced_eos and step == max_len - 1:
-        logits[:, :] = -np.inf
-        logits[:, eos_id] = 0.0
-    return logits
 
 
 def _check_finite(logits: np.ndarray, live: np.ndarray, step: int) -> None:
@@ -368,6 +508,7 @@ def _check_finite(logits: np.ndarray, live: np.ndarray, step: int) -> None:
 def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max_len: int, bos_id: int, eos_id: int,
            pad_id: int, *, num_beams: int = 1, length_penalty: float = 1.0, early_stopping: bool | str = False,
            length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids: Sequence[int] = (),
+           bad_words_ids: Sequence[Sequence[int]] = (), no_repeat_ngram_size: int = 0, forced_bos_id: int | None = None,
            beam_rule: str = "hf", num_return_sequences: int = 1, do_sample: bool = False, temperature: float = 1.0,
            top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
            as_numpy: Callable[[Any], np.ndarray] = np.asarray,
@@ -379,7 +520,10 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
     float64: the summed log-probabilities divided by `penalty(length)`.
 
     `step` gets batch * num_beams rows (beam search) or batch * num_return_sequences (sampling:
-    each source row repeated), in source order. The options are checked by `resolve`.
+    each source row repeated), in source order. The options are checked by `resolve`. The logits
+    processors (`Processors`): `banned_ids`, Hugging Face's `bad_words_ids` (a one-token word is
+    banned everywhere, except the end token, which transformers drops), `no_repeat_ngram_size`,
+    `forced_bos_id` and `forced_eos`.
 
     `trace`, a list, receives per step the closest call of each source row, for the conformance
     suite: {"gap": (B,), "scale": (B,)}, the smallest score difference between two candidates
@@ -388,18 +532,21 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
     nearest edge of the cumulative distribution, or of top_k's and top_p's thresholds,
     `filter_gap`), and max(1, largest |logit|) of the row's beams (or sampled row).
     """
-    banned = tuple(banned_ids)
+    one_token, words = split_bad_words(bad_words_ids, eos_id)
+    processors = Processors(max_len=max_len, eos_id=eos_id, banned_ids=tuple(banned_ids) + one_token,
+                            bad_words_ids=words, no_repeat_ngram_size=no_repeat_ngram_size,
+                            forced_bos_id=forced_bos_id, forced_eos=forced_eos)
     if do_sample:
         return _sample(step, batch * num_return_sequences, max_len, bos_id, eos_id, pad_id, length_penalty,
-                       length_penalty_form, forced_eos, banned, temperature, top_k, top_p, seed, as_numpy, trace)
+                       length_penalty_form, processors, temperature, top_k, top_p, seed, as_numpy, trace)
     if beam_rule == "flax":
         return _beam_flax(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty,
-                          length_penalty_form, forced_eos, banned, as_numpy, trace)
+                          length_penalty_form, processors, as_numpy, trace)
     if num_beams == 1:
         return _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, length_penalty_form,
-                       forced_eos, banned, as_numpy, trace)
+                       processors, as_numpy, trace)
     return _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, early_stopping,
-                 length_penalty_form, forced_eos, banned, as_numpy, trace, num_return_sequences)
+                 length_penalty_form, processors, as_numpy, trace, num_return_sequences)
 
 
 def _scale(logits: np.ndarray) -> np.ndarray:
@@ -411,13 +558,13 @@ def _scale(logits: np.ndarray) -> np.ndarray:
 def _neighbour_gap(scores: np.ndarray, k: int) -> np.ndarray:
     """Smallest difference between neighbours among the k + 1 best finite scores per row."""
     ranked = -np.sort(-scores, axis=1)[:, :k + 1]
-    gaps = np.where(np.isfinite(ranked[:, :-1]) & np.isfinite(ranked[:, 1:]) & (ranked[:, 1:] > NEG / 2),
-                    ranked[:, :-1] - ranked[:, 1:], np.inf)
+    with np.errstate(invalid="ignore"):  # -inf - -inf (banned ids), masked below
+        gaps = np.where(np.isfinite(ranked[:, :-1]) & np.isfinite(ranked[:, 1:]) & (ranked[:, 1:] > NEG / 2),
+                        ranked[:, :-1] - ranked[:, 1:], np.inf)
     return gaps.min(axis=1)
 
 
-def _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, form, forced_eos, banned, as_numpy,
-            trace=None):
+def _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, form, processors, as_numpy, trace=None):
     tokens = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
     done = np.zeros(batch, dtype=bool)
     summed = np.zeros(batch)
@@ -425,10 +572,10 @@ def _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, form, 
     for i in range(max_len):
         logits = np.array(as_numpy(step(tokens, None)), dtype=np.float64)  # (B, V)
         _check_finite(logits, ~done, i)
-        log_probs = _processed(log_softmax(logits), i, max_len, eos_id, banned, forced_eos)
+        log_probs = _processed(log_softmax(logits), tokens, i, processors)
         if trace is not None:
             trace.append({"gap": np.where(done, np.inf, _neighbour_gap(log_probs, 1)), "scale": _scale(logits)})
-        logits = _processed(logits, i, max_len, eos_id, banned, forced_eos)
+        logits = _processed(logits, tokens, i, processors)
         # The choice reads the logits, as Hugging Face's greedy search does (same argmax, fewer roundings).
         next_id = np.where(done, pad_id, logits.argmax(-1))  # (B,)
         summed += np.where(done, 0.0, log_probs[np.arange(batch), next_id])
@@ -497,8 +644,8 @@ def uniforms(seed: int | None, max_len: int, rows: int) -> np.ndarray:
     return np.random.default_rng(seed).random((max_len, rows))
 
 
-def _sample(step, rows, max_len, bos_id, eos_id, pad_id, length_penalty, form, forced_eos, banned, temperature,
-            top_k, top_p, seed, as_numpy, trace=None):
+def _sample(step, rows, max_len, bos_id, eos_id, pad_id, length_penalty, form, processors, temperature, top_k,
+            top_p, seed, as_numpy, trace=None):
     """Multinomial sampling (Hugging Face's `_sample` with do_sample=True): at every step the
     processed logits are warped (`warp`), turned into float64 probabilities, and each open row
     draws its next id with one uniform. The uniforms, (max_len, rows), are drawn once up front
@@ -511,8 +658,8 @@ def _sample(step, rows, max_len, bos_id, eos_id, pad_id, length_penalty, form, f
     for i in range(max_len):
         logits = np.array(as_numpy(step(tokens, None)), dtype=np.float64)  # (N, V)
         _check_finite(logits, ~done, i)
-        log_probs = _processed(log_softmax(logits), i, max_len, eos_id, banned, forced_eos)
-        processed = _processed(logits, i, max_len, eos_id, banned, forced_eos)
+        log_probs = _processed(log_softmax(logits), tokens, i, processors)
+        processed = _processed(logits, tokens, i, processors)
         drawn, gap = draw(np.exp(log_softmax(warp(processed, temperature, top_k, top_p))), drawn_uniforms[i])
         if trace is not None:
             gap = np.minimum(gap, filter_gap(processed, temperature, top_k, top_p))
@@ -538,7 +685,7 @@ def _top(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, early_stopping, form,
-          forced_eos, banned, as_numpy, trace=None, returned=1):
+          processors, as_numpy, trace=None, returned=1):
     """Hugging Face's beam search (transformers 5.x `_beam_search`), docs/decoding.md."""
     beams, keep = num_beams, 2 * num_beams  # 2 x beams candidates, so that beams stay open after ends
     width = max_len + 1  # the start token and at most max_len generated ones
@@ -559,7 +706,7 @@ def _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalt
         logits = np.array(as_numpy(step(tokens, parents)), dtype=np.float64)  # (N, V)
         _check_finite(logits, np.ones(len(logits), dtype=bool), length - 1)
         vocab = logits.shape[-1]
-        log_probs = _processed(log_softmax(logits), length - 1, max_len, eos_id, banned, forced_eos)
+        log_probs = _processed(log_softmax(logits), tokens, length - 1, processors)
         totals = (log_probs.reshape(batch, beams, vocab) + running_scores[:, :, None]).reshape(batch, -1)
 
         # The best 2 x beams continuations over all beams of each row.
@@ -608,8 +755,8 @@ def _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalt
     return finished[:, :returned, 1:1 + n].reshape(batch * returned, n), finished_scores[:, :returned].reshape(-1)
 
 
-def _beam_flax(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, form, forced_eos, banned,
-               as_numpy, trace=None):
+def _beam_flax(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, form, processors, as_numpy,
+               trace=None):
     """Flax examples/wmt `decode.beam_search` (also t5x and MLCommons AlgoPerf's wmt decode.py),
     with Flax's `max_decode_len` = max_len + 1 (its sequences hold the start token). It differs
     from `_beam` in three places (docs/decoding.md):
@@ -635,7 +782,7 @@ def _beam_flax(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_p
         logits = np.array(as_numpy(step(tokens, parents)), dtype=np.float64)  # (N, V)
         _check_finite(logits, np.ones(len(logits), dtype=bool), length - 1)
         vocab = logits.shape[-1]
-        log_probs = _processed(log_softmax(logits), length - 1, max_len, eos_id, banned, forced_eos)
+        log_probs = _processed(log_softmax(logits), tokens, length - 1, processors)
         totals = (log_probs.reshape(batch, beams, vocab) + live_scores[:, :, None]).reshape(batch, -1)
 
         # The best 2 x beams continuations over all beams of each row.

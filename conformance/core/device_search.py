@@ -41,7 +41,7 @@ State = dict[str, Any]
 @dataclass(frozen=True)
 class Rules:
     """The static settings of one search (a new value is a new JAX program; the length penalty,
-    the ids and the banned mask are data, not rules).
+    the ids, the banned mask, the forced first id and the bad-word table are data, not rules).
 
     max_len:          the most generated tokens
     num_beams:        1 for greedy
@@ -51,6 +51,8 @@ class Rules:
     rule:             the beam rule, "hf" or "flax" (docs/decoding.md, "Two beam rules")
     do_sample:        sampling instead of the arg-max (its temperature, top_k, top_p and
                       uniforms are data: `sampling_data`)
+    no_repeat_ngram_size:  n of the no-repeated-n-gram rule, 0 for off (it sets the shape of the
+                      windows compared)
     """
 
     max_len: int
@@ -60,6 +62,7 @@ class Rules:
     forced_eos: bool = False
     rule: str = "hf"
     do_sample: bool = False
+    no_repeat_ngram_size: int = 0
 
     @property
     def kind(self) -> str:
@@ -94,7 +97,8 @@ class NumpyOps:
     `take(x, index)` gathers x (B, M, ...)
     along axis 1 by index (B, k); `cast(x, dtype)`; `full(shape, value, dtype)`; `arange(n)`;
     `concat(arrays)` along axis 1; `reduce(name, x, axis)` for max, min, sum, any, all; `argmax(x)`
-    along the last axis (first of equal maxima); `where(c, a, b)`, also for a Python bool `c`."""
+    along the last axis (first of equal maxima); `where(c, a, b)`, also for a Python bool `c`;
+    `mark(index, size)`: (N, size) bool, True at each row's ids index (N, M) (a scatter)."""
 
     xp = np
     int_dtype = np.int64
@@ -137,6 +141,11 @@ class NumpyOps:
             return a if condition else b
         return np.where(condition, a, b)
 
+    def mark(self, index, size: int):
+        out = np.zeros((index.shape[0], size), dtype=bool)
+        np.put_along_axis(out, index, True, axis=-1)
+        return out
+
 
 # -- Shared rules -------------------------------------------------------------------------------
 
@@ -160,11 +169,16 @@ def log_softmax(ops, logits):
     return shifted - xp.log(ops.reduce("sum", xp.exp(shifted), axis=-1, keepdims=True))
 
 
-def processed(ops, rules: Rules, scores, step, banned, eos_id):
+def processed(ops, rules: Rules, scores, step, banned, eos_id, forced_bos=None):
     """Hugging Face's logits processors in its order (the reference's `_processed`): `banned`
-    (V,) bool gets -inf; with forced_eos, at the last step every id but eos gets -inf, eos 0."""
+    (V,) or (N, V) bool (`bans`: banned ids, repeated n-grams, bad words) gets -inf; with a
+    `forced_bos` id, at the first step every other id gets -inf and it 0; with forced_eos, at the
+    last step every id but eos gets -inf, eos 0."""
     xp = ops.xp
     scores = xp.where(banned, -np.inf, scores)
+    if forced_bos is not None:
+        is_forced = ops.arange(scores.shape[-1]) == forced_bos
+        scores = ops.where(step == 0, xp.where(is_forced, 0.0, xp.full_like(scores, -np.inf)), scores)
     if rules.forced_eos:
         last = step == rules.max_len - 1
         is_eos = ops.arange(scores.shape[-1]) == eos_id
@@ -186,12 +200,15 @@ def first_nan_row(ops, logits, live, bad):
     return xp.where((bad < 0) & (first < n), first, bad)
 
 
-def processed_at(ops, rules: Rules, values, ids, step, banned, eos_id):
+def processed_at(ops, rules: Rules, values, ids, step, banned, eos_id, forced_bos=None):
     """`processed` of a (B, V) array, read at ids (B,) only: values (B,) are that array's entries
     at ids. The processors act on each entry alone, so this is the same number, without a pass
     over the whole vocabulary."""
     xp = ops.xp
-    values = xp.where(banned[ids], -np.inf, values)
+    hit = banned[ids] if banned.ndim == 1 else ops.take(banned, ids[:, None])[:, 0]  # (B,)
+    values = xp.where(hit, -np.inf, values)
+    if forced_bos is not None:
+        values = ops.where(step == 0, xp.where(ids == forced_bos, 0.0, -np.inf), values)
     if rules.forced_eos:
         last = step == rules.max_len - 1
         values = ops.where(last, xp.where(ids == eos_id, 0.0, -np.inf), values)
@@ -211,6 +228,82 @@ def read_column(ops, array, column):
     return ops.cast(picked, array.dtype)  # a sum may widen the integers (JAX with x64)
 
 
+# -- The processors that read the tokens --------------------------------------------------------
+
+
+def processor_data(settings, as_array) -> dict | None:
+    """What the processors read besides the logits and the tokens, as data (so that JAX compiles
+    one program for every forced id and every bad-word table of one shape): "forced_bos", the
+    forced first id, and "bad_prefixes" (M, P) and "bad_last" (M,), the bad words of two tokens or
+    more (`bad_words_table`), each passed through `as_array(name, value)`. None when `settings`
+    (a `decoding.Generation`) has neither; an entry that is off is left out."""
+    data = {}
+    if settings.forced_bos_id is not None:
+        data["forced_bos"] = as_array("forced_bos", settings.forced_bos_id)
+    if settings.bad_words_ids:
+        prefixes, last = bad_words_table(settings.bad_words_ids)
+        data["bad_prefixes"], data["bad_last"] = as_array("bad_prefixes", prefixes), as_array("bad_last", last)
+    return data or None
+
+
+def bad_words_table(words) -> tuple[np.ndarray, np.ndarray]:
+    """Words of two tokens or more as arrays: their prefixes (M, P), right-aligned (the token
+    before the last at column P - 1) with -1 before a shorter word's start, and their last
+    tokens (M,), int64."""
+    longest = max(len(word) - 1 for word in words)
+    prefixes = np.full((len(words), longest), -1, dtype=np.int64)
+    for m, word in enumerate(words):
+        prefixes[m, longest - len(word) + 1:] = word[:-1]
+    return prefixes, np.array([word[-1] for word in words], dtype=np.int64)
+
+
+def bans(ops, rules: Rules, tokens, length, banned, data):
+    """The ids each row may not take next: `banned` (V,) alone when no rule reads the tokens,
+    else (N, V) with the reference's `repeated_ngram_bans` and `bad_word_bans` added. tokens (N, W)
+    is the decoder input buffer, its first `length` columns written (the start token first)."""
+    n, vocab = rules.no_repeat_ngram_size, banned.shape[-1]
+    if n and n <= tokens.shape[1]:  # a window longer than the buffer never fills
+        banned = banned | repeated_ngrams(ops, tokens, length, n, vocab)
+    if data is not None and "bad_prefixes" in data:
+        banned = banned | bad_word_completions(ops, tokens, length, data["bad_prefixes"], data["bad_last"], vocab)
+    return banned
+
+
+def last_columns(ops, tokens, length, count: int):
+    """(N, count): the `count` columns of tokens (N, W) before column `length` (a Python int or
+    traced), and (count,) whether each exists (a column before the first is read as column 0)."""
+    columns = ops.arange(count) + (length - count)  # (count,)
+    exists = columns >= 0
+    index = ops.full((tokens.shape[0], count), 0, ops.int_dtype) + ops.xp.where(exists, columns, 0)
+    return ops.take(tokens, index), exists
+
+
+def repeated_ngrams(ops, tokens, length, n: int, vocab: int):
+    """(N, V) the reference's `repeated_ngram_bans`, with static shapes: every window of n columns
+    of the buffer (N, W) that lies within the first `length` columns and whose first n - 1
+    tokens are the row's last n - 1 bans its last token (HF's unfold, on the whole buffer)."""
+    xp = ops.xp
+    windows = tokens.shape[1] - n + 1  # J windows of n columns in the buffer
+    match = ops.arange(windows) <= length - n  # (J,): within the decoder input so far
+    if n > 1:
+        suffix, _ = last_columns(ops, tokens, length, n - 1)  # (N, n - 1); read only if length >= n
+        for k in range(n - 1):
+            match = match & (tokens[:, k:k + windows] == suffix[:, k:k + 1])  # (N, J)
+    banned = xp.where(match, tokens[:, n - 1:n - 1 + windows], vocab)  # (N, J): vocab is no id
+    return ops.mark(banned, vocab + 1)[:, :vocab]
+
+
+def bad_word_completions(ops, tokens, length, prefixes, last, vocab: int):
+    """(N, V) the reference's `bad_word_bans`: the last token of every word (prefixes (M, P) from
+    `bad_words_table`, last (M,)) whose prefix ends the first `length` columns of tokens (N, W);
+    a prefix longer than those never matches."""
+    xp = ops.xp
+    seen, exists = last_columns(ops, tokens, length, prefixes.shape[1])  # (N, P), (P,)
+    agree = (seen[:, None, :] == prefixes[None, :, :]) & exists  # (N, M, P)
+    match = ops.reduce("all", agree | (prefixes < 0), axis=-1)  # (N, M)
+    return ops.mark(xp.where(match, last, vocab), vocab + 1)[:, :vocab]
+
+
 # -- Greedy -------------------------------------------------------------------------------------
 
 
@@ -225,10 +318,11 @@ def greedy_start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype) -> State:
 
 
 def greedy_update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_id, sampling=None,
-                  scores: bool = True) -> State:
+                  scores: bool = True, data=None) -> State:
     """One step: each open row appends the arg-max of its processed logits (the reference's
     `_greedy` loop body), or with `sampling` (`sampling_data`) the id it draws from them (the
-    reference's `_sample` loop body); `logits` (B, V) already in the search dtype.
+    reference's `_sample` loop body); `logits` (B, V) already in the search dtype; `data`:
+    `processor_data`.
 
     `scores` False (a Python bool: the eager drivers, when the caller does not want the scores)
     skips the log-softmax, which only the scores read: the ids are the same, "summed" stays 0."""
@@ -236,7 +330,9 @@ def greedy_update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_i
     i, done = state["step"], state["done"]
     bad = first_nan_row(ops, logits, ~done, state["bad"])
     summed = state["summed"]
-    processed_logits = processed(ops, rules, logits, i, banned, eos_id)
+    banned = bans(ops, rules, state["tokens"], i + 1, banned, data)
+    forced_bos = None if data is None else data.get("forced_bos")
+    processed_logits = processed(ops, rules, logits, i, banned, eos_id, forced_bos)
     if sampling is None:
         chosen = ops.argmax(processed_logits)  # (B,): the logits' arg-max, as HF
     else:
@@ -245,7 +341,7 @@ def greedy_update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_i
     next_id = xp.where(done, pad_id, chosen)
     if scores:  # the processed log-probability of each chosen id
         picked = ops.take(log_softmax(ops, logits), next_id[:, None])[:, 0]
-        summed = summed + xp.where(done, 0.0, processed_at(ops, rules, picked, next_id, i, banned, eos_id))
+        summed = summed + xp.where(done, 0.0, processed_at(ops, rules, picked, next_id, i, banned, eos_id, forced_bos))
     lengths = state["lengths"] + ops.cast(~done, ops.int_dtype)
     tokens = write_column(ops, state["tokens"], i + 1, next_id)
     done = done | (next_id == eos_id)
@@ -345,25 +441,27 @@ def beam_start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype) -> State:
             "length": 1, "stop": xp.asarray(False), "bad": xp.asarray(-1)}
 
 
-def expand(ops, rules: Rules, state: State, logits, banned, eos_id):
+def expand(ops, rules: Rules, state: State, logits, banned, eos_id, data=None):
     """What both beam rules do first: the row of a NaN logit (`bad`), then the best 2 x beams
     continuations over all beams of each row: their scores and parent beams, their tokens, and the
     running sequences they extend with those tokens written at `length` (B, 2 x beams, width)."""
     xp = ops.xp
-    running_scores, length = state["running_scores"], state["length"]
+    running, running_scores, length = state["running"], state["running_scores"], state["length"]
     batch, beams = running_scores.shape
     vocab = logits.shape[-1]
     bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
-    log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id)
+    banned = bans(ops, rules, xp.reshape(running, (batch * beams, running.shape[-1])), length, banned, data)
+    forced_bos = None if data is None else data.get("forced_bos")
+    log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id, forced_bos)
     totals = xp.reshape(xp.reshape(log_probs, (batch, beams, vocab)) + running_scores[:, :, None],
                         (batch, beams * vocab))
     candidate_scores, candidates = ops.top_k(totals, 2 * beams)  # (B, 2 x beams)
     parent_beam, token = candidates // vocab, candidates % vocab
-    sequences = write_column(ops, ops.take(state["running"], parent_beam), length, token)  # (B, keep, width)
+    sequences = write_column(ops, ops.take(running, parent_beam), length, token)  # (B, keep, width)
     return bad, candidate_scores, parent_beam, token, sequences
 
 
-def beam_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_penalty) -> State:
+def beam_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_penalty, data=None) -> State:
     """One step of the reference's `_beam` loop, on the device. `logits` (N, V), N = B x beams,
     in the search dtype; the new state's `parents` (N,) are the rows the KV cache must follow."""
     xp = ops.xp
@@ -371,7 +469,7 @@ def beam_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_
     batch, beams = running_scores.shape
     keep, width = 2 * beams, rules.max_len + 1
     dtype = running_scores.dtype
-    bad, candidate_scores, parent_beam, token, sequences = expand(ops, rules, state, logits, banned, eos_id)
+    bad, candidate_scores, parent_beam, token, sequences = expand(ops, rules, state, logits, banned, eos_id, data)
     ends = (token == eos_id) | (length + 1 >= width)
 
     # The best `beams` that did not end stay open.
@@ -434,7 +532,7 @@ def beam_result(ops, state: State, width: int, returned: int = 1):
 # The state is beam search's (`beam_start`); `is_finished` holds Flax's finished_flags.
 
 
-def flax_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_penalty) -> State:
+def flax_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_penalty, data=None) -> State:
     """One step of the reference's `_beam_flax` loop, on the device. It differs from
     `beam_update` where the rules do (docs/decoding.md): every end token among the 2 x beams
     candidates competes for the finished set, reaching max_len is not an end, and the search stops
@@ -445,7 +543,7 @@ def flax_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_
     batch, beams = running_scores.shape
     keep, width = 2 * beams, rules.max_len + 1
     dtype = running_scores.dtype
-    bad, candidate_scores, parent_beam, token, sequences = expand(ops, rules, state, logits, banned, eos_id)
+    bad, candidate_scores, parent_beam, token, sequences = expand(ops, rules, state, logits, banned, eos_id, data)
     ends = token == eos_id  # only the end token ends a hypothesis
 
     # The best `beams` that did not end stay open.
@@ -498,7 +596,7 @@ def rules_of(settings) -> Rules:
     """The static rules of a `decoding.Generation`."""
     return Rules(max_len=settings.max_len, num_beams=settings.num_beams, early_stopping=settings.early_stopping,
                  form=settings.length_penalty_form, forced_eos=settings.forced_eos, rule=settings.beam_rule,
-                 do_sample=settings.do_sample)
+                 do_sample=settings.do_sample, no_repeat_ngram_size=settings.no_repeat_ngram_size)
 
 
 def nan_error(step: int, row: int) -> InputError:
@@ -528,13 +626,13 @@ def start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype, returned: int = 
 
 
 def update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_id, length_penalty, sampling=None,
-           scores: bool = True) -> State:
-    """One step of the search `rules` choose (`scores`: see `greedy_update`)."""
+           scores: bool = True, data=None) -> State:
+    """One step of the search `rules` choose (`scores`: see `greedy_update`; `data`: `processor_data`)."""
     if rules.kind == "flax":
-        return flax_update(ops, rules, state, logits, banned, eos_id, length_penalty)
+        return flax_update(ops, rules, state, logits, banned, eos_id, length_penalty, data)
     if rules.kind == "beam":
-        return beam_update(ops, rules, state, logits, banned, eos_id, length_penalty)
-    return greedy_update(ops, rules, state, logits, banned, eos_id, pad_id, sampling, scores)
+        return beam_update(ops, rules, state, logits, banned, eos_id, length_penalty, data)
+    return greedy_update(ops, rules, state, logits, banned, eos_id, pad_id, sampling, scores, data)
 
 
 def counter(rules: Rules) -> str:
@@ -544,7 +642,7 @@ def counter(rules: Rules) -> str:
 
 
 def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: int, banned, length_penalty,
-        dtype, read, returned: int = 1, sampling=None, scores: bool = True):
+        dtype, read, returned: int = 1, sampling=None, scores: bool = True, data=None):
     """The search with a Python loop around the device's steps (NumPy, torch). Returns the ids
     (B x returned, n) and scores (B x returned,) in the backend's arrays.
 
@@ -555,13 +653,14 @@ def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: i
     returned: the hypotheses per row (num_return_sequences) of beam search, or its samples;
     sampling: `sampling_data`, when rules.do_sample;
     scores: False when the caller drops the scores (greedy search and sampling then skip the
-        log-softmax, and the scores returned are None).
+        log-softmax, and the scores returned are None);
+    data: `processor_data` (the forced first id, the bad-word table), or None.
     """
     state = start(ops, rules, batch, bos_id, pad_id, dtype, returned)
     steps = 0
     for i in range(rules.max_len):
         logits = ops.cast(step(state, i), dtype)
-        state = update(ops, rules, state, logits, banned, eos_id, pad_id, length_penalty, sampling, scores)
+        state = update(ops, rules, state, logits, banned, eos_id, pad_id, length_penalty, sampling, scores, data)
         steps = i + 1
         stop, bad = read(state["stop"], state["bad"])
         if bad >= 0:

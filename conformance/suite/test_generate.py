@@ -11,7 +11,10 @@ compared scores may move in opposite directions. So the allowance at step s is
 2 * atol * scale for greedy and 4 * (s + 1) * atol * scale for beam search. Sampling parts ways
 only where the uniform lay near an edge of the cumulative distribution, or the logits near
 top_k's or top_p's threshold: those move by up to twice a logit's error divided by the
-temperature, so the allowance is 2 * atol * scale / temperature.
+temperature, so the allowance is 2 * atol * scale / temperature. Most drawn examples add
+Hugging Face's logits processors (no repeated n-gram, a forced first token, bad words of several
+tokens: `strategies.generation.processor_options`); they ban or force ids, and the allowances
+above read the processed scores.
 
 Examples and shapes are few (JAX compiles start_cache, the step and the reorder per shape).
 """

@@ -17,7 +17,7 @@ from conformance.suite.strategies.model_configs import configs, preset_configs
 class GenerationCase:
     """One decoding example: a model and source batch (`case`, its tgt_ids unused) and the
     arguments of `generate`. The pad id is banned (as Marian's generation config does), so that no
-    open row reads a pad token as a query."""
+    open row reads a pad token as a query (a forced first token is never the pad id either)."""
 
     case: Case
     max_len: int
@@ -58,7 +58,8 @@ def generation_cases(draw) -> GenerationCase:
     """Greedy or beam search (1-3 beams), Flax's beam rule, or sampling (1-3 samples per row,
     with drawn temperature, top_k, top_p and seed) over a drawn config and a source batch
     without all-padding rows and whose first step is not NaN, generating at most 6 tokens, with
-    drawn length penalty and stopping rule."""
+    drawn length penalty and stopping rule, and sometimes Hugging Face's logits processors
+    (`processor_options`)."""
     case = draw(cases(st.one_of(preset_configs(), configs(max_layers=2)), allow_empty_source_rows=False))
     config = case.config
     vocab, pad = config.tgt_vocab_size, config.pad_id
@@ -78,4 +79,28 @@ def generation_cases(draw) -> GenerationCase:
     options = as_mode(options, draw(st.sampled_from(MODES)), draw(st.integers(0, 2 ** 16)),
                       draw(st.sampled_from([1.0, 0.5, 2.0])), draw(st.sampled_from([0, 1, 3])),
                       draw(st.sampled_from([1.0, 0.9, 0.5])))
+    options += draw(processor_options(vocab, pad, bos, eos))
     return GenerationCase(case=case, max_len=min(6, config.max_len), bos_id=bos, eos_id=eos, options=options)
+
+
+@st.composite
+def processor_options(draw, vocab: int, pad: int, bos: int, eos: int) -> tuple[tuple[str, object], ...]:
+    """Hugging Face's logits processors, drawn after everything else (so that the configs and
+    batches stay those of the other properties), none changing a shape the backends compile for:
+    no_repeat_ngram_size 2 or 3 (two times in three: a random model repeats itself within 6 tokens
+    often); a forced first token, not the pad id nor the end id (one time in two); bad words that
+    bite (one time in two): the start token followed by half the real ids (the first step loses
+    them), plus one three-token word."""
+    real = st.integers(0, vocab - 1).filter(lambda i: i != pad)
+    options = ()
+    ngram = draw(st.sampled_from([0, 2, 3]))
+    if ngram:
+        options += (("no_repeat_ngram_size", ngram),)
+    if draw(st.booleans()):
+        options += (("forced_bos_id", draw(real.filter(lambda i: i != eos))),)
+    if draw(st.booleans()):
+        half = max(1, (vocab - 1) // 2)
+        after_start = draw(st.lists(real, min_size=half, max_size=half, unique=True))
+        longer = tuple(draw(st.lists(real, min_size=3, max_size=3)))
+        options += (("bad_words_ids", tuple((bos, token) for token in after_start) + (longer,)),)
+    return options
