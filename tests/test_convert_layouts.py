@@ -94,8 +94,9 @@ def test_export_then_import_is_bit_exact(name, position, dtype):
     config = config_for(layout, position)
     params = params_for(config, dtype)
     exported = exported_keys(layout, config, params)
-    assert detect_layout(exported).name == name
-    back_config, back = import_state_dict(exported, None, **import_overrides(layout, config))
+    # A layout that saves another system's keys (hf-mt5: T5's) is never auto-detected: by name.
+    assert detect_layout(exported).name == name if layout.detect else detect_layout(exported).name != name
+    back_config, back = import_state_dict(exported, None if layout.detect else name, **import_overrides(layout, config))
     assert back_config == config
     assert list(back) == list(params)
     for key, value in params.items():
@@ -117,7 +118,7 @@ def test_a_stored_sinusoid_is_written_from_the_shared_table():
 # -- Detection ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("name", [name for name in LAYOUTS if load_layout(name).detect])  # hf-mt5: hf-t5's keys
 def test_a_near_miss_is_explained(name):
     layout = load_layout(name)
     config = config_for(layout)

@@ -28,6 +28,8 @@ def _transform(layout, entry) -> str:
         words.append("optional")
     if entry.recomputed:
         words.append("recomputed by the system on load")
+    if entry.when:
+        words.append("when " + ", ".join(f"{k} = {v!r}" for k, v in entry.when.items()))
     return f"  [{', '.join(words)}]" if words else ""
 
 
@@ -89,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     print("  switches (value, and where it comes from):")
     for line in _switch_rows(layout):
         print(f"    {line}")
-    print("  n_heads always, and max_len when no position table is stored, come from --set.")
+    print("  n_heads (unless per-head tensors or a relative position bias store it), and max_len when no position "
+          "table is stored, come from --set (or a Hugging Face folder's config.json).")
     if layout.drop:
         print(f"  dropped: {', '.join(layout.drop)}")
     print("  keys:")
@@ -99,6 +102,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             target = ", ".join(t.text for t in entry.targets)
         print(f"    {entry.source.text}\n      -> {target}{_transform(layout, entry)}")
+    if layout.infer:
+        print("  switches the keys tell:")
+        for rule in layout.infer:
+            differs = f" (holding other values than {rule.differs_from})" if rule.differs_from else ""
+            show = lambda side: ", ".join(f"{k} = {v!r}" for k, v in side.items())  # noqa: E731
+            print(f"    {rule.key}{differs}: present -> {show(rule.present)}; absent -> {show(rule.absent)}")
     if layout.hf is not None:
         hf = layout.hf
         print(f"  Hugging Face folders (model_type {', '.join(hf.model_types)}; {', '.join(hf.architectures)}): "
@@ -106,7 +115,10 @@ def run(args: argparse.Namespace) -> int:
         for spec in hf.fields:
             default = f"default {spec.default!r}" if spec.has_default else "no default"
             shift = f" = {spec.hf} + {spec.add}" if spec.add else ""
-            print(f"    {spec.hf:<26} -> {', '.join(spec.to)}{shift}  ({default})")
+            if spec.values is not None:
+                shift = " by " + ", ".join(f"{word} -> {value!r}" for word, value in spec.values.items())
+            wins = "; decides over other fields when present" if spec.wins else ""
+            print(f"    {spec.hf:<26} -> {', '.join(spec.to)}{shift}  ({default}{wins})")
         for rule in hf.unsupported:
             print(f"    {rule.hf:<26} must be {rule.value!r}{' (transformers 3 field)' if rule.legacy else ''}: {rule.why}")
         print(f"    generation note: {', '.join(hf.generation)}")

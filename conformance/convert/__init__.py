@@ -8,7 +8,7 @@
     state_dict = export_state_dict(config, params, "annotated-transformer")  # NumPy arrays
 
     from conformance.convert import from_hf, from_hf_folder, from_torch_nn_transformer
-    config, params = from_hf(model)                          # Marian, BART, mBART, M2M100/NLLB, Pegasus
+    config, params = from_hf(model)                          # Marian, BART, mBART, M2M100/NLLB, Pegasus, T5, mT5
     config, params = from_hf_folder("opus-mt-en-de/")        # a published folder: config.json read too
     config, params = from_torch_nn_transformer(model.transformer, model.src_tok_emb, model.tgt_tok_emb, model.generator)
 

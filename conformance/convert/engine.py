@@ -159,9 +159,11 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
             shape = np.shape(stored[key])
             width, d_model = (shape[1] * shape[2], shape[0]) if entry.heads == "out" else (shape[0] * shape[1], shape[2])
             if width != d_model:
+                # ModelConfig.d_head could hold it (as for T5's d_kv), but no per-head system
+                # (Flax DenseGeneral) has been checked with such a width yet.
                 raise ConfigError("d_model", f"{key} has shape {shape}: an attention width H*K={width} (Flax's "
-                                  f"qkv_features, wmt's qkv_dim) other than d_model={d_model}, which ModelConfig cannot "
-                                  "express (its heads split d_model)")
+                                  f"qkv_features, wmt's qkv_dim) other than d_model={d_model}, which the per-head "
+                                  "(DenseGeneral) layouts do not convert yet")
         if h is not None and heads is not None and h != heads[0]:
             raise TensorError(key, f"stores {h} heads, but {heads[1]} stores {heads[0]}")
         heads = heads or ((h, key) if h is not None else None)
@@ -229,21 +231,23 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
     position term; one that rebuilds its table on load (`recomputed`, Marian) only its own.
     """
     check_overrides(target)
-    for key, present, absent in layout.infer:
+    # A transformers family reads some switches from its config.json, which an export of a folder
+    # writes (and checks: hf_config.HFTable.write): like free ones, they are the user's.
+    carried = {name for spec in layout.hf.fields for name in spec.to} if layout.hf else set()
+    for rule in layout.infer:
+        key, present, absent = rule.key, rule.present, rule.absent
         # A structure the system can have: the switches of one side of each rule, all together.
         # A free switch in a rule is only the import's default for that structure (AlgoPerf's
-        # GLU with tanh): the system takes any value of it from its user.
+        # GLU with tanh): the system takes any value of it from its user; so is one that the
+        # system's config.json carries (T5's scale_decoder_outputs beside its lm_head).
         sides = [side for side in (present, absent)
-                 if all(getattr(config, k) == v for k, v in side.items() if k not in layout.free)]
+                 if all(getattr(config, k) == v for k, v in side.items() if k not in layout.free | carried)]
         if not sides:
             wrong = next(k for k, v in present.items() if getattr(config, k) != v)
             raise ConfigError(wrong, f"the {layout.name} system has {', '.join(f'{k}={v!r}' for k, v in present.items())} "
                               f"(with {key}) or {', '.join(f'{k}={v!r}' for k, v in absent.items())} (without it); this "
                               f"config's {', '.join(f'{k}={getattr(config, k)!r}' for k in present)} is neither")
     expected = system_switches(layout, target)
-    # A transformers family reads some switches from its config.json, which an export of a folder
-    # writes (and checks: hf_config.HFTable.write): like free ones, they are the user's.
-    carried = {name for spec in layout.hf.fields for name in spec.to} if layout.hf else set()
     wrong = []
     for name in sorted(SWITCH_FIELDS):
         if name in layout.free or name in layout.inferred_names() or name in carried or name in TRAINING_ONLY:
@@ -310,7 +314,7 @@ def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: La
     plan = plan_keys(layout, canonical, config.to_dict())
     out = {fkey: backward(layout, entry, fkey, [canonical[c] for c in ckeys], ckeys, config.n_heads)
            for fkey, (entry, _, ckeys) in plan.items()}
-    for alias, (stored, _) in alias_keys(layout, list(out)).items():
+    for alias, (stored, _) in alias_keys(layout, list(out), config.to_dict()).items():
         out[alias] = out[stored].copy()
     if layout.nested:
         return unflatten(out)

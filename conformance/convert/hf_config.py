@@ -20,10 +20,20 @@ and writes every family by that table alone:
     tie_word_embeddings = { value = true, field = "tie_output", why = "..." }
     normalize_before = { value = false, field = "norm_placement", legacy = true, why = "..." }
 
+    feed_forward_proj = [                           # one field, two switches, by a table of
+        { to = "activation", default = "relu", values = { relu = "relu", "gated-gelu" = "gelu-tanh" } },
+        { to = "ffn_glu", default = "relu", values = { relu = false, "gated-gelu" = true } },
+    ]
+    scale_decoder_outputs = { to = "scale_logits", wins = true }   # decides when present
+
 `default` is the config class's own (what transformers assumes when the file leaves a field
-out); two fields that give one ModelConfig field must agree; `add` shifts an integer on the way
-in (and back on the way out). Activation names are transformers' (`ACT2FN` keys), translated by
-`HF_ACTIVATIONS` both ways. A `legacy` field is one transformers 3 read and today's config class
+out); two fields that give one ModelConfig field must agree, unless one `wins`: a field that,
+when the file has it, decides its ModelConfig fields whatever the others say (a value
+transformers derives from another field and saves beside it, which then overrides it: T5's
+`scale_decoder_outputs`, `dense_act_fn`). `add` shifts an integer on the way in (and back on the
+way out); `values` spells out the field's values and what each gives (an export writes the first
+value listed that gives the config's own, jointly for every line of the same field). Activation
+names are transformers' (`ACT2FN` keys), translated by `HF_ACTIVATIONS` both ways. A `legacy` field is one transformers 3 read and today's config class
 ignores: it is checked when present, never written.
 
 Framework-free: JSON values in, ModelConfig field values out.
@@ -50,7 +60,7 @@ HF_NAMES = {"activation": HF_ACTIVATIONS}
 
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig) if f.name != "notes"}
 _TABLE_KEYS = {"model_types", "architectures", "generation", "special_ids", "generation_defaults", "fields", "unsupported"}
-_SPEC_KEYS = {"to", "default", "add"}
+_SPEC_KEYS = {"to", "default", "add", "values", "wins"}
 _UNSUPPORTED_KEYS = {"value", "field", "why", "legacy"}
 
 
@@ -58,13 +68,19 @@ _UNSUPPORTED_KEYS = {"value", "field", "why", "legacy"}
 class FieldSpec:
     """One config.json field and the ModelConfig field(s) it gives (`to`). `default` is the
     config class's; `has_default=False` means null or absent says nothing (Marian's
-    decoder_vocab_size). `add` shifts an integer on the way in."""
+    decoder_vocab_size). `add` shifts an integer on the way in; `values` maps each of the
+    field's values to the ModelConfig value; `wins`: see the module docstring."""
 
     hf: str
     to: tuple[str, ...]
     default: Any = None
     has_default: bool = True
     add: int = 0
+    # The field's values and what each gives (the field's own spelling -> the ModelConfig value),
+    # instead of the value itself or HF_NAMES.
+    values: Mapping[str, Any] | None = None
+    # When the file has this field, it decides its ModelConfig fields over every other field's.
+    wins: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,11 +116,14 @@ class HFTable:
                 raise ConfigError(rule.field, f"{where} has {rule.hf}={hf[rule.hf]!r}: {rule.why}")
         values: dict[str, Any] = {}
         origin: dict[str, tuple[str, Any]] = {}
+        decided = {target for spec in self.fields if spec.wins and hf.get(spec.hf) is not None for target in spec.to}
         for spec in self.fields:
             raw = hf[spec.hf] if spec.hf in hf else spec.default
             if raw is None and not spec.has_default:
                 continue
             for target in spec.to:
+                if target in decided and not (spec.wins and hf.get(spec.hf) is not None):
+                    continue  # a winning field that the file has says it
                 value = _to_ours(spec, target, raw, where)
                 if target in values and values[target] != value:
                     (a, va) = origin[target]
@@ -122,17 +141,32 @@ class HFTable:
         out: dict[str, Any] = {"architectures": [self.architectures[0]], "model_type": self.model_types[0]}
         for spec in self.fields:
             if spec.hf not in out:
-                out[spec.hf] = _to_theirs(spec, spec.to[0], getattr(config, spec.to[0]))
+                out[spec.hf] = self._written(spec, config, where)
         for rule in self.unsupported:
             if not rule.legacy:
                 out[rule.hf] = rule.value
         back = self.read(out, where)
         for name, value in back.items():
-            if getattr(config, name) != value:
+            if _value_of(config, name) != value:
                 given = ", ".join(f"{s.hf}={out[s.hf]!r}" for s in self.fields if name in s.to)
                 raise ConfigError(name, f"{where} derives {name}={value!r} from {given}, but this config has "
                                   f"{name}={getattr(config, name)!r}: that system cannot express it")
         return out
+
+    def _written(self, spec: FieldSpec, config: ModelConfig, where: str) -> Any:
+        """The value of `spec.hf` that gives the config's own values, for every line of that field."""
+        lines = [s for s in self.fields if s.hf == spec.hf]
+        listed = next((s.values for s in lines if s.values is not None), None)
+        if listed is None:
+            return _to_theirs(spec, spec.to[0], _value_of(config, spec.to[0]))
+        for candidate in listed:
+            try:
+                if all(_to_ours(s, s.to[0], candidate, where) == _value_of(config, s.to[0]) for s in lines):
+                    return candidate
+            except ConfigError:
+                continue
+        wanted = ", ".join(f"{s.to[0]}={_value_of(config, s.to[0])!r}" for s in lines)
+        raise ConfigError(lines[0].to[0], f"{where} has no {spec.hf} for {wanted} (its values: {', '.join(listed)})")
 
     def generation_of(self, sources: list[Mapping[str, Any]]) -> dict[str, Any]:
         """The generation fields found first in `sources` (generation_config.json, then config.json)."""
@@ -144,7 +178,17 @@ class HFTable:
         return found
 
 
+def _value_of(config: ModelConfig, name: str) -> Any:
+    """A ModelConfig field as a config.json states it: d_head 0 is ModelConfig's way of saying
+    d_model / n_heads, and a config.json says the size itself (T5's d_kv)."""
+    return config.head_dim if name == "d_head" else getattr(config, name)
+
+
 def _to_ours(spec: FieldSpec, target: str, raw: Any, where: str) -> Any:
+    if spec.values is not None:
+        if not isinstance(raw, str) or raw not in spec.values:
+            raise ConfigError(target, f"{where}: {spec.hf} {raw!r} has no ModelConfig meaning; known: {sorted(spec.values)}")
+        return spec.values[raw]
     if target in HF_NAMES:
         names = HF_NAMES[target]
         if not isinstance(raw, str) or raw not in names:
@@ -159,6 +203,8 @@ def _to_ours(spec: FieldSpec, target: str, raw: Any, where: str) -> Any:
 
 
 def _to_theirs(spec: FieldSpec, target: str, value: Any) -> Any:
+    if spec.values is not None:
+        return next(hf for hf, ours in spec.values.items() if ours == value)
     if target in HF_NAMES:
         return next(hf for hf, ours in HF_NAMES[target].items() if ours == value)
     return value - spec.add if spec.add else value
@@ -222,7 +268,17 @@ def _field_spec(name: str, spec: Any, where: str) -> FieldSpec:
     add = spec.get("add", 0)
     if isinstance(add, bool) or not isinstance(add, int) or (add and any(_FIELD_TYPES[t] != "int" for t in to)):
         raise LayoutError(where, f"add must be an integer, for integer fields only; got {add!r}")
-    result = FieldSpec(name, tuple(to), spec.get("default"), "default" in spec, add)
+    wins = spec.get("wins", False)
+    if not isinstance(wins, bool):
+        raise LayoutError(where, f"wins must be true or false; got {wins!r}")
+    values = spec.get("values")
+    if values is not None:
+        if not isinstance(values, dict) or not values or len(to) != 1 or add:
+            raise LayoutError(where, "values must be a table of the field's values = what each gives, for one ModelConfig "
+                              "field (one `to`, no add)")
+        for word, value in values.items():
+            _check_ours(to[0], value, f"{where} values {word!r}")
+    result = FieldSpec(name, tuple(to), spec.get("default"), "default" in spec, add, values, wins)
     if result.has_default:
         for target in to:
             try:
@@ -230,3 +286,16 @@ def _field_spec(name: str, spec: Any, where: str) -> FieldSpec:
             except ConfigError as exc:
                 raise LayoutError(where, f"default: {exc.problem}") from None
     return result
+
+
+def _check_ours(target: str, value: Any, where: str) -> None:
+    """A `values` entry must be a ModelConfig value of `target` (a known name where it has names)."""
+    if target in HF_NAMES:
+        if value not in set(HF_NAMES[target].values()):
+            raise LayoutError(where, f"{value!r} is not a ModelConfig {target}; known: {sorted(set(HF_NAMES[target].values()))}")
+        return
+    kind = _FIELD_TYPES[target]
+    ok = {"int": isinstance(value, int) and not isinstance(value, bool), "bool": isinstance(value, bool),
+          "float": isinstance(value, (int, float)) and not isinstance(value, bool), "str": isinstance(value, str)}[kind]
+    if not ok:
+        raise LayoutError(where, f"{target} must be {KIND_WORDS[kind]}, got {value!r}")

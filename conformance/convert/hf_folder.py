@@ -5,7 +5,8 @@
     config, params = from_hf_folder("bart-large-cnn/")         # any family with an [hf] layout
 
 config.json's `model_type` picks the layout: the built-in layout whose `[hf]` table names it
-(`hf-marian`, `hf-bart`, `hf-mbart`, `hf-m2m100`, `hf-pegasus`; see docs/porting.md, "Families").
+(`hf-marian`, `hf-bart`, `hf-mbart`, `hf-m2m100`, `hf-pegasus`, `hf-t5`, `hf-mt5`; see docs/porting.md,
+"Families").
 That table says which config.json field gives which switch and size, with the config class's
 defaults, and which values the layout cannot express (a `ConfigError` naming the field); one
 reader (`conformance.convert.hf_config`) serves every family. The weights are whichever of these
@@ -16,9 +17,12 @@ the folder holds (the first found):
     pytorch_model.bin                               a state dict, through PyTorch's weights-only unpickler
     flax_model.msgpack                              what transformers <= 4.x wrote for Flax models, renamed
                                                     to PyTorch's names by transformers' own rule (below)
+    flax_model.msgpack.index.json + its shards      the same, sharded: `weight_map` names the shard of every
+                                                    parameter by its "/"-joined path
 
 `generation_config.json` (or, in older folders, the same fields in `config.json`) is recorded in
-the checkpoint's notes under "generation", as JSON, for decoding. An export (`write_folder`) is
+the checkpoint's notes under "generation", as JSON, for decoding, completed by the family's
+`[hf.generation_defaults]` where the folder names none (T5's decoder start: its pad id). An export (`write_folder`) is
 the inverse: config.json, generation_config.json and model.safetensors that the family's
 `from_pretrained` loads. Nothing in the folder is executed: JSON is parsed, safetensors headers are
 validated, and a pickle goes through `torch.load(weights_only=True)`.
@@ -82,8 +86,35 @@ def read_weights(folder: Path) -> dict[str, np.ndarray]:
         return read_file(folder / "pytorch_model.bin")
     if (folder / "flax_model.msgpack").is_file():
         return flax_to_torch_names(read_file(folder / "flax_model.msgpack"), folder / "flax_model.msgpack")
+    flax_index = folder / "flax_model.msgpack.index.json"
+    if flax_index.is_file():
+        return flax_to_torch_names(_flax_shards(folder, flax_index), flax_index)
     raise CheckpointError(folder, "holds no weights this reader knows: model.safetensors, model.safetensors.index.json "
-                          "with its shards, pytorch_model.bin, or flax_model.msgpack")
+                          "with its shards, pytorch_model.bin, or flax_model.msgpack (or its index with shards)")
+
+
+def _flax_shards(folder: Path, index: Path) -> dict[str, np.ndarray]:
+    """A sharded Flax checkpoint (transformers 4.x `FlaxPreTrainedModel.save_pretrained` with
+    `max_shard_size`): each `flax_model-0000i-of-0000n.msgpack` is a msgpack tree of some of the
+    parameters, and the index's `weight_map` names each parameter's shard by its path joined
+    with "/". Returns the flat parameters under their "."-joined paths, each checked against the
+    index."""
+    weight_map = _json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(index, "has no weight_map of parameter path -> shard file name")
+    where = {".".join(path.split("/")): shard for path, shard in weight_map.items()}
+    out: dict[str, np.ndarray] = {}
+    for shard in sorted(set(where.values())):
+        if Path(shard).name != shard:
+            raise CheckpointError(index, f"names the shard {shard!r}, which is not a file in this folder")
+        for key, value in read_file(folder / shard).items():
+            if where.get(key) != shard:
+                raise CheckpointError(folder / shard, f"holds {key!r}, which the index places in {where.get(key)!r}")
+            out[key] = value
+    missing = sorted(set(where) - set(out))
+    if missing:
+        raise CheckpointError(index, f"lists {missing[0]!r} (and {len(missing) - 1} more), which its shard does not hold")
+    return out
 
 
 def flax_to_torch_names(flat: dict[str, np.ndarray], path: Path) -> dict[str, np.ndarray]:
@@ -186,16 +217,31 @@ def convert_folder(folder: str | Path, *, dtype: str | None = None, weights: dic
     values = merge_switches(read, {}, overrides, "config.json")
     notes = {"source": "Hugging Face folder", "source_file": source_file or folder.name}
     generation = read_generation(folder, chosen)
-    if generation:
-        notes["generation"] = json.dumps(generation, sort_keys=True)
     try:
         result = convert_arrays(arrays, chosen, dtype=dtype, notes=notes, **values)
     except KeyMismatchError as exc:
         raise _other_family(folder, chosen, arrays) or exc from None
+    record_generation(result, chosen, generation, "the folder")
     beside = f", beside {source_file}" if source_file is not None else ""
     result.decisions.insert(1, f"switches read from {folder / 'config.json'}{beside} (model_type "
                                f"{read_model_type(folder)!r}, layout {chosen.name})")
     return result
+
+
+def record_generation(result, layout: Layout, generation: dict[str, Any], source: str) -> None:
+    """Keep `generation` (the special ids and decoding defaults found) in the checkpoint's
+    "generation" note, completed by the family's `[hf.generation_defaults]` for the fields the
+    source names none of (T5's decoder start, which T5Config does not have: its pad id), so that
+    `generate` needs no ids passed; each completion is said in the decisions."""
+    generation = dict(generation)
+    for name, field in layout.hf.generation_defaults.items():
+        if name not in generation:
+            generation[name] = getattr(result.config, field)
+            result.decisions.append(f"generation: {name}={generation[name]} ({source} names none; "
+                                    f"{layout.hf.architectures[0]} starts from its {field})")
+    if generation:
+        result.config = result.config.replace(notes={**result.config.notes,
+                                                     "generation": json.dumps(generation, sort_keys=True)})
 
 
 def read_model_type(folder: Path) -> Any:

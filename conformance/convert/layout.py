@@ -7,6 +7,7 @@ documented for users in `docs/porting.md`; in short:
 
     preset = "annotated-transformer"
     matrices = "out-in"                  # torch.nn.Linear stores (out_features, in_features)
+    detect = false                       # never auto-detected: its keys are another system's
     free = ["pad_id"]                    # switches the system takes from its user
     required = ["pad_id"]                # ... that an import must be told (--set)
     drop = ["*.num_batches_tracked"]     # foreign keys that are not parameters
@@ -22,8 +23,17 @@ documented for users in `docs/porting.md`; in short:
     "lm_head.weight" = { same_as = "model.shared.weight", optional = true }
     "...query.kernel" = { to = "...q_proj.weight", heads = "out" }   # (D, H, K) -> (D, H*K)
     "...out.kernel" = { to = "...o_proj.weight", heads = "in" }      # (H, K, D) -> (H*K, D)
+    "lm_head.weight" = [                 # (T5) alternatives, each under its switches (`when`)
+        { to = "output.weight", when = { tie_output = false } },
+        { same_as = "shared.weight", optional = true, when = { tie_output = true } },
+    ]
     [[infer]]                            # switches that the presence of a key decides
     key = "decoder.logitdense.kernel"
+    present = { tie_output = false }
+    absent = { tie_output = true }
+    [[infer]]                            # ... or a key whose tensor differs from another's:
+    key = "lm_head.weight"               # a saved copy of a tied weight counts as absent
+    differs_from = "shared.weight"
     present = { tie_output = false }
     absent = { tie_output = true }
     [taps]                               # which foreign module computes each canonical tensor
@@ -48,7 +58,7 @@ A layout may start from another: `extends = "torch-nn-transformer"` (a built-in 
 path relative to this file) takes everything from it, and this file's tables and lists replace
 what they name: a `[keys]` entry replaces the base's entry for the same canonical key(s) (or the
 same foreign pattern), `[switches]` and `[hints]` entries replace the base's one by one, and
-`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]`, `nested` and `[hf]` given here replace the base's whole;
+`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]`, `nested`, `detect` and `[hf]` given here replace the base's whole;
 `[taps]` entries (and options) replace the base's one by one.
 
     extends = "torch-nn-transformer"
@@ -67,7 +77,9 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
+
+import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.convert.errors import KIND_WORDS, LayoutError
@@ -85,7 +97,7 @@ SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
 
 _TOP_KEYS = {"name", "description", "extends", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys", "infer",
-             "nested", "taps", "hf"}
+             "nested", "taps", "hf", "detect"}
 _ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed", "heads", "when"}
 # How a system stores a projection per head (Flax DenseGeneral): "out" is (d_in, H, K), merged
 # to (d_in, H*K); "in" is (H, K, d_out), merged to (H*K, d_out). Head h owns columns (rows)
@@ -244,6 +256,30 @@ def _taps(table: Any, where: str) -> tuple[tuple[Tap, ...], dict[str, Any]]:
     return tuple(taps), options
 
 
+class InferRule(NamedTuple):
+    """One `[[infer]]` rule: the switches `present` when the foreign `key` is there, else `absent`.
+
+    `differs_from` names another foreign key: the key then counts as present only when its tensor
+    differs from that one's (`torch.equal` semantics: the same shape and values). A system that
+    ties two weights when a checkpoint stores equal copies of both and unties them when they differ
+    (transformers' `tie_weights` at load) is described exactly so. With keys alone (no tensors) the
+    key's presence decides."""
+
+    key: str
+    present: Mapping[str, Any]
+    absent: Mapping[str, Any]
+    differs_from: str | None = None
+
+    def holds(self, keys) -> bool:
+        """Whether the rule's key counts as present among `keys` (names, or a mapping to tensors)."""
+        if self.key not in keys:
+            return False
+        if self.differs_from is None or not isinstance(keys, Mapping) or self.differs_from not in keys:
+            return True
+        a, b = np.asarray(keys[self.key]), np.asarray(keys[self.differs_from])
+        return not (a.shape == b.shape and np.array_equal(a, b))
+
+
 @dataclass(frozen=True)
 class Layout:
     name: str
@@ -259,9 +295,9 @@ class Layout:
     # free or required switch -> where the system keeps it ("nn.Transformer(norm_first=...)"),
     # quoted when an import defaults it or asks for it.
     hints: Mapping[str, str] = field(default_factory=dict)
-    # (foreign key, switches when it is present, switches when it is absent): structure that the
-    # key set itself tells (a shared embedding, a logits projection), for systems that have both.
-    infer: tuple[tuple[str, Mapping[str, Any], Mapping[str, Any]], ...] = ()
+    # Structure that the key set itself tells (a shared embedding, a logits projection), for
+    # systems that have both: see InferRule.
+    infer: tuple[InferRule, ...] = ()
     # The system keeps its parameters as a nested tree (Flax): keys are its path joined with ".",
     # and an export returns the tree.
     nested: bool = False
@@ -272,6 +308,9 @@ class Layout:
     # [hf]: the Hugging Face family's config.json as data (conformance.convert.hf_config), for a
     # layout whose system is a transformers model; None for every other.
     hf: HFTable | None = None
+    # Whether auto-detection (no --layout) may pick it. A system that saves exactly another's keys
+    # (mT5 saves T5's) cannot be told by them: it is chosen by name, or by config.json's model_type.
+    detect: bool = True
     _drop_regex: tuple[re.Pattern, ...] = field(default=(), repr=False, compare=False)
 
     def base_switches(self) -> dict[str, Any]:
@@ -280,15 +319,16 @@ class Layout:
         return {**base, **self.switches}
 
     def inferred_switches(self, keys) -> dict[str, Any]:
-        """The switches the `[[infer]]` rules read from a set of foreign keys."""
-        keys = set(keys)
+        """The switches the `[[infer]]` rules read from foreign keys: a set of names, or a mapping of
+        names to tensors (which a rule with `differs_from` compares)."""
+        keys = keys if isinstance(keys, Mapping) else set(keys)
         out: dict[str, Any] = {}
-        for key, present, absent in self.infer:
-            out.update(present if key in keys else absent)
+        for rule in self.infer:
+            out.update(rule.present if rule.holds(keys) else rule.absent)
         return out
 
     def inferred_names(self) -> set[str]:
-        return {name for _, present, absent in self.infer for name in (*present, *absent)}
+        return {name for rule in self.infer for name in (*rule.present, *rule.absent)}
 
     def is_dropped(self, key: str) -> bool:
         return any(r.fullmatch(key) for r in self._drop_regex)
@@ -374,13 +414,14 @@ def _canonical_pattern(text: Any, captures: Mapping[str, Capture], where: str, k
 
 @functools.lru_cache(maxsize=1)
 def _all_canonical_names() -> frozenset[str]:
-    """Every canonical name with layer index 0, under a config that turns every parameter on."""
+    """Every canonical name with layer index 0, under configs that turn every parameter on (one
+    per position term that has parameters: a table, or a relative bias)."""
     config = ModelConfig(
         n_encoder_layers=1, n_decoder_layers=1, position="table", qkv_bias=True, out_proj_bias=True,
         final_encoder_norm=True, final_decoder_norm=True, share_embeddings=False, tie_output=False,
         output_bias=True, final_logits_bias=True, ffn_glu=True, embedding_norm=True,
     )
-    return frozenset(param_shapes(config))
+    return frozenset(param_shapes(config)) | frozenset(param_shapes(config.replace(position="relative")))
 
 
 def _entry(text: str, spec: Any, where: str, known: set[str]) -> Entry:
@@ -406,8 +447,15 @@ def _entry(text: str, spec: Any, where: str, known: set[str]) -> Entry:
             raise _fail(where, f"{number} must be an integer axis, got {spec[number]!r}")
     if "axis" in spec and kind != "split":
         raise _fail(where, "axis only applies to split")
+    when = spec.get("when", {})
+    if not isinstance(when, dict):
+        raise _fail(where, "when must be a table of switches")
+    for key, value in when.items():
+        if key not in SWITCH_FIELDS:
+            raise _fail(where, f"when: {key} is not a ModelConfig switch")
+        _check_switch(key, value, where)
     if kind == "same_as":
-        if set(spec) - {"same_as", "optional"}:
+        if set(spec) - {"same_as", "optional", "when"}:
             raise _fail(where, "an alias (same_as) takes no transform: it is the same tensor stored twice")
         target = spec["same_as"]
         if not isinstance(target, str):
@@ -418,7 +466,7 @@ def _entry(text: str, spec: Any, where: str, known: set[str]) -> Entry:
         same_as = Pattern(target, captures, "foreign")
         if same_as.names != set(captures):
             raise _fail(where, f"same_as {target!r} must use every capture of {text!r}")
-        return Entry(text, "alias", source, same_as=same_as, optional=spec.get("optional", False))
+        return Entry(text, "alias", source, same_as=same_as, optional=spec.get("optional", False), when=dict(when))
     if kind == "to":
         targets = (_canonical_pattern(spec["to"], captures, where, known),)
         kind = "rename"
@@ -427,13 +475,6 @@ def _entry(text: str, spec: Any, where: str, known: set[str]) -> Entry:
         if not isinstance(listed, list) or len(listed) < 2:
             raise _fail(where, f"{kind} needs a list of at least two canonical keys, got {listed!r}")
         targets = tuple(_canonical_pattern(t, captures, where, known) for t in listed)
-    when = spec.get("when", {})
-    if not isinstance(when, dict):
-        raise _fail(where, "when must be a table of switches")
-    for key, value in when.items():
-        if key not in SWITCH_FIELDS:
-            raise _fail(where, f"when: {key} is not a ModelConfig switch")
-        _check_switch(key, value, where)
     heads = spec.get("heads")
     if heads is not None and (heads not in HEAD_AXES or kind != "rename"):
         raise _fail(where, f"heads must be one of {list(HEAD_AXES)} on a single-target entry, got {heads!r}")
@@ -501,7 +542,22 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
     if not isinstance(keys, dict) or not keys:
         raise _fail(where, "[keys] must be a non-empty table of foreign key pattern = canonical key")
     known = set(_all_canonical_names())
-    entries = tuple(_entry(text, spec, where, known) for text, spec in keys.items())
+    entries = []
+    for text, spec in keys.items():
+        if not isinstance(spec, list):
+            entries.append(_entry(text, spec, where, known))
+            continue
+        # Alternatives: one foreign key stored as different things under different switches (an
+        # lm_head that is output.weight when untied, a saved copy of the embedding when tied).
+        if len(spec) < 2:
+            raise _fail(f"{where} [keys] {text!r}", "a list gives alternatives: at least two inline tables, each with when")
+        for alternative in spec:
+            entry = _entry(text, alternative, where, known)
+            if not entry.when:
+                raise _fail(f"{where} [keys] {text!r}", "each alternative needs when = { switch = value }, which "
+                            "decides when it applies")
+            entries.append(entry)
+    entries = tuple(entries)
     if matrices is None:
         for entry in entries:
             if entry.transpose is None and any(is_matrix(e) for t in entry.targets for e in t.examples()):
@@ -519,8 +575,10 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
     if not isinstance(rules, list):
         raise _fail(where, "[[infer]] must be an array of tables")
     for rule in rules:
-        if not isinstance(rule, dict) or set(rule) - {"key", "present", "absent"} or not isinstance(rule.get("key"), str):
-            raise _fail(where, f"an [[infer]] rule is key = \"foreign key\", present = {{...}}, absent = {{...}}; got {rule!r}")
+        if not isinstance(rule, dict) or set(rule) - {"key", "present", "absent", "differs_from"} \
+                or not isinstance(rule.get("key"), str) or not isinstance(rule.get("differs_from", ""), str):
+            raise _fail(where, f"an [[infer]] rule is key = \"foreign key\", present = {{...}}, absent = {{...}} "
+                        f"(differs_from = \"foreign key\" optional); got {rule!r}")
         sides = []
         for side in ("present", "absent"):
             table = rule.get(side, {})
@@ -531,15 +589,18 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
                     raise _fail(where, f"[[infer]] {rule['key']!r}: {key} is not a ModelConfig switch")
                 _check_switch(key, value, where)
             sides.append(dict(table))
-        infer.append((rule["key"], sides[0], sides[1]))
+        infer.append(InferRule(rule["key"], sides[0], sides[1], rule.get("differs_from")))
     taps, tap_options = _taps(data.get("taps", {}), where)
     hf = parse_hf_table(data["hf"], where) if "hf" in data else None
+    detect = data.get("detect", True)
+    if not isinstance(detect, bool):
+        raise _fail(where, f"detect must be true or false, got {detect!r}")
     return Layout(
         name=name, description=str(data.get("description", "")), preset=preset, switches=dict(switches),
         matrices=matrices, free=frozenset(lists["free"]) | frozenset(lists["required"]),
         required=frozenset(lists["required"]), drop=tuple(lists["drop"]), entries=entries, path=path,
         hints=dict(hints), infer=tuple(infer), nested=nested, taps=taps, tap_options=tap_options, hf=hf,
-        _drop_regex=tuple(glob(d) for d in lists["drop"]),
+        detect=detect, _drop_regex=tuple(glob(d) for d in lists["drop"]),
     )
 
 
@@ -563,6 +624,8 @@ def read_layout_file(path: str | Path) -> Layout:
 
 def _targets(spec: Any) -> frozenset[str]:
     """The canonical key(s) a raw `[keys]` value gives (empty for an alias)."""
+    if isinstance(spec, list):  # alternatives
+        return frozenset().union(*(_targets(s) for s in spec))
     if isinstance(spec, str):
         return frozenset([spec])
     if isinstance(spec, dict):

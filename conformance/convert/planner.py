@@ -101,10 +101,12 @@ def plan_keys(layout: Layout, canonical_keys: Iterable[str],
     return plan
 
 
-def alias_keys(layout: Layout, stored_keys: Iterable[str]) -> dict[str, tuple[str, Entry]]:
-    """alias key -> (the stored key it duplicates, its entry), for every alias of `stored_keys`."""
+def alias_keys(layout: Layout, stored_keys: Iterable[str],
+               switches: Mapping[str, Any] | None = None) -> dict[str, tuple[str, Entry]]:
+    """alias key -> (the stored key it duplicates, its entry), for every alias of `stored_keys`
+    that applies under `switches` (the config's; None: the aliases without a `when`)."""
     out = {}
-    aliases = [e for e in layout.entries if e.kind == "alias"]
+    aliases = [e for e in layout.entries if e.kind == "alias" and e.applies(switches or {})]
     for key in stored_keys:
         for entry in aliases:
             values = entry.same_as.match(key)
@@ -187,7 +189,7 @@ def check_keys(layout: Layout, keys: Iterable[str], overrides: Mapping[str, Any]
     skeleton = _skeleton(layout, overrides, layers)
     plan = plan_keys(layout, param_shapes(skeleton), skeleton.to_dict())
     expected = {fkey: not entry.optional for fkey, (entry, _, _) in plan.items()}
-    for alias, (_, entry) in alias_keys(layout, plan).items():
+    for alias, (_, entry) in alias_keys(layout, plan, skeleton.to_dict()).items():
         expected.setdefault(alias, not entry.optional)
     present = set(effective) | set(aliases)
     check.missing = [k for k, required in expected.items() if required and k not in present]
@@ -221,7 +223,8 @@ def _summarise_missing(missing: list[str], plan, expected) -> str:
 
 
 def detect_layout(keys: Iterable[str], **overrides: Any) -> Layout:
-    """The one built-in layout whose key set matches `keys` exactly.
+    """The one built-in layout whose key set matches `keys` exactly (of those that may be
+    detected: a layout with `detect = false` saves another system's keys, and is chosen by name).
 
     Raises `NoMatchingLayoutError` listing the closest layouts with their missing and unexpected
     keys, or `AmbiguousLayoutError` when several match.
@@ -229,6 +232,8 @@ def detect_layout(keys: Iterable[str], **overrides: Any) -> Layout:
     keys = list(keys)
     results = []
     for layout in builtin_layouts():
+        if not layout.detect:
+            continue
         try:
             check = check_keys(layout, keys, overrides)
         except LayoutError as exc:  # the overrides ask for a structure this layout cannot store
@@ -280,7 +285,41 @@ def infer_sizes(canonical: dict) -> dict[str, tuple[int, str]]:
     for ckey in canonical:
         if ckey.endswith(".ffn.linear1.weight"):
             read("d_ff", ckey, 1)
+    # A learned relative position bias is (buckets, H): the one tensor whose shape names the heads.
+    for stack in ("encoder", "decoder"):
+        read("relative_buckets", f"{stack}.position.relative_bias", 0)
+        read("n_heads", f"{stack}.position.relative_bias", 1)
     return inferred
+
+
+def attention_width(canonical: dict) -> tuple[int, str] | None:
+    """(H * K, the canonical key it was read from): the width of the concatenated heads, from the
+    first query projection (D, H K); None without attention."""
+    for ckey in ("encoder.layers.0.self_attn.q_proj.weight", "decoder.layers.0.self_attn.q_proj.weight"):
+        if ckey in canonical and canonical[ckey].ndim == 2:
+            return int(canonical[ckey].shape[1]), ckey
+    return None
+
+
+def _head_size(values: dict, canonical: dict, origin: dict, overrides: Mapping[str, Any]) -> None:
+    """d_head from the attention width once n_heads is known: K = H K / H. Set when the width is
+    not d_model (T5's d_kv apart from d_model / H) or d_head was given (then it must agree)."""
+    width = attention_width(canonical)
+    if width is None:
+        return
+    inner, ckey = width
+    n, d = values["n_heads"], values.get("d_model")
+    given = overrides.get("d_head")
+    if inner == d and not given:
+        return  # the paper's K = D / H (d_head 0 or absent)
+    shape = tuple(canonical[ckey].shape)
+    if inner % n:
+        raise ConfigError("n_heads", f"{n} heads do not split the attention width {inner} of {origin[ckey]} (canonical "
+                          f"{ckey}, shape {shape}) into equal heads")
+    if given is not None and given != inner // n:
+        raise ConfigError("d_head", f"{given!r} (given) contradicts {origin[ckey]} (canonical {ckey}, shape {shape}), "
+                          f"whose width {inner} over n_heads={n} gives d_head={inner // n}")
+    values["d_head"] = inner // n
 
 
 def alternatives(name: str, current: Any = None) -> str:
@@ -317,6 +356,9 @@ def build_config(layout, canonical, origin, layers, overrides, position, rows, n
         given = overrides.get("n_heads")
         if given is not None and given != heads[0]:
             raise ConfigError("n_heads", f"{given!r} (given) contradicts {heads[1]}, which stores {heads[0]} heads")
+        if "n_heads" in inferred and inferred["n_heads"][0] != heads[0]:
+            ckey = inferred["n_heads"][1]
+            raise ConfigError("n_heads", f"{origin[ckey]} has {inferred['n_heads'][0]} heads, but {heads[1]} stores {heads[0]}")
         values["n_heads"] = heads[0]
     if rows is not None:
         # A table of max_len + position_offset rows: BART's first 2 are never read.
@@ -346,9 +388,11 @@ def build_config(layout, canonical, origin, layers, overrides, position, rows, n
         values["position"] = position
     if layers["encoder"] + layers["decoder"] == 0:
         values.setdefault("n_heads", 1)  # no attention at all: the head count is meaningless
-    elif "n_heads" not in overrides and heads is None:
+    elif "n_heads" not in overrides and heads is None and "n_heads" not in inferred:
         raise ConfigError("n_heads", "cannot be read from tensor shapes (every head count splits d_model the same "
                           "way); give it: n_heads=8 in Python, --set n_heads=8 on the command line")
+    if layers["encoder"] + layers["decoder"]:
+        _head_size(values, canonical, origin, overrides)
     if "max_len" not in values:
         raise ConfigError("max_len", f"the {layout.name} state dict stores no position table, so max_len cannot be "
                           "read from it; give the longest sequence the source system accepts (--set max_len=N)")

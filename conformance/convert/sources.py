@@ -159,7 +159,8 @@ def hf_generation_note(generation_config, keys=GENERATION_KEYS) -> str:
 def from_hf(model, **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Import a live transformers model of any family with a built-in `[hf]` layout (MarianMTModel,
     BartForConditionalGeneration, MBartForConditionalGeneration, M2M100ForConditionalGeneration,
-    PegasusForConditionalGeneration), every size and switch read from `model.config`.
+    PegasusForConditionalGeneration, T5ForConditionalGeneration, MT5ForConditionalGeneration),
+    every size and switch read from `model.config`.
 
     `model.config.model_type` picks the layout, whose `[hf]` table says which config field gives
     what (`conformance.convert.hf_config`), exactly as for a folder's config.json; its
@@ -167,9 +168,11 @@ def from_hf(model, **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]
     cannot express (an untied lm_head, unequal encoder and decoder head counts) is a ConfigError
     naming the field; `overrides` may add switches but not contradict the config.
     """
+    import json
+
     import torch
 
-    from conformance.convert.hf_folder import hf_layout
+    from conformance.convert.hf_folder import hf_layout, record_generation
 
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict") or not hasattr(model, "state_dict"):
@@ -187,9 +190,8 @@ def from_hf(model, **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]
     notes = {"source": f"transformers {type(model).__name__}",
              "name_or_path": str(getattr(config, "_name_or_path", "") or "")}
     generation = hf_generation_note(getattr(model, "generation_config", None), layout.hf.generation)
-    if generation:
-        notes["generation"] = generation
     result = convert_arrays(arrays, layout, notes=notes, **values)
+    record_generation(result, layout, json.loads(generation) if generation else {}, type(model).__name__)
     return result.config, result.params
 
 

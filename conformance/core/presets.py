@@ -15,6 +15,14 @@ from conformance.core.errors import ConfigError
 # float32's most negative finite value: Hugging Face fills masked scores with `finfo(dtype).min`.
 FLOAT32_MIN = -FLOAT32_MAX
 
+_T5: dict[str, Any] = dict(
+    norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True, layer_norm_form="rms",
+    layer_norm_eps=1e-6, scale_embedding=False, position="relative", relative_buckets=32,
+    relative_max_distance=128, scale_scores=False, qkv_bias=False, out_proj_bias=False, ffn_bias=False,
+    share_embeddings=True, tie_output=True, output_bias=False, scale_logits=True, activation="relu",
+    mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0,
+)
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Vaswani et al. (2017): post-LN, shared source/target embedding tied to the output (3.4).
     "paper": dict(
@@ -103,6 +111,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         final_logits_bias=True, activation="relu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0,
         freeze_pad_embedding=True,
     ),
+    # P9 T5 v1.0 (transformers modeling_t5; t5-small ... t5-11b): pre-LN with T5LayerNorm (RMSNorm
+    # in float32, eps 1e-6, a scale and no bias) and a final norm on each stack; scores Q K^T
+    # unscaled (T5 folds the scale into W_q's initialisation); no bias anywhere; heads of d_kv,
+    # apart from d_model / H; the learned relative position bias of block 0 added to every
+    # self-attention layer's scores; one shared embedding (no padding_idx, no scale) tied to
+    # lm_head, whose input is scaled by d_model^-1/2 (`scale_decoder_outputs`); ReLU; masked
+    # scores at finfo.min; the decoder masked causally only (it starts with the pad id 0).
+    "hf-t5": _T5,
+    # T5 v1.1, Flan-T5, ByT5 (same class): gated GELU (tanh form, `gelu_new`) and an lm_head of
+    # its own, unscaled (config.json's `tie_word_embeddings: false`).
+    "hf-t5-v1_1": {**_T5, "ffn_glu": True, "activation": "gelu-tanh", "tie_output": False, "scale_logits": False},
+    # mT5 (modeling_mt5): T5 v1.1's numerics; MT5ForConditionalGeneration never scales the logits.
+    "hf-mt5": {**_T5, "ffn_glu": True, "activation": "gelu-tanh", "tie_output": False, "scale_logits": False},
     # P4 The Annotated Transformer: pre-LN via SublayerConnection, its own (x-mean)/(std+eps)
     # LayerNorm with eps 1e-6, final norms on both stacks.
     "annotated-transformer": dict(
