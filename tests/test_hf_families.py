@@ -406,3 +406,20 @@ def test_rosetta_layouts_lists_every_family(capsys):
     out = capsys.readouterr().out
     for family in FAMILIES.values():
         assert family.layout in out
+
+
+def test_compare_reads_every_size_and_switch_from_model_config():
+    """`conformance.compare` on a live transformers model needs no `n_heads=` or switch: they come
+    from `model.config` (a Marian whose activation_function is gelu, not the preset's silu, is
+    compared as gelu), and an override that contradicts the config is refused, naming the field."""
+    import conformance
+
+    model = build("marian", activation_function="gelu").double()
+    src, tgt, _ = batch("marian")
+    report = conformance.compare(model, "hf-marian", src, tgt, run=hf_run("marian"), dtype="float64", backends=())
+    compared = {t: c for (t, target), c in report.cells.items() if target == report.yours.label}
+    assert compared["logits"].comparison is not None and report.config.activation == "gelu"
+    # A live model's state_dict holds its own position table, which the comparison then uses: float64 throughout.
+    assert report.passed, report.to_text()
+    with pytest.raises(ConfigError, match="n_heads"):
+        conformance.compare(model, "hf-marian", src, tgt, run=hf_run("marian"), backends=(), n_heads=4)

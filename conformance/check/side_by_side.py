@@ -30,7 +30,7 @@ from conformance.check.report import Cell, Report, default_targets, run_check
 from conformance.check.tolerances import gradient_tolerance, tolerance
 from conformance.check.training import backward_order, scaled_error
 from conformance.core.config import ModelConfig
-from conformance.core.errors import InputError
+from conformance.core.errors import ConfigError, InputError
 from conformance.core.output import forward_order, tensors_of
 
 # The switches that act at each kind of tensor: where a tensor first diverges, one of these (or a
@@ -225,6 +225,15 @@ def _dtype_of(state: dict[str, np.ndarray]) -> str:
     return kinds.pop()
 
 
+def told_by_model_config(model: Any, layout) -> dict[str, Any]:
+    """The ModelConfig fields a transformers model's `model.config` gives through the layout's
+    `[hf]` table (empty for a layout without one, or a model without a transformers config)."""
+    config = getattr(model, "config", None)
+    if layout.hf is None or not hasattr(config, "to_dict"):
+        return {}
+    return layout.hf.read(config.to_dict(), f"{type(model).__name__}.config")
+
+
 def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None = None, dtype: str = "float32",
             backends: Any = None, grads: bool = False, labels=None, label_smoothing: float = 0.0,
             **overrides: Any) -> SideBySide:
@@ -252,7 +261,10 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
         labels: (B, T) target labels for the loss; labels equal to pad_id are not counted.
         label_smoothing: ε of the loss (docs/training.md).
         **overrides: ModelConfig fields for the conversion (n_heads, switches), as for
-            `import_state_dict`.
+            `import_state_dict`. For a transformers model and a layout with an `[hf]` table
+            (hf-marian, hf-bart, hf-t5, ...), every size and switch is read from `model.config`
+            first, as `conformance.convert.from_hf` reads them: no `n_heads=` is needed, and an
+            override that contradicts the config is a ConfigError naming the field.
     """
     from conformance.convert import convert_arrays, export_state_dict, load_layout
 
@@ -265,7 +277,12 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
         raise InputError("labels", "grads=True compares a loss: give the (B, T) labels")
     kind = foreign.framework(model)
     state = foreign.foreign_state(model)
-    conversion = convert_arrays(state, layout, **overrides)
+    told = told_by_model_config(model, layout)
+    for name, value in overrides.items():
+        if name in told and told[name] != value:
+            raise ConfigError(name, f"{value!r} (given) contradicts the model, whose {type(model).__name__}.config gives "
+                                    f"{name}={told[name]!r}")
+    conversion = convert_arrays(state, layout, **{**told, **overrides})
     config, params = conversion.config, conversion.params
     shifted = layout.tap_options["decoder_input"] == "shift-right"
     ours_tgt = shift_right(tgt_ids) if shifted else tgt_ids
