@@ -1,5 +1,7 @@
 """`generate` from a converted folder, with no special id passed, gives transformers' ids (issue 42).
 
+BART, mBART, M2M100, Pegasus and Marian first; T5, T5 v1.1 and mT5 at the end.
+
 For each family with an `[hf]` layout, the tiny random model of tests/test_hf_families.py gets the
 generation settings its released checkpoints carry in generation_config.json (BART's summarisation
 configs: no repeated 3-gram, a forced first and last token; mBART-50 and NLLB: the target language
@@ -13,6 +15,7 @@ checkpoint's "generation" note. The source batch is right-padded.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 
@@ -90,3 +93,50 @@ def test_generate_with_no_ids_passed_gives_transformers_ids(name, backend, num_b
     forced = GENERATION[name].get("forced_bos_token_id")
     if forced is not None:
         assert (ids[:, 0] == forced).all(), where
+
+
+# -- T5, T5 v1.1 and mT5 --------------------------------------------------------------------------
+# The decoder starts from the pad id 0 (config.json's decoder_start_token_id, or the layout's
+# generation default where a T5Config has none); the end token is 1. transformers' float64 T5 runs
+# with its LayerNorm variance in float64 (`float64_variance`: its one float32 cast removed), so
+# that the ids are decided by float64 scores on both sides.
+
+T5_GENERATION = {"t5": dict(max_length=12, no_repeat_ngram_size=2), "t5-v1_1": dict(max_length=12),
+                 "mt5": dict(max_length=12, no_repeat_ngram_size=2)}
+
+
+@functools.cache
+def converted_t5(name: str, tmp_dir: str):
+    from test_hf_t5 import build as build_t5
+
+    model = build_t5(name)
+    for key, value in T5_GENERATION[name].items():
+        setattr(model.generation_config, key, value)
+    model.generation_config.num_beams = 1
+    model.generation_config.decoder_start_token_id = 0
+    folder = f"{tmp_dir}/{name}"
+    model.save_pretrained(folder)
+    config, params = from_hf_folder(folder)
+    return model, config, params
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+@pytest.mark.parametrize("name", list(T5_GENERATION))
+def test_t5_generate_with_no_ids_passed_gives_transformers_ids(name, backend, num_beams, tmp_path_factory):
+    from test_hf_t5 import PAD, batch as t5_batch, float64_variance
+
+    model, config, params = converted_t5(name, str(tmp_path_factory.getbasetemp()))
+    src, _, _ = t5_batch()
+    with float64_variance(), torch.no_grad():
+        out = copy.deepcopy(model).double().generate(input_ids=torch.from_numpy(src),
+                                                     attention_mask=torch.from_numpy(src != PAD).long(),
+                                                     num_beams=num_beams, do_sample=False)
+    assert (out[:, 0] == 0).all()
+    expected = out[:, 1:].numpy()
+    target = backends.Target(backend, "cpu", "float64")
+    with backends.full_precision(backend), backends.dtype_scope(target):
+        ours = backends.build(target, config, {k: v.astype(np.float64) for k, v in params.items()})
+        ids = to_numpy(ours.generate(src, num_beams=num_beams)).astype(np.int64)
+    where = f"{name}, {backend}, num_beams={num_beams}"
+    assert ids.shape == expected.shape and (ids == expected).all(), f"{where}:\nours {ids.tolist()}\nHF   {expected.tolist()}"
