@@ -176,6 +176,10 @@ PROPERTY_BREAKS = {
         "decode.py",
         "y = model.decoder(y, None, self_mask, cache.cross_mask,",
         "y = model.decoder(y, None, self_mask[..., :max(t, 1)], cache.cross_mask,",
+    ), (
+        "decode.py",  # T5's score bias over the same (shortened) keys
+        "bias = model.decoder.position.score_bias(1, t + 1, model.dtype, first_query=t)",
+        "bias = model.decoder.position.score_bias(1, max(t, 1), model.dtype, first_query=t)",
     )], {})]),
     # A device search that never reorders the KV cache after beam search chose its rows: every
     # beam keeps attending to its own old prefix. Greedy and the full forward pass never see it.

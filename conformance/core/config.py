@@ -90,7 +90,9 @@ class ModelConfig:
             tensor2tensor's timescales `exp(-ln(1e4) i / (D/2 - 1))` and the table rounded to
             float32, as Flax `examples/wmt`'s `sinusoidal_init` stores it; needs D >= 4), or
             "sinusoid-fairseq" (fairseq's and M2M100/NLLB's `get_embedding`: split, t2t timescales,
-            computed in float32 as `torch` does there, and the row of `pad_id` zero), or "table" (a
+            computed in float32 as `torch` does there, and the row of `pad_id` zero: with
+            position_offset > pad_id, M2M100's pad_id + 1, no position reads it, and with a
+            smaller offset one does, as in fairseq's table), or "table" (a
             stored `(max_len + position_offset, D)` table per stack: learned, or a sinusoid saved as
             a buffer).
         relative_buckets, relative_max_distance: with position "relative" (T5), no position term
