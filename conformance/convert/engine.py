@@ -1,6 +1,6 @@
 """The layout engine: a foreign state dict <-> `(ModelConfig, canonical params)`, for any layout.
 
-Import, in order:
+Import, in order (1 is `planner.plan_import`, decided once; `execute` carries out the rest):
   1. key check: every foreign key is dropped, matched by exactly one entry, or unexpected; the
      keys the layout expects for the structure implied by the preset, the overrides and the layer
      indices found are compared with the keys given (missing / unexpected);
@@ -26,10 +26,8 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.params import nest_dotted
-from conformance.convert.errors import KeyMismatchError, LayoutError, TensorError, listing, overrides_note, setting
-from conformance.convert.planner import (
-    alias_keys, build_config, check_keys, defaulted_switches, detect_layout, plan_keys, structural_overrides,
-)
+from conformance.convert.errors import LayoutError, TensorError, listing, setting
+from conformance.convert.planner import Plan, alias_keys, build_config, defaulted_switches, plan_import, plan_keys
 from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, TABLES, Layout, load_layout
 from conformance.convert.transforms import backward, forward, identical, recognise_positions, stored_heads
 from conformance.core.errors import ConfigError
@@ -124,20 +122,14 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
                    notes: Mapping[str, str] | None = None, **overrides: Any) -> Conversion:
     """Import NumPy arrays keyed by foreign names; see `import_state_dict` for the arguments."""
     check_overrides(overrides)
-    detected = layout is None
-    layout = detect_layout(arrays, **overrides) if detected else load_layout(layout)
-    # Structure the key set tells (a shared embedding, a logits projection): as if given.
-    overrides = {**layout.inferred_switches(arrays), **overrides}
-    note = overrides_note(structural_overrides(layout, overrides), overrides)
-    try:
-        check = check_keys(layout, arrays, overrides)
-    except LayoutError as exc:
-        if not note or exc.layout != layout.name:
-            raise
-        raise LayoutError(layout.name, f"{exc.problem} ({note})") from None
-    if not check.exact:
-        raise KeyMismatchError(layout.name, check.missing, check.unexpected, check.missing_summary, note)
-    decisions = [f"layout: {layout.name}" + (" (auto-detected)" if detected else "")]
+    return execute(plan_import(arrays, layout, overrides), arrays, dtype=dtype, notes=notes)
+
+
+def execute(plan: Plan, arrays: Mapping[str, np.ndarray], *, dtype: str | None = None,
+            notes: Mapping[str, str] | None = None) -> Conversion:
+    """Carry out a `Plan` (`planner.plan_import`) on the arrays it was made for: steps 2 to 6 above."""
+    layout, check = plan.layout, plan.check
+    decisions = [f"layout: {layout.name}" + (" (auto-detected)" if plan.detected else "")]
     if check.dropped:
         decisions.append(f"dropped {len(check.dropped)} key(s) the layout marks as not parameters: {listing(check.dropped)}")
 
@@ -187,7 +179,7 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
             raise TensorError(origin[odd], f"has dtype {canonical[odd].dtype} while the other tensors are {common}; a "
                               f"model holds one dtype: pass dtype='{common}' (--dtype {common}) to cast")
 
-    overrides = dict(overrides)
+    overrides = dict(plan.overrides)
     _padding(layout, canonical, overrides, decisions)
     position, rows = recognise_positions(layout, canonical, origin, overrides, decisions)
     config = build_config(layout, canonical, origin, check.layers, overrides, position, rows, notes, heads)
@@ -215,7 +207,7 @@ def convert_arrays(arrays: Mapping[str, np.ndarray], layout: Layout | str | None
     # Copies, C-ordered: the caller's tensors are never shared, so nothing done to the result
     # (or to the source model afterwards) reaches the other.
     params = {ckey: np.array(canonical[ckey], copy=True, order="C") for ckey in expected}
-    return Conversion(config, params, layout, detected, decisions)
+    return Conversion(config, params, layout, plan.detected, decisions)
 
 # -- Export ------------------------------------------------------------------------------------
 

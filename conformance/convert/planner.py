@@ -6,6 +6,7 @@ decides before a tensor is transformed; `conformance.convert.engine` carries the
                                         canonical tensors (export); the tied duplicates of keys
     check_keys, detect_layout           a key set against a layout (missing and unexpected keys,
                                         no tensors needed), and the one built-in layout it fits
+    Plan, plan_import                   all an import decides from the keys, decided once
     needs_transpose                     whether a canonical matrix is stored (out, in) there
     infer_sizes, build_config           the sizes the shapes tell; the config: the layout's
                                         switches, those sizes, then the overrides
@@ -30,9 +31,11 @@ from conformance.core.config import (
 )
 from conformance.core.errors import ConfigError
 from conformance.convert.errors import (
-    AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, listing, overrides_note, setting,
+    AmbiguousLayoutError, KeyMismatchError, LayoutError, NoMatchingLayoutError, listing, overrides_note, setting,
 )
-from conformance.convert.layout import SIZE_FIELDS, SWITCH_FIELDS, TABLES, Entry, Layout, builtin_layouts, is_matrix
+from conformance.convert.layout import (
+    SIZE_FIELDS, SWITCH_FIELDS, TABLES, Entry, Layout, builtin_layouts, is_matrix, load_layout,
+)
 from conformance.core.params import param_shapes
 
 _LAYER = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.")
@@ -50,10 +53,24 @@ class KeyCheck:
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     missing_summary: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)  # the caller's, over those the key names tell
 
     @property
     def exact(self) -> bool:
         return not self.missing and not self.unexpected
+
+
+@dataclass
+class Plan:
+    """What an import decided from the keys alone, before a tensor is transformed: the layout, the
+    switches (the caller's over those the key set tells), and in `check` each foreign key's entry
+    (its transforms) and captured values, the tied duplicates and the layer counts. Built once by
+    `plan_import`; `engine.execute` carries it out (config from the shapes, then the tensors)."""
+
+    layout: Layout
+    detected: bool
+    overrides: dict[str, Any]
+    check: KeyCheck
 
 
 def match_key(layout: Layout, key: str, switches: Mapping[str, Any] | None = None) -> tuple[Entry, dict[str, str]] | None:
@@ -184,7 +201,7 @@ def check_keys(layout: Layout, keys: Iterable[str], overrides: Mapping[str, Any]
             m = _LAYER.match(target.format(values))
             if m:
                 layers[m.group(1)] = max(layers[m.group(1)], int(m.group(2)) + 1)
-    check = KeyCheck(layout, effective, aliases, dropped, layers)
+    check = KeyCheck(layout, effective, aliases, dropped, layers, overrides=overrides)
 
     skeleton = _skeleton(layout, overrides, layers)
     plan = plan_keys(layout, param_shapes(skeleton), skeleton.to_dict())
@@ -229,8 +246,14 @@ def detect_layout(keys: Iterable[str], **overrides: Any) -> Layout:
     Raises `NoMatchingLayoutError` listing the closest layouts with their missing and unexpected
     keys, or `AmbiguousLayoutError` when several match.
     """
+    return _detect(keys, overrides).layout
+
+
+def _detect(keys: Iterable[str], overrides: Mapping[str, Any]) -> KeyCheck:
+    """`detect_layout`, returning the winner's `KeyCheck` so that an import need not match the
+    keys against it a second time."""
     keys = list(keys)
-    results = []
+    results, checks = [], {}
     for layout in builtin_layouts():
         if not layout.detect:
             continue
@@ -240,15 +263,45 @@ def detect_layout(keys: Iterable[str], **overrides: Any) -> Layout:
             results.append((layout, [f"({exc.problem})"], []))
             continue
         results.append((layout, check.missing, check.unexpected))
+        checks[layout.name] = check
     exact = [layout for layout, missing, unexpected in results if not missing and not unexpected]
     if len(exact) == 1:
-        return exact[0]
+        return checks[exact[0].name]
     if exact:
         raise AmbiguousLayoutError([layout.name for layout in exact])
     results.sort(key=lambda r: (len(r[1]) + len(r[2]), r[0].name))
     structural = sorted({name for layout, _, _ in results for name in structural_overrides(layout, overrides)})
     raise NoMatchingLayoutError([(layout.name, m, u) for layout, m, u in results], len(keys),
                                 note=overrides_note(structural, overrides))
+
+
+def plan_import(arrays: Mapping[str, Any], layout: Layout | str | None, overrides: Mapping[str, Any]) -> Plan:
+    """The `Plan` for importing `arrays` (foreign key -> tensor) with `layout` (None: detect it).
+
+    Each foreign key is matched against the chosen layout once: detection's check of the winner is
+    the plan's, unless the tensors tell a switch the key names alone did not (an `[[infer]]` rule
+    with `differs_from`): those change what the layout expects, so the keys are checked again.
+
+    Raises `NoMatchingLayoutError` / `AmbiguousLayoutError` (detection), `KeyMismatchError`
+    (missing or unexpected keys), `LayoutError` (the overrides ask for what the layout cannot store).
+    """
+    overrides = dict(overrides)
+    detected = layout is None
+    check = _detect(arrays, overrides) if detected else None
+    layout = check.layout if detected else load_layout(layout)
+    # Structure the key set tells (a shared embedding, a logits projection): as if given.
+    overrides = {**layout.inferred_switches(arrays), **overrides}
+    note = overrides_note(structural_overrides(layout, overrides), overrides)
+    if check is None or check.overrides != {**layout.inferred_switches(list(arrays)), **overrides}:
+        try:
+            check = check_keys(layout, arrays, overrides)
+        except LayoutError as exc:
+            if not note or exc.layout != layout.name:
+                raise
+            raise LayoutError(layout.name, f"{exc.problem} ({note})") from None
+    if not check.exact:
+        raise KeyMismatchError(layout.name, check.missing, check.unexpected, check.missing_summary, note)
+    return Plan(layout, detected, overrides, check)
 
 
 # -- Orientation -------------------------------------------------------------------------------
