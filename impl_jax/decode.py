@@ -231,8 +231,9 @@ def _search(model, memory, cross_mask, ids, banned, length_penalty, sampling, da
     """The compiled search: start_cache, then one `lax.while_loop` whose body reorders the cache,
     runs the cached step and updates the search state, until the state says stop (Flax
     examples/wmt's and t5x's shape). One program per (rows, source length, rules); the ids, the
-    banned mask, the length penalty, sampling's uniforms and warper settings, the forced first id
-    and the bad-word table (`processor_data`, one program per table shape) are data."""
+    banned mask, the length penalty, sampling's uniforms and warper settings, the forced first id,
+    the minimum length and the bad-word table (`processor_data`, one program per table shape) are
+    data."""
     ops, dtype = Ops(None), search_dtype(model)
     bos_id, eos_id, pad_id = ids[0], ids[1], ids[2]
     rows = memory.shape[0]

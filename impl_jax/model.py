@@ -966,10 +966,11 @@ class Model(nnx.Module):
         return decode.reorder_cache(self, cache, rows)
 
     def generate(self, src_ids, max_len: int | None = None, bos_id: int | None = None, eos_id: int | None = None, *,
-                 num_beams: int | None = None, length_penalty: float | None = None, early_stopping: bool | str = False,
-                 use_cache: bool = True, length_penalty_form: str | None = None, forced_eos: bool | None = None,
+                 num_beams: int | None = None, length_penalty: float | None = None,
+                 early_stopping: bool | str | None = None, use_cache: bool = True, length_penalty_form: str | None = None, forced_eos: bool | None = None,
                  banned_ids=None, bad_words_ids=None, no_repeat_ngram_size: int | None = None,
-                 forced_bos_id: int | bool | None = None, return_scores: bool = False, beam_rule: str = "hf",
+                 forced_bos_id: int | bool | None = None, min_length: int | None = None,
+                 min_new_tokens: int | None = None, return_scores: bool = False, beam_rule: str = "hf",
                  num_return_sequences: int = 1, do_sample: bool = False, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None):
         """Greedy (num_beams=1), beam search or sampling: the best sequences per row after `bos_id`.
@@ -984,13 +985,16 @@ class Model(nnx.Module):
         runs the decoder over the whole prefix at every step: the plain loop, O(T^2). Hugging Face's
         logits processors, in its order: `no_repeat_ngram_size`, `banned_ids` and `bad_words_ids`
         (lists of ids; a word of several tokens is banned where its start ends the sequence),
-        `forced_bos_id` (False: none, whatever the note says), `forced_eos`.
+        `min_length` (the end token banned while the output plus the start token is shorter) and
+        `min_new_tokens` (banned while the output is shorter; it replaces min_length, as in
+        transformers), `forced_bos_id` (False: none, whatever the note says), `forced_eos`.
+        `early_stopping` (beam_rule="hf"): the note's, else False.
         """
         return decode.generate(self, src_ids, max_len, bos_id, eos_id, num_beams=num_beams,
                                length_penalty=length_penalty, early_stopping=early_stopping, use_cache=use_cache,
                                length_penalty_form=length_penalty_form, forced_eos=forced_eos,
                                banned_ids=banned_ids, bad_words_ids=bad_words_ids,
                                no_repeat_ngram_size=no_repeat_ngram_size, forced_bos_id=forced_bos_id,
-                               return_scores=return_scores, beam_rule=beam_rule,
+                               min_length=min_length, min_new_tokens=min_new_tokens, return_scores=return_scores, beam_rule=beam_rule,
                                num_return_sequences=num_return_sequences, do_sample=do_sample,
                                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)

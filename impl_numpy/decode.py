@@ -164,7 +164,7 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     banned_mask[list(settings.banned_ids)] = True
     drawn = uniforms(settings.seed, settings.max_len, len(rows)) if settings.do_sample else None  # (max_len, N)
     sampling = sampling_data(settings, drawn, lambda name, value: value.astype(dtype) if name == "uniforms" else value)
-    data = processor_data(settings, lambda name, value: value)  # the forced first id, the bad-word table
+    data = processor_data(settings, lambda name, value: value)  # the forced first id, min length, bad-word table
 
     def step(state, i: int) -> np.ndarray:
         if not settings.use_cache:

@@ -319,8 +319,8 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         drawn = uniforms(settings.seed, settings.max_len, len(rows)) if settings.do_sample else None  # (max_len, N)
         sampling = sampling_data(settings, drawn, lambda name, value: ops.cast(value, dtype) if name == "uniforms"
                                  else value)
-        # The forced first id as a Python int, the bad-word table on the device.
-        data = processor_data(settings, lambda name, value: value if name == "forced_bos"
+        # The forced first id and the minimum length as Python ints, the bad-word table on the device.
+        data = processor_data(settings, lambda name, value: value if name in ("forced_bos", "min_steps")
                               else torch.as_tensor(value, device=model.device))
         # This backend's own step without the id checks (they would read the ids back to the host
         # every step); a subclass's decode_step (torch.compile'd, say) is called as it is.

@@ -258,6 +258,10 @@ PROPERTY_BREAKS = {
         "decode.py", "banned_mask[list(settings.banned_ids)] = True",
         "banned_mask[list(settings.banned_ids) + [w[-1] for w in settings.bad_words_ids]] = True",
     )], {})]),
+    "min_length not forwarded": ("test_generate", [("numpy", [(
+        "decode.py", "data = processor_data(settings,",
+        'data = processor_data(__import__("dataclasses").replace(settings, min_length=0),',
+    )], {})]),
     "multi-token bad words dropped": ("test_generate", [("numpy", [(
         "decode.py", "data = processor_data(settings,",
         'data = processor_data(__import__("dataclasses").replace(settings, bad_words_ids=()),',

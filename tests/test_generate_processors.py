@@ -54,6 +54,15 @@ SETTINGS = [
      dict(bad_words_ids=[[PAD, 12], [26, 26, 23], [12, 12, 0], [7], [0]]), None),
     ("all of them", dict(no_repeat_ngram_size=3, forced_bos_token_id=26, bad_words_ids=[[26, 23], [5, 5, 5]]),
      dict(no_repeat_ngram_size=3, forced_bos_id=26, bad_words_ids=[[26, 23], [5, 5, 5]]), None),
+    # The end token banned while the decoder input (start token included) is shorter than 6, or
+    # fewer than 5 tokens were generated; min_new_tokens replaces min_length, as in transformers
+    # (applying both would ban the end token until the 9th token).
+    ("min_length=6", dict(min_length=6), dict(min_length=6), None),
+    ("min_new_tokens=5", dict(min_new_tokens=5), dict(min_new_tokens=5), None),
+    ("min_new_tokens=5 over min_length=10", dict(min_length=10, min_new_tokens=5),
+     dict(min_length=10, min_new_tokens=5), None),
+    ("min_length=7 with the others", dict(min_length=7, no_repeat_ngram_size=2, forced_bos_token_id=26),
+     dict(min_length=7, no_repeat_ngram_size=2, forced_bos_id=26), None),
 ]
 
 
@@ -142,9 +151,8 @@ def test_the_processors_from_the_generation_note_give_the_ids_of_transformers(ba
 # The families whose generation configs set the processors: BART's summarisation config (its
 # start token is the end token; bos forced first; no repeated 3-gram; forced end; 4 beams,
 # length penalty 2) and mBART-50's translation config (the target language's code forced first).
-# Tiny random models ported with `conformance.convert.from_hf`: the note gives the start, end,
-# forced ids, beams and penalty; no_repeat_ngram_size is passed (the layouts' `[hf] generation`
-# lists do not record it yet).
+# Tiny random models ported with `conformance.convert.from_hf`: the note gives everything (the
+# start, end and forced ids, no_repeat_ngram_size, beams and penalty); generate gets no argument.
 FAMILIES = {
     "bart": ("BartForConditionalGeneration", "BartConfig",
              dict(forced_bos_token_id=0, no_repeat_ngram_size=3, num_beams=4, length_penalty=2.0)),
@@ -187,7 +195,8 @@ def test_each_familys_generation_config_gives_the_ids_of_transformers(backend, f
     target = backends.Target(backend, "cpu", "float64")
     with backends.full_precision(backend), backends.dtype_scope(target):
         ours = backends.build(target, config, params)
-        ids = to_numpy(ours.generate(src, no_repeat_ngram_size=generation.no_repeat_ngram_size)).astype(np.int64)
+        ids = to_numpy(ours.generate(src)).astype(np.int64)
+    assert json.loads(config.notes["generation"])["no_repeat_ngram_size"] == generation.no_repeat_ngram_size
     same_ids(ids, expected, f"{backend}, {family}")
 
 
@@ -200,6 +209,9 @@ PROCESSORS = [dict(no_repeat_ngram_size=n) for n in (1, 2, 3)] + [
     dict(bad_words_ids=((BOS, 3), (3, 5), (5, 5, 6), (4,), (EOS,))),
     dict(bad_words_ids=((3, 3, 3, 3, 3, 3, 3, 3, 3),)),  # longer than any sequence: never applies
     dict(no_repeat_ngram_size=2, forced_bos_id=3, bad_words_ids=((3, 4), (BOS, 3, 6))),
+    dict(min_length=5),
+    dict(min_new_tokens=3, no_repeat_ngram_size=2, forced_bos_id=EOS),  # the forced first token wins
+    dict(min_new_tokens=4),
 ]
 SEARCHES = [dict(num_beams=1), dict(num_beams=3, early_stopping="never"), dict(num_beams=2, early_stopping=True),
             dict(num_beams=2, beam_rule="flax", length_penalty_form="gnmt"),
@@ -296,10 +308,9 @@ def test_the_synthetic_settings_reach_what_they_test():
     """Each processor changes the reference's ids on these logits under some search, except the
     word longer than any sequence, which changes none."""
     values = table("continuous")
-    max_len, base = BASES[0]
     for processors in PROCESSORS:
         changed = []
-        for search_options in SEARCHES:
+        for (max_len, base), search_options in itertools.product(BASES, SEARCHES):
             if search_options.get("do_sample") and processors.get("no_repeat_ngram_size") == 1:
                 continue
             plain = reference({**base, **search_options}, values, max_len)[0]
@@ -336,6 +347,29 @@ def test_the_reference_bans_as_transformers_processors_do():
         assert (_processed(scores.copy(), tokens, t - 1, processors) == expected.numpy()).all(), tokens
 
 
+def test_the_minimum_length_bans_as_transformers_processors_do():
+    """`Processors.bans_eos` against MinLengthLogitsProcessor and MinNewTokensLengthLogitsProcessor
+    (its prompt the start token: transformers' input_ids_seq_length for an encoder-decoder)."""
+    import torch
+    from transformers.generation.logits_process import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
+
+    from conformance.core.decoding import Processors, _processed
+
+    rng = np.random.default_rng(1)
+    for t in range(1, 9):
+        tokens = rng.integers(0, 5, size=(3, t))
+        for minimum in range(0, 10):
+            scores = rng.normal(size=(3, 5))
+            expected = MinLengthLogitsProcessor(minimum, eos_token_id=4)(torch.from_numpy(tokens),
+                                                                          torch.from_numpy(scores.copy()))
+            got = _processed(scores.copy(), tokens, t - 1, Processors(max_len=20, eos_id=4, min_length=minimum))
+            assert (got == expected.numpy()).all(), (t, minimum)
+            expected = MinNewTokensLengthLogitsProcessor(1, minimum, eos_token_id=4)(torch.from_numpy(tokens),
+                                                                                      torch.from_numpy(scores.copy()))
+            got = _processed(scores.copy(), tokens, t - 1, Processors(max_len=20, eos_id=4, min_new_tokens=minimum))
+            assert (got == expected.numpy()).all(), (t, minimum)
+
+
 # -- Arguments: the note, explicit arguments, errors ----------------------------------------------
 
 SIZES = dict(src_vocab_size=13, tgt_vocab_size=13, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=1,
@@ -369,6 +403,17 @@ def test_the_note_carries_the_processors():
                        forced_bos_id=False, no_repeat_ngram_size=0, bad_words_ids=[[8, 9], [10], [2]])
     assert explicit.forced_bos_id is None and explicit.no_repeat_ngram_size == 0
     assert explicit.banned_ids == (10,) and explicit.bad_words_ids == ((8, 9),)
+    # min_length, min_new_tokens and early_stopping (beam_rule="hf" only) from the note.
+    long = noted(config, decoder_start_token_id=1, eos_token_id=2, min_length=6, early_stopping=True)
+    assert generation_note(long)["min_length"] == 6 and generation_note(long)["early_stopping"] is True
+    settings = resolve(long)
+    assert (settings.min_length, settings.min_new_tokens, settings.early_stopping) == (6, 0, True)
+    assert resolve(long, early_stopping="never", min_length=0).early_stopping == "never"
+    assert resolve(long, min_length=0).min_length == 0 and resolve(long, min_new_tokens=2).min_length == 0
+    assert resolve(long, beam_rule="flax", num_beams=2).early_stopping is False
+    new = noted(config, decoder_start_token_id=1, eos_token_id=2, min_length=6, min_new_tokens=3)
+    assert (resolve(new).min_length, resolve(new).min_new_tokens) == (0, 3)  # it replaces min_length
+    assert (resolve(new, min_length=4).min_length, resolve(new, min_length=4).min_new_tokens) == (4, 0)
     both = resolve(noted(config, decoder_start_token_id=1, eos_token_id=2, bad_words_ids=[[4], [6, 7]]),
                    banned_ids=[2], bad_words_ids=[[3]])
     assert both.banned_ids == (2, 3) and both.bad_words_ids == ()  # banned_ids may ban the end token
@@ -407,6 +452,12 @@ BAD_OPTIONS = [
     (dict(bad_words_ids=[[1, -1]]), "bad_words_ids"),
     (dict(bad_words_ids=[["a"]]), "bad_words_ids"),
     (dict(bad_words_ids=[[1.0, 2]]), "bad_words_ids"),
+    (dict(min_length=-1), "min_length"),
+    (dict(min_length=3.0), "min_length"),
+    (dict(min_length=True), "min_length"),
+    (dict(min_new_tokens=-2), "min_new_tokens"),
+    (dict(min_new_tokens="3"), "min_new_tokens"),
+    (dict(min_new_tokens=2, min_length=-1), "min_length"),  # checked even where min_new_tokens replaces it
 ]
 
 
@@ -435,9 +486,10 @@ def test_jax_compiles_one_search_for_every_forced_id_and_table_of_one_shape():
     config = preset("paper", **SIZES)
     src = small_source(config)
     model = backends.build(backends.Target("jax", "cpu", "float32"), config, None)
-    model.generate(src, 6, 1, 2, num_beams=2, forced_bos_id=3, bad_words_ids=[[3, 4], [5, 6, 7]])  # warm
+    model.generate(src, 6, 1, 2, num_beams=2, forced_bos_id=3, bad_words_ids=[[3, 4], [5, 6, 7]], min_length=3)  # warm
     impl_jax.reset_stats()
-    model.generate(src, 6, 1, 2, num_beams=2, forced_bos_id=8, bad_words_ids=[[8, 9], [4, 4, 4]])
+    model.generate(src, 6, 1, 2, num_beams=2, forced_bos_id=8, bad_words_ids=[[8, 9], [4, 4, 4]], min_length=5)
+    model.generate(src, 6, 1, 2, num_beams=2, forced_bos_id=8, bad_words_ids=[[8, 9], [4, 4, 4]], min_new_tokens=2)
     assert impl_jax.compile_stats()["compiles"] == 0, impl_jax.compile_stats()
 
 

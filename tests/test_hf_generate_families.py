@@ -140,3 +140,96 @@ def test_t5_generate_with_no_ids_passed_gives_transformers_ids(name, backend, nu
         ids = to_numpy(ours.generate(src, num_beams=num_beams)).astype(np.int64)
     where = f"{name}, {backend}, num_beams={num_beams}"
     assert ids.shape == expected.shape and (ids == expected).all(), f"{where}:\nours {ids.tolist()}\nHF   {expected.tolist()}"
+
+
+# -- BART's summarisation settings: minimum length, early stopping, length penalty ---------------
+# bart-large-cnn's generation_config.json also sets min_length 56, early_stopping true, 4 beams and
+# length penalty 2.0. With the tiny model's max_length of 14, a min_length of 9 (the start token
+# counted, as transformers counts it for an encoder-decoder) bans the end token where rows would
+# end; min_new_tokens, the same rule counted without the start token, replaces it where set.
+# Everything comes from the folder: generate gets no argument (greedy: num_beams=1 only).
+BART_SUMMARY = dict(no_repeat_ngram_size=3, forced_bos_token_id=0, forced_eos_token_id=2, max_length=14,
+                    early_stopping=True, num_beams=4, length_penalty=2.0)
+BART_MINIMUM = {"min_length": dict(min_length=9), "min_new_tokens": dict(min_new_tokens=7)}
+BART_OFF = dict(min_length=0, min_new_tokens=None)  # transformers' generate with neither rule
+
+
+@functools.cache
+def converted_bart_summary(minimum: str, tmp_dir: str):
+    model = build("bart")
+    model.generation_config.update(**BART_SUMMARY, **BART_MINIMUM[minimum])
+    with torch.no_grad():
+        model.final_logits_bias[0, model.generation_config.eos_token_id] += EOS_BOOST
+    folder = f"{tmp_dir}/bart-summary-{minimum}"
+    model.save_pretrained(folder)
+    config, params = from_hf_folder(folder)
+    return model, config, params
+
+
+def hf_summary_ids(model, config, src, **options) -> np.ndarray:
+    model = in_float64("bart", model, config)
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.from_numpy(src), attention_mask=torch.from_numpy(src != FAMILIES["bart"].pad)
+                             .long(), do_sample=False, **options)
+    return out[:, 1:].numpy()
+
+
+def differ(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape != b.shape or bool((a != b).any())
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+@pytest.mark.parametrize("minimum", sorted(BART_MINIMUM))
+def test_bart_summary_settings_from_the_folder_give_transformers_ids(minimum, backend, num_beams, tmp_path_factory):
+    model, config, params = converted_bart_summary(minimum, str(tmp_path_factory.getbasetemp()))
+    note = json.loads(config.notes["generation"])
+    for key, value in {**BART_SUMMARY, **BART_MINIMUM[minimum]}.items():
+        assert note.get(key) == value, (key, note)
+    src, _, _ = batch("bart")
+    greedy = {} if num_beams == 4 else {"num_beams": 1}
+    expected = hf_summary_ids(model, config, src, **greedy)
+    # Each setting changes transformers' own ids here, so that the test can fail.
+    assert differ(expected, hf_summary_ids(model, config, src, **greedy, **BART_OFF)), f"{minimum} changes nothing"
+    if num_beams == 4:
+        assert differ(expected, hf_summary_ids(model, config, src, early_stopping=False)), \
+            "early_stopping changes nothing"
+    target = backends.Target(backend, "cpu", "float64")
+    with backends.full_precision(backend), backends.dtype_scope(target):
+        ours = backends.build(target, config, {k: v.astype(np.float64) for k, v in params.items()})
+        ids = to_numpy(ours.generate(src, **greedy)).astype(np.int64)
+    where = f"bart summary, {minimum}, {backend}, num_beams={num_beams}"
+    assert ids.shape == expected.shape and (ids == expected).all(), f"{where}:\nours {ids.tolist()}\nHF   {expected.tolist()}"
+
+
+def test_a_setting_generate_does_not_apply_is_named_in_a_warning(tmp_path):
+    """repetition_penalty and suppress_tokens change transformers' ids here; the conversion goes on
+    but warns, naming each with its value; a field at a value that changes nothing is not named."""
+    from conformance.convert.hf_folder import convert_folder
+    from conformance.core.decoding import GenerationWarning
+
+    model = build("bart")
+    model.generation_config.update(max_length=12, num_beams=1, repetition_penalty=1.0, top_k=50)
+    src, _, _ = batch("bart")
+    config, _ = from_hf_folder(_saved(model, tmp_path / "plain"))
+    plain = hf_summary_ids(model, config, src)
+    for field, value in (("repetition_penalty", 1.5), ("suppress_tokens", [5, 7])):
+        assert differ(plain, hf_summary_ids(model, config, src, **{field: value})), f"{field} changes nothing"
+    model.generation_config.update(repetition_penalty=1.5, suppress_tokens=[5, 7])
+    folder = _saved(model, tmp_path / "unapplied")
+    with pytest.warns(GenerationWarning) as caught:
+        result = convert_folder(folder)
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, GenerationWarning)]
+    assert "repetition_penalty=1.5" in message and "suppress_tokens=[5, 7]" in message, message
+    assert "does not" in message and "top_k" not in message, message  # top_k without do_sample changes nothing
+    assert any(line.startswith("generation warning:") and "repetition_penalty=1.5" in line for line in result.decisions)
+    note = json.loads(result.config.notes["generation"])
+    assert note["repetition_penalty"] == 1.5 and "top_k" not in note
+    with pytest.warns(GenerationWarning, match="repetition_penalty=1.5"):  # a live model too
+        from conformance.convert import from_hf
+        from_hf(model)
+
+
+def _saved(model, folder) -> str:
+    model.save_pretrained(folder)
+    return str(folder)

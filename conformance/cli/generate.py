@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bad-words", default=None,
                         help="id sequences never generated, 'A,B;C' (Hugging Face's bad_words_ids: the last id of each "
                              "is banned where the others end the output; default: the checkpoint's)")
+    parser.add_argument("--min-length", type=int, default=None,
+                        help="the end token is banned while the output plus its start token is shorter than N "
+                             "(Hugging Face's min_length; default: the checkpoint's, else 0: off)")
+    parser.add_argument("--min-new-tokens", type=int, default=None,
+                        help="the end token is banned while the output is shorter than N (Hugging Face's "
+                             "min_new_tokens, which replaces min_length; default: the checkpoint's, else off)")
     add_backend_argument(parser)
 
 
@@ -67,7 +73,7 @@ def sampling(args: argparse.Namespace) -> dict:
 
 
 PROCESSOR_FLAGS = {"no_repeat_ngram_size": "--no-repeat-ngram-size", "forced_bos_id": "--forced-bos",
-                   "bad_words_ids": "--bad-words"}
+                   "bad_words_ids": "--bad-words", "min_length": "--min-length", "min_new_tokens": "--min-new-tokens"}
 
 
 def processors(args: argparse.Namespace) -> dict:
@@ -80,6 +86,9 @@ def processors(args: argparse.Namespace) -> dict:
         out["no_repeat_ngram_size"] = args.no_repeat_ngram_size
     if args.forced_bos is not None:
         out["forced_bos_id"] = args.forced_bos
+    for name in ("min_length", "min_new_tokens"):
+        if getattr(args, name) is not None:
+            out[name] = getattr(args, name)
     if args.bad_words is not None:
         try:
             out["bad_words_ids"] = [[int(token) for token in word.split(",")] for word in args.bad_words.split(";")]

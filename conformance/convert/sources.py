@@ -142,7 +142,8 @@ def from_torch_nn_transformer(transformer, src_embedding, tgt_embedding, generat
 # Hugging Face's generation_config.json.
 # Each transformers family's layout lists its own (`[hf] generation`); these are Marian's.
 GENERATION_KEYS = ("decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id", "forced_eos_token_id",
-                   "num_beams", "length_penalty", "max_length", "max_new_tokens", "bad_words_ids")
+                   "num_beams", "length_penalty", "max_length", "max_new_tokens", "bad_words_ids", "min_length",
+                   "min_new_tokens", "early_stopping")
 
 
 def hf_generation_note(generation_config, keys=GENERATION_KEYS) -> str:
@@ -153,7 +154,16 @@ def hf_generation_note(generation_config, keys=GENERATION_KEYS) -> str:
     if generation_config is None:
         return ""
     values = {key: getattr(generation_config, key, None) for key in keys}
-    return json.dumps({key: value for key, value in values.items() if value is not None}, sort_keys=True)
+    # A setting that is no JSON value (constraints, a sequence_bias keyed by tuples: fields that
+    # `generate` does not apply, named in the converter's warning) is kept as its repr.
+    def as_json(value):
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            return repr(value)
+        return value
+
+    return json.dumps({key: as_json(value) for key, value in values.items() if value is not None}, sort_keys=True)
 
 
 def from_hf(model, **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]]:

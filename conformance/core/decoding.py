@@ -12,7 +12,8 @@ source, then hands `search` a `step` function:
         logits  (N, V) the next-token logits of each row, in the backend's own dtype
 
 `search` does everything else: log-softmax in float64, Hugging Face's logits processors (no
-repeated n-gram, banned ids and words, the forced first and end tokens: `Processors`), the choice
+repeated n-gram, banned ids and words, the minimum length, the forced first and end tokens:
+`Processors`), the choice
 of tokens (Hugging Face's beam rule or Flax examples/wmt's; sampling with
 temperature, top-k and top-p from uniforms drawn once from a NumPy seed), the finished-hypothesis
 lists, the length penalty and the stopping rule. So the backends can only differ through their
@@ -166,10 +167,36 @@ def check_processors(forced_bos_id, no_repeat_ngram_size, bad_words_ids, vocab_s
         forced = _integer("forced_bos_id", forced_bos_id, what + ", or False for none")
         if not 0 <= forced < vocab_size:
             raise InputError("forced_bos_id", f"must be {what}, or False for none, got {forced!r}")
-    size = _integer("no_repeat_ngram_size", no_repeat_ngram_size, "an int >= 0 (0: off)")
-    if size < 0:
-        raise InputError("no_repeat_ngram_size", f"must be an int >= 0 (0: off), got {size!r}")
+    size = _count("no_repeat_ngram_size", no_repeat_ngram_size)
     return (forced, size, *split_bad_words(_token_lists(bad_words_ids, vocab_size), eos_id))
+
+
+def _count(name: str, value) -> int:
+    """An int >= 0 where 0 turns a rule off (no_repeat_ngram_size, min_length, min_new_tokens)."""
+    value = _integer(name, value, "an int >= 0 (0: off)")
+    if value < 0:
+        raise InputError(name, f"must be an int >= 0 (0: off), got {value!r}")
+    return value
+
+
+def check_min_length(min_length, min_new_tokens, recorded: dict) -> tuple[int, int]:
+    """Hugging Face's MinLengthLogitsProcessor and MinNewTokensLengthLogitsProcessor options, each
+    an int >= 0 (0: off), the arguments given (None: not given) over the note's (`recorded`).
+    Returns (min_length, min_new_tokens) of which the search applies both.
+
+    As transformers' `_prepare_generated_length`, a min_new_tokens (given, or recorded and
+    min_length not given) replaces min_length (transformers sets min_length = min_new_tokens +
+    the start token's 1: the same rule), so min_length is then 0; an explicit min_length, where
+    min_new_tokens is not given, wins over both recorded values (explicit arguments win)."""
+    if min_new_tokens is None and min_length is None:
+        min_new_tokens = recorded.get("min_new_tokens")
+    if min_new_tokens is not None:
+        if min_length is not None:
+            _count("min_length", min_length)  # checked all the same
+        return 0, _count("min_new_tokens", min_new_tokens)
+    if min_length is None:
+        min_length = recorded.get("min_length", 0)
+    return _count("min_length", min_length), 0
 
 
 def _token_lists(value, vocab_size: int) -> tuple[tuple[int, ...], ...]:
@@ -212,7 +239,7 @@ def split_bad_words(words, eos_id: int) -> tuple[tuple[int, ...], tuple[tuple[in
 # None means there is no default: the caller must pass it.
 NOTE_DEFAULTS = {"max_len": "config.max_len", "bos_id": None, "eos_id": None, "num_beams": 1, "length_penalty": 1.0,
                  "forced_eos": False, "banned_ids": (), "bad_words_ids": (), "no_repeat_ngram_size": 0,
-                 "forced_bos_id": False}  # forced_bos_id False: no forced first token
+                 "forced_bos_id": False, "early_stopping": False}  # forced_bos_id False: no forced first token
 SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": None}
 
 
@@ -233,6 +260,8 @@ class Generation:
     bad_words_ids: tuple[tuple[int, ...], ...] = ()  # the bad words of two tokens or more
     no_repeat_ngram_size: int = 0
     forced_bos_id: int | None = None
+    min_length: int = 0  # the end token is banned while the decoder input (start token included) is shorter
+    min_new_tokens: int = 0  # the end token is banned while fewer tokens were generated
     return_scores: bool = False
     beam_rule: str = "hf"
     num_return_sequences: int = 1
@@ -251,17 +280,17 @@ class Generation:
         """The keyword arguments of `search` after (batch, max_len, bos_id, eos_id, pad_id)."""
         return {name: getattr(self, name) for name in (
             "num_beams", "length_penalty", "early_stopping", "length_penalty_form", "forced_eos", "banned_ids",
-            "bad_words_ids", "no_repeat_ngram_size", "forced_bos_id", "beam_rule", "num_return_sequences",
-            "do_sample", "temperature", "top_k", "top_p", "seed")}
+            "bad_words_ids", "no_repeat_ngram_size", "forced_bos_id", "min_length", "min_new_tokens", "beam_rule",
+            "num_return_sequences", "do_sample", "temperature", "top_k", "top_p", "seed")}
 
 
 def generation_note(config) -> dict:
     """The decoding defaults a checkpoint records under its "generation" note (Hugging Face's
     generation_config.json names, see `conformance.convert.sources.GENERATION_KEYS`), as
-    `generate` arguments: bos_id, eos_id, num_beams, length_penalty, max_len, forced_eos,
-    forced_bos_id, no_repeat_ngram_size, and bad_words_ids split in two: its one-token words as
-    banned_ids (without the end token, which transformers drops), the longer ones as
-    bad_words_ids. An empty dict when there is no note."""
+    `generate` arguments: bos_id, eos_id, num_beams, length_penalty, early_stopping, max_len,
+    forced_eos, forced_bos_id, no_repeat_ngram_size, min_length, min_new_tokens, and bad_words_ids
+    split in two: its one-token words as banned_ids (without the end token, which transformers
+    drops), the longer ones as bad_words_ids. An empty dict when there is no note."""
     import json
 
     from conformance.core.errors import ConfigError
@@ -283,7 +312,10 @@ def generation_note(config) -> dict:
     for name, value in (("bos_id", recorded.get("decoder_start_token_id")), ("eos_id", eos),
                         ("num_beams", recorded.get("num_beams")), ("length_penalty", recorded.get("length_penalty")),
                         ("forced_bos_id", recorded.get("forced_bos_token_id")),
-                        ("no_repeat_ngram_size", recorded.get("no_repeat_ngram_size"))):
+                        ("no_repeat_ngram_size", recorded.get("no_repeat_ngram_size")),
+                        ("early_stopping", recorded.get("early_stopping")),
+                        ("min_length", recorded.get("min_length")),  # both count as transformers does
+                        ("min_new_tokens", recorded.get("min_new_tokens"))):
         if value is not None:
             out[name] = value
     if recorded.get("max_new_tokens") is not None:  # Hugging Face: it wins over max_length
@@ -302,24 +334,85 @@ def generation_note(config) -> dict:
     return out
 
 
+class GenerationWarning(UserWarning):
+    """A checkpoint's generation settings ask for something `generate` does not apply."""
+
+
+def _sampling(fields) -> bool:
+    return fields.get("do_sample") is True
+
+
+# generation_config.json fields that change transformers' `generate` output and that `generate`
+# does not apply, each with the test of whether its value (and the other fields) changes the
+# output: the converter records those that do in the note, and warns (`unapplied_generation`).
+UNAPPLIED_GENERATION = {
+    "repetition_penalty": lambda v, f: v != 1,
+    "encoder_repetition_penalty": lambda v, f: v != 1,
+    "encoder_no_repeat_ngram_size": lambda v, f: v > 0,
+    "suppress_tokens": lambda v, f: len(v) > 0,
+    "begin_suppress_tokens": lambda v, f: len(v) > 0,
+    "num_beam_groups": lambda v, f: v > 1,
+    "diversity_penalty": lambda v, f: v != 0 and f.get("num_beam_groups", 1) > 1,
+    "do_sample": lambda v, f: v is True,
+    "temperature": lambda v, f: _sampling(f) and v != 1,
+    "top_k": lambda v, f: _sampling(f) and v != 0,
+    "top_p": lambda v, f: _sampling(f) and v < 1,
+    "min_p": lambda v, f: _sampling(f) and v > 0,
+    "top_h": lambda v, f: _sampling(f),
+    "typical_p": lambda v, f: _sampling(f) and v < 1,
+    "epsilon_cutoff": lambda v, f: _sampling(f) and 0 < v < 1,
+    "eta_cutoff": lambda v, f: _sampling(f) and 0 < v < 1,
+    "renormalize_logits": lambda v, f: v is True,
+    "exponential_decay_length_penalty": lambda v, f: True,
+    "sequence_bias": lambda v, f: len(v) > 0,
+    "constraints": lambda v, f: len(v) > 0,
+    "force_words_ids": lambda v, f: len(v) > 0,
+    "guidance_scale": lambda v, f: v != 1,
+    "penalty_alpha": lambda v, f: v > 0,
+    "stop_strings": lambda v, f: len(v) > 0,
+    "num_return_sequences": lambda v, f: v > 1,
+}
+
+
+def unapplied_generation(fields) -> dict:
+    """The fields of a generation_config.json (Hugging Face's names; None: unset) that change
+    transformers' output and that `generate` does not apply (`UNAPPLIED_GENERATION`), with their
+    values, in that table's order. A value the test cannot read (a string for a number) counts."""
+    out = {}
+    for name, changes in UNAPPLIED_GENERATION.items():
+        value = fields.get(name)
+        if value is None:
+            continue
+        try:
+            bites = bool(changes(value, fields))
+        except (TypeError, ValueError):
+            bites = True
+        if bites:
+            out[name] = value
+    return out
+
+
 def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, length_penalty=None,
-            early_stopping=False, use_cache=True, length_penalty_form=None, forced_eos=None, banned_ids=None,
-            bad_words_ids=None, no_repeat_ngram_size=None, forced_bos_id=None, return_scores=False, beam_rule="hf",
-            num_return_sequences=1, do_sample=False, temperature=None, top_k=None, top_p=None,
-            seed=None) -> Generation:
+            early_stopping=None, use_cache=True, length_penalty_form=None, forced_eos=None, banned_ids=None,
+            bad_words_ids=None, no_repeat_ngram_size=None, forced_bos_id=None, min_length=None, min_new_tokens=None,
+            return_scores=False, beam_rule="hf", num_return_sequences=1, do_sample=False, temperature=None, top_k=None,
+            top_p=None, seed=None) -> Generation:
     """`generate`'s arguments as a checked `Generation`. An argument left at None takes the
     checkpoint's generation note (`generation_note`), as transformers applies a model's
     generation_config, else its plain default (`NOTE_DEFAULTS`); explicit arguments win. bos_id
     and eos_id have no plain default: without a note they must be given. An explicit
     bad_words_ids replaces the note's whole list, its one-token words (banned_ids) included, as
     transformers' argument replaces generation_config's; forced_bos_id=False turns off a forced
-    first token the note records."""
+    first token the note records. The note's early_stopping applies to beam_rule="hf" only (the
+    flax rule has its own stopping rule); min_length and min_new_tokens: `check_min_length`."""
     recorded = generation_note(config)
     if bad_words_ids is not None and banned_ids is None:
         banned_ids = ()
     given = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, num_beams=num_beams, length_penalty=length_penalty,
                  forced_eos=forced_eos, banned_ids=banned_ids, bad_words_ids=bad_words_ids,
                  no_repeat_ngram_size=no_repeat_ngram_size, forced_bos_id=forced_bos_id)
+    if early_stopping is None:
+        early_stopping = recorded.get("early_stopping", NOTE_DEFAULTS["early_stopping"]) if beam_rule == "hf" else False
     values = {}
     for name, value in given.items():
         if value is None:
@@ -345,6 +438,7 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
     forced_bos, ngram, one_token, words = check_processors(values["forced_bos_id"], values["no_repeat_ngram_size"],
                                                            values["bad_words_ids"], vocab, values["eos_id"])
     banned = tuple(dict.fromkeys(banned + one_token))  # in order, once each
+    shortest, new_tokens = check_min_length(min_length, min_new_tokens, recorded)
     beams = _integer("num_beams", values["num_beams"])
     sampling = check_sampling(do_sample, temperature, top_k, top_p, seed, beams, beam_rule)
     count = _integer("num_return_sequences", num_return_sequences, "an int >= 1")
@@ -365,7 +459,8 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
                       length_penalty=float(values["length_penalty"]), early_stopping=early_stopping,
                       use_cache=bool(use_cache), length_penalty_form=form, forced_eos=bool(values["forced_eos"]),
                       banned_ids=banned, bad_words_ids=words, no_repeat_ngram_size=ngram, forced_bos_id=forced_bos,
-                      return_scores=bool(return_scores), beam_rule=beam_rule,
+                      min_length=shortest, min_new_tokens=new_tokens, return_scores=bool(return_scores),
+                      beam_rule=beam_rule,
                       num_return_sequences=count, **sampling)
 
 
@@ -427,13 +522,17 @@ def check_sources(src_mask: np.ndarray) -> None:
 class Processors:
     """Hugging Face's logits processors that `generate` supports, resolved. `_processed` applies
     them in transformers' order (`GenerationMixin._get_logits_processor`): no repeated n-gram,
-    bad words (the one-token ones, `banned_ids`, then the longer ones), the forced first token,
+    bad words (the one-token ones, `banned_ids`, then the longer ones), the minimum length
+    (MinLengthLogitsProcessor, then MinNewTokensLengthLogitsProcessor), the forced first token,
     the forced end token (docs/decoding.md, "What is scored").
 
     banned_ids:            ids banned at every step
     bad_words_ids:         words of two tokens or more: the last token is banned where the others
                            end the decoder input
     no_repeat_ngram_size:  n: no n-gram of the decoder input (its start token included) twice; 0 off
+    min_length:            eos_id is banned while the decoder input (its start token included, as
+                           transformers counts for an encoder-decoder) is shorter than this; 0 off
+    min_new_tokens:        eos_id is banned while fewer tokens than this were generated; 0 off
     forced_bos_id:         the only id the first step may choose, or None
     forced_eos:            the only id the last step (the max_len-th token) may choose is eos_id
     """
@@ -443,8 +542,15 @@ class Processors:
     banned_ids: tuple[int, ...] = ()
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
     no_repeat_ngram_size: int = 0
+    min_length: int = 0
+    min_new_tokens: int = 0
     forced_bos_id: int | None = None
     forced_eos: bool = False
+
+    def bans_eos(self, step: int) -> bool:
+        """Whether the minimum length bans the end token at `step` (the decoder input holds
+        step + 1 tokens, the start token first: step generated)."""
+        return step + 1 < self.min_length or step < self.min_new_tokens
 
 
 def repeated_ngram_bans(tokens: np.ndarray, n: int) -> list[list[int]]:
@@ -473,9 +579,10 @@ def bad_word_bans(tokens: np.ndarray, words: tuple[tuple[int, ...], ...]) -> lis
 
 def _processed(scores: np.ndarray, tokens: np.ndarray, step: int, processors: Processors) -> np.ndarray:
     """Hugging Face's logits processors, in its order, on scores (N, V) after the decoder input
-    tokens (N, step + 1): repeated n-grams and bad words get -inf; at the first step every id but
-    the forced first token gets -inf and that token 0 (`forced_bos_token_id`); at the last step
-    every id but the end token gets -inf and the end token 0 (`forced_eos_token_id`)."""
+    tokens (N, step + 1): repeated n-grams and bad words get -inf; below the minimum length the end
+    token gets -inf; at the first step every id but the forced first token gets -inf and that
+    token 0 (`forced_bos_token_id`); at the last step every id but the end token gets -inf and the
+    end token 0 (`forced_eos_token_id`, so it wins over the minimum length)."""
     p = processors
     if p.no_repeat_ngram_size:
         for row, banned in enumerate(repeated_ngram_bans(tokens, p.no_repeat_ngram_size)):
@@ -485,6 +592,8 @@ def _processed(scores: np.ndarray, tokens: np.ndarray, step: int, processors: Pr
     if p.bad_words_ids:
         for row, banned in enumerate(bad_word_bans(tokens, p.bad_words_ids)):
             scores[row, banned] = -np.inf
+    if p.bans_eos(step):
+        scores[:, p.eos_id] = -np.inf
     if p.forced_bos_id is not None and step == 0:
         scores[:, :] = -np.inf
         scores[:, p.forced_bos_id] = 0.0
@@ -509,7 +618,7 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
            pad_id: int, *, num_beams: int = 1, length_penalty: float = 1.0, early_stopping: bool | str = False,
            length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids: Sequence[int] = (),
            bad_words_ids: Sequence[Sequence[int]] = (), no_repeat_ngram_size: int = 0, forced_bos_id: int | None = None,
-           beam_rule: str = "hf", num_return_sequences: int = 1, do_sample: bool = False, temperature: float = 1.0,
+           min_length: int = 0, min_new_tokens: int = 0, beam_rule: str = "hf", num_return_sequences: int = 1, do_sample: bool = False, temperature: float = 1.0,
            top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
            as_numpy: Callable[[Any], np.ndarray] = np.asarray,
            trace: list | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -523,6 +632,8 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
     each source row repeated), in source order. The options are checked by `resolve`. The logits
     processors (`Processors`): `banned_ids`, Hugging Face's `bad_words_ids` (a one-token word is
     banned everywhere, except the end token, which transformers drops), `no_repeat_ngram_size`,
+    `min_length` and `min_new_tokens` (the end token banned while the decoder input, start token
+    included, is shorter than min_length, or fewer than min_new_tokens tokens were generated),
     `forced_bos_id` and `forced_eos`.
 
     `trace`, a list, receives per step the closest call of each source row, for the conformance
@@ -535,6 +646,7 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
     one_token, words = split_bad_words(bad_words_ids, eos_id)
     processors = Processors(max_len=max_len, eos_id=eos_id, banned_ids=tuple(banned_ids) + one_token,
                             bad_words_ids=words, no_repeat_ngram_size=no_repeat_ngram_size,
+                            min_length=min_length, min_new_tokens=min_new_tokens,
                             forced_bos_id=forced_bos_id, forced_eos=forced_eos)
     if do_sample:
         return _sample(step, batch * num_return_sequences, max_len, bos_id, eos_id, pad_id, length_penalty,
@@ -619,7 +731,8 @@ def filter_gap(logits: np.ndarray, temperature: float, top_k: int, top_p: float)
     if top_k and top_k < scores.shape[-1]:
         ranked = -np.sort(-scores, axis=-1)
         kth, after = ranked[:, top_k - 1], ranked[:, top_k]
-        gap = np.minimum(gap, np.where(np.isfinite(after), kth - after, np.inf))
+        with np.errstate(invalid="ignore"):  # -inf - -inf where ids are banned: selected out below
+            gap = np.minimum(gap, np.where(np.isfinite(after), kth - after, np.inf))
     if top_p < 1.0:
         kept = warp(logits, temperature, top_k)
         cumulative = np.cumsum(np.exp(log_softmax(np.sort(kept, axis=-1))), axis=-1)

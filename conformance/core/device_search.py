@@ -41,7 +41,8 @@ State = dict[str, Any]
 @dataclass(frozen=True)
 class Rules:
     """The static settings of one search (a new value is a new JAX program; the length penalty,
-    the ids, the banned mask, the forced first id and the bad-word table are data, not rules).
+    the ids, the banned mask, the forced first id, the minimum length and the bad-word table are
+    data, not rules).
 
     max_len:          the most generated tokens
     num_beams:        1 for greedy
@@ -171,7 +172,8 @@ def log_softmax(ops, logits):
 
 def processed(ops, rules: Rules, scores, step, banned, eos_id, forced_bos=None):
     """Hugging Face's logits processors in its order (the reference's `_processed`): `banned`
-    (V,) or (N, V) bool (`bans`: banned ids, repeated n-grams, bad words) gets -inf; with a
+    (V,) or (N, V) bool (`bans`: banned ids, repeated n-grams, bad words, the end token below the
+    minimum length) gets -inf; with a
     `forced_bos` id, at the first step every other id gets -inf and it 0; with forced_eos, at the
     last step every id but eos gets -inf, eos 0."""
     xp = ops.xp
@@ -233,17 +235,28 @@ def read_column(ops, array, column):
 
 def processor_data(settings, as_array) -> dict | None:
     """What the processors read besides the logits and the tokens, as data (so that JAX compiles
-    one program for every forced id and every bad-word table of one shape): "forced_bos", the
-    forced first id, and "bad_prefixes" (M, P) and "bad_last" (M,), the bad words of two tokens or
-    more (`bad_words_table`), each passed through `as_array(name, value)`. None when `settings`
-    (a `decoding.Generation`) has neither; an entry that is off is left out."""
+    one program for every forced id, every minimum length and every bad-word table of one shape):
+    "forced_bos", the forced first id; "min_steps", the steps before which the end token is banned
+    (`min_steps`: min_length and min_new_tokens in one number); and "bad_prefixes" (M, P) and
+    "bad_last" (M,), the bad words of two tokens or more (`bad_words_table`), each passed through
+    `as_array(name, value)`. None when `settings` (a `decoding.Generation`) has none of them; an
+    entry that is off is left out."""
     data = {}
     if settings.forced_bos_id is not None:
         data["forced_bos"] = as_array("forced_bos", settings.forced_bos_id)
+    if min_steps(settings):
+        data["min_steps"] = as_array("min_steps", min_steps(settings))
     if settings.bad_words_ids:
         prefixes, last = bad_words_table(settings.bad_words_ids)
         data["bad_prefixes"], data["bad_last"] = as_array("bad_prefixes", prefixes), as_array("bad_last", last)
     return data or None
+
+
+def min_steps(settings) -> int:
+    """The first step at which the end token may be chosen: the reference's `Processors.bans_eos`
+    (the end token is banned at step s while s + 1 < min_length or s < min_new_tokens) as one
+    number, max(min_length - 1, min_new_tokens); 0 when neither rule bites."""
+    return max(settings.min_length - 1, settings.min_new_tokens, 0)
 
 
 def bad_words_table(words) -> tuple[np.ndarray, np.ndarray]:
@@ -257,15 +270,19 @@ def bad_words_table(words) -> tuple[np.ndarray, np.ndarray]:
     return prefixes, np.array([word[-1] for word in words], dtype=np.int64)
 
 
-def bans(ops, rules: Rules, tokens, length, banned, data):
+def bans(ops, rules: Rules, tokens, length, banned, data, eos_id=None):
     """The ids each row may not take next: `banned` (V,) alone when no rule reads the tokens,
-    else (N, V) with the reference's `repeated_ngram_bans` and `bad_word_bans` added. tokens (N, W)
-    is the decoder input buffer, its first `length` columns written (the start token first)."""
+    else (N, V) with the reference's `repeated_ngram_bans` and `bad_word_bans` added, and the end
+    token `eos_id` while the decoder input is shorter than the minimum length (data "min_steps").
+    tokens (N, W) is the decoder input buffer, its first `length` columns written (the start token
+    first). Every ban is an -inf, so their order does not matter: the forced tokens come after."""
     n, vocab = rules.no_repeat_ngram_size, banned.shape[-1]
     if n and n <= tokens.shape[1]:  # a window longer than the buffer never fills
         banned = banned | repeated_ngrams(ops, tokens, length, n, vocab)
     if data is not None and "bad_prefixes" in data:
         banned = banned | bad_word_completions(ops, tokens, length, data["bad_prefixes"], data["bad_last"], vocab)
+    if data is not None and "min_steps" in data:  # the step is length - 1
+        banned = banned | ((ops.arange(vocab) == eos_id) & (length - 1 < data["min_steps"]))
     return banned
 
 
@@ -330,7 +347,7 @@ def greedy_update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_i
     i, done = state["step"], state["done"]
     bad = first_nan_row(ops, logits, ~done, state["bad"])
     summed = state["summed"]
-    banned = bans(ops, rules, state["tokens"], i + 1, banned, data)
+    banned = bans(ops, rules, state["tokens"], i + 1, banned, data, eos_id)
     forced_bos = None if data is None else data.get("forced_bos")
     processed_logits = processed(ops, rules, logits, i, banned, eos_id, forced_bos)
     if sampling is None:
@@ -450,7 +467,7 @@ def expand(ops, rules: Rules, state: State, logits, banned, eos_id, data=None):
     batch, beams = running_scores.shape
     vocab = logits.shape[-1]
     bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
-    banned = bans(ops, rules, xp.reshape(running, (batch * beams, running.shape[-1])), length, banned, data)
+    banned = bans(ops, rules, xp.reshape(running, (batch * beams, running.shape[-1])), length, banned, data, eos_id)
     forced_bos = None if data is None else data.get("forced_bos")
     log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id, forced_bos)
     totals = xp.reshape(xp.reshape(log_probs, (batch, beams, vocab)) + running_scores[:, :, None],
@@ -654,7 +671,7 @@ def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: i
     sampling: `sampling_data`, when rules.do_sample;
     scores: False when the caller drops the scores (greedy search and sampling then skip the
         log-softmax, and the scores returned are None);
-    data: `processor_data` (the forced first id, the bad-word table), or None.
+    data: `processor_data` (the forced first id, the minimum length, the bad-word table), or None.
     """
     state = start(ops, rules, batch, bos_id, pad_id, dtype, returned)
     steps = 0

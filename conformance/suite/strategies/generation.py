@@ -90,7 +90,8 @@ def processor_options(draw, vocab: int, pad: int, bos: int, eos: int) -> tuple[t
     no_repeat_ngram_size 2 or 3 (two times in three: a random model repeats itself within 6 tokens
     often); a forced first token, not the pad id nor the end id (one time in two); bad words that
     bite (one time in two): the start token followed by half the real ids (the first step loses
-    them), plus one three-token word."""
+    them), plus one three-token word; and last, a minimum length (two times in three) that bans
+    the end token for the first 2 or 4 generated tokens (min_length 3 or 5: the start token counts)."""
     real = st.integers(0, vocab - 1).filter(lambda i: i != pad)
     options = ()
     ngram = draw(st.sampled_from([0, 2, 3]))
@@ -103,4 +104,7 @@ def processor_options(draw, vocab: int, pad: int, bos: int, eos: int) -> tuple[t
         after_start = draw(st.lists(real, min_size=half, max_size=half, unique=True))
         longer = tuple(draw(st.lists(real, min_size=3, max_size=3)))
         options += (("bad_words_ids", tuple((bos, token) for token in after_start) + (longer,)),)
+    shortest = draw(st.sampled_from([0, 3, 5]))
+    if shortest:
+        options += (("min_length", shortest),)
     return options
