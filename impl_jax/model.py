@@ -958,7 +958,10 @@ class Model(nnx.Module):
 
     def decode_step(self, tgt_ids, cache: DecoderCache) -> jax.Array:
         """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
-        `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
+        `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix.
+
+        One exception, by design: with position_ids "non-pad" (M2M100) a pad token earlier in the
+        prefix is counted by the step, as transformers' cached step counts it, and not by `decode`."""
         return decode.decode_step(self, tgt_ids, cache)
 
     def reorder_cache(self, cache: DecoderCache, rows) -> DecoderCache:

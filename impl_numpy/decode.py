@@ -106,7 +106,10 @@ def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:
 
 def decode_step(model, tgt_ids, cache: DecoderCache) -> np.ndarray:
     """The next-token logits (B, V) after the newest tokens tgt_ids (B,), at position
-    `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix."""
+    `cache.length`; the cache advances by one. Equals the last row of `decode` on the whole prefix.
+
+    One exception, by design: with position_ids "non-pad" (M2M100) a pad token earlier in the
+    prefix is counted by the step, as transformers' cached step counts it, and not by `decode`."""
     tgt_ids = model._ids("tgt_ids", np.asarray(tgt_ids).reshape(-1, 1), model.config.tgt_vocab_size)  # (B, 1)
     return advance(model, tgt_ids[:, 0], cache)
 
