@@ -44,7 +44,7 @@ from conformance.core import checkpoint  # noqa: E402
 from conformance.core.errors import ConfigError  # noqa: E402
 from conformance.core.positions import position_table, sinusoid_table  # noqa: E402
 from systems import randomize_  # noqa: E402
-from systems.harness import BACKEND_PARAMS, run_backend  # noqa: E402
+from systems.harness import BACKEND_PARAMS, run_backend, saved_and_converted  # noqa: E402
 
 import impl_numpy  # noqa: E402
 
@@ -109,17 +109,7 @@ def build(name: str, **changes):
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """name -> (model, its save_pretrained folder, the folder converted with no --set), once."""
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            model = build(name)
-            folder = tmp_path_factory.mktemp(name) / f"tiny-{name}"
-            model.save_pretrained(folder)
-            cache[name] = (model, folder, from_hf_folder(folder))
-        return cache[name]
-
-    return get
+    return saved_and_converted(build, tmp_path_factory)
 
 
 def batch(name: str):

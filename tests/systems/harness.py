@@ -117,3 +117,21 @@ def assert_matches_source(ours: np.ndarray, source: np.ndarray, what: str, bar: 
     result = difference(ours, source)
     assert result.within(bar), f"{what}: {result.describe()} [bar: max abs difference <= {bar:g}]"
     return result
+
+
+def saved_and_converted(build, tmp_path_factory):
+    """name -> (the transformers model `build(name)`, its save_pretrained folder, the folder
+    converted with no --set), each built once: the families' tests share one conversion."""
+    from conformance.convert import from_hf_folder
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            model = build(name)
+            folder = tmp_path_factory.mktemp(name) / f"tiny-{name}"
+            model.save_pretrained(folder)
+            cache[name] = (model, folder, from_hf_folder(folder))
+        return cache[name]
+
+    return get
