@@ -69,19 +69,7 @@ def read_weights(folder: Path) -> dict[str, np.ndarray]:
         weight_map = _json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise CheckpointError(index, "has no weight_map of key -> shard file name")
-        out: dict[str, np.ndarray] = {}
-        for shard in sorted(set(weight_map.values())):
-            if Path(shard).name != shard:
-                raise CheckpointError(index, f"names the shard {shard!r}, which is not a file in this folder")
-            tensors = read_tensors(folder / shard)[1]
-            for key, value in tensors.items():
-                if weight_map.get(key) != shard:
-                    raise CheckpointError(folder / shard, f"holds {key!r}, which the index places in {weight_map.get(key)!r}")
-                out[key] = value
-        missing = sorted(set(weight_map) - set(out))
-        if missing:
-            raise CheckpointError(index, f"lists {missing[0]!r} (and {len(missing) - 1} more), which its shard does not hold")
-        return out
+        return _shards(folder, index, weight_map, lambda path: read_tensors(path)[1])
     if (folder / "pytorch_model.bin").is_file():
         return read_file(folder / "pytorch_model.bin")
     if (folder / "flax_model.msgpack").is_file():
@@ -103,11 +91,18 @@ def _flax_shards(folder: Path, index: Path) -> dict[str, np.ndarray]:
     if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(index, "has no weight_map of parameter path -> shard file name")
     where = {".".join(path.split("/")): shard for path, shard in weight_map.items()}
+    return _shards(folder, index, where, read_file)
+
+
+def _shards(folder: Path, index: Path, where: dict[str, str], read) -> dict[str, np.ndarray]:
+    """The arrays of a sharded checkpoint whose index places each key in a shard (`where`: key ->
+    shard file name), each shard read by `read(path) -> {key: array}`: every key must be in the
+    shard the index names, and every key the index lists must be found."""
     out: dict[str, np.ndarray] = {}
     for shard in sorted(set(where.values())):
         if Path(shard).name != shard:
             raise CheckpointError(index, f"names the shard {shard!r}, which is not a file in this folder")
-        for key, value in read_file(folder / shard).items():
+        for key, value in read(folder / shard).items():
             if where.get(key) != shard:
                 raise CheckpointError(folder / shard, f"holds {key!r}, which the index places in {where.get(key)!r}")
             out[key] = value
