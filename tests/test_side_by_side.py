@@ -544,9 +544,12 @@ def test_rosetta_compare_exit_codes_and_one_line_errors(tmp_path, capsys):
     assert code == 1, out + err
     assert "first divergence: encoder.1.ffn" in out and "layer_norm_eps" in out and (tmp_path / "r.png").stat().st_size
 
-    # Errors: one line, exit 2, no traceback.
-    for factory, words in ((f"{user}:build_broken", "raised ValueError: no such checkpoint"),
-                           (f"{user}:nothing", "no attribute"),
+    # A factory that raises: exit 2, one line, then its own frames (none of ours).
+    code, out, err = rosetta(capsys, "compare", f"{user}:build_broken", str(weights), *common)
+    assert code == 2 and err.splitlines()[0].endswith("raised ValueError: no such checkpoint"), err
+    assert "in build_broken" in err and "conformance" not in err.replace("rosetta compare", ""), err
+    # Other errors: one line, exit 2, no traceback.
+    for factory, words in ((f"{user}:nothing", "no attribute"),
                            (f"{user}:build_not_a_model", "returned dict: expected a torch.nn.Module"),
                            (f"{tmp_path / 'absent.py'}:build", "no such Python file"),
                            ("user_model", "expected MODULE:FACTORY")):

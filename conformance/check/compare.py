@@ -43,6 +43,7 @@ class Comparison:
     nan_mismatches: int = 0
     first_nan_mismatch_at: tuple[int, ...] | None = None
     shape_problem: str | None = None
+    shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (actual, expected) when they differ
     scale: float = 1.0
     # (actual, expected) at max_abs_at and at first_nan_mismatch_at: both values, not just the gap.
     values_at_max_abs: tuple[float, float] | None = None
@@ -131,7 +132,8 @@ def compare(actual: Any, expected: Any, tol: Tolerance) -> Comparison:
     """
     a, e = on_host(actual), on_host(expected)
     if a.shape != e.shape:
-        return Comparison(passed=False, shape_problem=f"shape {a.shape} differs from the oracle's {e.shape}")
+        return Comparison(passed=False, shape_problem=f"shape {a.shape} differs from the oracle's {e.shape}",
+                          shapes=(tuple(a.shape), tuple(e.shape)))
     if a.dtype == np.bool_ or e.dtype == np.bool_ or a.dtype.kind in "iu":
         diff = a != e
         count = int(diff.sum())

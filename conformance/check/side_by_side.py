@@ -18,7 +18,11 @@ user's keys through the layout, in backward order.
 
 from __future__ import annotations
 
+import sys
+import sysconfig
+import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -34,17 +38,20 @@ from conformance.core.errors import ConfigError, InputError
 from conformance.core.output import forward_order, tensors_of
 
 # The switches that act at each kind of tensor: where a tensor first diverges, one of these (or a
-# weight that went to the wrong place) is what differs. Keyed by the name's last part.
+# weight that went to the wrong place) is what differs. Keyed by the name's last part. The head
+# count is listed beside them: the tensors cannot tell it, so it is given, and can be given wrong.
+_HEADS = ("n_heads", "d_head", "scale_scores", "attention_temp", "relative_buckets", "relative_max_distance")
 SWITCHES_AT = {
-    "embeddings": ("scale_embedding", "position", "share_embeddings", "pad_id"),
-    "self": ("mask_fill", "src_pad_mask", "tgt_pad_mask", "pad_id", "qkv_bias", "attention_temp"),
-    "cross": ("mask_fill", "cross_attn_src_mask", "pad_id", "qkv_bias", "attention_temp"),
+    "embeddings": ("scale_embedding", "position", "position_offset", "position_ids", "embedding_norm",
+                   "share_embeddings", "pad_id"),
+    "self": ("mask_fill", "src_pad_mask", "tgt_pad_mask", "pad_id", "qkv_bias", *_HEADS),
+    "cross": ("mask_fill", "cross_attn_src_mask", "pad_id", "qkv_bias", *_HEADS),
     "self_attn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "mask_fill", "src_pad_mask", "tgt_pad_mask",
-                  "pad_id", "qkv_bias", "out_proj_bias", "attention_temp"),
+                  "pad_id", "qkv_bias", "out_proj_bias", *_HEADS),
     "cross_attn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "mask_fill", "cross_attn_src_mask", "pad_id",
-                   "qkv_bias", "out_proj_bias", "attention_temp"),
-    "ffn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "activation", "ffn_glu"),
-    "output": ("layer_norm_eps", "layer_norm_form", "final_encoder_norm", "final_decoder_norm"),
+                   "qkv_bias", "out_proj_bias", *_HEADS),
+    "ffn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "activation", "ffn_glu", "ffn_bias"),
+    "output": ("layer_norm_eps", "layer_norm_form", "norm_placement", "final_encoder_norm", "final_decoder_norm"),
     "logits": ("tie_output", "output_bias", "final_logits_bias", "scale_logits"),
 }
 # Attention weights: the encoder's self-attention masks the source, the decoder's the target.
@@ -81,11 +88,19 @@ class SideBySide(Report):
 
     layout: str = ""
     yours: backend_registry.Target | None = None
+    batch_axis: int = 0  # the layout's [taps] batch_axis: where the user's tensors keep the batch
     command = "rosetta compare"  # the picture's title (plots.plot_check)
     loss: float | None = None
     reference_loss: float | None = None
     loss_allowed: float | None = None
     grads: list[GradRow] = field(default_factory=list)
+    # What the conversion did not read from the weights: the layout's defaults it assumed (one
+    # line each, as `rosetta convert` prints them), and what a live model's config gave.
+    assumed: list[str] = field(default_factory=list)
+    told: dict[str, Any] = field(default_factory=dict)
+    told_by: str = ""
+    # The user's model could not run: its own frames of the traceback (`user_traceback`).
+    failure: str = ""
 
     @property
     def first_divergence(self) -> str | None:
@@ -113,6 +128,10 @@ class SideBySide(Report):
         loss_ok = self.loss is None or self.loss_error <= self.loss_allowed
         return self.passed and loss_ok and self.first_bad_grad is None
 
+    @property
+    def could_not_run(self) -> bool:
+        return self.yours.label in self.errors
+
     def unexposed(self) -> dict[str, str]:
         return {tensor: cell.unavailable for (tensor, label), cell in self.cells.items()
                 if label == self.yours.label and cell.unavailable is not None}
@@ -120,6 +139,11 @@ class SideBySide(Report):
     def to_text(self) -> str:
         text = super().to_text().replace("rosetta check:", "rosetta compare:", 1)
         lines = [text, ""]
+        if self.told:
+            lines.append(f"read from {self.told_by}: " + ", ".join(f"{k}={v!r}" for k, v in sorted(self.told.items())))
+        if self.assumed:
+            lines.append("assumed (the tensors do not tell them):")
+            lines += [f"  {line}" for line in self.assumed]
         unexposed = self.unexposed()
         if unexposed:
             lines.append(f"not exposed by your model ({len(unexposed)} tensors; not compared, never guessed):")
@@ -129,13 +153,18 @@ class SideBySide(Report):
             cell = self.cells[(first, self.yours.label)]
             values = {**ModelConfig().to_dict(), **self.config.to_dict()}
             acting = ", ".join(f"{name} = {values[name]!r}" for name in switches_at(first))
-            lines += [f"first divergence: {first} (your model against the oracle: "
-                      f"{cell.error or cell.comparison.describe()})",
-                      f"  switches that act there, as converted: {acting or '(none: look at the weights)'}",
+            lines.append(f"first divergence: {first} (your model against the oracle: "
+                         f"{cell.error or cell.comparison.describe()})")
+            axes = self.swapped_axes(first)
+            if axes:
+                lines.append(f"  {axes}")
+            lines += [f"  switches that act there, as converted: {acting or '(none: look at the weights)'}",
                       f"  their values and origins for this layout: `rosetta layouts {self.layout}`; "
                       "if yours differ, convert with that switch set (--set NAME=VALUE, or NAME=VALUE here)"]
-        elif self.yours.label in self.errors:
+        elif self.could_not_run:
             lines.append(f"your model could not run: {self.errors[self.yours.label]}")
+            if self.failure:
+                lines.append(self.failure)
         else:
             lines.append("first divergence: none; your model agrees with the oracle at every exposed tensor")
         if self.loss is not None:
@@ -150,7 +179,9 @@ class SideBySide(Report):
             bad = self.first_bad_grad
             lines.append(f"first gradient out of tolerance: {bad}" if bad else
                          "every gradient within tolerance" if self.grads else "no gradient compared")
-        lines.append(f"result: {'ok' if self.ok else 'DIVERGES' if first or self.first_bad_grad else 'FAIL'}")
+        verdict = ("ok" if self.ok else "DIVERGES" if first or self.first_bad_grad else
+                   "ERROR (your model could not run)" if self.could_not_run else "FAIL")
+        lines.append(f"result: {verdict}")
         return "\n".join(lines)
 
     __str__ = to_text
@@ -160,7 +191,10 @@ class SideBySide(Report):
         out.update({
             "layout": self.layout, "yours": self.yours.label, "first_divergence": self.first_divergence,
             "switches_at_divergence": list(switches_at(self.first_divergence)) if self.first_divergence else [],
-            "not_exposed": self.unexposed(), "ok": self.ok,
+            "not_exposed": self.unexposed(), "ok": self.ok, "assumed": list(self.assumed),
+            "read_from_model_config": dict(self.told),
+            "batch_axis_hint": self.swapped_axes(self.first_divergence) if self.first_divergence else None,
+            "your_model_error": self.errors.get(self.yours.label), "your_traceback": self.failure or None,
         })
         if self.loss is not None:
             out["backward"] = {
@@ -170,6 +204,21 @@ class SideBySide(Report):
                            "passed": r.passed} for r in self.grads],
             }
         return out
+
+    def swapped_axes(self, tensor: str) -> str | None:
+        """When the user's `tensor` is the oracle's shape with its first two axes swapped: the
+        layout read the model along the wrong batch axis, which no switch explains."""
+        cell = self.cells.get((tensor, self.yours.label))
+        if cell is None or cell.comparison is None or cell.comparison.shapes is None:
+            return None
+        theirs, ours = cell.comparison.shapes
+        if len(theirs) < 2 or theirs[:2] != ours[1::-1] or theirs[2:] != ours[2:]:
+            return None
+        now = self.batch_axis
+        return (f"your model's tensors are read with their batch on axis {now} (the layout's [taps] batch_axis = "
+                f"{now}), and this one has its first two axes swapped: yours is "
+                f"{'batch-first' if now == 1 else 'sequence-first'}; use a layout that extends {self.layout} with "
+                f"`[taps] batch_axis = {1 - now}`")
 
     def plot(self, path) -> tuple[int, int]:
         """The `rosetta check` picture (plots.plot_check), the user's model as one of its lines."""
@@ -225,6 +274,24 @@ def _dtype_of(state: dict[str, np.ndarray]) -> str:
     return kinds.pop()
 
 
+def user_traceback(exc: BaseException) -> str:
+    """The frames of `exc`'s traceback in the user's own code (not this package's, not an
+    installed library's), and the innermost frame wherever it is: where the user's code failed."""
+    ours = {str(Path(__file__).resolve().parents[2] / name) for name in ("conformance", "impl_numpy", "impl_torch",
+                                                                          "impl_jax")}
+    libraries = {sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib")} | {sys.prefix, sys.base_prefix}
+    frames = traceback.extract_tb(exc.__traceback__)
+
+    def theirs(frame) -> bool:
+        path = str(Path(frame.filename).resolve()) if not frame.filename.startswith("<") else frame.filename
+        return not any(path.startswith(root + "/") for root in ours | libraries)
+
+    shown = [f for f in frames if theirs(f)]
+    if frames and (not shown or shown[-1] is not frames[-1]):
+        shown.append(frames[-1])
+    return "".join(traceback.format_list(shown)).rstrip()
+
+
 def told_by_model_config(model: Any, layout) -> dict[str, Any]:
     """The ModelConfig fields a transformers model's `model.config` gives through the layout's
     `[hf]` table (empty for a layout without one, or a model without a transformers config)."""
@@ -236,7 +303,7 @@ def told_by_model_config(model: Any, layout) -> dict[str, Any]:
 
 def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None = None, dtype: str = "float32",
             backends: Any = None, grads: bool = False, labels=None, label_smoothing: float = 0.0,
-            **overrides: Any) -> SideBySide:
+            progress: Callable[[str], None] | None = None, **overrides: Any) -> SideBySide:
     """The user's own model beside ours, tensor by tensor; see the module's docstring.
 
     Args:
@@ -260,13 +327,18 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
         grads: also compare the loss and every parameter's gradient (needs `labels`).
         labels: (B, T) target labels for the loss; labels equal to pad_id are not counted.
         label_smoothing: ε of the loss (docs/training.md).
+        progress: `progress(message)` hears each step as it starts (a command's status line).
         **overrides: ModelConfig fields for the conversion (n_heads, switches), as for
             `import_state_dict`. For a transformers model and a layout with an `[hf]` table
             (hf-marian, hf-bart, hf-t5, ...), every size and switch is read from `model.config`
             first, as `conformance.convert.from_hf` reads them: no `n_heads=` is needed, and an
             override that contradicts the config is a ConfigError naming the field.
+
+    The report says what the conversion assumed (the layout's defaults for switches the tensors
+    do not tell) and what `model.config` gave. A model that cannot run is no divergence: the
+    report's `could_not_run`, with the user's own frames of the traceback (`failure`).
     """
-    from conformance.convert import convert_arrays, export_state_dict, load_layout
+    from conformance.convert import export_state_dict, load_layout
 
     layout = load_layout(layout)
     run = run or _default_run
@@ -275,14 +347,11 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
         raise InputError("tgt_ids", f"has {tgt_ids.shape[0]} rows, src_ids {src_ids.shape[0]}")
     if grads and labels is None:
         raise InputError("labels", "grads=True compares a loss: give the (B, T) labels")
+    progress = progress or (lambda message: None)
     kind = foreign.framework(model)
     state = foreign.foreign_state(model)
-    told = told_by_model_config(model, layout)
-    for name, value in overrides.items():
-        if name in told and told[name] != value:
-            raise ConfigError(name, f"{value!r} (given) contradicts the model, whose {type(model).__name__}.config gives "
-                                    f"{name}={told[name]!r}")
-    conversion = convert_arrays(state, layout, **{**told, **overrides})
+    progress(f"converting your weights through layout {layout.name}")
+    conversion, told = convert_yours(model, layout, state, overrides)
     config, params = conversion.config, conversion.params
     shifted = layout.tap_options["decoder_input"] == "shift-right"
     ours_tgt = shift_right(tgt_ids) if shifted else tgt_ids
@@ -291,21 +360,27 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
     targets, skipped = default_targets(names, [dtype]) if names else ([], {})
     source = f"your model through layout {layout.name}"
     if targets:
-        report = run_check(config, params, source, targets, skipped, src_ids, ours_tgt)
+        report = run_check(config, params, source, targets, skipped, src_ids, ours_tgt, progress=progress)
     else:  # the user's model against the oracle alone
         report = Report(config=config, source=source, targets=[], tensors=forward_order(config), skipped=skipped)
     yours = backend_registry.Target(YOURS, _device_of(model, kind), _dtype_of(state))
-    result = SideBySide(**{f: getattr(report, f) for f in Report.__dataclass_fields__}, layout=layout.name, yours=yours)
+    result = SideBySide(**{f: getattr(report, f) for f in Report.__dataclass_fields__}, layout=layout.name, yours=yours,
+                        batch_axis=layout.tap_options["batch_axis"], told=told, told_by=f"{type(model).__name__}.config",
+                        assumed=[line for line in conversion.decisions if "(the layout's default" in line])
     result.targets = [yours, *result.targets]
 
+    if not targets:
+        progress("oracle (numpy/cpu/float64)")
     oracle = _oracle(config, params, src_ids, ours_tgt)
     real = tgt_ids != config.pad_id if shifted else None
     tol = tolerance(yours.dtype, yours.device)
+    progress(f"your model ({yours.label})")
     try:
         captured = foreign.capture(model, layout, result.tensors, run, src_ids, tgt_ids, config.to_dict())
-    except Exception as exc:  # noqa: BLE001 - the user's code failing is a finding, reported in full
+    except Exception as exc:  # noqa: BLE001 - the user's code failing is reported with its own frames
         result.errors[yours.label] = f"{type(exc).__name__}: {exc}"
-        captured = None
+        result.failure = user_traceback(exc)
+        return result
     if captured is not None:
         if "logits" not in captured.values and "logits" not in captured.unavailable:
             captured.values["logits"] = captured.logits
@@ -321,9 +396,24 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
                 result.cells[(tensor, yours.label)] = Cell(unavailable=why)
 
     if grads:
+        progress("gradients: your model's autograd and the oracle's backward pass")
         _compare_grads(result, model, layout, config, params, run, src_ids, tgt_ids, ours_tgt,
                        _ids("labels", labels), label_smoothing, export_state_dict)
     return result
+
+
+def convert_yours(model: Any, layout, state: dict[str, np.ndarray], overrides: dict[str, Any]):
+    """(the Conversion of the user's weights, the fields its `model.config` gave): a
+    transformers model's config first (`told_by_model_config`), then the caller's overrides,
+    which may not contradict it."""
+    from conformance.convert import convert_arrays
+
+    told = told_by_model_config(model, layout)
+    for name, value in overrides.items():
+        if name in told and told[name] != value:
+            raise ConfigError(name, f"{value!r} (given) contradicts the model, whose {type(model).__name__}.config gives "
+                                    f"{name}={told[name]!r}")
+    return convert_arrays(state, layout, **{**told, **overrides}), told
 
 
 def _oracle(config: ModelConfig, params, src_ids, tgt_ids) -> dict[str, np.ndarray]:
@@ -383,8 +473,13 @@ def _compare_grads(result: SideBySide, model, layout, config, params, run, src_i
                  for k, v in ref_grads.items()}
     exported = _flat(export(config, ref_grads, layout, **_as_converted(config, layout)))
     names = _foreign_names(config, layout, export)
-    loss, grads = foreign.foreign_loss_and_grads(model, run, src_ids, tgt_ids, labels, pad_id=config.pad_id,
-                                                 label_smoothing=label_smoothing)
+    try:
+        loss, grads = foreign.foreign_loss_and_grads(model, run, src_ids, tgt_ids, labels, pad_id=config.pad_id,
+                                                     label_smoothing=label_smoothing)
+    except Exception as exc:  # noqa: BLE001 - the user's backward pass failing, with its own frames
+        result.errors[result.yours.label] = f"{type(exc).__name__}: {exc} (in its backward pass)"
+        result.failure = user_traceback(exc)
+        return
     allowed = gradient_tolerance(result.yours.dtype, result.yours.device).atol
     order = {name: n for n, name in enumerate(backward_order(config))}
     rows = []

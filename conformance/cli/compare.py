@@ -155,52 +155,44 @@ def _default_labels(tgt: np.ndarray, pad_id: int, shifted: bool) -> np.ndarray:
 def run(args: argparse.Namespace) -> int:
     from conformance.check import taps
     from conformance.check.report import fixed_batch
-    from conformance.check.side_by_side import compare
+    from conformance.check.side_by_side import compare, convert_yours
     from conformance.cli.common import check_output, parse_ids
     from conformance.cli.convert import parse_sets
-    from conformance.convert import convert_arrays, load_layout, read_state_dict
+    from conformance.cli.progress import Status
+    from conformance.convert import load_layout, read_state_dict
     from conformance.core.errors import InputError
 
     layout = load_layout(args.layout)
     overrides = parse_sets(args.sets)
     json_path = check_output(args.json, "--json", (".json",)) if args.json else None
     plot_path = check_output(args.plot, "--plot", (".png",)) if args.plot else None
-    state = read_state_dict(args.weights, args.key)
-    try:
-        module, name = _import(args.factory)
-        factory = _attribute(module, name, "the factory that returns your model")
-        user_run = _attribute(module, args.run, "--run") if args.run else None
-        try:
-            model = factory()
-        except Exception as exc:  # noqa: BLE001 - the user's factory failing is one line
-            raise UserCodeError(f"{args.factory}() raised {type(exc).__name__}: {exc}") from None
-        try:
-            # The factory's linen module is unbound: WEIGHTS are its variables.
-            kind = "linen" if taps.is_linen(model) else taps.framework(model)
-        except TypeError as exc:
-            raise UserCodeError(f"{args.factory}() returned {type(model).__name__}: {exc}") from None
-        if kind == "torch":
-            _torch_load(model.eval(), state, args.weights)
-        elif kind == "linen":
-            module = model[0] if isinstance(model, tuple) else model
-            if getattr(module, "scope", None) is not None:  # bound already: WEIGHTS replace its variables
-                module = module.unbind()[0]
-            model = _linen_bind(module, state, args.weights)
-        else:
-            raise UserCodeError(f"{args.factory}() returned an nnx.Module: its weights are its own; call "
-                                "conformance.compare(model, ...) from Python")
-    except UserCodeError as exc:
-        print(f"rosetta compare: error: {exc}", file=sys.stderr)
-        return 2
-    config = convert_arrays(taps.foreign_state(model), layout, **overrides).config
     if bool(args.src) != bool(args.tgt):
         raise InputError("--tgt" if args.src else "--src", "give --src and --tgt together (or neither, for the "
                          "default batch)")
-    src, tgt = (parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")) if args.src else fixed_batch(config)
-    backends = [] if (args.backends or "").strip() == "none" else args.backends
-    report = compare(model, layout, src, tgt, run=user_run, dtype=args.dtype, backends=backends, grads=args.grads,
-                     labels=_default_labels(tgt, config.pad_id, layout.tap_options["decoder_input"] == "shift-right")
-                     if args.grads else None, **overrides)
+    with Status("rosetta compare") as status:
+        status(f"reading {args.weights}")
+        state = read_state_dict(args.weights, args.key)
+        try:
+            model, user_run = _user_model(args, state, status)
+        except UserCodeError as exc:
+            failure = exc
+        else:
+            failure = None
+            status(f"converting your weights through layout {layout.name}")
+            config = convert_yours(model, layout, taps.foreign_state(model), overrides)[0].config
+            src, tgt = (parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")) if args.src else fixed_batch(config)
+            backends = [] if (args.backends or "").strip() == "none" else args.backends
+            shifted = layout.tap_options["decoder_input"] == "shift-right"
+            report = compare(model, layout, src, tgt, run=user_run, dtype=args.dtype, backends=backends,
+                             grads=args.grads, labels=_default_labels(tgt, config.pad_id, shifted) if args.grads else None,
+                             progress=status, **overrides)
+    if failure is not None:
+        print(f"rosetta compare: error: {failure}", file=sys.stderr)
+        return 2
+    if report.could_not_run:  # no divergence: an error of the user's code, with its own frames (exit 2)
+        print(f"rosetta compare: error: your model could not run: {report.errors[report.yours.label]}"
+              + (f"\n{report.failure}" if report.failure else ""), file=sys.stderr)
+        return 2
     print(report.to_text())
     if json_path:
         import json
@@ -210,3 +202,38 @@ def run(args: argparse.Namespace) -> int:
         width, height = report.plot(str(plot_path))
         print(f"wrote {plot_path} ({width}x{height} px)")
     return 0 if report.ok else 1
+
+
+def _user_model(args: argparse.Namespace, state: dict[str, np.ndarray], status):
+    """(the user's model with WEIGHTS loaded, its --run function or None); UserCodeError when the
+    module, the factory or the weights fail (a factory that raises: with its own frames)."""
+    from conformance.check import taps
+    from conformance.check.side_by_side import user_traceback
+
+    status(f"importing {args.factory.rpartition(':')[0]}")
+    module, name = _import(args.factory)
+    factory = _attribute(module, name, "the factory that returns your model")
+    user_run = _attribute(module, args.run, "--run") if args.run else None
+    status(f"building your model ({args.factory}())")
+    try:
+        model = factory()
+    except Exception as exc:  # noqa: BLE001 - the user's factory failing: one line, then its own frames
+        frames = user_traceback(exc)
+        raise UserCodeError(f"{args.factory}() raised {type(exc).__name__}: {exc}" + (f"\n{frames}" if frames else "")) from None
+    try:
+        # The factory's linen module is unbound: WEIGHTS are its variables.
+        kind = "linen" if taps.is_linen(model) else taps.framework(model)
+    except TypeError as exc:
+        raise UserCodeError(f"{args.factory}() returned {type(model).__name__}: {exc}") from None
+    status(f"loading {args.weights} into your model")
+    if kind == "torch":
+        _torch_load(model.eval(), state, args.weights)
+    elif kind == "linen":
+        module = model[0] if isinstance(model, tuple) else model
+        if getattr(module, "scope", None) is not None:  # bound already: WEIGHTS replace its variables
+            module = module.unbind()[0]
+        model = _linen_bind(module, state, args.weights)
+    else:
+        raise UserCodeError(f"{args.factory}() returned an nnx.Module: its weights are its own; call "
+                            "conformance.compare(model, ...) from Python")
+    return model, user_run

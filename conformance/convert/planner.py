@@ -439,21 +439,28 @@ def build_config(layout, canonical, origin, layers, overrides, position, rows, n
     values.update({k: v for k, v in overrides.items() if k != "notes"})
     if position is not None:
         values["position"] = position
+    # Every field the caller must give is named at once, not one per attempt.
+    missing = {}
     if layers["encoder"] + layers["decoder"] == 0:
         values.setdefault("n_heads", 1)  # no attention at all: the head count is meaningless
     elif "n_heads" not in overrides and heads is None and "n_heads" not in inferred:
-        raise ConfigError("n_heads", "cannot be read from tensor shapes (every head count splits d_model the same "
-                          "way); give it: n_heads=8 in Python, --set n_heads=8 on the command line")
-    if layers["encoder"] + layers["decoder"]:
-        _head_size(values, canonical, origin, overrides)
+        missing["n_heads"] = ("cannot be read from tensor shapes (every head count splits d_model the same way); give "
+                              "it: n_heads=8 in Python, --set n_heads=8 on the command line")
     if "max_len" not in values:
-        raise ConfigError("max_len", f"the {layout.name} state dict stores no position table, so max_len cannot be "
-                          "read from it; give the longest sequence the source system accepts (--set max_len=N)")
+        missing["max_len"] = (f"the {layout.name} state dict stores no position table, so max_len cannot be read from "
+                              "it; give the longest sequence the source system accepts (--set max_len=N)")
     for fieldname in sorted(layout.required):
         if fieldname not in overrides:
-            raise ConfigError(fieldname, f"the {layout.name} layout cannot tell it (it differs between copies of that "
-                              f"system and is not in the tensors); give it: {fieldname}=... in Python, --set {fieldname}="
-                              f"{alternatives(fieldname)} on the command line{_hint(layout, fieldname)}")
+            missing[fieldname] = (f"the {layout.name} layout cannot tell it (it differs between copies of that system "
+                                  f"and is not in the tensors); give it: {fieldname}=... in Python, --set {fieldname}="
+                                  f"{alternatives(fieldname)} on the command line{_hint(layout, fieldname)}")
+    if len(missing) == 1:
+        raise ConfigError(*missing.popitem())
+    if missing:
+        raise ConfigError(next(iter(missing)), f"{len(missing)} fields must be given ({', '.join(missing)}):\n" +
+                          "\n".join(f"  {name}: {problem}" for name, problem in missing.items()))
+    if layers["encoder"] + layers["decoder"]:
+        _head_size(values, canonical, origin, overrides)
     return ModelConfig(**values, notes={**(notes or {}), "converted_from": layout.name})
 
 
