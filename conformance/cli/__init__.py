@@ -42,7 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The exit status of a command stopped by Ctrl-C: 128 + SIGINT, as a shell reports it.
+INTERRUPTED = 130
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Every write is atomic and removes its temporary file on the way out (this exception
+        # included), so a stopped command leaves each output as it was: a traceback into the
+        # model's code would tell the user nothing. 130 is what a shell reports for SIGINT.
+        words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+        command = words[0] if words and words[0] in COMMANDS else None  # rosetta has no option of its own
+        print(f"rosetta{f' {command}' if command else ''}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, TensorError
 
     args = build_parser().parse_args(argv)

@@ -37,10 +37,22 @@ def _load_ids(path: str, argument: str) -> np.ndarray:
         raise InputError(argument, f"{path!r} is a directory, not a .npy file of ids")
     if not Path(path).is_file():
         raise InputError(argument, f"no such file {path!r}")
+    # Bytes that are not a .npy (or .npz) file are read by np.load as a pickle, whose refusal
+    # would say the file holds Python objects: say what the bytes are instead.
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if not head.startswith((b"\x93NUMPY", b"PK\x03\x04")):
+        from conformance.convert.readers import looks_like
+
+        looks = looks_like(path)
+        if looks == "it is a Python pickle":
+            raise InputError(argument, f"{path}: a Python pickle, not a .npy file; pickles are never unpickled: save an "
+                             "integer array (np.save(path, ids.astype(np.int64)))")
+        raise InputError(argument, f"{path}: not a readable .npy file ({looks})")
     try:
         ids = np.load(path, allow_pickle=False)
     except ValueError as exc:
-        if "allow_pickle" in str(exc):
+        if "Object arrays" in str(exc):
             raise InputError(argument, f"{path}: holds Python objects, which are never unpickled; save an integer "
                              "array (np.save(path, ids.astype(np.int64)))") from None
         raise InputError(argument, f"{path}: not a readable .npy file ({exc})") from None

@@ -24,10 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a ModelConfig field the tensors cannot tell or that your copy of the system changed, e.g. n_heads=8 (repeatable)")
     parser.add_argument("--dtype", choices=["float64", "float32", "float16", "bfloat16"], help="cast every parameter (default: keep the stored dtype)")
     parser.add_argument("--to", metavar="LAYOUT", help="the other direction: SRC is a rosetta checkpoint, DST the "
-                        "foreign file in LAYOUT's key space (.safetensors, .msgpack for Flax's msgpack, or a "
+                        "foreign file in LAYOUT's key space (.safetensors, .pt/.pth/.bin for a PyTorch state dict of "
+                        "tensors, .msgpack for Flax's msgpack, or a "
                         "new directory: for a Hugging Face layout (hf-marian, hf-bart, ...) a model folder that its "
                         "from_pretrained loads, otherwise an Orbax checkpoint)")
     parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model), or the dotted path of the parameter tree in a Flax msgpack file or Orbax checkpoint (e.g. params)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace DST if it exists (a file only; it is replaced atomically, once the new one is complete)")
     parser.add_argument("--rename", dest="renames", action="append", default=[], metavar="OLD=NEW",
                         help="rename a key prefix before matching a layout, e.g. embed_src.=src_tok_emb.embedding. "
                              "(repeatable): your own wrapper, a built-in layout, no layout file")
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     src, dst = Path(args.src), Path(args.dst)
     if getattr(args, "to", None):
-        return export(src, dst, args.to, parse_sets(args.sets))
+        return export(src, dst, args.to, parse_sets(args.sets), force=getattr(args, "force", False))
     if dst.suffix != ".safetensors":
         raise CheckpointError(dst, "a rosetta checkpoint is a .safetensors file; name the output *.safetensors")
     if dst.exists() and src.exists() and os.path.samefile(src, dst):
@@ -109,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
     if dst.is_dir():
         raise CheckpointError(dst, "is a directory; name the checkpoint file to write")
+    check_destination(dst, getattr(args, "force", False))
+    if checkpoint.is_checkpoint(src):
+        return resave(src, dst, args)
     overrides = parse_sets(args.sets)
     renames = parse_renames(args.renames)
     from conformance.convert.hf_folder import config_beside, convert_folder, is_hf_folder
@@ -167,6 +173,51 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_destination(dst: Path, force: bool) -> None:
+    """Refuse, before any work, an output that exists (unless `force`) or whose directory cannot
+    be written: said after a long conversion, either would waste it."""
+    from conformance.core.errors import CheckpointError
+
+    if dst.exists() and not force:
+        raise CheckpointError(dst, "already exists; pass --force to replace it (the new file is written beside it "
+                              "and renamed over it only once complete)")
+    parent = dst.parent if str(dst.parent) else Path(".")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CheckpointError(dst, f"cannot write: permission denied on the directory {str(parent)!r}")
+
+
+def resave(src: Path, dst: Path, args: argparse.Namespace) -> int:
+    """`rosetta convert model.safetensors out.safetensors [--dtype D]` with a rosetta checkpoint in:
+    its config is stored in it, so nothing is detected or set; it is loaded (every check of
+    `checkpoint.load`), cast when --dtype is given (an overflow is refused by key) and saved."""
+    from conformance.core import checkpoint
+    from conformance.convert.engine import cast
+    from conformance.core.errors import InputError
+
+    given = [flag for flag, value in (("--layout", args.layout), ("--set", args.sets), ("--rename", args.renames),
+                                      ("--key", args.key)) if value]
+    if given:
+        raise InputError(given[0], f"{src} is a rosetta checkpoint, whose config is stored in it: there is no layout to "
+                         f"choose and nothing to set or rename; convert it with --dtype only (or none)")
+    config, params = checkpoint.load(src)
+    stored = next(iter(params.values())).dtype.name
+    if args.dtype and args.dtype != stored:
+        params = {key: cast(value, args.dtype, key) for key, value in params.items()}
+    checkpoint.save(dst, config, params)
+    problems = trial_run(config, params)
+    total = sum(int(v.size) for v in params.values())
+    print(f"{src} -> {dst}")
+    print(f"  a rosetta checkpoint: " + (f"cast {stored} -> {args.dtype}" if args.dtype and args.dtype != stored
+                                         else f"re-saved as stored ({stored})"))
+    print(f"  config: {config.summary()}")
+    print(f"  {len(params)} parameters, {total:,} values, {next(iter(params.values())).dtype.name}")
+    for problem in problems:
+        print(f"rosetta convert: warning: {problem}", file=sys.stderr)
+    if not problems:
+        print("  trial forward pass (NumPy, 3 padded rows): every logit finite")
+    return 0
+
+
 def _reads_folders(layout_name: str) -> bool:
     """Whether a layout (a built-in name or a TOML file) reads Hugging Face folders (has `[hf]`)."""
     from conformance.convert import load_layout
@@ -199,10 +250,14 @@ def trial_run(config, params) -> list[str]:
             "check pad_id, mask_fill and norm_placement (--set), and the weights' magnitudes"]
 
 
-def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any]) -> int:
+TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any], force: bool = False) -> int:
     """`rosetta convert model.safetensors OUT --to LAYOUT`: a rosetta checkpoint out to a foreign
     layout. A nested (Flax) tree goes to a .msgpack file or an Orbax directory; a flat state
-    dict to a .safetensors file (its keys only, no rosetta metadata)."""
+    dict to a .safetensors file (its keys only, no rosetta metadata) or a PyTorch .pt file (a
+    plain dict of tensors, which `torch.load(weights_only=True)` reads)."""
     from conformance.core import checkpoint
     from conformance.convert import export_state_dict, load_layout
     from conformance.convert.engine import unflatten
@@ -210,14 +265,18 @@ def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any]) -> in
     from conformance.core.errors import CheckpointError
 
     layout = load_layout(layout_name)
-    if dst.exists():
-        raise CheckpointError(dst, "already exists; converting never overwrites a file or directory")
+    if dst.is_dir() or (dst.exists() and dst.suffix == ""):
+        raise CheckpointError(dst, "already exists; a directory is never replaced: name a new one")
     if not dst.parent.is_dir() and str(dst.parent):
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
     folder = layout.hf is not None  # a directory is a Hugging Face model folder; for Flax, Orbax
-    if dst.suffix not in (".msgpack", ".safetensors", ""):
-        raise CheckpointError(dst, "name the output *.msgpack, *.safetensors, or a new directory "
-                              f"({'a Hugging Face model folder' if folder else 'Orbax'})")
+    if dst.suffix.lower() in TORCH_SUFFIXES and layout.nested:
+        raise CheckpointError(dst, f"a PyTorch state dict is flat, and the {layout.name} system's parameters are a "
+                              "Flax tree: name the output *.msgpack, *.safetensors, or a new directory (Orbax)")
+    if dst.suffix.lower() not in (".msgpack", ".safetensors", "") + TORCH_SUFFIXES:
+        raise CheckpointError(dst, f"name the output *.msgpack, *.safetensors, {'*.pt, ' if not layout.nested else ''}"
+                              f"or a new directory ({'a Hugging Face model folder' if folder else 'Orbax'})")
+    check_destination(dst, force)
     config, params = checkpoint.load(src)
     exported = export_state_dict(config, params, layout, **target)
     tree = exported if layout.nested else unflatten(exported)
@@ -229,6 +288,9 @@ def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any]) -> in
         flat = trees.flatten(tree) if layout.nested else exported
         checkpoint.write_tensors(dst, flat, {})
         kind = "safetensors"
+    elif dst.suffix.lower() in TORCH_SUFFIXES:
+        write_torch(dst, exported)
+        kind = "PyTorch state dict: a dict of tensors, torch.load(path, weights_only=True) reads it"
     elif folder:
         from conformance.convert.hf_folder import write_folder
 
@@ -242,3 +304,28 @@ def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any]) -> in
     for problem in problems:
         print(f"rosetta convert: warning: {problem}", file=sys.stderr)
     return 0
+
+
+def write_torch(dst: Path, state: dict[str, np.ndarray]) -> None:
+    """A flat state dict as a PyTorch file of plain tensors (no module, no pickled class: what
+    `torch.load(weights_only=True)` reads and `load_state_dict` takes), written atomically."""
+    import io
+
+    from conformance.cli.common import write_outputs
+    from conformance.core.errors import CheckpointError
+
+    try:
+        import torch
+    except ImportError:
+        raise CheckpointError(dst, "writing a PyTorch file needs PyTorch (pip install torch); or name the output "
+                              "*.safetensors, which torch reads with safetensors.torch.load_file") from None
+    tensors = {}
+    for key, value in state.items():
+        value = np.ascontiguousarray(value)
+        if value.dtype.name == "bfloat16":  # NumPy has no bfloat16: its bits, reinterpreted, not rounded
+            tensors[key] = torch.from_numpy(value.view(np.int16).copy()).view(torch.bfloat16)
+        else:
+            tensors[key] = torch.from_numpy(value.copy())
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    write_outputs({str(dst): (dst, buffer.getvalue())})

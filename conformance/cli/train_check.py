@@ -4,8 +4,8 @@ by step with the float64 NumPy run (docs/training.md)."""
 from __future__ import annotations
 
 import argparse
+import io
 import sys
-from pathlib import Path
 
 HELP = ("Train every installed backend for N steps (the paper's Adam) from the same weights on the same batches; "
         "per step print the loss and the largest parameter difference against the float64 NumPy run, and name "
@@ -43,6 +43,15 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
+    from conformance.cli.common import check_output, write_outputs
+
+    # Every output is checked before the (long) run, and written only if all of them can be,
+    # each atomically: a run stopped by Ctrl-C or an error leaves no partial report.
+    outputs = {}
+    if args.json:
+        outputs["--json"] = check_output(args.json, "--json", (".json",))
+    if args.plot:
+        outputs["--plot"] = check_output(args.plot, "--plot", (".png",))
     from conformance.check import backends
     from conformance.check.defaults import default_model
     from conformance.check.report import default_targets
@@ -71,9 +80,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"rosetta train-check: error: no float64 reference: {exc}", file=sys.stderr)
         return 2
     print(report.to_text())
+    files = {}
     if args.json:
-        Path(args.json).write_text(report.dumps())
+        files["--json"] = (outputs["--json"], report.dumps().encode())
     if args.plot:
-        width, height = plot_train_check(report, args.plot)
+        picture = io.BytesIO()
+        width, height = plot_train_check(report, picture)
+        files["--plot"] = (outputs["--plot"], picture.getvalue())
+    write_outputs(files)
+    if args.plot:
         print(f"wrote {args.plot} ({width}x{height} px)")
     return 0 if report.passed else 1

@@ -60,6 +60,27 @@ def _dtype(name: str) -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
+def cast(array: np.ndarray, dtype: str, key: str) -> np.ndarray:
+    """`array` in `dtype`, refusing a cast that turns finite values infinite: 1e5 is a finite
+    float32 and an infinite float16. The `TensorError` names `key` and says that the cast, not the
+    file, made the infinity (a value the file itself holds infinite is left for the finiteness
+    check, which blames the file)."""
+    target = _dtype(dtype)
+    with np.errstate(over="ignore"):
+        out = array.astype(target)
+    if out.dtype.itemsize >= array.dtype.itemsize and out.dtype.kind == array.dtype.kind == "f":
+        return out  # a widening cast cannot overflow
+    wide = array.astype(np.float64)
+    overflowed = np.isfinite(wide) & ~np.isfinite(out.astype(np.float64))
+    if overflowed.any():
+        largest = float(np.abs(wide[overflowed]).max())
+        raise TensorError(key, f"has {int(overflowed.sum())} value(s) that overflow when cast to {dtype} (dtype="
+                          f"'{dtype}', --dtype {dtype}): the largest, {largest:g}, is finite as stored in "
+                          f"{array.dtype.name} but beyond {dtype}'s largest finite value "
+                          f"{float(ml_dtypes.finfo(target).max):g}; keep a wider dtype")
+    return out
+
+
 def _is_float(array: np.ndarray) -> bool:
     return array.dtype.kind == "f" or array.dtype == np.dtype(ml_dtypes.bfloat16)
 
@@ -169,8 +190,7 @@ def execute(plan: Plan, arrays: Mapping[str, np.ndarray], *, dtype: str | None =
             raise TensorError(origin[ckey], f"has dtype {array.dtype}; parameters must be floating point (a buffer "
                               "that is not a parameter can be listed in the layout's drop = [...])")
     if dtype is not None:
-        target = _dtype(dtype)
-        canonical = {k: v.astype(target) for k, v in canonical.items()}
+        canonical = {k: cast(v, dtype, origin[k]) for k, v in canonical.items()}
     else:
         counts = Counter(v.dtype.name for v in canonical.values())
         if len(counts) > 1:

@@ -91,20 +91,28 @@ def _first_bytes(path: Path, n: int = 8) -> bytes:
         return b""  # the reader that follows says what is wrong with the file
 
 
+def looks_like(path: str | os.PathLike) -> str:
+    """What a file's first bytes say it is, for a message about a file that is not what its name
+    says: "it is empty", "it is a Python pickle", "it is text, starting 'hello'", ..."""
+    head = _first_bytes(Path(path), 64)
+    if not head:
+        return "it is empty"
+    if head.startswith(b"\x93NUMPY"):
+        return "it is a single .npy array"
+    if head.startswith(b"PK\x03\x04"):
+        return "it is a zip archive"
+    if head.startswith(b"\x80") and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return "it is a Python pickle"
+    if len(head) >= 8 and int.from_bytes(head[:8], "little") < 100_000_000 and head[8:9] == b"{":
+        return "it is a .safetensors file; rename it *.safetensors"
+    if all(32 <= b < 127 or b in b"\t\r\n" for b in head):
+        return f"it is text, starting {head[:24].decode('ascii')!r}"
+    return f"it starts with bytes {head[:8]!r}"
+
+
 def _not_this_kind(path: Path, what: str) -> CheckpointError:
     """The file's name says `what`, its first bytes say otherwise: say what they look like."""
-    head = _first_bytes(path, 64)
-    if not head:
-        looks = "it is empty"
-    elif head.startswith(b"\x93NUMPY"):
-        looks = "it is a single .npy array"
-    elif len(head) >= 8 and int.from_bytes(head[:8], "little") < 100_000_000 and head[8:9] == b"{":
-        looks = "it is a .safetensors file; rename it *.safetensors"
-    elif all(32 <= b < 127 or b in b"\t\r\n" for b in head):
-        looks = f"it is text, starting {head[:24].decode('ascii')!r}"
-    else:
-        looks = f"it starts with bytes {head[:8]!r}"
-    return CheckpointError(path, f"not {what} ({looks})")
+    return CheckpointError(path, f"not {what} ({looks_like(path)})")
 
 
 def _reason(exc: Exception) -> str:
@@ -155,8 +163,14 @@ def _npz_file(path: Path) -> dict[str, np.ndarray]:
                 try:
                     out[name] = archive[name]
                 except ValueError as exc:
-                    raise CheckpointError(path, f"refused: entry {name!r} holds Python objects ({exc})") from None
+                    # numpy says "Object arrays cannot be loaded" for an object dtype; any other
+                    # ValueError is a damaged entry, which holds nothing at all.
+                    if "Object arrays" in str(exc):
+                        raise CheckpointError(path, f"refused: entry {name!r} holds Python objects ({exc})") from None
+                    raise CheckpointError(path, f"entry {name!r} is not a readable array ({exc})") from None
             return out
+    except CheckpointError:
+        raise
     except FileNotFoundError:
         raise CheckpointError(path, "no such file") from None
     except IsADirectoryError:

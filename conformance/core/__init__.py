@@ -10,7 +10,8 @@
     surface      the names every backend package exports (`BACKEND_API`)
     training     host checks of the loss's arguments, the paper's learning-rate schedule
     dropout      dropout masks: sites, format, drawn from one seed (docs/training.md)
-    errors       ConfigError, InputError, CheckpointError
+    errors       ConfigError, InputError, CheckpointError, TooLargeError
+    memory       the most memory this process can ever hold (refusals before allocating)
 
 May import: the standard library, NumPy, ml_dtypes, and itself. Never PyTorch, JAX, hypothesis,
 pytest, a backend or another subpackage of `conformance` (tests/test_architecture.py imports

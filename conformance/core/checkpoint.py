@@ -37,6 +37,7 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.errors import CheckpointError, ConfigError, InputError
+from conformance.core.memory import memory_limit, size_words
 from conformance.core.params import check_finite_array, check_numpy_params, check_param_set, param_count, param_shapes
 
 FORMAT_NAME = "rosetta-transformer"
@@ -252,6 +253,11 @@ def read_tensors(
             entries = _validate_index(path, header, data_len)
             if before_data is not None:
                 before_data(metadata, entries)
+            limit, source = memory_limit()
+            if limit is not None and data_len > limit:
+                # Reading would end in a MemoryError, or a process killed, after minutes of work.
+                raise CheckpointError(path, f"holds {size_words(data_len)} of tensors, which cannot fit in the "
+                                      f"memory this process can hold ({size_words(limit)} of {source})")
             digest = _header_digest(header) if "sha256" in metadata else None
             data = _read_data(f, data_len, digest)
             if data is None:
@@ -270,6 +276,24 @@ def read_tensors(
         count = (end - begin) // dtype.itemsize
         tensors[name] = np.frombuffer(data, dtype=dtype, count=count, offset=begin).reshape(shape)
     return metadata, tensors
+
+
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether `path` is a safetensors file whose header says it is a rosetta checkpoint (only
+    the header is read; whether the rest holds up is `load`'s to say)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                return False
+            (n,) = struct.unpack("<Q", f.read(8))
+            if not 0 < n <= min(MAX_HEADER_BYTES, size - 8):
+                return False
+            header = json.loads(f.read(n).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return isinstance(metadata, dict) and metadata.get("format") == FORMAT_NAME
 
 
 def load(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
@@ -369,7 +393,11 @@ def write_tensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], me
 def _atomic_write(path: Path, chunks: list[bytes]) -> None:
     """Write beside `path` and rename into place: an interrupted save never damages `path`."""
     directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=directory)
+    except OSError as exc:
+        # Said of the file being saved: the temporary's name (".x.safetensors.tmp-3ghl3eo7") is ours.
+        raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
     try:
         # mkstemp makes the file private (0600); give it the mode of the file it replaces.
         os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)

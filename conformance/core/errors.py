@@ -5,6 +5,10 @@
 | `ConfigError`     | a config field that is not valid                    | the field          |
 | `InputError`      | a bad argument to a model call (ids, masks, dtype)  | the argument       |
 | `CheckpointError` | a checkpoint file that cannot be trusted            | the file           |
+| `TooLargeError`   | a config whose parameters cannot fit in memory      | the field          |
+
+`TooLargeError` is a `ConfigError` and also a `MemoryError`: it is raised before anything is
+allocated, in place of the `MemoryError` (or the killed process) the allocation would end in.
 
 Each carries the name it blames as an attribute (`field`, `argument`, `path`) so that tests and
 tools can compare errors across backends without parsing messages.
@@ -40,3 +44,15 @@ class CheckpointError(ValueError):
         self.path = os.fspath(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
+
+
+class TooLargeError(ConfigError, MemoryError):
+    """A config's parameters cannot fit in the memory this process can hold; refused before any is allocated.
+
+    `.field` names the size that makes them large, `.needed` and `.limit` are bytes (what the
+    parameters take, what the machine has)."""
+
+    def __init__(self, field: str, problem: str, needed: int, limit: int):
+        self.needed = needed
+        self.limit = limit
+        super().__init__(field, problem)

@@ -40,8 +40,9 @@ import ml_dtypes
 import numpy as np
 
 from conformance.core.config import ModelConfig
-from conformance.core.errors import InputError
+from conformance.core.errors import InputError, TooLargeError
 from conformance.core.inputs import check_dtype
+from conformance.core.memory import memory_limit, size_words
 
 Shape = tuple[int, ...]
 
@@ -152,6 +153,64 @@ def param_count(config: ModelConfig) -> int:
     return base + per_encoder_layer * config.n_encoder_layers + per_decoder_layer * config.n_decoder_layers
 
 
+def _by_stack(config: ModelConfig, size: Callable[[Shape], int]) -> tuple[int, int, int, dict[str, Shape]]:
+    """(outside the layers, per encoder layer, per decoder layer, the shapes outside the layers),
+    each summed by `size`: every layer of a stack has the same parameters, so a config's total is
+    linear in its layer counts and needs no name built per layer (a hostile file, or a typo, may
+    claim 10**9 layers)."""
+    bare = config.replace(n_encoder_layers=0, n_decoder_layers=0)
+    outside = param_shapes(bare)
+    base = sum(size(shape) for shape in outside.values())
+    per_encoder_layer = sum(size(s) for s in param_shapes(bare.replace(n_encoder_layers=1)).values()) - base
+    per_decoder_layer = sum(size(s) for s in param_shapes(bare.replace(n_decoder_layers=1)).values()) - base
+    return base, per_encoder_layer, per_decoder_layer, outside
+
+
+def _values(shape: Shape) -> int:
+    """The number of values of a shape, as a Python int (no int64 overflow for hostile sizes)."""
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count
+
+
+def param_bytes(config: ModelConfig, dtype: Any) -> int:
+    """The bytes `config`'s parameters take in `dtype` (a NumPy dtype or a name: "bfloat16"),
+    counted without building them or their names."""
+    base, encoder, decoder, _ = _by_stack(config, _values)
+    values = base + encoder * config.n_encoder_layers + decoder * config.n_decoder_layers
+    return values * host_dtype(dtype_name(dtype)).itemsize
+
+
+# The ModelConfig field that sizes each parameter outside the layers, by the end of its name.
+_SIZED_BY = {"encoder.embedding.weight": "src_vocab_size", "decoder.embedding.weight": "tgt_vocab_size",
+             "output.weight": "tgt_vocab_size", "output.bias": "tgt_vocab_size", "final_logits_bias": "tgt_vocab_size",
+             "position.table": "max_len", "relative_bias": "relative_buckets"}
+
+
+def _largest_field(config: ModelConfig) -> str:
+    """The size field that most of `config`'s parameter values come from."""
+    base, encoder, decoder, outside = _by_stack(config, _values)
+    name = max(outside, key=lambda key: _values(outside[key]), default="")
+    field = next((f for end, f in _SIZED_BY.items() if name.endswith(end)), "d_model")
+    parts = {"n_encoder_layers": encoder * config.n_encoder_layers, "n_decoder_layers": decoder * config.n_decoder_layers,
+             field: base}
+    return max(parts, key=parts.get)
+
+
+def check_fits(config: ModelConfig, dtype: Any) -> None:
+    """Raise `TooLargeError` when `config`'s parameters in `dtype` could never be held here
+    (`memory_limit`), before any is allocated, naming the field that makes them large."""
+    limit, source = memory_limit()
+    needed = param_bytes(config, dtype)
+    if limit is None or needed <= limit:
+        return
+    field = _largest_field(config)
+    raise TooLargeError(field, f"{field}={getattr(config, field)} gives parameters that cannot fit in the memory "
+                        f"this process can hold: {param_count(config):,} tensors, {size_words(needed)} in "
+                        f"{dtype_name(dtype)}, more than the {size_words(limit)} of {source}", needed, limit)
+
+
 def _init_std(name: str, shape: Shape, config: ModelConfig) -> tuple[float, float]:
     """(mean, std) for one parameter: O(1) activations, and no value that hides a mistake.
 
@@ -187,7 +246,11 @@ def init_params(
     Each parameter has its own random stream keyed by (seed, name), so turning one switch on or
     off never changes the values of the parameters the two configs share. `scale` multiplies
     every standard deviation (weights far from 1 stress the tolerances and the masking).
+
+    Raises `TooLargeError` (a `ConfigError` and a `MemoryError`) before drawing anything when the
+    parameters in `dtype` are more than this process can ever hold (`memory_limit`).
     """
+    check_fits(config, dtype)
     params = {}
     for name, shape in param_shapes(config).items():
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
@@ -208,6 +271,10 @@ def check_param_set(
     `shapes` and `dtypes` map each given parameter name to its shape and dtype name ("float32",
     "bfloat16", ...), so every backend can describe its own arrays. One float dtype for all.
     """
+    count = param_count(config)
+    if count > 2 * len(shapes) + 64:
+        # Not worth naming each missing one (and a config may claim 10**9 layers).
+        raise InputError("params", f"the config calls for {count:,} parameters, {len(shapes):,} are given")
     expected = param_shapes(config)
     missing = [k for k in expected if k not in shapes]
     unexpected = sorted(set(shapes) - set(expected))

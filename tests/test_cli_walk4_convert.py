@@ -1,0 +1,273 @@
+"""`rosetta convert` as the fourth newcomer walk met it (issue 45, items 7, 8, 9, 18 and a glitch
+of 19): an existing output is kept unless `--force`; a write that fails names the destination,
+never the temporary file beside it; a rosetta checkpoint given as input is re-saved or cast; a
+cast that overflows says so, by key; `--to torch-nn-transformer` writes a `.pt` state dict that
+the tutorial's own model loads with `weights_only=True`; a `.npy` that is not one is not said to
+hold Python objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+import pytest
+
+from conformance import init_params, preset
+from conformance.cli import main
+from conformance.convert import export_state_dict, read_state_dict
+from conformance.core import checkpoint
+
+SIZES = dict(src_vocab_size=11, tgt_vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
+             n_decoder_layers=1, max_len=10)
+# What the torch-nn-transformer layout cannot read from the tensors.
+SETS = ["--set", "n_heads=2", "--set", "norm_placement=post", "--set", "pad_id=1"]
+BIG_KEY = "encoder.layers.0.ffn.linear1.weight"  # the canonical key given a finite 1e5
+BIG_FOREIGN = "transformer.encoder.layers.0.linear1.weight"  # the same tensor in the tutorial's key space
+
+
+def cli(capsys, *argv):
+    status = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def digest(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def tutorial_config(**changes):
+    return preset("torch-nn-transformer", **SIZES, **changes)
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A rosetta checkpoint (`model.safetensors`) and the same model in the tutorial's key space
+    (`foreign.safetensors`), both float32."""
+    config = tutorial_config()
+    params = init_params(config, seed=3, dtype=np.float32)
+    checkpoint.save(tmp_path / "model.safetensors", config, params)
+    checkpoint.write_tensors(tmp_path / "foreign.safetensors", export_state_dict(config, params, "torch-nn-transformer"), {})
+    return tmp_path, config, params
+
+
+def leftovers(directory, *expected):
+    return sorted(p.name for p in directory.iterdir() if p.name not in expected)
+
+
+# -- 7: an existing output is kept unless --force ---------------------------------------------
+
+
+def test_an_existing_destination_is_kept_unless_force(files, capsys):
+    root, config, params = files
+    out = root / "out.safetensors"
+    out.write_bytes(b"the user's earlier checkpoint")
+    status, _, err = cli(capsys, "convert", root / "foreign.safetensors", out, *SETS)
+    assert status == 2 and f"{out}: already exists" in err and "--force" in err, err
+    assert out.read_bytes() == b"the user's earlier checkpoint"
+    assert leftovers(root, "model.safetensors", "foreign.safetensors", "out.safetensors") == []
+
+    status, _, err = cli(capsys, "convert", root / "foreign.safetensors", out, *SETS, "--force")
+    assert status == 0, err
+    again, loaded = checkpoint.load(out)
+    assert again == config.replace(notes=again.notes) and all(np.array_equal(loaded[k], params[k]) for k in params)
+
+
+def test_an_export_keeps_an_existing_file_unless_force(files, capsys):
+    root, _, _ = files
+    out = root / "tutorial.safetensors"
+    out.write_bytes(b"keep me")
+    status, _, err = cli(capsys, "convert", root / "model.safetensors", out, "--to", "torch-nn-transformer")
+    assert status == 2 and "already exists" in err and "--force" in err and out.read_bytes() == b"keep me", err
+    status, _, err = cli(capsys, "convert", root / "model.safetensors", out, "--to", "torch-nn-transformer", "--force")
+    assert status == 0 and "transformer.encoder.layers.0.linear1.weight" in read_state_dict(out), err
+
+
+def _refuse_temporaries(monkeypatch):
+    """mkstemp as a read-only directory answers it (the tests run as root, whom chmod does not stop)."""
+    def mkstemp(prefix="", dir=None, **_):
+        raise PermissionError(13, "Permission denied", os.path.join(dir, f"{prefix}3ghl3eo7"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+
+
+@pytest.mark.parametrize("export", [False, True], ids=["import", "export"])
+def test_a_read_only_directory_names_the_destination_not_the_temporary(files, capsys, monkeypatch, export):
+    root, _, _ = files
+    out = root / "x.safetensors"
+    _refuse_temporaries(monkeypatch)
+    argv = ([root / "model.safetensors", out, "--to", "torch-nn-transformer"] if export
+            else [root / "foreign.safetensors", out, *SETS])
+    status, _, err = cli(capsys, "convert", *argv)
+    assert status == 2 and str(out) in err and "ermission denied" in err, err
+    assert ".tmp-" not in err and "3ghl3eo7" not in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_directory_that_cannot_be_written_is_refused_before_converting(files, capsys, monkeypatch):
+    root, _, _ = files
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if os.fspath(path) == str(root / "ro")
+                        else real_access(path, mode, **kw))
+    (root / "ro").mkdir()
+    status, out, err = cli(capsys, "convert", root / "foreign.safetensors", root / "ro" / "x.safetensors", *SETS)
+    assert status == 2 and f"{root / 'ro' / 'x.safetensors'}: cannot write" in err and "permission denied" in err, err
+    assert out == "", "refused before the conversion ran"
+
+
+# -- 8: a rosetta checkpoint in ----------------------------------------------------------------
+
+
+def test_a_rosetta_checkpoint_is_re_saved(files, capsys):
+    root, config, params = files
+    status, out, err = cli(capsys, "convert", root / "model.safetensors", root / "copy.safetensors")
+    assert status == 0, err
+    assert "rosetta checkpoint" in out and "no built-in layout" not in err
+    again, loaded = checkpoint.load(root / "copy.safetensors")
+    assert again == config and all(loaded[k].tobytes() == params[k].tobytes() for k in params)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_a_rosetta_checkpoint_is_cast(files, capsys, dtype):
+    from conformance.core.params import host_dtype
+
+    root, config, params = files
+    status, out, err = cli(capsys, "convert", root / "model.safetensors", root / "cast.safetensors", "--dtype", dtype)
+    assert status == 0, err
+    assert f"cast float32 -> {dtype}" in out, out
+    again, loaded = checkpoint.load(root / "cast.safetensors")
+    assert again == config
+    for key, value in params.items():
+        assert loaded[key].dtype == host_dtype(dtype) and np.array_equal(loaded[key], value.astype(host_dtype(dtype)))
+
+
+@pytest.mark.parametrize("argv, flag", [(["--layout", "torch-nn-transformer"], "--layout"),
+                                        (["--set", "n_heads=4"], "--set"), (["--rename", "a.=b."], "--rename"),
+                                        (["--key", "model"], "--key")])
+def test_a_rosetta_checkpoint_refuses_what_only_a_foreign_file_takes(files, capsys, argv, flag):
+    root, _, _ = files
+    status, _, err = cli(capsys, "convert", root / "model.safetensors", root / "copy.safetensors", *argv)
+    assert status == 2 and "rosetta checkpoint" in err and flag in err, err
+    assert not (root / "copy.safetensors").exists()
+
+
+# -- 9: a cast that overflows ------------------------------------------------------------------
+
+
+@pytest.fixture
+def big(tmp_path):
+    """The checkpoint and its foreign copy, with one finite float32 weight of 1e5 (float16's
+    largest finite value is 65504)."""
+    config = tutorial_config()
+    params = init_params(config, seed=3, dtype=np.float32)
+    params[BIG_KEY] = params[BIG_KEY].copy()
+    params[BIG_KEY][0, 1] = 1e5
+    checkpoint.save(tmp_path / "big.safetensors", config, params)
+    checkpoint.write_tensors(tmp_path / "foreign.safetensors", export_state_dict(config, params, "torch-nn-transformer"), {})
+    return tmp_path
+
+
+@pytest.mark.parametrize("rosetta_input", [False, True], ids=["foreign", "rosetta"])
+def test_an_overflowing_cast_is_named_as_the_cast(big, capsys, rosetta_input):
+    src = big / ("big.safetensors" if rosetta_input else "foreign.safetensors")
+    sets = [] if rosetta_input else SETS
+    status, _, err = cli(capsys, "convert", src, big / "half.safetensors", *sets, "--dtype", "float16")
+    assert status == 2, err
+    assert (BIG_KEY if rosetta_input else BIG_FOREIGN) in err, err
+    assert "overflow" in err and "float16" in err and "100000" in err and "65504" in err, err
+    assert "has 1 NaN or infinite" not in err, "the file holds no such value"
+    assert not (big / "half.safetensors").exists()
+    # The same weights go to a dtype that holds them.
+    assert cli(capsys, "convert", src, big / "wide.safetensors", *sets, "--dtype", "float64")[0] == 0
+
+
+def test_a_stored_infinity_is_still_blamed_on_the_file(tmp_path, capsys):
+    config = tutorial_config()
+    state = export_state_dict(config, init_params(config, seed=3, dtype=np.float32), "torch-nn-transformer")
+    state[BIG_FOREIGN] = state[BIG_FOREIGN].copy()
+    state[BIG_FOREIGN][0, 0] = np.inf
+    checkpoint.write_tensors(tmp_path / "inf.safetensors", state, {})
+    status, _, err = cli(capsys, "convert", tmp_path / "inf.safetensors", tmp_path / "out.safetensors", *SETS,
+                         "--dtype", "float16")
+    assert status == 2 and f"{BIG_FOREIGN}: has 1 NaN or infinite value(s)" in err and "overflow" not in err, err
+
+
+# -- 18: a .pt state dict for the tutorial's model ---------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # nn.Transformer's nested-tensor notice
+def test_to_torch_nn_transformer_writes_a_pt_state_dict_the_tutorial_loads(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    from systems import torch_tutorial
+    from systems.harness import assert_matches_source, padded_batch, run_backend
+
+    config = tutorial_config(pad_id=torch_tutorial.PAD)
+    params = init_params(config, seed=5, dtype=np.float32)
+    checkpoint.save(tmp_path / "model.safetensors", config, params)
+    status, out, err = cli(capsys, "convert", tmp_path / "model.safetensors", tmp_path / "tutorial.pt",
+                           "--to", "torch-nn-transformer")
+    assert status == 0, err
+    assert "PyTorch state dict" in out, out
+    assert (tmp_path / "tutorial.pt").stat().st_mode & 0o777 == 0o644
+    assert leftovers(tmp_path, "model.safetensors", "tutorial.pt") == []
+
+    state = torch.load(tmp_path / "tutorial.pt", weights_only=True)
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+    model = torch_tutorial.make(SIZES["src_vocab_size"], SIZES["tgt_vocab_size"], SIZES["d_model"], SIZES["n_heads"],
+                                SIZES["d_ff"], SIZES["n_encoder_layers"], SIZES["max_len"])
+    model.load_state_dict(state, strict=True)
+    src, tgt = padded_batch(torch_tutorial.PAD, SIZES["src_vocab_size"], SIZES["tgt_vocab_size"])
+    with torch.no_grad():
+        theirs = torch_tutorial.logits(model, torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
+    assert_matches_source(run_backend("numpy", config, params, src, tgt), theirs, "exported .pt in nn.Transformer")
+
+    # And back: the .pt converts to the same checkpoint.
+    status, _, err = cli(capsys, "convert", tmp_path / "tutorial.pt", tmp_path / "back.safetensors", *SETS)
+    assert status == 0, err
+    again, back = checkpoint.load(tmp_path / "back.safetensors")
+    assert all(np.array_equal(back[k], params[k]) for k in params)
+
+
+def test_a_pt_export_of_a_nested_layout_is_refused(files, capsys):
+    root, _, _ = files
+    status, _, err = cli(capsys, "convert", root / "model.safetensors", root / "wmt.pt", "--to", "flax-wmt")
+    assert status == 2 and "wmt.pt" in err and ".msgpack" in err, err
+    assert not (root / "wmt.pt").exists()
+
+
+# -- 19: a garbage .npy ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data, words", [
+    (b"hello, these are not ids\n", "it is text, starting 'hello, these are not"),
+    (b"\x00\x01\x02\x03garbage\xff", "it starts with bytes"),
+    (b"\x93NUMPY\x20\x67garbage", "not a readable .npy file"),
+])
+def test_a_garbage_npy_is_not_said_to_hold_python_objects(files, capsys, data, words):
+    root, _, _ = files
+    (root / "bad.npy").write_bytes(data)
+    status, _, err = cli(capsys, "run", root / "model.safetensors", "--backend", "numpy", "--src", root / "bad.npy",
+                         "--tgt", "1,2", "--out", root / "o.npz")
+    assert status == 2 and f"--src: {root / 'bad.npy'}" in err and words in err, err
+    assert "Python objects" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_pickle_named_npy_is_said_to_be_a_pickle(files, capsys):
+    import pickle
+
+    root, _, _ = files
+    (root / "p.npy").write_bytes(pickle.dumps([[1, 2]]))
+    status, _, err = cli(capsys, "run", root / "model.safetensors", "--backend", "numpy", "--src", root / "p.npy",
+                         "--tgt", "1,2", "--out", root / "o.npz")
+    assert status == 2 and "a Python pickle" in err and "never unpickled" in err, err
+
+
+def test_a_garbage_npz_entry_is_not_said_to_hold_python_objects(tmp_path, capsys):
+    with zipfile.ZipFile(tmp_path / "w.npz", "w") as archive:
+        archive.writestr("a.npy", b"\x93NUMPY\x20\x67garbage")
+    status, _, err = cli(capsys, "convert", tmp_path / "w.npz", tmp_path / "out.safetensors")
+    assert status == 2 and "entry 'a'" in err and "not a readable array" in err, err
+    assert "Python objects" not in err and err.count("w.npz") == 1, err
