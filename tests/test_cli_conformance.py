@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conformance.check import backends
+
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = "rosetta conformance: hypothesis profile"
 
@@ -68,3 +70,19 @@ def test_the_conftest_loads_the_plugin_when_nobody_named_it(where, tmp_path):
     assert done.returncode == 0, done.stderr
     result = done.stdout.strip().splitlines()[-1]
     assert " passed" in result and "skipped" not in result and "failed" not in result, result
+
+
+@pytest.mark.parametrize("argv", [["--backends", "numpy", "--devices", "cuda"],
+                                  ["--backends", "numpy", "--devices", "cpu", "--", "-k", "sdpa_kernel"]],
+                         ids=["numpy-on-cuda", "a-property-with-no-target-asked-for"])
+def test_a_run_that_checked_no_target_fails_and_says_why(argv, tmp_path):
+    """Issue 45, item 2: every item skipped is not a pass. The run exits 1, as `rosetta check`
+    does when nothing was checked, and names each target asked for and why it did not run."""
+    done = rosetta("conformance", *argv, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "nothing was checked" in done.stdout
+    assert "asked for: backends numpy" in done.stdout
+    if "cuda" in argv:
+        assert f"numpy/cpu/float32: {backends.DESELECTED}" in done.stdout
+    else:
+        assert "test_each_sdpa_kernel_matches_the_oracle: no target asked for can run it" in done.stdout

@@ -5,6 +5,10 @@ PyTorch or JAX. `ROSETTA_BACKENDS=numpy,torch` (or `--backends`) restricts the s
 `ROSETTA_DEVICES=cpu` (or `--devices`) restricts devices, the CPU included. A backend that is
 asked for but not importable, and a device that is deselected or absent, are reported with the
 reason (`device_skip_reason`), never silently dropped.
+
+A user's own model joins as an adapter (`conformance.check.adapter`, docs/own-backend.md):
+`--backends numpy,my_pkg.adapter:build` or the name of an installed `rosetta.backends` entry point.
+It is a target of kind `ADAPTER`, on the CPU, in the dtypes its factory declares.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ BACKENDS = ("numpy", "torch", "jax")
 # name -> (the module with a backend's surface, the built-in backend it behaves like).
 OPTIONAL_BACKENDS = {"torch-compiled": ("conformance.check.compiled_torch", "torch")}
 
+ADAPTER = "adapter"  # the kind of a user's own backend, given by an adapter
+
 # Extra backends registered at run time (name -> (module, the built-in backend it behaves like)),
 # e.g. the deliberately broken copies the meta-tests use to prove the suite catches bugs.
 _EXTRA: dict[str, tuple[Any, str]] = {}
@@ -34,6 +40,25 @@ def register_backend(name: str, module: Any, like: str) -> None:
 
 def unregister_backend(name: str) -> None:
     _EXTRA.pop(name, None)
+
+
+def register_adapter(name: str):
+    """Load the adapter `name` (MODULE:FACTORY or an installed entry point's name) and make it
+    backend `name`, once per process; `adapter.AdapterError` (a ValueError) says why it cannot be."""
+    if name not in _EXTRA:
+        from conformance.check import adapter
+
+        _EXTRA[name] = (adapter.Adapter(name, adapter.load_factory(name)).backend(), ADAPTER)
+    return _EXTRA[name][0]
+
+
+def is_adapter(name: str) -> bool:
+    return kind(name) == ADAPTER
+
+
+def adapter_of(name: str):
+    """The `conformance.check.adapter.Adapter` behind backend `name` (an adapter's)."""
+    return import_backend(name).adapter
 
 
 def kind(name: str) -> str:
@@ -73,21 +98,33 @@ def import_backend(name: str):
     if name in OPTIONAL_BACKENDS:
         return importlib.import_module(OPTIONAL_BACKENDS[name][0])
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; expected one of {known_backends()}")
+        return register_adapter(name)
     return importlib.import_module(f"impl_{name}")
 
 
 def known_backends() -> list[str]:
-    """Every name `--backends` accepts: the three backends (the default set) and the optional targets."""
-    return [*BACKENDS, *OPTIONAL_BACKENDS]
+    """Every name `--backends` accepts by itself: the three backends (the default set), the optional
+    targets and the installed adapters (`rosetta.backends` entry points); a MODULE:FACTORY also."""
+    from conformance.check.adapter import installed
+
+    return [*BACKENDS, *OPTIONAL_BACKENDS, *sorted(set(installed()) - set(BACKENDS) - set(OPTIONAL_BACKENDS))]
 
 
 def requested_backends(option: str | None = None) -> list[str]:
     text = option or os.environ.get("ROSETTA_BACKENDS", "")
     names = [n.strip() for n in text.split(",") if n.strip()] or list(BACKENDS)
     for name in names:
-        if name not in known_backends():
-            raise ValueError(f"unknown backend {name!r} in ROSETTA_BACKENDS/--backends; expected {known_backends()}")
+        if name in BACKENDS or name in OPTIONAL_BACKENDS or name in _EXTRA:
+            continue
+        from conformance.check.adapter import AdapterError, looks_like_adapter
+
+        try:
+            register_adapter(name)
+        except AdapterError as exc:
+            if looks_like_adapter(name):
+                raise ValueError(f"{exc} (in ROSETTA_BACKENDS/--backends)") from None
+            raise ValueError(f"unknown backend {name!r} in ROSETTA_BACKENDS/--backends; expected {known_backends()} "
+                             f"or MODULE:FACTORY, an adapter (docs/own-backend.md)") from None
     return names
 
 
@@ -104,7 +141,7 @@ def availability(names: list[str] | None = None) -> dict[str, str | None]:
 
 
 # The device kinds each built-in backend can run on; "cuda" is torch's accelerator, "gpu" JAX's.
-DEVICE_KINDS = {"numpy": ("cpu",), "torch": ("cpu", "cuda"), "jax": ("cpu", "gpu")}
+DEVICE_KINDS = {"numpy": ("cpu",), "torch": ("cpu", "cuda"), "jax": ("cpu", "gpu"), ADAPTER: ("cpu",)}
 DESELECTED = "deselected by --devices/ROSETTA_DEVICES"
 
 
@@ -251,6 +288,8 @@ def precision_problems(settings: dict[str, Any]) -> list[str]:
 
 
 def version(backend: str) -> str:
+    if is_adapter(backend):
+        return adapter_of(backend).describe()
     if backend in OPTIONAL_BACKENDS and kind(backend) == "torch":
         import torch
 

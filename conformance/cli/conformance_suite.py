@@ -1,4 +1,8 @@
-"""`rosetta conformance [--profile ci|thorough|scale]`: run the cross-backend property suite."""
+"""`rosetta conformance [--profile ci|thorough|scale]`: run the cross-backend property suite.
+
+Exit status: pytest's (0 every property passed, 1 a property failed), and 1 also when nothing was
+checked: every property skipped on every target asked for (a device absent or deselected).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or scale (full-size models: d_model 512-1024, 6+6 layers, vocab 32000, lengths "
                              "128-1024; prints an estimate of its time first)")
     parser.add_argument("--backends", help="comma-separated subset of numpy,torch,jax; torch-compiled "
-                        "(impl_torch under torch.compile) runs only when named")
+                        "(impl_torch under torch.compile) runs only when named; your own model through an adapter: "
+                        "MODULE:FACTORY (my_adapter.py:build, my_pkg.adapter:build) or an installed "
+                        "rosetta.backends entry point's name (docs/own-backend.md)")
     parser.add_argument("--devices", help="comma-separated subset of cpu,cuda,gpu")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further arguments passed to pytest (after --)")
 

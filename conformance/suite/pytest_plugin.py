@@ -37,6 +37,7 @@ import pytest
 from conformance.check import backends
 from conformance.check.backends import Target
 from conformance.core.params import PARAM_DTYPE_NAMES
+from conformance.suite.adapter_targets import adapter_report, with_adapter_skips
 from conformance.suite.profiles import load_default_profile  # registers the profiles before hypothesis reads --hypothesis-profile
 
 # Every dtype a parameter may have; each target runs those its backend supports.
@@ -191,11 +192,12 @@ def pytest_generate_tests(metafunc):
     dtypes = tuple(marker.args) if marker else DTYPES
     bounded = metafunc.definition.get_closest_marker("ci_compiling_dtypes")
     only = metafunc.definition.get_closest_marker("devices")
+    name = metafunc.definition.originalname
     if "target" in metafunc.fixturenames:
-        metafunc.parametrize("target", all_targets(dtypes, tuple(bounded.args) if bounded else None,
-                                                   tuple(only.args) if only else None))
+        metafunc.parametrize("target", with_adapter_skips(
+            all_targets(dtypes, tuple(bounded.args) if bounded else None, tuple(only.args) if only else None), name))
     if "target_pair" in metafunc.fixturenames:
-        metafunc.parametrize("target_pair", target_pairs(dtypes))
+        metafunc.parametrize("target_pair", with_adapter_skips(target_pairs(dtypes), name))
 
 
 COVERAGE_FILE = "test_coverage.py"  # checks what the properties ran: collected last
@@ -307,10 +309,49 @@ def pytest_runtest_logreport(report):
 
     if report.when == "call" and report.passed:
         RECORDER.passed.add(report.nodeid)
+    if report.nodeid in _PROPERTIES and (report.when == "call" or report.outcome != "passed"):
+        RAN.append(report.nodeid)
+        if report.skipped:
+            name = _TARGETS.get(report.nodeid) or _PROPERTIES[report.nodeid]
+            SKIPPED_BECAUSE.setdefault(name, set()).add(skip_reason(report))
     label = _TARGETS.get(report.nodeid)
     if label and (report.when == "call" or report.outcome != "passed"):  # one count per item
         counts = OUTCOMES.setdefault(label, {})
         counts[report.outcome] = counts.get(report.outcome, 0) + 1
+
+
+def skip_reason(report) -> str:
+    """The reason of a skipped report, without pytest's "Skipped: " prefix."""
+    text = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+def nothing_checked() -> bool:
+    """Whether this process ran properties and none of them checked a target: every one was
+    skipped (a device deselected or absent, a backend missing). A run with no property at all
+    (another project's tests, `--collect-only`) is not such a run."""
+    return bool(RAN) and not any(counts.get("passed") or counts.get("failed") for counts in OUTCOMES.values())
+
+
+def nothing_checked_lines() -> list[str]:
+    """Why nothing was checked: what was asked for, and each target (or property without one) with
+    the reasons its items were skipped."""
+    asked = (f"asked for: backends {','.join(backends.requested_backends())}; "
+             f"devices {','.join(backends.requested_devices() or ['every present one'])}")
+    lines = ["nothing was checked: every property was skipped on every target asked for, so this run "
+             "proves nothing (exit 1, as `rosetta check` when nothing was checked)", asked]
+    for name, reasons in sorted(SKIPPED_BECAUSE.items()):
+        why = "; ".join(sorted(reasons))[:400]
+        # A property with no target among those asked for is named itself (pytest's empty parameter set).
+        lines.append(f"  {name}: {why}" if "/" in name else f"  {name}: no target asked for can run it ({why})")
+    return lines
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A run that checked no target fails (exit 1): a CI job on a runner whose GPU is missing, or
+    asked for devices its backends do not have, must not go green on skips alone."""
+    if exitstatus == pytest.ExitCode.OK and nothing_checked():
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_finish(session):
@@ -348,9 +389,18 @@ OUTCOMES: dict[str, dict[str, int]] = {}
 _TARGETS: dict[str, str] = {}  # item nodeid -> target label
 
 
+# Every property item collected (the coverage check aside) -> its property's name; the ones that
+# reported, and the reasons of those skipped, by target label (or property, for one without targets).
+_PROPERTIES: dict[str, str] = {}
+RAN: list[str] = []
+SKIPPED_BECAUSE: dict[str, set[str]] = {}
+
+
 def pytest_itemcollected(item):
     if in_suite(item.path) and target_of(item):
         _TARGETS[item.nodeid] = target_of(item)
+    if in_suite(item.path) and item.path.name != COVERAGE_FILE:
+        _PROPERTIES[item.nodeid] = item.originalname
 
 
 def results_table(timings: dict[str, float]) -> list[str]:
@@ -383,6 +433,10 @@ def jax_gpu_determinism() -> str:
 def pytest_terminal_summary(terminalreporter):
     import sys
 
+    if nothing_checked():
+        terminalreporter.section("rosetta conformance: nothing was checked", red=True, bold=True)
+        for line in nothing_checked_lines():
+            terminalreporter.write_line(line)
     runner = sys.modules.get("conformance.suite.runner")  # imported only if a property ran
     if runner is None or not runner.TIMINGS:
         return
@@ -392,6 +446,11 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
     if "gpu" in (backends.requested_devices() or ["gpu"]) and any("jax/gpu" in label for label in OUTCOMES):
         terminalreporter.write_line(f"  jax/gpu: {jax_gpu_determinism()}")
+    adapter_lines = adapter_report(SKIPPED_BECAUSE)
+    if adapter_lines:
+        terminalreporter.section("rosetta conformance: what the adapters do not offer (not counted as passed)")
+        for line in adapter_lines:
+            terminalreporter.write_line(line)
     terminalreporter.section("rosetta conformance: time per target (model build, compile and run)")
     for label, seconds in sorted(runner.TIMINGS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"  {label:<28} {seconds:7.1f} s")

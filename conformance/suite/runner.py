@@ -1,5 +1,9 @@
 """Running one conformance case on one target, the same way for every property.
 
+A user's adapter (`conformance.check.adapter`) is a target like any backend, on the cases its
+model can be: `for_target` holds a drawn case's switches to those the adapter declares, and a
+property compares it on that case, with the oracle run on the same one.
+
 Every run happens with full-float32 matmul precision (TF32 off) and inside the scope its dtype
 needs (JAX float64 turns x64 on only for the run). Results come back as NumPy arrays so that the
 comparison code never touches a framework.
@@ -56,6 +60,7 @@ def run(target: Target, case: Case, *, src_mask=None, tgt_mask=None, split: bool
     With `repeat` > 1, the same model is called that many times and a list is returned.
     """
     started = time.perf_counter()
+    case = for_target(target, case)
     record(target, case)
     try:
         with precise(target):
@@ -127,9 +132,48 @@ def _oracle_cached(config_json, seed, scale, src_bytes, src_shape, tgt_bytes, tg
 
 
 def record(target: Target, case: Case) -> None:
-    """Note what a property ran on a target (`covering.RECORDER`); the oracle's runs are not a target's."""
-    if target != ORACLE:
+    """Note what a property ran on a target (`covering.RECORDER`); the oracle's runs are not a
+    target's, and an adapter's cover the switches it declares, not every value (docs/own-backend.md)."""
+    if target != ORACLE and not backends.is_adapter(target.backend):
         RECORDER.add(target.label, case)
+
+
+def for_target(target: Target, case):
+    """The case (a `Case`, or a generation or training case holding one) as `target` runs it: the
+    same object for a backend; for an adapter, its config held to the switches the adapter
+    declares (`adapter.conform`), the example rejected when that is no valid config. A property
+    that compares an adapter with the oracle runs both on this case."""
+    if not backends.is_adapter(target.backend):
+        return case
+    import dataclasses
+
+    from hypothesis import reject
+
+    from conformance.core.errors import ConfigError
+
+    inner = getattr(case, "case", case)
+    try:
+        config = backends.adapter_of(target.backend).conform(inner.config)
+    except ConfigError:
+        reject()  # the drawn sizes admit none of the adapter's models (shared embeddings, two vocabularies)
+    if config == inner.config:
+        return case
+    inner = dataclasses.replace(inner, config=config)
+    return dataclasses.replace(case, case=inner) if hasattr(case, "case") else inner
+
+
+def compared_names(target: Target, config, got: dict[str, np.ndarray]) -> list[str] | None:
+    """The tensors a property compares on `target`: every one (None) for a backend. For an adapter,
+    those its model returned, in forward order, and the logits; the others are noted as not
+    exposed (`Adapter.not_exposed`), for the run's report."""
+    if not backends.is_adapter(target.backend):
+        return None
+    from conformance.core.output import forward_order
+
+    order = forward_order(config)
+    backends.adapter_of(target.backend).not_exposed.setdefault(target.label, set()).update(
+        n for n in order if n not in got)
+    return [n for n in order if n in got]
 
 
 def masks(target: Target, case: Case) -> tuple[Any, Any]:
@@ -143,6 +187,7 @@ def masks(target: Target, case: Case) -> tuple[Any, Any]:
 def generate(target: Target, gcase) -> np.ndarray:
     """`model.generate` of a `GenerationCase` on one target: the ids as a host int64 array."""
     started = time.perf_counter()
+    gcase = for_target(target, gcase)
     record(target, gcase.case)
     try:
         case = gcase.case
@@ -162,8 +207,9 @@ def gradients(target: Target, training, *more) -> dict[str, np.ndarray] | list[d
     called on each in turn and a list is returned, one result per call: a backend may run a
     repeated step another way (impl_torch replays it from a CUDA graph)."""
     started = time.perf_counter()
+    assert all(other.case is training.case for other in more), "repeated calls run on one model: the same case"
+    training, more = for_target(target, training), tuple(for_target(target, other) for other in more)
     case = training.case
-    assert all(other.case is case for other in more), "repeated calls run on one model: the same case"
     record(target, case)
     try:
         with precise(target):
@@ -205,5 +251,8 @@ def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
 
 
 def has_gradients(target: Target) -> bool:
-    """Whether the target's backend offers `Model.loss_and_grads` (issue 13: not every one yet)."""
+    """Whether the target's backend offers `Model.loss_and_grads` (issue 13: not every one yet; an
+    adapter's model when it has the method)."""
+    if backends.is_adapter(target.backend):
+        return "loss_and_grads" in backends.adapter_of(target.backend).offers()
     return hasattr(backends.import_backend(target.backend).Model, "loss_and_grads")

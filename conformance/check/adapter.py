@@ -1,0 +1,257 @@
+"""Your own backend as a target of the conformance suite: the adapter protocol (docs/own-backend.md).
+
+    rosetta conformance --backends numpy,my_pkg.adapter:build     a module (or my_adapter.py) and its factory
+    rosetta conformance --backends my-model                       an installed `rosetta.backends` entry point
+
+An adapter is a factory and the object it returns:
+
+    build(config: ModelConfig, params: dict[str, np.ndarray], dtype: str) -> model
+        config   the drawn config, already held to the switches the factory declares (below)
+        params   float64 NumPy arrays under rosetta's canonical names (`conformance.core.params`):
+                 convert them to your own keys (`conformance.convert.export_state_dict`)
+        dtype    "float32" unless the factory declares `dtypes`
+    model.forward(src_ids, tgt_ids) -> logits                          (B, T, V), any array type
+    model.intermediates(src_ids, tgt_ids) -> {name: tensor}            rosetta's names (core/output.py)
+    model.generate(src_ids, max_len, bos_id, eos_id, **options) -> ids      optional (docs/decoding.md)
+    model.loss_and_grads(src_ids, tgt_ids, labels, *, label_smoothing)      optional (docs/training.md)
+        -> (loss, {canonical parameter name: gradient})
+
+Ids are int64 NumPy arrays (B, S) and (B, T); padding is `config.pad_id`. `intermediates` returns
+the tensors the model exposes, by the names of `conformance.core.output.forward_order` (the
+residual stream after each sublayer, attention weights as `encoder.0.self`): each one returned is
+compared with the oracle; one never returned is listed as not exposed in the run's report, never
+counted as agreeing. A method the model does not have is a property skipped by name (the
+property and what it needs), never a pass.
+
+Two optional attributes of the factory say what the model can be:
+
+    build.dtypes = ("float32", "float64")          the dtypes it runs (default: float32)
+    build.switches = {"activation": ("relu", "gelu"), "position": "sinusoid-interleaved", ...}
+
+`switches` holds a `ModelConfig` field to one value, or to the values the model has: a drawn
+config's other values become the first one listed, before the model and the oracle are built, so
+that every example is a model the adapter can be. `switches_of(preset, free=...)` builds it from a
+system's preset. Sizes (d_model, heads, layers, vocabularies, max_len) are always drawn.
+
+May import: the core and NumPy; the adapter's own module when it is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from conformance.core.config import ModelConfig
+from conformance.core.errors import InputError
+from conformance.core.output import ModelOutput
+
+GROUP = "rosetta.backends"  # the entry-point group of installed adapters
+OPTIONAL = ("generate", "loss_and_grads")  # what an adapter may leave out
+REQUIRED = ("forward", "intermediates")
+DEFAULT_DTYPES = ("float32",)
+# ModelConfig fields that are sizes, always drawn: the rest are switches an adapter may hold.
+SIZES = frozenset({"src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
+                   "n_decoder_layers", "max_len", "notes"})
+
+
+class AdapterError(ValueError):
+    """An adapter asked for cannot be loaded or does not follow the protocol; says which and why."""
+
+
+def looks_like_adapter(name: str) -> bool:
+    """Whether a `--backends` name is a MODULE:FACTORY (rather than a backend or entry-point name)."""
+    return ":" in name
+
+
+def installed() -> dict[str, importlib.metadata.EntryPoint]:
+    """The adapters installed packages offer: entry points of group `rosetta.backends`, by name."""
+    return {point.name: point for point in importlib.metadata.entry_points(group=GROUP)}
+
+
+def load_factory(name: str) -> Callable:
+    """The factory of `name`: `package.module:build`, `my_adapter.py:build`, or an installed entry
+    point's name. AdapterError, one line, when it cannot be had."""
+    if not looks_like_adapter(name):
+        points = installed()
+        if name not in points:
+            raise AdapterError(f"unknown backend {name!r}: not a built-in one, no MODULE:FACTORY, and no installed "
+                               f"package offers it as a {GROUP!r} entry point (installed: {sorted(points) or 'none'})")
+        try:
+            factory = points[name].load()
+        except Exception as exc:  # noqa: BLE001 - the user's package failing to import is one line
+            raise AdapterError(f"backend {name!r}: loading entry point {points[name].value} failed: "
+                               f"{type(exc).__name__}: {exc}") from None
+        where = f"{name} (entry point {points[name].value})"
+    else:
+        module_text, _, attribute = name.rpartition(":")
+        if not module_text or not attribute:
+            raise AdapterError(f"{name!r}: expected MODULE:FACTORY (my_adapter.py:build or my_pkg.adapter:build)")
+        module = _import(module_text, name)
+        factory = getattr(module, attribute, None)
+        where = name
+    if factory is None or not callable(factory):
+        raise AdapterError(f"{where}: no function {name.rpartition(':')[2]!r} to build the model with")
+    return factory
+
+
+def _import(module_text: str, name: str):
+    path = Path(module_text)
+    try:
+        if module_text.endswith(".py"):
+            if not path.is_file():
+                raise AdapterError(f"{name}: no such Python file {module_text}")
+            module_name = f"rosetta_adapter_{path.stem}"
+            if module_name in sys.modules:  # loaded once per process: the CLI's check, then the plugin
+                return sys.modules[module_name]
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.path.insert(0, str(path.resolve().parent))  # its own imports of files beside it
+            try:
+                spec.loader.exec_module(module)
+            finally:
+                sys.path.remove(str(path.resolve().parent))
+            sys.modules[module_name] = module
+            return module
+        return importlib.import_module(module_text)
+    except AdapterError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one line naming the module, not our traceback
+        raise AdapterError(f"{name}: importing {module_text} failed: {type(exc).__name__}: {exc}") from None
+
+
+def switches_of(preset_name: str, free: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every switch of a preset (`conformance.core.presets`) held at its value, except `free`:
+    the `switches` of an adapter whose model is that system with a few constructor arguments."""
+    from conformance.core.presets import preset
+
+    config = preset(preset_name)
+    unknown = sorted(set(free) - {f.name for f in fields(config)})
+    if unknown:
+        raise AdapterError(f"switches_of({preset_name!r}): {unknown} are not ModelConfig fields")
+    return {f.name: getattr(config, f.name) for f in fields(config) if f.name not in SIZES and f.name not in free}
+
+
+def conform(config: ModelConfig, switches: dict[str, Any]) -> ModelConfig:
+    """`config` with each held switch at a value the adapter's model has (the drawn one when it
+    is among them). ConfigError when the result is not a valid config (say, shared embeddings
+    held on over two vocabulary sizes)."""
+    changes = {}
+    for name, allowed in switches.items():
+        values = allowed if isinstance(allowed, (tuple, list)) else (allowed,)
+        if getattr(config, name) not in values:
+            changes[name] = values[0]
+    return config.replace(**changes) if changes else config
+
+
+class Adapter:
+    """A loaded adapter: its factory, the dtypes and switches it declares, and what it offers."""
+
+    def __init__(self, name: str, factory: Callable):
+        self.name, self.factory = name, factory
+        self.dtypes = tuple(getattr(factory, "dtypes", DEFAULT_DTYPES))
+        self.switches = dict(getattr(factory, "switches", {}))
+        bad = sorted(set(self.switches) - ({f.name for f in fields(ModelConfig)} - SIZES))
+        if bad:
+            raise AdapterError(f"{name}: switches {bad} are not ModelConfig switches (sizes are always drawn)")
+        self._offers: tuple[str, ...] | None = None
+        self.not_exposed: dict[str, set[str]] = {}  # target label -> tensors the oracle has and the model never gave
+
+    def conform(self, config: ModelConfig) -> ModelConfig:
+        return conform(config, self.switches)
+
+    def build(self, config: ModelConfig, params: dict[str, np.ndarray], dtype: str) -> Any:
+        try:
+            model = self.factory(config, params, dtype)
+        except Exception as exc:
+            raise AdapterError(f"{self.name}: build(config, params, {dtype!r}) raised {type(exc).__name__}: {exc}") from exc
+        missing = [method for method in REQUIRED if not callable(getattr(model, method, None))]
+        if missing:
+            raise AdapterError(f"{self.name}: the model build returned ({type(model).__name__}) has no "
+                               f"{' or '.join(missing)}, which every adapter needs (docs/own-backend.md)")
+        return model
+
+    def offers(self) -> tuple[str, ...]:
+        """The methods of the protocol the adapter's model has: one small model built once to see."""
+        if self._offers is None:
+            from conformance.core.params import init_params
+            from conformance.core.presets import preset
+
+            config = self.conform(preset("default", d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1,
+                                         n_decoder_layers=1, src_vocab_size=8, tgt_vocab_size=8, max_len=8))
+            model = self.build(config, init_params(config, seed=0), self.dtypes[0])
+            self._offers = tuple(m for m in (*REQUIRED, *OPTIONAL) if callable(getattr(model, m, None)))
+        return self._offers
+
+    def describe(self) -> str:
+        lacks = [m for m in OPTIONAL if m not in self.offers()]
+        held = ", ".join(f"{k}={v!r}" for k, v in self.switches.items()) or "none"
+        return (f"adapter {self.name}: offers {', '.join(self.offers())}"
+                + (f"; no {', no '.join(lacks)}" if lacks else "") + f"; dtypes {list(self.dtypes)}; switches held: {held}")
+
+    def backend(self) -> "AdapterBackend":
+        return AdapterBackend(self)
+
+
+class AdapterBackend:
+    """An adapter with a backend's surface (`conformance.check.backends`): `Model`, the dtypes,
+    and the precision scope, so that the suite's runner builds and calls it as any backend."""
+
+    def __init__(self, adapter: Adapter):
+        self.adapter = adapter
+        self.SUPPORTED_DTYPES = adapter.dtypes
+        outer = self
+
+        class Model(AdapterModel):
+            def __init__(self, config, params, dtype=None, *, device=None, param_dtype=None):
+                super().__init__(outer.adapter, config, params, dtype or outer.adapter.dtypes[0], device, param_dtype)
+
+        Model.__name__ = Model.__qualname__ = "Model"
+        self.Model = Model
+
+    @staticmethod
+    @contextlib.contextmanager
+    def full_precision() -> Iterator[None]:
+        """Nothing to switch: an adapter runs on the CPU, where no matmul rounds its inputs (TF32)."""
+        yield
+
+    @staticmethod
+    def precision_settings() -> dict[str, Any]:
+        return {}
+
+
+class AdapterModel:
+    """The adapter's model behind the call the suite makes on every backend:
+    `model(src_ids, tgt_ids)` -> ModelOutput(logits, attention, intermediates)."""
+
+    def __init__(self, adapter: Adapter, config: ModelConfig, params, dtype: str, device, param_dtype):
+        if dtype not in adapter.dtypes:
+            raise InputError("dtype", f"{dtype!r} is not one the adapter {adapter.name} declares ({list(adapter.dtypes)})")
+        if device not in (None, "cpu"):
+            raise InputError("device", f"adapter {adapter.name} runs on the CPU target only, not {device!r}")
+        self.adapter, self.config = adapter, config
+        self.model = adapter.build(config, {k: np.asarray(v, np.float64) for k, v in params.items()}, dtype)
+
+    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, return_attention: bool = True):
+        if src_mask is not None or tgt_mask is not None or not return_attention:
+            raise AdapterError(f"{self.adapter.name}: the adapter protocol calls forward(src_ids, tgt_ids) only: "
+                               "no explicit masks, no fast path")
+        logits = self.model.forward(src_ids, tgt_ids)
+        tensors = dict(self.model.intermediates(src_ids, tgt_ids))
+        tensors.pop("logits", None)
+        attention = {k: v for k, v in tensors.items() if k.endswith((".self", ".cross"))}
+        rest = {k: v for k, v in tensors.items() if k not in attention}
+        return ModelOutput(logits=logits, attention=attention, intermediates=rest)
+
+    def __getattr__(self, name: str):
+        if name in OPTIONAL:  # present only when the adapter's model has it
+            return getattr(self.model, name)
+        raise AttributeError(name)
+
