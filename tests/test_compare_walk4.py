@@ -76,14 +76,48 @@ CLEAN = {
 }
 VOCABS = {"algoperf-wmt-torch": (29, 29)}
 # The layouts whose clean models run elsewhere, under every placement they allow: the Flax
-# systems (each linen run costs JAX dispatches) and transformers' families.
+# systems (each linen run costs JAX dispatches) and transformers' families. Each is a pytest node
+# id under tests/, and `test_every_layout_run_elsewhere_is_collected_there` holds them to it.
 ELSEWHERE = {
-    "flax-wmt": "tests/test_side_by_side.py::test_flax_wmt_clean_agrees_everywhere",
-    "algoperf-wmt-flax": "tests/test_side_by_side_algoperf.py::test_clean_flax_agrees_in_every_variant (base: pre, post-ln: post)",
-    **{name: "tests/test_hf_families.py::test_taps_read_transformers_tensors_where_ours_computes_them"
-       for name in ("hf-bart", "hf-m2m100", "hf-marian", "hf-mbart", "hf-pegasus")},
-    **{name: "tests/test_hf_t5.py (taps)" for name in ("hf-t5", "hf-mt5")},
+    "flax-wmt": ("test_side_by_side.py::test_flax_wmt_clean_agrees_everywhere",),
+    "algoperf-wmt-flax": tuple(f"test_side_by_side_algoperf.py::test_clean_flax_agrees_in_every_variant[{variant}]"
+                               for variant in ("base", "post-ln")),  # pre-LN, post-LN
+    **{layout: (f"test_hf_families.py::test_taps_read_transformers_tensors_where_ours_computes_them[{family}]",)
+       for layout, family in (("hf-bart", "bart"), ("hf-m2m100", "m2m_100"), ("hf-marian", "marian"),
+                              ("hf-mbart", "mbart"), ("hf-pegasus", "pegasus"))},
+    "hf-t5": tuple(f"test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[{family}]"
+                   for family in ("t5", "t5-v1_1")),
+    "hf-mt5": ("test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[mt5]",),
 }
+
+
+def parametrized_ids(function) -> list[str]:
+    """The ids pytest gives `function`'s cases: one per combination of its parametrize marks
+    (the mark nearest the function first, as pytest joins them)."""
+    ids = [""]
+    for mark in getattr(function, "pytestmark", []):
+        if mark.name != "parametrize":
+            continue
+        cases = []
+        for value in mark.args[1]:
+            values = value.values if hasattr(value, "values") and hasattr(value, "marks") else (
+                value if isinstance(value, tuple) else (value,))
+            cases.append(getattr(value, "id", None) or "-".join(str(v) for v in values))
+        ids = [f"{before}-{case}" if before else case for before in ids for case in cases]
+    return ids
+
+
+def collected(node: str) -> bool:
+    """Whether `file.py::function[id]` under tests/ is a test pytest collects: the function is in
+    the module, and its parametrization (if any) gives that id."""
+    import importlib
+
+    path, _, rest = node.partition("::")
+    name, _, case = rest.partition("[")
+    function = getattr(importlib.import_module(Path(path).stem), name, None)
+    if not callable(function):
+        return False
+    return case.rstrip("]") in parametrized_ids(function)  # "" for an unparametrized test
 
 
 def allowed_placements(layout) -> set[str]:
@@ -104,6 +138,16 @@ def test_every_builtin_layout_is_run_clean_under_each_placement_it_allows():
     assert names == set(CLEAN) | set(ELSEWHERE), names ^ (set(CLEAN) | set(ELSEWHERE))
     for name in CLEAN:
         assert allowed_placements(load_layout(name)) == set(CLEAN[name]), name
+
+
+def test_every_layout_run_elsewhere_is_collected_there():
+    """ELSEWHERE names real tests: each node id is one pytest collects (hf-mt5 was said to be
+    covered by test_hf_t5's taps test, parametrized over t5 and t5-v1_1 only)."""
+    pytest.importorskip("transformers", reason="the families' tests need transformers")
+    pytest.importorskip("flax", reason="the Flax systems' tests need flax")
+    missing = [node for nodes in ELSEWHERE.values() for node in nodes if not collected(node)]
+    assert not missing, missing
+    assert not collected("test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[t6]")
 
 
 @pytest.mark.parametrize("name, placement", [(n, p) for n, by in CLEAN.items() for p in by])
@@ -204,6 +248,10 @@ def run(model, src, tgt):
 
 def run_broken(model, src, tgt):
     return model.forward_translation(src, tgt)
+
+
+def run_short(model, src, tgt):
+    return torch_tutorial.logits(model, src, tgt)[:, :-1]  # the last position dropped
 '''
 
 
@@ -314,3 +362,144 @@ def test_a_placement_against_the_systems_own_is_not_read_at_its_norms():
     assert "only when norm_placement = 'post'" in why and "this model: norm_placement = 'pre'" in why, why
     assert not report.ok and report.first_divergence == "encoder.output", str(report)
     assert "norm_placement = 'pre'" in str(report).split("first divergence:")[1]
+
+
+# -- review of the walk's fixes (issue 45: 1, 3, 11, 12, 13, 17) ------------------------------------------
+
+
+def test_a_divergence_with_grads_is_a_divergence_not_your_model_could_not_run(user, capsys, tmp_path):
+    """The review's repro: n_heads=2 diverges at encoder.0.self_attn; a --run whose logits drop the
+    last position makes the loss's shapes disagree. That is a divergence at the logits (exit 1,
+    the report printed), not an error of the user's code (cross_entropy is called by us)."""
+    code, out, err = rosetta(capsys, "compare", f"{user / 'tut.py'}:build", str(user / "tut.pt"), *TUTORIAL,
+                             "--set", "n_heads=2", "--set", "norm_placement=post", "--set", "pad_id=1",
+                             "--run", "run_short", "--grads", "--json", str(tmp_path / "r.json"))
+    assert code == 1, out + err
+    assert "first divergence: encoder.0.self_attn" in out and "could not run" not in out + err, out + err
+    assert "result: DIVERGES" in out, out
+    backward = out[out.index("backward:"):]
+    assert "logits: (3, 5, 19) from your model" in backward and "(3, 6) labels" in backward, backward
+    import json
+
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["your_model_error"] is None and data["backward_divergence"] and data["backward_error"] is None, data
+
+
+def test_a_backward_pass_that_raises_is_kept_apart_from_could_not_run():
+    """The user's own code failing only in its backward pass: the forward comparison stands, the
+    failure is `backward_error` with its frames, and `could_not_run` stays False."""
+    model = randomize_(from_scratch.make(**SIZES), 1)
+    src, tgt = padded(from_scratch.PAD, SIZES["src_vocab"], SIZES["tgt_vocab"])
+    labels = np.where(tgt == from_scratch.PAD, from_scratch.PAD, np.roll(tgt, -1, axis=1))
+
+    def run_without_grads(model, src, tgt):
+        if torch.is_grad_enabled():
+            raise RuntimeError("this model has no backward pass")
+        return model(src, tgt)
+
+    report = conformance.compare(model, "from-scratch", src, tgt, run=run_without_grads, n_heads=4, backends=(),
+                                 grads=True, labels=labels)
+    assert not report.could_not_run and report.first_divergence is None and not report.ok, str(report)
+    assert report.backward_error == "RuntimeError: this model has no backward pass", report.backward_error
+    assert "in run_without_grads" in report.backward_traceback, report.backward_traceback
+    text = str(report)
+    assert "your model could not run" not in text and "backward pass failed" in text, text
+    assert report.to_json()["your_model_error"] is None
+
+
+def test_a_model_that_cannot_run_still_prints_and_writes_its_report(user, capsys, tmp_path):
+    code, out, err = rosetta(capsys, "compare", f"{user / 'tut.py'}:build", str(user / "tut.pt"), *TUTORIAL, *TOLD,
+                             "--run", "run_broken", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png"))
+    assert code == 2, out + err
+    assert "your model could not run: AttributeError" in err and "result: ERROR" in out, out + err
+    import json
+
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["your_model_error"].startswith("AttributeError") and "in run_broken" in data["your_traceback"], data
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_missing_field_is_on_the_error_and_its_message_names_them_all():
+    from conformance.convert import convert_arrays
+    from conformance.core.errors import ConfigError
+
+    state = {k: v.numpy() for k, v in randomize_(torch_tutorial.make(**SIZES), 1).state_dict().items()}
+    with pytest.raises(ConfigError) as caught:
+        convert_arrays(state, "torch-nn-transformer")
+    error = caught.value
+    assert error.fields == ("n_heads", "norm_placement", "pad_id") and error.field == "n_heads", error.fields
+    first = str(error).splitlines()[0]
+    assert "ModelConfig.n_heads" not in first and "n_heads, norm_placement, pad_id" in first, first
+    assert "--set n_heads=N --set norm_placement=post|pre --set pad_id=N" in str(error), str(error)
+    with pytest.raises(ConfigError) as one:
+        convert_arrays(state, "torch-nn-transformer", n_heads=4, norm_placement="post")
+    assert one.value.fields == ("pad_id",) and str(one.value).startswith("ModelConfig.pad_id:")
+
+
+def test_the_switches_named_at_a_divergence_are_those_acting_for_this_config(user, capsys):
+    from conformance.check.side_by_side import switches_at
+    from conformance.core.config import ModelConfig
+
+    code, out, err = rosetta(capsys, "compare", f"{user / 'tut.py'}:build", str(user / "tut.pt"), *TUTORIAL,
+                             "--set", "n_heads=2", "--set", "norm_placement=post", "--set", "pad_id=1", "--run", "run")
+    acting = next(line for line in out.splitlines() if "switches that act there" in line)
+    assert "n_heads = 2" in acting and "relative_" not in acting and "d_head" not in acting, acting
+    sinusoid, relative = ModelConfig(), ModelConfig(position="relative", d_head=8)
+    assert not {"relative_buckets", "d_head"} & set(switches_at("encoder.0.self_attn", sinusoid))
+    assert {"relative_buckets", "relative_max_distance", "d_head"} <= set(switches_at("decoder.0.self", relative))
+    assert "relative_buckets" not in switches_at("decoder.0.cross_attn", relative)  # cross-attention has no bias
+
+
+def test_a_system_python_does_not_hide_user_code_under_its_prefix(monkeypatch):
+    """With a system Python (sys.prefix = /usr) a user's /usr/src/app is the user's code: its
+    frame is shown, not only the innermost one (the standard library's, here)."""
+    from conformance.check.user_code import user_traceback
+
+    namespace: dict = {}
+    exec(compile("import json\ndef forward(x):\n    return json.loads(x)\n", "/usr/src/app/model.py", "exec"),
+         namespace)
+    try:
+        namespace["forward"]("{")
+    except ValueError as exc:
+        caught = exc
+    monkeypatch.setattr(sys, "prefix", "/usr")
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    frames = user_traceback(caught)
+    assert 'File "/usr/src/app/model.py", line 3, in forward' in frames, frames
+    files = [line for line in frames.splitlines() if line.lstrip().startswith('File "')]
+    assert "json" in files[-1] and not any("json" in line for line in files[:-1]), frames  # the innermost, once
+
+
+def test_a_module_returning_the_residual_stream_is_read_under_either_placement():
+    """The annotated transformer's SublayerConnection returns x + sublayer(norm(x)), sublayer-norm's
+    modules norm(x + sublayer(x)): the residual stream after the sublayer, the canonical tensor
+    under either placement. Converted with the other placement, the model diverges where it
+    differs and the report names norm_placement there (a `when` would hide it)."""
+    src, tgt = padded(sublayer_norm.PAD, SIZES["src_vocab"], SIZES["tgt_vocab"])
+    model = randomize_(sublayer_norm.make(**SIZES), 1).double()
+    report = conformance.compare(model, "sublayer-norm", src, tgt, n_heads=4, norm_placement="pre", backends=())
+    assert report.first_divergence == "encoder.0.self_attn", str(report)
+    assert "norm_placement = 'pre'" in str(report).split("first divergence:")[1], str(report)
+    src, tgt = padded(annotated.PAD, SIZES["src_vocab"], SIZES["tgt_vocab"])
+    model = randomize_(annotated.make(**SIZES), 1).double()
+    report = conformance.compare(model, "annotated-transformer", src, tgt, run=annotated.logits, n_heads=4,
+                                 norm_placement="post", pad_id=annotated.PAD, backends=())
+    assert report.first_divergence == "encoder.0.self" and not report.unexposed().get("encoder.0.self_attn"), str(report)
+
+
+def test_the_docs_say_which_taps_carry_a_placement():
+    """docs/check.md claimed `when` in every built-in layout; the taps at modules that return the
+    residual stream (annotated-transformer, sublayer-norm) rightly have none."""
+    text = (TESTS.parent / "docs" / "check.md").read_text()
+    bullet = text[text.index("- **Taps by norm placement**"):].split("\n- ")[0]
+    assert "in every built-in layout" not in bullet, bullet
+    assert "SublayerConnection" in bullet and "sublayer-norm" in bullet and "has no `when`" in " ".join(bullet.split())
+
+
+def test_user_code_reporting_is_a_module_of_its_own():
+    import conformance.check.side_by_side as side_by_side
+    from conformance.check import user_code
+
+    assert callable(user_code.user_traceback)
+    lines = Path(side_by_side.__file__).read_text().count("\n")
+    assert lines <= 400, f"side_by_side.py has {lines} lines"

@@ -9,6 +9,9 @@
     defaults     the built-in default model (data/default.safetensors)
     toy          the digit-reversal task the default model was trained on
     side_by_side `conformance.compare`: the user's own model as a column of the report
+    side_by_side_grads  its backward half: the user's loss and gradients beside the oracle's
+    switches     which ModelConfig switches act where each tensor is computed
+    user_code    the user's code failing: its own frames of the traceback
     taps         reading a foreign model's tensors where its layout's [taps] say
 
 May import: the core, NumPy, the converters (`conformance.convert`, beside the backends), and

@@ -18,11 +18,7 @@ user's keys through the layout, in backward order.
 
 from __future__ import annotations
 
-import sys
-import sysconfig
-import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -31,55 +27,15 @@ from conformance.check import backends as backend_registry
 from conformance.check import taps as foreign
 from conformance.check.compare import compare as compare_arrays
 from conformance.check.report import Cell, Report, default_targets, run_check
-from conformance.check.tolerances import gradient_tolerance, tolerance
-from conformance.check.training import backward_order, scaled_error
+from conformance.check.side_by_side_grads import GradRow, compare_grads
+from conformance.check.switches import switches_at
+from conformance.check.tolerances import tolerance
+from conformance.check.user_code import describe, user_traceback
 from conformance.core.config import ModelConfig
 from conformance.core.errors import ConfigError, InputError
 from conformance.core.output import forward_order, tensors_of
 
-# The switches that act at each kind of tensor: where a tensor first diverges, one of these (or a
-# weight that went to the wrong place) is what differs. Keyed by the name's last part. The head
-# count is listed beside them: the tensors cannot tell it, so it is given, and can be given wrong.
-_HEADS = ("n_heads", "d_head", "scale_scores", "attention_temp", "relative_buckets", "relative_max_distance")
-SWITCHES_AT = {
-    "embeddings": ("scale_embedding", "position", "position_offset", "position_ids", "embedding_norm",
-                   "share_embeddings", "pad_id"),
-    "self": ("mask_fill", "src_pad_mask", "tgt_pad_mask", "pad_id", "qkv_bias", *_HEADS),
-    "cross": ("mask_fill", "cross_attn_src_mask", "pad_id", "qkv_bias", *_HEADS),
-    "self_attn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "mask_fill", "src_pad_mask", "tgt_pad_mask",
-                  "pad_id", "qkv_bias", "out_proj_bias", *_HEADS),
-    "cross_attn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "mask_fill", "cross_attn_src_mask", "pad_id",
-                   "qkv_bias", "out_proj_bias", *_HEADS),
-    "ffn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "activation", "ffn_glu", "ffn_bias"),
-    "output": ("layer_norm_eps", "layer_norm_form", "norm_placement", "final_encoder_norm", "final_decoder_norm"),
-    "logits": ("tie_output", "output_bias", "final_logits_bias", "scale_logits"),
-}
-# Attention weights: the encoder's self-attention masks the source, the decoder's the target.
-_NOT_IN = {"encoder": ("tgt_pad_mask", "cross_attn_src_mask", "final_decoder_norm"),
-           "decoder": ("src_pad_mask", "final_encoder_norm")}
-
 YOURS = "yours"
-
-
-def switches_at(tensor: str) -> tuple[str, ...]:
-    """The ModelConfig switches that act where `tensor` is computed."""
-    kind = tensor.rsplit(".", 1)[-1]
-    stack = tensor.split(".", 1)[0]
-    return tuple(s for s in SWITCHES_AT.get(kind, ()) if s not in _NOT_IN.get(stack, ()))
-
-
-@dataclass
-class GradRow:
-    """One of the user's parameters: its gradient against the oracle's, exported to its key."""
-
-    key: str
-    canonical: tuple[str, ...]
-    error: float
-    allowed: float
-
-    @property
-    def passed(self) -> bool:
-        return self.error <= self.allowed
 
 
 @dataclass
@@ -101,12 +57,22 @@ class SideBySide(Report):
     told_by: str = ""
     # The user's model could not run: its own frames of the traceback (`user_traceback`).
     failure: str = ""
+    # With grads: the user's backward pass raised (the error, its frames), kept apart from a
+    # forward that could not run; or its logits do not fit the labels, a divergence at the logits.
+    backward_error: str = ""
+    backward_traceback: str = ""
+    backward_divergence: str = ""
 
     @property
     def first_divergence(self) -> str | None:
         """The canonical tensor where the user's model first leaves tolerance, in forward order."""
         first = self.first_failure(self.yours)
         return first[0] if first else None
+
+    @property
+    def diverges(self) -> bool:
+        """The user's model computes something else than the oracle, forward or backward."""
+        return bool(self.first_divergence or self.first_bad_grad or self.backward_divergence)
 
     @property
     def first_bad_grad(self) -> str | None:
@@ -126,7 +92,8 @@ class SideBySide(Report):
         """Every column (the user's and our backends') agrees with the oracle, and so do the loss
         and gradients when they were compared."""
         loss_ok = self.loss is None or self.loss_error <= self.loss_allowed
-        return self.passed and loss_ok and self.first_bad_grad is None
+        backward_ok = not (self.backward_error or self.backward_divergence)
+        return self.passed and loss_ok and backward_ok and self.first_bad_grad is None
 
     @property
     def could_not_run(self) -> bool:
@@ -152,7 +119,7 @@ class SideBySide(Report):
         if first:
             cell = self.cells[(first, self.yours.label)]
             values = {**ModelConfig().to_dict(), **self.config.to_dict()}
-            acting = ", ".join(f"{name} = {values[name]!r}" for name in switches_at(first))
+            acting = ", ".join(f"{name} = {values[name]!r}" for name in switches_at(first, self.config))
             lines.append(f"first divergence: {first} (your model against the oracle: "
                          f"{cell.error or cell.comparison.describe()})")
             axes = self.swapped_axes(first)
@@ -167,6 +134,11 @@ class SideBySide(Report):
                 lines.append(self.failure)
         else:
             lines.append("first divergence: none; your model agrees with the oracle at every exposed tensor")
+        if self.backward_divergence:
+            lines += ["", f"backward: not compared: {self.backward_divergence}"]
+        elif self.backward_error:
+            lines += ["", f"backward: your model's backward pass failed: {self.backward_error}"]
+            lines += [self.backward_traceback] if self.backward_traceback else []
         if self.loss is not None:
             verdict = "ok" if self.loss_error <= self.loss_allowed else "FAIL"
             lines += ["", f"backward: your loss {self.loss:.12g}, the oracle's {self.reference_loss:.12g}, "
@@ -179,8 +151,9 @@ class SideBySide(Report):
             bad = self.first_bad_grad
             lines.append(f"first gradient out of tolerance: {bad}" if bad else
                          "every gradient within tolerance" if self.grads else "no gradient compared")
-        verdict = ("ok" if self.ok else "DIVERGES" if first or self.first_bad_grad else
-                   "ERROR (your model could not run)" if self.could_not_run else "FAIL")
+        verdict = ("ok" if self.ok else "DIVERGES" if self.diverges else
+                   "ERROR (your model could not run)" if self.could_not_run else
+                   "ERROR (your model's backward pass failed)" if self.backward_error else "FAIL")
         lines.append(f"result: {verdict}")
         return "\n".join(lines)
 
@@ -190,11 +163,14 @@ class SideBySide(Report):
         out = super().to_json()
         out.update({
             "layout": self.layout, "yours": self.yours.label, "first_divergence": self.first_divergence,
-            "switches_at_divergence": list(switches_at(self.first_divergence)) if self.first_divergence else [],
+            "switches_at_divergence": list(switches_at(self.first_divergence, self.config)) if self.first_divergence
+            else [],
             "not_exposed": self.unexposed(), "ok": self.ok, "assumed": list(self.assumed),
             "read_from_model_config": dict(self.told),
             "batch_axis_hint": self.swapped_axes(self.first_divergence) if self.first_divergence else None,
             "your_model_error": self.errors.get(self.yours.label), "your_traceback": self.failure or None,
+            "backward_error": self.backward_error or None, "backward_traceback": self.backward_traceback or None,
+            "backward_divergence": self.backward_divergence or None,
         })
         if self.loss is not None:
             out["backward"] = {
@@ -272,24 +248,6 @@ def _dtype_of(state: dict[str, np.ndarray]) -> str:
     if len(kinds) != 1:
         raise InputError("model", f"parameters of one floating dtype expected, got {sorted(kinds) or 'none'}")
     return kinds.pop()
-
-
-def user_traceback(exc: BaseException) -> str:
-    """The frames of `exc`'s traceback in the user's own code (not this package's, not an
-    installed library's), and the innermost frame wherever it is: where the user's code failed."""
-    ours = {str(Path(__file__).resolve().parents[2] / name) for name in ("conformance", "impl_numpy", "impl_torch",
-                                                                          "impl_jax")}
-    libraries = {sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib")} | {sys.prefix, sys.base_prefix}
-    frames = traceback.extract_tb(exc.__traceback__)
-
-    def theirs(frame) -> bool:
-        path = str(Path(frame.filename).resolve()) if not frame.filename.startswith("<") else frame.filename
-        return not any(path.startswith(root + "/") for root in ours | libraries)
-
-    shown = [f for f in frames if theirs(f)]
-    if frames and (not shown or shown[-1] is not frames[-1]):
-        shown.append(frames[-1])
-    return "".join(traceback.format_list(shown)).rstrip()
 
 
 def told_by_model_config(model: Any, layout) -> dict[str, Any]:
@@ -378,7 +336,7 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
     try:
         captured = foreign.capture(model, layout, result.tensors, run, src_ids, tgt_ids, config.to_dict())
     except Exception as exc:  # noqa: BLE001 - the user's code failing is reported with its own frames
-        result.errors[yours.label] = f"{type(exc).__name__}: {exc}"
+        result.errors[yours.label] = describe(exc)
         result.failure = user_traceback(exc)
         return result
     if captured is not None:
@@ -397,8 +355,8 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
 
     if grads:
         progress("gradients: your model's autograd and the oracle's backward pass")
-        _compare_grads(result, model, layout, config, params, run, src_ids, tgt_ids, ours_tgt,
-                       _ids("labels", labels), label_smoothing, export_state_dict)
+        compare_grads(result, model, layout, config, params, run, src_ids, tgt_ids, ours_tgt,
+                      _ids("labels", labels), label_smoothing, export_state_dict)
     return result
 
 
@@ -433,62 +391,3 @@ def _at(value, real: np.ndarray, tensor: str):
     if value.shape[:2] != real.shape:
         return value  # a shape problem, which compare() names
     return value[real]
-
-
-def _foreign_names(config: ModelConfig, layout, export) -> dict[str, tuple[str, ...]]:
-    """foreign key -> the canonical parameters it holds, found by exporting a probe whose every
-    canonical parameter is filled with its own number (transposes and splits keep the numbers)."""
-    from conformance.core.params import param_shapes
-
-    shapes = param_shapes(config)
-    # Position tables stay 0 (no number): a system keeps them as one buffer, not a parameter.
-    numbers = {name: float(n + 1) for n, name in enumerate(shapes) if not name.endswith("position.table")}
-    probe = {name: np.full(shape, numbers.get(name, 0.0)) for name, shape in shapes.items()}
-    by_number = {v: k for k, v in numbers.items()}
-    exported = _flat(export(config, probe, layout, **_as_converted(config, layout)))
-    return {key: tuple(by_number[v] for v in np.unique(value) if v in by_number) for key, value in exported.items()}
-
-
-def _as_converted(config: ModelConfig, layout) -> dict[str, Any]:
-    """Export back to the very model that was converted: a stored position table stays a table
-    (where the system would recompute it on load, Marian, the export otherwise refuses)."""
-    return {"position": config.position} if layout.stores_positions() else {}
-
-
-def _flat(state) -> dict[str, np.ndarray]:
-    return foreign._flatten(state) if any(isinstance(v, dict) for v in state.values()) else dict(state)
-
-
-def _compare_grads(result: SideBySide, model, layout, config, params, run, src_ids, tgt_ids, ours_tgt, labels,
-                   label_smoothing, export) -> None:
-    import impl_numpy
-
-    if labels.shape != ours_tgt.shape:
-        raise InputError("labels", f"must have the targets' shape {ours_tgt.shape}, got {labels.shape}")
-    reference = impl_numpy.Model(config, params, dtype="float64")
-    ref_loss, ref_grads = reference.loss_and_grads(src_ids, ours_tgt, labels, label_smoothing=label_smoothing)
-    # A system's position buffer has no gradient of its own (it is not a parameter there): its
-    # exported gradient is left at zero, and no user gradient is compared with it.
-    ref_grads = {k: (np.zeros_like(v) if k.endswith("position.table") else np.asarray(v, np.float64))
-                 for k, v in ref_grads.items()}
-    exported = _flat(export(config, ref_grads, layout, **_as_converted(config, layout)))
-    names = _foreign_names(config, layout, export)
-    try:
-        loss, grads = foreign.foreign_loss_and_grads(model, run, src_ids, tgt_ids, labels, pad_id=config.pad_id,
-                                                     label_smoothing=label_smoothing)
-    except Exception as exc:  # noqa: BLE001 - the user's backward pass failing, with its own frames
-        result.errors[result.yours.label] = f"{type(exc).__name__}: {exc} (in its backward pass)"
-        result.failure = user_traceback(exc)
-        return
-    allowed = gradient_tolerance(result.yours.dtype, result.yours.device).atol
-    order = {name: n for n, name in enumerate(backward_order(config))}
-    rows = []
-    for key, grad in grads.items():
-        canonical = names.get(key, ())
-        if key not in exported:
-            rows.append((-1, GradRow(key, canonical, float("inf"), allowed)))
-            continue
-        error = scaled_error(np.asarray(grad, np.float64), exported[key].reshape(np.shape(grad)))
-        rows.append((min((order[c] for c in canonical), default=len(order)), GradRow(key, canonical, error, allowed)))
-    result.grads = [row for _, row in sorted(rows, key=lambda pair: pair[0])]
-    result.loss, result.reference_loss, result.loss_allowed = loss, float(ref_loss), allowed

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from conformance.check.compare import to_numpy
+from conformance.core.errors import InputError
 
 # Canonical attention weights are (B, H, Tq, Tk) in every system that returns them batch-first.
 ATTENTION = (".self", ".cross")
@@ -328,11 +329,25 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, np.ndarray]:
     return out
 
 
+class LogitsShapeError(InputError):
+    """The run's logits do not fit the loss's (B, T) labels: a divergence at the logits (the
+    model computes another shape than ours), found before the cross-entropy would fail on it."""
+
+
+def _check_logits(shape: tuple[int, ...], labels_shape: tuple[int, ...]) -> None:
+    if tuple(shape[:-1]) != tuple(labels_shape):
+        raise LogitsShapeError("logits", f"{tuple(shape)} from your model, and the loss needs (B, T, V) for the "
+                                         f"{tuple(labels_shape)} labels: a shape mismatch at the logits")
+
+
 def foreign_loss_and_grads(model: Any, run: Callable, src_ids, tgt_ids, labels, *, pad_id: int,
                            label_smoothing: float) -> tuple[float, dict[str, np.ndarray]]:
     """The loss of docs/training.md (token cross-entropy with label smoothing, labels equal to
     pad_id ignored, averaged over the rest) on the model's own logits, and its gradient for every
-    parameter by the model's own autograd (torch) or `jax.grad` (Flax), under the model's keys."""
+    parameter by the model's own autograd (torch) or `jax.grad` (Flax), under the model's keys.
+
+    Logits whose leading axes are not the labels' are a LogitsShapeError, before the loss."""
+    labels = np.asarray(labels)
     kind = framework(model)
     if kind == "torch":
         import torch
@@ -343,6 +358,7 @@ def foreign_loss_and_grads(model: Any, run: Callable, src_ids, tgt_ids, labels, 
             p.grad = None
         with torch.enable_grad():
             logits = output_logits(run(model, torch_ids(src_ids), torch_ids(tgt_ids)))
+            _check_logits(tuple(logits.shape), labels.shape)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch_ids(labels).reshape(-1),
                                    ignore_index=pad_id, label_smoothing=label_smoothing)
             loss.backward()
@@ -354,6 +370,7 @@ def foreign_loss_and_grads(model: Any, run: Callable, src_ids, tgt_ids, labels, 
     import jax.numpy as jnp
 
     def cross_entropy(logits):
+        _check_logits(tuple(logits.shape), labels.shape)  # static under jit: checked while tracing
         logp = jax.nn.log_softmax(logits, axis=-1)
         target = jnp.asarray(labels)
         nll = -jnp.take_along_axis(logp, target[..., None], axis=-1)[..., 0]

@@ -189,10 +189,6 @@ def run(args: argparse.Namespace) -> int:
     if failure is not None:
         print(f"rosetta compare: error: {failure}", file=sys.stderr)
         return 2
-    if report.could_not_run:  # no divergence: an error of the user's code, with its own frames (exit 2)
-        print(f"rosetta compare: error: your model could not run: {report.errors[report.yours.label]}"
-              + (f"\n{report.failure}" if report.failure else ""), file=sys.stderr)
-        return 2
     print(report.to_text())
     if json_path:
         import json
@@ -201,6 +197,17 @@ def run(args: argparse.Namespace) -> int:
     if plot_path:
         width, height = report.plot(str(plot_path))
         print(f"wrote {plot_path} ({width}x{height} px)")
+    if report.diverges:  # whatever else failed: the models differ, and the report says where
+        return 1
+    # An error of the user's code, forward or backward, with its own frames (exit 2).
+    if report.could_not_run:
+        print(f"rosetta compare: error: your model could not run: {report.errors[report.yours.label]}"
+              + (f"\n{report.failure}" if report.failure else ""), file=sys.stderr)
+        return 2
+    if report.backward_error:
+        print(f"rosetta compare: error: your model's backward pass failed: {report.backward_error}"
+              + (f"\n{report.backward_traceback}" if report.backward_traceback else ""), file=sys.stderr)
+        return 2
     return 0 if report.ok else 1
 
 
@@ -208,7 +215,7 @@ def _user_model(args: argparse.Namespace, state: dict[str, np.ndarray], status):
     """(the user's model with WEIGHTS loaded, its --run function or None); UserCodeError when the
     module, the factory or the weights fail (a factory that raises: with its own frames)."""
     from conformance.check import taps
-    from conformance.check.side_by_side import user_traceback
+    from conformance.check.user_code import user_traceback
 
     status(f"importing {args.factory.rpartition(':')[0]}")
     module, name = _import(args.factory)

@@ -457,8 +457,11 @@ def build_config(layout, canonical, origin, layers, overrides, position, rows, n
     if len(missing) == 1:
         raise ConfigError(*missing.popitem())
     if missing:
-        raise ConfigError(next(iter(missing)), f"{len(missing)} fields must be given ({', '.join(missing)}):\n" +
-                          "\n".join(f"  {name}: {problem}" for name, problem in missing.items()))
+        names = tuple(missing)
+        paste = " ".join(f"--set {name}={alternatives(name)}" for name in names)
+        raise ConfigError(names[0], f"{len(names)} fields must be given (the weights do not tell them): {', '.join(names)}\n" +
+                          "\n".join(f"  ModelConfig.{name}: {problem}" for name, problem in missing.items()) +
+                          f"\n  on the command line, all at once: {paste}", fields=names)
     if layers["encoder"] + layers["decoder"]:
         _head_size(values, canonical, origin, overrides)
     return ModelConfig(**values, notes={**(notes or {}), "converted_from": layout.name})

@@ -20,12 +20,15 @@ import os
 
 
 class ConfigError(ValueError):
-    """A `ModelConfig` field is not valid. `.field` names it."""
+    """A `ModelConfig` field is not valid. `.field` names it; `.fields` every field the error is
+    about (`(field,)`, or all of them when several must be given at once, `.field` the first)."""
 
-    def __init__(self, field: str, problem: str):
+    def __init__(self, field: str, problem: str, *, fields: tuple[str, ...] = ()):
         self.field = field
+        self.fields = tuple(fields) or (field,)
         self.problem = problem
-        super().__init__(f"ModelConfig.{field}: {problem}")
+        where = f"ModelConfig.{field}" if len(self.fields) == 1 else "ModelConfig"
+        super().__init__(f"{where}: {problem}")
 
 
 class InputError(ValueError):
