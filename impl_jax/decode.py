@@ -25,6 +25,8 @@ length L; the positions after `cache.length` are not keys yet and get weight exa
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -193,6 +195,13 @@ class Ops(NumpyOps):
     def cumsum(self, x):
         return jnp.cumsum(x, axis=-1)
 
+    def divide(self, x, y):
+        # XLA's algebraic simplifier rewrites x / broadcast(y) as x * broadcast(1 / y), an ulp off
+        # the quotient in float64 too, and a length penalty divides whole arrays by one number:
+        # finished hypotheses that tie in the reference were ranked in another order. The barrier
+        # keeps the division a division (found by conformance/suite/test_search_rules.py).
+        return x / jax.lax.optimization_barrier(jnp.broadcast_to(y, jnp.shape(x)))
+
     def take(self, x, index):
         return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
 
@@ -237,25 +246,49 @@ def _search(model, memory, cross_mask, ids, banned, length_penalty, sampling, da
     banned mask, the length penalty, sampling's uniforms and warper settings, the forced first id,
     the minimum length and the bad-word table (`processor_data`, one program per table shape) are
     data."""
-    ops, dtype = Ops(None), search_dtype(model)
-    bos_id, eos_id, pad_id = ids[0], ids[1], ids[2]
-    rows = memory.shape[0]
-    state = start(ops, rules, rows // rules.num_beams if rules.beams else rows, bos_id, pad_id, dtype)
     (cache,) = _start_cache(model, memory, cross_mask, length=rules.max_len)
+
+    def reorder(cache, rows):
+        (cache,) = _reorder_cache(model, cache, rows)
+        return cache
+
+    return (_loop(rules, search_dtype(model), memory.shape[0], lambda tokens, cache: _decode_step(model, tokens, cache),
+                  reorder, cache, ids, banned, length_penalty, sampling, data),)
+
+
+def _loop(rules: Rules, dtype, rows: int, decoder, reorder, carry, ids, banned, length_penalty, sampling, data):
+    """The search's `lax.while_loop` over any decoder: `decoder(tokens (N,), carry) -> (logits (N,
+    V), carry)`, whose carry (the KV cache) follows the beams by `reorder(carry, rows)` (None: a
+    decoder without such state). Returns the search state when it says stop."""
+    ops = Ops(None)
+    bos_id, eos_id, pad_id = ids[0], ids[1], ids[2]
+    state = start(ops, rules, rows // rules.num_beams if rules.beams else rows, bos_id, pad_id, dtype)
     state[counter(rules)] = jnp.asarray(state[counter(rules)], dtype=jnp.int32)
     state["bad"] = jnp.asarray(-1, dtype=jnp.int32)
 
-    def body(carry):
-        state, cache = carry
-        if rules.num_beams > 1:  # the rows each beam continues (the identity before the first step)
-            (cache,) = _reorder_cache(model, cache, state["parents"])
-        logits, cache = _decode_step(model, newest(ops, rules, state), cache)
+    def body(loop_carry):
+        state, carry = loop_carry
+        if rules.num_beams > 1 and reorder is not None:  # the rows each beam continues (the identity at first)
+            carry = reorder(carry, state["parents"])
+        logits, carry = decoder(newest(ops, rules, state), carry)
         state = update(ops, rules, state, logits.astype(dtype), banned, eos_id, pad_id, length_penalty, sampling,
                        data=data)
-        return state, cache
+        return state, carry
 
-    state, _ = jax.lax.while_loop(lambda carry: ~carry[0]["stop"], body, (state, cache))
-    return (state,)
+    state, _ = jax.lax.while_loop(lambda loop_carry: ~loop_carry[0]["stop"], body, (state, carry))
+    return state
+
+
+@functools.partial(jax.jit, static_argnames=("step", "rows", "rules"))
+def _search_steps(step_data, ids, banned, length_penalty, sampling, data, *, step, rows: int, rules: Rules):
+    """The compiled search over `search_steps`'s decoder: one program per (step, rows, shapes,
+    rules), outside `compiled.call` (no model)."""
+
+    def decoder(tokens, position):  # the carry is the position; nothing follows the beams
+        return step(step_data, tokens, position), position + 1
+
+    return _loop(rules, length_penalty.dtype, rows, decoder, None, jnp.zeros((), dtype=jnp.int32), ids, banned,
+                 length_penalty, sampling, data)
 
 
 def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
@@ -286,17 +319,33 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         return (ids, jax.device_put(scores, model.device)) if settings.return_scores else ids
     host.check_runnable(model.dtype, param_dtype=model.param_dtype)
     ops, dtype, rules = Ops(model.device), search_dtype(model), rules_of(settings)
-    banned_mask = np.zeros(model.config.tgt_vocab_size, dtype=bool)  # (V,)
+    cross_mask = encoded.src_mask if model.config.cross_attn_src_mask else None
+
+    def step(*search_data) -> tuple:  # the whole search, one compiled program
+        return compiled.call(model, _search, (encoded.memory, cross_mask, *search_data), model.device, rules=rules)
+
+    ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size, dtype)
+    return (ids, scores) if settings.return_scores else ids
+
+
+def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype):
+    """(ids, scores) of the device search that `step` runs, on the banned mask, sampling's
+    uniforms and the processors' data built from `settings` (a `decoding.Generation`).
+
+    Here `step(ids, banned, length_penalty, sampling, data) -> (state,)` is the whole compiled
+    search (the (bos, eos, pad) ids, the banned mask (V,), the length penalty, sampling's and the
+    processors' data, as NumPy arrays: int32, since int64 would need x64); then one read of its
+    counters (the reference's InputError if an open row's logits were NaN) and one of the result's
+    width."""
+    banned_mask = np.zeros(vocab_size, dtype=bool)  # (V,)
     banned_mask[list(settings.banned_ids)] = True
-    drawn = uniforms(settings.seed, settings.max_len, len(rows)) if settings.do_sample else None  # (max_len, N)
+    rows = batch * settings.rows  # N: each source once per beam (or sample)
+    drawn = uniforms(settings.seed, settings.max_len, rows) if settings.do_sample else None  # (max_len, N)
     sampling = sampling_data(settings, drawn, lambda name, value: np.asarray(value, dtype=np.int32 if name == "top_k"
                                                                                 else dtype))
     data = processor_data(settings, lambda name, value: np.asarray(value, dtype=np.int32))  # int64 would need x64
-    cross_mask = encoded.src_mask if model.config.cross_attn_src_mask else None
-    ids = np.array([settings.bos_id, settings.eos_id, model.config.pad_id], dtype=np.int32)
-    arguments = (encoded.memory, cross_mask, ids, banned_mask, np.asarray(settings.length_penalty, dtype=dtype), sampling,
-                 data)
-    (state,) = compiled.call(model, _search, arguments, model.device, rules=rules)
+    ids = np.array([settings.bos_id, settings.eos_id, pad_id], dtype=np.int32)
+    (state,) = step(ids, banned_mask, np.asarray(settings.length_penalty, dtype=dtype), sampling, data)
     bad, count = (int(x) for x in jax.device_get((state["bad"], state[counter(rules)])))  # one read
     if bad >= 0:
         raise nan_error(count - (2 if rules.beams else 1), bad)
@@ -304,6 +353,32 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     def read(*arrays) -> list:
         return [int(x) for x in jax.device_get(arrays)]
 
-    ids, scores = result(ops, rules, state, jnp.asarray(settings.length_penalty, dtype=dtype), count, dtype, read,
-                         settings.num_return_sequences)
-    return (ids, scores) if settings.return_scores else ids
+    return result(ops, rules, state, jnp.asarray(settings.length_penalty, dtype=dtype), count, dtype, read,
+                  settings.num_return_sequences)
+
+
+def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int, settings, dtype: str = "float64",
+                 device=None):
+    """The search `generate` runs, over the next-token logits of any decoder instead of this
+    model's: (ids, scores) for `batch` source rows, in this backend's arrays on `device`.
+
+    `step(step_data, ids, position) -> logits (N, V)`: the logits after the newest tokens ids (N,)
+    of the N = batch x settings.rows decoder rows (each source's rows together), at decoder
+    position `position` (the step); a pure function of its arguments, written in array indexing
+    that NumPy, torch and jax.numpy read alike. `step_data` (names to NumPy arrays) is moved to
+    the device as data. `settings`: a `decoding.Generation` (`conformance.core.decoding.resolve`);
+    `dtype` the search dtype's name. The suite drives it with a scripted decoder
+    (conformance/suite/test_search_rules.py); `generate` runs the same driver (`driven`).
+
+    Here `device` is "cpu", "gpu" or a jax.Device (default: JAX's default device), float64 needs
+    x64 on (`impl_jax.enable_x64`), and the search is one compiled `lax.while_loop` (`_loop`, as
+    `generate`'s) whose position is traced; `step` is part of the program's key, so pass one
+    object across calls (a module's function)."""
+    device, dtype, rules = host.resolve_device(device), jnp.dtype(dtype), rules_of(settings)
+    rows = batch * settings.rows
+
+    def program(*search_data) -> tuple:
+        placed = jax.device_put((step_data, *search_data), device)
+        return (_search_steps(*placed, step=step, rows=rows, rules=rules),)
+
+    return driven(Ops(device), rules, program, batch, settings, pad_id, vocab_size, dtype)

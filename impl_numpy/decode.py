@@ -163,11 +163,6 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
     cache = {"now": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
     ops, dtype, rules = Ops("cpu"), search_dtype(model), rules_of(settings)
-    banned_mask = np.zeros(model.config.tgt_vocab_size, dtype=bool)  # (V,)
-    banned_mask[list(settings.banned_ids)] = True
-    drawn = uniforms(settings.seed, settings.max_len, len(rows)) if settings.do_sample else None  # (max_len, N)
-    sampling = sampling_data(settings, drawn, lambda name, value: value.astype(dtype) if name == "uniforms" else value)
-    data = processor_data(settings, lambda name, value: value)  # the forced first id, min length, bad-word table
 
     def step(state, i: int) -> np.ndarray:
         if not settings.use_cache:
@@ -176,8 +171,43 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
             cache["now"] = reorder_cache(model, cache["now"], state["parents"])
         return advance(model, newest(ops, rules, state), cache["now"])  # (N, V)
 
-    ids, scores = run(ops, rules, step, batch, settings.bos_id, settings.eos_id, model.config.pad_id, banned_mask,
-                      settings.length_penalty, dtype, lambda *arrays: [a.item() for a in arrays],
-                      settings.num_return_sequences, sampling, settings.return_scores, data)
+    ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size, dtype)
     ids = ids.astype(np.int64)
     return (ids, scores) if settings.return_scores else ids
+
+
+def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype):
+    """(ids, scores) of the device search that `step` runs, on the banned mask, sampling's
+    uniforms and the processors' data built from `settings` (a `decoding.Generation`).
+
+    Here `step(state, i) -> logits (N, V)` is the decoder's, and `device_search.run` drives the
+    steps from a Python loop, with one small host read per step."""
+    banned_mask = np.zeros(vocab_size, dtype=bool)  # (V,)
+    banned_mask[list(settings.banned_ids)] = True
+    rows = batch * settings.rows  # N: each source once per beam (or sample)
+    drawn = uniforms(settings.seed, settings.max_len, rows) if settings.do_sample else None  # (max_len, N)
+    sampling = sampling_data(settings, drawn, lambda name, value: value.astype(dtype) if name == "uniforms" else value)
+    data = processor_data(settings, lambda name, value: value)  # the forced first id, min length, bad-word table
+    return run(ops, rules, step, batch, settings.bos_id, settings.eos_id, pad_id, banned_mask, settings.length_penalty,
+               dtype, lambda *arrays: [a.item() for a in arrays], settings.num_return_sequences, sampling,
+               settings.return_scores, data)
+
+
+def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int, settings, dtype: str = "float64",
+                 device=None):
+    """The search `generate` runs, over the next-token logits of any decoder instead of this
+    model's: (ids, scores) for `batch` source rows, in this backend's arrays on `device`.
+
+    `step(step_data, ids, position) -> logits (N, V)`: the logits after the newest tokens ids (N,)
+    of the N = batch x settings.rows decoder rows (each source's rows together), at decoder
+    position `position` (the step); a pure function of its arguments, written in array indexing
+    that NumPy, torch and jax.numpy read alike. `step_data` (names to NumPy arrays) is moved to
+    the device as data. `settings`: a `decoding.Generation` (`conformance.core.decoding.resolve`);
+    `dtype` the search dtype's name. The suite drives it with a scripted decoder
+    (conformance/suite/test_search_rules.py); `generate` runs the same driver (`driven`).
+
+    Here `device` is the host (NumPy has no other)."""
+    ops, rules, dtype = Ops(device), rules_of(settings), np.dtype(dtype).type
+    data = {name: np.asarray(value) for name, value in step_data.items()}
+    return driven(ops, rules, lambda state, i: step(data, newest(ops, rules, state), i), batch, settings, pad_id,
+                  vocab_size, dtype)

@@ -317,14 +317,6 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
         cache = {"now": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
         ops, dtype, rules = Ops(model.device), search_dtype(model), rules_of(settings)
-        banned_mask = torch.zeros(model.config.tgt_vocab_size, dtype=torch.bool, device=model.device)  # (V,)
-        banned_mask[list(settings.banned_ids)] = True
-        drawn = uniforms(settings.seed, settings.max_len, len(rows)) if settings.do_sample else None  # (max_len, N)
-        sampling = sampling_data(settings, drawn, lambda name, value: ops.cast(value, dtype) if name == "uniforms"
-                                 else value)
-        # The forced first id and the minimum length as Python ints, the bad-word table on the device.
-        data = processor_data(settings, lambda name, value: value if name in ("forced_bos", "min_steps")
-                              else torch.as_tensor(value, device=model.device))
         # This backend's own step without the id checks (they would read the ids back to the host
         # every step); a subclass's decode_step (torch.compile'd, say) is called as it is.
         own = getattr(type(model).decode_step, "__module__", None) == __name__.rsplit(".", 1)[0] + ".model"
@@ -342,10 +334,53 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
             ids = newest(ops, rules, state)
             return advance(model, ids, cache["now"]) if own else model.decode_step(ids, cache["now"])  # (N, V)
 
-        def read(*arrays) -> list:  # the one small host read per step
-            return torch.stack([torch.as_tensor(a, device=model.device).long() for a in arrays]).tolist()
-
-        ids, scores = run(ops, rules, step, batch, settings.bos_id, settings.eos_id, model.config.pad_id, banned_mask,
-                          settings.length_penalty, dtype, read, settings.num_return_sequences, sampling,
-                          settings.return_scores, data)
+        ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size,
+                             dtype)
     return (ids, scores) if settings.return_scores else ids
+
+
+def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype):
+    """(ids, scores) of the device search that `step` runs, on the banned mask, sampling's
+    uniforms and the processors' data built from `settings` (a `decoding.Generation`).
+
+    Here `step(state, i) -> logits (N, V)` is the decoder's, and `device_search.run` drives the
+    steps from a Python loop, with one small host read per step. The arrays live on `ops.device`."""
+    device = ops.device
+    banned_mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)  # (V,)
+    banned_mask[list(settings.banned_ids)] = True
+    rows = batch * settings.rows  # N: each source once per beam (or sample)
+    drawn = uniforms(settings.seed, settings.max_len, rows) if settings.do_sample else None  # (max_len, N)
+    sampling = sampling_data(settings, drawn, lambda name, value: ops.cast(value, dtype) if name == "uniforms"
+                             else value)
+    # The forced first id and the minimum length as Python ints, the bad-word table on the device.
+    data = processor_data(settings, lambda name, value: value if name in ("forced_bos", "min_steps")
+                          else torch.as_tensor(value, device=device))
+
+    def read(*arrays) -> list:  # the one small host read per step
+        return torch.stack([torch.as_tensor(a, device=device).long() for a in arrays]).tolist()
+
+    return run(ops, rules, step, batch, settings.bos_id, settings.eos_id, pad_id, banned_mask, settings.length_penalty,
+               dtype, read, settings.num_return_sequences, sampling, settings.return_scores, data)
+
+
+def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int, settings, dtype: str = "float64",
+                 device=None):
+    """The search `generate` runs, over the next-token logits of any decoder instead of this
+    model's: (ids, scores) for `batch` source rows, in this backend's arrays on `device`.
+
+    `step(step_data, ids, position) -> logits (N, V)`: the logits after the newest tokens ids (N,)
+    of the N = batch x settings.rows decoder rows (each source's rows together), at decoder
+    position `position` (the step); a pure function of its arguments, written in array indexing
+    that NumPy, torch and jax.numpy read alike. `step_data` (names to NumPy arrays) is moved to
+    the device as data. `settings`: a `decoding.Generation` (`conformance.core.decoding.resolve`);
+    `dtype` the search dtype's name. The suite drives it with a scripted decoder
+    (conformance/suite/test_search_rules.py); `generate` runs the same driver (`driven`).
+
+    Here `device` is "cpu", "cuda" or a torch.device (default: the CPU), and the search runs under
+    `torch.inference_mode`."""
+    device = torch.device(device or "cpu")
+    ops, rules, dtype = Ops(device), rules_of(settings), getattr(torch, dtype)
+    data = {name: torch.as_tensor(value, device=device) for name, value in step_data.items()}
+    with torch.inference_mode():
+        return driven(ops, rules, lambda state, i: step(data, newest(ops, rules, state), i), batch, settings, pad_id,
+                      vocab_size, dtype)

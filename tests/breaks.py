@@ -192,8 +192,8 @@ PROPERTY_BREAKS = {
     # seed 0 instead. Greedy and beam search never read the seed, so only sampling sees it.
     "sampling ignores the seed": ("test_generate", [("numpy", [(
         "decode.py",
-        "drawn = uniforms(settings.seed, settings.max_len, len(rows))",
-        "drawn = uniforms(0, settings.max_len, len(rows))",
+        "drawn = uniforms(settings.seed, settings.max_len, rows)",
+        "drawn = uniforms(0, settings.max_len, rows)",
     )], {})]),
     # The backward pass (impl_numpy/backward.py): invisible to every forward property.
     # LayerNorm's gradient without the term through the variance, which depends on the whole row.
@@ -266,6 +266,40 @@ PROPERTY_BREAKS = {
         "decode.py", "data = processor_data(settings,",
         'data = processor_data(__import__("dataclasses").replace(settings, bad_words_ids=()),',
     )], {})]),
+    # The search's rules (conformance/core/device_search.py), planted in the NumPy backend's copy:
+    # what a port of Hugging Face's or Flax's beam search gets wrong. Each is caught by the
+    # scripted decoder (conformance/suite/test_search_rules.py); a random model's flat steps, rare
+    # ties and random end tokens reach few of them (the generate property).
+    "finished hypotheses' length penalty read one token long": ("test_search_rules", [("numpy", [(
+        "device_search.py",
+        "scored = penalized(ops, candidate_scores, length, length_penalty, rules.form, dtype)",
+        "scored = penalized(ops, candidate_scores, length + 1, length_penalty, rules.form, dtype)",
+    )], {})]),
+    "early_stopping=True stops a row at its first finished hypothesis": ("test_search_rules", [("numpy", [(
+        "device_search.py",
+        'full = ops.reduce("all", is_finished, axis=1) & rules.stop_when_full',
+        'full = ops.reduce("any", is_finished, axis=1) & rules.stop_when_full',
+    )], {})]),
+    'early_stopping="never" bound guessed at the current length': ("test_search_rules", [("numpy", [(
+        "device_search.py",
+        "guess = ops.where(length_penalty > 0, rules.max_len, length - 1) if rules.never else length - 1",
+        "guess = length - 1",
+    )], {})]),
+    "equal finished scores ranked newest first": ("test_search_rules", [("numpy", [(
+        "device_search.py",
+        'merged = ops.concat([state["finished_scores"], scored])\n    finished_scores, best = ops.top_k(merged, beams)',
+        'merged = ops.concat([state["finished_scores"], scored])\n'
+        '    finished_scores, best = ops.top_k(merged[:, ::-1].copy(), beams)\n'
+        '    best = merged.shape[1] - 1 - best',
+    )], {})]),
+    "endings below the best beams join Hugging Face's finished list": ("test_search_rules", [("numpy", [(
+        "device_search.py", "just_ended = ends & (ops.arange(keep) < beams)", "just_ended = ends",
+    )], {})]),
+    "Flax's rule ends a hypothesis at max_len, as Hugging Face's does": ("test_search_rules", [("numpy", [(
+        "device_search.py",
+        "ends = token == eos_id  # only the end token ends a hypothesis",
+        "ends = (token == eos_id) | (length + 1 >= width)",
+    )], {})]),
     # A repeated training step that is not the step: what a mis-recorded CUDA graph would give
     # (impl_torch/graphs.py records a step the second time its shapes are seen). The first call on
     # a model is right; every later one is off by 0.1%.
@@ -334,6 +368,14 @@ def edited_module(name: str, module_name: str, path: Path, edits):
 
 # The files beside model.py a break may edit, and the name the model reads each under.
 SIDE_FILES = {"backward.py": "backprop", "decode.py": "decode"}
+# The core's device search (shared by the backends' decode rooms): an edit of it applies to a
+# private copy that the copied decode room imports instead (`broken_copy`).
+CORE_FILES = {"device_search.py": ROOT / "conformance" / "core" / "device_search.py"}
+
+
+def side_path(backend: str, file: str) -> Path:
+    """Where a break's file lives: the backend's own, or the core's (`CORE_FILES`)."""
+    return CORE_FILES.get(file, ROOT / f"impl_{backend}" / file)
 
 
 def broken_copy(name: str, backend: str, edits, patches):
@@ -341,10 +383,20 @@ def broken_copy(name: str, backend: str, edits, patches):
 
     An edit `(old, new)` applies to model.py; `("backward.py", old, new)` to a private copy of
     impl_numpy/backward.py, which the copied model then uses as its `backprop`, and
-    `("decode.py", old, new)` to a private copy of the backend's decode room, its `decode`."""
+    `("decode.py", old, new)` to a private copy of the backend's decode room, its `decode`;
+    `("device_search.py", old, new)` to a private copy of conformance/core/device_search.py, which
+    that copied decode room imports (the search's rules, planted in one backend)."""
     module_name = "broken_" + "".join(c if c.isalnum() else "_" for c in name)
     model_edits = [edit for edit in edits if len(edit) == 2]
-    assert all(edit[0] in SIDE_FILES for edit in edits if len(edit) == 3), f"break {name!r}: unknown file"
+    assert all(edit[0] in SIDE_FILES or edit[0] in CORE_FILES for edit in edits if len(edit) == 3), (
+        f"break {name!r}: unknown file")
+    for file, path in CORE_FILES.items():
+        core_edits = [edit[1:] for edit in edits if len(edit) == 3 and edit[0] == file]
+        if core_edits:  # the copied decode room imports the edited copy of the core's module
+            core_name = f"{module_name}_{file[:-3]}"
+            edited_module(name, core_name, path, core_edits)
+            dotted = "conformance.core." + file[:-3]
+            edits = [*edits, ("decode.py", f"from {dotted} import", f"from {core_name} import")]
     module = edited_module(name, module_name, ROOT / f"impl_{backend}" / "model.py", model_edits)
     for file, attribute in SIDE_FILES.items():
         side_edits = [edit[1:] for edit in edits if len(edit) == 3 and edit[0] == file]

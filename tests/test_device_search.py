@@ -271,3 +271,96 @@ def test_without_scores_greedy_search_and_sampling_choose_the_same_ids():
         ids, scores = device(Ops("cpu"), settings, values, 6, to_numpy=lambda a: a.cpu().numpy(),
                              from_numpy=lambda a: torch.as_tensor(a), scores=False)
         assert (ids == expected).all() and scores is None, settings
+
+
+# -- Every backend's `search_steps` (the driver its `generate` runs, over any decoder's step) ------
+
+
+def uniform_script():
+    """A scripted decoder whose every step is the same over the real ids (the pad id peaked but
+    banned): every finished hypothesis ties exactly with the others, so the ranking of the
+    finished list and the stopping bounds decide on equal scores."""
+    from conformance.suite.strategies.scripted import BATCH, MAX_LEN, VOCAB
+
+    table = np.full((BATCH, MAX_LEN, VOCAB, VOCAB), -4.0)
+    table[..., 0] = 0.0
+    return table
+
+
+def search_steps_of(backend: str):
+    if backend == "numpy":
+        from impl_numpy import decode
+        return decode.search_steps, "cpu", np.asarray
+    pytest.importorskip(backend)
+    if backend == "torch":
+        from impl_torch import decode
+        return decode.search_steps, "cpu", lambda a: a.cpu().numpy()
+    from impl_jax import decode
+    return decode.search_steps, "cpu", np.asarray
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_search_steps_rank_equal_finished_scores_as_the_reference(backend):
+    """Found by the suite's search-rule property (conformance/suite/test_search_rules.py): the
+    compiled JAX search divided by the length penalty as XLA rewrites x / p for a scalar p,
+    x * (1 / p), an ulp off the reference's quotient; where finished hypotheses tie exactly, it
+    returned them in another order (and could stop at another step)."""
+    import contextlib
+
+    from conformance.core.config import ModelConfig
+    from conformance.core.decoding import resolve
+    from conformance.suite.strategies.scripted import BATCH, BOS, EOS, MAX_LEN, PAD, VOCAB, Script, scripted_step
+
+    search_steps, device, to_numpy = search_steps_of(backend)
+    table = uniform_script()
+    config = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, max_len=MAX_LEN, pad_id=PAD)
+    x64 = contextlib.nullcontext
+    if backend == "jax":
+        import impl_jax
+        x64 = impl_jax.enable_x64
+    for early in (False, True, "never"):
+        for alpha in (1.0, 2.0, -0.5):
+            options = dict(num_beams=3, early_stopping=early, length_penalty=alpha, num_return_sequences=3,
+                           banned_ids=(PAD,))
+            expected = search(lambda tokens, parents: Script(table, alpha).logits(tokens), BATCH, MAX_LEN, BOS, EOS,
+                              PAD, **options)
+            settings = resolve(config, MAX_LEN, BOS, EOS, return_scores=True, **options)
+            data = {"table": table, "source": np.repeat(np.arange(BATCH), 3)}
+            with x64():
+                ids, scores = search_steps(scripted_step, data, BATCH, VOCAB, PAD, settings, "float64", device)
+                got = to_numpy(ids), to_numpy(scores)
+            same(got, expected, options)
+
+
+def test_the_scripted_decoders_reach_what_they_test():
+    """The suite's scripts (conformance/suite/strategies/scripted.py), in 25 drawn examples as under
+    `ci`, give the reference's search exact ties and near-ties to decide, rows whose finished list
+    fills up, searches that stop before max_len under each stopping rule, and endings at the first
+    step and at the last, which a random model's steps rarely do."""
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hypothesis_settings
+
+    from conformance.suite.strategies.scripted import BATCH, BOS, EOS, MAX_LEN, PAD, scripts
+
+    seen = {"tie": 0, "near-tie": 0, "first step end": 0, "last step end": 0,
+            **{f"early stop {early!r}": 0 for early in (False, True, "never")}}
+
+    @hypothesis_settings(max_examples=25, derandomize=True, database=None, deadline=None,
+                         suppress_health_check=list(HealthCheck))
+    @given(script=scripts())
+    def draw(script):
+        for early in (False, True, "never"):
+            trace = []
+            ids, _ = search(lambda tokens, parents: script.logits(tokens), BATCH, MAX_LEN, BOS, EOS, PAD,
+                            num_beams=3, early_stopping=early, length_penalty=script.length_penalty,
+                            num_return_sequences=3, banned_ids=(PAD,), trace=trace)
+            gaps = np.concatenate([record["gap"] for record in trace])
+            seen["tie"] += (gaps == 0).any()
+            seen["near-tie"] += ((gaps > 0) & (gaps < 1e-5)).any()
+            seen[f"early stop {early!r}"] += len(trace) < MAX_LEN
+            seen["first step end"] += (ids[:, 0] == EOS).any()
+            seen["last step end"] += ids.shape[1] == MAX_LEN and (ids[:, -1] == EOS).any()
+
+    draw()
+    print(seen)
+    assert all(count >= 2 for count in seen.values()), seen

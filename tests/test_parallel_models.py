@@ -48,6 +48,9 @@ DECODE_IDIOM_NAMES = {
     "_reorder_cache": ({"jax"}, "the compiled part of reorder_cache"),
     "_decode_step": ({"jax"}, "the compiled part of decode_step (one executable for every step)"),
     "_search": ({"jax"}, "the compiled search: start_cache and every step in one lax.while_loop"),
+    "_loop": ({"jax"}, "the search's lax.while_loop over any decoder: the model's cached step (_search) or "
+                       "search_steps' step (_search_steps)"),
+    "_search_steps": ({"jax"}, "the compiled search over search_steps' step: no model, so jax.jit, not compiled.call"),
     "cross_fix_ups": ({"torch"}, "the fused kernel's cross-attention fix-ups (fused.kernel_fix_ups), once per "
                                  "source instead of at every step"),
     "STEP_OUTPUT_COPY": ({"torch"}, "ROSETTA_TORCH_STEP_OUTPUT_COPY: whether step_output_weight copies"),
@@ -60,6 +63,8 @@ _ADAPTER = ({"torch", "jax"}, "the device search's array adapter (Ops) in the fr
                                "NumPy's inherits conformance.core.device_search.NumpyOps")
 DECODE_IDIOM_METHODS: dict = {name: _ADAPTER for name in ("top_k", "sort", "cumsum", "take", "cast", "full", "arange",
                                                            "concat", "reduce", "argmax", "where", "mark")}
+DECODE_IDIOM_METHODS["divide"] = ({"jax"}, "a division that XLA keeps a division: x / broadcast(y) is otherwise "
+                                           "x * (1 / y), an ulp off the reference's quotient")
 DECODE_IDIOM_METHODS["log_softmax"] = ({"torch"}, "torch's fused log-softmax (the others run the reference's formula)")
 # The same for the blocked output product (impl_*/blocks.py).
 BLOCKS_IDIOM_NAMES = {

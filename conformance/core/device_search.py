@@ -95,8 +95,9 @@ class NumpyOps:
     An adapter holds `xp` (the namespace), `int_dtype`, and: `top_k(x, k)` -> (values, indices)
     along the last axis, best first, ties to the lower index; `sort(x)` -> (values, indices) along
     the last axis, ascending, ties to the lower index first; `cumsum(x)` along the last axis;
-    `take(x, index)` gathers x (B, M, ...)
-    along axis 1 by index (B, k); `cast(x, dtype)`; `full(shape, value, dtype)`; `arange(n)`;
+    `divide(x, y)`, x / y as one rounded division per element (y a number or of x's shape: the
+    length penalty); `take(x, index)` gathers x (B, M, ...) along axis 1 by index (B, k);
+    `cast(x, dtype)`; `full(shape, value, dtype)`; `arange(n)`;
     `concat(arrays)` along axis 1; `reduce(name, x, axis)` for max, min, sum, any, all; `argmax(x)`
     along the last axis (first of equal maxima); `where(c, a, b)`, also for a Python bool `c`;
     `mark(index, size)`: (N, size) bool, True at each row's ids index (N, M) (a scatter)."""
@@ -115,6 +116,9 @@ class NumpyOps:
 
     def cumsum(self, x):
         return np.cumsum(x, axis=-1)
+
+    def divide(self, x, y):
+        return x / y
 
     def take(self, x, index):
         return np.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
@@ -157,6 +161,12 @@ def penalty(ops, length, length_penalty, form: str, dtype):
     if form == "gnmt":
         return ((5.0 + length) / 6.0) ** length_penalty
     return length ** length_penalty
+
+
+def penalized(ops, scores, length, length_penalty, form: str, dtype):
+    """scores / `penalty` of length (a number, or an array of scores' shape): the reference's
+    quotient, bit for bit (`ops.divide`)."""
+    return ops.divide(scores, penalty(ops, length, length_penalty, form, dtype))
 
 
 def log_softmax(ops, logits):
@@ -375,7 +385,7 @@ def greedy_newest(ops, state: State):
 
 def greedy_result(ops, rules: Rules, state: State, length_penalty, steps: int, dtype):
     """(ids (B, steps), scores (B,)) once the search stopped after `steps` steps (a host int)."""
-    scores = state["summed"] / penalty(ops, state["lengths"], length_penalty, rules.form, dtype)
+    scores = penalized(ops, state["summed"], state["lengths"], length_penalty, rules.form, dtype)
     return state["tokens"][:, 1:1 + steps], scores
 
 
@@ -499,7 +509,7 @@ def beam_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_
     # Endings among the best `beams` candidates join the finished list, scored with the penalty,
     # unless the row is full (early_stopping=True) or can no longer improve.
     is_finished, improvable = state["is_finished"], state["improvable"]
-    scored = candidate_scores / penalty(ops, length, length_penalty, rules.form, dtype)
+    scored = penalized(ops, candidate_scores, length, length_penalty, rules.form, dtype)
     full = ops.reduce("all", is_finished, axis=1) & rules.stop_when_full
     just_ended = ends & (ops.arange(keep) < beams)
     scored = scored + xp.where(full | ~improvable, NEG, 0.0)[:, None] + xp.where(~just_ended, NEG, 0.0)
@@ -513,7 +523,7 @@ def beam_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_
     length = length + 1
     # The length an open beam's best score is guessed at (docs/decoding.md, step 5).
     guess = ops.where(length_penalty > 0, rules.max_len, length - 1) if rules.never else length - 1
-    best_open = running_scores[:, 0] / penalty(ops, guess, length_penalty, rules.form, dtype)  # (B,)
+    best_open = penalized(ops, running_scores[:, 0], guess, length_penalty, rules.form, dtype)  # (B,)
     worst = xp.where(is_finished, ops.reduce("min", finished_scores, axis=1, keepdims=True), NEG)
     improvable = improvable & ops.reduce("any", best_open[:, None] > worst, axis=1)
     stop = (~ops.reduce("any", improvable)) | (ops.reduce("all", is_finished) & rules.stop_when_full) \
@@ -571,7 +581,7 @@ def flax_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_
                          (batch * beams,))
 
     # Every ending among the 2 x beams candidates competes for the finished set.
-    scored = candidate_scores / penalty(ops, length, length_penalty, rules.form, dtype) + xp.where(ends, 0.0, NEG)
+    scored = penalized(ops, candidate_scores, length, length_penalty, rules.form, dtype) + xp.where(ends, 0.0, NEG)
     merged = ops.concat([state["finished_scores"], scored])
     finished_scores, best = ops.top_k(merged, beams)
     finished = ops.take(ops.concat([state["finished"], sequences]), best)
@@ -582,7 +592,7 @@ def flax_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_
     length = length + 1
     # No row can improve: its best open beam, scored at max_decode_len, does not beat the worst
     # finished slot (an empty slot counts as NEG), in every row.
-    best_open = running_scores[:, :1] / penalty(ops, width, length_penalty, rules.form, dtype)  # (B, 1)
+    best_open = penalized(ops, running_scores[:, :1], width, length_penalty, rules.form, dtype)  # (B, 1)
     worst = xp.where(is_finished, ops.reduce("min", finished_scores, axis=1, keepdims=True), NEG)
     stop = (length > rules.max_len) | ops.reduce("all", worst > best_open) | (bad >= 0)
     return {"running": running, "running_scores": running_scores, "finished": finished,

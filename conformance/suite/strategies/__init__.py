@@ -8,6 +8,7 @@
                    `shared_examples` and `with_examples`
     realistic      trained-like, long and full-size cases, and the anchors every profile runs first
     generation     decoding examples (`GenerationCase`)
+    scripted       scripted decoders (`Script`): step logits drawn directly, for the search's rules
     training       gradient examples (`TrainingCase`)
 
 Sizes are small (d_model 8-64, 1-4 heads, 1-3 layers per side, vocab 5-64) so that thousands of
@@ -22,6 +23,7 @@ from conformance.suite.strategies.forward_cases import WEIGHT_SCALES, Case, case
 from conformance.suite.strategies.model_configs import (BASE, FILLS, MAX_LENS, NUMERIC_CHOICES, any_configs, configs,
                                                   preset_configs, small_configs, switch_values)
 from conformance.suite.strategies.generation import GenerationCase, generation_cases
+from conformance.suite.strategies.scripted import Script, scripted_step, scripts
 from conformance.suite.strategies.ids import LENGTHS, PADDING_PATTERNS, token_ids
 from conformance.suite.strategies.realistic import (LONG_MAX_LENS, SCALE_D_MODELS, SCALE_HEAD_DIM, SCALE_LAYERS,
                                                     SCALE_LENGTHS, SCALE_VOCAB, any_realistic_cases, long_anchor_case,
