@@ -20,6 +20,24 @@ def _pyplot():
     return plt
 
 
+TICK_POINTS = 7
+PANEL_INCHES, LARGEST_PANEL_INCHES = 2.6, 6.0
+
+
+def _panel_inches(tokens: int) -> float:
+    """A panel's side: 2.6 in up to the toy's lengths, growing with the tokens to 6 in (64 tokens)."""
+    return min(max(PANEL_INCHES, 0.095 * tokens), LARGEST_PANEL_INCHES)
+
+
+def _label_every(tokens: int, side: float, characters: int) -> int:
+    """Label every k-th token, k the least that keeps neighbouring labels apart on a panel of
+    `side` inches (most of which is the axis): a label across the axis takes its font's height
+    and a gap, one along it its characters' width."""
+    room = 0.8 * side * 72 / max(tokens, 1)  # points per token along the axis
+    needed = TICK_POINTS * (1.3 if characters <= 1 else 0.65 * characters + 0.6)
+    return max(1, -int(-needed // room))
+
+
 def plot_attention(
     attention: Mapping[str, np.ndarray],
     src_labels: Sequence[str],
@@ -37,8 +55,9 @@ def plot_attention(
     plt = _pyplot()
     blocks = list(attention)
     heads = next(iter(attention.values())).shape[1]
+    side = _panel_inches(max(len(src_labels), len(tgt_labels)))
     # Constrained layout keeps the title, the colorbar and the labels out of the panels.
-    fig, axes = plt.subplots(len(blocks), heads, figsize=(2.6 * heads + 0.6, 2.6 * len(blocks) + 0.6),
+    fig, axes = plt.subplots(len(blocks), heads, figsize=(side * heads + 0.6, side * len(blocks) + 0.6),
                              squeeze=False, dpi=100, layout="constrained")
     image = None
     for r, name in enumerate(blocks):
@@ -52,8 +71,11 @@ def plot_attention(
             image = ax.imshow(weights[h], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest", aspect="auto")
             # Short tokens read upright; longer ones (<bos>, ids of several digits) are turned.
             turn = 90 if max((len(k) for k in keys), default=0) > 2 else 0
-            ax.set_xticks(range(len(keys)), labels=keys, fontsize=7, rotation=turn)
-            ax.set_yticks(range(len(queries)), labels=queries, fontsize=7)
+            x_every = _label_every(len(keys), side, max((len(k) for k in keys), default=1) if not turn else 1)
+            y_every = _label_every(len(queries), side, 1)
+            ax.set_xticks(range(0, len(keys), x_every), labels=list(keys)[::x_every], fontsize=TICK_POINTS,
+                          rotation=turn)
+            ax.set_yticks(range(0, len(queries), y_every), labels=list(queries)[::y_every], fontsize=TICK_POINTS)
             ax.set_xlabel(f"key ({key_side} token)", fontsize=7)
             if h == 0:
                 ax.set_ylabel(f"query ({query_side} token)", fontsize=7)

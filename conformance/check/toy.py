@@ -21,6 +21,21 @@ MIN_DIGITS, MAX_DIGITS = 3, 12
 TASK = "reverse-digits"
 
 
+def range_warning(src) -> str | None:
+    """What to tell a user whose toy source rows (ids, padding not counted) lie outside the
+    lengths the model was trained on (MIN_DIGITS to MAX_DIGITS digits): its answer there is not
+    reversal it has learned, and it gives one all the same (`7` gives `7 7`). None when every row
+    is in range."""
+    lengths = [int(np.count_nonzero(np.asarray(row) != PAD)) for row in np.atleast_2d(src)]
+    outside = [(row, n) for row, n in enumerate(lengths) if not MIN_DIGITS <= n <= MAX_DIGITS]
+    if not outside:
+        return None
+    listed = ", ".join(f"row {row} has {n} digit{'s' if n != 1 else ''}" for row, n in outside[:3])
+    more = f" (and {len(outside) - 3} more rows)" if len(outside) > 3 else ""
+    return (f"the built-in toy model was trained on sources of {MIN_DIGITS} to {MAX_DIGITS} digits, and "
+            f"{listed}{more}: its output there is not a reversal it has learned")
+
+
 def encode_text(text: str) -> list[int]:
     """'3 1 4' or '314' -> token ids (digits only; spaces are ignored)."""
     digits = [c for c in text if not c.isspace()]

@@ -8,10 +8,12 @@ HELP = "Draw every layer's and head's attention weights as labelled heatmaps (PN
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from conformance.check import toy
     from conformance.cli.common import add_backend_argument
 
     parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
-    parser.add_argument("--src", required=True, help="source: digits for the toy model, or IDS ('5,6,7' or a .npy file)")
+    parser.add_argument("--src", required=True, help="source: digits for the toy model (trained on "
+                        f"{toy.MIN_DIGITS}-{toy.MAX_DIGITS} digits), or IDS ('5,6,7' or a .npy file)")
     parser.add_argument("--tgt", help="decoder input IDS; default: the start id followed by the model's own output, "
                         "decoded as `rosetta generate` does with the checkpoint's recorded settings, up to its end id "
                         "(for a checkpoint that records its special ids, and the built-in toy model)")
@@ -22,9 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import io
+    import sys
 
     import numpy as np
 
+    from conformance.check import toy
     from conformance.cli.common import check_output, labels, load_model, named_by_flags, parse_ids, parse_source, write_outputs
     from conformance.check.compare import to_numpy
     from conformance.check.plots import plot_attention
@@ -35,7 +39,13 @@ def run(args: argparse.Namespace) -> int:
     if args.row < 0:
         raise InputError("--row", f"must be a batch row index >= 0, got {args.row}")
     config, model = load_model(args.checkpoint, args.backend)
+    if args.backend == "torch":
+        from conformance.cli.threads import fit_torch_threads
+
+        fit_torch_threads(config)
     src = parse_source(config, args.src)
+    if config.notes.get("task") == toy.TASK and toy.range_warning(src):
+        print(f"rosetta attention: warning: {toy.range_warning(src)}", file=sys.stderr)
     if args.row >= src.shape[0]:
         raise InputError("--row", f"row {args.row} does not exist: --src has {src.shape[0]} row(s), numbered from 0")
     settings = None if args.tgt else decoding(config)

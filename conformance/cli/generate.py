@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import argparse
 
+from conformance.core.decoding import HF_DEFAULT_MAX_LENGTH as HF_MAX_LENGTH  # counts the start token
+
 HELP = ("Decode a source sequence (greedy, beam search with --beams, or sampling with --sample) and print the output "
         "(token ids, or text for the built-in toy model).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from conformance.check import toy
     from conformance.cli.common import add_backend_argument
 
     parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
-    parser.add_argument("--src", required=True, help="source: digits for the toy model ('3 1 4'), or IDS ('5,6,7;8,9,10' or a .npy file)")
-    parser.add_argument("--max-len", type=int, default=None, help="longest output in tokens (default: the checkpoint's, else the model's max_len)")
+    parser.add_argument("--src", required=True, help="source: digits for the toy model ('3 1 4'; it was trained on "
+                        f"{toy.MIN_DIGITS}-{toy.MAX_DIGITS} digits, and warns outside that range), or IDS "
+                        "('5,6,7;8,9,10' or a .npy file)")
+    parser.add_argument("--max-len", type=int, default=None,
+                        help="longest output in tokens (default: the checkpoint's; for a converted Hugging Face model "
+                             f"that records none, transformers' default max_length={HF_MAX_LENGTH}, i.e. "
+                             f"{HF_MAX_LENGTH - 1} tokens after the start token; else the model's max_len)")
     parser.add_argument("--bos", type=int, default=None, help="begin-of-sequence id (default: the checkpoint's; 1 for the toy model)")
     parser.add_argument("--eos", type=int, default=None, help="end-of-sequence id (default: the checkpoint's; 2 for the toy model)")
     parser.add_argument("--beams", type=int, default=None, help="beam size; 1 is greedy (default: the checkpoint's, else 1)")
@@ -111,7 +119,11 @@ def decoding(config, *, max_len=None, bos=None, eos=None, beams=None, length_pen
     generation settings, else the toy model's ids and the plain defaults. None when no start or
     end id is known (neither given nor recorded). The logits processors (forced end and first
     tokens, banned ids and words, no repeated n-gram) are left out: `generate` reads them from the
-    note itself, so that an explicit --bad-words replaces the note's whole list, as in transformers."""
+    note itself, so that an explicit --bad-words replaces the note's whole list, as in transformers.
+
+    The length: `max_len`, else the note's max_new_tokens or max_length, else, for a checkpoint
+    with a note (a converted Hugging Face model) that names neither, transformers' own default
+    (`HF_MAX_LENGTH`, which counts the start token: 19 tokens), else the model's max_len."""
     from conformance.check import toy
 
     is_toy = config.notes.get("task") == toy.TASK
@@ -120,9 +132,80 @@ def decoding(config, *, max_len=None, bos=None, eos=None, beams=None, length_pen
     eos = eos if eos is not None else recorded.get("eos_id", toy.EOS if is_toy else None)
     if bos is None or eos is None:
         return None
-    return dict(max_len=max_len if max_len is not None else recorded.get("max_len", config.max_len), bos_id=bos,
+    if max_len is None:
+        max_len = recorded.get("max_len", min(HF_MAX_LENGTH - 1, config.max_len) if transformers_length(config)
+                               else config.max_len)
+    return dict(max_len=max_len, bos_id=bos,
                 eos_id=eos, num_beams=beams if beams is not None else recorded.get("num_beams", 1),
                 length_penalty=length_penalty if length_penalty is not None else recorded.get("length_penalty", 1.0))
+
+
+def transformers_length(config) -> bool:
+    """Whether `decoding` takes transformers' default length (`HF_MAX_LENGTH`) for `config`: its
+    generation note names neither max_length nor max_new_tokens."""
+    import json
+
+    text = config.notes.get("generation")
+    if not text or not recorded_generation(config):  # no note, or one that says nothing (a bad one raises)
+        return False
+    note = json.loads(text)
+    return note.get("max_length") is None and note.get("max_new_tokens") is None
+
+
+def overflow_error(model, config, src, bos: int, where: str) -> Exception | None:
+    """When a forward pass on `src` with the start token gives a non-finite tensor, the error that
+    names the first one (in forward order, as `rosetta check` reads a report) and what it means;
+    None when the pass is finite or cannot run (the call's own error then stands).
+
+    NaN logits in a decode come from one of two places: a query whose every key is masked with
+    mask_fill=-inf (0 / 0 in the softmax: an input problem), or a value that overflowed (a
+    product of weights too large for the dtype: the checkpoint's)."""
+    import math
+
+    import numpy as np
+
+    from conformance.check.compare import to_numpy
+    from conformance.core.errors import CheckpointError, InputError
+    from conformance.core.output import forward_order
+
+    seen: list[tuple[str, np.ndarray]] = []
+    wanted = set(forward_order(config)) | {"logits"}
+    dtypes: dict[str, str] = {}
+
+    def keep(name, tensor):
+        if name in wanted and not any(not np.isfinite(t).all() for _, t in seen):
+            dtypes[name] = str(getattr(tensor, "dtype", "")).replace("torch.", "")
+            seen.append((name, to_numpy(tensor)))
+
+    tgt = np.full((src.shape[0], 1), bos, dtype=np.int64)
+    try:
+        with np.errstate(all="ignore"):
+            model(src, tgt, sink=keep)
+    except (InputError, ValueError):
+        return None
+    for index, (name, tensor) in enumerate(seen):
+        bad = ~np.isfinite(tensor)
+        if not bad.any():
+            continue
+        row = int(np.argwhere(bad)[0][0])
+        kinds = " and ".join(word for word, found in (("NaN", np.isnan(tensor).any()), ("inf", np.isinf(tensor).any()))
+                             if found)
+        before = ""
+        if index:
+            previous, values = seen[index - 1]
+            largest = float(np.abs(values).max())
+            before = f", the tensor before it, {previous}, being finite (largest |value| {largest:.3g})"
+        what = "attention weights, " if name.endswith((".self", ".cross")) else ""
+        found = (f"decoding produced NaN logits; the first non-finite tensor is {name} ({what}{kinds}, batch row "
+                 f"{row}) of a forward pass on --src with the start token {bos}{before}")
+        if math.isinf(config.mask_fill):
+            return InputError("src_ids", f"{found}: with mask_fill=-inf, a query with no key to attend to is NaN "
+                                         "(is the start id the pad id?), or a value overflowed")
+        dtype = dtypes[name]
+        return CheckpointError(where, f"{found}: a value overflowed {dtype} there (mask_fill={config.mask_fill:g} is "
+                                      "finite, so no masked row made it): check the weights' magnitudes, or run in "
+                                      "a wider dtype")
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,6 +224,10 @@ def run(args: argparse.Namespace) -> int:
     sampled = sampling(args)
     constraints = processors(args)
     config, model = load_model(args.checkpoint, args.backend)
+    if args.backend == "torch":
+        from conformance.cli.threads import fit_torch_threads
+
+        fit_torch_threads(config)
     is_toy = config.notes.get("task") == toy.TASK
     settings = decoding(config, max_len=args.max_len, bos=args.bos, eos=args.eos, beams=args.beams,
                         length_penalty=args.length_penalty)
@@ -151,21 +238,42 @@ def run(args: argparse.Namespace) -> int:
     form = source_form(config, args.src, src)
     if form:
         print(f"rosetta generate: {form}", file=sys.stderr)
+    if is_toy and toy.range_warning(src):
+        print(f"rosetta generate: warning: {toy.range_warning(src)}", file=sys.stderr)
+    if args.max_len is None and transformers_length(config):
+        print(f"rosetta generate: up to {settings['max_len']} tokens: the checkpoint's generation settings name no "
+              f"max_length, so transformers' default max_length={HF_MAX_LENGTH} applies (it counts the start token); "
+              "--max-len sets another limit", file=sys.stderr)
     eos = settings["eos_id"]
     with named_by_flags(), Status("rosetta generate") as status:
         status(f"decoding {len(src)} row(s) on {args.backend}, up to {settings['max_len']} tokens")
         try:
             generated = to_numpy(model.generate(src, **settings)).astype(np.int64)
         except InputError as exc:  # under the flag the user typed
+            if exc.argument == "src_ids":  # NaN logits: name the first non-finite tensor, not --src
+                overflow = overflow_error(model, config, src, settings["bos_id"],
+                                          args.checkpoint or "the built-in default model")
+                if overflow is not None:
+                    raise overflow from None
             if exc.argument not in PROCESSOR_FLAGS:
                 raise
             raise InputError(PROCESSOR_FLAGS[exc.argument], exc.problem) from None
-    for row in generated:
+    cut = []
+    for number, row in enumerate(generated):
         # A row ends at its <eos>; what follows is the padding of rows that ended early.
         ended = np.flatnonzero(row == eos)
+        if not ended.size:
+            cut.append(number)
         row = row[: ended[0]] if ended.size else row
         if is_toy:
             print(toy.decode_ids(row))
         else:
             print(" ".join(labels(config, row)))
+    if cut:
+        # The end token is not printed, so a row the limit cut off would look like one that ended.
+        rows = ", ".join(map(str, cut[:10])) + (f" and {len(cut) - 10} more" if len(cut) > 10 else "")
+        more = ("--max-len raises it" if settings["max_len"] < config.max_len
+                else f"it is the model's max_len, {config.max_len}")
+        print(f"rosetta generate: row{'s' if len(cut) > 1 else ''} {rows} reached the length limit of "
+              f"{settings['max_len']} tokens without an end token: cut off, not ended ({more})", file=sys.stderr)
     return 0

@@ -284,6 +284,11 @@ class Generation:
             "num_return_sequences", "do_sample", "temperature", "top_k", "top_p", "seed")}
 
 
+# transformers' GenerationConfig().max_length: where its `generate` stops when a model's generation
+# settings name neither max_length nor max_new_tokens. It counts the decoder start token.
+HF_DEFAULT_MAX_LENGTH = 20
+
+
 def generation_note(config) -> dict:
     """The decoding defaults a checkpoint records under its "generation" note (Hugging Face's
     generation_config.json names, see `conformance.convert.sources.GENERATION_KEYS`), as
@@ -322,6 +327,8 @@ def generation_note(config) -> dict:
         out["max_len"] = min(int(recorded["max_new_tokens"]), config.max_len)
     elif recorded.get("max_length") is not None:  # Hugging Face counts the start token
         out["max_len"] = min(int(recorded["max_length"]) - 1, config.max_len)
+    else:  # neither: transformers stops at GenerationConfig's default max_length
+        out["max_len"] = min(HF_DEFAULT_MAX_LENGTH - 1, config.max_len)
     if recorded.get("forced_eos_token_id") is not None and recorded.get("forced_eos_token_id") == eos:
         out["forced_eos"] = True
     words = [words for words in recorded.get("bad_words_ids") or [] if isinstance(words, list) and words]
