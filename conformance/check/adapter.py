@@ -20,7 +20,8 @@ Ids are int64 NumPy arrays (B, S) and (B, T); padding is `config.pad_id`. `inter
 the tensors the model exposes, by the names of `conformance.core.output.forward_order` (the
 residual stream after each sublayer, attention weights as `encoder.0.self`): each one returned is
 compared with the oracle; one never returned is listed as not exposed in the run's report, never
-counted as agreeing. A method the model does not have is a property skipped by name (the
+counted as agreeing; a name rosetta does not know (a typo: that tensor would be compared nowhere)
+fails the property, named. A method the model does not have is a property skipped by name (the
 property and what it needs), never a pass.
 
 Two optional attributes of the factory say what the model can be:
@@ -29,9 +30,12 @@ Two optional attributes of the factory say what the model can be:
     build.switches = {"activation": ("relu", "gelu"), "position": "sinusoid-interleaved", ...}
 
 `switches` holds a `ModelConfig` field to one value, or to the values the model has: a drawn
-config's other values become the first one listed, before the model and the oracle are built, so
-that every example is a model the adapter can be. `switches_of(preset, free=...)` builds it from a
-system's preset. Sizes (d_model, heads, layers, vocabularies, max_len) are always drawn.
+config's other values become one of those listed (chosen by a hash of the drawn config, the
+same one every time, so that each listed value runs), before the model and the oracle are built,
+so that every example is a model the adapter can be. A held pad id swaps places with the drawn
+one in the example's ids, so padding stays padding (`conformance.suite.runner.for_target`).
+`switches_of(preset, free=...)` builds it from a system's preset. Sizes (d_model, heads, layers,
+vocabularies, max_len) are always drawn.
 
 May import: the core and NumPy; the adapter's own module when it is asked for.
 """
@@ -39,10 +43,12 @@ May import: the core and NumPy; the adapter's own module when it is asked for.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
 import sys
+import zlib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -51,7 +57,7 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
-from conformance.core.output import ModelOutput
+from conformance.core.output import ModelOutput, forward_order
 
 GROUP = "rosetta.backends"  # the entry-point group of installed adapters
 OPTIONAL = ("generate", "loss_and_grads")  # what an adapter may leave out
@@ -108,7 +114,9 @@ def _import(module_text: str, name: str):
         if module_text.endswith(".py"):
             if not path.is_file():
                 raise AdapterError(f"{name}: no such Python file {module_text}")
-            module_name = f"rosetta_adapter_{path.stem}"
+            # Keyed by the file's resolved path: a/adapter.py and b/adapter.py are two adapters.
+            digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+            module_name = f"rosetta_adapter_{path.stem}_{digest}"
             if module_name in sys.modules:  # loaded once per process: the CLI's check, then the plugin
                 return sys.modules[module_name]
             spec = importlib.util.spec_from_file_location(module_name, path)
@@ -140,15 +148,48 @@ def switches_of(preset_name: str, free: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 def conform(config: ModelConfig, switches: dict[str, Any]) -> ModelConfig:
-    """`config` with each held switch at a value the adapter's model has (the drawn one when it
-    is among them). ConfigError when the result is not a valid config (say, shared embeddings
-    held on over two vocabulary sizes)."""
+    """`config` with each held switch at a value the adapter's model has: the drawn one when it
+    is among them, else one of them chosen by the drawn config (`held_value`). ConfigError when the
+    result is not a valid config (say, shared embeddings held on over two vocabulary sizes)."""
     changes = {}
     for name, allowed in switches.items():
-        values = allowed if isinstance(allowed, (tuple, list)) else (allowed,)
+        values = held_values(allowed)
         if getattr(config, name) not in values:
-            changes[name] = values[0]
+            changes[name] = held_value(name, config, values)
     return config.replace(**changes) if changes else config
+
+
+def held_values(allowed) -> tuple:
+    """A held switch's values: one value, or the tuple (or list) of them."""
+    return tuple(allowed) if isinstance(allowed, (tuple, list)) else (allowed,)
+
+
+def held_value(name: str, drawn: ModelConfig, values: tuple) -> Any:
+    """The held value switch `name` of a drawn config outside `values` becomes: picked by a hash
+    of the whole drawn config (CRC-32 of its JSON, the same in every process), so that over the
+    examples every listed value runs, rather than the first one only (which made the others
+    checked only when drawn themselves)."""
+    return values[zlib.crc32(f"{name} {drawn.to_json()}".encode()) % len(values)]
+
+
+# The small config an adapter's model is built on once, to see what it offers (its vocabularies
+# grown to hold a held pad id), and its held values are checked on (with vocabularies of any size).
+PROBE = ModelConfig(d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1, src_vocab_size=8,
+                    tgt_vocab_size=8, max_len=8)
+
+
+def refused(switch: str, value: Any) -> str | None:
+    """Why `ModelConfig` refuses `value` for `switch` (a value it never accepts, as a typo), or None.
+    A refusal that names another field is a value that needs other switches, not a bad one."""
+    from conformance.core.errors import ConfigError
+
+    try:
+        PROBE.replace(src_vocab_size=2**31 - 1, tgt_vocab_size=2**31 - 1, **{switch: value})
+    except ConfigError as exc:
+        return None if exc.field != switch else str(exc)
+    except (TypeError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 class Adapter:
@@ -161,6 +202,12 @@ class Adapter:
         bad = sorted(set(self.switches) - ({f.name for f in fields(ModelConfig)} - SIZES))
         if bad:
             raise AdapterError(f"{name}: switches {bad} are not ModelConfig switches (sizes are always drawn)")
+        for switch, allowed in self.switches.items():
+            for value in held_values(allowed):
+                problem = refused(switch, value)
+                if problem:
+                    raise AdapterError(f"{name}: switches holds {switch} to {value!r}, which no config can have: "
+                                       f"{problem}")
         self._offers: tuple[str, ...] | None = None
         self.not_exposed: dict[str, set[str]] = {}  # target label -> tensors the oracle has and the model never gave
 
@@ -182,10 +229,13 @@ class Adapter:
         """The methods of the protocol the adapter's model has: one small model built once to see."""
         if self._offers is None:
             from conformance.core.params import init_params
-            from conformance.core.presets import preset
 
-            config = self.conform(preset("default", d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1,
-                                         n_decoder_layers=1, src_vocab_size=8, tgt_vocab_size=8, max_len=8))
+            pads = [p for p in held_values(self.switches.get("pad_id", ())) if isinstance(p, int)]
+            vocab = max([8, *(p + 1 for p in pads)])
+            try:
+                config = self.conform(PROBE.replace(src_vocab_size=vocab, tgt_vocab_size=vocab))
+            except ValueError as exc:
+                raise AdapterError(f"{self.name}: its switches make no valid config: {exc}") from None
             model = self.build(config, init_params(config, seed=0), self.dtypes[0])
             self._offers = tuple(m for m in (*REQUIRED, *OPTIONAL) if callable(getattr(model, m, None)))
         return self._offers
@@ -246,6 +296,11 @@ class AdapterModel:
         logits = self.model.forward(src_ids, tgt_ids)
         tensors = dict(self.model.intermediates(src_ids, tgt_ids))
         tensors.pop("logits", None)
+        unknown = sorted(set(tensors) - set(forward_order(self.config)))
+        if unknown:  # a typo would leave that tensor compared nowhere
+            raise AdapterError(f"{self.adapter.name}: intermediates returned {unknown}, which this config's forward "
+                               f"pass does not have; rosetta's names are {forward_order(self.config)[:-1]} "
+                               "(conformance.core.output.forward_order)")
         attention = {k: v for k, v in tensors.items() if k.endswith((".self", ".cross"))}
         rest = {k: v for k, v in tensors.items() if k not in attention}
         return ModelOutput(logits=logits, attention=attention, intermediates=rest)

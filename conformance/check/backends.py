@@ -56,6 +56,18 @@ def is_adapter(name: str) -> bool:
     return kind(name) == ADAPTER
 
 
+def refuse_adapters(names: list[str], argument: str) -> None:
+    """InputError when an adapter is among `names`: `check` and `compare` call a backend's model
+    with rosetta's own keywords (a tensor sink, explicit masks) beyond the adapter protocol, which
+    the conformance suite holds an adapter to."""
+    adapters = [name for name in names if is_adapter(name)]
+    if adapters:
+        from conformance.core.errors import InputError
+
+        raise InputError(argument, f"{', '.join(adapters)} is an adapter (your own backend): adapters run under "
+                         f"rosetta conformance --backends {','.join(adapters)} (docs/own-backend.md), not here")
+
+
 def adapter_of(name: str):
     """The `conformance.check.adapter.Adapter` behind backend `name` (an adapter's)."""
     return import_backend(name).adapter

@@ -208,9 +208,11 @@ def _backend_names(backends: Any) -> list[str]:
         if isinstance(backends, str) and not backends.strip():
             return []
         try:
-            return backend_registry.requested_backends(backends)
+            names = backend_registry.requested_backends(backends)
         except ValueError as exc:
             raise InputError("backends", str(exc)) from None
+        backend_registry.refuse_adapters(names, "backends")
+        return names
     names = list(backends)
     unknown = [n for n in names if n not in backend_registry.BACKENDS]
     if unknown:

@@ -68,6 +68,7 @@ def _run(args: argparse.Namespace) -> int:
         targets, skipped = default_targets(names, dtypes, devices=args.devices)
     except ValueError as exc:  # an unknown backend or device name
         raise InputError("--backends" if "backend" in str(exc) else "--devices", str(exc)) from None
+    backends.refuse_adapters(names, "--backends")  # before the models: an adapter runs under `rosetta conformance`
     src_ids, tgt_ids = fixed_batch(config, length=args.length)
     plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget,
                       reread=bool(args.checkpoint))

@@ -1,7 +1,9 @@
 """`rosetta conformance [--profile ci|thorough|scale]`: run the cross-backend property suite.
 
 Exit status: pytest's (0 every property passed, 1 a property failed), and 1 also when nothing was
-checked: every property skipped on every target asked for (a device absent or deselected).
+checked: every property skipped on every target asked for (a device absent or deselected). Under
+pytest-xdist (`-- -n N`) too: what each item reports reaches the controller
+(`pytest_plugin.report_to_controller`), and the suite runs on one worker (`--dist loadgroup`).
 """
 
 from __future__ import annotations
@@ -36,11 +38,16 @@ def run(args: argparse.Namespace) -> int:
     from conformance.core.errors import InputError
 
     # Refused here, in one line, rather than by pytest as a usage error (exit 4) after collection.
+    # An adapter's model is built once here too (what it offers): a factory that fails, or switches
+    # no config can have, are one line, not pytest's INTERNALERROR from the header.
     for option, parse in (("--backends", backends.requested_backends), ("--devices", backends.requested_devices)):
         value = getattr(args, option[2:])
         if value is not None:
             try:
-                parse(value)
+                names = parse(value)
+                for name in names if option == "--backends" else ():
+                    if backends.is_adapter(name):
+                        backends.adapter_of(name).offers()
             except ValueError as exc:
                 raise InputError(option, str(exc)) from None
 
@@ -53,8 +60,18 @@ def run(args: argparse.Namespace) -> int:
     if args.devices:
         argv += ["--devices", args.devices]
     extra = [a for a in args.pytest_args if a != "--"]
+    if xdist_workers(extra) and not any(a == "--dist" or a.startswith("--dist=") or a.startswith("-d") for a in extra):
+        # The suite's items form one xdist group: its coverage check reads what the properties ran
+        # in their worker's process. Spread over workers (--dist load) that check would fail.
+        extra += ["--dist", "loadgroup"]
     with tempfile.TemporaryDirectory(prefix="rosetta-hypothesis-") as scratch, hypothesis_storage(scratch):
         return int(pytest.main(argv + extra))
+
+
+def xdist_workers(argv: list[str]) -> bool:
+    """Whether pytest's arguments ask pytest-xdist for workers (`-n N`, `-nN`, `--numprocesses`)."""
+    return any(a == "-n" or (a.startswith("-n") and a[2:3].isalnum()) or a.startswith("--numprocesses")
+               for a in argv)
 
 
 @contextlib.contextmanager

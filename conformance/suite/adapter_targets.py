@@ -63,9 +63,14 @@ def with_adapter_skips(params: list, property_name: str) -> list:
     return out
 
 
-def adapter_report(skipped_because: dict[str, set[str]]) -> list[str]:
+def backend_of(label: str) -> str:
+    """The backend of a target label `backend/device/dtype`: an adapter's path may hold a "/"."""
+    return label.rsplit("/", 2)[0]
+
+
+def adapter_report(skipped_because: dict[str, set[str]], not_exposed: dict[str, set[str]]) -> list[str]:
     """Per adapter target: the properties skipped by name and why, and the tensors its model never
-    returned (compared nowhere)."""
+    returned (compared nowhere), from the run's reports (`not_exposed`: target label -> names)."""
     lines = []
     for name in backends.requested_backends():
         if not backends.is_adapter(name):
@@ -73,9 +78,9 @@ def adapter_report(skipped_because: dict[str, set[str]]) -> list[str]:
         adapter = backends.adapter_of(name)
         lines.append(f"  {adapter.describe()}")
         for label, reasons in sorted(skipped_because.items()):
-            if label.split("/")[0] == name:
+            if "/" in label and any(backend_of(one) == name for one in label.split("~")):  # a target or a pair
                 lines += [f"    skipped: {reason}" for reason in sorted(reasons)]
-        for label, missing in sorted(adapter.not_exposed.items()):
-            if missing:
+        for label, missing in sorted(not_exposed.items()):
+            if missing and backend_of(label) == name:
                 lines.append(f"    {label}: not exposed by intermediates, so not compared: {', '.join(sorted(missing))}")
     return lines

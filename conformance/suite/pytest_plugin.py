@@ -67,7 +67,9 @@ def pytest_configure(config):
     try:
         if config.getoption("--backends", None):
             os.environ["ROSETTA_BACKENDS"] = config.getoption("--backends")
-            backends.requested_backends()
+            for name in backends.requested_backends():
+                if backends.is_adapter(name):  # its probe build: a failing factory is a usage error, not INTERNALERROR
+                    backends.adapter_of(name).offers()
         if config.getoption("--devices", None):
             os.environ["ROSETTA_DEVICES"] = config.getoption("--devices")
         backends.requested_devices()
@@ -283,6 +285,7 @@ def pytest_runtest_call(item):
     if not in_suite(item.path) or item.path.name == COVERAGE_FILE:
         return (yield)
     RECORDER.property, RECORDER.item = item.originalname, item.nodeid
+    seconds_before = dict(_runner_timings())
     test, bound = item.obj, drawn_examples(item)
     chosen = getattr(test, "_hypothesis_internal_use_settings", None)
     if bound is not None and chosen is not None and chosen.max_examples > bound:
@@ -302,22 +305,52 @@ def pytest_runtest_call(item):
         RECORDER.property = RECORDER.item = None
         if chosen is not None:
             test._hypothesis_internal_use_settings = chosen
+        report_to_controller(item, seconds_before)
+
+
+def _runner_timings() -> dict[str, float]:
+    import sys
+
+    runner = sys.modules.get("conformance.suite.runner")  # imported only once a property ran
+    return runner.TIMINGS if runner is not None else {}
+
+
+def report_to_controller(item, seconds_before: dict[str, float]) -> None:
+    """What an item's run learnt, on its call report (`user_properties`), which pytest-xdist sends
+    from the worker that ran it to the controller that prints the summary: the seconds per target,
+    and for an adapter's target the tensors its model never returned."""
+    seconds = {label: total - seconds_before.get(label, 0.0) for label, total in _runner_timings().items()}
+    item.user_properties.append((SECONDS_KEY, {k: v for k, v in seconds.items() if v > 0}))
+    label = target_of(item)
+    target = getattr(getattr(item, "callspec", None), "params", {}).get("target")
+    if label and isinstance(target, Target) and backends.is_adapter(target.backend):
+        missing = backends.adapter_of(target.backend).not_exposed.get(label, set())
+        item.user_properties.append((NOT_EXPOSED_KEY, (label, sorted(missing))))
 
 
 def pytest_runtest_logreport(report):
+    """Counts, skip reasons, seconds and unexposed tensors per target, read from what each item
+    carries on its reports (`user_properties`): in the process that ran it, and under pytest-xdist
+    on the controller, where the summary is printed and the exit status decided."""
     from conformance.suite.covering import RECORDER
 
     if report.when == "call" and report.passed:
         RECORDER.passed.add(report.nodeid)
-    if report.nodeid in _PROPERTIES and (report.when == "call" or report.outcome != "passed"):
+    carried = dict(getattr(report, "user_properties", ()) or ())
+    prop, label = carried.get(PROPERTY_KEY), carried.get(TARGET_KEY)
+    if prop and (report.when == "call" or report.outcome != "passed"):
         RAN.append(report.nodeid)
         if report.skipped:
-            name = _TARGETS.get(report.nodeid) or _PROPERTIES[report.nodeid]
-            SKIPPED_BECAUSE.setdefault(name, set()).add(skip_reason(report))
-    label = _TARGETS.get(report.nodeid)
+            SKIPPED_BECAUSE.setdefault(label or prop, set()).add(skip_reason(report))
     if label and (report.when == "call" or report.outcome != "passed"):  # one count per item
         counts = OUTCOMES.setdefault(label, {})
         counts[report.outcome] = counts.get(report.outcome, 0) + 1
+    if report.when == "call":
+        for name, seconds in (carried.get(SECONDS_KEY) or {}).items():
+            SECONDS[name] = SECONDS.get(name, 0.0) + seconds
+        if NOT_EXPOSED_KEY in carried:
+            target_label, missing = carried[NOT_EXPOSED_KEY]
+            NOT_EXPOSED.setdefault(target_label, set()).update(missing)
 
 
 def skip_reason(report) -> str:
@@ -384,23 +417,27 @@ def target_of(item) -> str | None:
     return None
 
 
+# What a suite item carries on its reports (`user_properties`, which pytest-xdist sends from the
+# worker to the controller): its property, its target, and after its call the seconds per target
+# and an adapter's unexposed tensors.
+PROPERTY_KEY, TARGET_KEY = "rosetta_property", "rosetta_target"
+SECONDS_KEY, NOT_EXPOSED_KEY = "rosetta_seconds", "rosetta_not_exposed"
+
 # target label -> {"passed": n, "failed": n, "skipped": n}, from the suite's items as they report.
 OUTCOMES: dict[str, dict[str, int]] = {}
-_TARGETS: dict[str, str] = {}  # item nodeid -> target label
-
-
-# Every property item collected (the coverage check aside) -> its property's name; the ones that
-# reported, and the reasons of those skipped, by target label (or property, for one without targets).
-_PROPERTIES: dict[str, str] = {}
+# The property items that reported, and the reasons of those skipped, by target label (or
+# property, for one without targets).
 RAN: list[str] = []
 SKIPPED_BECAUSE: dict[str, set[str]] = {}
+SECONDS: dict[str, float] = {}  # target label -> seconds of model build, compile and run
+NOT_EXPOSED: dict[str, set[str]] = {}  # an adapter's target label -> tensors its model never returned
 
 
 def pytest_itemcollected(item):
-    if in_suite(item.path) and target_of(item):
-        _TARGETS[item.nodeid] = target_of(item)
     if in_suite(item.path) and item.path.name != COVERAGE_FILE:
-        _PROPERTIES[item.nodeid] = item.originalname
+        item.user_properties.append((PROPERTY_KEY, item.originalname))
+        if target_of(item):
+            item.user_properties.append((TARGET_KEY, target_of(item)))
 
 
 def results_table(timings: dict[str, float]) -> list[str]:
@@ -409,7 +446,7 @@ def results_table(timings: dict[str, float]) -> list[str]:
     by_device: dict[str, list[str]] = {}
     for label in sorted(OUTCOMES):
         counts = OUTCOMES[label]
-        device = "pairs" if "~" in label else label.split("/")[1]
+        device = "pairs" if "~" in label else label.rsplit("/", 2)[1]  # an adapter's path may hold a "/"
         by_device.setdefault(device, []).append(
             f"  {label:<40} {counts.get('passed', 0):6} {counts.get('failed', 0):6} {counts.get('skipped', 0):7}"
             + (f" {timings[label]:9.1f} s" if label in timings else ""))
@@ -431,28 +468,25 @@ def jax_gpu_determinism() -> str:
 
 
 def pytest_terminal_summary(terminalreporter):
-    import sys
-
     if nothing_checked():
         terminalreporter.section("rosetta conformance: nothing was checked", red=True, bold=True)
         for line in nothing_checked_lines():
             terminalreporter.write_line(line)
-    runner = sys.modules.get("conformance.suite.runner")  # imported only if a property ran
-    if runner is None or not runner.TIMINGS:
+    if not SECONDS:  # no property ran a model
         return
     if OUTCOMES:
         terminalreporter.section("rosetta conformance: results per target")
-        for line in results_table(runner.TIMINGS):
+        for line in results_table(SECONDS):
             terminalreporter.write_line(line)
     if "gpu" in (backends.requested_devices() or ["gpu"]) and any("jax/gpu" in label for label in OUTCOMES):
         terminalreporter.write_line(f"  jax/gpu: {jax_gpu_determinism()}")
-    adapter_lines = adapter_report(SKIPPED_BECAUSE)
+    adapter_lines = adapter_report(SKIPPED_BECAUSE, NOT_EXPOSED)
     if adapter_lines:
         terminalreporter.section("rosetta conformance: what the adapters do not offer (not counted as passed)")
         for line in adapter_lines:
             terminalreporter.write_line(line)
     terminalreporter.section("rosetta conformance: time per target (model build, compile and run)")
-    for label, seconds in sorted(runner.TIMINGS.items(), key=lambda kv: -kv[1]):
+    for label, seconds in sorted(SECONDS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"  {label:<28} {seconds:7.1f} s")
-    for line in backends.compile_report():
+    for line in backends.compile_report():  # this process's compiles: none on an xdist controller
         terminalreporter.write_line(f"  {line}")

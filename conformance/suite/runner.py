@@ -140,9 +140,13 @@ def record(target: Target, case: Case) -> None:
 
 def for_target(target: Target, case):
     """The case (a `Case`, or a generation or training case holding one) as `target` runs it: the
-    same object for a backend; for an adapter, its config held to the switches the adapter
-    declares (`adapter.conform`), the example rejected when that is no valid config. A property
-    that compares an adapter with the oracle runs both on this case."""
+    same object for a backend; for an adapter, the same example under its config held to the
+    switches the adapter declares (`adapter.conform`). A held pad id swaps places with the drawn
+    one in every id (source, target, labels, start and end tokens, the ids in the options), so that
+    padding stays padding and no real token becomes the pad id. The example is rejected when the
+    held config is no valid config or breaks what its strategy assumed (a first decoding step
+    that is NaN, a label where the held config's logits are NaN). A property that compares an
+    adapter with the oracle runs both on this case."""
     if not backends.is_adapter(target.backend):
         return case
     import dataclasses
@@ -150,16 +154,62 @@ def for_target(target: Target, case):
     from hypothesis import reject
 
     from conformance.core.errors import ConfigError
+    from conformance.core.inputs import nan_positions
 
     inner = getattr(case, "case", case)
+    drawn = inner.config
     try:
-        config = backends.adapter_of(target.backend).conform(inner.config)
+        config = backends.adapter_of(target.backend).conform(drawn)
     except ConfigError:
         reject()  # the drawn sizes admit none of the adapter's models (shared embeddings, two vocabularies)
-    if config == inner.config:
+    if config == drawn:
         return case
-    inner = dataclasses.replace(inner, config=config)
-    return dataclasses.replace(case, case=inner) if hasattr(case, "case") else inner
+    swap = pad_swap(drawn.pad_id, config.pad_id)
+    inner = dataclasses.replace(inner, config=config, src_ids=swap(inner.src_ids), tgt_ids=swap(inner.tgt_ids))
+    if not hasattr(case, "case"):
+        return inner
+    if hasattr(case, "bos_id"):  # a GenerationCase (strategies.generation)
+        held = dataclasses.replace(case, case=inner, bos_id=swap(case.bos_id), eos_id=swap(case.eos_id),
+                                   options=tuple((k, swap_option(k, v, swap)) for k, v in case.options))
+        first = np.full((len(inner.src_ids), 1), held.bos_id)
+        if nan_positions(config, inner.src_ids, first).any():
+            reject()  # generation_cases' assumption: a first step that is not NaN
+        return held
+    held = dataclasses.replace(case, case=inner, labels=swap(case.labels))  # a TrainingCase (strategies.training)
+    may_count = (inner.tgt_ids != config.pad_id) & ~nan_positions(config, inner.src_ids, inner.tgt_ids)
+    if (held.labels[~may_count] != config.pad_id).any() or not (held.labels[may_count] != config.pad_id).any():
+        reject()  # training_cases' assumptions: labels only where the logits are finite, and one at least
+    return held
+
+
+def pad_swap(drawn: int, held: int) -> Callable:
+    """Ids (an array or an int) with `drawn` and `held` swapped: the pad id an example was drawn
+    with becomes the one an adapter holds, and a real token that was the held id takes the drawn
+    one's place. Both are ids of every drawn vocabulary (the config is valid with either)."""
+
+    def swap(ids):
+        if drawn == held:
+            return ids
+        if isinstance(ids, np.ndarray):
+            return np.where(ids == drawn, held, np.where(ids == held, drawn, ids))
+        return held if ids == drawn else drawn if ids == held else ids
+
+    return swap
+
+
+# Generation options that hold token ids (docs/decoding.md): a held pad id swaps them too.
+ID_OPTIONS = {"forced_bos_id": "id", "bad_words_ids": "words", "banned_ids": "ids"}
+
+
+def swap_option(name: str, value, swap: Callable):
+    what = ID_OPTIONS.get(name)
+    if what == "id":
+        return swap(value)
+    if what == "ids":
+        return tuple(swap(i) for i in value)
+    if what == "words":
+        return tuple(tuple(swap(i) for i in word) for word in value)
+    return value
 
 
 def compared_names(target: Target, config, got: dict[str, np.ndarray]) -> list[str] | None:
