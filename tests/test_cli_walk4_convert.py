@@ -121,25 +121,39 @@ def test_a_directory_that_cannot_be_written_is_refused_before_converting(files, 
 # -- 8: a rosetta checkpoint in ----------------------------------------------------------------
 
 
-def test_a_rosetta_checkpoint_is_re_saved(files, capsys):
-    root, config, params = files
+# Notes take no part in ModelConfig equality (compare=False), so they are compared on their own.
+NOTES = {"source_file": "tutorial.pt", "generation": '{"eos_token_id": 2, "max_length": 20}'}
+
+
+@pytest.fixture
+def noted(tmp_path):
+    """A rosetta checkpoint whose config carries notes, a "generation" note among them."""
+    config = tutorial_config().replace(notes=NOTES)
+    params = init_params(config, seed=3, dtype=np.float32)
+    checkpoint.save(tmp_path / "model.safetensors", config, params)
+    return tmp_path, config, params
+
+
+def test_a_rosetta_checkpoint_is_re_saved(noted, capsys):
+    root, config, params = noted
     status, out, err = cli(capsys, "convert", root / "model.safetensors", root / "copy.safetensors")
     assert status == 0, err
     assert "rosetta checkpoint" in out and "no built-in layout" not in err
     again, loaded = checkpoint.load(root / "copy.safetensors")
     assert again == config and all(loaded[k].tobytes() == params[k].tobytes() for k in params)
+    assert again.notes == config.notes == NOTES
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
-def test_a_rosetta_checkpoint_is_cast(files, capsys, dtype):
+def test_a_rosetta_checkpoint_is_cast(noted, capsys, dtype):
     from conformance.core.params import host_dtype
 
-    root, config, params = files
+    root, config, params = noted
     status, out, err = cli(capsys, "convert", root / "model.safetensors", root / "cast.safetensors", "--dtype", dtype)
     assert status == 0, err
     assert f"cast float32 -> {dtype}" in out, out
     again, loaded = checkpoint.load(root / "cast.safetensors")
-    assert again == config
+    assert again == config and again.notes == config.notes == NOTES
     for key, value in params.items():
         assert loaded[key].dtype == host_dtype(dtype) and np.array_equal(loaded[key], value.astype(host_dtype(dtype)))
 
@@ -193,6 +207,139 @@ def test_a_stored_infinity_is_still_blamed_on_the_file(tmp_path, capsys):
     status, _, err = cli(capsys, "convert", tmp_path / "inf.safetensors", tmp_path / "out.safetensors", *SETS,
                          "--dtype", "float16")
     assert status == 2 and f"{BIG_FOREIGN}: has 1 NaN or infinite value(s)" in err and "overflow" not in err, err
+
+
+def test_the_library_cast_names_no_command_line_flag():
+    """A Python caller of `cast` typed no `--dtype`; the command line adds its flag itself."""
+    from conformance.convert.engine import cast
+    from conformance.convert.errors import TensorError
+
+    with pytest.raises(TensorError) as caught:
+        cast(np.array([1e5], dtype=np.float32), "float16", "w")
+    assert "overflow" in str(caught.value) and "float16" in str(caught.value) and "--dtype" not in str(caught.value)
+
+
+def test_the_command_line_names_its_flag_for_an_overflowing_cast(big, capsys):
+    status, _, err = cli(capsys, "convert", big / "big.safetensors", big / "half.safetensors", "--dtype", "float16")
+    assert status == 2 and "--dtype float16" in err, err
+
+
+# -- the review of items 7 and 18: the writer, the input, an interrupted export -----------------
+
+
+@pytest.mark.parametrize("name", ["OUT.SAFETENSORS", "Out.SafeTensors"])
+def test_an_upper_case_suffix_chooses_the_writer_its_lower_case_does(files, capsys, name):
+    root, _, _ = files
+    out = root / name
+    status, printed, err = cli(capsys, "convert", root / "model.safetensors", out, "--to", "torch-nn-transformer")
+    assert status == 0, err
+    assert out.is_file() and "(safetensors" in printed, printed
+    assert BIG_FOREIGN in read_state_dict(out)
+
+
+@pytest.mark.parametrize("name", ["OUT.PT", "out.Bin"])
+def test_an_upper_case_torch_suffix_writes_a_state_dict(files, capsys, name):
+    root, _, _ = files
+    status, printed, err = cli(capsys, "convert", root / "model.safetensors", root / name, "--to", "torch-nn-transformer")
+    assert status == 0 and (root / name).is_file() and "PyTorch state dict" in printed, err
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+def test_an_export_never_overwrites_its_input(files, capsys, force):
+    root, _, _ = files
+    src = root / "model.safetensors"
+    before = digest(src)
+    status, _, err = cli(capsys, "convert", src, src, "--to", "torch-nn-transformer", *(["--force"] if force else []))
+    assert status == 2 and "is the input" in err and len(err.strip().splitlines()) == 1, err
+    assert digest(src) == before
+    checkpoint.load(src)  # still the rosetta checkpoint
+
+
+@pytest.fixture
+def wmt_checkpoint(tmp_path):
+    """A small rosetta checkpoint that exports to flax-wmt."""
+    config = preset("flax-wmt", src_vocab_size=17, tgt_vocab_size=17, d_model=8, n_heads=2, d_ff=12,
+                    n_encoder_layers=1, n_decoder_layers=1, max_len=10, share_embeddings=True, tie_output=True,
+                    output_bias=False, scale_logits=True)
+    checkpoint.save(tmp_path / "model.safetensors", config, init_params(config, seed=3, dtype=np.float32))
+    return tmp_path
+
+
+def test_an_interrupted_msgpack_export_keeps_the_old_file(wmt_checkpoint, capsys, monkeypatch):
+    """Ctrl-C (here: at the rename, once the new bytes are complete) leaves the old output as it
+    was and no temporary beside it: the msgpack writer is the atomic one."""
+    pytest.importorskip("flax")
+    root = wmt_checkpoint
+    out = root / "wmt.msgpack"
+    out.write_bytes(b"the previous export")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(["convert", str(root / "model.safetensors"), str(out), "--to", "flax-wmt", "--force"])
+    assert out.read_bytes() == b"the previous export"
+    assert leftovers(root, "model.safetensors", "wmt.msgpack") == []
+
+
+def test_an_interrupted_folder_export_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    """A Hugging Face folder is built in a hidden temporary folder beside it and renamed into place
+    once complete: Ctrl-C while its last file is written leaves neither."""
+    from pathlib import Path
+
+    config = preset("hf-marian", src_vocab_size=13, tgt_vocab_size=13, d_model=8, n_heads=2, d_ff=12,
+                    n_encoder_layers=1, n_decoder_layers=1, max_len=10, pad_id=1)
+    checkpoint.save(tmp_path / "model.safetensors", config, init_params(config, seed=3, dtype=np.float32))
+    real_write_text = Path.write_text
+
+    def interrupted(self, *args, **kwargs):
+        if self.name == "config.json":
+            raise KeyboardInterrupt
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(["convert", str(tmp_path / "model.safetensors"), str(tmp_path / "marian"), "--to", "hf-marian"])
+    assert leftovers(tmp_path, "model.safetensors") == []
+    monkeypatch.undo()
+    status, _, err = cli(capsys, "convert", tmp_path / "model.safetensors", tmp_path / "marian", "--to", "hf-marian")
+    assert status == 0, err
+    assert sorted(p.name for p in (tmp_path / "marian").iterdir())[:2] == ["config.json", "generation_config.json"]
+    assert all((p.stat().st_mode & 0o777) == 0o644 for p in (tmp_path / "marian").iterdir())
+    assert ((tmp_path / "marian").stat().st_mode & 0o777) == 0o755 & ~_umask()
+    assert leftovers(tmp_path, "model.safetensors", "marian") == []
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_an_interrupted_orbax_export_leaves_no_directory(wmt_checkpoint, capsys, monkeypatch):
+    """Ctrl-C once Orbax has written every file (the latest moment before the export is done)
+    leaves no directory: Orbax writes into a hidden directory, renamed into place at the end."""
+    ocp = pytest.importorskip("orbax.checkpoint")
+    root = wmt_checkpoint
+    finish, save = ocp.StandardCheckpointer.wait_until_finished, ocp.StandardCheckpointer.save
+    saved = []
+
+    def interrupted(self):
+        finish(self)
+        if saved:  # save() waits for any earlier save first: not that call
+            raise KeyboardInterrupt
+
+    def saving(self, *args, **kwargs):
+        save(self, *args, **kwargs)
+        saved.append(True)
+
+    monkeypatch.setattr(ocp.StandardCheckpointer, "save", saving)
+
+    monkeypatch.setattr(ocp.StandardCheckpointer, "wait_until_finished", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(["convert", str(root / "model.safetensors"), str(root / "wmt_orbax"), "--to", "flax-wmt"])
+    assert leftovers(root, "model.safetensors") == []
 
 
 # -- 18: a .pt state dict for the tutorial's model ---------------------------------------------

@@ -9,6 +9,7 @@ and waits for it. The moment is exact, so the test is not timing-dependent.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import subprocess
 import sys
@@ -39,15 +40,23 @@ CHILD = textwrap.dedent("""
         raise AssertionError("SIGINT was not delivered")
 
     setattr(owner, attribute, interrupted)
-    from conformance.cli import main
+    if os.environ.get("ROSETTA_TEST_AS_MODULE"):  # `python -m conformance.cli ...`
+        import runpy
 
-    sys.exit(main(sys.argv[3:]))
+        sys.argv = ["conformance.cli", *sys.argv[3:]]
+        runpy.run_module("conformance.cli", run_name="__main__", alter_sys=True)
+    from conformance.cli import console_main  # what the `rosetta` script runs
+
+    sys.exit(console_main(sys.argv[3:]))
 """)
 
 
-def interrupt(cwd: Path, at: str, *argv: str) -> subprocess.CompletedProcess:
+def interrupt(cwd: Path, at: str, *argv: str, as_module: bool = False) -> subprocess.CompletedProcess:
     module, attribute = at.split(":")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("ROSETTA_TEST_AS_MODULE", None)
+    if as_module:
+        env["ROSETTA_TEST_AS_MODULE"] = "1"
     return subprocess.run([sys.executable, "-c", CHILD, module, attribute, *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -93,3 +102,35 @@ def test_ctrl_c_while_convert_writes_keeps_the_old_file_and_no_temporary(tmp_pat
                        "--set", "n_heads=2", "--set", "norm_placement=post", "--set", "pad_id=1")
     assert_one_line(result, "convert")
     assert files(tmp_path) == before, "the save left a temporary file or changed the old output"
+
+
+def test_python_m_conformance_cli_says_ctrl_c_in_one_line(tmp_path):
+    before = files(tmp_path)
+    assert_one_line(interrupt(tmp_path, STATUS, "generate", "--src", "3 1 4", as_module=True), "generate")
+    assert files(tmp_path) == before
+
+
+def test_the_rosetta_script_runs_console_main():
+    import tomllib
+
+    from conformance.cli import console_main
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, name = scripts["rosetta"].partition(":")
+    assert getattr(importlib.import_module(module), name) is console_main
+
+
+def test_main_called_from_python_lets_ctrl_c_stop_the_caller(monkeypatch, capsys):
+    """A script that calls `main([...])` in a loop must stop at Ctrl-C, as any Python call does;
+    only the command line turns it into a line and a status."""
+    from conformance.cli import console_main, main
+    from conformance.cli import layouts
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(layouts, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(["layouts"])
+    assert console_main(["layouts"]) == 130
+    assert capsys.readouterr().err == "rosetta layouts: interrupted\n"

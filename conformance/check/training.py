@@ -20,8 +20,9 @@ by the suite replaces it when it exists).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
@@ -213,12 +214,13 @@ def run_train_check(config: ModelConfig, params: dict[str, np.ndarray], source: 
     return report
 
 
-def plot_train_check(report: TrainCheck, path: str) -> tuple[int, int]:
-    """Draw `train_check_figure` to `path` (PNG); returns its size in pixels."""
+def plot_train_check(report: TrainCheck, path: str | os.PathLike | BinaryIO) -> tuple[int, int]:
+    """Draw `train_check_figure` as a PNG to `path` (a file name, or a binary file such as the
+    `io.BytesIO` the CLI writes atomically); returns its size in pixels."""
     from conformance.check.plots import _pyplot
 
     fig = train_check_figure(report)
-    fig.savefig(path)
+    fig.savefig(path, format="png")  # a file object has no suffix: never matplotlib's default format
     width, height = fig.canvas.get_width_height()
     _pyplot().close(fig)
     return width, height

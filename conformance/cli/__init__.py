@@ -47,19 +47,9 @@ INTERRUPTED = 130
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return _main(argv)
-    except KeyboardInterrupt:
-        # Every write is atomic and removes its temporary file on the way out (this exception
-        # included), so a stopped command leaves each output as it was: a traceback into the
-        # model's code would tell the user nothing. 130 is what a shell reports for SIGINT.
-        words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
-        command = words[0] if words and words[0] in COMMANDS else None  # rosetta has no option of its own
-        print(f"rosetta{f' {command}' if command else ''}: interrupted", file=sys.stderr)
-        return INTERRUPTED
-
-
-def _main(argv: list[str] | None) -> int:
+    """Run one command and return its exit status. Ctrl-C raises `KeyboardInterrupt` here as
+    anywhere in Python, so a loop that calls `main([...])` stops; the `rosetta` command
+    (`console_main`) turns it into one line and exit 130."""
     from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, TensorError
 
     args = build_parser().parse_args(argv)
@@ -76,3 +66,18 @@ def _main(argv: list[str] | None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"rosetta {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
+
+
+def console_main(argv: list[str] | None = None) -> int:
+    """The `rosetta` command and `python -m conformance.cli`: `main`, with Ctrl-C said in one line
+    and exit status 130 (128 + SIGINT, what a shell reports), not a traceback into the model's code.
+
+    Every file write is atomic and removes its temporary file on the way out (this exception
+    included), so a stopped command leaves each output as it was (docs/errors.md)."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+        command = words[0] if words and words[0] in COMMANDS else None  # rosetta has no option of its own
+        print(f"rosetta{f' {command}' if command else ''}: interrupted", file=sys.stderr)
+        return INTERRUPTED

@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "from_pretrained loads, otherwise an Orbax checkpoint)")
     parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model), or the dotted path of the parameter tree in a Flax msgpack file or Orbax checkpoint (e.g. params)")
     parser.add_argument("--force", action="store_true",
-                        help="replace DST if it exists (a file only; it is replaced atomically, once the new one is complete)")
+                        help="replace DST if it exists (a file only, never a directory; the new file is written beside it "
+                             "and renamed over it once complete, so an interrupted run leaves the old one)")
     parser.add_argument("--rename", dest="renames", action="append", default=[], metavar="OLD=NEW",
                         help="rename a key prefix before matching a layout, e.g. embed_src.=src_tok_emb.embedding. "
                              "(repeatable): your own wrapper, a built-in layout, no layout file")
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     src, dst = Path(args.src), Path(args.dst)
     if getattr(args, "to", None):
         return export(src, dst, args.to, parse_sets(args.sets), force=getattr(args, "force", False))
-    if dst.suffix != ".safetensors":
+    if dst.suffix.lower() != ".safetensors":
         raise CheckpointError(dst, "a rosetta checkpoint is a .safetensors file; name the output *.safetensors")
     if dst.exists() and src.exists() and os.path.samefile(src, dst):
         raise CheckpointError(dst, "is the input file; converting never overwrites its input")
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                                             **overrides)
     except (LayoutError, NoMatchingLayoutError, AmbiguousLayoutError, TensorError) as exc:
         # Nothing has been written: the checkpoint is built in memory and saved only at the end.
-        print(f"rosetta convert: error: {exc}", file=sys.stderr)
+        print(f"rosetta convert: error: {flagged(exc)}", file=sys.stderr)
         return 2
     with status:
         status(f"writing {dst}")
@@ -173,6 +174,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def flagged(error: Exception) -> Exception:
+    """A cast's overflow as the command line asked for it: with the --dtype flag the user typed."""
+    from conformance.convert.engine import CastOverflowError
+    from conformance.convert.errors import TensorError
+
+    if isinstance(error, CastOverflowError):
+        return TensorError(error.key, f"{error.problem} than --dtype {error.dtype}")
+    return error
+
+
 def check_destination(dst: Path, force: bool) -> None:
     """Refuse, before any work, an output that exists (unless `force`) or whose directory cannot
     be written: said after a long conversion, either would waste it."""
@@ -191,7 +202,7 @@ def resave(src: Path, dst: Path, args: argparse.Namespace) -> int:
     its config is stored in it, so nothing is detected or set; it is loaded (every check of
     `checkpoint.load`), cast when --dtype is given (an overflow is refused by key) and saved."""
     from conformance.core import checkpoint
-    from conformance.convert.engine import cast
+    from conformance.convert.engine import CastOverflowError, cast
     from conformance.core.errors import InputError
 
     given = [flag for flag, value in (("--layout", args.layout), ("--set", args.sets), ("--rename", args.renames),
@@ -202,7 +213,10 @@ def resave(src: Path, dst: Path, args: argparse.Namespace) -> int:
     config, params = checkpoint.load(src)
     stored = next(iter(params.values())).dtype.name
     if args.dtype and args.dtype != stored:
-        params = {key: cast(value, args.dtype, key) for key, value in params.items()}
+        try:
+            params = {key: cast(value, args.dtype, key) for key, value in params.items()}
+        except CastOverflowError as exc:
+            raise flagged(exc) from None
     checkpoint.save(dst, config, params)
     problems = trial_run(config, params)
     total = sum(int(v.size) for v in params.values())
@@ -265,15 +279,18 @@ def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any], force
     from conformance.core.errors import CheckpointError
 
     layout = load_layout(layout_name)
-    if dst.is_dir() or (dst.exists() and dst.suffix == ""):
+    suffix = dst.suffix.lower()  # OUT.SAFETENSORS is a safetensors file, as checkpoint.save reads the name
+    if dst.exists() and src.exists() and os.path.samefile(src, dst):
+        raise CheckpointError(dst, "is the input file; converting never overwrites its input")
+    if dst.is_dir() or (dst.exists() and suffix == ""):
         raise CheckpointError(dst, "already exists; a directory is never replaced: name a new one")
     if not dst.parent.is_dir() and str(dst.parent):
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
     folder = layout.hf is not None  # a directory is a Hugging Face model folder; for Flax, Orbax
-    if dst.suffix.lower() in TORCH_SUFFIXES and layout.nested:
+    if suffix in TORCH_SUFFIXES and layout.nested:
         raise CheckpointError(dst, f"a PyTorch state dict is flat, and the {layout.name} system's parameters are a "
                               "Flax tree: name the output *.msgpack, *.safetensors, or a new directory (Orbax)")
-    if dst.suffix.lower() not in (".msgpack", ".safetensors", "") + TORCH_SUFFIXES:
+    if suffix not in (".msgpack", ".safetensors", "") + TORCH_SUFFIXES:
         raise CheckpointError(dst, f"name the output *.msgpack, *.safetensors, {'*.pt, ' if not layout.nested else ''}"
                               f"or a new directory ({'a Hugging Face model folder' if folder else 'Orbax'})")
     check_destination(dst, force)
@@ -281,14 +298,14 @@ def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any], force
     exported = export_state_dict(config, params, layout, **target)
     tree = exported if layout.nested else unflatten(exported)
     problems: list[str] = []
-    if dst.suffix == ".msgpack":
+    if suffix == ".msgpack":
         trees.write_msgpack(dst, tree)
         kind = "Flax msgpack"
-    elif dst.suffix == ".safetensors":
+    elif suffix == ".safetensors":
         flat = trees.flatten(tree) if layout.nested else exported
         checkpoint.write_tensors(dst, flat, {})
         kind = "safetensors"
-    elif dst.suffix.lower() in TORCH_SUFFIXES:
+    elif suffix in TORCH_SUFFIXES:
         write_torch(dst, exported)
         kind = "PyTorch state dict: a dict of tensors, torch.load(path, weights_only=True) reads it"
     elif folder:

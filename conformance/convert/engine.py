@@ -60,11 +60,20 @@ def _dtype(name: str) -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
+class CastOverflowError(TensorError):
+    """A cast to `.dtype` that would turn finite values infinite (a `TensorError` naming `.key`):
+    the command line adds the flag that asked for the dtype; a Python caller passed `dtype=`."""
+
+    def __init__(self, key: str, problem: str, dtype: str):
+        super().__init__(key, problem)
+        self.dtype = dtype
+
+
 def cast(array: np.ndarray, dtype: str, key: str) -> np.ndarray:
     """`array` in `dtype`, refusing a cast that turns finite values infinite: 1e5 is a finite
-    float32 and an infinite float16. The `TensorError` names `key` and says that the cast, not the
-    file, made the infinity (a value the file itself holds infinite is left for the finiteness
-    check, which blames the file)."""
+    float32 and an infinite float16. The `CastOverflowError` names `key` and says that the cast,
+    not the file, made the infinity (a value the file itself holds infinite is left for the
+    finiteness check, which blames the file)."""
     target = _dtype(dtype)
     with np.errstate(over="ignore"):
         out = array.astype(target)
@@ -74,10 +83,10 @@ def cast(array: np.ndarray, dtype: str, key: str) -> np.ndarray:
     overflowed = np.isfinite(wide) & ~np.isfinite(out.astype(np.float64))
     if overflowed.any():
         largest = float(np.abs(wide[overflowed]).max())
-        raise TensorError(key, f"has {int(overflowed.sum())} value(s) that overflow when cast to {dtype} (dtype="
-                          f"'{dtype}', --dtype {dtype}): the largest, {largest:g}, is finite as stored in "
-                          f"{array.dtype.name} but beyond {dtype}'s largest finite value "
-                          f"{float(ml_dtypes.finfo(target).max):g}; keep a wider dtype")
+        raise CastOverflowError(key, f"has {int(overflowed.sum())} value(s) that overflow when cast to {dtype}: the "
+                                f"largest, {largest:g}, is finite as stored in {array.dtype.name} but beyond "
+                                f"{dtype}'s largest finite value {float(ml_dtypes.finfo(target).max):g}; keep a "
+                                "wider dtype", dtype)
     return out
 
 

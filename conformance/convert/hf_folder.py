@@ -305,8 +305,10 @@ def write_folder(folder: Path, config: ModelConfig, state_dict: dict[str, np.nda
                  layout: str | Layout = "hf-marian") -> list[str]:
     """A new folder that the family's `from_pretrained` loads: config.json, generation_config.json
     (when there are generation settings) and model.safetensors (the layout's state dict, with the
-    "pt" format mark transformers checks). Returns the warnings to show. Refuses a folder that exists."""
-    from conformance.core.checkpoint import write_tensors
+    "pt" format mark transformers checks). Returns the warnings to show. Refuses a folder that exists.
+    The folder is built in a hidden directory beside it and renamed into place once complete, so an
+    interrupted export leaves no folder."""
+    from conformance.core.checkpoint import atomic_directory, write_tensors
 
     layout = load_layout(layout)
     if layout.hf is None:
@@ -314,9 +316,10 @@ def write_folder(folder: Path, config: ModelConfig, state_dict: dict[str, np.nda
     if folder.exists():
         raise CheckpointError(folder, "already exists; an export writes a new folder")
     hf, generation, warnings = folder_files(config, layout)
-    folder.mkdir()
-    write_tensors(folder / "model.safetensors", state_dict, {"format": "pt"})
-    files = [("config.json", hf)] + ([("generation_config.json", generation)] if generation else [])
-    for name, data in files:
-        (folder / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    with atomic_directory(folder) as staged:
+        staged.mkdir()
+        write_tensors(staged / "model.safetensors", state_dict, {"format": "pt"})
+        files = [("config.json", hf)] + ([("generation_config.json", generation)] if generation else [])
+        for name, data in files:
+            (staged / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return warnings

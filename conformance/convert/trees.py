@@ -107,17 +107,29 @@ def read_orbax(path: Path) -> Any:
 
 
 def write_msgpack(path: Path, tree: Mapping) -> None:
+    """`tree` as a Flax msgpack file (what `flax.serialization.from_bytes` reads), written
+    atomically: an interrupted write leaves the file that was there."""
     from flax import serialization
 
-    path.write_bytes(serialization.msgpack_serialize(dict(tree)))
+    from conformance.core.checkpoint import atomic_write
+
+    atomic_write(path, [serialization.msgpack_serialize(dict(tree))])
 
 
 def write_orbax(path: Path, tree: Mapping) -> None:
-    """An Orbax checkpoint directory holding `tree` (NumPy arrays), as `StandardCheckpointer` writes it."""
+    """A new Orbax checkpoint directory holding `tree` (NumPy arrays), as `StandardCheckpointer`
+    writes it, built in a hidden directory beside `path` and renamed into place once Orbax has
+    finished: an interrupted write leaves no directory."""
     import orbax.checkpoint as ocp
+
+    from conformance.core.checkpoint import atomic_directory
 
     if path.exists():
         raise CheckpointError(path, "already exists; Orbax writes a new directory")
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(path.resolve(), dict(tree))
-    checkpointer.wait_until_finished()
+    with atomic_directory(path) as staged:
+        checkpointer = ocp.StandardCheckpointer()
+        try:
+            checkpointer.save(staged.resolve(), dict(tree))
+            checkpointer.wait_until_finished()
+        finally:
+            checkpointer.close()  # its writer thread stops before the staged files are removed

@@ -3,6 +3,7 @@
     config       ModelConfig, every switch of the family (variants.md)
     presets      one named config per known system
     params       the canonical parameter key space, its checks and a seeded initialiser
+    sizes        every parameter's shape and how large they are, from the config (TooLargeError)
     checkpoint   the one interchange file (safetensors + config + digest)
     positions    the sinusoid tables, computed once in float64
     inputs       host-side input checks and conversions shared by every backend
@@ -20,7 +21,7 @@ it with those absent).
 
 from conformance.core import checkpoint
 from conformance.core.config import ModelConfig
-from conformance.core.errors import CheckpointError, ConfigError, InputError
+from conformance.core.errors import CheckpointError, ConfigError, InputError, TooLargeError
 from conformance.core.output import Encoded, ModelOutput
 from conformance.core.params import init_params, param_shapes
 from conformance.core.presets import PRESETS, preset
@@ -33,6 +34,7 @@ __all__ = [
     "ModelConfig",
     "ModelOutput",
     "PRESETS",
+    "TooLargeError",
     "checkpoint",
     "init_params",
     "param_shapes",

@@ -23,14 +23,17 @@ This module is framework-free (NumPy and ml_dtypes only).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import secrets
+import shutil
 import struct
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -38,7 +41,8 @@ import numpy as np
 from conformance.core.config import ModelConfig
 from conformance.core.errors import CheckpointError, ConfigError, InputError
 from conformance.core.memory import memory_limit, size_words
-from conformance.core.params import check_finite_array, check_numpy_params, check_param_set, param_count, param_shapes
+from conformance.core.params import check_finite_array, check_numpy_params, check_param_set, param_shapes
+from conformance.core.sizes import param_count
 
 FORMAT_NAME = "rosetta-transformer"
 FORMAT_VERSION = "1"
@@ -387,11 +391,13 @@ def write_tensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], me
     header["__metadata__"]["sha256"] = _canonical_digest(header, data)
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors requires
-    _atomic_write(path, [struct.pack("<Q", len(raw)), raw, data])
+    atomic_write(path, [struct.pack("<Q", len(raw)), raw, data])
 
 
-def _atomic_write(path: Path, chunks: list[bytes]) -> None:
-    """Write beside `path` and rename into place: an interrupted save never damages `path`."""
+def atomic_write(path: str | os.PathLike, chunks: list[bytes]) -> None:
+    """Write `chunks` to a temporary file beside `path` and rename it into place once complete:
+    an interrupted write (Ctrl-C included) removes the temporary and leaves `path` as it was."""
+    path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=directory)
@@ -421,6 +427,32 @@ def _atomic_write(path: Path, chunks: list[bytes]) -> None:
         pass
     finally:
         os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """A new directory at `path`, made whole or not at all: yields a path, not yet created, in a
+    hidden temporary directory beside `path` (`.name.tmp-3ghl3eo7/name`) for the caller to create
+    and fill; once the block completes it is renamed to `path`. Any exception, Ctrl-C included,
+    removes the temporary directory and everything in it, so `path` never exists half-written."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    for _ in range(100):
+        hidden = directory / f".{path.name}.tmp-{secrets.token_hex(4)}"
+        try:
+            hidden.mkdir()
+            break
+        except FileExistsError:
+            continue
+        except OSError as exc:  # said of the directory being written, not of our temporary
+            raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
+    else:
+        raise FileExistsError(17, "cannot make a temporary directory beside it", os.fspath(path))
+    try:
+        yield hidden / path.name
+        os.rename(hidden / path.name, path)
+    finally:
+        shutil.rmtree(hidden, ignore_errors=True)
 
 
 def save(path: str | os.PathLike, config: ModelConfig, params: Mapping[str, Any]) -> None:

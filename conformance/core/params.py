@@ -28,6 +28,9 @@ Flax state and the checkpoint file all use exactly these names. Matrices are sto
     output.bias                                   (V,)          output_bias
     final_logits_bias                             (V,)          final_logits_bias
 
+The shapes are computed by `sizes.param_shapes` (with the counts that refuse a config too large
+to hold), exported here as `param_shapes`.
+
 This module is framework-free (NumPy only).
 """
 
@@ -40,89 +43,11 @@ import ml_dtypes
 import numpy as np
 
 from conformance.core.config import ModelConfig
-from conformance.core.errors import InputError, TooLargeError
+from conformance.core.errors import InputError
 from conformance.core.inputs import check_dtype
-from conformance.core.memory import memory_limit, size_words
-
-Shape = tuple[int, ...]
-
-
-def _attention_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
-    d, inner = config.d_model, config.inner_dim
-    shapes: dict[str, Shape] = {}
-    for proj in ("q_proj", "k_proj", "v_proj"):
-        shapes[f"{prefix}.{proj}.weight"] = (d, inner)
-        if config.qkv_bias:
-            shapes[f"{prefix}.{proj}.bias"] = (inner,)
-    shapes[f"{prefix}.o_proj.weight"] = (inner, d)
-    if config.out_proj_bias:
-        shapes[f"{prefix}.o_proj.bias"] = (d,)
-    return shapes
-
-
-def _norm_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
-    if config.layer_norm_form == "rms":  # T5's RMSNorm: a scale, no bias
-        return {f"{prefix}.weight": (config.d_model,)}
-    return {f"{prefix}.weight": (config.d_model,), f"{prefix}.bias": (config.d_model,)}
-
-
-def _linear_shapes(prefix: str, d_in: int, d_out: int, bias: bool) -> dict[str, Shape]:
-    return {f"{prefix}.weight": (d_in, d_out), **({f"{prefix}.bias": (d_out,)} if bias else {})}
-
-
-def _ffn_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
-    d, f, bias = config.d_model, config.d_ff, config.ffn_bias
-    shapes = _linear_shapes(f"{prefix}.linear1", d, f, bias)
-    if config.ffn_glu:
-        shapes |= _linear_shapes(f"{prefix}.gate", d, f, bias)
-    return shapes | _linear_shapes(f"{prefix}.linear2", f, d, bias)
-
-
-def param_shapes(config: ModelConfig) -> dict[str, Shape]:
-    """Every parameter name of `config` with its shape, in forward order."""
-    d = config.d_model
-    shapes: dict[str, Shape] = {"encoder.embedding.weight": (config.src_vocab_size, d)}
-    if config.position == "table":
-        shapes["encoder.position.table"] = (config.max_len + config.position_offset, d)
-    elif config.position == "relative":
-        shapes["encoder.position.relative_bias"] = (config.relative_buckets, config.n_heads)
-    if config.embedding_norm:
-        shapes |= _norm_shapes("encoder.embedding_norm", config)
-    for i in range(config.n_encoder_layers):
-        layer = f"encoder.layers.{i}"
-        shapes |= _attention_shapes(f"{layer}.self_attn", config)
-        shapes |= _norm_shapes(f"{layer}.self_attn_norm", config)
-        shapes |= _ffn_shapes(f"{layer}.ffn", config)
-        shapes |= _norm_shapes(f"{layer}.ffn_norm", config)
-    if config.final_encoder_norm:
-        shapes |= _norm_shapes("encoder.norm", config)
-
-    if not config.share_embeddings:
-        shapes["decoder.embedding.weight"] = (config.tgt_vocab_size, d)
-    if config.position == "table":
-        shapes["decoder.position.table"] = (config.max_len + config.position_offset, d)
-    elif config.position == "relative":
-        shapes["decoder.position.relative_bias"] = (config.relative_buckets, config.n_heads)
-    if config.embedding_norm:
-        shapes |= _norm_shapes("decoder.embedding_norm", config)
-    for i in range(config.n_decoder_layers):
-        layer = f"decoder.layers.{i}"
-        shapes |= _attention_shapes(f"{layer}.self_attn", config)
-        shapes |= _norm_shapes(f"{layer}.self_attn_norm", config)
-        shapes |= _attention_shapes(f"{layer}.cross_attn", config)
-        shapes |= _norm_shapes(f"{layer}.cross_attn_norm", config)
-        shapes |= _ffn_shapes(f"{layer}.ffn", config)
-        shapes |= _norm_shapes(f"{layer}.ffn_norm", config)
-    if config.final_decoder_norm:
-        shapes |= _norm_shapes("decoder.norm", config)
-
-    if not config.tie_output:
-        shapes["output.weight"] = (d, config.tgt_vocab_size)
-    if config.output_bias:
-        shapes["output.bias"] = (config.tgt_vocab_size,)
-    if config.final_logits_bias:
-        shapes["final_logits_bias"] = (config.tgt_vocab_size,)
-    return shapes
+# The shapes and sizes of the key space, computed from the config alone; param_shapes, param_count
+# and param_bytes are this module's public names too.
+from conformance.core.sizes import Shape, check_fits, param_bytes, param_count, param_shapes  # noqa: F401
 
 
 # Vocabulary columns per product of the output projection. Every backend's `Output` computes
@@ -140,75 +65,6 @@ def widened_at_use(config: ModelConfig) -> int:
     in_pieces = ("embedding.weight", "position.table", "output.weight")
     whole = [int(np.prod(shape)) for name, shape in param_shapes(config).items() if not name.endswith(in_pieces)]
     return max(whole + [config.d_model * min(config.tgt_vocab_size, OUTPUT_BLOCK)])
-
-
-def param_count(config: ModelConfig) -> int:
-    """len(param_shapes(config)), without building it: every layer of a stack has the same
-    parameters, so the count is linear in the layer counts. A hostile file may claim 10**9 layers;
-    this answers at once."""
-    bare = config.replace(n_encoder_layers=0, n_decoder_layers=0)
-    base = len(param_shapes(bare))
-    per_encoder_layer = len(param_shapes(bare.replace(n_encoder_layers=1))) - base
-    per_decoder_layer = len(param_shapes(bare.replace(n_decoder_layers=1))) - base
-    return base + per_encoder_layer * config.n_encoder_layers + per_decoder_layer * config.n_decoder_layers
-
-
-def _by_stack(config: ModelConfig, size: Callable[[Shape], int]) -> tuple[int, int, int, dict[str, Shape]]:
-    """(outside the layers, per encoder layer, per decoder layer, the shapes outside the layers),
-    each summed by `size`: every layer of a stack has the same parameters, so a config's total is
-    linear in its layer counts and needs no name built per layer (a hostile file, or a typo, may
-    claim 10**9 layers)."""
-    bare = config.replace(n_encoder_layers=0, n_decoder_layers=0)
-    outside = param_shapes(bare)
-    base = sum(size(shape) for shape in outside.values())
-    per_encoder_layer = sum(size(s) for s in param_shapes(bare.replace(n_encoder_layers=1)).values()) - base
-    per_decoder_layer = sum(size(s) for s in param_shapes(bare.replace(n_decoder_layers=1)).values()) - base
-    return base, per_encoder_layer, per_decoder_layer, outside
-
-
-def _values(shape: Shape) -> int:
-    """The number of values of a shape, as a Python int (no int64 overflow for hostile sizes)."""
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    return count
-
-
-def param_bytes(config: ModelConfig, dtype: Any) -> int:
-    """The bytes `config`'s parameters take in `dtype` (a NumPy dtype or a name: "bfloat16"),
-    counted without building them or their names."""
-    base, encoder, decoder, _ = _by_stack(config, _values)
-    values = base + encoder * config.n_encoder_layers + decoder * config.n_decoder_layers
-    return values * host_dtype(dtype_name(dtype)).itemsize
-
-
-# The ModelConfig field that sizes each parameter outside the layers, by the end of its name.
-_SIZED_BY = {"encoder.embedding.weight": "src_vocab_size", "decoder.embedding.weight": "tgt_vocab_size",
-             "output.weight": "tgt_vocab_size", "output.bias": "tgt_vocab_size", "final_logits_bias": "tgt_vocab_size",
-             "position.table": "max_len", "relative_bias": "relative_buckets"}
-
-
-def _largest_field(config: ModelConfig) -> str:
-    """The size field that most of `config`'s parameter values come from."""
-    base, encoder, decoder, outside = _by_stack(config, _values)
-    name = max(outside, key=lambda key: _values(outside[key]), default="")
-    field = next((f for end, f in _SIZED_BY.items() if name.endswith(end)), "d_model")
-    parts = {"n_encoder_layers": encoder * config.n_encoder_layers, "n_decoder_layers": decoder * config.n_decoder_layers,
-             field: base}
-    return max(parts, key=parts.get)
-
-
-def check_fits(config: ModelConfig, dtype: Any) -> None:
-    """Raise `TooLargeError` when `config`'s parameters in `dtype` could never be held here
-    (`memory_limit`), before any is allocated, naming the field that makes them large."""
-    limit, source = memory_limit()
-    needed = param_bytes(config, dtype)
-    if limit is None or needed <= limit:
-        return
-    field = _largest_field(config)
-    raise TooLargeError(field, f"{field}={getattr(config, field)} gives parameters that cannot fit in the memory "
-                        f"this process can hold: {param_count(config):,} tensors, {size_words(needed)} in "
-                        f"{dtype_name(dtype)}, more than the {size_words(limit)} of {source}", needed, limit)
 
 
 def _init_std(name: str, shape: Shape, config: ModelConfig) -> tuple[float, float]:
