@@ -79,3 +79,19 @@ def test_an_unknown_device_name_is_refused(monkeypatch):
     monkeypatch.setenv("ROSETTA_DEVICES", "tpu")
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         backends.devices("torch")
+
+
+def test_a_ci_bound_on_one_dtype_does_not_skip_the_next(monkeypatch):
+    """Under ci a compiling backend runs a property at its `ci_compiling_dtypes` only: the float32
+    skip must not carry over to float64 when float32 is listed first."""
+    from hypothesis import settings
+
+    monkeypatch.setattr(settings, "_current_profile", "ci")
+    monkeypatch.setenv("ROSETTA_DEVICES", "cpu")
+    monkeypatch.setenv("ROSETTA_BACKENDS", "torch-compiled")
+    reasons = {}
+    for param in all_targets(("float32", "float64"), ci_compiling_dtypes=("float64",)):
+        skip = [m for m in param.marks if m.name == "skip"]
+        reasons[param.values[0].label] = skip[0].kwargs["reason"] if skip else None
+    assert reasons["torch-compiled/cpu/float64"] is None, reasons
+    assert "under ci a compiling backend" in reasons["torch-compiled/cpu/float32"]
