@@ -69,6 +69,10 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # an unknown backend or device name
         raise InputError("--backends" if "backend" in str(exc) else "--devices", str(exc)) from None
     backends.refuse_adapters(names, "--backends")  # before the models: an adapter runs under `rosetta conformance`
+    if any(t.backend.startswith("torch") and t.device == "cpu" for t in targets):
+        from conformance.cli.threads import fit_torch_threads
+
+        fit_torch_threads(config)  # one thread for a tiny model, unless OMP_NUM_THREADS says otherwise
     src_ids, tgt_ids = fixed_batch(config, length=args.length)
     plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget,
                       reread=bool(args.checkpoint))
