@@ -101,7 +101,7 @@ def train_in(backend: str, steps: int, *, batch: int = 64, dtype: str = "float64
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+    parser.add_argument("--out", type=Path, default=None,
                         help=f"the checkpoint to write (default: {DEFAULT_OUT}, in the current directory)")
     parser.add_argument("--force", action="store_true",
                         help="overwrite --out if it exists (needed to replace the shipped model, "
@@ -116,7 +116,8 @@ def main(argv=None) -> int:
                         help="train through loss_and_grads and impl_X.Adam in this backend (writes --out only if given)")
     parser.add_argument("--dtype", default="float64", help="with --backend: the dtype to train in (default float64)")
     args = parser.parse_args(argv)
-    writes = not args.backend or "--out" in (argv if argv is not None else __import__("sys").argv[1:])
+    writes = not args.backend or args.out is not None  # --backend writes only an --out given
+    args.out = args.out if args.out is not None else DEFAULT_OUT
     if writes and args.out.exists() and not args.force:
         shipped = args.out.resolve() == DEFAULT_CHECKPOINT.resolve()
         parser.error(f"{args.out} exists{' (the shipped built-in model)' if shipped else ''}; "

@@ -313,7 +313,8 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
             return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
 
         ids, scores = search(reference_step, batch, settings.max_len, settings.bos_id, settings.eos_id,
-                             model.config.pad_id, **settings.search_options(), as_numpy=np.asarray)
+                             model.config.pad_id, **settings.search_options(), as_numpy=np.asarray,
+                             mask_fill=model.config.mask_fill)
         ids = jax.device_put(ids.astype(np.int32), model.device)  # int64 would need x64
         scores = scores if jax.config.jax_enable_x64 else scores.astype(np.float32)
         return (ids, jax.device_put(scores, model.device)) if settings.return_scores else ids
@@ -324,11 +325,12 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     def step(*search_data) -> tuple:  # the whole search, one compiled program
         return compiled.call(model, _search, (encoded.memory, cross_mask, *search_data), model.device, rules=rules)
 
-    ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size, dtype)
+    ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size, dtype,
+                         mask_fill=model.config.mask_fill)
     return (ids, scores) if settings.return_scores else ids
 
 
-def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype):
+def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype, mask_fill=None):
     """(ids, scores) of the device search that `step` runs, on the banned mask, sampling's
     uniforms and the processors' data built from `settings` (a `decoding.Generation`).
 
@@ -348,7 +350,7 @@ def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int,
     (state,) = step(ids, banned_mask, np.asarray(settings.length_penalty, dtype=dtype), sampling, data)
     bad, count = (int(x) for x in jax.device_get((state["bad"], state[counter(rules)])))  # one read
     if bad >= 0:
-        raise nan_error(count - (2 if rules.beams else 1), bad)
+        raise nan_error(count - (2 if rules.beams else 1), bad, mask_fill)
 
     def read(*arrays) -> list:
         return [int(x) for x in jax.device_get(arrays)]

@@ -171,17 +171,19 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
             cache["now"] = reorder_cache(model, cache["now"], state["parents"])
         return advance(model, newest(ops, rules, state), cache["now"])  # (N, V)
 
-    ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size, dtype)
+    ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size, dtype,
+                         mask_fill=model.config.mask_fill)
     ids = ids.astype(np.int64)
     return (ids, scores) if settings.return_scores else ids
 
 
-def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype):
+def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype, mask_fill=None):
     """(ids, scores) of the device search that `step` runs, on the banned mask, sampling's
     uniforms and the processors' data built from `settings` (a `decoding.Generation`).
 
     Here `step(state, i) -> logits (N, V)` is the decoder's, and `device_search.run` drives the
-    steps from a Python loop, with one small host read per step."""
+    steps from a Python loop, with one small host read per step; `mask_fill`, the model's, names
+    the causes of NaN logits (None: no model, as `search_steps`)."""
     banned_mask = np.zeros(vocab_size, dtype=bool)  # (V,)
     banned_mask[list(settings.banned_ids)] = True
     rows = batch * settings.rows  # N: each source once per beam (or sample)
@@ -190,7 +192,7 @@ def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int,
     data = processor_data(settings, lambda name, value: value)  # the forced first id, min length, bad-word table
     return run(ops, rules, step, batch, settings.bos_id, settings.eos_id, pad_id, banned_mask, settings.length_penalty,
                dtype, lambda *arrays: [a.item() for a in arrays], settings.num_return_sequences, sampling,
-               settings.return_scores, data)
+               settings.return_scores, data, mask_fill)
 
 
 def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int, settings, dtype: str = "float64",

@@ -335,11 +335,11 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
             return advance(model, ids, cache["now"]) if own else model.decode_step(ids, cache["now"])  # (N, V)
 
         ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size,
-                             dtype)
+                             dtype, mask_fill=model.config.mask_fill)
     return (ids, scores) if settings.return_scores else ids
 
 
-def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype):
+def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype, mask_fill=None):
     """(ids, scores) of the device search that `step` runs, on the banned mask, sampling's
     uniforms and the processors' data built from `settings` (a `decoding.Generation`).
 
@@ -360,7 +360,7 @@ def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int,
         return torch.stack([torch.as_tensor(a, device=device).long() for a in arrays]).tolist()
 
     return run(ops, rules, step, batch, settings.bos_id, settings.eos_id, pad_id, banned_mask, settings.length_penalty,
-               dtype, read, settings.num_return_sequences, sampling, settings.return_scores, data)
+               dtype, read, settings.num_return_sequences, sampling, settings.return_scores, data, mask_fill)
 
 
 def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int, settings, dtype: str = "float64",

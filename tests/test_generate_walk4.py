@@ -103,29 +103,84 @@ def hf_config(**generation):
                   notes={"generation": json.dumps({"decoder_start_token_id": 15, "eos_token_id": 0, **generation})})
 
 
-def test_a_converted_model_without_max_length_stops_where_transformers_does():
-    assert generate.HF_MAX_LENGTH == 20  # transformers' GenerationConfig().max_length
-    # Hugging Face's max_length counts the decoder start token: 19 generated tokens.
-    assert generate.decoding(hf_config())["max_len"] == generate.HF_MAX_LENGTH - 1
+def endless_marian(positions: int):
+    """A tiny random MarianMTModel whose generation config names no max_length (transformers'
+    default applies) and whose end token never wins: its final_logits_bias holds it far down, so
+    both searches run to their length limit. No forced end token: the last token is the model's."""
+    import copy
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from test_convert_marian import marian
+
+    model = copy.deepcopy(marian(max_position_embeddings=positions, forced_eos_token_id=None))
+    assert model.generation_config.max_length is None and model.generation_config.max_new_tokens is None
+    with torch.no_grad():
+        model.final_logits_bias[0, model.generation_config.eos_token_id] = -1e4
+    return model
+
+
+ENDLESS_SRC = np.array([[3, 4, 5, 6, 7]])
+
+
+def transformers_ids(model) -> np.ndarray:
+    """transformers' greedy ids for ENDLESS_SRC, its start token dropped (ours are returned without it)."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.from_numpy(ENDLESS_SRC), do_sample=False, num_beams=1)
+    assert (out[:, 0] == model.generation_config.decoder_start_token_id).all()
+    return out[:, 1:].numpy()
+
+
+# 40 positions: transformers' 20 new tokens; 12: its max_length capped at max_position_embeddings,
+# which counts the start token (11 new tokens).
+@pytest.mark.filterwarnings("ignore:Using the model-agnostic default:UserWarning")
+@pytest.mark.parametrize("positions, new_tokens", [(40, 20), (12, 11)])
+def test_a_converted_model_without_max_length_stops_where_transformers_does(positions, new_tokens):
+    from conformance.check.compare import to_numpy
+    from conformance.convert import from_hf_marian
+
+    model = endless_marian(positions)
+    expected = transformers_ids(model)
+    assert expected.shape == (1, new_tokens)
+    config, params = from_hf_marian(model)
+    assert "max_length" not in json.loads(config.notes["generation"])
+    ours = to_numpy(backends.build(backends.Target("numpy", "cpu", "float32"), config, params).generate(ENDLESS_SRC))
+    assert ours.shape == expected.shape and (ours == expected).all(), f"ours {ours.tolist()}\nHF   {expected.tolist()}"
+    # The CLI stops there too, says why, and shows the row as cut off (no end token).
+    settings = generate.decoding(config)
+    assert settings["max_len"] == new_tokens
+
+
+@pytest.mark.filterwarnings("ignore:Using the model-agnostic default:UserWarning")
+def test_rosetta_generate_stops_where_transformers_does(tmp_path, capsys):
+    from conformance.convert import from_hf_marian
+
+    model = endless_marian(40)
+    expected = transformers_ids(model)
+    path = tmp_path / "marian.safetensors"
+    checkpoint.save(path, *from_hf_marian(model))
+    src = ",".join(map(str, ENDLESS_SRC[0]))
+    assert main(["generate", str(path), "--src", src, "--backend", "numpy"]) == 0
+    captured = capsys.readouterr()
+    assert [int(label) for label in captured.out.split()] == expected[0].tolist(), captured.out
+    assert "up to 20 tokens" in captured.err and "20 new tokens" in captured.err, captured.err
+    assert "reached the length limit of 20 tokens" in captured.err, captured.err
+
+
+def test_a_recorded_length_wins_over_transformers_default():
+    from conformance.core.decoding import generation_note
+
+    # Hugging Face's max_length counts the decoder start token; max_new_tokens does not.
+    assert generation_note(hf_config(max_length=40))["max_len"] == 39
+    assert generation_note(hf_config(max_new_tokens=30))["max_len"] == 30
     assert generate.decoding(hf_config(max_length=40))["max_len"] == 39
-    assert generate.decoding(hf_config(max_new_tokens=30))["max_len"] == 30
     assert generate.decoding(hf_config(), max_len=50)["max_len"] == 50
-    # A model too short for transformers' default keeps its own limit.
-    assert generate.decoding(hf_config().replace(max_len=8))["max_len"] == 8
     # Without a note (the toy model, a model trained here) the limit stays the model's max_len.
     toy_config = preset("paper", notes={"task": toy.TASK})
     assert generate.decoding(toy_config)["max_len"] == toy_config.max_len
-
-
-def test_python_generate_takes_transformers_default_length_too():
-    # The note is what `generate` reads for every argument left out, so the Python API and the CLI
-    # stop at the same place: transformers' max_length=20, counting the start token.
-    from conformance.core.decoding import generation_note
-
-    assert generation_note(hf_config())["max_len"] == generate.HF_MAX_LENGTH - 1
-    assert generation_note(hf_config(max_length=40))["max_len"] == 39
-    assert generation_note(hf_config().replace(max_len=8))["max_len"] == 8
-    assert "max_len" not in generation_note(preset("paper", notes={"task": toy.TASK}))
+    assert "max_len" not in generation_note(toy_config)
 
 
 def test_a_row_cut_off_by_the_length_limit_is_shown(capsys):
@@ -141,16 +196,6 @@ def test_a_row_cut_off_by_the_length_limit_is_shown(capsys):
 def test_a_row_that_ended_gets_no_cut_off_note(capsys):
     assert main(["generate", "--src", "3 1 4 1 5", "--backend", "numpy"]) == 0
     assert "end token" not in capsys.readouterr().err
-
-
-def test_transformers_default_length_is_said_when_it_applies(tmp_path, capsys):
-    config = hf_config()
-    path = tmp_path / "hf.safetensors"
-    checkpoint.save(path, config, init_params(config, seed=0, dtype=np.float32))
-    assert main(["generate", str(path), "--src", "5,6,7,8", "--backend", "numpy"]) == 0
-    captured = capsys.readouterr()
-    assert "max_length=20" in captured.err and "transformers" in captured.err, captured.err
-    assert len(captured.out.split()) <= generate.HF_MAX_LENGTH - 1
 
 
 # -- item 16: threads for a tiny torch model -----------------------------------------------------

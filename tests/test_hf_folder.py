@@ -244,3 +244,32 @@ def test_rosetta_attention_draws_a_folder_with_no_tgt(tmp_path, capsys, folder, 
     checkpoint.save(bare, config.replace(notes={}), params)
     assert main(["attention", str(bare), "--src", "5,6,7,8", "--out", str(tmp_path / "b.png")]) == 2
     assert "--tgt: is required for a checkpoint that records no special ids" in capsys.readouterr().err
+
+
+def test_config_json_generation_fields_apply_only_without_a_generation_config(tmp_path, folder):
+    """transformers' `from_pretrained` reads generation_config.json when the folder has one and
+    then ignores config.json's generation fields (`max_length`, `num_beams`, ...); only a folder
+    without it takes them from config.json. The converted note says what transformers applies."""
+    from conformance.core.decoding import HF_DEFAULT_NEW_TOKENS, generation_note
+
+    both = tmp_path / "both"
+    shutil.copytree(folder, both)
+    hf = json.loads((both / "config.json").read_text())
+    (both / "config.json").write_text(json.dumps({**hf, "max_length": 7, "num_beams": 2, "length_penalty": 0.5}))
+    (both / "generation_config.json").write_text(json.dumps(
+        {"decoder_start_token_id": PAD, "eos_token_id": 0, "pad_token_id": PAD}))
+    config_only = tmp_path / "config-only"
+    shutil.copytree(both, config_only)
+    (config_only / "generation_config.json").unlink()
+
+    loaded = transformers.GenerationConfig.from_pretrained(both)
+    assert (loaded.max_length, loaded.num_beams, loaded.length_penalty) == (None, None, None)
+    config, _ = from_hf_folder(both)
+    note = generation_note(config)
+    assert note["max_len"] == HF_DEFAULT_NEW_TOKENS and "num_beams" not in note and "length_penalty" not in note
+    assert (note["bos_id"], note["eos_id"]) == (PAD, 0)
+
+    loaded = transformers.MarianMTModel.from_pretrained(config_only).generation_config
+    assert (loaded.max_length, loaded.num_beams, loaded.length_penalty) == (7, 2, 0.5)
+    note = generation_note(from_hf_folder(config_only)[0])
+    assert (note["max_len"], note["num_beams"], note["length_penalty"]) == (6, 2, 0.5)

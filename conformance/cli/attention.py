@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from conformance.check import toy
+    from conformance.check import backends, toy
     from conformance.cli.common import check_output, labels, load_model, named_by_flags, parse_ids, parse_source, write_outputs
     from conformance.check.compare import to_numpy
     from conformance.check.plots import plot_attention
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if args.row < 0:
         raise InputError("--row", f"must be a batch row index >= 0, got {args.row}")
     config, model = load_model(args.checkpoint, args.backend)
-    if args.backend == "torch":
+    if backends.kind(args.backend) == "torch":  # torch and torch-compiled
         from conformance.cli.threads import fit_torch_threads
 
         fit_torch_threads(config)

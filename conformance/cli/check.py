@@ -69,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # an unknown backend or device name
         raise InputError("--backends" if "backend" in str(exc) else "--devices", str(exc)) from None
     backends.refuse_adapters(names, "--backends")  # before the models: an adapter runs under `rosetta conformance`
-    if any(t.backend.startswith("torch") and t.device == "cpu" for t in targets):
+    if any(backends.kind(t.backend) == "torch" and t.device == "cpu" for t in targets):
         from conformance.cli.threads import fit_torch_threads
 
         fit_torch_threads(config)  # one thread for a tiny model, unless OMP_NUM_THREADS says otherwise

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from conformance.core.decoding import HF_DEFAULT_MAX_LENGTH as HF_MAX_LENGTH  # counts the start token
+from conformance.core.decoding import HF_DEFAULT_NEW_TOKENS
 
 HELP = ("Decode a source sequence (greedy, beam search with --beams, or sampling with --sample) and print the output "
         "(token ids, or text for the built-in toy model).")
@@ -19,9 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{toy.MIN_DIGITS}-{toy.MAX_DIGITS} digits, and warns outside that range), or IDS "
                         "('5,6,7;8,9,10' or a .npy file)")
     parser.add_argument("--max-len", type=int, default=None,
-                        help="longest output in tokens (default: the checkpoint's; for a converted Hugging Face model "
-                             f"that records none, transformers' default max_length={HF_MAX_LENGTH}, i.e. "
-                             f"{HF_MAX_LENGTH - 1} tokens after the start token; else the model's max_len)")
+                        help="longest output in tokens, the start token not counted (default: the checkpoint's; for a "
+                             "converted Hugging Face model that records none, transformers' default: "
+                             f"{HF_DEFAULT_NEW_TOKENS} new tokens, within max_position_embeddings; else the model's "
+                             "max_len)")
     parser.add_argument("--bos", type=int, default=None, help="begin-of-sequence id (default: the checkpoint's; 1 for the toy model)")
     parser.add_argument("--eos", type=int, default=None, help="end-of-sequence id (default: the checkpoint's; 2 for the toy model)")
     parser.add_argument("--beams", type=int, default=None, help="beam size; 1 is greedy (default: the checkpoint's, else 1)")
@@ -121,9 +122,9 @@ def decoding(config, *, max_len=None, bos=None, eos=None, beams=None, length_pen
     tokens, banned ids and words, no repeated n-gram) are left out: `generate` reads them from the
     note itself, so that an explicit --bad-words replaces the note's whole list, as in transformers.
 
-    The length: `max_len`, else the note's max_new_tokens or max_length, else, for a checkpoint
-    with a note (a converted Hugging Face model) that names neither, transformers' own default
-    (`HF_MAX_LENGTH`, which counts the start token: 19 tokens), else the model's max_len."""
+    The length: `max_len`, else the note's (`generation_note`: its max_new_tokens or max_length,
+    or, when it names neither, transformers' own default of `HF_DEFAULT_NEW_TOKENS` new tokens),
+    else, with no note (the toy model, a model trained here), the model's max_len."""
     from conformance.check import toy
 
     is_toy = config.notes.get("task") == toy.TASK
@@ -132,34 +133,33 @@ def decoding(config, *, max_len=None, bos=None, eos=None, beams=None, length_pen
     eos = eos if eos is not None else recorded.get("eos_id", toy.EOS if is_toy else None)
     if bos is None or eos is None:
         return None
-    if max_len is None:
-        max_len = recorded.get("max_len", min(HF_MAX_LENGTH - 1, config.max_len) if transformers_length(config)
-                               else config.max_len)
-    return dict(max_len=max_len, bos_id=bos,
+    return dict(max_len=max_len if max_len is not None else recorded.get("max_len", config.max_len), bos_id=bos,
                 eos_id=eos, num_beams=beams if beams is not None else recorded.get("num_beams", 1),
                 length_penalty=length_penalty if length_penalty is not None else recorded.get("length_penalty", 1.0))
 
 
 def transformers_length(config) -> bool:
-    """Whether `decoding` takes transformers' default length (`HF_MAX_LENGTH`) for `config`: its
-    generation note names neither max_length nor max_new_tokens."""
+    """Whether `config`'s generation note (read and checked by `decoding` first) names neither
+    max_length nor max_new_tokens, so that the length is transformers' default."""
     import json
 
     text = config.notes.get("generation")
-    if not text or not recorded_generation(config):  # no note, or one that says nothing (a bad one raises)
+    if not text:
         return False
     note = json.loads(text)
     return note.get("max_length") is None and note.get("max_new_tokens") is None
 
 
-def overflow_error(model, config, src, bos: int, where: str) -> Exception | None:
+def overflow_error(model, config, src, bos: int, where: str, nan) -> Exception | None:
     """When a forward pass on `src` with the start token gives a non-finite tensor, the error that
-    names the first one (in forward order, as `rosetta check` reads a report) and what it means;
-    None when the pass is finite or cannot run (the call's own error then stands).
+    names the first one (in forward order, as `rosetta check` reads a report) and what it means,
+    after the search's own `nan` (a `NaNLogitsError`: its step and row); None when the pass is
+    finite or cannot run for any reason (the search's error then stands).
 
     NaN logits in a decode come from one of two places: a query whose every key is masked with
     mask_fill=-inf (0 / 0 in the softmax: an input problem), or a value that overflowed (a
-    product of weights too large for the dtype: the checkpoint's)."""
+    product of weights too large for the dtype: the checkpoint's). The pass keeps no tensor: only
+    the first non-finite one's facts, and the name and largest |value| of the one before it."""
     import math
 
     import numpy as np
@@ -168,44 +168,45 @@ def overflow_error(model, config, src, bos: int, where: str) -> Exception | None
     from conformance.core.errors import CheckpointError, InputError
     from conformance.core.output import forward_order
 
-    seen: list[tuple[str, np.ndarray]] = []
     wanted = set(forward_order(config)) | {"logits"}
-    dtypes: dict[str, str] = {}
+    first: dict = {}  # the first non-finite tensor: its name, dtype, kinds and batch row
+    before: list = []  # the finite tensor just before it: (name, largest |value|)
 
     def keep(name, tensor):
-        if name in wanted and not any(not np.isfinite(t).all() for _, t in seen):
-            dtypes[name] = str(getattr(tensor, "dtype", "")).replace("torch.", "")
-            seen.append((name, to_numpy(tensor)))
+        if first or name not in wanted:
+            return
+        values = to_numpy(tensor)
+        bad = ~np.isfinite(values)
+        if not bad.any():
+            before[:] = [(name, float(np.abs(values).max()) if values.size else 0.0)]
+            return
+        kinds = " and ".join(word for word, found in (("NaN", np.isnan(values).any()), ("inf", np.isinf(values).any()))
+                             if found)
+        first.update(name=name, dtype=str(getattr(tensor, "dtype", "")).replace("torch.", ""), kinds=kinds,
+                     row=int(np.argwhere(bad)[0][0]))
 
     tgt = np.full((src.shape[0], 1), bos, dtype=np.int64)
     try:
         with np.errstate(all="ignore"):
             model(src, tgt, sink=keep)
-    except (InputError, ValueError):
+    except Exception:  # noqa: BLE001 - a diagnosis that cannot run must not replace the search's error
         return None
-    for index, (name, tensor) in enumerate(seen):
-        bad = ~np.isfinite(tensor)
-        if not bad.any():
-            continue
-        row = int(np.argwhere(bad)[0][0])
-        kinds = " and ".join(word for word, found in (("NaN", np.isnan(tensor).any()), ("inf", np.isinf(tensor).any()))
-                             if found)
-        before = ""
-        if index:
-            previous, values = seen[index - 1]
-            largest = float(np.abs(values).max())
-            before = f", the tensor before it, {previous}, being finite (largest |value| {largest:.3g})"
-        what = "attention weights, " if name.endswith((".self", ".cross")) else ""
-        found = (f"decoding produced NaN logits; the first non-finite tensor is {name} ({what}{kinds}, batch row "
-                 f"{row}) of a forward pass on --src with the start token {bos}{before}")
-        if math.isinf(config.mask_fill):
-            return InputError("src_ids", f"{found}: with mask_fill=-inf, a query with no key to attend to is NaN "
-                                         "(is the start id the pad id?), or a value overflowed")
-        dtype = dtypes[name]
-        return CheckpointError(where, f"{found}: a value overflowed {dtype} there (mask_fill={config.mask_fill:g} is "
-                                      "finite, so no masked row made it): check the weights' magnitudes, or run in "
-                                      "a wider dtype")
-    return None
+    if not first:
+        return None
+    name = first["name"]
+    previous = ""
+    if before:
+        previous = f", the tensor before it, {before[0][0]}, being finite (largest |value| {before[0][1]:.3g})"
+    what = "attention weights, " if name.endswith((".self", ".cross")) else ""
+    found = (f"decoding produced NaN logits at step {nan.step}, row {nan.row}; the first non-finite tensor is {name} "
+             f"({what}{first['kinds']}, batch row {first['row']}) of a forward pass on --src with the start token "
+             f"{bos}{previous}")
+    if math.isinf(config.mask_fill):
+        return InputError("src_ids", f"{found}: with mask_fill=-inf, a query with no key to attend to is NaN "
+                                     "(is the start id the pad id?), or a value overflowed")
+    return CheckpointError(where, f"{found}: a value overflowed {first['dtype']} there (mask_fill={config.mask_fill:g} "
+                                  "is finite, so no masked row made it): check the weights' magnitudes, or run in "
+                                  "a wider dtype")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -213,18 +214,18 @@ def run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from conformance.check import toy
+    from conformance.check import backends, toy
     from conformance.check.compare import to_numpy
     from conformance.cli.common import labels, load_model, named_by_flags, parse_source, source_form
     from conformance.cli.progress import Status
-    from conformance.core.errors import InputError
+    from conformance.core.errors import InputError, NaNLogitsError
 
     if args.max_len is not None and args.max_len < 1:  # 0 is not "the default"; said before the model loads
         raise InputError("--max-len", f"must be an int in [1, the model's max_len], got {args.max_len}")
     sampled = sampling(args)
     constraints = processors(args)
     config, model = load_model(args.checkpoint, args.backend)
-    if args.backend == "torch":
+    if backends.kind(args.backend) == "torch":  # torch and torch-compiled
         from conformance.cli.threads import fit_torch_threads
 
         fit_torch_threads(config)
@@ -242,17 +243,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"rosetta generate: warning: {toy.range_warning(src)}", file=sys.stderr)
     if args.max_len is None and transformers_length(config):
         print(f"rosetta generate: up to {settings['max_len']} tokens: the checkpoint's generation settings name no "
-              f"max_length, so transformers' default max_length={HF_MAX_LENGTH} applies (it counts the start token); "
-              "--max-len sets another limit", file=sys.stderr)
+              f"max_length or max_new_tokens, so transformers' default applies ({HF_DEFAULT_NEW_TOKENS} new tokens, "
+              "start token and all within max_position_embeddings); --max-len sets another limit", file=sys.stderr)
     eos = settings["eos_id"]
     with named_by_flags(), Status("rosetta generate") as status:
         status(f"decoding {len(src)} row(s) on {args.backend}, up to {settings['max_len']} tokens")
         try:
             generated = to_numpy(model.generate(src, **settings)).astype(np.int64)
         except InputError as exc:  # under the flag the user typed
-            if exc.argument == "src_ids":  # NaN logits: name the first non-finite tensor, not --src
+            if isinstance(exc, NaNLogitsError):  # name the first non-finite tensor, not --src
                 overflow = overflow_error(model, config, src, settings["bos_id"],
-                                          args.checkpoint or "the built-in default model")
+                                          args.checkpoint or "the built-in default model", exc)
                 if overflow is not None:
                     raise overflow from None
             if exc.argument not in PROCESSOR_FLAGS:

@@ -10,7 +10,9 @@ that follows starts on a clean line.
 Other lines may reach stderr while the status is shown (impl_jax's notice before a long compile,
 printed from a timer thread; a warning): while the status is live, `sys.stderr` clears the status
 line before such text, so that it starts a line of its own, and draws the status again once that
-line has ended.
+line has ended. A line is often written in pieces (`print` writes its text, then the newline):
+while one is half out, the status is not drawn (a new message waits for the line's end), so
+that the redraw's carriage return cannot erase it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Status:
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self.started = time.monotonic()
         self.shown = False
+        self.partial = False  # another writer's line is half out: the status waits for its end
         self.message: str | None = None
         self.lock = threading.RLock()  # the status and another thread's line (the JAX notice) take turns
         self._proxy: _GivingWay | None = None
@@ -37,7 +40,8 @@ class Status:
             return
         with self.lock:
             self.message = message
-            self._draw()
+            if not self.partial:
+                self._draw()
 
     def _draw(self) -> None:
         elapsed = time.monotonic() - self.started
@@ -74,11 +78,14 @@ class _GivingWay:
         self._status = status
 
     def write(self, text: str) -> int:
+        if not text:  # nothing to show: the status stays
+            return 0
         status = self._status
         with status.lock:
             status._clear()
             written = status.stream.write(text)
-            if text.endswith("\n") and status.message is not None:
+            status.partial = not text.endswith("\n")
+            if not status.partial and status.message is not None:
                 status._draw()
             return written
 

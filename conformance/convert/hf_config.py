@@ -168,14 +168,9 @@ class HFTable:
         wanted = ", ".join(f"{s.to[0]}={_value_of(config, s.to[0])!r}" for s in lines)
         raise ConfigError(lines[0].to[0], f"{where} has no {spec.hf} for {wanted} (its values: {', '.join(listed)})")
 
-    def generation_of(self, sources: list[Mapping[str, Any]]) -> dict[str, Any]:
-        """The generation fields found first in `sources` (generation_config.json, then config.json)."""
-        found: dict[str, Any] = {}
-        for data in sources:
-            for key in self.generation:
-                if key in data and data[key] is not None and key not in found:
-                    found[key] = data[key]
-        return found
+    def generation_of(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The generation fields `data` (a generation_config.json, or a config.json) sets."""
+        return {key: data[key] for key in self.generation if data.get(key) is not None}
 
 
 def _value_of(config: ModelConfig, name: str) -> Any:

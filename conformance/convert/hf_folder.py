@@ -20,8 +20,9 @@ the folder holds (the first found):
     flax_model.msgpack.index.json + its shards      the same, sharded: `weight_map` names the shard of every
                                                     parameter by its "/"-joined path
 
-`generation_config.json` (or, in older folders, the same fields in `config.json`) is recorded in
-the checkpoint's notes under "generation", as JSON, for decoding, completed by the family's
+`generation_config.json` (or, in older folders without one, the same fields in `config.json`, as
+transformers reads them) is recorded in the checkpoint's notes under "generation", as JSON, for
+decoding, completed by the family's
 `[hf.generation_defaults]` where the folder names none (T5's decoder start: its pad id). An export (`write_folder`) is
 the inverse: config.json, generation_config.json and model.safetensors that the family's
 `from_pretrained` loads. Nothing in the folder is executed: JSON is parsed, safetensors headers are
@@ -169,9 +170,13 @@ def read_switches(folder: Path, layout: str | Layout | None = None) -> tuple[Lay
 
 
 def read_generation(folder: Path, layout: Layout) -> dict[str, Any]:
-    """Special ids and decoding defaults: generation_config.json first, then config.json."""
-    sources = [_json(folder / name) for name in ("generation_config.json", "config.json") if (folder / name).is_file()]
-    return layout.hf.generation_of(sources)
+    """Special ids and decoding defaults: generation_config.json's, or config.json's in a folder
+    without one. As transformers' `from_pretrained`, which then ignores config.json's generation
+    fields (a `max_length` there does not apply beside a generation_config.json naming none)."""
+    for name in ("generation_config.json", "config.json"):
+        if (folder / name).is_file():
+            return layout.hf.generation_of(_json(folder / name))
+    return {}
 
 
 def from_hf_folder(folder: str | Path, **overrides: Any) -> tuple[ModelConfig, dict[str, np.ndarray]]:

@@ -28,13 +28,14 @@ This module is framework-free (NumPy and the standard library).
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from conformance.core.errors import InputError
+from conformance.core.errors import InputError, NaNLogitsError
 
 # Hugging Face's stand-in for "minus infinity" in beam scores (finite, so that sums stay ordered).
 NEG = -1.0e9
@@ -284,9 +285,20 @@ class Generation:
             "num_return_sequences", "do_sample", "temperature", "top_k", "top_p", "seed")}
 
 
-# transformers' GenerationConfig().max_length: where its `generate` stops when a model's generation
-# settings name neither max_length nor max_new_tokens. It counts the decoder start token.
-HF_DEFAULT_MAX_LENGTH = 20
+# How many new tokens transformers' `generate` makes when a model's generation settings name neither
+# max_length nor max_new_tokens (GenerationConfig().max_length is None; `_prepare_generated_length`:
+# "by default let's always generate 20 new tokens"), its max_length, start token included, capped at
+# max_position_embeddings (`hf_default_max_len`).
+HF_DEFAULT_NEW_TOKENS = 20
+
+
+def hf_default_max_len(config) -> int:
+    """The tokens transformers' `generate` makes for `config` with no max_length or max_new_tokens
+    set: `HF_DEFAULT_NEW_TOKENS`, with the start token at most max_position_embeddings (our
+    max_len) long. T5's relative positions have no such table (its config has no
+    max_position_embeddings), so only our own max_len bounds it."""
+    positions = config.max_len if config.position == "relative" else config.max_len - 1
+    return max(1, min(HF_DEFAULT_NEW_TOKENS, positions))
 
 
 def generation_note(config) -> dict:
@@ -327,8 +339,8 @@ def generation_note(config) -> dict:
         out["max_len"] = min(int(recorded["max_new_tokens"]), config.max_len)
     elif recorded.get("max_length") is not None:  # Hugging Face counts the start token
         out["max_len"] = min(int(recorded["max_length"]) - 1, config.max_len)
-    else:  # neither: transformers stops at GenerationConfig's default max_length
-        out["max_len"] = min(HF_DEFAULT_MAX_LENGTH - 1, config.max_len)
+    else:  # neither: transformers' default number of new tokens
+        out["max_len"] = hf_default_max_len(config)
     if recorded.get("forced_eos_token_id") is not None and recorded.get("forced_eos_token_id") == eos:
         out["forced_eos"] = True
     words = [words for words in recorded.get("bad_words_ids") or [] if isinstance(words, list) and words]
@@ -613,12 +625,26 @@ def _processed(scores: np.ndarray, tokens: np.ndarray, step: int, processors: Pr
 # -- The search --------------------------------------------------------------------------------
 
 
-def _check_finite(logits: np.ndarray, live: np.ndarray, step: int) -> None:
+def nan_error(step: int, row: int, mask_fill: float | None = None) -> NaNLogitsError:
+    """The error for NaN logits of an open row, naming the causes the model's `mask_fill` allows
+    (None: a search without a model, whose step gave them): only a -inf fill makes a query whose
+    every key is masked NaN (0 / 0); with a finite one, a value in the model overflowed."""
+    found = f"the decoder produced NaN logits at step {step}, row {row}"
+    if mask_fill is None:
+        return NaNLogitsError(step, row, f"{found}: the step function returned them")
+    if math.isinf(mask_fill):
+        return NaNLogitsError(step, row, f"{found}: an attention row had every key masked with mask_fill=-inf (is "
+                                         "bos_id the pad id?), or a value in the model overflowed")
+    return NaNLogitsError(step, row, f"{found}: a value in the model overflowed its dtype (non-finite values; "
+                                     f"mask_fill={mask_fill:g} is finite, so no masked attention row made them); "
+                                     "`rosetta check` on the checkpoint, or the model's intermediates, name the first "
+                                     "non-finite tensor")
+
+
+def _check_finite(logits: np.ndarray, live: np.ndarray, step: int, mask_fill: float | None) -> None:
     bad = np.argwhere(np.isnan(logits[live]).any(axis=-1))
     if len(bad):
-        row = int(np.flatnonzero(live)[bad[0, 0]])
-        raise InputError("src_ids", f"the decoder produced NaN logits at step {step}, row {row}: an attention row "
-                                    "had every key masked with mask_fill=-inf (is bos_id the pad id?)")
+        raise nan_error(step, int(np.flatnonzero(live)[bad[0, 0]]), mask_fill)
 
 
 def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max_len: int, bos_id: int, eos_id: int,
@@ -628,7 +654,7 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
            min_length: int = 0, min_new_tokens: int = 0, beam_rule: str = "hf", num_return_sequences: int = 1, do_sample: bool = False, temperature: float = 1.0,
            top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
            as_numpy: Callable[[Any], np.ndarray] = np.asarray,
-           trace: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+           trace: list | None = None, mask_fill: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Greedy (num_beams=1), beam search (Hugging Face's rule, or Flax's with beam_rule="flax")
     or sampling (do_sample=True). Returns the best `num_return_sequences` sequences per source
     row after `bos_id` (best first; samples in the order drawn), (batch * num_return_sequences, n)
@@ -649,6 +675,9 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
     ranked candidates and finished hypotheses; sampling: the distance between the uniform and the
     nearest edge of the cumulative distribution, or of top_k's and top_p's thresholds,
     `filter_gap`), and max(1, largest |logit|) of the row's beams (or sampled row).
+
+    `mask_fill`, the model's (None without one), picks the causes that NaN logits of an open row
+    are blamed on (`nan_error`, raised as a `NaNLogitsError`).
     """
     one_token, words = split_bad_words(bad_words_ids, eos_id)
     processors = Processors(max_len=max_len, eos_id=eos_id, banned_ids=tuple(banned_ids) + one_token,
@@ -657,15 +686,16 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
                             forced_bos_id=forced_bos_id, forced_eos=forced_eos)
     if do_sample:
         return _sample(step, batch * num_return_sequences, max_len, bos_id, eos_id, pad_id, length_penalty,
-                       length_penalty_form, processors, temperature, top_k, top_p, seed, as_numpy, trace)
+                       length_penalty_form, processors, temperature, top_k, top_p, seed, as_numpy, trace,
+                       mask_fill=mask_fill)
     if beam_rule == "flax":
         return _beam_flax(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty,
-                          length_penalty_form, processors, as_numpy, trace)
+                          length_penalty_form, processors, as_numpy, trace, mask_fill=mask_fill)
     if num_beams == 1:
         return _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, length_penalty_form,
-                       processors, as_numpy, trace)
+                       processors, as_numpy, trace, mask_fill=mask_fill)
     return _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, early_stopping,
-                 length_penalty_form, processors, as_numpy, trace, num_return_sequences)
+                 length_penalty_form, processors, as_numpy, trace, num_return_sequences, mask_fill=mask_fill)
 
 
 def _scale(logits: np.ndarray) -> np.ndarray:
@@ -683,14 +713,15 @@ def _neighbour_gap(scores: np.ndarray, k: int) -> np.ndarray:
     return gaps.min(axis=1)
 
 
-def _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, form, processors, as_numpy, trace=None):
+def _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, form, processors, as_numpy, trace=None, *,
+            mask_fill=None):
     tokens = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
     done = np.zeros(batch, dtype=bool)
     summed = np.zeros(batch)
     lengths = np.zeros(batch, dtype=np.int64)
     for i in range(max_len):
         logits = np.array(as_numpy(step(tokens, None)), dtype=np.float64)  # (B, V)
-        _check_finite(logits, ~done, i)
+        _check_finite(logits, ~done, i, mask_fill)
         log_probs = _processed(log_softmax(logits), tokens, i, processors)
         if trace is not None:
             trace.append({"gap": np.where(done, np.inf, _neighbour_gap(log_probs, 1)), "scale": _scale(logits)})
@@ -765,7 +796,7 @@ def uniforms(seed: int | None, max_len: int, rows: int) -> np.ndarray:
 
 
 def _sample(step, rows, max_len, bos_id, eos_id, pad_id, length_penalty, form, processors, temperature, top_k,
-            top_p, seed, as_numpy, trace=None):
+            top_p, seed, as_numpy, trace=None, *, mask_fill=None):
     """Multinomial sampling (Hugging Face's `_sample` with do_sample=True): at every step the
     processed logits are warped (`warp`), turned into float64 probabilities, and each open row
     draws its next id with one uniform. The uniforms, (max_len, rows), are drawn once up front
@@ -777,7 +808,7 @@ def _sample(step, rows, max_len, bos_id, eos_id, pad_id, length_penalty, form, p
     lengths = np.zeros(rows, dtype=np.int64)
     for i in range(max_len):
         logits = np.array(as_numpy(step(tokens, None)), dtype=np.float64)  # (N, V)
-        _check_finite(logits, ~done, i)
+        _check_finite(logits, ~done, i, mask_fill)
         log_probs = _processed(log_softmax(logits), tokens, i, processors)
         processed = _processed(logits, tokens, i, processors)
         drawn, gap = draw(np.exp(log_softmax(warp(processed, temperature, top_k, top_p))), drawn_uniforms[i])
@@ -805,7 +836,7 @@ def _top(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, early_stopping, form,
-          processors, as_numpy, trace=None, returned=1):
+          processors, as_numpy, trace=None, returned=1, *, mask_fill=None):
     """Hugging Face's beam search (transformers 5.x `_beam_search`), docs/decoding.md."""
     beams, keep = num_beams, 2 * num_beams  # 2 x beams candidates, so that beams stay open after ends
     width = max_len + 1  # the start token and at most max_len generated ones
@@ -824,7 +855,7 @@ def _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalt
     while True:
         tokens = running[:, :, :length].reshape(batch * beams, length)  # (N, t)
         logits = np.array(as_numpy(step(tokens, parents)), dtype=np.float64)  # (N, V)
-        _check_finite(logits, np.ones(len(logits), dtype=bool), length - 1)
+        _check_finite(logits, np.ones(len(logits), dtype=bool), length - 1, mask_fill)
         vocab = logits.shape[-1]
         log_probs = _processed(log_softmax(logits), tokens, length - 1, processors)
         totals = (log_probs.reshape(batch, beams, vocab) + running_scores[:, :, None]).reshape(batch, -1)
@@ -876,7 +907,7 @@ def _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalt
 
 
 def _beam_flax(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, form, processors, as_numpy,
-               trace=None):
+               trace=None, *, mask_fill=None):
     """Flax examples/wmt `decode.beam_search` (also t5x and MLCommons AlgoPerf's wmt decode.py),
     with Flax's `max_decode_len` = max_len + 1 (its sequences hold the start token). It differs
     from `_beam` in three places (docs/decoding.md):
@@ -900,7 +931,7 @@ def _beam_flax(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_p
     while True:
         tokens = live[:, :, :length].reshape(batch * beams, length)  # (N, t)
         logits = np.array(as_numpy(step(tokens, parents)), dtype=np.float64)  # (N, V)
-        _check_finite(logits, np.ones(len(logits), dtype=bool), length - 1)
+        _check_finite(logits, np.ones(len(logits), dtype=bool), length - 1, mask_fill)
         vocab = logits.shape[-1]
         log_probs = _processed(log_softmax(logits), tokens, length - 1, processors)
         totals = (log_probs.reshape(batch, beams, vocab) + live_scores[:, :, None]).reshape(batch, -1)

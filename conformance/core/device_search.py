@@ -32,8 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from conformance.core.decoding import NEG
-from conformance.core.errors import InputError
+from conformance.core.decoding import NEG, nan_error  # nan_error: the reference's, for every driver
 
 State = dict[str, Any]
 
@@ -200,7 +199,7 @@ def processed(ops, rules: Rules, scores, step, banned, eos_id, forced_bos=None):
 
 def first_nan_row(ops, logits, live, bad):
     """The search's record of NaN logits: `bad` stays the first (step-ordered) NaN row of an open
-    row, -1 while there is none (the driver raises the reference's InputError from it).
+    row, -1 while there is none (the driver raises the reference's NaNLogitsError from it, `decoding.nan_error`).
 
     A row holds a NaN exactly when its max is NaN: NumPy's, torch's and JAX's max propagate NaN
     (and +inf beside -inf is +inf, not NaN). One reduction, where isnan then any is a (N, V) mask
@@ -626,12 +625,6 @@ def rules_of(settings) -> Rules:
                  do_sample=settings.do_sample, no_repeat_ngram_size=settings.no_repeat_ngram_size)
 
 
-def nan_error(step: int, row: int) -> InputError:
-    """The reference's error for NaN logits of an open row (`decoding._check_finite`)."""
-    return InputError("src_ids", f"the decoder produced NaN logits at step {step}, row {row}: an attention row "
-                                 "had every key masked with mask_fill=-inf (is bos_id the pad id?)")
-
-
 def newest(ops, rules: Rules, state: State):
     """The tokens the next step feeds the decoder (N,)."""
     return beam_newest(ops, state) if rules.beams else greedy_newest(ops, state)
@@ -669,7 +662,7 @@ def counter(rules: Rules) -> str:
 
 
 def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: int, banned, length_penalty,
-        dtype, read, returned: int = 1, sampling=None, scores: bool = True, data=None):
+        dtype, read, returned: int = 1, sampling=None, scores: bool = True, data=None, mask_fill=None):
     """The search with a Python loop around the device's steps (NumPy, torch). Returns the ids
     (B x returned, n) and scores (B x returned,) in the backend's arrays.
 
@@ -681,7 +674,8 @@ def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: i
     sampling: `sampling_data`, when rules.do_sample;
     scores: False when the caller drops the scores (greedy search and sampling then skip the
         log-softmax, and the scores returned are None);
-    data: `processor_data` (the forced first id, the minimum length, the bad-word table), or None.
+    data: `processor_data` (the forced first id, the minimum length, the bad-word table), or None;
+    mask_fill: the model's, which NaN logits are blamed by (`decoding.nan_error`; None: no model).
     """
     state = start(ops, rules, batch, bos_id, pad_id, dtype, returned)
     steps = 0
@@ -691,7 +685,7 @@ def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: i
         steps = i + 1
         stop, bad = read(state["stop"], state["bad"])
         if bad >= 0:
-            raise nan_error(i, bad)
+            raise nan_error(i, bad, mask_fill)
         if stop:
             break
     ids, found = result(ops, rules, state, length_penalty, steps, dtype, read, returned)

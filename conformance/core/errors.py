@@ -4,6 +4,7 @@
 | ----------------- | --------------------------------------------------- | ------------------ |
 | `ConfigError`     | a config field that is not valid                    | the field          |
 | `InputError`      | a bad argument to a model call (ids, masks, dtype)  | the argument       |
+| `NaNLogitsError`  | NaN logits of a row a search still decodes         | "src_ids", step, row |
 | `CheckpointError` | a checkpoint file that cannot be trusted            | the file           |
 | `TooLargeError`   | a config whose parameters cannot fit in memory      | the field          |
 
@@ -38,6 +39,17 @@ class InputError(ValueError):
         self.argument = argument
         self.problem = problem
         super().__init__(f"{argument}: {problem}")
+
+
+class NaNLogitsError(InputError):
+    """A search met NaN logits in a row it still decodes (`.step`, `.row`: the decoder row). An
+    `InputError` on "src_ids" (a row of the call's input gave them); the message names the causes
+    the model's `mask_fill` allows (`conformance.core.decoding.nan_error`)."""
+
+    def __init__(self, step: int, row: int, problem: str):
+        self.step = step
+        self.row = row
+        super().__init__("src_ids", problem)
 
 
 class CheckpointError(ValueError):
