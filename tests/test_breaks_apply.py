@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from breaks import BREAKS, CORE_FILES, PROPERTY_BREAKS, REALISTIC_BREAKS, ROOT, SIDE_FILES, side_path
+from breaks import (BREAKS, CORE_FILES, FLOAT32_PROPERTY_BREAKS, PROPERTY_BREAKS, REALISTIC_BREAKS, ROOT, SIDE_FILES,
+                    side_path)
 
 
 def _edits():
     for name, (backend, edits, _patches) in BREAKS.items():
         yield name, backend, edits
-    for name, (_module, plants) in PROPERTY_BREAKS.items():
+    for name, (_module, plants) in {**PROPERTY_BREAKS, **FLOAT32_PROPERTY_BREAKS}.items():
         for backend, edits, _patches in plants:
             yield name, backend, edits
     for name, (backend, _dtype, edits, _patches, _tame) in REALISTIC_BREAKS.items():

@@ -18,7 +18,7 @@ import inspect
 
 import pytest
 
-from breaks import BREAKS, PROPERTY_BREAKS, broken_copy, first_failure_only
+from breaks import BREAKS, FLOAT32_PROPERTY_BREAKS, PROPERTY_BREAKS, broken_copy, first_failure_only
 from conformance.check import backends
 from conformance.check.backends import Target
 
@@ -110,6 +110,41 @@ def test_pristine_copies_pass_the_property(module):
     registered = registered_copies(f"pristine {module}", [(backend, [], {}) for backend, _, _ in copies])
     try:
         run_property(module, [Target(r, "cpu", "float64") for r in registered])
+    finally:
+        for r in registered:
+            backends.unregister_backend(r)
+
+
+# What the float32 leg of test_search_rules must name for each float32-only break: the rule broken,
+# not a parting from the reference (which a close call may excuse).
+FLOAT32_CATCHES = {"float32 greedy search ties ids within a 0.2 margin": "greedy search chose id"}
+
+
+@pytest.mark.parametrize("name", sorted(FLOAT32_PROPERTY_BREAKS))
+def test_each_float32_leg_catches_its_own_break(name):
+    """A float32-only mistake: the property's float64 leg passes the copy, its float32 leg fails
+    it, and names the rule broken (`FLOAT32_CATCHES`)."""
+    module, copies = FLOAT32_PROPERTY_BREAKS[name]
+    registered = registered_copies(name, copies)
+    try:
+        run_property(module, [Target(r, "cpu", "float64") for r in registered])
+        with pytest.raises(AssertionError) as caught, first_failure_only(the_property(module)):
+            run_property(module, [Target(r, "cpu", "float32") for r in registered])
+    finally:
+        for r in registered:
+            backends.unregister_backend(r)
+    first = str(caught.value).splitlines()[0]
+    assert FLOAT32_CATCHES[name] in first, f"{name!r} was caught, but not by its rule: {first[:300]}"
+    print(f"{name}: caught by conformance/suite/{module}.py in float32: {first[:300]}")
+
+
+@pytest.mark.parametrize("module", sorted({module for module, _ in FLOAT32_PROPERTY_BREAKS.values()}))
+def test_pristine_copies_pass_the_float32_leg(module):
+    """The same copies without their edit pass the float32 leg."""
+    copies = next(copies for m, copies in FLOAT32_PROPERTY_BREAKS.values() if m == module)
+    registered = registered_copies(f"pristine float32 {module}", [(backend, [], {}) for backend, _, _ in copies])
+    try:
+        run_property(module, [Target(r, "cpu", "float32") for r in registered])
     finally:
         for r in registered:
             backends.unregister_backend(r)
