@@ -11,6 +11,7 @@
     model = impl_jax.Model(config, params, buckets=(8, 16, 32))   # bounded recompilation
     impl_jax.compile_stats()                              # compiles, seconds, calls, cache size
     impl_jax.enable_persistent_cache()                    # compiled executables kept on disk (or ROSETTA_JAX_CACHE=1)
+    sharded = impl_jax.shard(model, mesh, "fsdp+tp")      # on a ("data", "model") jax.sharding.Mesh (impl_jax.shard)
 
 The model is an `nnx.Module`: `nnx.state(model, nnx.Param)` flattened with dots gives exactly the
 checkpoint's names, so it can be jitted, vmapped and sharded like any Flax model. Each call checks
@@ -41,6 +42,7 @@ from impl_jax.model import (
     target_mask,
 )
 from impl_jax.precision import enable_x64, full_precision, precision_settings, x64_enabled
+from impl_jax.shard import shard
 from impl_jax.state import load_state, save_state
 from impl_jax import stacks as _stacks  # noqa: F401  (registers the scanned layer stacks with impl_jax.compiled)
 
@@ -68,7 +70,7 @@ __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
 BACKEND_EXTRAS = ("Adam", "bucket_length", "clear_cache", "clear_persistent_cache", "compile_stats",
                   "disable_persistent_cache", "enable_persistent_cache", "enable_x64", "load_state",
-                  "persistent_cache_dir", "reset_stats", "save_state", "train_step", "x64_enabled")
+                  "persistent_cache_dir", "reset_stats", "save_state", "shard", "train_step", "x64_enabled")
 
 enable_from_environment()  # ROSETTA_JAX_CACHE (impl_jax.cache)
 
