@@ -13,6 +13,8 @@
     switches     which ModelConfig switches act where each tensor is computed
     user_code    the user's code failing: its own frames of the traceback
     taps         reading a foreign model's tensors where its layout's [taps] say
+    onnx_export  impl_torch's model as encoder/decoder ONNX graphs (torch's exporter), `rosetta convert --to onnx`
+    onnx_runtime the `onnxruntime` target: those graphs run by ONNX Runtime, beside the oracle
 
 May import: the core, NumPy, the converters (`conformance.convert`, beside the backends), and
 the backends (`impl_*`) lazily, by name, through `backends`. Never the suite or the CLI.

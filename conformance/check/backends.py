@@ -22,7 +22,10 @@ from typing import Any, Iterator
 BACKENDS = ("numpy", "torch", "jax")
 # Targets asked for by name only, never in the default set (`--backends numpy,torch-compiled`):
 # name -> (the module with a backend's surface, the built-in backend it behaves like).
-OPTIONAL_BACKENDS = {"torch-compiled": ("conformance.check.compiled_torch", "torch")}
+# `onnxruntime` (conformance.check.onnx_runtime) is impl_torch's model exported to ONNX and run by
+# ONNX Runtime's CPU execution provider: host arrays in and out, on the CPU, as NumPy's are.
+OPTIONAL_BACKENDS = {"torch-compiled": ("conformance.check.compiled_torch", "torch"),
+                     "onnxruntime": ("conformance.check.onnx_runtime", "numpy")}
 
 ADAPTER = "adapter"  # the kind of a user's own backend, given by an adapter
 
@@ -302,6 +305,8 @@ def precision_problems(settings: dict[str, Any]) -> list[str]:
 def version(backend: str) -> str:
     if is_adapter(backend):
         return adapter_of(backend).describe()
+    if backend in OPTIONAL_BACKENDS and hasattr(import_backend(backend), "version"):
+        return import_backend(backend).version()  # a runtime of its own (onnxruntime)
     if backend in OPTIONAL_BACKENDS and kind(backend) == "torch":
         import torch
 

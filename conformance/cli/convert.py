@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "tensors, .msgpack for Flax's msgpack, or a "
                         "new directory: for a Hugging Face layout (hf-marian, hf-bart, ...) a model folder that its "
                         "from_pretrained loads, otherwise an Orbax checkpoint)")
+    parser.add_argument("--taps", action="store_true",
+                        help="with --to onnx: add the tensors `rosetta check` compares (embeddings, attention weights, "
+                             "each sublayer's output) to the graphs as outputs of those names")
     parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model), or the dotted path of the parameter tree in a Flax msgpack file or Orbax checkpoint (e.g. params)")
     parser.add_argument("--force", action="store_true",
                         help="replace DST if it exists (a file only, never a directory; the new file is written beside it "
@@ -103,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
     from conformance.core.errors import CheckpointError
 
     src, dst = Path(args.src), Path(args.dst)
+    if getattr(args, "to", None) == ONNX:
+        return export_onnx(src, dst, args)
+    if getattr(args, "taps", False):
+        raise InputError("--taps", "adds graph outputs to an ONNX export: give it with --to onnx")
     if getattr(args, "to", None):
         return export(src, dst, args.to, parse_sets(args.sets), force=getattr(args, "force", False))
     if dst.suffix.lower() != ".safetensors":
@@ -265,6 +272,44 @@ def trial_run(config, params) -> list[str]:
 
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+ONNX = "onnx"  # `--to onnx`: graphs, not a layout (docs/deployment.md)
+
+
+def export_onnx(src: Path, dst: Path, args: argparse.Namespace) -> int:
+    """`rosetta convert model.safetensors DIR --to onnx [--taps]`: a new directory with the
+    encoder and decoder graphs of `conformance.check.onnx_export`, traced by torch's exporter from
+    impl_torch's model in float32, the directory made whole or not at all."""
+    from conformance.core import checkpoint
+    from conformance.core.errors import CheckpointError, InputError
+
+    given = [flag for flag, value in (("--layout", args.layout), ("--set", args.sets), ("--rename", args.renames),
+                                      ("--key", args.key), ("--force", getattr(args, "force", False))) if value]
+    if given:
+        raise InputError(given[0], "--to onnx exports a rosetta checkpoint as it is stored, into a new directory: "
+                         "nothing to choose, set, rename or replace")
+    if args.dtype not in (None, "float32"):
+        raise InputError("--dtype", f"--to onnx exports float32 graphs only, not {args.dtype}")
+    if dst.exists():
+        raise CheckpointError(dst, "already exists; the ONNX graphs go into a new directory: name one that "
+                              "does not exist")
+    if not dst.parent.is_dir() and str(dst.parent):
+        raise CheckpointError(dst, f"directory {dst.parent} does not exist")
+    try:
+        import onnxscript  # noqa: F401 - torch's exporter needs it, and says so only after tracing
+        from impl_torch import Model
+        from conformance.check import onnx_export
+    except ImportError as exc:
+        raise InputError("--to", f"exporting to ONNX needs torch, onnx and onnxscript ({exc}): "
+                         "pip install 'rosetta-transformer[torch,onnx]'") from None
+    config, params = checkpoint.load(src)
+    model = Model(config, params, "float32")
+    with checkpoint.atomic_directory(dst) as folder:
+        folder.mkdir()
+        written = onnx_export.export(model, folder, taps=args.taps)
+    print(f"{src} -> {dst} (ONNX opset {onnx_export.OPSET}, float32{', with taps' if args.taps else ''}: "
+          f"{', '.join(path.name for path in written)})")
+    print(f"  config: {config.summary()}")
+    return 0
 
 
 def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any], force: bool = False) -> int:

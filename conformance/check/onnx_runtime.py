@@ -1,0 +1,170 @@
+"""The `onnxruntime` target: impl_torch's model exported to ONNX and run by ONNX Runtime.
+
+    rosetta check --backends numpy,onnxruntime                 (CPU execution provider, float32)
+
+A deployed translation model is rarely the PyTorch module: it is an ONNX graph, traced by torch's
+exporter and run by ONNX Runtime, and the trace can drop what the Python did (a mask, a cache
+wired to the wrong layer) without any error. This target builds `impl_torch.Model` from the
+config and parameters, exports it with `conformance.check.onnx_export` (with every tap that
+`rosetta check` compares as an extra graph output) into a temporary folder, loads the two graphs into ONNX
+Runtime sessions, and answers a model call with the sessions' tensors, so the report puts the
+runtime beside the float64 oracle tensor by tensor.
+
+A call runs the decoder graph twice: on the whole target prefix with an empty cache, and again
+with the first half of the positions as a cache (the first call's `present_*` outputs, cut to
+those positions, fed back as `past_*`), computing only the rest. Each tensor is the first call's
+rows for the first half and the second call's for the rest, so the later positions' logits and
+taps are those the cache produced, and a graph that reads its cache wrong shows at the first
+tensor it touches. The cache is cut from the whole-prefix call, not made by a call on the first
+half alone, so that its values are the oracle's even where a fully masked row (a -inf fill) has
+made a NaN that the whole-sequence forward carries into every later layer (0 x NaN).
+
+Float32 only, on the CPU execution provider: the exporter traces the model in its own dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from typing import Any, Iterator
+
+import numpy as np
+
+try:
+    import onnxruntime
+    import onnxscript  # noqa: F401 - torch's exporter needs it, and says so only after tracing
+except ImportError as _missing:
+    raise ImportError(f"{_missing}: the onnxruntime target needs the [onnx] extra "
+                      "(pip install 'rosetta-transformer[onnx]')") from None
+
+import impl_torch
+from conformance.core.config import ModelConfig
+from conformance.core.errors import InputError
+from conformance.core.inputs import check_dtype, check_same_batch, host_ids
+from conformance.core.output import Encoded, ModelOutput, forward_order, record
+
+NAME = "onnxruntime"
+SUPPORTED_DTYPES = ("float32",)
+PROVIDER = "CPUExecutionProvider"
+
+
+def version() -> str:
+    import torch
+
+    return f"onnxruntime {onnxruntime.__version__} ({PROVIDER}), exported by torch {torch.__version__}"
+
+
+@contextlib.contextmanager
+def full_precision() -> Iterator[None]:
+    """ONNX Runtime's CPU kernels compute float32 in float32: there is nothing to switch."""
+    yield
+
+
+def precision_settings() -> dict[str, Any]:
+    return {"execution_provider": PROVIDER}
+
+
+class Model:
+    """`Model(config, params, dtype, *, device, param_dtype)`, the shared surface, over two ONNX
+    Runtime sessions exported from `impl_torch.Model(config, params, dtype, param_dtype=...)`."""
+
+    backend = NAME
+
+    def __init__(self, config: ModelConfig, params, dtype: Any = None, *, device: str | None = None,
+                 param_dtype: Any = None):
+        from conformance.check import onnx_export
+
+        dtype = "float32" if dtype is None else str(dtype)
+        check_dtype(self.backend, dtype, SUPPORTED_DTYPES)
+        if device not in (None, "cpu"):
+            raise InputError("device", f"the {self.backend} target runs on the CPU only, got {device!r}")
+        self.config = config
+        torch_model = impl_torch.Model(config, params, dtype, param_dtype=param_dtype)
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3  # warnings about unused shape hints are not findings
+        with tempfile.TemporaryDirectory(prefix="rosetta-onnx-") as folder:
+            encoder, decoder = onnx_export.export(torch_model, folder, taps=True)
+            del torch_model
+            self.encoder = onnxruntime.InferenceSession(str(encoder), options, providers=[PROVIDER])
+            self.decoder = onnxruntime.InferenceSession(str(decoder), options, providers=[PROVIDER])
+        self.layers = config.n_decoder_layers
+
+    def _src_mask(self, src_ids: np.ndarray, src_mask) -> np.ndarray:
+        if src_mask is not None:
+            raise InputError("src_mask", f"the {self.backend} target derives the source mask from the ids "
+                             "(the exported graph's src_mask input); an explicit mask is not passed through")
+        return src_ids != self.config.pad_id  # (B, S)
+
+    def encode(self, src_ids, src_mask=None, *, sink=None, return_attention: bool = True) -> Encoded:
+        """The encoder graph's outputs: the cross-attention keys and values and the encoder taps."""
+        src_ids = host_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len).astype(np.int64)
+        mask = self._src_mask(src_ids, src_mask)
+        outputs = dict(zip([o.name for o in self.encoder.get_outputs()],
+                           self.encoder.run(None, {"src_ids": src_ids, "src_mask": mask})))
+        encoded = Encoded(memory=outputs["encoder.output"], src_mask=mask, attention=record(), intermediates=record())
+        encoded.cross = [outputs.pop(name) for name in _names("cross", self.layers)]
+        for name, value in outputs.items():
+            (encoded.attention if _is_attention(name) else encoded.intermediates)[name] = value
+        return encoded
+
+    def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, sink=None,
+               return_attention: bool = True) -> ModelOutput:
+        """The decoder graph on the whole prefix with an empty cache, then on its second half with
+        the first half's keys and values as the cache (see the module docstring)."""
+        if tgt_mask is not None:
+            raise InputError("tgt_mask", f"the {self.backend} target derives the target mask from the ids "
+                             "inside the exported decoder graph; an explicit mask is not passed through")
+        tgt_ids = host_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len).astype(np.int64)
+        check_same_batch(encoded.memory.shape, tgt_ids.shape)
+        batch, length = tgt_ids.shape
+        split = max(1, length // 2)
+        heads, head_dim = self.config.n_heads, self.config.head_dim
+        past = {name: np.zeros((batch, heads, 0, head_dim), np.float32) for name in _names("past", self.layers)}
+        cross = dict(zip(_names("cross", self.layers), encoded.cross))
+        inputs = {"tgt_ids": tgt_ids, "src_mask": encoded.src_mask, **cross}
+        whole = self._decode({**inputs, **past})
+        present = {name.replace("present", "past", 1): whole.pop(name) for name in _names("present", self.layers)}
+        if split == length:  # a single position: no cache to read
+            joined = whole
+        else:
+            rest = self._decode({**inputs, **{name: value[:, :, :split] for name, value in present.items()}})
+            joined = {name: _join(whole[name], rest[name], split) for name in whole}
+        out = ModelOutput(logits=joined.pop("logits"), attention=dict(encoded.attention),
+                          intermediates=dict(encoded.intermediates))
+        for name, value in joined.items():
+            (out.attention if _is_attention(name) else out.intermediates)[name] = value
+        if sink is not None:
+            for name in forward_order(self.config):
+                held = out.attention if name in out.attention else out.intermediates
+                if name == "logits":
+                    sink(name, out.logits)
+                elif name in held:
+                    sink(name, held.pop(name))
+            out.logits = None
+        if not return_attention:
+            out.attention = None
+        return out
+
+    def _decode(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip([o.name for o in self.decoder.get_outputs()], self.decoder.run(None, inputs)))
+
+    def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, sink=None,
+                 return_attention: bool = True) -> ModelOutput:
+        """logits (B, T, V) and every tap, as `impl_torch.Model.forward` returns them."""
+        return self.decode(tgt_ids, self.encode(src_ids, src_mask), tgt_mask, sink=sink,
+                           return_attention=return_attention)
+
+
+def _names(kind: str, layers: int) -> list[str]:
+    return [f"{kind}_{part}.{i}" for i in range(layers) for part in ("key", "value")]
+
+
+def _is_attention(name: str) -> bool:
+    return name.endswith((".self", ".cross"))
+
+
+def _join(whole: np.ndarray, rest: np.ndarray, split: int) -> np.ndarray:
+    """One decoder tensor: the whole-prefix call's first `split` positions, then the cached call's
+    (along axis 1; axis 2 for attention weights (B, H, T, Tk))."""
+    axis = 2 if whole.ndim == 4 else 1
+    return np.concatenate([np.take(whole, np.arange(split), axis=axis), rest], axis=axis)

@@ -1,0 +1,161 @@
+"""ONNX export (`rosetta convert --to onnx`) and the `onnxruntime` target, run in ONNX Runtime itself.
+
+The graphs are exported from impl_torch by torch's exporter and run by ONNX Runtime's CPU
+execution provider; every comparison is against the float64 NumPy oracle, on padded rows, within
+the float32 tolerance. Two planted export bugs must be named by `rosetta check` at the tensor
+where they first show, not only at the logits.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime", reason="the [onnx] extra is not installed: pip install 'rosetta-transformer[onnx]'")
+pytest.importorskip("onnxscript", reason="torch's ONNX exporter needs onnxscript (the [onnx] extra)")
+pytest.importorskip("torch", reason="the graphs are exported from impl_torch")
+
+import onnx  # noqa: E402
+import onnxruntime  # noqa: E402
+
+import impl_numpy  # noqa: E402
+from breaks import ONNX_EXPORT_BREAKS, planted_in_the_export  # noqa: E402
+from conformance import init_params  # noqa: E402
+from conformance.check.backends import Target  # noqa: E402
+from conformance.check.compare import compare  # noqa: E402
+from conformance.check.report import fixed_batch, run_check  # noqa: E402
+from conformance.check.tolerances import tolerance  # noqa: E402
+from conformance.cli import main  # noqa: E402
+from conformance.core import checkpoint  # noqa: E402
+from conformance.core.config import ModelConfig  # noqa: E402
+from conformance.core.errors import InputError  # noqa: E402
+from conformance.core.output import forward_order, tensors_of  # noqa: E402
+
+# Pre-LN with final norms, a scaled embedding, target padding on the queries with a -inf fill:
+# the fixed batch's padded rows then hold fully masked (NaN) rows the runtime must reproduce.
+CONFIG = ModelConfig(
+    src_vocab_size=17, tgt_vocab_size=19, d_model=16, n_heads=4, d_ff=24, n_encoder_layers=1,
+    n_decoder_layers=2, max_len=8, norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True,
+    layer_norm_eps=1e-6, scale_embedding=True, mask_fill=float("-inf"), tgt_pad_mask="queries",
+)
+ORT = Target("onnxruntime", "cpu", "float32")
+TOL = tolerance("float32", "cpu")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    path = tmp_path_factory.mktemp("onnx") / "model.safetensors"
+    params = init_params(CONFIG, seed=3)
+    checkpoint.save(path, CONFIG, params)
+    return path, params
+
+
+@pytest.fixture(scope="module")
+def exported(saved):
+    """`rosetta convert model.safetensors DIR --to onnx --taps`, once for the module."""
+    path, _ = saved
+    folder = path.parent / "graphs"
+    assert main(["convert", str(path), str(folder), "--to", "onnx", "--taps"]) == 0
+    return folder
+
+
+def oracle(params, src_ids, tgt_ids) -> dict[str, np.ndarray]:
+    return tensors_of(impl_numpy.Model(CONFIG, params, dtype="float64")(src_ids, tgt_ids))
+
+
+def session(path) -> onnxruntime.InferenceSession:
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def run(sess, inputs) -> dict[str, np.ndarray]:
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+
+
+def test_export_writes_two_graphs_with_dynamic_axes_and_a_cache(exported):
+    assert sorted(p.name for p in exported.iterdir()) == ["decoder.onnx", "encoder.onnx"]
+    decoder = onnx.load(exported / "decoder.onnx")
+    assert max(o.version for o in decoder.opset_import if o.domain in ("", "ai.onnx")) >= 17
+    inputs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in decoder.graph.input}
+    assert {"tgt_ids", "src_mask", "past_key.0", "past_value.1", "cross_key.1"} <= inputs.keys()
+    assert all(isinstance(d, str) for d in inputs["tgt_ids"]), f"tgt_ids (B, L) not dynamic: {inputs['tgt_ids']}"
+    assert isinstance(inputs["past_key.0"][0], str) and isinstance(inputs["past_key.0"][2], str)
+    outputs = [o.name for o in decoder.graph.output]
+    assert outputs[:5] == ["logits", "present_key.0", "present_value.0", "present_key.1", "present_value.1"]
+    encoder_outputs = [o.name for o in onnx.load(exported / "encoder.onnx").graph.output]
+    taps = [name for name in forward_order(CONFIG) if name != "logits"]
+    assert sorted(outputs[5:] + [n for n in encoder_outputs if not n.startswith("cross_")]) == sorted(taps)
+
+
+def test_graphs_agree_with_the_oracle_on_padded_rows_uncached_and_in_a_cached_loop(saved, exported):
+    _, params = saved
+    src_ids, tgt_ids = fixed_batch(CONFIG)  # 3 rows: no padding, trailing padding, all but one token
+    expected = oracle(params, src_ids, tgt_ids)
+    src_mask = src_ids != CONFIG.pad_id
+    encoder, decoder = session(exported / "encoder.onnx"), session(exported / "decoder.onnx")
+    encoded = run(encoder, {"src_ids": src_ids.astype(np.int64), "src_mask": src_mask})
+    cross = {name: value for name, value in encoded.items() if name.startswith("cross_")}
+    shape = (3, CONFIG.n_heads, 0, CONFIG.head_dim)
+    empty = {f"past_{part}.{i}": np.zeros(shape, np.float32) for i in range(2) for part in ("key", "value")}
+    whole = run(decoder, {"tgt_ids": tgt_ids.astype(np.int64), "src_mask": src_mask, **empty, **cross})
+    for name in forward_order(CONFIG):
+        actual = encoded[name] if name.startswith("encoder.") else whole[name]
+        result = compare(actual, expected[name], TOL)
+        assert result.passed, f"onnxruntime/cpu/float32 {name}: {result}"
+    # The cached loop: one new position per call, each call's present_* the next call's past_*.
+    # Step t equals the oracle's decode of the prefix up to t (a -inf fill's NaN rows of later
+    # padded positions reach earlier ones in a whole-sequence forward, never in a cached one).
+    past = empty
+    for t in range(tgt_ids.shape[1]):
+        step = run(decoder, {"tgt_ids": tgt_ids[:, :t + 1].astype(np.int64), "src_mask": src_mask, **past, **cross})
+        assert step["logits"].shape == (3, 1, CONFIG.tgt_vocab_size)
+        result = compare(step["logits"][:, 0], oracle(params, src_ids, tgt_ids[:, :t + 1])["logits"][:, t], TOL)
+        assert result.passed, f"onnxruntime/cpu/float32 cached step {t} logits: {result}"
+        past = {f"past_{k[len('present_'):]}": v for k, v in step.items() if k.startswith("present_")}
+        assert past["past_key.0"].shape[2] == t + 1
+
+
+def test_rosetta_check_with_the_onnxruntime_target_passes(saved, capsys):
+    path, _ = saved
+    assert main(["check", str(path), "--backends", "numpy,onnxruntime"]) == 0
+    out = capsys.readouterr().out
+    assert "onnxruntime/cpu/float32" in out and "onnxruntime/cpu/float64  skipped" in out, out
+
+
+@pytest.mark.parametrize("name", sorted(ONNX_EXPORT_BREAKS))
+def test_a_planted_export_bug_is_named_at_the_tensor_where_it_shows(saved, name):
+    _, params = saved
+    with planted_in_the_export(name):
+        report = run_check(CONFIG, params, "planted", [ORT])
+    where = ONNX_EXPORT_BREAKS[name][2]
+    assert not report.errors, report.errors
+    assert report.first_failure(ORT) == (where, ORT.label), f"{name}: {report.first_failure(ORT)}\n{report.to_text()}"
+
+
+def test_the_target_refuses_what_it_cannot_run(saved):
+    from conformance.check import onnx_runtime
+
+    _, params = saved
+    with pytest.raises(InputError, match="cannot run float64"):
+        onnx_runtime.Model(CONFIG, params, "float64")
+
+
+def test_a_missing_onnxruntime_is_skipped_with_the_reason(monkeypatch):
+    from conformance.check import backends
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # what `import onnxruntime` finds uninstalled
+    monkeypatch.delitem(sys.modules, "conformance.check.onnx_runtime", raising=False)
+    reason = backends.availability(["onnxruntime"])["onnxruntime"]
+    assert reason.startswith("not importable") and "pip install 'rosetta-transformer[onnx]'" in reason, reason
+
+
+def test_convert_to_onnx_refuses_an_existing_directory_and_foreign_flags(saved, tmp_path, capsys):
+    path, _ = saved
+    assert main(["convert", str(path), str(tmp_path), "--to", "onnx"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["convert", str(path), str(tmp_path / "new"), "--to", "onnx", "--dtype", "float16"]) == 2
+    assert "--dtype: --to onnx exports float32 graphs only" in capsys.readouterr().err
+    assert main(["convert", str(path), str(tmp_path / "new.safetensors"), "--taps"]) == 2
+    assert "give it with --to onnx" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
