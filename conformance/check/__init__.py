@@ -15,6 +15,7 @@
     taps         reading a foreign model's tensors where its layout's [taps] say
     onnx_export  impl_torch's model as encoder/decoder ONNX graphs (torch's exporter), `rosetta convert --to onnx`
     onnx_runtime the `onnxruntime` target: those graphs run by ONNX Runtime, beside the oracle
+    ctranslate2_check  `rosetta convert --to ctranslate2` (CTranslate2's converter) and its scores and ids beside the oracle
 
 May import: the core, NumPy, the converters (`conformance.convert`, beside the backends), and
 the backends (`impl_*`) lazily, by name, through `backends`. Never the suite or the CLI.

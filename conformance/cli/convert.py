@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--taps", action="store_true",
                         help="with --to onnx: add the tensors `rosetta check` compares (embeddings, attention weights, "
                              "each sublayer's output) to the graphs as outputs of those names")
+    parser.add_argument("--quantization", choices=["float32", "int8", "int8_float32", "bfloat16", "float16"],
+                        help="with --to ctranslate2: the type CTranslate2 stores the weights in (its names; default "
+                             "float32), its default compute type when loaded (docs/deployment.md)")
     parser.add_argument("--key", metavar="NAME", help="the entry of a PyTorch file that holds the state dict (e.g. model), or the dotted path of the parameter tree in a Flax msgpack file or Orbax checkpoint (e.g. params)")
     parser.add_argument("--force", action="store_true",
                         help="replace DST if it exists (a file only, never a directory; the new file is written beside it "
@@ -108,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
     src, dst = Path(args.src), Path(args.dst)
     if getattr(args, "to", None) == ONNX:
         return export_onnx(src, dst, args)
+    if getattr(args, "to", None) == CTRANSLATE2:
+        return export_ctranslate2(src, dst, args)
+    if getattr(args, "quantization", None):
+        raise InputError("--quantization", "chooses how CTranslate2 stores the weights: give it with --to ctranslate2")
     if getattr(args, "taps", False):
         raise InputError("--taps", "adds graph outputs to an ONNX export: give it with --to onnx")
     if getattr(args, "to", None):
@@ -308,6 +315,33 @@ def export_onnx(src: Path, dst: Path, args: argparse.Namespace) -> int:
         written = onnx_export.export(model, folder, taps=args.taps)
     print(f"{src} -> {dst} (ONNX opset {onnx_export.OPSET}, float32{', with taps' if args.taps else ''}: "
           f"{', '.join(path.name for path in written)})")
+    print(f"  config: {config.summary()}")
+    return 0
+
+
+CTRANSLATE2 = "ctranslate2"  # `--to ctranslate2`: CTranslate2's converter, through a Hugging Face Marian folder
+
+
+def export_ctranslate2(src: Path, dst: Path, args: argparse.Namespace) -> int:
+    """`rosetta convert model.safetensors DIR --to ctranslate2 [--quantization T]`: the checkpoint
+    as a Hugging Face Marian folder (`--to hf-marian`), converted by CTranslate2's own
+    TransformersConverter into a new directory, made whole or not at all
+    (`conformance.check.ctranslate2_check.convert`)."""
+    from conformance.check import ctranslate2_check
+    from conformance.core import checkpoint
+    from conformance.core.errors import InputError
+
+    given = [flag for flag, value in (("--layout", args.layout), ("--set", args.sets), ("--rename", args.renames),
+                                      ("--key", args.key), ("--force", getattr(args, "force", False)),
+                                      ("--dtype", args.dtype), ("--taps", getattr(args, "taps", False))) if value]
+    if given:
+        raise InputError(given[0], "--to ctranslate2 converts a rosetta checkpoint as it is stored, into a new "
+                         "directory: choose the stored type with --quantization; nothing to set, rename or replace")
+    ctranslate2_check.require()
+    config, params = checkpoint.load(src)
+    quantization = getattr(args, "quantization", None) or "float32"
+    ctranslate2_check.convert(config, params, dst, quantization)
+    print(f"{src} -> {dst} (CTranslate2 model, {quantization} weights, through a Hugging Face Marian folder)")
     print(f"  config: {config.summary()}")
     return 0
 

@@ -1,0 +1,321 @@
+"""CTranslate2 beside the oracle: a rosetta checkpoint converted by CTranslate2's own converter, then
+its `score_batch` and `translate_batch` compared with the float64 NumPy model.
+
+    from conformance.check import ctranslate2_check
+    ctranslate2_check.convert(config, params, "model-ct2/")            # `rosetta convert --to ctranslate2`
+    report = ctranslate2_check.check(config, params, src_ids, tgt_ids)  # every compute type
+    print(report.table())
+
+    python -m conformance.check.ctranslate2_check [CHECKPOINT]          # the table, on fixed_batch
+
+The path is the one a user takes: the checkpoint is written as a Hugging Face Marian folder
+(`conformance.convert.hf_folder.write_folder`, layout hf-marian) and handed to
+`ctranslate2.converters.TransformersConverter`, which loads it with transformers' MarianMTModel.
+Only what CTranslate2's Marian loader represents is converted (`representable`): it drops the
+last vocabulary row as the `<pad>` transformers appended and starts the decoder from a zero
+embedding, so the pad id must be the last id and its embedding row zero.
+
+The oracle is Marian as CTranslate2 runs it: the float64 model on the float32-rounded weights that
+CTranslate2 received, its log-softmax taken over the vocabulary without the pad column, and our
+`generate` with the pad id banned (transformers' bad_words_ids for Marian). A banned id still
+holds probability mass in our beam scores and none in CTranslate2's; `pad_mass` reports the
+largest, which is what can part beam ids that agree everywhere else.
+
+Needs the [ctranslate2] extra and transformers with torch (the converter loads the folder).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from conformance.core.config import ModelConfig
+from conformance.core.errors import ConfigError, InputError
+
+LAYOUT = "hf-marian"
+# The compute types compared, as CTranslate2 names them (`ctranslate2.Translator(compute_type=...)`). Its CPU
+# build runs the first three (bfloat16 and float16 only on a GPU: `ctranslate2.get_supported_compute_types`).
+COMPUTE_TYPES = ("float32", "int8", "int8_float32", "bfloat16", "float16")
+BEAMS = (1, 4)
+
+
+def require():
+    """The `ctranslate2` module, or an InputError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError as exc:
+        raise InputError("ctranslate2", f"CTranslate2 is not installed ({exc}): "
+                         "pip install 'rosetta-transformer[ctranslate2,torch]' transformers") from None
+    return ctranslate2
+
+
+def representable(config: ModelConfig, params) -> None:
+    """Refuse, with the switch named, a model that CTranslate2's Marian loader would change. The
+    hf-marian export refuses what Marian itself cannot express (position, norm placement, ...)."""
+    vocab = config.tgt_vocab_size
+    if config.src_vocab_size != vocab:
+        raise ConfigError("src_vocab_size", f"CTranslate2's Marian loader registers one vocabulary for source and "
+                          f"target; src_vocab_size {config.src_vocab_size} != tgt_vocab_size {vocab}")
+    if config.pad_id != vocab - 1:
+        raise ConfigError("pad_id", f"CTranslate2's Marian loader drops the last vocabulary row ({vocab - 1}) as the "
+                          f"<pad> transformers appended, so pad_id must be {vocab - 1}, got {config.pad_id}")
+    for key in ("encoder.embedding.weight", "decoder.embedding.weight"):
+        if key in params and np.any(np.asarray(params[key])[config.pad_id] != 0):
+            raise ConfigError("pad_id", f"row {config.pad_id} (the pad id) of {key} is not zero: CTranslate2 starts "
+                              "Marian's decoder from a zero embedding, where transformers and rosetta look up the pad "
+                              "id's row")
+
+
+def generation_ids(config: ModelConfig) -> tuple[int, int]:
+    """(start id, end id): Marian starts from the pad id; the end id is the checkpoint's note's."""
+    import json
+
+    note = json.loads(config.notes["generation"]) if config.notes.get("generation") else {}
+    eos = note.get("eos_token_id", config.notes.get("eos_id"))
+    if eos is None:
+        raise ConfigError("notes", "the checkpoint names no end token (note 'generation' eos_token_id, or 'eos_id'): "
+                          "CTranslate2 needs one to stop decoding")
+    return config.pad_id, int(eos)
+
+
+class _Vocabulary:
+    """What `TransformersConverter` reads from a tokenizer: token `i` is spelled `str(i)`, so a
+    CTranslate2 token maps back to its id exactly, with no tokenizer files in the folder. The pad
+    id (the last) is left out: the Marian loader drops its weights rows."""
+
+    def __init__(self, size: int, eos_id: int):
+        self.size = size
+        self.eos_token = self.unk_token = str(eos_id)  # rosetta has no unknown token; every id is known
+
+    def get_vocab(self) -> dict[str, int]:
+        return {str(i): i for i in range(self.size)}
+
+    def convert_ids_to_tokens(self, i: int) -> str:
+        return str(i)
+
+
+def convert(config: ModelConfig, params, dst: str | Path, quantization: str = "float32") -> Path:
+    """A new CTranslate2 model directory at `dst`, made whole or not at all, its weights stored in
+    `quantization` (one of COMPUTE_TYPES)."""
+    from conformance.convert import export_state_dict, load_layout
+    from conformance.convert.hf_folder import write_folder
+    from conformance.core.checkpoint import atomic_directory
+    from conformance.core.errors import CheckpointError
+
+    ctranslate2 = require()
+    if quantization not in COMPUTE_TYPES:
+        raise InputError("--quantization", f"expected one of {list(COMPUTE_TYPES)}, got {quantization!r}")
+    dst = Path(dst)
+    if dst.exists():
+        raise CheckpointError(dst, "already exists; a CTranslate2 model goes into a new directory: name one that "
+                              "does not exist")
+    if not dst.parent.is_dir() and str(dst.parent):
+        raise CheckpointError(dst, f"directory {dst.parent} does not exist")
+    representable(config, params)
+    _, eos = generation_ids(config)
+    layout = load_layout(LAYOUT)
+    weights = {key: np.asarray(value, np.float32) for key, value in params.items()}  # CTranslate2 stores <= float32
+    state = export_state_dict(config, weights, layout)
+
+    class Converter(ctranslate2.converters.TransformersConverter):
+        def load_tokenizer(self, *args, **kwargs):
+            return _Vocabulary(config.tgt_vocab_size - 1, eos)
+
+    with tempfile.TemporaryDirectory(prefix="rosetta-ct2-") as scratch, atomic_directory(dst) as staged:
+        folder = Path(scratch) / "hf-marian"
+        write_folder(folder, config, state, layout)
+        try:
+            Converter(str(folder)).convert(str(staged), quantization=quantization)
+        except ImportError as exc:  # its loader imports transformers and torch only now
+            raise InputError("ctranslate2", f"CTranslate2's converter loads the Hugging Face folder with transformers "
+                             f"and torch ({exc}): pip install transformers 'rosetta-transformer[torch]'") from None
+    return dst
+
+
+@dataclass
+class ComputeTypeResult:
+    """One compute type against the oracle. `position_error[t]`: the largest |log p| difference at
+    target position t (the appended end token last) over the rows that reach it."""
+
+    compute_type: str
+    position_error: np.ndarray
+    agreement: dict[int, float] = field(default_factory=dict)  # beams -> share of equal ids
+    first_split: dict[int, int | None] = field(default_factory=dict)  # beams -> first step where ids part
+
+    @property
+    def max_error(self) -> float:
+        return float(np.max(self.position_error))
+
+
+@dataclass
+class CTranslate2Report:
+    rows: list[ComputeTypeResult]
+    pad_mass: float  # the largest probability the oracle gives the pad id at a scored position
+    version: str
+    max_len: int
+    device: str = "cpu"
+    skipped: dict[str, str] = field(default_factory=dict)  # compute type -> why it did not run
+
+    def table(self) -> str:
+        head = "| compute type | max abs error, log p | per position | " + " | ".join(
+            f"{'greedy' if b == 1 else f'beam {b}'} ids equal, first split" for b in self.rows[0].agreement) + " |"
+        lines = [head, "|" + "---|" * (3 + len(self.rows[0].agreement))]
+        for row in self.rows:
+            ids = " | ".join(f"{row.agreement[b]:.0%}, {'-' if row.first_split[b] is None else row.first_split[b]}"
+                             for b in row.agreement)
+            per = " ".join(f"{e:.1e}" for e in row.position_error)
+            lines.append(f"| {row.compute_type} | {row.max_error:.2e} | {per} | {ids} |")
+        for compute_type, why in self.skipped.items():
+            lines.append(f"| {compute_type} | not run: {why} |")
+        lines.append(f"({self.version} on {self.device}; oracle: NumPy float64; max_len {self.max_len}; "
+                     f"largest pad probability {self.pad_mass:.1e})")
+        return "\n".join(lines)
+
+
+def _rows(ids: np.ndarray, pad_id: int, name: str) -> list[list[int]]:
+    """Each row's ids before its trailing padding; padding inside a row is refused (CTranslate2
+    takes unpadded lists, and positions would shift)."""
+    rows = []
+    for i, row in enumerate(np.asarray(ids).tolist()):
+        n = len(row)
+        while n and row[n - 1] == pad_id:
+            n -= 1
+        if n == 0 or pad_id in row[:n]:
+            raise InputError(name, f"row {i} must be tokens followed by padding only (pad_id={pad_id}), got {row}")
+        rows.append(row[:n])
+    return rows
+
+
+def _until(row, eos_id: int) -> list[int]:
+    row = [int(i) for i in row]
+    return row[:row.index(eos_id)] if eos_id in row else row
+
+
+def _agreement(ours: list[list[int]], theirs: list[list[int]]) -> tuple[float, int | None]:
+    """(share of steps where the ids are equal, the first step where any row's ids part, or None)."""
+    equal = total = 0
+    first = None
+    for a, b in zip(ours, theirs):
+        steps = max(len(a), len(b)) + 1  # the end token (or its absence) is a step too
+        a, b = a + [-1] * (steps - len(a)), b + [-1] * (steps - len(b))
+        same = [x == y for x, y in zip(a, b)]
+        equal, total = equal + sum(same), total + steps
+        if not all(same):
+            step = same.index(False)
+            first = step if first is None else min(first, step)
+    return equal / total, first
+
+
+def check(config: ModelConfig, params, src_ids, tgt_ids, *, compute_types=COMPUTE_TYPES, beams=BEAMS,
+          max_len: int | None = None, length_penalty: float = 1.0, model_dir: str | Path | None = None,
+          device: str = "cpu") -> CTranslate2Report:
+    """CTranslate2 (converted from `params` into `model_dir`, default a temporary directory) beside
+    the float64 oracle in each compute type: `score_batch` log-probabilities of `tgt_ids` (plus the
+    end token) per position, and `translate_batch` ids for each beam size against our `generate`
+    with the same start and end ids, max_len, length_penalty, and no sampling. The two searches'
+    defaults differ where the settings are lined up: CTranslate2's `min_decoding_length` (1) is
+    set to 0, rosetta's (and transformers') none; its beam search stops once `beam_size`
+    hypotheses end (`patience=1`), which is transformers' `early_stopping=True`, given to ours."""
+    import impl_numpy
+
+    ctranslate2 = require()
+    for compute_type in compute_types:
+        if compute_type not in COMPUTE_TYPES:
+            raise InputError("compute_types", f"expected some of {list(COMPUTE_TYPES)}, got {compute_type!r}")
+    representable(config, params)
+    start, eos = generation_ids(config)
+    pad = config.pad_id
+    sources, targets = _rows(src_ids, pad, "src_ids"), _rows(tgt_ids, pad, "tgt_ids")
+    max_len = max_len or config.max_len
+    weights = {key: np.asarray(value, np.float32) for key, value in params.items()}  # what CTranslate2 gets
+    model = impl_numpy.Model(config, weights, dtype="float64")
+
+    # The oracle's log p of each target token after [start] + prefix, the end token appended.
+    longest = max(len(t) for t in targets) + 1
+    decoder_in = np.full((len(targets), longest), pad)
+    wanted = np.full((len(targets), longest), pad)
+    for i, t in enumerate(targets):
+        decoder_in[i, :len(t) + 1] = [start] + t
+        wanted[i, :len(t) + 1] = t + [eos]
+    src = np.asarray(src_ids)
+    logits = model(src, decoder_in, return_attention=False).logits  # (B, T, V)
+    kept = np.delete(logits, pad, axis=-1)  # CTranslate2's vocabulary: no pad column
+    top = kept.max(-1, keepdims=True)
+    log_z = top + np.log(np.exp(kept - top).sum(-1, keepdims=True))
+    oracle = np.take_along_axis(logits, wanted[..., None], -1)[..., 0] - log_z[..., 0]  # (B, T)
+    full_top = logits.max(-1, keepdims=True)
+    pad_p = np.exp(logits[..., pad] - full_top[..., 0]) / np.exp(logits - full_top).sum(-1)
+    valid = np.arange(longest)[None] <= np.array([len(t) for t in targets])[:, None]  # (B, T)
+
+    ours = {b: [_until(r, eos) for r in model.generate(src, max_len=max_len, bos_id=start, eos_id=eos, num_beams=b,
+                                                        length_penalty=length_penalty, banned_ids=[pad],
+                                                        early_stopping=True)]
+            for b in beams}
+    text = [[str(i) for i in row] for row in sources]
+    supported = ctranslate2.get_supported_compute_types(device)
+    skipped = {t: f"CTranslate2 {ctranslate2.__version__} has no {t} kernels on this {device}" for t in compute_types
+               if t not in supported}
+    results = []
+    with tempfile.TemporaryDirectory(prefix="rosetta-ct2-") as scratch:
+        folder = Path(model_dir) if model_dir is not None else Path(scratch) / "model"
+        if not folder.exists():
+            convert(config, params, folder)
+        for compute_type in [t for t in compute_types if t not in skipped]:
+            translator = ctranslate2.Translator(str(folder), device=device, compute_type=compute_type)
+            scored = translator.score_batch(text, [[str(i) for i in t] for t in targets])
+            theirs = np.zeros_like(oracle)
+            for i, s in enumerate(scored):
+                theirs[i, :len(s.log_probs)] = s.log_probs
+            error = np.where(valid, np.abs(theirs - oracle), 0.0).max(0)  # (T,)
+            row = ComputeTypeResult(compute_type, error)
+            for b in beams:
+                out = translator.translate_batch(text, beam_size=b, max_decoding_length=max_len,
+                                                 length_penalty=length_penalty, min_decoding_length=0)
+                ids = [[int(t) for t in r.hypotheses[0]] for r in out]
+                row.agreement[b], row.first_split[b] = _agreement(ours[b], ids)
+            results.append(row)
+    return CTranslate2Report(results, float(np.where(valid, pad_p, 0.0).max()), f"ctranslate2 {ctranslate2.__version__}",
+                             max_len, device, skipped)
+
+
+def example_model(seed: int = 0) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """A tiny seeded Marian that CTranslate2 represents: pad id last with a zero row, end id 0,
+    and the two logits a trained Marian learns apart from the rest: the pad's far below (it is
+    never a target), the end token's raised so that outputs end at different lengths."""
+    import json
+
+    from conformance.core.params import init_params
+    from conformance.core.presets import preset
+
+    config = preset("hf-marian", src_vocab_size=32, tgt_vocab_size=32, pad_id=31,
+                    notes={"generation": json.dumps({"decoder_start_token_id": 31, "eos_token_id": 0,
+                                                     "pad_token_id": 31})})
+    params = {key: np.asarray(value, np.float32) for key, value in init_params(config, seed=seed).items()}
+    params["encoder.embedding.weight"][config.pad_id] = 0.0
+    params["final_logits_bias"][config.pad_id] = -30.0
+    params["final_logits_bias"][0] = 2.0
+    return config, params
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m conformance.check.ctranslate2_check [CHECKPOINT]`: the error table on
+    `fixed_batch` for a rosetta checkpoint, or for `example_model()`."""
+    from conformance.check.report import fixed_batch
+    from conformance.core import checkpoint
+
+    argv = sys.argv[1:] if argv is None else argv
+    config, params = checkpoint.load(argv[0]) if argv else example_model()
+    src, tgt = fixed_batch(config)
+    import ctranslate2
+
+    device = "cuda" if ctranslate2.get_cuda_device_count() else "cpu"
+    print(check(config, params, src, tgt, device=device).table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
