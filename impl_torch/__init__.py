@@ -51,9 +51,11 @@ def save(model: Model, path: str | os.PathLike) -> None:
     checkpoint.save(path, model.config, {name: to_numpy(value) for name, value in model.state_dict().items()})
 
 from impl_torch.train import Adam, train_step  # the paper's optimizer (docs/training.md)
+from impl_torch import parallel  # noqa: E402  sharded runs on torch.distributed (docs/sharding.md)
+from impl_torch.parallel import parallelize  # noqa: E402
 from impl_torch import graphs  # noqa: E402  CUDA graphs of generate's step and of training (switched_off, release)
 
 # The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
-BACKEND_EXTRAS = ("Adam", "fast_attention", "graphs", "train_step")
+BACKEND_EXTRAS = ("Adam", "fast_attention", "graphs", "parallel", "parallelize", "train_step")

@@ -411,7 +411,8 @@ class MultiHeadAttention(nn.Module):
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
-        x = x.view(batch, length, self.n_heads, self.head_dim)  # (B, L, H, K)
+        # The heads from the width, not config.n_heads: a tensor-parallel shard holds H / model of them.
+        x = x.view(batch, length, -1, self.head_dim)  # (B, L, H, K)
         return x.transpose(1, 2)  # (B, H, L, K)
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
