@@ -51,11 +51,20 @@ def save(model: Model, path: str | os.PathLike) -> None:
     checkpoint.save(path, model.config, {name: to_numpy(value) for name, value in model.state_dict().items()})
 
 from impl_torch.train import Adam, train_step  # the paper's optimizer (docs/training.md)
-from impl_torch import parallel  # noqa: E402  sharded runs on torch.distributed (docs/sharding.md)
-from impl_torch.parallel import parallelize  # noqa: E402
+
+
+def parallelize(model: Model, mesh, plan: str, *, mp_policy=None) -> Model:
+    """`impl_torch.parallel.parallelize`: the model sharded over a DeviceMesh by plan ("dp", "fsdp",
+    "tp", "fsdp+tp"; docs/sharding.md). Imported when first called: it needs torch.distributed's
+    FSDP2 and tensor-parallel APIs, which importing the backend does not."""
+    from impl_torch.parallel import parallelize as shard
+
+    return shard(model, mesh, plan, mp_policy=mp_policy)
+
+
 from impl_torch import graphs  # noqa: E402  CUDA graphs of generate's step and of training (switched_off, release)
 
 # The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
-BACKEND_EXTRAS = ("Adam", "fast_attention", "graphs", "parallel", "parallelize", "train_step")
+BACKEND_EXTRAS = ("Adam", "fast_attention", "graphs", "parallelize", "train_step")

@@ -410,9 +410,11 @@ class MultiHeadAttention(nn.Module):
         return f"n_heads={self.n_heads}, mask_fill={self.fill:g}"
 
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
+        batch, length, width = x.shape
         # The heads from the width, not config.n_heads: a tensor-parallel shard holds H / model of them.
-        x = x.view(batch, length, -1, self.head_dim)  # (B, L, H, K)
+        if width % self.head_dim:
+            raise ValueError(f"a projection of width {width} does not split into heads of size {self.head_dim}")
+        x = x.view(batch, length, width // self.head_dim, self.head_dim)  # (B, L, H, K)
         return x.transpose(1, 2)  # (B, H, L, K)
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:

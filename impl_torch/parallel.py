@@ -144,16 +144,30 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, plan: str, *, mp_policy=None
     # gradients are summed over "data", not averaged: in every module FSDP2 manages (each layer's
     # parameter group reduces on its own). A plain SUM on the wire: gloo has neither AVG nor the
     # PREMUL_SUM FSDP2 otherwise picks for float32 and bfloat16 reductions.
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)
+    wrappers = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    if not wrappers:  # torch's private class tree moved: gradients would be averaged, silently
+        raise RuntimeError(f"plan {plan!r}: no FSDP2 module found after fully_shard/replicate, so the gradients' "
+                           "reduction cannot be set to a sum; this torch version is not supported by parallelize")
+    for module in wrappers:
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
     model.mesh, model.plan = mesh, plan
     # The model's own `loss_and_grads` differentiates with `torch.autograd.grad` at its parameters,
     # which FSDP2 and DTensor never reach (it would return zeros): the sharded one replaces it, so
     # `impl_torch.train_step` steps a parallelized model too.
     model.loss_and_grads = types.MethodType(loss_and_grads, model)
+    for name in ("generate", "start_cache", "decode_step"):  # its cache is sized by config.n_heads, untested sharded
+        setattr(model, name, types.MethodType(_not_sharded(name, plan), model))
     return model
+
+
+def _not_sharded(name: str, plan: str):
+    """A stand-in for `name` on a parallelized model: a clear error, not a cache of the wrong size."""
+    def refused(model, *args, **kwargs):
+        raise InputError("plan", f"{name} is not supported on a model parallelized with plan {plan!r} yet (its KV "
+                                 "cache is sized by the global head count): decode with the unsharded model; "
+                                 "see docs/sharding.md")
+    return refused
 
 
 def local_rows(mesh: DeviceMesh, argument: str, array: torch.Tensor) -> torch.Tensor:

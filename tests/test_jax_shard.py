@@ -20,8 +20,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
-MESHES = ((8, 1), (4, 2), (2, 4))
+# Under the `ci` profile one mesh that splits both axes (CI time); `HYPOTHESIS_PROFILE=thorough` runs all three.
+ALL_MESHES = ((8, 1), (4, 2), (2, 4))
+
+
+def _meshes() -> tuple:
+    """The meshes to run: the parent's choice in the subprocess ($ROSETTA_TEST_MESHES), else by profile."""
+    chosen = os.environ.get("ROSETTA_TEST_MESHES")
+    if chosen:
+        return tuple(tuple(int(n) for n in mesh.split("x")) for mesh in chosen.split(","))
+    return ALL_MESHES if settings._current_profile != "ci" else ((2, 4),)
+
+
+MESHES = _meshes()
 PLANS = ("dp", "fsdp", "tp", "fsdp+tp")
 CONFIG = dict(d_model=16, n_heads=4, d_ff=32, src_vocab_size=32, tgt_vocab_size=32, n_encoder_layers=1,
               n_decoder_layers=1, max_len=16)
@@ -207,7 +220,7 @@ def _flags() -> str:
 
 @pytest.fixture(scope="module")
 def record() -> dict:
-    env = {**os.environ, "XLA_FLAGS": _flags(), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": _flags(), "JAX_PLATFORMS": "cpu", "ROSETTA_TEST_MESHES": ",".join(f"{d}x{m}" for d, m in MESHES)}
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=600)
     lines = [line for line in run.stdout.splitlines() if line.startswith("RECORD ")]

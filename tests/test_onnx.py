@@ -158,4 +158,7 @@ def test_convert_to_onnx_refuses_an_existing_directory_and_foreign_flags(saved, 
     assert "--dtype: --to onnx exports float32 graphs only" in capsys.readouterr().err
     assert main(["convert", str(path), str(tmp_path / "new.safetensors"), "--taps"]) == 2
     assert "give it with --to onnx" in capsys.readouterr().err
+    # CTranslate2's storage types mean nothing to an ONNX export: refused, not ignored.
+    assert main(["convert", str(path), str(tmp_path / "new"), "--to", "onnx", "--quantization", "int8"]) == 2
+    assert "--quantization" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -21,9 +21,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parents[1]
-MESHES = ((4, 1), (2, 2), (1, 4))
+# Under the `ci` profile one mesh that splits both axes (CI time); `HYPOTHESIS_PROFILE=thorough` runs all three.
+ALL_MESHES = ((4, 1), (2, 2), (1, 4))
+
+
+def _meshes() -> tuple:
+    """The meshes to run: the parent's choice in the subprocess ($ROSETTA_TEST_MESHES), else by profile."""
+    chosen = os.environ.get("ROSETTA_TEST_MESHES")
+    if chosen:
+        return tuple(tuple(int(n) for n in mesh.split("x")) for mesh in chosen.split(","))
+    return ALL_MESHES if settings._current_profile != "ci" else ((2, 2),)
+
+
+MESHES = _meshes()
 PLANS = ("dp", "fsdp", "tp", "fsdp+tp")
 CONFIG = dict(d_model=16, n_heads=4, d_ff=32, src_vocab_size=32, tgt_vocab_size=32, n_encoder_layers=1,
               n_decoder_layers=1, max_len=16)
@@ -164,6 +177,9 @@ def _typed_errors(impl_torch, config, params, src, tgt, labels) -> dict:
         "not a precision policy": lambda: impl_torch.parallelize(fresh(), mesh(2, 2), "fsdp", mp_policy=torch.bfloat16),
         "batch does not divide over data": lambda: parallel.loss_and_grads(
             impl_torch.parallelize(fresh(), mesh(4, 1), "dp"), src[:3], tgt[:3], labels[:3]),
+        # Decoding's cache is sized by the global head count: refused, never a cache of the wrong size.
+        "generate on a parallelized model": lambda: impl_torch.parallelize(fresh(), mesh(2, 2), "tp").generate(
+            src[:2], max_len=3, bos_id=1, eos_id=2),
     }
     found = {}
     for case, call in cases.items():
@@ -296,7 +312,7 @@ def main(out_path: str) -> None:
 def record() -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "record.json"
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "ROSETTA_TEST_MESHES": ",".join(f"{d}x{m}" for d, m in MESHES)}
         run = subprocess.run([sys.executable, __file__, str(out)], env=env, cwd=ROOT, capture_output=True,
                              text=True, timeout=600)
         assert run.returncode == 0 and out.exists(), f"the sharded runs failed (exit {run.returncode}):\n{run.stderr[-6000:]}"
@@ -411,6 +427,7 @@ def test_the_planted_tp_bug_is_caught(record):
     ("d_ff does not divide", "InputError", "mesh", ("d_ff = 30", "size 4")),
     ("not a precision policy", "InputError", "mp_policy", ("MixedPrecisionPolicy", "dtype")),
     ("batch does not divide over data", "InputError", "src_ids", ("3 rows", "size 4")),
+    ("generate on a parallelized model", "InputError", "plan", ("generate", "'tp'", "docs/sharding.md")),
 ])
 def test_bad_input_gets_a_typed_error(record, case, kind, argument, words):
     found_kind, found_argument, message = record["typed_errors"][case]

@@ -290,7 +290,8 @@ def export_onnx(src: Path, dst: Path, args: argparse.Namespace) -> int:
     from conformance.core.errors import CheckpointError, InputError
 
     given = [flag for flag, value in (("--layout", args.layout), ("--set", args.sets), ("--rename", args.renames),
-                                      ("--key", args.key), ("--force", getattr(args, "force", False))) if value]
+                                      ("--key", args.key), ("--force", getattr(args, "force", False)),
+                                      ("--quantization", getattr(args, "quantization", None))) if value]
     if given:
         raise InputError(given[0], "--to onnx exports a rosetta checkpoint as it is stored, into a new directory: "
                          "nothing to choose, set, rename or replace")
