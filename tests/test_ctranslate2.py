@@ -17,6 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# One worker under `--dist loadgroup`: the module's fixture (exports, subprocesses) is paid once, not per worker.
+pytestmark = pytest.mark.xdist_group("ctranslate2")
+
 pytest.importorskip("ctranslate2", reason="the [ctranslate2] extra is not installed: "
                     "pip install 'rosetta-transformer[ctranslate2]'")
 pytest.importorskip("torch", reason="CTranslate2's converter loads the Hugging Face folder with transformers' torch model")

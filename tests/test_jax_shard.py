@@ -22,6 +22,9 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
+# One worker under `--dist loadgroup`: the module's fixture (exports, subprocesses) is paid once, not per worker.
+pytestmark = pytest.mark.xdist_group("jax-shard")
+
 # Under the `ci` profile one mesh that splits both axes (CI time); `HYPOTHESIS_PROFILE=thorough` runs all three.
 ALL_MESHES = ((8, 1), (4, 2), (2, 4))
 

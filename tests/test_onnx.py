@@ -13,6 +13,9 @@ import sys
 import numpy as np
 import pytest
 
+# One worker under `--dist loadgroup`: the module's fixture (exports, subprocesses) is paid once, not per worker.
+pytestmark = pytest.mark.xdist_group("onnx")
+
 pytest.importorskip("onnxruntime", reason="the [onnx] extra is not installed: pip install 'rosetta-transformer[onnx]'")
 pytest.importorskip("onnxscript", reason="torch's ONNX exporter needs onnxscript (the [onnx] extra)")
 pytest.importorskip("torch", reason="the graphs are exported from impl_torch")

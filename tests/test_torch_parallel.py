@@ -23,6 +23,9 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
+# One worker under `--dist loadgroup`: the module's fixture (exports, subprocesses) is paid once, not per worker.
+pytestmark = pytest.mark.xdist_group("torch-parallel")
+
 ROOT = Path(__file__).resolve().parents[1]
 # Under the `ci` profile one mesh that splits both axes (CI time); `HYPOTHESIS_PROFILE=thorough` runs all three.
 ALL_MESHES = ((4, 1), (2, 2), (1, 4))
