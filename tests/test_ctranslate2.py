@@ -76,6 +76,8 @@ def test_float32_ids_equal_ours_greedy_and_beam4(report):
     assert row.compute_type == "float32"
     assert row.agreement == {1: 1.0, 4: 1.0}, report.table()
     assert row.first_split == {1: None, 4: None}, report.table()
+    # The report says how the two searches were lined up: a user running defaults meets the difference.
+    assert "min_decoding_length=0" in report.table() and "early_stopping=True" in report.table()
 
 
 def test_float32_log_probs_within_the_float32_tolerance(report):

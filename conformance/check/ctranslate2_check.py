@@ -173,6 +173,10 @@ class CTranslate2Report:
             lines.append(f"| {compute_type} | not run: {why} |")
         lines.append(f"({self.version} on {self.device}; oracle: NumPy float64; max_len {self.max_len}; "
                      f"largest pad probability {self.pad_mass:.1e})")
+        # The two searches are lined up to be one algorithm; a user running either's defaults is not.
+        lines.append("(search aligned: CTranslate2 min_decoding_length=0, its default 1 never ends at the first step; "
+                     "ours early_stopping=True and the pad banned, as CTranslate2's beam search stops once num_hypotheses "
+                     "hypotheses ended, where transformers' default early_stopping=False does not)")
         return "\n".join(lines)
 
 
