@@ -20,39 +20,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from sharding_common import BATCH, CONFIG, PLANS, SRC_LEN, TGT_LEN, max_error, mesh_env, meshes
 
 # One worker under `--dist loadgroup`: the module's fixture (exports, subprocesses) is paid once, not per worker.
 pytestmark = pytest.mark.xdist_group("jax-shard")
 
 # Under the `ci` profile one mesh that splits both axes (CI time); `HYPOTHESIS_PROFILE=thorough` runs all three.
-ALL_MESHES = ((8, 1), (4, 2), (2, 4))
-
-
-def _meshes() -> tuple:
-    """The meshes to run: the parent's choice in the subprocess ($ROSETTA_TEST_MESHES), else by profile."""
-    chosen = os.environ.get("ROSETTA_TEST_MESHES")
-    if chosen:
-        return tuple(tuple(int(n) for n in mesh.split("x")) for mesh in chosen.split(","))
-    return ALL_MESHES if settings._current_profile != "ci" else ((2, 4),)
-
-
-MESHES = _meshes()
-PLANS = ("dp", "fsdp", "tp", "fsdp+tp")
-CONFIG = dict(d_model=16, n_heads=4, d_ff=32, src_vocab_size=32, tgt_vocab_size=32, n_encoder_layers=1,
-              n_decoder_layers=1, max_len=16)
-BATCH, SRC_LEN, TGT_LEN = 8, 6, 5
+MESHES = meshes(every=((8, 1), (4, 2), (2, 4)), ci=((2, 4),))
 FUSED_MESH = (2, 4)  # the fused train_step and generate run every plan on this mesh only (bigger compiles)
 DEVICES = 8
 
 
 # -- The subprocess: every mesh and plan, one JAX import ------------------------------------------
-
-
-def _max_error(actual, expected) -> float:
-    """max |actual - expected| / max(1, max |expected|): the tolerance table's measure."""
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    return float(np.max(np.abs(actual - expected)) / max(1.0, float(np.max(np.abs(expected)))))
 
 
 def _batch(config, seed: int = 0):
@@ -99,9 +78,9 @@ def _errors(reference: dict, sharded: dict) -> dict:
             errors[name] = _adam_excess(sharded[name], reference[name], sharded[f"grad:{weight}"],
                                         reference[f"grad:{weight}"], reference["lr"], reference["eps"],
                                         fused="step loss" in reference)
-            errors[f"raw {name}"] = _max_error(sharded[name], reference[name])  # reported, not judged
+            errors[f"raw {name}"] = max_error(sharded[name], reference[name])  # reported, not judged
         elif name not in ("lr", "eps"):
-            errors[name] = _max_error(sharded[name], reference[name])
+            errors[name] = max_error(sharded[name], reference[name])
     return errors
 
 
@@ -223,7 +202,7 @@ def _flags() -> str:
 
 @pytest.fixture(scope="module")
 def record() -> dict:
-    env = {**os.environ, "XLA_FLAGS": _flags(), "JAX_PLATFORMS": "cpu", "ROSETTA_TEST_MESHES": ",".join(f"{d}x{m}" for d, m in MESHES)}
+    env = {**os.environ, "XLA_FLAGS": _flags(), "JAX_PLATFORMS": "cpu", **mesh_env(MESHES)}
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=600)
     lines = [line for line in run.stdout.splitlines() if line.startswith("RECORD ")]

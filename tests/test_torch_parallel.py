@@ -21,40 +21,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import settings
+from sharding_common import BATCH, CONFIG, PLANS, SRC_LEN, TGT_LEN, max_error, mesh_env, meshes
 
 # One worker under `--dist loadgroup`: the module's fixture (exports, subprocesses) is paid once, not per worker.
 pytestmark = pytest.mark.xdist_group("torch-parallel")
 
 ROOT = Path(__file__).resolve().parents[1]
 # Under the `ci` profile one mesh that splits both axes (CI time); `HYPOTHESIS_PROFILE=thorough` runs all three.
-ALL_MESHES = ((4, 1), (2, 2), (1, 4))
-
-
-def _meshes() -> tuple:
-    """The meshes to run: the parent's choice in the subprocess ($ROSETTA_TEST_MESHES), else by profile."""
-    chosen = os.environ.get("ROSETTA_TEST_MESHES")
-    if chosen:
-        return tuple(tuple(int(n) for n in mesh.split("x")) for mesh in chosen.split(","))
-    return ALL_MESHES if settings._current_profile != "ci" else ((2, 2),)
-
-
-MESHES = _meshes()
-PLANS = ("dp", "fsdp", "tp", "fsdp+tp")
-CONFIG = dict(d_model=16, n_heads=4, d_ff=32, src_vocab_size=32, tgt_vocab_size=32, n_encoder_layers=1,
-              n_decoder_layers=1, max_len=16)
-BATCH, SRC_LEN, TGT_LEN = 8, 6, 5
+MESHES = meshes(every=((4, 1), (2, 2), (1, 4)), ci=((2, 2),))
 WORLD = 4
 BUG_MESH = (2, 2)  # the planted tensor-parallel bug runs "tp" on this mesh
 
 
 # -- The subprocess: 4 gloo ranks, every mesh and plan ---------------------------------------------
-
-
-def _max_error(actual, expected) -> float:
-    """max |actual - expected| / max(1, max |expected|): the tolerance table's measure."""
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    return float(np.max(np.abs(actual - expected)) / max(1.0, float(np.max(np.abs(expected)))))
 
 
 def _batch(config, seed: int = 0):
@@ -93,9 +72,9 @@ def _errors(reference: dict, sharded: dict) -> dict:
             weight = name[len("stepped:"):]
             errors[name] = _adam_excess(sharded[name], reference[name], sharded[f"grad:{weight}"],
                                         reference[f"grad:{weight}"], reference["lr"], reference["eps"])
-            errors[f"raw {name}"] = _max_error(sharded[name], reference[name])  # reported, not judged
+            errors[f"raw {name}"] = max_error(sharded[name], reference[name])  # reported, not judged
         elif name not in ("lr", "eps") and not name.startswith("intermediate:"):
-            errors[name] = _max_error(sharded[name], reference[name])
+            errors[name] = max_error(sharded[name], reference[name])
     return errors
 
 
@@ -214,7 +193,7 @@ def _extras(impl_torch, config, params, src, tgt, labels) -> dict:
     steps = [(model, impl_torch.Adam(model, d_model=config.d_model, warmup=10)) for model in (plain, sharded)]
     lr, eps = steps[0][1].lr, steps[0][1].eps  # the first step's
     losses = [impl_torch.train_step(model, optimizer, src, tgt, labels, label_smoothing=0.1) for model, optimizer in steps]
-    found["train_step"] = {"loss": _max_error(float(losses[1]), float(losses[0]))}
+    found["train_step"] = {"loss": max_error(float(losses[1]), float(losses[0]))}
     _, reference_grads = fresh().loss_and_grads(src, tgt, labels, label_smoothing=0.1)
     named = dict(sharded.named_parameters())
     for name, p in plain.named_parameters():
@@ -222,15 +201,15 @@ def _extras(impl_torch, config, params, src, tgt, labels) -> dict:
         g = reference_grads[name].numpy()
         d = gradient_tolerance("float64", "cpu").atol * max(1.0, float(np.abs(g).max()))
         found["train_step"][f"stepped:{name}"] = _adam_excess(_whole(named[name]), p.detach().numpy(), g + d, g, lr, eps)
-        found["train_step"][f"raw stepped:{name}"] = _max_error(_whole(named[name]), p.detach().numpy())
+        found["train_step"][f"raw stepped:{name}"] = max_error(_whole(named[name]), p.detach().numpy())
 
     # Dropout: every rank takes its rows of the whole batch's masks.
     dropout = draw_dropout(config, BATCH, SRC_LEN, TGT_LEN, rate=0.1, seed=3)
     loss, grads = fresh().loss_and_grads(src, tgt, labels, label_smoothing=0.1, dropout=dropout)
     sharded_loss, sharded_grads = impl_torch.parallelize(fresh(), mesh, "fsdp+tp").loss_and_grads(
         src, tgt, labels, label_smoothing=0.1, dropout=dropout)
-    found["dropout"] = {"loss": _max_error(sharded_loss.numpy(), loss.numpy())}
-    found["dropout"].update({f"grad:{name}": _max_error(_whole(sharded_grads[name]), g.numpy()) for name, g in grads.items()})
+    found["dropout"] = {"loss": max_error(sharded_loss.numpy(), loss.numpy())}
+    found["dropout"].update({f"grad:{name}": max_error(_whole(sharded_grads[name]), g.numpy()) for name, g in grads.items()})
 
     # FSDP2 mixed precision: float64 parameters, computed and reduced in float32.
     policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
@@ -242,9 +221,9 @@ def _extras(impl_torch, config, params, src, tgt, labels) -> dict:
         reference = fresh()(rows(src), rows(tgt)).logits
     loss, grads = fresh().loss_and_grads(src, tgt, labels, label_smoothing=0.1)
     mixed_loss, mixed_grads = model.loss_and_grads(src, tgt, labels, label_smoothing=0.1)
-    found["mixed float32"] = {"logits dtype": str(logits.dtype), "logits": _max_error(logits.numpy(), reference.numpy()),
-                              "loss": _max_error(mixed_loss.numpy(), loss.numpy())}
-    found["mixed float32"].update({f"grad:{name}": _max_error(_whole(mixed_grads[name]), g.numpy())
+    found["mixed float32"] = {"logits dtype": str(logits.dtype), "logits": max_error(logits.numpy(), reference.numpy()),
+                              "loss": max_error(mixed_loss.numpy(), loss.numpy())}
+    found["mixed float32"].update({f"grad:{name}": max_error(_whole(mixed_grads[name]), g.numpy())
                                    for name, g in grads.items()})
     found["mixed float32"]["grad dtypes"] = sorted({str(g.dtype) for g in mixed_grads.values()})
     return found
@@ -291,7 +270,7 @@ def _worker(rank: int, port: int, out_path: str) -> None:
     broken, _ = _sharded(impl_torch, config, params, mesh, "tp", src, tgt, labels)
     order = [name for name in reference if name.startswith("intermediate:")]  # forward order
     tolerance = 1e-12
-    diverged = [name[len("intermediate:"):] for name in order if _max_error(broken[name], reference[name]) > tolerance]
+    diverged = [name[len("intermediate:"):] for name in order if max_error(broken[name], reference[name]) > tolerance]
     record["broken tp"] = {"first diverging": diverged[0] if diverged else None,
                            "errors": _errors(reference, broken)}
     if rank == 0:
@@ -315,7 +294,7 @@ def main(out_path: str) -> None:
 def record() -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "record.json"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "ROSETTA_TEST_MESHES": ",".join(f"{d}x{m}" for d, m in MESHES)}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **mesh_env(MESHES)}
         run = subprocess.run([sys.executable, __file__, str(out)], env=env, cwd=ROOT, capture_output=True,
                              text=True, timeout=600)
         assert run.returncode == 0 and out.exists(), f"the sharded runs failed (exit {run.returncode}):\n{run.stderr[-6000:]}"
