@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sharding_common import BATCH, CONFIG, PLANS, SRC_LEN, TGT_LEN, max_error, mesh_env, meshes
+from sharding_common import BATCH, CONFIG, PLANS, SRC_LEN, TGT_LEN, mesh_env, meshes, step_errors, tolerance_of
 
 # One worker under `--dist loadgroup`: the module's fixture (exports, subprocesses) is paid once, not per worker.
 pytestmark = pytest.mark.xdist_group("jax-shard")
@@ -42,46 +42,6 @@ def _batch(config, seed: int = 0):
     src[1, -2:] = config.pad_id  # some padding, so the masks are not all True
     labels[2, -1] = config.pad_id
     return src, tgt, labels
-
-
-def _adam_excess(stepped, reference, grad, reference_grad, lr: float, eps: float, *, fused: bool) -> float:
-    """How far a stepped parameter is from the reference's beyond what Adam's first step makes of
-    the difference of the gradients it was given, in the table's measure.
-
-    The first step moves each weight by u(g) = -lr g / (|g| + eps) (m-hat = g, v-hat = g^2), whose
-    slope lr eps / (|g| + eps)^2 is lr / eps = 1e7 lr near g = 0: a gradient that is zero in
-    exact arithmetic (a key projection's bias: softmax ignores a shift shared by every key)
-    and 1e-17 of rounding in either run moves its weight by 1e-8 lr, differently in each. So the
-    step is compared after taking off that amplification of the measured gradient difference d:
-    lr eps d / (max(|g| - d, 0) + eps)^2, elementwise. The fused `train_step` computes its
-    gradients inside and never returns them, so there d is the most the gradient table allows
-    (its atol times the gradient's scale): a weight whose gradient is well above eps still gets
-    a bound far below the table; one whose gradient is rounding gets up to lr times the table / eps."""
-    from conformance.check.tolerances import gradient_tolerance
-
-    stepped, reference = np.asarray(stepped, np.float64), np.asarray(reference, np.float64)
-    grad, reference_grad = np.asarray(grad, np.float64), np.asarray(reference_grad, np.float64)
-    if fused:
-        d = gradient_tolerance("float64", "cpu").atol * max(1.0, float(np.max(np.abs(reference_grad))))
-    else:
-        d = np.abs(grad - reference_grad)
-    amplified = lr * eps * d / (np.maximum(np.abs(reference_grad) - d, 0.0) + eps) ** 2
-    excess = np.maximum(np.abs(stepped - reference) - amplified, 0.0)
-    return float(np.max(excess) / max(1.0, float(np.max(np.abs(reference)))))
-
-
-def _errors(reference: dict, sharded: dict) -> dict:
-    errors = {}
-    for name in reference:
-        if name.startswith("stepped:"):
-            weight = name[len("stepped:"):]
-            errors[name] = _adam_excess(sharded[name], reference[name], sharded[f"grad:{weight}"],
-                                        reference[f"grad:{weight}"], reference["lr"], reference["eps"],
-                                        fused="step loss" in reference)
-            errors[f"raw {name}"] = max_error(sharded[name], reference[name])  # reported, not judged
-        elif name not in ("lr", "eps"):
-            errors[name] = max_error(sharded[name], reference[name])
-    return errors
 
 
 def _run(model, src, tgt, labels, impl_jax, *, fused: bool) -> dict:
@@ -175,7 +135,8 @@ def main() -> None:
                 sharded = impl_jax.shard(impl_jax.Model(config, params, "float64"), mesh, plan)
                 record["shards"][key] = _shards(sharded)
                 fused = (data, width) == FUSED_MESH
-                record["errors"][key] = _errors(reference[fused], _run(sharded, src, tgt, labels, impl_jax, fused=fused))
+                record["errors"][key] = step_errors(reference[fused], _run(sharded, src, tgt, labels, impl_jax, fused=fused),
+                                                       fused=fused)
                 # Each call's arguments go through compiled.placed: the ids, as a call places them.
                 ids = compiled.placed((src,), sharded.device)[0]
                 record["batch rows"][key] = list(ids.sharding.shard_shape(ids.shape))
@@ -210,12 +171,6 @@ def record() -> dict:
     return json.loads(lines[-1][len("RECORD "):])
 
 
-def _tolerance(name: str) -> float:
-    from conformance.check.tolerances import gradient_tolerance, tolerance
-
-    return (gradient_tolerance if name.startswith("grad:") else tolerance)("float64", "cpu").atol
-
-
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("mesh", [f"{d}x{m}" for d, m in MESHES])
 def test_sharded_equals_unsharded(record, mesh, plan):
@@ -226,9 +181,9 @@ def test_sharded_equals_unsharded(record, mesh, plan):
     assert {"logits", "loss"} <= set(errors) and (("step loss" in errors) == (mesh == "{}x{}".format(*FUSED_MESH)))
     count = len(param_shapes(ModelConfig(**CONFIG)))
     assert sum(name.startswith("grad:") for name in errors) == sum(name.startswith("stepped:") for name in errors) == count
-    # What the comparison of the step takes off (see _adam_excess) stays small: rounding of zero gradients.
+    # What the comparison of the step takes off (see sharding_common.adam_excess) stays small: rounding of zero gradients.
     assert max(e for name, e in errors.items() if name.startswith("raw ")) < 1e-9
-    worst = {name: e for name, e in errors.items() if not name.startswith("raw ") and e > _tolerance(name)}
+    worst = {name: e for name, e in errors.items() if not name.startswith("raw ") and e > tolerance_of(name)}
     assert not worst, f"jax float64 cpu, mesh {mesh} (data x model), plan {plan}: beyond the table: {worst}"
 
 

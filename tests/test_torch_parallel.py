@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sharding_common import BATCH, CONFIG, PLANS, SRC_LEN, TGT_LEN, max_error, mesh_env, meshes
+from sharding_common import (BATCH, CONFIG, PLANS, SRC_LEN, TGT_LEN, adam_excess, max_error, mesh_env, meshes,
+                             step_errors, table_bound, tolerance_of)
 
 # One worker under `--dist loadgroup`: the module's fixture (exports, subprocesses) is paid once, not per worker.
 pytestmark = pytest.mark.xdist_group("torch-parallel")
@@ -45,37 +46,6 @@ def _batch(config, seed: int = 0):
     labels[2, -1] = config.pad_id  # and the data ranks count different numbers of tokens
     labels[5, -3:] = config.pad_id
     return src, tgt, labels
-
-
-def _adam_excess(stepped, reference, grad, reference_grad, lr: float, eps: float) -> float:
-    """How far a stepped parameter is from the reference's beyond what Adam's first step makes of
-    the difference of the gradients it was given, in the table's measure.
-
-    The first step moves each weight by u(g) = -lr g / (|g| + eps), whose slope lr eps / (|g| + eps)^2
-    is lr / eps = 1e7 lr near g = 0: a gradient that is zero in exact arithmetic (a key
-    projection's bias: softmax ignores a shift shared by every key) and 1e-17 of rounding in
-    either run moves its weight by 1e-8 lr, differently in each. So the step is compared after
-    taking off that amplification of the measured gradient difference d:
-    lr eps d / (max(|g| - d, 0) + eps)^2, elementwise (as tests/test_jax_shard.py does)."""
-    stepped, reference = np.asarray(stepped, np.float64), np.asarray(reference, np.float64)
-    grad, reference_grad = np.asarray(grad, np.float64), np.asarray(reference_grad, np.float64)
-    d = np.abs(grad - reference_grad)
-    amplified = lr * eps * d / (np.maximum(np.abs(reference_grad) - d, 0.0) + eps) ** 2
-    excess = np.maximum(np.abs(stepped - reference) - amplified, 0.0)
-    return float(np.max(excess) / max(1.0, float(np.max(np.abs(reference)))))
-
-
-def _errors(reference: dict, sharded: dict) -> dict:
-    errors = {}
-    for name in reference:
-        if name.startswith("stepped:"):
-            weight = name[len("stepped:"):]
-            errors[name] = _adam_excess(sharded[name], reference[name], sharded[f"grad:{weight}"],
-                                        reference[f"grad:{weight}"], reference["lr"], reference["eps"])
-            errors[f"raw {name}"] = max_error(sharded[name], reference[name])  # reported, not judged
-        elif name not in ("lr", "eps") and not name.startswith("intermediate:"):
-            errors[name] = max_error(sharded[name], reference[name])
-    return errors
 
 
 def _reference(impl_torch, config, params, src, tgt, labels) -> dict:
@@ -181,7 +151,6 @@ def _extras(impl_torch, config, params, src, tgt, labels) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from conformance.check.tolerances import gradient_tolerance
     from conformance.core.dropout import draw_dropout
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "model"))
@@ -199,8 +168,8 @@ def _extras(impl_torch, config, params, src, tgt, labels) -> dict:
     for name, p in plain.named_parameters():
         # The step's gradients stay inside: d is the most the gradient table allows (as JAX's fused step).
         g = reference_grads[name].numpy()
-        d = gradient_tolerance("float64", "cpu").atol * max(1.0, float(np.abs(g).max()))
-        found["train_step"][f"stepped:{name}"] = _adam_excess(_whole(named[name]), p.detach().numpy(), g + d, g, lr, eps)
+        found["train_step"][f"stepped:{name}"] = adam_excess(_whole(named[name]), p.detach().numpy(), g, g, lr, eps,
+                                                             d=table_bound(g))
         found["train_step"][f"raw stepped:{name}"] = max_error(_whole(named[name]), p.detach().numpy())
 
     # Dropout: every rank takes its rows of the whole batch's masks.
@@ -259,7 +228,7 @@ def _worker(rank: int, port: int, out_path: str) -> None:
         for plan in PLANS:
             key = f"{data}x{width} {plan}"
             sharded, record["shards"][key] = _sharded(impl_torch, config, params, mesh, plan, src, tgt, labels)
-            record["errors"][key] = _errors(reference, sharded)
+            record["errors"][key] = step_errors(reference, sharded, skip="intermediate:")
             if rank == 0:
                 print(f"{key}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     record["typed_errors"] = _typed_errors(impl_torch, config, params, src, tgt, labels)
@@ -272,7 +241,7 @@ def _worker(rank: int, port: int, out_path: str) -> None:
     tolerance = 1e-12
     diverged = [name[len("intermediate:"):] for name in order if max_error(broken[name], reference[name]) > tolerance]
     record["broken tp"] = {"first diverging": diverged[0] if diverged else None,
-                           "errors": _errors(reference, broken)}
+                           "errors": step_errors(reference, broken, skip="intermediate:")}
     if rank == 0:
         Path(out_path).write_text(json.dumps(record))
     dist.destroy_process_group()
@@ -301,12 +270,6 @@ def record() -> dict:
         return json.loads(out.read_text())
 
 
-def _tolerance(name: str) -> float:
-    from conformance.check.tolerances import gradient_tolerance, tolerance
-
-    return (gradient_tolerance if name.startswith("grad:") else tolerance)("float64", "cpu").atol
-
-
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("mesh", [f"{d}x{m}" for d, m in MESHES])
 def test_sharded_equals_unsharded(record, mesh, plan):
@@ -317,9 +280,9 @@ def test_sharded_equals_unsharded(record, mesh, plan):
     assert {"logits", "loss"} <= set(errors)
     count = len(param_shapes(ModelConfig(**CONFIG)))
     assert sum(name.startswith("grad:") for name in errors) == sum(name.startswith("stepped:") for name in errors) == count
-    # What the comparison of the step takes off (see _adam_excess) stays small: rounding of zero gradients.
+    # What the comparison of the step takes off (see sharding_common.adam_excess) stays small: rounding of zero gradients.
     assert max(e for name, e in errors.items() if name.startswith("raw ")) < 1e-9
-    worst = {name: e for name, e in errors.items() if not name.startswith("raw ") and e > _tolerance(name)}
+    worst = {name: e for name, e in errors.items() if not name.startswith("raw ") and e > tolerance_of(name)}
     assert not worst, f"torch float64 cpu gloo, mesh {mesh} (data x model), plan {plan}: beyond the table: {worst}"
 
 
@@ -369,13 +332,13 @@ def test_train_step_steps_a_parallelized_model(record):
     replaced the model's own loss_and_grads, whose autograd.grad never reaches sharded parameters."""
     errors = record["extras"]["train_step"]
     assert max(e for name, e in errors.items() if name.startswith("raw ")) < 1e-9
-    worst = {name: e for name, e in errors.items() if not name.startswith("raw ") and e > _tolerance(name)}
+    worst = {name: e for name, e in errors.items() if not name.startswith("raw ") and e > tolerance_of(name)}
     assert not worst and len(errors) > 2, worst
 
 
 def test_dropout_masks_are_split_by_rows(record):
     errors = record["extras"]["dropout"]
-    worst = {name: e for name, e in errors.items() if e > _tolerance(name)}
+    worst = {name: e for name, e in errors.items() if e > tolerance_of(name)}
     assert not worst and len(errors) > 2, worst
 
 
