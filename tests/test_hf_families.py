@@ -44,7 +44,7 @@ from conformance.core import checkpoint  # noqa: E402
 from conformance.core.errors import ConfigError  # noqa: E402
 from conformance.core.positions import position_table, sinusoid_table  # noqa: E402
 from systems import randomize_  # noqa: E402
-from systems.harness import BACKEND_PARAMS, run_backend, saved_and_converted  # noqa: E402
+from systems.harness import BACKEND_PARAMS, exported_and_reloaded, run_backend, saved_and_converted  # noqa: E402
 
 import impl_numpy  # noqa: E402
 
@@ -238,13 +238,7 @@ def test_export_folder_loads_in_transformers_with_the_same_logits(name, built, t
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model, folder, _ = built(name)
     family = FAMILIES[name]
-    ours, out = tmp_path / "ours.safetensors", tmp_path / "exported"
-    assert main(["convert", str(folder), str(ours)]) == 0
-    assert main(["convert", str(ours), str(out), "--to", family.layout]) == 0, capsys.readouterr().err
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
-    cls = getattr(transformers, family.model_class)
-    loaded, info = cls.from_pretrained(out, output_loading_info=True)
-    assert not info["missing_keys"] and not info["mismatched_keys"] and not info["unexpected_keys"], info
+    loaded = exported_and_reloaded(folder, family, tmp_path, capsys)
     src, tgt, _ = batch(name)
     np.testing.assert_array_equal(hf_logits(name, loaded.eval(), src, tgt), hf_logits(name, model, src, tgt))
     for key in (*family.ids, "num_beams"):

@@ -135,3 +135,21 @@ def saved_and_converted(build, tmp_path_factory):
         return cache[name]
 
     return get
+
+
+def exported_and_reloaded(folder, family, tmp_path, capsys):
+    """A Hugging Face `folder` converted to a rosetta checkpoint, exported back to its family's
+    layout with `rosetta convert --to`, and loaded by the family's transformers class: the loaded
+    model, after checking that the folder holds exactly what transformers reads and that no key
+    was missing, mismatched or unexpected."""
+    import transformers
+
+    from conformance.cli import main
+
+    ours, out = tmp_path / "ours.safetensors", tmp_path / "exported"
+    assert main(["convert", str(folder), str(ours)]) == 0
+    assert main(["convert", str(ours), str(out), "--to", family.layout]) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    loaded, info = getattr(transformers, family.model_class).from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"] and not info["unexpected_keys"], info
+    return loaded
