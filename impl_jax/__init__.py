@@ -43,6 +43,7 @@ from impl_jax.model import (
 )
 from impl_jax.precision import enable_x64, full_precision, precision_settings, x64_enabled
 from impl_jax.shard import shard
+from impl_jax.sharded_checkpoint import load_sharded, save_sharded  # docs/sharded-checkpoints.md
 from impl_jax.state import load_state, save_state
 from impl_jax import stacks as _stacks  # noqa: F401  (registers the scanned layer stacks with impl_jax.compiled)
 
@@ -70,7 +71,8 @@ __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
 BACKEND_EXTRAS = ("Adam", "bucket_length", "clear_cache", "clear_persistent_cache", "compile_stats",
                   "disable_persistent_cache", "enable_persistent_cache", "enable_x64", "load_state",
-                  "persistent_cache_dir", "reset_stats", "save_state", "shard", "train_step", "x64_enabled")
+                  "load_sharded", "persistent_cache_dir", "reset_stats", "save_sharded", "save_state", "shard", "train_step",
+                  "x64_enabled")
 
 enable_from_environment()  # ROSETTA_JAX_CACHE (impl_jax.cache)
 

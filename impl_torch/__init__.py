@@ -62,9 +62,25 @@ def parallelize(model: Model, mesh, plan: str, *, mp_policy=None) -> Model:
     return shard(model, mesh, plan, mp_policy=mp_policy)
 
 
+def save_distributed(model: Model, path: str | os.PathLike) -> None:
+    """`impl_torch.distributed_checkpoint.save_distributed`: a (parallelized) model's parameters as a PyTorch
+    Distributed Checkpoint directory, each rank writing its own shards (docs/sharded-checkpoints.md)."""
+    from impl_torch.distributed_checkpoint import save_distributed as save_shards
+
+    save_shards(model, path)
+
+
+def load_distributed(model: Model, path: str | os.PathLike) -> Model:
+    """`impl_torch.distributed_checkpoint.load_distributed`: a Distributed Checkpoint directory read into a
+    (parallelized) model in place, each rank reading only its shards (docs/sharded-checkpoints.md)."""
+    from impl_torch.distributed_checkpoint import load_distributed as load_shards
+
+    return load_shards(model, path)
+
+
 from impl_torch import graphs  # noqa: E402  CUDA graphs of generate's step and of training (switched_off, release)
 
 # The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
-BACKEND_EXTRAS = ("Adam", "fast_attention", "graphs", "parallelize", "train_step")
+BACKEND_EXTRAS = ("Adam", "fast_attention", "graphs", "load_distributed", "parallelize", "save_distributed", "train_step")

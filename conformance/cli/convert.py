@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-HELP = ("Convert a foreign checkpoint (.safetensors, .pt/.pth/.bin state dict, .npz, Flax .msgpack, an Orbax directory) into a rosetta checkpoint, "
+HELP = ("Convert a foreign checkpoint (.safetensors, .pt/.pth/.bin state dict, .npz, Flax .msgpack, an Orbax or "
+        "PyTorch Distributed Checkpoint directory) into a rosetta checkpoint, "
         "choosing the layout by its keys unless --layout is given.")
 
 
@@ -27,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "foreign file in LAYOUT's key space (.safetensors, .pt/.pth/.bin for a PyTorch state dict of "
                         "tensors, .msgpack for Flax's msgpack, or a "
                         "new directory: for a Hugging Face layout (hf-marian, hf-bart, ...) a model folder that its "
-                        "from_pretrained loads, otherwise an Orbax checkpoint)")
+                        "from_pretrained loads, otherwise an Orbax checkpoint); `--to dcp` / `--to orbax`: a new "
+                        "PyTorch Distributed Checkpoint / Orbax directory in rosetta's own names, which "
+                        "impl_torch.load_distributed / impl_jax.load_sharded read onto any mesh")
     parser.add_argument("--taps", action="store_true",
                         help="with --to onnx: add the tensors `rosetta check` compares (embeddings, attention weights, "
                              "each sublayer's output) to the graphs as outputs of those names")
@@ -113,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         return export_onnx(src, dst, args)
     if getattr(args, "to", None) == CTRANSLATE2:
         return export_ctranslate2(src, dst, args)
+    if getattr(args, "to", None) in SHARDED:
+        return export_sharded(src, dst, args)
     if getattr(args, "quantization", None):
         raise InputError("--quantization", "chooses how CTranslate2 stores the weights: give it with --to ctranslate2")
     if getattr(args, "taps", False):
@@ -130,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
     check_destination(dst, getattr(args, "force", False))
     if checkpoint.is_checkpoint(src):
         return resave(src, dst, args)
+    from conformance.convert import sharded
+
+    if sharded.kind(src) == "orbax" or sharded.has_config(src):  # a foreign DCP directory goes by its layout below
+        return import_sharded(src, dst, args)
     overrides = parse_sets(args.sets)
     renames = parse_renames(args.renames)
     from conformance.convert.hf_folder import config_beside, convert_folder, is_hf_folder
@@ -343,6 +352,68 @@ def export_ctranslate2(src: Path, dst: Path, args: argparse.Namespace) -> int:
     quantization = getattr(args, "quantization", None) or "float32"
     ctranslate2_check.convert(config, params, dst, quantization)
     print(f"{src} -> {dst} (CTranslate2 model, {quantization} weights, through a Hugging Face Marian folder)")
+    print(f"  config: {config.summary()}")
+    return 0
+
+
+SHARDED = ("dcp", "orbax")  # `--to dcp` / `--to orbax`: rosetta's own names in a sharded directory (conformance.convert.sharded)
+
+
+def import_sharded(src: Path, dst: Path, args: argparse.Namespace) -> int:
+    """`rosetta convert DIR out.safetensors [--dtype D]` with a PyTorch Distributed Checkpoint or a
+    rosetta Orbax directory in: its config is stored beside the tensors, which are read, checked
+    and written one at a time (`conformance.convert.sharded.to_safetensors`)."""
+    from conformance.cli.progress import Status
+    from conformance.convert import sharded
+    from conformance.convert.engine import CastOverflowError
+    from conformance.core.errors import InputError
+    from conformance.core.params import param_shapes
+
+    given = [flag for flag, value in (("--layout", args.layout), ("--set", args.sets), ("--rename", args.renames),
+                                      ("--key", args.key)) if value]
+    if given:
+        raise InputError(given[0], f"{src} is a sharded checkpoint in rosetta's own names with its config stored "
+                         "beside it: there is no layout to choose and nothing to set or rename; convert it with "
+                         "--dtype only (or none)")
+    status = Status("rosetta convert")
+    with status:
+        status(f"reading {src} one tensor at a time")
+        try:
+            config, total = sharded.to_safetensors(src, dst, args.dtype, progress=status)
+        except CastOverflowError as exc:
+            raise flagged(exc) from None
+    print(f"{src} -> {dst}")
+    print(f"  a {'PyTorch Distributed Checkpoint' if sharded.kind(src) == 'dcp' else 'rosetta Orbax checkpoint'}, "
+          "read one tensor at a time" + (f", cast to {args.dtype}" if args.dtype else ""))
+    print(f"  config: {config.summary()}")
+    print(f"  {len(param_shapes(config))} parameters, {total:,} values")
+    return 0
+
+
+def export_sharded(src: Path, dst: Path, args: argparse.Namespace) -> int:
+    """`rosetta convert model.safetensors DIR --to dcp|orbax`: the checkpoint as a new PyTorch
+    Distributed Checkpoint or Orbax directory under its own names, with its config, which
+    `impl_torch.load_distributed` / `impl_jax.load_sharded` read onto any mesh."""
+    from conformance.convert import sharded
+    from conformance.core import checkpoint
+    from conformance.core.errors import CheckpointError, InputError
+
+    given = [flag for flag, value in (("--layout", args.layout), ("--set", args.sets), ("--rename", args.renames),
+                                      ("--key", args.key), ("--force", getattr(args, "force", False)),
+                                      ("--dtype", args.dtype), ("--taps", getattr(args, "taps", False)),
+                                      ("--quantization", getattr(args, "quantization", None))) if value]
+    if given:
+        raise InputError(given[0], f"--to {args.to} writes a rosetta checkpoint as it is stored, under its own names, "
+                         "into a new directory: nothing to choose, set, rename, cast or replace")
+    if dst.exists():
+        raise CheckpointError(dst, "already exists; a sharded checkpoint goes into a new directory: name one that "
+                              "does not exist")
+    if not dst.parent.is_dir() and str(dst.parent):
+        raise CheckpointError(dst, f"directory {dst.parent} does not exist")
+    config, params = checkpoint.load(src)
+    sharded.write(dst, args.to, config, params)
+    what = "PyTorch Distributed Checkpoint" if args.to == "dcp" else "Orbax checkpoint (impl_jax.save_state's form)"
+    print(f"{src} -> {dst} ({what}, rosetta's parameter names)")
     print(f"  config: {config.summary()}")
     return 0
 

@@ -5,6 +5,8 @@
     .npz                  `numpy.load(..., allow_pickle=False)` (Flax / NumPy exports)
     .msgpack              `flax.serialization.msgpack_restore` (Flax's `to_bytes`), flattened
     an Orbax directory    `orbax.checkpoint.PyTreeCheckpointer().restore`, flattened
+    a DCP directory       `torch.distributed.checkpoint.load`, one key at a time (conformance.convert.sharded;
+                          its `.metadata` pickle unpickled with DCP's metadata classes only)
     (see `conformance.convert.trees`: nested Flax trees become keys joined with ".")
 
 A Hugging Face model folder is read by `conformance.convert.hf_folder`, which reads its weights
@@ -30,7 +32,7 @@ import numpy as np
 
 from conformance.core.checkpoint import read_tensors
 from conformance.convert.errors import TensorError, a_type
-from conformance.convert import trees
+from conformance.convert import sharded, trees
 from conformance.core.errors import CheckpointError
 
 SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch", ".npz": "npz",
@@ -74,9 +76,12 @@ def file_kind(path: str | os.PathLike) -> str:
         return "hf-folder"
     if trees.is_orbax_dir(Path(path)):
         return "orbax"
+    if sharded.kind(path) == "dcp":
+        return "dcp"
     if Path(path).is_dir():
         raise CheckpointError(path, "is a directory, but neither a model folder (config.json) nor an Orbax checkpoint "
-                              f"(it has none of {', '.join(trees.ORBAX_MARKERS)})")
+                              f"(it has none of {', '.join(trees.ORBAX_MARKERS)}) nor a PyTorch Distributed "
+                              f"Checkpoint (no {sharded.DCP_METADATA})")
     suffix = Path(path).suffix.lower()
     if suffix not in SUFFIXES:
         raise CheckpointError(path, f"unknown file type {suffix!r}; expected one of {', '.join(SUFFIXES)}")
@@ -213,6 +218,11 @@ def read_file(path: str | os.PathLike, key: str | None = None) -> dict[str, np.n
         return dict(read_tensors(path)[1])
     if kind == "npz":
         return _tensor_dict(path, _npz_file(path), key)
+    if kind == "dcp":
+        if key is not None:
+            raise CheckpointError(path, "--key applies to PyTorch files and Flax trees; a Distributed Checkpoint is flat")
+        source = sharded.DcpSource(path)  # every tensor, each loaded whole from its ranks' shards
+        return {name: source.read(name) for name in source.index}
     if kind in ("msgpack", "orbax"):
         tree = trees.read_msgpack(path) if kind == "msgpack" else trees.read_orbax(path)
         flat = trees.flatten(trees.select(tree, key, path), str(path))
