@@ -77,6 +77,8 @@ class Report:
     seconds: dict[str, float] = field(default_factory=dict)
     precision: dict[str, dict[str, Any]] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    # How the tensors were computed when not by one whole call per model (`--stream`: stream.FEED_NOTES).
+    note: str = ""
 
     @property
     def checked(self) -> bool:
@@ -111,8 +113,10 @@ class Report:
             "verdict (FAIL:NaN: NaN where the oracle has none, or the reverse)",
             "verdict: ok when every |error| <= atol * scale, scale = max(1, max |oracle| of the tensor); the rel "
             "error does not decide it",
-            "",
         ]
+        if self.note:
+            lines.append(f"run: {self.note}")
+        lines.append("")
         if self.checked:  # with no target, a table of empty columns would only suggest agreement
             lines.append("tensor".ljust(width) + "  " + "  ".join(label.ljust(col) for label in labels))
             lines += [self._row(tensor, labels, width, col) for tensor in self.tensors]
@@ -178,7 +182,7 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         first = self.first_failure()
-        return {
+        return ({"note": self.note} if self.note else {}) | {
             "source": self.source,
             "config": json.loads(self.config.to_json()),
             "passed": self.passed,

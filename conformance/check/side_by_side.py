@@ -263,7 +263,7 @@ def told_by_model_config(model: Any, layout) -> dict[str, Any]:
 
 def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None = None, dtype: str = "float32",
             backends: Any = None, grads: bool = False, labels=None, label_smoothing: float = 0.0,
-            progress: Callable[[str], None] | None = None, **overrides: Any) -> SideBySide:
+            progress: Callable[[str], None] | None = None, stream: bool = False, **overrides: Any) -> SideBySide:
     """The user's own model beside ours, tensor by tensor; see the module's docstring.
 
     Args:
@@ -288,6 +288,10 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
         labels: (B, T) target labels for the loss; labels equal to pad_id are not counted.
         label_smoothing: ε of the loss (docs/training.md).
         progress: `progress(message)` hears each step as it starts (a command's status line).
+        stream: run our backends beside the oracle one layer at a time, each layer fed the
+            oracle's own input from the layer below (`conformance.check.stream`, `rosetta check
+            --stream`), so their columns hold each layer's own error, in memory that does not
+            grow with depth. The user's model still runs whole, against the oracle's whole call.
         **overrides: ModelConfig fields for the conversion (n_heads, switches), as for
             `import_state_dict`. For a transformers model and a layout with an `[hf]` table
             (hf-marian, hf-bart, hf-t5, ...), every size and switch is read from `model.config`
@@ -319,7 +323,12 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
     names = _backend_names(backends)
     targets, skipped = default_targets(names, [dtype]) if names else ([], {})
     source = f"your model through layout {layout.name}"
-    if targets:
+    if targets and stream:
+        from conformance.check.stream import Weights, run_streamed
+
+        report = run_streamed(config, Weights.held(config, params), source, targets, skipped, src_ids, ours_tgt,
+                              progress=progress)
+    elif targets:
         report = run_check(config, params, source, targets, skipped, src_ids, ours_tgt, progress=progress)
     else:  # the user's model against the oracle alone
         report = Report(config=config, source=source, targets=[], tensors=forward_order(config), skipped=skipped)

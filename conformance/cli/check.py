@@ -21,6 +21,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="memory the check's parameters and tensors may use, on top of the loaded frameworks, "
                              "e.g. 900M or 2G (default: the kernel's MemAvailable); "
                              "when holding the oracle's tensors would exceed it, they are compared one at a time")
+    parser.add_argument("--stream", action="store_true",
+                        help="run the oracle and every backend one layer at a time, each layer's weights read from the "
+                             "checkpoint's memory map just before it runs: memory that does not grow with depth "
+                             "(docs/scale.md)")
+    parser.add_argument("--feed", choices=("oracle", "own"), default=None,
+                        help="with --stream, what each layer of a backend is given: the oracle's input from the layer "
+                             "below (oracle, the default: errors do not compound) or the backend's own (own: the "
+                             "unstreamed report, bit for bit)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw each backend's error per tensor against the oracle")
 
@@ -31,15 +39,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import io
     import sys
 
-    from conformance.check import backends
     from conformance.core import checkpoint
     from conformance.check.defaults import default_model
     from conformance.check.plan import parse_bytes, plan_batch
-    from conformance.check.report import default_targets, fixed_batch, run_check
-    from conformance.cli.common import check_output, write_outputs
+    from conformance.check.report import fixed_batch, run_check
+    from conformance.cli.common import check_output
     from conformance.cli.progress import Status
     from conformance.core.errors import InputError
 
@@ -56,6 +62,13 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError("--dtypes", f"unknown dtype {unknown[0]!r}; expected some of {', '.join(DTYPES)}" if unknown
                          else "names no dtype; expected some of " + ", ".join(DTYPES))
     budget = parse_bytes(args.max_memory) if args.max_memory else None
+    if args.feed and not args.stream:
+        raise InputError("--feed", "chooses what a streamed check feeds each layer: give --stream too")
+    if args.stream and args.max_memory:
+        raise InputError("--max-memory", "plans how an unstreamed check holds the oracle's tensors; --stream holds one "
+                                         "layer's at a time: give one of them")
+    if args.stream:
+        return _run_streamed(args, outputs, dtypes)
     # The checkpoint before the backends: finding their devices imports the frameworks (seconds),
     # and a file that is no checkpoint is said at once.
     if args.checkpoint:
@@ -63,6 +76,50 @@ def _run(args: argparse.Namespace) -> int:
         source = args.checkpoint
     else:
         config, params, source = default_model()
+    targets, skipped = _targets(args, dtypes, config)
+    src_ids, tgt_ids = fixed_batch(config, length=args.length)
+    plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget,
+                      reread=bool(args.checkpoint))
+    print(plan.describe(), file=sys.stderr)  # stderr: the report itself is the same on either path
+    if args.checkpoint:  # read again for each model, rather than held beside a float64 model's copy
+        del params
+        params = checkpoint_reader(args.checkpoint, config)
+    with Status("rosetta check") as status:
+        report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan, progress=status)
+    return _finish(args, outputs, report)
+
+
+def _run_streamed(args: argparse.Namespace, outputs: dict, dtypes: list[str]) -> int:
+    """`--stream`: conformance.check.stream, a layer at a time; the same report and exit status."""
+    import sys
+
+    from conformance.check.defaults import default_model
+    from conformance.check.report import fixed_batch
+    from conformance.check.stream import Weights, run_streamed
+
+    if args.checkpoint:  # the header and digest checked with bounded memory; no tensor read yet
+        weights = Weights.open(args.checkpoint)
+        config, source = weights.config, args.checkpoint
+    else:
+        config, params, source = default_model()
+        weights = Weights.held(config, params)
+    targets, skipped = _targets(args, dtypes, config)
+    src_ids, tgt_ids = fixed_batch(config, length=args.length)
+
+    def progress(message: str) -> None:  # a line per stage, kept: a deep model's check takes a while
+        print(f"rosetta check --stream: {message}", file=sys.stderr, flush=True)
+
+    report = run_streamed(config, weights, source, targets, skipped, src_ids, tgt_ids, feed=args.feed or "oracle",
+                          progress=progress)
+    return _finish(args, outputs, report)
+
+
+def _targets(args: argparse.Namespace, dtypes: list[str], config):
+    """The targets asked for (--backends, --devices, --dtypes) and what is skipped, with why."""
+    from conformance.check import backends
+    from conformance.check.report import default_targets
+    from conformance.core.errors import InputError
+
     try:
         names = backends.requested_backends(args.backends)
         targets, skipped = default_targets(names, dtypes, devices=args.devices)
@@ -73,15 +130,15 @@ def _run(args: argparse.Namespace) -> int:
         from conformance.cli.threads import fit_torch_threads
 
         fit_torch_threads(config)  # one thread for a tiny model, unless OMP_NUM_THREADS says otherwise
-    src_ids, tgt_ids = fixed_batch(config, length=args.length)
-    plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget,
-                      reread=bool(args.checkpoint))
-    print(plan.describe(), file=sys.stderr)  # stderr: the report itself is the same on either path
-    if args.checkpoint:  # read again for each model, rather than held beside a float64 model's copy
-        del params
-        params = checkpoint_reader(args.checkpoint, config)
-    with Status("rosetta check") as status:
-        report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan, progress=status)
+    return targets, skipped
+
+
+def _finish(args: argparse.Namespace, outputs: dict, report) -> int:
+    """Print the report, write --json and --plot, and return the exit status."""
+    import io
+
+    from conformance.cli.common import write_outputs
+
     print(report.to_text())
     files = {}
     if args.json:
