@@ -2,6 +2,8 @@
 
     python benchmarks/bench_forward.py            # the base config of the paper, CPU, float32
     python benchmarks/bench_forward.py --quick    # a small config and few repeats (a smoke run)
+    python benchmarks/bench_forward.py --threads 2 --no-jax          # issue 44's CPU run
+    python benchmarks/bench_forward.py --device cuda --no-jax        # on a GPU, TF32 off
 
 The base config (d_model 512, 8 heads, d_ff 2048, 6+6 layers, vocab 32000) runs a batch of 8
 source and target sequences of length 64 in inference (`torch.inference_mode()`). Contenders:
@@ -11,6 +13,13 @@ source and target sequences of length 64 in inference (`torch.inference_mode()`)
     nn.Transformer        PyTorch's own encoder-decoder, loaded with the same weights and wrapped
                           with the same embeddings, positions and output projection, masks as in
                           PyTorch's translation tutorial (key padding masks plus a causal mask)
+    nn.Transformer compiled   the same module under `torch.compile` (default mode); on CUDA also
+                          `mode="max-autotune"` and `mode="reduce-overhead"` (CUDA graphs), each
+                          its own compile of its own copy
+    impl_torch compiled   impl_torch fast after `model.compile()` (nn.Module's in-place torch.compile)
+
+Each compiled contender's first call (its compile) is timed and printed apart, before the rounds.
+`--device cuda` runs the torch contenders on the GPU (matmuls at full float32: TF32 off).
 
 With JAX installed, impl_jax joins (fast and explicit), and its compile time (the first call of a
 new shape) is printed for the benchmarked config and, in a full run, for the small `--quick`
@@ -184,25 +193,41 @@ def jax_compile_report(label: str, model, src: np.ndarray, tgt: np.ndarray) -> N
               f"XLA {seconds['xla compile']:.2f} s)")
 
 
+COMPILE_MODES = {"cpu": (None,), "cuda": (None, "max-autotune", "reduce-overhead")}
+
+
+def compiled_name(mode: str | None) -> str:
+    return f"{BASELINE} compiled" + (f" {mode}" if mode else "")
+
+
 def contenders(config: ModelConfig, params: dict[str, np.ndarray], src: np.ndarray, tgt: np.ndarray,
-               quick: bool) -> list[Contender]:
-    ours = impl_torch.Model(config, params, dtype=torch.float32)
-    theirs = TorchTransformer(config, params)
-    src_t, tgt_t = torch.from_numpy(src), torch.from_numpy(tgt)
+               quick: bool, device: str = "cpu", jax: bool = True) -> list[Contender]:
+    ours = impl_torch.Model(config, params, dtype=torch.float32, device=device)
+    theirs = TorchTransformer(config, params).to(device)
+    src_t, tgt_t = torch.from_numpy(src).to(device), torch.from_numpy(tgt).to(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    def fast():
-        with torch.inference_mode():
-            return ours(src_t, tgt_t, return_attention=False).logits
+    def finished(function):  # one call run to completion on the device
+        def run():
+            with torch.inference_mode():
+                out = function()
+            sync()
+            return out
+        return run
 
-    def explicit():
-        with torch.inference_mode():
-            return ours(src_t, tgt_t).logits
-
-    def baseline():
-        with torch.inference_mode():
-            return theirs(src_t, tgt_t)
-
-    entries = [Contender("impl_torch fast", fast), Contender("impl_torch explicit", explicit), Contender(BASELINE, baseline)]
+    entries = [Contender("impl_torch fast", finished(lambda: ours(src_t, tgt_t, return_attention=False).logits)),
+               Contender("impl_torch explicit", finished(lambda: ours(src_t, tgt_t).logits)),
+               Contender(BASELINE, finished(lambda: theirs(src_t, tgt_t)))]
+    for mode in COMPILE_MODES[device]:
+        copy = TorchTransformer(config, params).to(device)
+        entries.append(first_call(Contender(compiled_name(mode), finished(
+            (lambda m: lambda: m(src_t, tgt_t))(torch.compile(copy, mode=mode))))))
+    mine = impl_torch.Model(config, params, dtype=torch.float32, device=device)
+    mine.compile()
+    entries.append(first_call(Contender("impl_torch compiled", finished(
+        lambda: mine(src_t, tgt_t, return_attention=False).logits))))
+    if not jax:
+        return entries
     try:
         import impl_jax
         from bench_jax import jax_contenders
@@ -221,6 +246,14 @@ def contenders(config: ModelConfig, params: dict[str, np.ndarray], src: np.ndarr
     return entries
 
 
+def first_call(entry: Contender) -> Contender:
+    """`entry` after its first call (a compile), whose wall time is printed apart."""
+    started = time.perf_counter()
+    entry.run()
+    print(f"{entry.name}: first call (compile) {time.perf_counter() - started:.1f} s", flush=True)
+    return entry
+
+
 def check_agreement(entries: list[Contender], reference: str = "impl_torch explicit") -> dict[str, float]:
     """Largest |logits - reference logits| / max(1, max |reference|) per contender; exits if > 1e-4."""
     results = {entry.name: to_numpy(entry.run()) for entry in entries}
@@ -236,15 +269,18 @@ def check_agreement(entries: list[Contender], reference: str = "impl_torch expli
 # -- Timing ------------------------------------------------------------------------------------
 
 
-def matmul_gflops(m: int, k: int, n: int, repeats: int) -> float:
-    """Median GFLOP/s of one float32 (m, k) @ (k, n) product on this machine, right now."""
-    a, b = torch.randn(m, k), torch.randn(k, n)
+def matmul_gflops(m: int, k: int, n: int, repeats: int, device: str = "cpu") -> float:
+    """Median GFLOP/s of one float32 (m, k) @ (k, n) product on this device, right now."""
+    a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(3):
         a @ b
     times = []
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         a @ b
+        sync()
         times.append(time.perf_counter() - start)
     return 2 * m * k * n / statistics.median(times) / 1e9
 
@@ -269,7 +305,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a small config and few repeats")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 15, or 5 with --quick)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--no-jax", action="store_true", help="leave impl_jax out (and its compiles)")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
     # nn.Transformer's encoder packs padded batches into (prototype) nested tensors and says so.
     warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
     if args.threads:
@@ -285,37 +325,42 @@ def main(argv: list[str] | None = None) -> None:
     tgt = rng.integers(2, config.tgt_vocab_size, size=(batch, tgt_len))
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} logical CPUs, load average {os.getloadavg()[0]:.2f}; float32, CPU, inference_mode")
+          f"{os.cpu_count()} logical CPUs, load average {os.getloadavg()[0]:.2f}; float32, "
+          f"{torch.cuda.get_device_name() if args.device == 'cuda' else 'CPU'}, inference_mode")
     print(f"config: {config.summary()}; batch {batch}, source length {src_len}, target length {tgt_len}")
     flops = forward_flops(config, batch, src_len, tgt_len)
     print(f"forward pass: {flops / 1e9:.2f} GFLOP in matrix products (counted analytically)")
 
     with impl_torch.full_precision():
-        entries = contenders(config, params, src, tgt, args.quick)
+        entries = contenders(config, params, src, tgt, args.quick, args.device, jax=not args.no_jax)
         errors = check_agreement(entries)
         print("logits vs impl_torch explicit (max abs error / max |logit|): "
               + ", ".join(f"{name} {error:.1e}" for name, error in errors.items()))
         rows, d = batch * tgt_len, config.d_model
-        before = matmul_gflops(rows, d, config.d_ff, repeats=20)
+        before = matmul_gflops(rows, d, config.d_ff, repeats=20, device=args.device)
         times = interleaved(entries, rounds=rounds, warmup=1 if args.quick else 2)
-        after = matmul_gflops(rows, d, config.d_ff, repeats=20)
+        after = matmul_gflops(rows, d, config.d_ff, repeats=20, device=args.device)
 
     base = times[BASELINE]
-    print(f"\n{rounds} interleaved rounds:")
+    compiled = times.get(compiled_name(None), base)
+    print(f"\n{rounds} interleaved rounds (load average now {os.getloadavg()[0]:.2f}):")
     # The median of per-round ratios is the headline; the ratio of the fastest calls is shown too
     # because on a shared machine a busy spell can still land unevenly within a round.
-    print(f"  {'contender':<22}{'median ms':>11}{'min ms':>9}{'median ratio':>14}{'min ratio':>11}{'GFLOP/s':>9}")
+    print(f"  {'contender':<34}{'median ms':>11}{'min ms':>9}{'median ratio':>14}{'min ratio':>11}"
+          f"{'x compiled':>12}{'GFLOP/s':>9}")
     for name, seconds in times.items():
         ratio = statistics.median(s / b for s, b in zip(seconds, base))
+        to_compiled = statistics.median(s / b for s, b in zip(seconds, compiled))
         median = statistics.median(seconds)
-        print(f"  {name:<22}{median * 1e3:>11.1f}{min(seconds) * 1e3:>9.1f}{ratio:>13.3f}x"
-              f"{min(seconds) / min(base):>10.3f}x{flops / median / 1e9:>9.1f}")
-    print(f"  (ratios are to {BASELINE}; GFLOP/s from the median time)")
+        print(f"  {name:<34}{median * 1e3:>11.1f}{min(seconds) * 1e3:>9.1f}{ratio:>13.3f}x"
+              f"{min(seconds) / min(base):>10.3f}x{to_compiled:>11.3f}x{flops / median / 1e9:>9.1f}")
+    print(f"  (ratios are to {BASELINE}, medians of per-round ratios; 'x compiled' to {compiled_name(None)}; "
+          "GFLOP/s from the median time)")
     print(f"  plain matmul ({rows}x{d}) @ ({d}x{config.d_ff}), float32: {before:.1f} GFLOP/s before, {after:.1f} after the rounds"
           f" (load average now {os.getloadavg()[0]:.2f})")
     peak = max(before, after)
     for name, seconds in times.items():
-        print(f"  {name:<22}reaches {flops / statistics.median(seconds) / 1e9 / peak:.0%} of the plain matmul rate")
+        print(f"  {name:<34}reaches {flops / statistics.median(seconds) / 1e9 / peak:.0%} of the plain matmul rate")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     python benchmarks/bench_generate.py --contenders hf,torch,jax --repeats 3
     python benchmarks/bench_generate.py --cache            # cached vs uncached, batch 1, 128 new tokens
     python benchmarks/bench_generate.py --device cuda      # torch and transformers on CUDA, JAX on its GPU
+    python benchmarks/bench_generate.py --contenders hf,hf-static,ct2,ct2-int8,torch --threads 2   # issue 44's CPU run
 
 The same weights everywhere: a random `MarianMTModel` (transformers) of the base size (d_model
 512, 8 heads, d_ff 2048, 6+6 layers, vocab 32000, float32) is read into this project's config and
@@ -18,6 +19,26 @@ the second call of a shape), each contender timed in turn within every repeat (i
 on the shared machine affects all alike), the median of the repeats reported with its ratio to
 transformers' time. JAX is compiled first (one call per setting), its compile time printed apart.
 The ids are compared with transformers' (float32: a near-tie could flip one; reported, not hidden).
+
+Contenders (`--contenders`, comma-separated):
+
+    hf          transformers' `generate`, eager, its default dynamic cache
+    hf-static   transformers' documented fast path: `cache_implementation="static"` with its forward
+                compiled by `generate` itself (`compile_config=CompileConfig(...)`: on CUDA
+                `mode="reduce-overhead", fullgraph=True`, CUDA graphs; on the CPU the default mode,
+                which `generate` compiles there only when told to, `_compile_all_devices`)
+    ct2         CTranslate2 float32 on a model converted from the same weights
+                (`conformance.check.ctranslate2_check.convert`, what `rosetta convert --to ctranslate2`
+                runs); float16 on CUDA
+    ct2-int8    the same model quantized to int8 (int8_float16 on CUDA): not the same arithmetic,
+                reported apart, its ids compared all the same
+    torch, jax, numpy   this project's backends
+
+Every contender's first call (its compile, where it has one) is timed and printed apart. Token ids
+follow Marian's released checkpoints: the pad id is the last (V - 1), with a zero embedding row, and
+the decoder starts from it; the end id is 0. The end and pad ids are banned everywhere
+(CTranslate2: `min_decoding_length` = `max_decoding_length` = new tokens, and its vocabulary has no
+pad), so every row runs all its steps.
 
 Cache (`--cache`): greedy at batch 1 for 128 new tokens, `use_cache=True` against
 `use_cache=False` (the whole decoder over the whole prefix per token), per backend, interleaved.
@@ -37,7 +58,13 @@ from conformance.check.compare import to_numpy
 
 BASE = dict(vocab_size=32000, d_model=512, heads=8, d_ff=2048, layers=6, max_position_embeddings=512)
 QUICK = dict(vocab_size=1000, d_model=64, heads=4, d_ff=128, layers=2, max_position_embeddings=256)
-PAD, BOS, EOS = 0, 0, 1  # Marian's: the decoder starts from the pad id
+EOS = 0  # Marian's; its pad id is the last (V - 1) and the decoder starts from it: `ids(sizes)`
+
+
+def ids(sizes: dict) -> tuple[int, int, int]:
+    """(pad, start, end) for `sizes`: the pad id last, as CTranslate2's Marian loader requires."""
+    pad = sizes["vocab_size"] - 1
+    return pad, pad, EOS
 
 
 def marian(sizes: dict, device: str):
@@ -45,27 +72,72 @@ def marian(sizes: dict, device: str):
     import torch
     from transformers import MarianConfig, MarianMTModel
 
+    pad, bos, eos = ids(sizes)
     torch.manual_seed(0)
     config = MarianConfig(vocab_size=sizes["vocab_size"], d_model=sizes["d_model"],
                           encoder_layers=sizes["layers"], decoder_layers=sizes["layers"],
                           encoder_attention_heads=sizes["heads"], decoder_attention_heads=sizes["heads"],
                           encoder_ffn_dim=sizes["d_ff"], decoder_ffn_dim=sizes["d_ff"],
-                          max_position_embeddings=sizes["max_position_embeddings"], pad_token_id=PAD,
-                          eos_token_id=EOS, decoder_start_token_id=BOS, forced_eos_token_id=None)
-    model = MarianMTModel(config).eval().to(device)
+                          max_position_embeddings=sizes["max_position_embeddings"], pad_token_id=pad,
+                          eos_token_id=eos, decoder_start_token_id=bos, forced_eos_token_id=None)
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():  # CTranslate2 starts the decoder from a zero embedding, the others look up the pad row
+        model.get_input_embeddings().weight[pad].zero_()
+    model.to(device)
     model.generation_config.bad_words_ids = None
     model.generation_config.forced_eos_token_id = None
     return model
 
 
-def hf_generate(model, src, new_tokens: int, num_beams: int):
+def hf_generate(model, src, new_tokens: int, num_beams: int, banned: list[int], static: bool = False):
+    """transformers' `generate`; `static`: its static cache with the forward compiled by `generate`
+    (transformers' docs, "static cache and torch.compile"; `CompileConfig`)."""
     import torch
 
+    extra = {}
+    if static:
+        from transformers import CompileConfig
+
+        if model.device.type == "cuda":  # the documented fast path: CUDA graphs, one graph for the step
+            extra["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead")
+        else:  # generate compiles on CUDA only unless told; CUDA graphs do not exist on the CPU
+            config = CompileConfig(fullgraph=True, mode="default")
+            config._compile_all_devices = True
+            extra["compile_config"] = config
+        extra["cache_implementation"] = "static"
     with torch.inference_mode():
         ids = model.generate(input_ids=src, attention_mask=torch.ones_like(src), max_length=new_tokens + 1,
-                             min_length=0, num_beams=num_beams, do_sample=False, bad_words_ids=[[EOS]],
-                             length_penalty=1.0, early_stopping=False, num_return_sequences=1)
+                             min_length=0, num_beams=num_beams, do_sample=False, bad_words_ids=[[b] for b in banned],
+                             length_penalty=1.0, early_stopping=False, num_return_sequences=1, **extra)
     return ids[:, 1:]
+
+
+def ct2_translator(config, params, device: str, compute_type: str, folder):
+    """A CTranslate2 Translator of `params` (converted into `folder`, once), or the reason there is none."""
+    try:
+        import ctranslate2
+    except ImportError as exc:
+        return None, f"ctranslate2 not importable ({exc})"
+    if device == "cuda" and not ctranslate2.get_cuda_device_count():
+        return None, f"ctranslate2 {ctranslate2.__version__} sees no CUDA device (a CPU-only build)"
+    if compute_type not in ctranslate2.get_supported_compute_types(device):
+        return None, f"ctranslate2 {ctranslate2.__version__} has no {compute_type} kernels on this {device}"
+    from conformance.check.ctranslate2_check import convert
+
+    if not (folder / "model.bin").exists():
+        convert(config, params, folder)
+    import torch
+
+    return ctranslate2.Translator(str(folder), device=device, compute_type=compute_type,
+                                  intra_threads=torch.get_num_threads(), inter_threads=1), None
+
+
+def ct2_generate(translator, tokens: list[list[str]], new_tokens: int, num_beams: int) -> np.ndarray:
+    """CTranslate2's ids (B, new_tokens): the end token barred by a minimum length of every step."""
+    out = translator.translate_batch(tokens, beam_size=num_beams, max_decoding_length=new_tokens,
+                                     min_decoding_length=new_tokens, length_penalty=1.0, num_hypotheses=1,
+                                     return_scores=False)
+    return np.array([[int(t) for t in r.hypotheses[0]] for r in out])
 
 
 def build(backend: str, config, params, device: str):
@@ -101,69 +173,114 @@ def machine(device: str) -> str:
 
 
 def speed(args, sizes, hf_model, config, params) -> None:
+    import tempfile
+    from pathlib import Path
+
     import torch
 
+    pad, bos, eos = ids(sizes)
+    banned = [eos, pad]
     chosen = [c for c in args.contenders.split(",") if c]
+    if unknown := set(chosen) - set(CONTENDERS):
+        raise SystemExit(f"unknown contenders {sorted(unknown)}; choose from {', '.join(CONTENDERS)}")
     rng = np.random.default_rng(0)
-    src = rng.integers(2, sizes["vocab_size"], size=(args.batch, args.src_len))
+    src = rng.integers(2, pad, size=(args.batch, args.src_len))  # no end or pad id in a source
     src_torch = torch.as_tensor(src, device=args.device)
-    models = {c: build(c, config, params, args.device) for c in chosen if c != "hf"}
+    tokens = [[str(i) for i in row] for row in src.tolist()]
     settings = [("greedy", 1), ("beam 4", 4)]
+    models, skipped = {}, {}
+    scratch = tempfile.TemporaryDirectory(prefix="bench-generate-ct2-")
+    for contender in chosen:
+        if contender in ("torch", "jax", "numpy"):
+            models[contender] = build(contender, config, params, args.device)
+        elif contender.startswith("ct2"):
+            compute = ("float16" if args.device == "cuda" else "float32") if contender == "ct2" else (
+                "int8_float16" if args.device == "cuda" else "int8")
+            models[contender], reason = ct2_translator(config, params, args.device, compute, Path(scratch.name) / "model")
+            if reason:
+                skipped[contender] = reason
+    chosen = [c for c in chosen if c not in skipped]
 
     def run(contender: str, num_beams: int):
-        if contender == "hf":
-            return lambda: hf_generate(hf_model, src_torch, args.new_tokens, num_beams)
-        return lambda: models[contender].generate(src, args.new_tokens, BOS, EOS, num_beams=num_beams,
-                                                  banned_ids=[EOS])
+        if contender in ("hf", "hf-static"):
+            return lambda: hf_generate(hf_model, src_torch, args.new_tokens, num_beams, banned, contender == "hf-static")
+        if contender.startswith("ct2"):
+            return lambda: ct2_generate(models[contender], tokens, args.new_tokens, num_beams)
+        return lambda: models[contender].generate(src, args.new_tokens, bos, eos, num_beams=num_beams, banned_ids=banned)
 
-    if "jax" in models:
-        import impl_jax
-
-        impl_jax.reset_stats()
-        started = time.perf_counter()
-        for _, beams in settings:
-            timed(run("jax", beams))
-        stats = impl_jax.compile_stats()
-        print(f"JAX compile (apart): {stats['compiles']} executables, "
-              f"{stats['trace_seconds'] + stats['compile_seconds']:.1f} s of {time.perf_counter() - started:.1f} s "
-              "(the first call of each setting)")
-    # Two untimed calls of each contender and setting first: impl_torch on CUDA records its CUDA
-    # graphs on the second call of a shape (impl_torch/graphs.py), and every contender's first call
-    # pays for allocation and kernel selection.
-    for _ in range(2):
-        for _, beams in settings:
-            for contender in chosen:
-                timed(run(contender, beams))
+    # The first call of each contender and setting, timed apart: the compile of JAX and of the
+    # compiled transformers step, and every contender's allocation and kernel selection.
+    first = {}
+    for name, beams in settings:
+        for contender in chosen:
+            started = time.perf_counter()
+            timed(run(contender, beams))
+            first[contender, name] = time.perf_counter() - started
+            stamp(f"first call {contender} {name}: {first[contender, name]:.1f} s")
+    # A second untimed call: impl_torch on CUDA records its CUDA graphs on the second call of a shape
+    # (impl_torch/graphs.py), transformers' reduce-overhead records its own then.
+    for name, beams in settings:
+        for contender in chosen:
+            timed(run(contender, beams))
     times = {(c, name): [] for c in chosen for name, _ in settings}
-    ids = {}
-    for _ in range(args.repeats):
+    out = {}
+    for r in range(args.repeats):
         for name, beams in settings:
-            for contender in chosen:
-                ids[contender, name], seconds = timed(run(contender, beams))
+            order = chosen[r % len(chosen):] + chosen[: r % len(chosen)]
+            for contender in order:
+                out[contender, name], seconds = timed(run(contender, beams))
                 times[contender, name].append(seconds)
-    tokens = args.batch * args.new_tokens
-    print(f"\nbatch {args.batch}, source {args.src_len}, {args.new_tokens} new tokens, float32, {args.device}; "
-          f"median of {args.repeats} interleaved repeats")
-    print(f"{'setting':<8} {'contender':<10} {'seconds':>8} {'tok/s':>8} {'x transformers':>15}  ids vs transformers")
+            stamp(f"repeat {r + 1}, {name}: " + ", ".join(f"{c} {times[c, name][-1]:.3f} s" for c in chosen))
+    scratch.cleanup()
+    reference = "hf-static" if args.reference == "hf-static" and "hf-static" in chosen else (
+        "ct2" if args.reference == "ct2" and "ct2" in chosen else ("hf" if "hf" in chosen else chosen[0]))
+    n_tokens = args.batch * args.new_tokens
+    print(f"\nbatch {args.batch}, source {args.src_len}, {args.new_tokens} new tokens, float32 (ct2 on CUDA: "
+          f"float16), {args.device}; median of {args.repeats} interleaved repeats; load average "
+          f"{os.getloadavg()[0]:.2f}; ratios are medians of per-repeat ratios to {reference}")
+    print(f"{'setting':<8} {'contender':<10} {'seconds':>8} {'tok/s':>8} {'x ' + reference:>12} {'x hf':>7} "
+          f"{'first call s':>13}  ids")
     for name, _ in settings:
-        reference = times.get(("hf", name))
         for contender in chosen:
             seconds = statistics.median(times[contender, name])
-            ratio = f"{seconds / statistics.median(reference):.2f}x" if reference else "-"
-            if "hf" in chosen and contender != "hf":
-                same = ids[contender, name].shape == ids["hf", name].shape and (
-                    ids[contender, name] == ids["hf", name]).all()
-                agree = "same" if same else f"DIFFER ({(ids[contender, name] != ids['hf', name]).any(1).sum()} rows)"
-            else:
-                agree = ""
-            print(f"{name:<8} {contender:<10} {seconds:>8.3f} {tokens / seconds:>8.1f} {ratio:>15}  {agree}")
-    print("\ntargets (issue 29, CPU): impl_torch greedy and beam 4 <= 1.0x transformers; impl_jax after compile <= 1.0x")
+
+            def ratio(to):
+                if to not in chosen:
+                    return "-"
+                return f"{statistics.median(a / b for a, b in zip(times[contender, name], times[to, name])):.2f}x"
+
+            print(f"{name:<8} {contender:<10} {seconds:>8.3f} {n_tokens / seconds:>8.1f} {ratio(reference):>12} "
+                  f"{ratio('hf'):>7} {first[contender, name]:>13.1f}  {agreement(out, chosen, contender, name)}")
+    for contender, reason in skipped.items():
+        print(f"{contender:<10} skipped: {reason}")
+    print("\ntargets (issue 44): impl_torch greedy and beam 4 <= 1.0x CTranslate2 float32 (CPU) and <= 1.0x "
+          "transformers' compiled static-cache generate (GPU)")
+
+
+def agreement(out: dict, chosen: list[str], contender: str, name: str) -> str:
+    """Rows whose ids equal each other contender's ("8/8 vs hf"); float32 near-ties may flip one."""
+    parts = []
+    for other in chosen:
+        if other == contender:
+            continue
+        a, b = out[contender, name], out[other, name]
+        same = int((a == b).all(1).sum()) if a.shape == b.shape else 0
+        parts.append(f"{same}/{a.shape[0]} {other}")
+    return "same rows: " + ", ".join(parts)
+
+
+def stamp(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+CONTENDERS = ("hf", "hf-static", "ct2", "ct2-int8", "torch", "jax", "numpy")
 
 
 def cache(args, sizes, config, params) -> None:
-    chosen = [c for c in args.contenders.split(",") if c and c != "hf"]
+    chosen = [c for c in args.contenders.split(",") if c in ("torch", "jax", "numpy")]
+    pad, bos, eos = ids(sizes)
     rng = np.random.default_rng(1)
-    src = rng.integers(2, sizes["vocab_size"], size=(1, args.src_len))
+    src = rng.integers(2, pad, size=(1, args.src_len))
     new_tokens = args.cache_tokens
     models = {}
     for contender in chosen:
@@ -174,15 +291,15 @@ def cache(args, sizes, config, params) -> None:
             models[contender, "uncached"] = impl_jax.Model(config, params, "float32", buckets=(32, 64, 128))
     for contender in chosen:  # warm-up: JAX compiles, torch allocates (and records its CUDA graphs on a second call)
         for _ in range(2):
-            models[contender].generate(src, new_tokens, BOS, EOS, banned_ids=[EOS])
-        models.get((contender, "uncached"), models[contender]).generate(src, new_tokens, BOS, EOS,
-                                                                       banned_ids=[EOS], use_cache=False)
+            models[contender].generate(src, new_tokens, bos, eos, banned_ids=[eos, pad])
+        models.get((contender, "uncached"), models[contender]).generate(src, new_tokens, bos, eos,
+                                                                       banned_ids=[eos, pad], use_cache=False)
     times = {(c, mode): [] for c in chosen for mode in ("cached", "uncached")}
     for _ in range(args.repeats):
         for contender in chosen:
             for mode in ("cached", "uncached"):
                 model = models.get((contender, mode), models[contender])
-                _, seconds = timed(lambda: model.generate(src, new_tokens, BOS, EOS, banned_ids=[EOS],
+                _, seconds = timed(lambda: model.generate(src, new_tokens, bos, eos, banned_ids=[eos, pad],
                                                           use_cache=mode == "cached"))
                 times[contender, mode].append(seconds)
     print(f"\ncache: batch 1, source {args.src_len}, {new_tokens} new tokens, greedy, float32, {args.device}; "
@@ -198,7 +315,11 @@ def cache(args, sizes, config, params) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small config")
-    parser.add_argument("--contenders", default="hf,torch,jax", help="of hf, torch, jax, numpy (default hf,torch,jax)")
+    parser.add_argument("--contenders", default="hf,torch,jax",
+                        help=f"comma-separated, of {', '.join(CONTENDERS)} (default hf,torch,jax)")
+    parser.add_argument("--reference", default="hf", choices=("hf", "hf-static", "ct2"),
+                        help="the contender the main ratio column is to (hf when the chosen one is not run)")
+    parser.add_argument("--threads", type=int, help="torch's intra-op threads (and CTranslate2's); default torch's")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--src-len", type=int, default=32)
@@ -209,6 +330,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here (torch.cuda.is_available() is False); "
                          "run on a machine with a GPU, or leave --device out for the CPU")

@@ -5,6 +5,7 @@ the forward or of a training step.
     python benchmarks/bench_jax_wmt.py --quick         # a small config (a smoke run)
     python benchmarks/bench_jax_wmt.py --repeats 2
     python benchmarks/bench_jax_wmt.py --step --batch 8 --length 64   # a training step (issue 28's CPU sizes)
+    python benchmarks/bench_jax_wmt.py --cublas --same-precision --repeats 3   # issue 44's GPU comparison
 
 Issue 28's comparison: on an H100 most of a cold float32 compile was XLA's autotuning of GEMMs at
 precision `highest` (issue 28: 61 s cold, 7 s with `--xla_gpu_autotune_level=0`), which impl_jax
@@ -34,7 +35,14 @@ accuracy, denominator, learning rate), in one jitted function that donates the p
 the optimizer state, as wmt's pmap does. impl_jax's is
 its public `impl_jax.train_step(model, impl_jax.Adam(model, d_model), src, tgt, labels,
 label_smoothing=0.1)`: loss, gradients and the paper's Adam (betas (0.9, 0.98), eps 1e-9) in one
-executable, the ids and labels checked on the host."""
+executable, the ids and labels checked on the host.
+
+`--cublas`: the linen copy's processes get `XLA_FLAGS=--xla_gpu_enable_triton_gemm=false`, the
+product engine impl_jax picks for itself on a GPU (cuBLAS, no autotuning: cold compiles of seconds,
+not a minute), so that both run the same GEMMs; without it the linen copy takes XLA's defaults.
+`--same-precision`: leave out the default-precision row (TF32), timing only the like-for-like pair.
+With `--repeats` > 1 the settings run in a rotating order, and the per-call ratio is the median of
+the per-repeat ratios."""
 
 from __future__ import annotations
 
@@ -184,6 +192,9 @@ def main() -> None:
     parser.add_argument("--step", action="store_true", help="a training step instead of the forward")
     parser.add_argument("--batch", type=int, help="the batch (default: 32, or 4 with --quick)")
     parser.add_argument("--length", type=int, help="source and target lengths (default: 128, or 32 with --quick)")
+    parser.add_argument("--cublas", action="store_true",
+                        help="the linen copy with --xla_gpu_enable_triton_gemm=false, as impl_jax compiles on a GPU")
+    parser.add_argument("--same-precision", action="store_true", help="only the two rows at precision highest")
     parser.add_argument("--child", choices=SETTINGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     for name in ("batch", "calls", "repeats"):
@@ -194,14 +205,17 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args.quick, args.calls, args.step, args.batch, args.length)))
         return
-    runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
+    settings = SETTINGS[1:] if args.same_precision else SETTINGS
+    runs: dict[str, list[dict]] = {s: [] for s in settings}
     for repeat in range(args.repeats):
-        for setting in SETTINGS:
+        for setting in settings[repeat % len(settings):] + settings[:repeat % len(settings)]:
             env = {k: v for k, v in os.environ.items()
                    if k not in ("JAX_COMPILATION_CACHE_DIR", "ROSETTA_JAX_CACHE", "JAX_DEFAULT_MATMUL_PRECISION")}
             env.update(ROSETTA_JAX_QUIET="1", PYTHONPATH=os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]))
             if setting == "wmt linen, highest":
                 env["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
+            if args.cublas and setting.startswith("wmt"):
+                env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false").strip()
             command = [sys.executable, __file__, "--child", setting, "--calls", str(args.calls)]
             command += ["--quick"] * args.quick + ["--step"] * args.step
             command += [f"--{name}={getattr(args, name)}" for name in ("batch", "length") if getattr(args, name)]
@@ -209,14 +223,14 @@ def main() -> None:
             if done.returncode != 0:
                 raise SystemExit(f"{setting} failed:\n{done.stderr[-3000:]}")
             runs[setting].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"  repeat {repeat + 1}, {setting}: {runs[setting][-1]}", flush=True)
+            print(f"  [{time.strftime('%H:%M:%S')}] repeat {repeat + 1}, {setting}: {runs[setting][-1]}", flush=True)
     s = sizes(args.quick, args.batch, args.length)
     what = "training step (label smoothing 0.1, Adam)" if args.step else "forward"
     print(f"\n{what}, d_model {s['d']}, {s['layers']}+{s['layers']} layers, vocab {s['vocab']}, batch {s['batch']}, "
           f"lengths {s['length']}, float32, on {runs[SETTINGS[-1]][0]['device']}; medians of {args.repeats} "
-          "fresh processes, no persistent cache")
+          f"fresh processes, no persistent cache{'; linen with --xla_gpu_enable_triton_gemm=false' if args.cublas else ''}")
     print(f"{'':<30}{'cold first call':>18}{'each call after':>18}{'of which host':>16}")
-    for setting in SETTINGS:
+    for setting in settings:
         first = statistics.median(r["first"] for r in runs[setting])
         each = statistics.median(r["each"] for r in runs[setting])
         host = statistics.median(r["host"] for r in runs[setting])
@@ -224,7 +238,10 @@ def main() -> None:
     ours, theirs = runs[SETTINGS[2]], runs[SETTINGS[1]]
     print(f"impl_jax / wmt linen at the same precision (highest): cold "
           f"{statistics.median(r['first'] for r in ours) / statistics.median(r['first'] for r in theirs):.2f}x, "
-          f"each call {statistics.median(r['each'] for r in ours) / statistics.median(r['each'] for r in theirs):.2f}x")
+          f"each call {statistics.median(r['each'] for r in ours) / statistics.median(r['each'] for r in theirs):.2f}x "
+          f"(median of per-repeat ratios {statistics.median(a['each'] / b['each'] for a, b in zip(ours, theirs)):.2f}x; "
+          f"host part {statistics.median(r['host'] for r in ours) * 1e3:.2f} against "
+          f"{statistics.median(r['host'] for r in theirs) * 1e3:.2f} ms)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     python benchmarks/bench_train.py --device cuda --dtype bfloat16
     python benchmarks/bench_train.py --contenders impl_torch,nn.Transformer --profile
     python benchmarks/bench_train.py --contenders impl_torch,nn.Transformer --ops --batch 2
+    python benchmarks/bench_train.py --contenders "impl_torch,nn.Transformer compiled,impl_torch compiled"
 
 One training step = forward, the loss of docs/training.md (cross-entropy, ignore_index = pad_id,
 label smoothing 0.1), backward, and the paper's Adam with its schedule. Base config (d_model 512,
@@ -20,6 +21,10 @@ label smoothing 0.1), backward, and the paper's Adam with its schedule. Base con
     nn.Transformer        PyTorch's own encoder-decoder with the same weights (benchmarks/bench_forward.py),
                           every parameter trained (its embeddings too, as in ours),
                           F.cross_entropy, torch.optim.Adam + LambdaLR: the baseline
+    nn.Transformer compiled   the same under `torch.compile` (default mode; on CUDA also
+                          `nn.Transformer compiled max-autotune` and `... reduce-overhead`); its
+                          first step, the compile, is timed apart
+    impl_torch compiled   impl_torch after `model.compile()` (not by default)
 
 `--device cpu|cuda` puts every torch contender (and impl_jax, on its GPU backend) on that device;
 without one the run stops with the reason. `--dtype float32|bfloat16`: bfloat16 is mixed
@@ -105,33 +110,16 @@ def contenders(config, params, src, tgt, labels, device: str, dtype: str, wanted
 
         entries["impl_torch eager"] = eager_step
 
-    if BASELINE in wanted:
-        baseline = TorchTransformer(config, params).float().to(device)
-        baseline.requires_grad_(True)  # its embeddings too (from_pretrained freezes them): ours trains all
-        base_opt = torch.optim.Adam(baseline.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-        schedule = torch.optim.lr_scheduler.LambdaLR(base_opt, lambda e: paper_lrate(e + 1, config.d_model))
-        src_t, tgt_t, labels_t = (torch.from_numpy(x).to(device) for x in (src, tgt, labels))
+    for name, mode in [(BASELINE, None)] + [(compiled_name(m), m) for m in COMPILE_MODES[device]]:
+        if name in wanted:
+            entries[name] = reference_step(name, mode, name != BASELINE, config, params, src, tgt, labels, device, mixed)
 
-        def plain_loss():
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=mixed):
-                logits = baseline(src_t, tgt_t)
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels_t.reshape(-1),
-                                       ignore_index=config.pad_id, label_smoothing=EPSILON)
-            base_opt.zero_grad(set_to_none=True)
-            loss.backward()
-            return loss
-
-        def plain_update():
-            base_opt.step()
-            schedule.step()
-
-        def plain_step():
-            loss = plain_loss()
-            plain_update()
-            return float(loss.detach())  # blocks until the step is done
-
-        entries[BASELINE] = plain_step
-        PARTS[BASELINE] = (plain_loss, plain_update)
+    if "impl_torch compiled" in wanted:
+        compiled = torch_model()
+        compiled.compile()  # nn.Module.compile: torch.compile of its forward, in place
+        compiled_opt = impl_torch.Adam(compiled, config.d_model)
+        entries["impl_torch compiled"] = first_call("impl_torch compiled", lambda: float(impl_torch.train_step(
+            compiled, compiled_opt, src, tgt, labels, label_smoothing=EPSILON)))
 
     if "impl_jax" in wanted:
         try:
@@ -188,9 +176,60 @@ def contenders(config, params, src, tgt, labels, device: str, dtype: str, wanted
     return entries, skipped
 
 
+def reference_step(name, mode, compiled: bool, config, params, src, tgt, labels, device: str, mixed: bool):
+    """One training step of nn.Transformer with our weights: F.cross_entropy, torch.optim.Adam with
+    the paper's schedule (LambdaLR), under autocast(bfloat16) when `mixed`. `compiled`: the module
+    under `torch.compile(mode=mode)` (forward and backward compiled; the loss and Adam eager, as a
+    user who compiles the model runs it); its first step (the compile) is timed apart."""
+    baseline = TorchTransformer(config, params).float().to(device)
+    baseline.requires_grad_(True)  # its embeddings too (from_pretrained freezes them): ours trains all
+    base_opt = torch.optim.Adam(baseline.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    schedule = torch.optim.lr_scheduler.LambdaLR(base_opt, lambda e: paper_lrate(e + 1, config.d_model))
+    module = torch.compile(baseline, mode=mode) if compiled else baseline
+    src_t, tgt_t, labels_t = (torch.from_numpy(x).to(device) for x in (src, tgt, labels))
+
+    def plain_loss():
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=mixed):
+            logits = module(src_t, tgt_t)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels_t.reshape(-1),
+                                   ignore_index=config.pad_id, label_smoothing=EPSILON)
+        base_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss
+
+    def plain_update():
+        base_opt.step()
+        schedule.step()
+
+    def plain_step():
+        loss = plain_loss()
+        plain_update()
+        return float(loss.detach())  # blocks until the step is done
+
+    PARTS[name] = (plain_loss, plain_update)
+    return first_call(name, plain_step) if compiled else plain_step
+
+
+def first_call(name: str, step):
+    """`step` after its first call, whose wall time (a compile) is kept and printed apart."""
+    started = time.perf_counter()
+    step()
+    COMPILE[name] = f"{name}: first step (compile) {time.perf_counter() - started:.1f} s, excluded from the step times"
+    print(COMPILE[name], flush=True)
+    return step
+
+
+COMPILE_MODES = {"cpu": (None,), "cuda": (None, "max-autotune", "reduce-overhead")}
+
+
+def compiled_name(mode) -> str:
+    return f"{BASELINE} compiled" + (f" {mode}" if mode else "")
+
+
 COMPILE: dict[str, str] = {}
 PARTS: dict[str, tuple] = {}  # torch contender: (loss and gradients, optimizer update), run in this order
-ALL = ("impl_torch", "impl_torch eager", BASELINE, "impl_jax", "impl_numpy float32")
+COMPILED = tuple(compiled_name(m) for m in COMPILE_MODES["cuda"])
+ALL = ("impl_torch", "impl_torch eager", "impl_torch compiled", BASELINE, *COMPILED, "impl_jax", "impl_numpy float32")
 
 
 def profile(entries, device: str, rows: int = 15) -> None:
@@ -249,9 +288,9 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="bfloat16: dtype bfloat16 with param_dtype float32, against torch.autocast(bfloat16)")
-    parser.add_argument("--contenders", default=",".join(name for name in ALL if name != "impl_torch eager"),
+    parser.add_argument("--contenders", default=",".join(name for name in ALL if name not in ("impl_torch eager", "impl_torch compiled")),
                         help=f"comma-separated, from {', '.join(ALL)} ({BASELINE} is always run; by default all "
-                             "but impl_torch eager)")
+                             "but impl_torch eager and impl_torch compiled; the CUDA compile modes on CUDA only)")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default 8; --quick 4)")
     parser.add_argument("--profile", action="store_true", help="print torch.profiler tables, then time")
     parser.add_argument("--ops", action="store_true",
@@ -292,13 +331,15 @@ def main(argv=None) -> int:
         print(f"round {r + 1}: " + ", ".join(f"{name} {times[name][-1] / times[BASELINE][-1]:.2f}x"
                                               for name in names if name != BASELINE)
               + f" (nn.Transformer {times[BASELINE][-1] * 1e3:.0f} ms)", flush=True)
-    print(f"{'contender':<22}{'median step':>14}{'ratio to ' + BASELINE:>26}{'target':>10}")
+    compiled = compiled_name(None) if compiled_name(None) in times else BASELINE
+    print(f"{'contender':<38}{'median step':>14}{'ratio to ' + BASELINE:>26}{'x ' + compiled:>28}{'target':>10}")
     for name in names:
-        ratios = [t / b for t, b in zip(times[name], times[BASELINE])]
-        ratio = statistics.median(ratios)
+        ratio = statistics.median(t / b for t, b in zip(times[name], times[BASELINE]))
+        to_compiled = statistics.median(t / b for t, b in zip(times[name], times[compiled]))
         target = TARGETS.get(name)
         verdict = "" if target is None else (f"<= {target:.1f}x " + ("met" if ratio <= target else "MISSED"))
-        print(f"{name:<22}{statistics.median(times[name]) * 1e3:>11.1f} ms{ratio:>25.2f}x{verdict:>16}")
+        print(f"{name:<38}{statistics.median(times[name]) * 1e3:>11.1f} ms{ratio:>25.2f}x{to_compiled:>27.2f}x{verdict:>16}")
+    print(f"(load average {__import__('os').getloadavg()[0]:.2f}; ratios are medians of per-round ratios)")
     for line in COMPILE.values():
         print(line)
     for name, reason in skipped.items():
