@@ -19,7 +19,7 @@ The plans (`PLANS`), over a mesh whose axes are ("data", "model"):
     "tp"       Megatron's tensor parallelism (Shoeybi et al. 2019, section 3) over "model": q, k, v,
                linear1 and the gate split by columns (their biases with them), o and linear2 by
                rows (their biases replicated: added after the sum), the vocabulary split for the
-               embeddings, the output weight and its biases; LayerNorms and position tables
+               embeddings, the output weight and its biases (final_logits_bias included); LayerNorms and position tables
                replicated. Heads stay whole on a device, so n_heads must divide by the axis size.
     "fsdp"     every parameter split over "data" along its largest axis that divides by the
                axis size (ties: the first such axis).
@@ -70,7 +70,7 @@ TP_SPLITS: dict[tuple[str, ...], int] = {
     ("embedding", "weight"): 0,  # the vocabulary rows
     ("output", "weight"): 1,  # the vocabulary columns
     ("output", "bias"): 0,
-    ("final_logits_bias",): 1,  # (1, V)
+    ("final_logits_bias",): 0,  # (V,), as conformance.core.params stores it
 }
 
 

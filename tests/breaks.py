@@ -648,3 +648,45 @@ def planted_in_the_export(name: str):
         yield
     finally:
         setattr(onnx_export, attribute, right)
+
+
+# -- Sharded bugs (issue 46): planted in every rank of a sharded run ------------------------------
+#
+# A sharded run happens in a child process (conformance.check.sharded), so a break is planted
+# there: `sharded_runs(..., plant=("breaks", "plant_sharded", "NAME,NAME"))` has each child
+# process import this module and call `plant_sharded` before it runs anything. Each break edits
+# a private copy of the file it names and puts the edited function in the real module's place.
+# Both are torch's: JAX's sharded model is GSPMD's partition of the unsharded program, with no
+# parallel layer or reduction of ours to get wrong (docs/sharding.md).
+
+# name -> (backend, file, [(text, replacement)], (class or None, function), the plan it shows under)
+SHARDED_BREAKS = {
+    # The classic tensor-parallel bug: the local shard of q/k/v (H / model heads' columns) split
+    # into the global number H of heads, each K / model wide. Unsharded, every head is local and
+    # the same line is right, so only a sharded run can show it.
+    "tp attention splits its shard into the global number of heads": ("torch", "model.py", [(
+        "x = x.view(batch, length, width // self.head_dim, self.head_dim)  # (B, L, H, K)",
+        "x = x.view(batch, length, self.n_heads, width // self.n_heads)  # (B, L, H, K / model): wrong under tp",
+    )], ("MultiHeadAttention", "split_heads"), "tp"),
+    # The loss each data rank differentiates divided by the number of data ranks as well, on top
+    # of its share of the batch (a DDP habit, with FSDP2's sum reduction): gradients averaged
+    # twice. The loss it reports is right, so a loss curve does not show it.
+    "fsdp divides the loss by the data ranks as well": ("torch", "parallel.py", [(
+        "        loss.backward()\n",
+        '        (loss / mesh["data"].size() if "fsdp" in model.plan else loss).backward()\n',
+    )], (None, "loss_and_grads"), "fsdp"),
+}
+
+
+def plant_sharded(names: str) -> None:
+    """Plant each of the comma-separated `SHARDED_BREAKS` in this process's backend modules."""
+    for name in filter(None, names.split(",")):
+        backend, file, edits, (owner, function), _ = SHARDED_BREAKS[name]
+        module_name = f"impl_{backend}." + file[:-3]
+        real = importlib.import_module(module_name)
+        copy = edited_module(name, "broken_sharded_" + "".join(c if c.isalnum() else "_" for c in name),
+                             ROOT / f"impl_{backend}" / file, edits)
+        if owner is None:
+            setattr(real, function, getattr(copy, function))
+        else:
+            setattr(getattr(real, owner), function, getattr(getattr(copy, owner), function))

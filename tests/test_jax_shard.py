@@ -211,9 +211,9 @@ def _tp_axis(name: str) -> int | None:
         return 1 if part == "weight" else 0
     if module in ("o_proj", "linear2") and part == "weight":
         return 0
-    if (module, part) == ("embedding", "weight") or (module, part) == ("output", "bias"):
-        return 0
-    if (module, part) == ("output", "weight") or part == "final_logits_bias":
+    if (module, part) == ("embedding", "weight") or (module, part) == ("output", "bias") or part == "final_logits_bias":
+        return 0  # final_logits_bias is (V,)
+    if (module, part) == ("output", "weight"):
         return 1
     return None
 
@@ -264,6 +264,22 @@ def test_the_shape_check_catches_a_plan_that_silently_replicates(record):
                    if shards[name] != _expected(list(shape), name, "tp", 4, 2))
     assert wrong and all(".ffn.linear1." in name for name in wrong), wrong
     assert len(wrong) == 2 * (CONFIG["n_encoder_layers"] + CONFIG["n_decoder_layers"])  # weight and bias per layer
+
+
+def test_tp_splits_the_final_logits_bias_by_vocabulary():
+    """final_logits_bias is stored (V,): "tp" splits its only axis (the sharded suite property drew a
+    config with it and found the plan reading axis 1, an IndexError, before this was fixed)."""
+    from jax.sharding import PartitionSpec as P
+
+    from conformance.core.config import ModelConfig
+    from conformance.core.params import param_shapes
+    from impl_jax.shard import plan_specs
+
+    config = ModelConfig(**{**CONFIG, "final_logits_bias": True})
+    shapes = {name: tuple(shape) for name, shape in param_shapes(config).items()}
+    assert shapes["final_logits_bias"] == (CONFIG["tgt_vocab_size"],)
+    specs = {plan: plan_specs(config, shapes, {"data": 2, "model": 2}, plan)["final_logits_bias"] for plan in ("tp", "fsdp+tp")}
+    assert specs == {"tp": P("model"), "fsdp+tp": P(("model", "data"))}, specs
 
 
 @pytest.mark.parametrize("case, argument, words", [

@@ -25,6 +25,7 @@ CAUGHT_BY_THE_ORACLE_COMPARISON = {"test_forward", "test_masks", "test_fully_mas
 PLANTED_ELSEWHERE = {
     "test_sdpa_kernels": ("test_suite_gpu", "test_the_sdpa_property_fails_on_a_wrong_fast_path"),
     "test_coverage": ("test_suite_coverage", "test_a_property_that_misses_a_value_fails_naming_it"),
+    "test_sharded": ("test_sharded_property", "test_the_property_names_the_first_divergence_of_each_break"),
 }
 
 

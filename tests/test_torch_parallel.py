@@ -198,12 +198,6 @@ def _extras(impl_torch, config, params, src, tgt, labels) -> dict:
     return found
 
 
-def _global_heads(self, x):
-    """The planted bug: the local shard split into the global number of heads (head width from the rest)."""
-    batch, length, _ = x.shape
-    return x.view(batch, length, self.n_heads, -1).transpose(1, 2)  # (B, H, L, K / model): wrong under "tp"
-
-
 def _worker(rank: int, port: int, out_path: str) -> None:
     import torch
     import torch.distributed as dist
@@ -233,8 +227,10 @@ def _worker(rank: int, port: int, out_path: str) -> None:
                 print(f"{key}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     record["typed_errors"] = _typed_errors(impl_torch, config, params, src, tgt, labels)
     record["extras"] = _extras(impl_torch, config, params, src, tgt, labels)
-    # The planted bug. The unsharded model is unchanged by it (all heads are local there).
-    impl_torch.model.MultiHeadAttention.split_heads = _global_heads
+    # The planted bug (tests/breaks.py). The unsharded model is unchanged by it (all heads are local there).
+    from breaks import plant_sharded
+
+    plant_sharded("tp attention splits its shard into the global number of heads")
     mesh = init_device_mesh("cpu", BUG_MESH, mesh_dim_names=("data", "model"))
     broken, _ = _sharded(impl_torch, config, params, mesh, "tp", src, tgt, labels)
     order = [name for name in reference if name.startswith("intermediate:")]  # forward order

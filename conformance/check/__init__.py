@@ -16,6 +16,8 @@
     onnx_export  impl_torch's model as encoder/decoder ONNX graphs (torch's exporter), `rosetta convert --to onnx`
     onnx_runtime the `onnxruntime` target: those graphs run by ONNX Runtime, beside the oracle
     ctranslate2_check  `rosetta convert --to ctranslate2` (CTranslate2's converter) and its scores and ids beside the oracle
+    sharded      sharded runs (impl_jax.shard, impl_torch.parallelize) in a child process, compared with the oracle
+    mesh         `rosetta check --mesh`: the default model sharded, every plan, a line per plan
 
 May import: the core, NumPy, the converters (`conformance.convert`, beside the backends), and
 the backends (`impl_*`) lazily, by name, through `backends`. Never the suite or the CLI.

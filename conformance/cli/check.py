@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --stream, what each layer of a backend is given: the oracle's input from the layer "
                              "below (oracle, the default: errors do not compound) or the backend's own (own: the "
                              "unstreamed report, bit for bit)")
+    parser.add_argument("--mesh", metavar="data=D,model=M",
+                        help="check the built-in default model sharded on this (data, model) mesh: every plan of "
+                             "impl_jax.shard and impl_torch.parallelize against the oracle, a line per plan "
+                             "(forced host devices or gloo processes on the CPU; docs/sharding.md)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw each backend's error per tensor against the oracle")
 
@@ -49,6 +53,8 @@ def _run(args: argparse.Namespace) -> int:
     from conformance.cli.progress import Status
     from conformance.core.errors import InputError
 
+    if args.mesh:
+        return _run_mesh(args)
     # Every output is checked before the (long) run, and written only if all of them can be.
     # (--json and --plot cannot name the same file: their suffixes differ.)
     outputs = {}
@@ -87,6 +93,20 @@ def _run(args: argparse.Namespace) -> int:
     with Status("rosetta check") as status:
         report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan, progress=status)
     return _finish(args, outputs, report)
+
+
+def _run_mesh(args: argparse.Namespace) -> int:
+    """`--mesh`: conformance.check.mesh, the default model sharded on that mesh, every plan, one line per plan."""
+    from conformance.check.mesh import run_mesh_check
+    from conformance.core.errors import InputError
+
+    clashing = [flag for flag, given in (("CHECKPOINT", args.checkpoint), ("--stream", args.stream),
+                                         ("--length", args.length), ("--max-memory", args.max_memory),
+                                         ("--json", args.json), ("--plot", args.plot)) if given]
+    if clashing:
+        raise InputError("--mesh", f"runs the built-in default model's sharded check and prints a line per plan; "
+                                   f"leave out {', '.join(clashing)}")
+    return run_mesh_check(args.mesh, args.devices, args.backends)
 
 
 def _run_streamed(args: argparse.Namespace, outputs: dict, dtypes: list[str]) -> int:

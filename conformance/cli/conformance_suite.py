@@ -1,4 +1,9 @@
-"""`rosetta conformance [--profile ci|thorough|scale]`: run the cross-backend property suite.
+"""`rosetta conformance [--profile ci|thorough|scale] [--mesh data=D,model=M]`: run the cross-backend property suite.
+
+`--mesh` runs the sharded property alone (conformance/suite/test_sharded.py) on that mesh: every
+plan of impl_jax.shard (forced host devices on the CPU) and impl_torch.parallelize (spawned gloo
+ranks on the CPU, NCCL on CUDA) against the oracle. Without it the whole suite runs, the sharded
+property on the profile's meshes (one per backend under `ci`).
 
 Exit status: pytest's (0 every property passed, 1 a property failed), and 1 also when nothing was
 checked: every property skipped on every target asked for (a device absent or deselected). Under
@@ -28,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "MODULE:FACTORY (my_adapter.py:build, my_pkg.adapter:build) or an installed "
                         "rosetta.backends entry point's name (docs/own-backend.md)")
     parser.add_argument("--devices", help="comma-separated subset of cpu,cuda,gpu")
+    parser.add_argument("--mesh", metavar="data=D,model=M",
+                        help="run only the sharded property (sharded equals unsharded, every plan) on this "
+                             "(data, model) mesh; a CPU run needs D x M forced host devices or gloo ranks, a GPU run "
+                             "D x M GPUs")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="further arguments passed to pytest (after --)")
 
 
@@ -51,14 +60,7 @@ def run(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 raise InputError(option, str(exc)) from None
 
-    # The plugin is named explicitly so that its options, profiles and header exist from any
-    # working directory (a conftest inside the package is read too late outside the repository).
-    argv = ["-p", "conformance.suite.pytest_plugin", "--pyargs", "conformance.suite", "--hypothesis-profile", args.profile,
-            "-p", "no:cacheprovider"]
-    if args.backends:
-        argv += ["--backends", args.backends]
-    if args.devices:
-        argv += ["--devices", args.devices]
+    argv = suite_argv(args)
     extra = [a for a in args.pytest_args if a != "--"]
     if xdist_workers(extra) and not any(a == "--dist" or a.startswith("--dist=") or a.startswith("-d") for a in extra):
         # The suite's items form one xdist group: its coverage check reads what the properties ran
@@ -66,6 +68,27 @@ def run(args: argparse.Namespace) -> int:
         extra += ["--dist", "loadgroup"]
     with tempfile.TemporaryDirectory(prefix="rosetta-hypothesis-") as scratch, hypothesis_storage(scratch):
         return int(pytest.main(argv + extra))
+
+
+def suite_argv(args: argparse.Namespace) -> list[str]:
+    """pytest's arguments for `args` (before any the user passes after --); an InputError for a
+    --mesh that is not data=D,model=M."""
+    from conformance.check.sharded import parse_mesh
+
+    # The plugin is named explicitly so that its options, profiles and header exist from any
+    # working directory (a conftest inside the package is read too late outside the repository).
+    suite = "conformance.suite"
+    mesh = []
+    if getattr(args, "mesh", None):
+        data, model = parse_mesh(args.mesh)
+        suite, mesh = "conformance.suite.test_sharded", ["--mesh", f"data={data},model={model}"]
+    argv = ["-p", "conformance.suite.pytest_plugin", "--pyargs", suite, "--hypothesis-profile", args.profile,
+            "-p", "no:cacheprovider", *mesh]
+    if args.backends:
+        argv += ["--backends", args.backends]
+    if args.devices:
+        argv += ["--devices", args.devices]
+    return argv
 
 
 def xdist_workers(argv: list[str]) -> bool:

@@ -4,6 +4,7 @@
     pytest -p conformance.suite.pytest_plugin --pyargs conformance.suite --backends torch,jax (or ROSETTA_BACKENDS)
     pytest -p conformance.suite.pytest_plugin --pyargs conformance.suite --devices cpu       (or ROSETTA_DEVICES)
     pytest -p conformance.suite.pytest_plugin --pyargs conformance.suite --hypothesis-profile thorough
+    pytest -p conformance.suite.pytest_plugin --pyargs conformance.suite.test_sharded --mesh data=2,model=2
 
 `rosetta conformance` passes `-p conformance.suite.pytest_plugin` itself, and so does this repository's
 pyproject.toml (`addopts`); `conformance/suite/conftest.py` loads it for a run that reaches the suite
@@ -50,6 +51,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("rosetta conformance")
     group.addoption("--backends", default=None, help="comma-separated backends to test (numpy,torch,jax)")
     group.addoption("--devices", default=None, help="comma-separated device kinds to test (cpu,cuda,gpu)")
+    group.addoption("--mesh", default=None, help="the (data, model) mesh of the sharded property, data=D,model=M "
+                    "(default: 2x2 per backend under ci, issue 46's three meshes under the other profiles)")
 
 
 def pytest_configure(config):
@@ -75,6 +78,14 @@ def pytest_configure(config):
         backends.requested_devices()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if config.getoption("--mesh", None):
+        from conformance.check.sharded import parse_mesh
+        from conformance.core.errors import InputError
+
+        try:
+            parse_mesh(config.getoption("--mesh"))
+        except InputError as exc:
+            raise pytest.UsageError(str(exc)) from None
 
 
 def full_size_progress(config):
@@ -174,6 +185,38 @@ def all_targets(dtypes=DTYPES, ci_compiling_dtypes=None, devices=None) -> list:
     return params
 
 
+def sharded_targets(mesh: str | None) -> list:
+    """The sharded property's params: torch and jax (those asked for), each device kind, each
+    mesh (`mesh`, "data=D,model=M", else `sharded.default_meshes` for the profile) and each plan,
+    with a skip mark where the backend or device cannot run, or (under `ci` without `mesh`) the
+    plan is not among `sharded.CI_PLANS`. A mesh of more devices than a GPU
+    machine has fails in the child, naming both counts."""
+    from hypothesis import settings
+
+    from conformance.check.sharded import CI_PLANS, PLANS, ShardedTarget, default_meshes, parse_mesh
+
+    bounded = settings._current_profile == "ci" and not mesh
+    available = backends.availability()
+    params = []
+    for name in backends.requested_backends():
+        if name not in ("torch", "jax"):
+            continue
+        for device in backends.device_kinds(name):
+            reason = available[name] and f"{name}: {available[name]}"
+            reason = reason or backends.device_skip_reason(name, device)
+            meshes = (parse_mesh(mesh),) if mesh else default_meshes(name, device, settings._current_profile)
+            for shape in meshes:
+                for plan in PLANS:
+                    target = ShardedTarget(name, device, shape, plan)
+                    skip = reason
+                    if not skip and bounded and plan not in CI_PLANS[name]:
+                        skip = (f"{target.label}: under ci without --mesh, {name} runs {', '.join(CI_PLANS[name])} "
+                                "only (compile cost); --mesh and the thorough profile run every plan")
+                    params.append(pytest.param(target, id=target.label,
+                                               marks=[pytest.mark.skip(reason=skip)] if skip else []))
+    return params
+
+
 def target_pairs(dtypes=("float32", "float64")) -> list:
     """Pairs of runnable targets that should agree with each other: same dtype, different backend
     or device (e.g. torch/cpu vs jax/cpu, torch/cuda vs torch/cpu)."""
@@ -201,6 +244,8 @@ def pytest_generate_tests(metafunc):
             all_targets(dtypes, tuple(bounded.args) if bounded else None, tuple(only.args) if only else None), name))
     if "target_pair" in metafunc.fixturenames:
         metafunc.parametrize("target_pair", with_adapter_skips(target_pairs(dtypes), name))
+    if "sharded_target" in metafunc.fixturenames:
+        metafunc.parametrize("sharded_target", sharded_targets(metafunc.config.getoption("--mesh", None)))
 
 
 COVERAGE_FILE = "test_coverage.py"  # checks what the properties ran: collected last
@@ -415,6 +460,8 @@ def target_of(item) -> str | None:
         return params["target"].label
     if isinstance(params.get("target_pair"), tuple):
         return "~".join(t.label for t in params["target_pair"])
+    if params.get("sharded_target") is not None and hasattr(params["sharded_target"], "label"):
+        return params["sharded_target"].label
     return None
 
 

@@ -1,0 +1,109 @@
+"""`rosetta check --mesh data=D,model=M`: the built-in default model run sharded, every plan, beside
+the float64 oracle (issue 46; docs/sharding.md).
+
+    exit_code = run_mesh_check("data=2,model=2", devices="cpu")
+
+For each backend that shards (torch, jax) and device kind asked for: one child process runs every
+plan on the mesh (`conformance.check.sharded`: forced host devices for JAX on the CPU, gloo ranks
+for torch on the CPU, NCCL ranks on CUDA, JAX's GPUs), and the report gives, per plan, either the
+largest error over every compared tensor or the first tensor, loss, gradient or stepped parameter
+that diverges. The batch is `report.fixed_batch`'s three rows, repeated to a multiple of "data",
+with next-token labels and label smoothing 0.1.
+
+Exit status: 0 when every plan that ran passed and one ran at least; 1 when one diverged, a child
+failed, or nothing was checked. A plan the mesh cannot place for this model (a size that does not
+divide: the default's vocabulary of 13 under JAX's "tp") is reported as refused, with the
+backend's reason, and is not a failure.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from conformance.check.sharded import (PLANS, Job, compared, describe, first_divergence, mesh_label, oracle, parse_mesh,
+                                      sharded_runs)
+
+SHARDING_BACKENDS = ("torch", "jax")
+
+
+def default_job(data: int) -> Job:
+    """The default model, and `fixed_batch`'s rows repeated (cyclically) to a multiple of `data`,
+    labelled with the next token (the last position: the first real id), pads kept."""
+    from conformance.check.defaults import default_model
+    from conformance.check.report import fixed_batch
+
+    config, params, _ = default_model()
+    src, tgt = fixed_batch(config)
+    rows = np.arange(-(-len(src) // data) * data) % len(src)
+    src, tgt = src[rows], tgt[rows]
+    pad = config.pad_id
+    labels = np.concatenate([tgt[:, 1:], np.full((len(tgt), 1), 1 if pad != 1 else 2)], axis=1)
+    labels = np.where((tgt == pad) | (labels == pad), pad, labels)
+    return Job(config, params, src, tgt, labels, 0.1)
+
+
+def run_mesh_check(mesh_spec: str, devices: str | None = None, backend_names: str | None = None, *,
+                   plans=PLANS, plant=None, out: Callable[[str], None] = print) -> int:
+    """Check every plan of the default model on the mesh `mesh_spec` ("data=D,model=M") for each
+    sharding backend (`backend_names`, as --backends; default torch and jax) and device kind
+    (`devices`, as --devices: cpu, cuda, gpu; default every one present); print a line per plan
+    with `out`; return the exit status (module docstring). `plans`/`plant`: as `sharded_runs`."""
+    from conformance.check import backends
+    from conformance.check.defaults import default_model
+    from conformance.core.errors import InputError
+
+    mesh = parse_mesh(mesh_spec)
+    try:
+        asked = backends.requested_devices(devices)
+        names = [n for n in backends.requested_backends(backend_names) if n in SHARDING_BACKENDS]
+    except ValueError as exc:
+        raise InputError("--devices" if "device" in str(exc) else "--backends", str(exc)) from None
+    job = default_job(mesh[0])
+    expected = oracle(job)
+    out(f"rosetta check --mesh {mesh_label(mesh)}: {default_model()[2]}, {job.config.summary()}; "
+        f"batch {job.src_ids.shape[0]} rows, float64, against the float64 NumPy oracle")
+    checked, failed = 0, 0
+    for name in names:
+        reason = backends.availability([name])[name]
+        if reason:
+            out(f"  {name}: skipped ({reason})")
+            continue
+        for device in backends.device_kinds(name):
+            why = backends.device_skip_reason(name, device, devices)
+            if why == backends.DESELECTED or (asked is None and why):  # not asked for, or absent and not asked for
+                continue
+            if why:
+                out(f"  {name}/{device}: skipped ({why})")
+                continue
+            try:
+                records = sharded_runs(name, device, mesh, [job], plans, plant)[0]
+            except RuntimeError as exc:
+                failed += 1
+                out(f"  {name}/{device}: FAILED to run: {exc}")
+                continue
+            for plan in plans:
+                verdict, ok = _verdict(records[plan], job, device, expected)
+                checked += ok is not None
+                failed += ok is False
+                out(f"  {name}/{device} {plan:<8} {verdict}")
+    if not checked and not failed:
+        out("nothing was checked: no sharding backend and device asked for could run (exit 1)")
+        return 1
+    out(f"{checked - failed} of {checked} plan runs equal the oracle" if not failed else f"{failed} failed")
+    return 1 if failed else 0
+
+
+def _verdict(record: dict, job: Job, device: str, expected: dict) -> tuple[str, bool | None]:
+    """(the plan's line, True passed / False diverged / None refused)."""
+    if "refused" in record:
+        return f"refused: {record['refused']}", None
+    rows = compared(record, job, device, expected)
+    first = first_divergence(rows)
+    if first is not None:
+        return (f"FAILED: first diverges in {describe(first.name)} ({first.name!r}): {first.comparison.describe()} "
+                f"[tolerance atol={first.tolerance.atol:g}]"), False
+    worst = max(rows, key=lambda row: row.comparison.max_abs / max(1.0, row.comparison.scale))
+    error = worst.comparison.max_abs / max(1.0, worst.comparison.scale)
+    return f"ok: {len(rows)} tensors within the table; largest error {error:.1e} ({worst.name})", True

@@ -1,0 +1,128 @@
+"""Property: a sharded run equals the unsharded math, for every plan (issue 46, docs/sharding.md).
+
+`impl_jax.shard` and `impl_torch.parallelize` under "dp", "fsdp", "tp" and "fsdp+tp" on a
+(data, model) mesh, on drawn float64 training cases: the forward tensors (gathered from the
+ranks), the loss, every gradient (gathered) and every parameter after one Adam step, against the
+float64 oracle with the tolerance table (`conformance.check.sharded.compared`). A failure names
+the first tensor, loss, gradient or stepped parameter that diverges, in that order.
+
+The meshes: `--mesh data=D,model=M` (`rosetta conformance --mesh ...`), else under `ci` one per
+backend on the CPU (2x2: forced host devices for JAX, 4 gloo processes for torch), under the other
+profiles the meshes of issue 46 (JAX 8x1, 4x2, 2x4; torch 4x1, 2x2, 1x4), and 1x1 on a GPU.
+Under `ci` without --mesh, JAX runs "fsdp+tp" only (`CI_PLANS`: its compiles are the cost).
+Every plan and example of one (backend, device, mesh) runs in one child process
+(`conformance.check.sharded`), started once per session: one JAX import and its compiles, or one
+spawn of the ranks. Examples: `EXAMPLES` under `ci` (compile cost), more under the others.
+
+The cases are the suite's (`training_cases`) with sizes the mesh divides: heads and head width,
+d_ff and the vocabularies, and batch rows (repeated to a multiple of "data"). T5's relative
+position bias is left out of torch's cases (its "tp" refuses it: the table is not split by heads).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from conformance.check.sharded import (CI_PLANS, PLANS, Job, compared, describe, first_divergence, mesh_label, oracle,
+                                      sharded_runs)
+from conformance.suite.strategies import training_cases
+from conformance.suite.strategies.model_configs import configs
+from conformance.suite.strategies.training import TrainingCase
+
+
+def examples() -> int:
+    """Training cases per (backend, device, mesh): 1 under `ci`, where each is a new JAX compile
+    of each plan's forward, backward and step; 5 under the other profiles."""
+    return 1 if settings._current_profile == "ci" else 5
+
+
+@st.composite
+def sharded_configs(draw, data: int, model: int, relative: bool = True):
+    """A drawn config whose sizes `data` x `model` divide: n_heads by model, the head width by
+    data (and even), d_ff and the vocabularies by both. One layer a side under `ci` (a JAX compile
+    of four plans' programs grows with depth), up to two under the others. `relative`: whether T5's
+    relative position bias may be drawn (torch's "tp" refuses it: its (buckets, H) table is not
+    split by heads)."""
+    import dataclasses
+
+    config = draw(configs(max_layers=1 if settings._current_profile == "ci" else 2))  # ci: compile time
+    unit = data * model
+    heads = model * draw(st.integers(1, 2))
+    head_dim = 2 * data * draw(st.integers(1, 2))
+    if heads * head_dim < 4:  # the t2t and fairseq sinusoids need d_model >= 4
+        head_dim *= 2
+    sizes = lambda low, high: st.sampled_from([n for n in range(low, high + 1) if n % unit == 0])  # noqa: E731
+    src_vocab = draw(sizes(8, 64))
+    tgt_vocab = src_vocab if config.share_embeddings else draw(sizes(8, 64))
+    position = config.position if config.position != "relative" or relative else "sinusoid-split"
+    return dataclasses.replace(config, n_heads=heads, d_model=heads * head_dim, d_ff=draw(sizes(8, 64)),
+                               src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, position=position,
+                               d_head=None if config.d_head is None else head_dim)
+
+
+@st.composite
+def sharded_training_cases(draw, data: int, model: int, relative: bool = True) -> TrainingCase:
+    """`training_cases` on `sharded_configs`, its rows repeated (cyclically) to a multiple of `data`."""
+    training = draw(training_cases(sharded_configs(data, model, relative)))
+    case = training.case
+    rows = np.arange(-(-len(case.src_ids) // data) * data) % len(case.src_ids)
+    case = type(case)(case.config, case.seed, case.scale, case.src_ids[rows], case.tgt_ids[rows], case.trained)
+    return TrainingCase(case, training.labels[rows], training.label_smoothing)
+
+
+def drawn_jobs(mesh: tuple[int, int], count: int, relative: bool = True) -> list[Job]:
+    """`count` examples of `sharded_training_cases`, as jobs for the child: drawn here, before the
+    child starts, because one child runs them all (derandomized under `ci`, as every property)."""
+    found: list[Job] = []
+
+    @settings(max_examples=count, database=None, phases=[Phase.generate], derandomize=settings().derandomize,
+              suppress_health_check=list(HealthCheck), deadline=None)
+    @given(training=sharded_training_cases(*mesh, relative))
+    def draw(training):
+        if len(found) < count:
+            case = training.case
+            found.append(Job(case.config, case.params(), case.src_ids, case.tgt_ids, training.labels,
+                             training.label_smoothing))
+
+    draw()
+    return found
+
+
+_RUNS: dict[tuple, tuple[list[Job], list[dict]]] = {}  # (backend, device, mesh) -> (jobs, records), per session
+
+
+def runs_of(target, bounded: bool) -> tuple[list[Job], list[dict]]:
+    """The jobs and their sharded records for `target`'s backend, device and mesh: every plan
+    (`bounded`: those of `CI_PLANS`), in one child process, the first time any plan asks."""
+    key = (target.backend, target.device, target.mesh)
+    if key not in _RUNS:
+        jobs = drawn_jobs(target.mesh, examples(), relative=target.backend != "torch")
+        plans = CI_PLANS[target.backend] if bounded else PLANS
+        _RUNS[key] = jobs, sharded_runs(target.backend, target.device, target.mesh, jobs, plans)
+    return _RUNS[key]
+
+
+def assert_sharded_equal(record: dict, job: Job, target, example: str = "") -> None:
+    """`record` (one plan's sharded run of `job`) equals the oracle within the table; the message
+    names the first tensor, loss, gradient or stepped parameter that diverges."""
+    __tracebackhide__ = True
+    where = f"{target.backend} plan {target.plan!r} on mesh {mesh_label(target.mesh)} ({target.device}, float64){example}"
+    if "refused" in record:
+        raise AssertionError(f"{where}: the plan was refused for a config the mesh divides: {record['refused']}; "
+                             f"config: {job.config.summary()}")
+    first = first_divergence(compared(record, job, target.device, oracle(job)))
+    if first is not None:
+        raise AssertionError(
+            f"{where} differs from the float64 oracle first in {describe(first.name)} ({first.name!r}): "
+            f"{first.comparison.describe()} [tolerance atol={first.tolerance.atol:g}, rtol={first.tolerance.rtol:g}]; "
+            f"config: {job.config.summary()}; label_smoothing={job.label_smoothing}")
+
+
+def test_sharded_equals_unsharded(sharded_target, request):
+    bounded = settings._current_profile == "ci" and not request.config.getoption("--mesh", None)
+    jobs, runs = runs_of(sharded_target, bounded)
+    assert jobs, f"{sharded_target.label}: no example was drawn"
+    for i, (job, records) in enumerate(zip(jobs, runs)):
+        assert_sharded_equal(records[sharded_target.plan], job, sharded_target, example=f", example {i}")
