@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -84,29 +83,12 @@ def generated(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
 
 
 def write_generated(path: Path, config, seed: int = 0) -> None:
-    """A checkpoint of generated float32 weights, written a tensor at a time: the digest is taken
-    in a first pass over the tensors, which the second pass draws again and writes (the layout of
-    `checkpoint.write_tensors`, whose one buffer would hold the whole file twice over)."""
-    from conformance.core import checkpoint as ckpt
-
+    """A checkpoint of generated float32 weights, written a tensor at a time
+    (`checkpoint.save_streamed`: `checkpoint.save`'s file, whose one buffer would hold the whole
+    file twice over)."""
     shapes = param_shapes(config)
-    header = {"__metadata__": {"format": ckpt.FORMAT_NAME, "format_version": ckpt.FORMAT_VERSION,
-                               "config": config.to_json()}}
-    offset = 0
-    for name, shape in shapes.items():
-        size = 4 * int(np.prod(shape))
-        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    digest = ckpt._header_digest(header)
-    for name, shape in shapes.items():
-        digest.update(generated(name, shape, seed).tobytes())
-    header["__metadata__"]["sha256"] = digest.hexdigest()
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        for name, shape in shapes.items():
-            f.write(generated(name, shape, seed).tobytes())
+    checkpoint.save_streamed(path, config, {name: "float32" for name in shapes},
+                             ((name, generated(name, shape, seed)) for name, shape in shapes.items()))
 
 
 def measure_streamed(path: Path, floor: int, backends: str | None, report: Path) -> tuple[int, float, int]:

@@ -22,8 +22,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from conformance.core.config import ModelConfig
-from conformance.core.errors import CheckpointError, ConfigError, InputError
+from conformance.core import checkpoint
+from conformance.core.checkpoint import ORBAX_ITEMS
+from conformance.core.errors import CheckpointError, InputError
 from conformance.core.params import flatten_dotted, nest_dotted
 from impl_jax.model import Model
 
@@ -47,8 +48,9 @@ def save_sharded(model: Model, path: str | os.PathLike) -> None:
         raise CheckpointError(path, f"cannot save: the directory {str(path.parent)!r} does not exist")
     checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
     try:
-        checkpointer.save(path.resolve(), ocp.args.Composite(params=ocp.args.StandardSave(nest_dotted(model.params)),
-                                                             config=ocp.args.JsonSave(model.config.to_dict())))
+        checkpointer.save(path.resolve(), ocp.args.Composite(**{
+            ORBAX_ITEMS[0]: ocp.args.StandardSave(nest_dotted(model.params)),
+            ORBAX_ITEMS[1]: ocp.args.JsonSave(model.config.to_dict())}))
     finally:
         checkpointer.close()
 
@@ -64,36 +66,26 @@ def load_sharded(model: Model, path: str | os.PathLike) -> Model:
     import orbax.checkpoint as ocp
 
     model, path = _model(model), Path(path)
-    if not (path / "params").is_dir() or not (path / "config").is_dir():
-        raise CheckpointError(path, "is not an Orbax checkpoint of save_sharded's (no params and config items)")
+    params_item, config_item = ORBAX_ITEMS
+    if not all((path / item).is_dir() for item in ORBAX_ITEMS):
+        raise CheckpointError(path, f"is not an Orbax checkpoint of save_sharded's (no {params_item} and {config_item} items)")
     try:
-        stored = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(path.resolve() / "config")
-        metadata = ocp.PyTreeCheckpointer().metadata(path.resolve() / "params").item_metadata.tree
+        stored = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(path.resolve() / config_item)
+        metadata = ocp.PyTreeCheckpointer().metadata(path.resolve() / params_item).item_metadata.tree
     except Exception as exc:  # noqa: BLE001 - a damaged or foreign directory
         raise CheckpointError(path, f"not a readable Orbax checkpoint: {type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
-    try:
-        config = ModelConfig.from_dict(stored, complete=True)
-    except ConfigError as exc:
-        raise CheckpointError(path, f"invalid config: {exc}") from None
-    ours = model.config.to_dict()
-    differ = [f for f, value in config.to_dict().items() if f != "notes" and ours.get(f) != value]
-    if differ:
-        raise CheckpointError(path, f"its config differs from the model's in {', '.join(differ)} (stored "
-                              f"{', '.join(f'{f}={config.to_dict()[f]!r}' for f in differ)})")
+    if not isinstance(stored, dict):
+        raise CheckpointError(path, f"its {config_item} item is a JSON {type(stored).__name__}, not a ModelConfig")
+    config = checkpoint.stored_config(path, stored, f"its {config_item} item")
     params = model.params
     index = flatten_dotted(metadata)
-    missing, unexpected = [n for n in params if n not in index], sorted(set(index) - set(params))
-    if missing or unexpected:
-        raise CheckpointError(path, f"its arrays are not the model's: missing {', '.join(missing) or 'none'}; "
-                              f"unexpected {', '.join(unexpected) or 'none'}")
-    for name, w in params.items():
-        if tuple(index[name].shape) != tuple(w.shape) or np.dtype(index[name].dtype) != np.dtype(w.dtype):
-            raise CheckpointError(path, f"parameter {name!r} is stored as {np.dtype(index[name].dtype).name} "
-                                  f"{tuple(index[name].shape)}, the model holds {np.dtype(w.dtype).name} {tuple(w.shape)}")
+    checkpoint.check_stored(path, model.config, config, {name: tuple(leaf.shape) for name, leaf in index.items()},
+                            {name: np.dtype(leaf.dtype).name for name, leaf in index.items()},
+                            np.dtype(next(iter(params.values())).dtype).name)
     target = nest_dotted({name: jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=w.sharding) for name, w in params.items()})
     restored = flatten_dotted(ocp.Checkpointer(ocp.CompositeCheckpointHandler()).restore(
-        path.resolve(), ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"])
+        path.resolve(), ocp.args.Composite(**{params_item: ocp.args.StandardRestore(target)}))[params_item])
     for parts, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         name = ".".join(str(part) for part in parts)
         variable.set_raw_value(restored[name])

@@ -62,25 +62,13 @@ def parallelize(model: Model, mesh, plan: str, *, mp_policy=None) -> Model:
     return shard(model, mesh, plan, mp_policy=mp_policy)
 
 
-def save_distributed(model: Model, path: str | os.PathLike) -> None:
-    """`impl_torch.distributed_checkpoint.save_distributed`: a (parallelized) model's parameters as a PyTorch
-    Distributed Checkpoint directory, each rank writing its own shards (docs/sharded-checkpoints.md)."""
-    from impl_torch.distributed_checkpoint import save_distributed as save_shards
-
-    save_shards(model, path)
-
-
-def load_distributed(model: Model, path: str | os.PathLike) -> Model:
-    """`impl_torch.distributed_checkpoint.load_distributed`: a Distributed Checkpoint directory read into a
-    (parallelized) model in place, each rank reading only its shards (docs/sharded-checkpoints.md)."""
-    from impl_torch.distributed_checkpoint import load_distributed as load_shards
-
-    return load_shards(model, path)
-
-
+# Sharded checkpoints through PyTorch Distributed Checkpoint (docs/sharded-checkpoints.md); the module imports
+# only torch.nn when loaded, torch.distributed.checkpoint when called.
+from impl_torch.distributed_checkpoint import load_distributed, save_distributed  # noqa: E402
 from impl_torch import graphs  # noqa: E402  CUDA graphs of generate's step and of training (switched_off, release)
 
 # The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
+from impl_torch import stream  # noqa: E402  a piece at a time, from each piece's own weights (rosetta check --stream)
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
-BACKEND_EXTRAS = ("Adam", "fast_attention", "graphs", "load_distributed", "parallelize", "save_distributed", "train_step")
+BACKEND_EXTRAS = ("Adam", "fast_attention", "graphs", "load_distributed", "parallelize", "save_distributed", "stream", "train_step")

@@ -3,12 +3,12 @@ writing and reading only its own shards (docs/sharded-checkpoints.md).
 
     impl_torch.save_distributed(model, "ckpt/")    # on every rank: DCP save of the DTensor state dict
     model = impl_torch.parallelize(impl_torch.Model(config), other_mesh, "tp")
-    impl_torch.load_distributed(model, "ckpt/")    # on every rank: each reads the pieces of its shards
+    impl_torch.load_distributed(model, "ckpt/")    # on every rank: the saved chunks that overlap its shards
 
 The directory is DCP's own (`.metadata` and one `__R_0.distcp` file per rank) under the canonical
-parameter names, plus `rosetta_config.json`, the config. DCP plans the reads: a rank loads the
-parts of the saved shards that overlap its own, whatever mesh and plan wrote them, so no rank
-gathers the whole model. `rosetta convert ckpt/ model.safetensors` turns it into the
+parameter names, plus `rosetta_config.json` (`checkpoint.DCP_CONFIG_FILE`), the config. DCP plans
+the reads: a rank reads the saved chunks that overlap its own shards (one at a time, each whole)
+and keeps only the overlap, whatever mesh and plan wrote them, so no rank gathers the whole model. `rosetta convert ckpt/ model.safetensors` turns it into the
 interchange checkpoint, and `--to dcp` back (conformance.convert.sharded).
 
 Both calls are collective over the default process group when one is initialized (every rank
@@ -24,10 +24,9 @@ from pathlib import Path
 from torch import nn
 
 from conformance.core import checkpoint
+from conformance.core.checkpoint import DCP_CONFIG_FILE
 from conformance.core.config import ModelConfig
-from conformance.core.errors import CheckpointError, ConfigError, InputError
-
-CONFIG_FILE = "rosetta_config.json"  # conformance.convert.sharded.CONFIG_FILE: the same file (a test holds them equal)
+from conformance.core.errors import CheckpointError, InputError
 
 
 def _distributed() -> bool:
@@ -76,7 +75,7 @@ def save_distributed(model: nn.Module, path: str | os.PathLike) -> None:
             raise CheckpointError(path, said[0])
         dcp.save(state, storage_writer=dcp.FileSystemWriter(said[1]))  # collective; .metadata written last
         if rank == 0:
-            (Path(said[1]) / CONFIG_FILE).write_text(model.config.to_json())
+            (Path(said[1]) / DCP_CONFIG_FILE).write_text(model.config.to_json())
     if distributed:
         dist.barrier()  # every rank returns once the directory is in place
 
@@ -85,46 +84,41 @@ def _stored_config(path: Path) -> ModelConfig:
     if not (path / ".metadata").is_file():
         raise CheckpointError(path, "is not a Distributed Checkpoint directory (no .metadata)")
     try:
-        return ModelConfig.from_json((path / CONFIG_FILE).read_text(), complete=True)
+        text = (path / DCP_CONFIG_FILE).read_text()
     except FileNotFoundError:
-        raise CheckpointError(path, f"has no {CONFIG_FILE}: not written by save_distributed or rosetta convert --to dcp") from None
-    except ConfigError as exc:
-        raise CheckpointError(path, f"invalid config in {CONFIG_FILE}: {exc}") from None
+        raise CheckpointError(path, f"has no {DCP_CONFIG_FILE}: not written by save_distributed or rosetta convert "
+                              "--to dcp") from None
+    return checkpoint.stored_config(path, text, DCP_CONFIG_FILE)
 
 
 def load_distributed(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     """Read the DCP directory at `path` into `model` (an `impl_torch.Model`, parallelized on any
-    mesh and plan or not), in place; returns it. Each rank reads only what its shards hold.
-    Collective: call it on every rank.
+    mesh and plan or not), in place; returns it. Each rank reads the saved chunks that overlap its
+    shards (one at a time) and keeps only the overlap. Collective: call it on every rank.
 
     The stored config must equal the model's, and every parameter be stored with the model's
     shape and dtype (no silent cast: the values arrive bit for bit); otherwise a
-    `CheckpointError` naming the field or parameter, before anything is read."""
+    `CheckpointError` naming the field or parameter, before anything is read
+    (`conformance.core.checkpoint.check_stored`)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
     path = Path(path)
     state = _state_dict(model)
     stored = _stored_config(path)
-    differ = [f for f, value in stored.to_dict().items() if f != "notes" and model.config.to_dict().get(f) != value]
-    if differ:
-        raise CheckpointError(path, f"its config differs from the model's in {', '.join(differ)} (stored "
-                              f"{', '.join(f'{f}={stored.to_dict()[f]!r}' for f in differ)})")
     reader = dcp.FileSystemReader(str(path))
     metadata = reader.read_metadata().state_dict_metadata
-    missing = [name for name in state if name not in metadata]
-    unexpected = sorted(set(metadata) - set(state))
-    if missing or unexpected:
-        raise CheckpointError(path, f"its tensors are not the model's: missing {', '.join(missing) or 'none'}; "
-                              f"unexpected {', '.join(unexpected) or 'none'}")
-    for name, value in state.items():
-        entry = metadata[name]
-        if tuple(entry.size) != tuple(value.shape) or entry.properties.dtype != value.dtype:
-            raise CheckpointError(path, f"parameter {name!r} is stored as {entry.properties.dtype} "
-                                  f"{tuple(entry.size)}, the model holds {value.dtype} {tuple(value.shape)}")
+    tensors = {name: entry for name, entry in metadata.items() if isinstance(entry, TensorStorageMetadata)}
+    dtype = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    checkpoint.check_stored(path, model.config, stored, {name: tuple(e.size) for name, e in tensors.items()},
+                            {name: str(e.properties.dtype).removeprefix("torch.") for name, e in tensors.items()}, dtype)
+    if set(metadata) != set(tensors):
+        raise CheckpointError(path, f"entry {sorted(set(metadata) - set(tensors))[0]!r} is not a tensor; a rosetta "
+                              "checkpoint holds parameters only")
     dcp.load(state, storage_reader=reader)
     set_model_state_dict(model, state)
     return model
 
 
-__all__ = ["CONFIG_FILE", "load_distributed", "save_distributed"]
+__all__ = ["load_distributed", "save_distributed"]

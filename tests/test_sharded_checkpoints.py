@@ -5,9 +5,11 @@ came from, byte for byte; and a checkpoint converted `--to dcp` / `--to orbax` l
 parallelized on another mesh with every parameter bit for bit.
 
 The ranks run in subprocesses (this file run as a script, "torch" or "jax"), as in
-tests/test_torch_parallel.py and tests/test_jax_shard.py; each writes its directories and a JSON
-record into a folder the tests below read. No JAX program is compiled: placing and restoring
-arrays only moves them.
+tests/test_torch_parallel.py and tests/test_jax_shard.py; each first converts model.safetensors
+`--to dcp` / `--to orbax` (so that the two subprocesses' imports overlap), then writes its
+directories and a JSON record into a folder the tests below read. The torch subprocess imports
+torch once and forks its 2 ranks. No JAX program is compiled: placing and restoring arrays only
+moves them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import weakref
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from sharding_common import CONFIG
@@ -33,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2  # gloo ranks
 DEVICES = 4  # forced host devices
 # (plan, (data, model)): where each directory is written, and the other mesh it is read back on.
+# ("fsdp+tp" on 2x1 is fsdp with a model axis of 1: two ranks give no 2-D mesh.)
 TORCH_WRITES = {"fsdp": (2, 1), "tp": (1, 2)}
 TORCH_READS = {"fsdp": ("tp", (1, 2)), "tp": ("fsdp", (2, 1)), "converted": ("fsdp+tp", (2, 1))}
 JAX_WRITES = {"fsdp": (4, 1), "tp": (1, 4)}
@@ -110,12 +114,20 @@ def _torch_worker(rank: int, port: int, folder: str) -> None:
 
 
 def _torch_main(folder: str) -> None:
+    # Imported once here and forked into the ranks (spawn would import torch in each again).
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.device_mesh  # noqa: F401
+    import torch.distributed.tensor  # noqa: F401
     import torch.multiprocessing as mp
 
+    sys.path.insert(0, str(ROOT))
+    import impl_torch  # noqa: F401
+
+    assert _rosetta(Path(folder) / "model.safetensors", Path(folder) / "dcp-converted", "--to", "dcp") == 0
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_torch_worker, args=(port, folder), nprocs=WORLD, join=True)
+    mp.start_processes(_torch_worker, args=(port, folder), nprocs=WORLD, join=True, start_method="fork")
 
 
 # -- The JAX subprocess: 4 forced host devices ----------------------------------------------------
@@ -131,6 +143,7 @@ def _jax_main(folder: str) -> None:
 
     jax.config.update("jax_enable_x64", True)
     folder = Path(folder)
+    assert _rosetta(folder / "model.safetensors", folder / "orbax-converted", "--to", "orbax") == 0
     original = _params()
     record: dict = {"loaded": {}, "errors": {}}
     mesh = lambda shape: jax.make_mesh(shape, ("data", "model"))  # noqa: E731
@@ -174,13 +187,12 @@ def _rosetta(*argv) -> int:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """model.safetensors and the directories converted from it (`--to dcp`, `--to orbax`)."""
+    """model.safetensors, and after `records` the directories the subprocesses wrote from it (the
+    ranks' and `--to dcp` / `--to orbax`'s, "dcp-converted" and "orbax-converted")."""
     from conformance.core import checkpoint
 
     folder = tmp_path_factory.mktemp("sharded")
     checkpoint.save(folder / "model.safetensors", _config(), _params())
-    assert _rosetta(folder / "model.safetensors", folder / "dcp-converted", "--to", "dcp") == 0
-    assert _rosetta(folder / "model.safetensors", folder / "orbax-converted", "--to", "orbax") == 0
     return folder
 
 
@@ -227,11 +239,23 @@ def test_dcp_loads_bit_for_bit_into_a_model_parallelized_on_another_mesh(torch_r
     plan, shape = TORCH_READS[written]
     loaded = torch_record["loaded"][written]
     assert loaded["count"] == len(_params()) and loaded["differing"] == [], (written, plan, shape, loaded["differing"])
-    # Read into the target's own shards: under fsdp every parameter's local dim 0 is split over "data".
+    # Read into the target's own shards: under fsdp every parameter's local dim 0 is split over
+    # "data"; under tp (1x2) a column-split weight (d_in, d_out) keeps half its dim 1, a row-split
+    # one half its dim 0 (impl_torch.parallel.COLUMNS, ROWS).
     assert loaded["local"], "the target held no DTensor: it was not parallelized"
+    full = {name: w.shape for name, w in _params().items()}
     if "fsdp" in plan:
-        full = {name: w.shape for name, w in _params().items()}
-        assert all(local[0] * shape[0] == full[name][0] for name, local in loaded["local"].items() if full[name][0] % 2 == 0)
+        assert all(full[name][0] % shape[0] == 0 for name in loaded["local"]), "a dim 0 fsdp would pad"
+        assert all(local[0] * shape[0] == full[name][0] for name, local in loaded["local"].items()), loaded["local"]
+    if plan == "tp":
+        from impl_torch.parallel import COLUMNS, ROWS
+
+        layer = lambda name: name.rsplit(".", 2)[-2]  # noqa: E731  ("...self_attn.q_proj.weight" -> "q_proj")
+        columns = {name: loaded["local"].get(name) for name in full if len(full[name]) == 2 and layer(name) in COLUMNS}
+        rows = {name: loaded["local"].get(name) for name in full if len(full[name]) == 2 and layer(name) in ROWS}
+        assert columns and rows, sorted(full)
+        assert all(local == [full[n][0], full[n][1] // shape[1]] for n, local in columns.items()), columns
+        assert all(local == [full[n][0] // shape[1], full[n][1]] for n, local in rows.items()), rows
 
 
 @pytest.mark.parametrize("written", list(JAX_READS))
@@ -253,15 +277,14 @@ def test_each_rank_writes_only_its_own_shards(folder, torch_record):
         files.setdefault(index.fqn, {})[tuple(index.offset)] = where.relative_path
     for name, w in _params().items():
         chunks = metadata.state_dict_metadata[name].chunks
-        if w.shape[0] % WORLD:
-            continue  # FSDP2 pads an uneven dim 0; every parameter of this config divides
+        assert w.shape[0] % WORLD == 0, (name, "FSDP2 pads an uneven dim 0: choose a config whose dims divide")
         assert sorted(tuple(c.sizes) for c in chunks) == [(w.shape[0] // WORLD, *w.shape[1:])] * WORLD, name
         assert sorted(files[name].values()) == ["__0_0.distcp", "__1_0.distcp"], (name, files[name])
 
 
 @pytest.mark.parametrize("case, words", [
     ("exists", ("already exists",)),
-    ("other config", ("d_ff", "differs")),
+    ("other config", ("differs", "d_ff (stored 32, the model's 64)")),
     ("other dtype", ("float64", "float32")),
 ])
 def test_saving_and_loading_refuse_with_a_typed_error(torch_record, jax_record, case, words):
@@ -270,12 +293,14 @@ def test_saving_and_loading_refuse_with_a_typed_error(torch_record, jax_record, 
         assert all(word in message for word in words), (case, message)
 
 
-def test_the_converter_holds_one_tensor_at_a_time(folder, monkeypatch):
+@pytest.mark.parametrize("kind", ["dcp", "orbax"])
+def test_the_converter_holds_one_tensor_at_a_time(folder, records, monkeypatch, kind):
     """A spy on the per-tensor read: when each tensor is read, at most the one before it is still
     alive (the generator's last binding); the rest were written and dropped."""
     from conformance.convert import sharded
 
-    read, alive, most = sharded.DcpSource.read, [], []
+    source = {"dcp": sharded.DcpSource, "orbax": sharded.OrbaxSource}[kind]
+    read, alive, most = source.read, [], []
 
     def spy(self, name):
         value = read(self, name)
@@ -283,34 +308,63 @@ def test_the_converter_holds_one_tensor_at_a_time(folder, monkeypatch):
         alive.append(weakref.ref(value))
         return value
 
-    monkeypatch.setattr(sharded.DcpSource, "read", spy)
-    assert _rosetta(folder / "dcp-converted", folder / "spied.safetensors") == 0
+    monkeypatch.setattr(source, "read", spy)
+    out = folder / f"spied-{kind}.safetensors"
+    assert _rosetta(folder / f"{kind}-converted", out) == 0
     assert len(most) == len(_params()) and max(most) <= 1, most
-    assert (folder / "spied.safetensors").read_bytes() == (folder / "model.safetensors").read_bytes()
+    assert out.read_bytes() == (folder / "model.safetensors").read_bytes()
+
+
+def test_save_streamed_writes_saves_file_whatever_the_byte_order(tmp_path):
+    """`checkpoint.save_streamed`, given big-endian arrays one at a time, writes `save`'s file:
+    the values stored little-endian, as safetensors requires."""
+    from conformance.core import checkpoint
+    from conformance.core.errors import CheckpointError
+    from conformance.core.params import param_shapes
+
+    params = _params()
+    checkpoint.save(tmp_path / "saved.safetensors", _config(), params)
+    dtypes = {name: "float64" for name in params}
+    ordered = list(param_shapes(_config()))
+    checkpoint.save_streamed(tmp_path / "streamed.safetensors", _config(), dtypes,
+                             ((name, params[name].astype(">f8")) for name in ordered))
+    assert (tmp_path / "streamed.safetensors").read_bytes() == (tmp_path / "saved.safetensors").read_bytes()
+    with pytest.raises(CheckpointError, match="nothing came where"):  # one short: no file, no temporary
+        checkpoint.save_streamed(tmp_path / "short.safetensors", _config(), dtypes,
+                                 ((name, params[name]) for name in ordered[:-1]))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved.safetensors", "streamed.safetensors"]
 
 
 def _dcp(path: Path, state: dict, config=True) -> Path:
     import torch
     import torch.distributed.checkpoint as dcp
 
-    dcp.save({k: torch.from_numpy(v) for k, v in state.items()}, storage_writer=dcp.FileSystemWriter(str(path)),
-             no_dist=True)
+    dcp.save({k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in state.items()},
+             storage_writer=dcp.FileSystemWriter(str(path)), no_dist=True)
     if config:
         (path / "rosetta_config.json").write_text(_config().to_json())
     return path
 
 
 def test_bad_directories_get_typed_errors(tmp_path):
+    """Each refused with a CheckpointError naming the problem, and the destination never appears
+    (a non-finite value is found mid-stream: the half-written temporary is removed)."""
     pytest.importorskip("torch")
     from conformance.convert import sharded
     from conformance.core.errors import CheckpointError
 
     params = _params()
-    first = next(iter(params))
+    first, last = next(iter(params)), list(params)[-1]
+    nan = params[last].copy()
+    nan.flat[3] = np.nan
     cases = {
         "neither": (tmp_path / "empty", ("neither", ".metadata")),
         "missing": (_dcp(tmp_path / "missing", {k: v for k, v in params.items() if k != first}), ("missing", first)),
+        "unexpected": (_dcp(tmp_path / "unexpected", {**params, "encoder.extra": params[first]}),
+                       ("unexpected", "encoder.extra")),
         "shape": (_dcp(tmp_path / "shape", {**params, first: params[first][:1]}), ("shape", first)),
+        "non-finite": (_dcp(tmp_path / "nan", {**params, last: nan}), (last, "NaN or infinite")),
+        "not a tensor": (_dcp(tmp_path / "step", {**params, "step": 7}), ("'step'", "not a tensor")),
         "no config": (_dcp(tmp_path / "bare", params, config=False), ("rosetta_config.json",)),
     }
     (tmp_path / "empty").mkdir()
@@ -319,11 +373,14 @@ def test_bad_directories_get_typed_errors(tmp_path):
             sharded.to_safetensors(path, tmp_path / f"{case}.safetensors")
         assert all(word in str(caught.value) for word in words), (case, str(caught.value))
         assert not (tmp_path / f"{case}.safetensors").exists(), case
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [], "a temporary was left behind"
 
 
 def test_a_foreign_dcp_directory_converts_by_its_layout(tmp_path):
-    """A DCP directory of another system's state dict, without rosetta's config: read whole, by
-    key, and converted by the layout its keys match, as the same state dict in a .pt file is."""
+    """A DCP directory of another system's training state, without rosetta's config: DCP flattens
+    {"model": state_dict, "step": 7} into "model.<key>" tensors and a bytes entry; `--key model`
+    keeps the former (without the prefix), the step is left out, and the state dict converts by
+    the layout its keys match, as the same state dict in a .pt file does."""
     pytest.importorskip("torch")
     import torch.distributed.checkpoint as dcp
     from systems import from_scratch, randomize_
@@ -333,13 +390,67 @@ def test_a_foreign_dcp_directory_converts_by_its_layout(tmp_path):
 
     state = randomize_(from_scratch.make(src_vocab=23, tgt_vocab=19, d_model=16, n_heads=2, d_ff=24, n_layers=2,
                                          max_len=12), seed=2).state_dict()
-    dcp.save({k: v.detach().clone() for k, v in state.items()}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "foreign")),
-             no_dist=True)
-    assert _rosetta(tmp_path / "foreign", tmp_path / "out.safetensors", "--set", "n_heads=2") == 0
+    dcp.save({"model": {k: v.detach().clone() for k, v in state.items()}, "step": 7},
+             storage_writer=dcp.FileSystemWriter(str(tmp_path / "foreign")), no_dist=True)
+    assert _rosetta(tmp_path / "foreign", tmp_path / "out.safetensors", "--key", "model", "--set", "n_heads=2") == 0
     config, params = checkpoint.load(tmp_path / "out.safetensors")
     expected_config, expected = import_state_dict(state, "from-scratch", n_heads=2)
     assert config.replace(notes={}) == expected_config.replace(notes={})
     assert _differing(params, expected) == [] and len(params) == len(expected)
+
+
+def test_a_foreign_orbax_composite_is_not_taken_for_rosettas(tmp_path, capsys):
+    """An Orbax composite checkpoint with items "params" and "config" whose config is not a
+    ModelConfig (another trainer's) is refused with the command that converts its params item."""
+    pytest.importorskip("orbax.checkpoint")
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+    checkpointer.save((tmp_path / "foreign").resolve(), ocp.args.Composite(
+        params=ocp.args.StandardSave({"dense": {"kernel": np.ones((4, 4), np.float32)}}),
+        config=ocp.args.JsonSave({"learning_rate": 0.1})))
+    checkpointer.close()
+    assert _rosetta(tmp_path / "foreign", tmp_path / "out.safetensors") == 2
+    err = capsys.readouterr().err
+    assert "not written by rosetta" in err and f"rosetta convert {tmp_path / 'foreign' / 'params'}" in err, err
+    assert "learning_rate" in err, err
+
+
+@pytest.mark.parametrize("kind", ["dcp", "orbax"])
+def test_bfloat16_goes_to_a_directory_and_back_bit_for_bit(tmp_path, kind):
+    """bfloat16, which NumPy lacks (ml_dtypes' on our side, torch's or JAX's on theirs), by its bits."""
+    pytest.importorskip("torch" if kind == "dcp" else "orbax.checkpoint")
+    from conformance.core import checkpoint
+
+    checkpoint.save(tmp_path / "bf16.safetensors", _config(), {name: w.astype(ml_dtypes.bfloat16)
+                                                                for name, w in _params().items()})
+    assert _rosetta(tmp_path / "bf16.safetensors", tmp_path / "dir", "--to", kind) == 0
+    assert _rosetta(tmp_path / "dir", tmp_path / "back.safetensors") == 0
+    assert (tmp_path / "back.safetensors").read_bytes() == (tmp_path / "bf16.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["dcp", "orbax"])
+def test_inspect_describes_a_sharded_directory_from_its_metadata(folder, records, capsys, kind):
+    from conformance.cli import main
+    from conformance.core.params import param_shapes
+
+    assert main(["inspect", str(folder / f"{kind}-converted")]) == 0
+    out = capsys.readouterr().out
+    assert "config and tensor index agree" in out and f"d_ff = {CONFIG['d_ff']}" in out, out
+    rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines() if line.startswith("  ")
+            and len(line.split()) == 4}
+    assert all(rows.get(name) == ["x".join(map(str, shape)), "float64"] for name, shape in param_shapes(_config()).items()), rows
+    assert f"total: {len(_params())} tensors" in out, out
+
+
+def test_writing_a_directory_without_its_engine_is_a_typed_error(folder, monkeypatch, capsys):
+    """`--to dcp` without PyTorch (`--to orbax` without Orbax): exit 2 and what to install."""
+    for kind, module in (("dcp", "torch.distributed.checkpoint"), ("orbax", "orbax.checkpoint")):
+        monkeypatch.setitem(sys.modules, module, None)  # `import` raises ImportError
+        assert _rosetta(folder / "model.safetensors", folder / f"absent-{kind}", "--to", kind) == 2
+        err = capsys.readouterr().err
+        assert "--to" in err and "pip install" in err, (kind, err)
+        assert not (folder / f"absent-{kind}").exists()
 
 
 def test_a_hostile_dcp_metadata_is_refused_before_it_runs(tmp_path):
@@ -357,24 +468,16 @@ def test_a_hostile_dcp_metadata_is_refused_before_it_runs(tmp_path):
             return (os.system, (f"touch {witness}",))
 
     (path / ".metadata").write_bytes(pickle.dumps(Payload()))
-    with pytest.raises(CheckpointError, match="refused: the metadata names"):
+    with pytest.raises(CheckpointError, match="refused: the metadata names posix.system, which this reader's allow-list"):
         sharded.to_safetensors(path, tmp_path / "out.safetensors")
     assert not witness.exists()
 
 
-def test_the_cli_refuses_layout_flags_and_existing_directories(folder, capsys):
+def test_the_cli_refuses_layout_flags_and_existing_directories(folder, records, capsys):
     assert _rosetta(folder / "dcp-converted", folder / "x.safetensors", "--set", "n_heads=4") == 2
     assert "--set" in capsys.readouterr().err
     assert _rosetta(folder / "model.safetensors", folder / "dcp-converted", "--to", "dcp") == 2
     assert "already exists" in capsys.readouterr().err
-
-
-def test_the_two_backends_name_the_same_config_file():
-    pytest.importorskip("torch")
-    from conformance.convert import sharded
-    from impl_torch import distributed_checkpoint
-
-    assert distributed_checkpoint.CONFIG_FILE == sharded.CONFIG_FILE
 
 
 if __name__ == "__main__":

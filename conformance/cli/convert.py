@@ -111,12 +111,14 @@ def run(args: argparse.Namespace) -> int:
     from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, TensorError
     from conformance.core.errors import CheckpointError
 
+    from conformance.convert import sharded
+
     src, dst = Path(args.src), Path(args.dst)
     if getattr(args, "to", None) == ONNX:
         return export_onnx(src, dst, args)
     if getattr(args, "to", None) == CTRANSLATE2:
         return export_ctranslate2(src, dst, args)
-    if getattr(args, "to", None) in SHARDED:
+    if getattr(args, "to", None) in sharded.KINDS:
         return export_sharded(src, dst, args)
     if getattr(args, "quantization", None):
         raise InputError("--quantization", "chooses how CTranslate2 stores the weights: give it with --to ctranslate2")
@@ -135,8 +137,6 @@ def run(args: argparse.Namespace) -> int:
     check_destination(dst, getattr(args, "force", False))
     if checkpoint.is_checkpoint(src):
         return resave(src, dst, args)
-    from conformance.convert import sharded
-
     if sharded.kind(src) == "orbax" or sharded.has_config(src):  # a foreign DCP directory goes by its layout below
         return import_sharded(src, dst, args)
     overrides = parse_sets(args.sets)
@@ -356,9 +356,6 @@ def export_ctranslate2(src: Path, dst: Path, args: argparse.Namespace) -> int:
     return 0
 
 
-SHARDED = ("dcp", "orbax")  # `--to dcp` / `--to orbax`: rosetta's own names in a sharded directory (conformance.convert.sharded)
-
-
 def import_sharded(src: Path, dst: Path, args: argparse.Namespace) -> int:
     """`rosetta convert DIR out.safetensors [--dtype D]` with a PyTorch Distributed Checkpoint or a
     rosetta Orbax directory in: its config is stored beside the tensors, which are read, checked
@@ -369,6 +366,7 @@ def import_sharded(src: Path, dst: Path, args: argparse.Namespace) -> int:
     from conformance.core.errors import InputError
     from conformance.core.params import param_shapes
 
+    source = sharded.open_source(src)  # an Orbax directory whose config item is not rosetta's is refused here
     given = [flag for flag, value in (("--layout", args.layout), ("--set", args.sets), ("--rename", args.renames),
                                       ("--key", args.key)) if value]
     if given:
@@ -379,7 +377,7 @@ def import_sharded(src: Path, dst: Path, args: argparse.Namespace) -> int:
     with status:
         status(f"reading {src} one tensor at a time")
         try:
-            config, total = sharded.to_safetensors(src, dst, args.dtype, progress=status)
+            config, total = sharded.to_safetensors(source, dst, args.dtype, progress=status)
         except CastOverflowError as exc:
             raise flagged(exc) from None
     print(f"{src} -> {dst}")
@@ -487,13 +485,9 @@ def write_torch(dst: Path, state: dict[str, np.ndarray]) -> None:
     except ImportError:
         raise CheckpointError(dst, "writing a PyTorch file needs PyTorch (pip install torch); or name the output "
                               "*.safetensors, which torch reads with safetensors.torch.load_file") from None
-    tensors = {}
-    for key, value in state.items():
-        value = np.ascontiguousarray(value)
-        if value.dtype.name == "bfloat16":  # NumPy has no bfloat16: its bits, reinterpreted, not rounded
-            tensors[key] = torch.from_numpy(value.view(np.int16).copy()).view(torch.bfloat16)
-        else:
-            tensors[key] = torch.from_numpy(value.copy())
+    from conformance.convert.readers import as_torch
+
+    tensors = {key: as_torch(np.array(value)) for key, value in state.items()}  # copies: torch.save keeps whole storages
     buffer = io.BytesIO()
     torch.save(tensors, buffer)
     write_outputs({str(dst): (dst, buffer.getvalue())})

@@ -6,7 +6,8 @@
     .msgpack              `flax.serialization.msgpack_restore` (Flax's `to_bytes`), flattened
     an Orbax directory    `orbax.checkpoint.PyTreeCheckpointer().restore`, flattened
     a DCP directory       `torch.distributed.checkpoint.load`, one key at a time (conformance.convert.sharded;
-                          its `.metadata` pickle unpickled with DCP's metadata classes only)
+                          its `.metadata` pickle unpickled with DCP's metadata classes only); its entries
+                          that are not tensors (a step count, param_groups) are left out
     (see `conformance.convert.trees`: nested Flax trees become keys joined with ".")
 
 A Hugging Face model folder is read by `conformance.convert.hf_folder`, which reads its weights
@@ -54,6 +55,20 @@ def as_numpy(value: Any, key: str) -> np.ndarray:
     if hasattr(value, "__array__") and hasattr(value, "shape"):
         return np.asarray(value)
     raise TensorError(str(key), f"is {a_type(value)}, not a tensor or array")
+
+
+def as_torch(array: np.ndarray):
+    """A NumPy array as a CPU torch tensor of the same dtype and bits (bfloat16 reinterpreted, not
+    rounded: NumPy has none of its own); it shares the array's memory where the array is C-ordered
+    and writable, and is a copy otherwise."""
+    import torch
+
+    array = np.asarray(array)
+    if not array.flags.c_contiguous or not array.flags.writeable:
+        array = array.copy()
+    if array.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def as_arrays(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -219,10 +234,10 @@ def read_file(path: str | os.PathLike, key: str | None = None) -> dict[str, np.n
     if kind == "npz":
         return _tensor_dict(path, _npz_file(path), key)
     if kind == "dcp":
-        if key is not None:
-            raise CheckpointError(path, "--key applies to PyTorch files and Flax trees; a Distributed Checkpoint is flat")
-        source = sharded.DcpSource(path)  # every tensor, each loaded whole from its ranks' shards
-        return {name: source.read(name) for name in source.index}
+        # DCP flattens {"model": {...}, "step": 7} into "model.<name>" keys and a bytes entry:
+        # `key` keeps the tensors under "model." (without it); what is not a tensor is left out.
+        source = sharded.DcpSource(path, prefix=key)
+        return {name: source.read(name) for name in source.index}  # each loaded whole from its ranks' shards
     if kind in ("msgpack", "orbax"):
         tree = trees.read_msgpack(path) if kind == "msgpack" else trees.read_orbax(path)
         flat = trees.flatten(trees.select(tree, key, path), str(path))

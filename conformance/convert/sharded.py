@@ -7,15 +7,17 @@ and Orbax, to and from the safetensors checkpoint, one tensor at a time (docs/sh
     rosetta convert model.safetensors orbax_dir/ --to orbax
 
 A DCP directory is DCP's own (`.metadata` and the ranks' `*.distcp` files, written by
-`torch.distributed.checkpoint.save`) plus `rosetta_config.json`, the `ModelConfig` the tensors
-cannot tell. An Orbax one is `impl_jax.save_state`'s composite checkpoint: the item "params"
-(the canonical names as a nested tree) and the item "config" (JSON).
+`torch.distributed.checkpoint.save`) plus `rosetta_config.json` (`checkpoint.DCP_CONFIG_FILE`), the
+`ModelConfig` the tensors cannot tell. An Orbax one is `impl_jax.save_state`'s composite checkpoint:
+the item "params" (the canonical names as a nested tree) and the item "config" (a ModelConfig's JSON).
 
-Reading never holds more than one tensor: the names, shapes and dtypes come from the directory's
-metadata (DCP's `Metadata`, Orbax's tree metadata) and are checked against the config before any
-tensor is read; each tensor is then loaded alone, DCP's `load` of one key (every shard of it,
-whichever rank wrote it) or Orbax's partial restore of one leaf, checked, and written into the
-safetensors file, which is built beside its destination and renamed into place once complete.
+Reading holds a few times the largest tensor, never the model: the names, shapes and dtypes come
+from the directory's metadata (DCP's `Metadata`, Orbax's tree metadata) and are checked against the
+config before any tensor is read; each tensor is then loaded alone, DCP's `load` of one key (the
+whole tensor, filled from each saved chunk in turn, whichever rank wrote it) or Orbax's partial
+restore of one leaf, checked, cast if asked (through a float64 temporary), and written into the
+safetensors file (`checkpoint.save_streamed`), which is built beside its destination and renamed
+into place once complete.
 
 May import what `conformance.convert` may (the core, NumPy) and, when a directory is read or
 written, torch.distributed.checkpoint or orbax.
@@ -23,32 +25,28 @@ written, torch.distributed.checkpoint or orbax.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import struct
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-import ml_dtypes
 import numpy as np
 
 from conformance.core import checkpoint
+from conformance.core.checkpoint import DCP_CONFIG_FILE, ORBAX_ITEMS
 from conformance.core.config import ModelConfig
 from conformance.core.errors import CheckpointError, ConfigError, InputError
 from conformance.core.params import check_finite_array, check_param_set, flatten_dotted, nest_dotted, param_shapes
 
-CONFIG_FILE = "rosetta_config.json"  # beside DCP's files: the config (impl_torch.distributed_checkpoint writes it too)
 DCP_METADATA = ".metadata"  # what torch.distributed.checkpoint.save writes last, once every rank has written
-ORBAX_ITEMS = ("params", "config")  # impl_jax.save_state's composite checkpoint
 KINDS = ("dcp", "orbax")  # the `--to` names
 
 
 def kind(path: str | os.PathLike) -> str | None:
     """"dcp" for a DCP directory (its `.metadata`), "orbax" for a composite Orbax checkpoint with
-    the items "params" and "config" (`impl_jax.save_state` / `save_sharded`), else None."""
+    the items "params" and "config" (`impl_jax.save_state` / `save_sharded`; whether that config
+    is a rosetta one, `OrbaxSource` finds out), else None."""
     path = Path(path)
     if not path.is_dir():
         return None
@@ -61,7 +59,7 @@ def kind(path: str | os.PathLike) -> str | None:
 
 def has_config(path: str | os.PathLike) -> bool:
     """A DCP directory with rosetta's config beside it (a foreign one converts by its layout)."""
-    return kind(path) == "dcp" and (Path(path) / CONFIG_FILE).is_file()
+    return kind(path) == "dcp" and (Path(path) / DCP_CONFIG_FILE).is_file()
 
 
 # -- Reading: a directory as (config, index, one tensor at a time) ---------------------------------
@@ -87,32 +85,6 @@ class Source:
             raise CheckpointError(self.path, exc.problem) from None
 
 
-def _config(path: Path, text: str, where: str) -> ModelConfig:
-    try:
-        return ModelConfig.from_json(text, complete=True)
-    except ConfigError as exc:
-        raise CheckpointError(path, f"invalid config in {where}: {exc}") from None
-
-
-def _numpy_of(tensor) -> np.ndarray:
-    """A CPU torch tensor as NumPy, bfloat16 by its bits (NumPy has none of its own)."""
-    import torch
-
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
-
-
-def _torch_of(array: np.ndarray):
-    """A NumPy array as a torch tensor sharing its memory (bfloat16 reinterpreted, not rounded)."""
-    import torch
-
-    array = np.ascontiguousarray(array)
-    if array.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
-
-
 # What DCP's `.metadata` pickle may name: its own metadata classes, torch's sizes, dtypes and
 # layouts, and the path it was saved to. Anything else (os.system, a crafted __reduce__) is refused
 # before it runs: the standard library's "restricting globals" (pickle docs), as torch.load's
@@ -123,6 +95,8 @@ _METADATA_GLOBALS = {
                                               "StorageMeta", "_MEM_FORMAT_ENCODING"},
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},
+    "torch": {"Size", "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "complex128",
+              "complex64", "int64", "int32", "int16", "int8", "uint8", "bool"},  # torch.dtype objects, by name
     "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"},
 }
 
@@ -130,15 +104,13 @@ _METADATA_GLOBALS = {
 def _restricted_unpickler():
     import pickle
 
-    import torch
-
     class MetadataUnpickler(pickle.Unpickler):
         def find_class(self, module: str, name: str):
-            if name in _METADATA_GLOBALS.get(module, ()) or (
-                    module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype))):
+            if name in _METADATA_GLOBALS.get(module, ()):
                 return super().find_class(module, name)
-            raise pickle.UnpicklingError(f"refused: the metadata names {module}.{name}, which DCP's metadata never "
-                                         "holds (unpickling it could run code)")
+            raise pickle.UnpicklingError(f"refused: the metadata names {module}.{name}, which this reader's allow-list "
+                                         "does not know (a newer torch's metadata, or a crafted file: unpickling it "
+                                         "could run code)")
 
     return MetadataUnpickler
 
@@ -162,42 +134,64 @@ def _safe_reader(path: Path):
 
 class DcpSource(Source):
     """A DCP directory: `Metadata.state_dict_metadata` for the index; `dcp.load` of one key, in
-    this process only (`no_dist`), for each tensor."""
+    this process only (`no_dist`), for each tensor.
 
-    def __init__(self, path: Path):
+    With rosetta's config beside it every entry must be a tensor. Without one (torchtitan's, a
+    training loop's `{"model": ..., "optimizer": ..., "step": 7}`) the entries that are not tensors
+    are left out of the index (`skipped`), and `prefix` ("model", from `--key model`) keeps only the
+    keys under it (DCP flattens a nested state dict into "model.<name>" keys), without the prefix."""
+
+    def __init__(self, path: Path, prefix: str | None = None):
         try:
             import torch  # noqa: F401
             from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
         except ImportError:
             raise CheckpointError(path, "reading a Distributed Checkpoint needs PyTorch (pip install torch)") from None
         self.path = path
-        config_file = path / CONFIG_FILE
-        # None for a foreign directory (torchtitan's, ...): readers.read_file reads it whole, for a layout.
-        self.config = _config(path, config_file.read_text(), CONFIG_FILE) if config_file.is_file() else None
+        config_file = path / DCP_CONFIG_FILE
+        # None for a foreign directory: readers.read_file reads it whole, for a layout.
+        self.config = (checkpoint.stored_config(path, config_file.read_text(), DCP_CONFIG_FILE)
+                       if config_file.is_file() else None)
         try:
             metadata = _safe_reader(path).read_metadata()
         except Exception as exc:  # noqa: BLE001 - a damaged, foreign or hostile .metadata
             raise CheckpointError(path, f"its {DCP_METADATA} is not readable DCP metadata: {type(exc).__name__}: {exc}") from None
         if not isinstance(metadata, Metadata):
             raise CheckpointError(path, f"its {DCP_METADATA} holds a {type(metadata).__name__}, not DCP's Metadata")
+        self.keys: dict[str, str] = {}  # index name -> DCP's key
         self.index = {}
-        for name, entry in metadata.state_dict_metadata.items():
+        self.skipped: list[str] = []
+        start = f"{prefix}." if prefix else ""
+        for key, entry in metadata.state_dict_metadata.items():
             if not isinstance(entry, TensorStorageMetadata):
-                raise CheckpointError(path, f"entry {name!r} is not a tensor ({type(entry).__name__}); a rosetta "
-                                      "checkpoint holds parameters only")
-            dtype = str(entry.properties.dtype).removeprefix("torch.")
-            self.index[name] = (tuple(int(n) for n in entry.size), dtype)
+                if self.config is not None:
+                    raise CheckpointError(path, f"entry {key!r} is not a tensor ({type(entry).__name__}); a rosetta "
+                                          "checkpoint holds parameters only")
+                self.skipped.append(key)
+                continue
+            if not key.startswith(start):
+                continue
+            name = key[len(start):]
+            self.keys[name] = key
+            self.index[name] = (tuple(int(n) for n in entry.size), str(entry.properties.dtype).removeprefix("torch."))
+        if prefix and not self.index:
+            tops = sorted({key.split(".", 1)[0] for key in metadata.state_dict_metadata})
+            raise CheckpointError(path, f"--key {prefix}: no tensor key starts with {start!r}; its keys start with "
+                                  f"{', '.join(tops[:8])}")
 
     def read(self, name: str) -> np.ndarray:
         import torch
         import torch.distributed.checkpoint as dcp
 
+        from conformance.convert.readers import as_numpy
+
         shape, dtype = self.index[name]
-        one = {name: torch.empty(shape, dtype=getattr(torch, dtype))}
+        key = self.keys[name]
+        one = {key: torch.empty(shape, dtype=getattr(torch, dtype))}
         with warnings.catch_warnings():  # one process reading every rank's shards is the point
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
             dcp.load(one, storage_reader=_safe_reader(self.path), no_dist=True)
-        return _numpy_of(one[name])
+        return as_numpy(one[key], name)
 
 
 class OrbaxSource(Source):
@@ -211,13 +205,22 @@ class OrbaxSource(Source):
             raise CheckpointError(path, "reading an Orbax checkpoint needs orbax-checkpoint "
                                   "(pip install 'rosetta-transformer[jax]')") from None
         self.path = path
+        params, config = (path.resolve() / item for item in ORBAX_ITEMS)
         try:
-            stored = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(path.resolve() / "config")
-            metadata = ocp.PyTreeCheckpointer().metadata(path.resolve() / "params").item_metadata.tree
+            stored = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(config)
+            metadata = ocp.PyTreeCheckpointer().metadata(params).item_metadata.tree
         except Exception as exc:  # noqa: BLE001 - a damaged or foreign directory
             raise CheckpointError(path, f"not a readable Orbax checkpoint of rosetta's: {type(exc).__name__}: "
                                   f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
-        self.config = _config(path, json.dumps(stored), "its config item")
+        try:
+            if not isinstance(stored, dict):
+                raise ConfigError("config", f"is a JSON {type(stored).__name__}, not an object")
+            self.config = ModelConfig.from_dict(stored, complete=True)
+        except ConfigError as exc:
+            raise CheckpointError(path, f"is an Orbax composite checkpoint, but its {ORBAX_ITEMS[1]!r} item is not a "
+                                  f"rosetta ModelConfig ({exc}): not written by rosetta (impl_jax.save_sharded, "
+                                  f"save_state, --to orbax)? Convert its {ORBAX_ITEMS[0]!r} item by its layout: "
+                                  f"rosetta convert {Path(path) / ORBAX_ITEMS[0]} OUT.safetensors --layout ...") from None
         self.index = {name: (tuple(int(n) for n in leaf.shape), np.dtype(leaf.dtype).name)
                       for name, leaf in flatten_dotted(metadata).items()}
 
@@ -228,7 +231,7 @@ class OrbaxSource(Source):
         shape, dtype = self.index[name]
         item = nest_dotted({name: jax.ShapeDtypeStruct(shape, np.dtype(dtype))})
         how = nest_dotted({name: ocp.RestoreArgs(restore_type=np.ndarray)})
-        restored = ocp.PyTreeCheckpointer().restore(self.path.resolve() / "params", args=ocp.args.PyTreeRestore(
+        restored = ocp.PyTreeCheckpointer().restore(self.path.resolve() / ORBAX_ITEMS[0], args=ocp.args.PyTreeRestore(
             item=item, restore_args=how, partial_restore=True))
         return np.asarray(flatten_dotted(restored)[name])
 
@@ -243,7 +246,7 @@ def open_source(path: str | os.PathLike) -> Source:
                               f"checkpoint (no {' and '.join(ORBAX_ITEMS)} items beside _CHECKPOINT_METADATA)")
     source = DcpSource(path) if found == "dcp" else OrbaxSource(path)
     if source.config is None:
-        raise CheckpointError(path, f"is a PyTorch Distributed Checkpoint without {CONFIG_FILE}, so the model's "
+        raise CheckpointError(path, f"is a PyTorch Distributed Checkpoint without {DCP_CONFIG_FILE}, so the model's "
                               "config is unknown: write it with impl_torch.save_distributed or `rosetta convert "
                               "MODEL.safetensors DIR --to dcp`, or convert it by its layout (rosetta convert DIR OUT)")
     source.check()
@@ -266,69 +269,12 @@ def tensors(source: Source, dtype: str | None = None) -> Iterator[tuple[str, np.
         yield name, (cast(value, dtype, name) if dtype else value)
 
 
-# -- Writing the safetensors checkpoint one tensor at a time ---------------------------------------
-
-
-def save_streamed(path: str | os.PathLike, config: ModelConfig, dtypes: Mapping[str, str],
-                  arrays: Iterator[tuple[str, np.ndarray]]) -> None:
-    """The checkpoint `checkpoint.save(path, config, params)` writes, byte for byte, from `arrays`
-    given one at a time in checkpoint order (`dtypes`: each one's dtype name, known beforehand).
-
-    The header is laid out first from the shapes and dtypes; its sha256 (of the header without
-    it, then the data) is filled in once the last tensor is written, in place: a hex digest
-    always has 64 characters. The file is built beside `path` and renamed into place."""
-    path = Path(path)
-    shapes = param_shapes(config)
-    header: dict = {"__metadata__": {"format": checkpoint.FORMAT_NAME, "format_version": checkpoint.FORMAT_VERSION,
-                                     "config": config.to_json()}}
-    offset = 0
-    for name, shape in shapes.items():
-        code = checkpoint.dtype_code(ml_dtypes.bfloat16 if dtypes[name] == "bfloat16" else np.dtype(dtypes[name]))
-        size = math.prod(shape) * checkpoint.DTYPES[code].itemsize
-        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    digest = checkpoint._header_digest(header)
-    header["__metadata__"]["sha256"] = "0" * 64
-
-    def encoded() -> bytes:
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        return raw + b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors requires
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent if str(path.parent) else ".")
-    try:
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        with os.fdopen(fd, "wb") as f:
-            raw = encoded()
-            f.write(struct.pack("<Q", len(raw)) + raw)
-            for (name, value), expected in zip(arrays, shapes):
-                entry = header[expected]
-                if name != expected or list(value.shape) != entry["shape"] or checkpoint.dtype_code(value.dtype) != entry["dtype"]:
-                    raise CheckpointError(path, f"tensor {name!r} {value.dtype.name}{list(value.shape)} came where "
-                                          f"{expected!r} {entry['dtype']}{entry['shape']} was laid out")
-                blob = np.ascontiguousarray(value).tobytes()
-                digest.update(blob)
-                f.write(blob)
-            if f.tell() != 8 + len(raw) + offset:
-                raise CheckpointError(path, f"{f.tell() - 8 - len(raw)} bytes of tensors written, {offset} laid out")
-            header["__metadata__"]["sha256"] = digest.hexdigest()
-            final = encoded()
-            assert len(final) == len(raw), "the digest changed the header's length"
-            f.seek(8)
-            f.write(final)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def to_safetensors(src: str | os.PathLike, dst: str | os.PathLike, dtype: str | None = None,
+def to_safetensors(src: str | os.PathLike | Source, dst: str | os.PathLike, dtype: str | None = None,
                    progress: Callable[[str], None] | None = None) -> tuple[ModelConfig, int]:
-    """Convert the DCP or Orbax directory `src` into the checkpoint `dst`, one tensor at a time;
-    `dtype` casts every parameter. Returns the config and the number of values written."""
-    source = open_source(src)
+    """Convert the DCP or Orbax directory `src` (or its opened `Source`) into the checkpoint
+    `dst`, one tensor at a time; `dtype` casts every parameter. Returns the config and the number
+    of values written."""
+    source = src if isinstance(src, Source) else open_source(src)
     dtypes = {name: dtype or stored for name, (_, stored) in source.index.items()}
 
     def announced():
@@ -337,7 +283,7 @@ def to_safetensors(src: str | os.PathLike, dst: str | os.PathLike, dtype: str | 
                 progress(f"{count}/{len(dtypes)} {name}")
             yield name, value
 
-    save_streamed(dst, source.config, dtypes, announced())
+    checkpoint.save_streamed(dst, source.config, dtypes, announced())
     return source.config, sum(math.prod(shape) for shape, _ in source.index.values())
 
 
@@ -347,7 +293,12 @@ def to_safetensors(src: str | os.PathLike, dst: str | os.PathLike, dtype: str | 
 def write_dcp(dst: str | os.PathLike, config: ModelConfig, params: Mapping[str, np.ndarray]) -> None:
     """A new DCP directory holding `params` by their canonical names, written by this process
     alone (`no_dist`) as one rank's shards, and `rosetta_config.json`; whole or not at all."""
-    import torch.distributed.checkpoint as dcp
+    try:
+        import torch.distributed.checkpoint as dcp
+    except ImportError:
+        raise InputError("--to", "dcp writes a PyTorch Distributed Checkpoint, which needs PyTorch "
+                         "(pip install torch)") from None
+    from conformance.convert.readers import as_torch
 
     dst = Path(dst)
     if dst.exists():
@@ -355,17 +306,21 @@ def write_dcp(dst: str | os.PathLike, config: ModelConfig, params: Mapping[str, 
     checkpoint.check_params(config, params, dst)
     with checkpoint.atomic_directory(dst) as staged:
         staged.mkdir()
-        state = {name: _torch_of(params[name]) for name in param_shapes(config)}
+        state = {name: as_torch(params[name]) for name in param_shapes(config)}
         with warnings.catch_warnings():  # that one process writes it is the point, not a mistake to warn of
             warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process")
             dcp.save(state, storage_writer=dcp.FileSystemWriter(str(staged)), no_dist=True)
-        (staged / CONFIG_FILE).write_text(config.to_json())
+        (staged / DCP_CONFIG_FILE).write_text(config.to_json())
 
 
 def write_orbax(dst: str | os.PathLike, config: ModelConfig, params: Mapping[str, np.ndarray]) -> None:
     """A new Orbax directory in `impl_jax.save_state`'s form (items "params" and "config"), which
     `impl_jax.load_sharded` restores onto any mesh; whole or not at all."""
-    import orbax.checkpoint as ocp
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError:
+        raise InputError("--to", "orbax writes an Orbax checkpoint, which needs orbax-checkpoint and JAX "
+                         "(pip install 'rosetta-transformer[jax]')") from None
 
     dst = Path(dst)
     if dst.exists():
@@ -375,8 +330,8 @@ def write_orbax(dst: str | os.PathLike, config: ModelConfig, params: Mapping[str
     with checkpoint.atomic_directory(dst) as staged:
         checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
         try:
-            checkpointer.save(staged.resolve(), ocp.args.Composite(params=ocp.args.StandardSave(tree),
-                                                                   config=ocp.args.JsonSave(config.to_dict())))
+            checkpointer.save(staged.resolve(), ocp.args.Composite(**{
+                ORBAX_ITEMS[0]: ocp.args.StandardSave(tree), ORBAX_ITEMS[1]: ocp.args.JsonSave(config.to_dict())}))
         finally:
             checkpointer.close()
 
@@ -388,5 +343,5 @@ def write(dst: str | os.PathLike, kind_name: str, config: ModelConfig, params: M
     (write_dcp if kind_name == "dcp" else write_orbax)(dst, config, params)
 
 
-__all__ = ["CONFIG_FILE", "KINDS", "DcpSource", "OrbaxSource", "Source", "has_config", "kind", "open_source", "save_streamed",
+__all__ = ["DCP_METADATA", "KINDS", "DcpSource", "OrbaxSource", "Source", "has_config", "kind", "open_source",
            "tensors", "to_safetensors", "write", "write_dcp", "write_orbax"]

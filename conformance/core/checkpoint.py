@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -33,7 +34,7 @@ import struct
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -41,13 +42,18 @@ import numpy as np
 from conformance.core.config import ModelConfig
 from conformance.core.errors import CheckpointError, ConfigError, InputError
 from conformance.core.memory import memory_limit, size_words
-from conformance.core.params import check_finite_array, check_numpy_params, check_param_set, param_shapes
+from conformance.core.params import check_finite_array, check_numpy_params, check_param_set, host_dtype, param_shapes
 from conformance.core.sizes import param_count
 
 FORMAT_NAME = "rosetta-transformer"
 FORMAT_VERSION = "1"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit the safetensors library itself enforces
 MAX_RANK = 64  # far beyond any real tensor; bounds the work a hostile shape can ask for
+
+# The sharded forms of a checkpoint (docs/sharded-checkpoints.md), named here so that the backends
+# that write them (impl_torch.distributed_checkpoint, impl_jax) and the converter agree by import.
+DCP_CONFIG_FILE = "rosetta_config.json"  # beside a PyTorch Distributed Checkpoint's files: the ModelConfig
+ORBAX_ITEMS = ("params", "config")  # a rosetta Orbax composite checkpoint's items: the nested tree, the config JSON
 
 # safetensors dtype code <-> NumPy dtype (little-endian, as the format requires).
 DTYPES: dict[str, np.dtype] = {
@@ -310,41 +316,12 @@ def load(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     path = Path(path)
     found: dict[str, ModelConfig] = {}
 
-    def check_header(metadata: dict[str, str], entries: list[Entry]) -> None:
+    def check_header_of(metadata: dict[str, str], entries: list[Entry]) -> None:
         # Everything the header can tell, before a byte of tensor data is read.
-        fmt = metadata.get("format")
-        if fmt != FORMAT_NAME:
-            raise CheckpointError(path, f"not a rosetta checkpoint (unknown format {fmt!r}; expected {FORMAT_NAME!r}); "
-                                  f"{convert_hint(path)}")
-        version = metadata.get("format_version")
-        if version != FORMAT_VERSION:
-            raise CheckpointError(path, f"unsupported format_version {version!r}; this version reads {FORMAT_VERSION!r}")
-        if "sha256" not in metadata:
-            raise CheckpointError(path, "corrupt: the metadata has no sha256 digest")
-        try:
-            config = ModelConfig.from_json(metadata.get("config", ""), complete=True)
-        except ConfigError as exc:
-            raise CheckpointError(path, f"invalid config: {exc}") from None
-        expected = param_count(config)
-        if expected > 2 * len(entries) + 64:
-            # Not worth naming each missing name (and a hostile config may claim 10**9 layers).
-            raise CheckpointError(path, f"the config calls for {expected} parameters, the file holds {len(entries)}")
-        shapes = {name: shape for name, _, shape, _, _ in entries}
-        dtypes = {name: DTYPES[code].name for name, code, _, _, _ in entries}
-        try:
-            check_param_set(config, shapes, dtypes)
-        except InputError as exc:
-            raise CheckpointError(path, exc.problem) from None
-        found["config"] = config
+        found["config"] = check_header(path, metadata, entries)
 
-    try:
-        _, tensors = read_tensors(path, before_data=check_header)
-    except CheckpointError as exc:
-        if path.suffix.lower() != ".safetensors" and exc.problem.startswith(("corrupt", "truncated")):
-            # A .pt, .npz or .bin file was never converted: its bytes are not worth describing.
-            raise CheckpointError(path, f"not a rosetta checkpoint (rosetta checkpoints are .safetensors files "
-                                  f"written by rosetta convert or checkpoint.save); {convert_hint(path)}") from None
-        raise
+    with said_as_load_says(path):
+        _, tensors = read_tensors(path, before_data=check_header_of)
     try:  # what the header could not tell: finite values
         for name, value in tensors.items():
             check_finite_array(name, value)
@@ -374,30 +351,45 @@ def check_params(config: ModelConfig, params: Mapping[str, Any], path: str | os.
 # Writing ------------------------------------------------------------------------------------
 
 
+def _layout(metadata: Mapping[str, str], tensors: list[tuple[str, str, tuple[int, ...]]]) -> tuple[dict[str, Any], int]:
+    """The header of `tensors` ((name, dtype code, shape), back to back in that order) under
+    `metadata`, and the data section's length in bytes."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for name, code, shape in tensors:
+        size = math.prod(shape) * DTYPES[code].itemsize
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    return header, offset
+
+
+def _encoded(header: Mapping[str, Any]) -> bytes:
+    """The length prefix and the JSON header, padded so that the data starts 8-byte aligned, as
+    safetensors requires."""
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _stored_bytes(value: np.ndarray, code: str) -> bytes:
+    """`value`'s bytes as the file stores them: C order, little-endian (`DTYPES[code]`)."""
+    return np.ascontiguousarray(value, dtype=DTYPES[code]).tobytes()
+
+
 def write_tensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
     """Write a safetensors file atomically, with a `sha256` digest added to the metadata."""
-    path = Path(path)
-    header: dict[str, Any] = {"__metadata__": dict(metadata)}
-    blobs = []
-    offset = 0
-    for name, value in tensors.items():
-        value = np.asarray(value)
-        code = dtype_code(value.dtype)
-        blob = np.ascontiguousarray(value, dtype=DTYPES[code]).tobytes()
-        header[name] = {"dtype": code, "shape": list(value.shape), "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    data = b"".join(blobs)
+    arrays = {name: np.asarray(value) for name, value in tensors.items()}
+    codes = {name: dtype_code(value.dtype) for name, value in arrays.items()}
+    header, _ = _layout(metadata, [(name, codes[name], value.shape) for name, value in arrays.items()])
+    data = b"".join(_stored_bytes(value, codes[name]) for name, value in arrays.items())
     header["__metadata__"]["sha256"] = _canonical_digest(header, data)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors requires
-    atomic_write(path, [struct.pack("<Q", len(raw)), raw, data])
+    atomic_write(path, [_encoded(header), data])
 
 
-def atomic_write(path: str | os.PathLike, chunks: list[bytes]) -> None:
-    """Write `chunks` to a temporary file beside `path` and rename it into place once complete:
-    an interrupted write (Ctrl-C included) removes the temporary and leaves `path` as it was."""
-    path = Path(path)
+@contextlib.contextmanager
+def _atomic_file(path: Path) -> Iterator[Any]:
+    """A temporary file beside `path`, open for writing, renamed into place once the block
+    completes and synced; any exception (Ctrl-C included) removes it and leaves `path` as it was."""
     directory = path.parent if str(path.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=directory)
@@ -408,8 +400,7 @@ def atomic_write(path: str | os.PathLike, chunks: list[bytes]) -> None:
         # mkstemp makes the file private (0600); give it the mode of the file it replaces.
         os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
         with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -427,6 +418,14 @@ def atomic_write(path: str | os.PathLike, chunks: list[bytes]) -> None:
         pass
     finally:
         os.close(dir_fd)
+
+
+def atomic_write(path: str | os.PathLike, chunks: list[bytes]) -> None:
+    """Write `chunks` to a temporary file beside `path` and rename it into place once complete:
+    an interrupted write (Ctrl-C included) removes the temporary and leaves `path` as it was."""
+    with _atomic_file(Path(path)) as f:
+        for chunk in chunks:
+            f.write(chunk)
 
 
 @contextlib.contextmanager
@@ -455,6 +454,23 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(hidden, ignore_errors=True)
 
 
+def _metadata(config: ModelConfig) -> dict[str, str]:
+    return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": config.to_json()}
+
+
+@contextlib.contextmanager
+def _saving(path: Path) -> Iterator[None]:
+    """The OS's refusals to write `path` as CheckpointErrors that say why."""
+    try:
+        yield
+    except IsADirectoryError:
+        raise CheckpointError(path, "is a directory; give a file path to save to") from None
+    except FileNotFoundError:
+        raise CheckpointError(path, f"cannot save: the directory {str(path.parent)!r} does not exist") from None
+    except PermissionError:
+        raise CheckpointError(path, "cannot save: permission denied") from None
+
+
 def save(path: str | os.PathLike, config: ModelConfig, params: Mapping[str, Any]) -> None:
     """Save `config` and `params` (NumPy arrays, one float dtype) to one checkpoint file."""
     path = Path(path)
@@ -466,12 +482,174 @@ def save(path: str | os.PathLike, config: ModelConfig, params: Mapping[str, Any]
     check_params(config, params, path)
     arrays = {name: np.asarray(value) for name, value in params.items()}
     ordered = {name: arrays[name] for name in param_shapes(config)}
-    metadata = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": config.to_json()}
+    with _saving(path):
+        write_tensors(path, ordered, _metadata(config))
+
+
+def _code(dtype: np.dtype) -> str | None:
     try:
-        write_tensors(path, ordered, metadata)
-    except IsADirectoryError:
-        raise CheckpointError(path, "is a directory; give a file path to save to") from None
-    except FileNotFoundError:
-        raise CheckpointError(path, f"cannot save: the directory {str(path.parent)!r} does not exist") from None
-    except PermissionError:
-        raise CheckpointError(path, "cannot save: permission denied") from None
+        return dtype_code(dtype)
+    except ValueError:
+        return None
+
+
+def save_streamed(path: str | os.PathLike, config: ModelConfig, dtypes: Mapping[str, str],
+                  arrays: Iterable[tuple[str, np.ndarray]]) -> None:
+    """The file `save(path, config, params)` writes, byte for byte, from `arrays` given one at a
+    time in checkpoint order (`dtypes`: each one's dtype name, known beforehand), so that no more
+    than one of them need be alive (`rosetta convert` of a sharded directory; benchmarks).
+
+    The header is laid out first from the shapes and dtypes, with a placeholder digest of the same
+    length (a hex sha256 always has 64 characters); each tensor is checked (name, shape, dtype,
+    finite), hashed and written as it comes; the digest is then written over the placeholder. The
+    file is built beside `path` and renamed into place once complete; on any error it is removed."""
+    path = Path(path)
+    shapes = param_shapes(config)
+    codes = {name: dtype_code(host_dtype(dtypes[name])) for name in shapes}
+    header, length = _layout(_metadata(config), [(name, codes[name], shape) for name, shape in shapes.items()])
+    digest = _header_digest(header)
+    header["__metadata__"]["sha256"] = "0" * 64
+    placeholder = _encoded(header)
+    given = iter(arrays)
+    with _saving(path), _atomic_file(path) as f:
+        f.write(placeholder)
+        for expected in shapes:
+            name, value = next(given, (None, None))
+            value = np.asarray(value)
+            entry = header[expected]
+            if name != expected or list(value.shape) != entry["shape"] or _code(value.dtype) != codes[expected]:
+                got = "nothing" if name is None else f"tensor {name!r} {value.dtype.name}{list(value.shape)}"
+                raise CheckpointError(path, f"{got} came where {expected!r} {dtypes[expected]}{entry['shape']} was "
+                                      "laid out")
+            try:
+                check_finite_array(name, value)
+            except InputError as exc:
+                raise CheckpointError(path, exc.problem) from None
+            blob = _stored_bytes(value, codes[name])
+            digest.update(blob)
+            f.write(blob)
+        extra = next(given, None)
+        if extra is not None:
+            raise CheckpointError(path, f"tensor {extra[0]!r} came after the config's last parameter")
+        header["__metadata__"]["sha256"] = digest.hexdigest()
+        final = _encoded(header)
+        if len(final) != len(placeholder) or f.tell() != len(placeholder) + length:
+            raise CheckpointError(path, "the streamed file does not match its layout (a bug: please report it)")
+        f.seek(0)
+        f.write(final)
+
+
+def check_stored(path: str | os.PathLike, config: ModelConfig, stored: ModelConfig,
+                 shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, str], dtype: str) -> None:
+    """Raise `CheckpointError` unless a sharded directory can be read into a model of `config`
+    holding `dtype`: its `stored` config equals the model's (all but `notes`), its tensors
+    (`shapes`, `dtypes` from its metadata) are exactly the config's parameters, and they are stored
+    in `dtype` (loading never casts: the values arrive bit for bit). Said before any tensor is read;
+    `impl_torch.load_distributed` and `impl_jax.load_sharded` both check with it."""
+    ours, theirs = config.to_dict(), stored.to_dict()
+    differ = [field for field in theirs if field != "notes" and ours.get(field) != theirs[field]]
+    if differ:
+        raise CheckpointError(path, "its config differs from the model's in " + ", ".join(
+            f"{field} (stored {theirs[field]!r}, the model's {ours.get(field)!r})" for field in differ))
+    try:
+        check_param_set(config, shapes, dtypes)
+    except InputError as exc:
+        raise CheckpointError(path, exc.problem) from None
+    name, held = next(iter(dtypes.items()))  # one dtype for all (check_param_set)
+    if held != dtype:
+        raise CheckpointError(path, f"parameter {name!r} and every other is stored as {held}, the model holds {dtype}: "
+                              f"loading never casts; build the model in {held}")
+
+
+def stored_config(path: str | os.PathLike, stored: str | Mapping[str, Any], where: str) -> ModelConfig:
+    """The complete `ModelConfig` a sharded directory stores beside its tensors (DCP's
+    `rosetta_config.json` text, or the dict Orbax's JSON item restores), or a `CheckpointError`
+    saying `where` it was invalid."""
+    try:
+        if isinstance(stored, str):
+            return ModelConfig.from_json(stored, complete=True)
+        return ModelConfig.from_dict(dict(stored), complete=True)
+    except ConfigError as exc:
+        raise CheckpointError(path, f"invalid config in {where}: {exc}") from None
+
+
+# Checking without loading ------------------------------------------------------------------
+# `load`'s checks, each usable alone: a reader that takes the tensors a few at a time
+# (`rosetta check --stream`) verifies the file first with these, in the words `load` uses.
+
+
+def check_header(path: str | os.PathLike, metadata: Mapping[str, str], entries: list[Entry]) -> ModelConfig:
+    """The config of a checkpoint whose header holds, from the header alone (format, version, a
+    digest, a valid config, exactly the config's parameters); `CheckpointError` otherwise."""
+    path = Path(path)
+    fmt = metadata.get("format")
+    if fmt != FORMAT_NAME:
+        raise CheckpointError(path, f"not a rosetta checkpoint (unknown format {fmt!r}; expected {FORMAT_NAME!r}); "
+                              f"{convert_hint(path)}")
+    version = metadata.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(path, f"unsupported format_version {version!r}; this version reads {FORMAT_VERSION!r}")
+    if "sha256" not in metadata:
+        raise CheckpointError(path, "corrupt: the metadata has no sha256 digest")
+    try:
+        config = ModelConfig.from_json(metadata.get("config", ""), complete=True)
+    except ConfigError as exc:
+        raise CheckpointError(path, f"invalid config: {exc}") from None
+    expected = param_count(config)
+    if expected > 2 * len(entries) + 64:
+        # Not worth naming each missing name (and a hostile config may claim 10**9 layers).
+        raise CheckpointError(path, f"the config calls for {expected} parameters, the file holds {len(entries)}")
+    shapes = {name: shape for name, _, shape, _, _ in entries}
+    dtypes = {name: DTYPES[code].name for name, code, _, _, _ in entries}
+    try:
+        check_param_set(config, shapes, dtypes)
+    except InputError as exc:
+        raise CheckpointError(path, exc.problem) from None
+    return config
+
+
+@contextlib.contextmanager
+def said_as_load_says(path: str | os.PathLike) -> Iterator[None]:
+    """A `CheckpointError` about a file that is no safetensors file (a .pt, .npz or .bin never
+    converted) reworded as `load` words it: its bytes are not worth describing."""
+    path = Path(path)
+    try:
+        yield
+    except CheckpointError as exc:
+        if path.suffix.lower() != ".safetensors" and exc.problem.startswith(("corrupt", "truncated")):
+            raise CheckpointError(path, f"not a rosetta checkpoint (rosetta checkpoints are .safetensors files "
+                                  f"written by rosetta convert or checkpoint.save); {convert_hint(path)}") from None
+        raise
+
+
+class _HeaderChecked(Exception):
+    """`verify`'s stop after the header: the data is hashed a chunk at a time, not read whole."""
+
+
+def verify(path: str | os.PathLike) -> tuple[ModelConfig, str]:
+    """(config, the parameters' dtype) of the checkpoint at `path` after `load`'s checks of its
+    header and of the sha256 digest over header and data, read through a `READ_CHUNK` buffer:
+    memory that does not grow with the file. The values are not read (nor checked finite);
+    `CheckpointError` as `load` raises it otherwise."""
+    path = Path(path)
+    found: dict[str, Any] = {}
+
+    def header_only(metadata: dict[str, str], entries: list[Entry]) -> None:
+        found["config"] = check_header(path, metadata, entries)
+        found["dtype"] = DTYPES[entries[0][1]].name if entries else None
+        raise _HeaderChecked
+
+    with said_as_load_says(path):
+        try:
+            read_tensors(path, before_data=header_only)
+        except _HeaderChecked:
+            pass
+        with open(path, "rb") as f:  # read_tensors has checked the header's length, JSON and index
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length).decode("utf-8"))
+            digest = _header_digest(header)
+            while chunk := f.read(READ_CHUNK):
+                digest.update(chunk)
+        if digest.hexdigest() != header["__metadata__"]["sha256"]:
+            raise CheckpointError(path, "corrupt: the sha256 digest does not match the header and data")
+    return found["config"], found["dtype"]
