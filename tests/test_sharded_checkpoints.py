@@ -482,3 +482,16 @@ def test_the_cli_refuses_layout_flags_and_existing_directories(folder, records, 
 
 if __name__ == "__main__":
     {"torch": _torch_main, "jax": _jax_main}[sys.argv[1]](sys.argv[2])
+
+
+def test_load_state_reads_a_directory_saved_from_a_mesh_on_one_device(folder, records):
+    """`impl_jax.save_sharded` from 4 devices (the jax subprocess), `impl_jax.load_state` in this
+    process, which has one: every parameter bit for bit (no "Topology mismatch")."""
+    import jax
+
+    import impl_jax
+
+    assert len(jax.devices()) == 1
+    with impl_jax.enable_x64():
+        model = impl_jax.load_state(folder / "orbax-fsdp")
+        assert _differing({name: np.asarray(w) for name, w in model.params.items()}, _params()) == []
