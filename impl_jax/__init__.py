@@ -67,12 +67,13 @@ def save(model: Model, path: str | os.PathLike) -> None:
 
 
 # The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
+from impl_jax import stream  # noqa: E402  a piece at a time, from each piece's own weights (rosetta check --stream)
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
 BACKEND_EXTRAS = ("Adam", "bucket_length", "clear_cache", "clear_persistent_cache", "compile_stats",
                   "disable_persistent_cache", "enable_persistent_cache", "enable_x64", "load_state",
-                  "load_sharded", "persistent_cache_dir", "reset_stats", "save_sharded", "save_state", "shard", "train_step",
-                  "x64_enabled")
+                  "load_sharded", "persistent_cache_dir", "reset_stats", "save_sharded", "save_state", "shard", "stream",
+                  "train_step", "x64_enabled")
 
 enable_from_environment()  # ROSETTA_JAX_CACHE (impl_jax.cache)
 

@@ -569,14 +569,25 @@ class Encoder(nnx.Module):
     def __call__(self, x: jax.Array, src_mask, out: Encoded, *, src_real=None, dropout=None,
                  empty_rows=None) -> jax.Array:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
-        bias = self.position.score_bias(x.shape[1], x.shape[1], reduction_dtype(x.dtype))  # (1, H, S, S), or None
+        bias = self.score_bias(x.shape[1], x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, self_mask, f"encoder.{i}", out, bias=bias, src_real=src_real, dropout=dropout,
                       empty_rows=empty_rows)
-        if self.norm is not None:
-            x = self.norm(x)
+        x = self.finish(x)
         out.intermediates["encoder.output"] = x
         return x
+
+    # The stack's own steps around its layers, named so that a caller running one layer at a
+    # time (impl_jax/stream.py) takes these same steps.
+
+    def score_bias(self, length: int, dtype):
+        """The score bias every layer's self-attention adds for x of `dtype`: T5's relative positions."""
+        bias = self.position.score_bias(length, length, reduction_dtype(dtype))  # (1, H, S, S), or None
+        return bias
+
+    def finish(self, x: jax.Array) -> jax.Array:
+        """`encoder.output`: x after the last layer through the final LayerNorm, when the config has one."""
+        return x if self.norm is None else self.norm(x)
 
 
 class Decoder(nnx.Module):
@@ -593,14 +604,24 @@ class Decoder(nnx.Module):
                  dropout=None, empty_rows=None, cache=None) -> jax.Array:
         # `bias`: the self-attention's score bias (a cached step's row of it); None: the stack's own.
         if bias is None:
-            bias = self.position.score_bias(x.shape[1], x.shape[1], reduction_dtype(x.dtype))  # (1, H, T, T), or None
+            bias = self.score_bias(x.shape[1], x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, bias=bias, tgt_real=tgt_real,
                       src_real=src_real, dropout=dropout, empty_rows=empty_rows, cache=None if cache is None else cache[i])
-        if self.norm is not None:
-            x = self.norm(x)
+        x = self.finish(x)
         out.intermediates["decoder.output"] = x
         return x
+
+    # The stack's own steps around its layers, as in `Encoder`.
+
+    def score_bias(self, length: int, dtype):
+        """The score bias every layer's self-attention adds for y of `dtype`: T5's relative positions."""
+        bias = self.position.score_bias(length, length, reduction_dtype(dtype))  # (1, H, T, T), or None
+        return bias
+
+    def finish(self, x: jax.Array) -> jax.Array:
+        """`decoder.output`: y after the last layer through the final LayerNorm, when the config has one."""
+        return x if self.norm is None else self.norm(x)
 
 
 class Output(nnx.Module):
@@ -695,6 +716,10 @@ class Model(nnx.Module):
 
     # Inputs ------------------------------------------------------------------------------------
 
+    def ids(self, argument: str, ids, vocab_size: int) -> np.ndarray:
+        """`ids` checked as a call checks `argument` (its shape, dtype, range), as this backend's ids."""
+        return self._ids(argument, ids, vocab_size)
+
     def _ids(self, argument: str, ids, vocab_size: int) -> np.ndarray:
         # Host-side facts: a JAX array's values are copied here, because checking them is the point.
         if isinstance(ids, jax.core.Tracer):
@@ -711,6 +736,11 @@ class Model(nnx.Module):
         src_mask, tgt_mask = make_masks(self.config, np.asarray(src_ids), np.asarray(tgt_ids))
         return jax.device_put(src_mask, self.device), jax.device_put(tgt_mask, self.device)
 
+    def cross_mask(self, src_mask):
+        """The decoder's cross-attention mask: the source's (B, 1, 1, S), or None when the config attends every
+        source position (`cross_attn_src_mask` off)."""
+        return src_mask if self.config.cross_attn_src_mask else None
+
     # Forward -----------------------------------------------------------------------------------
     # `encode` and `decode` check the inputs and build the masks on the host, pad to buckets if
     # asked, then run the compiled `_encode` / `_decode`.
@@ -725,6 +755,18 @@ class Model(nnx.Module):
             x = x * math.sqrt(self.config.d_model)
         x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
         return x if norm is None else norm(x)
+
+    @property
+    def target_embedding(self) -> Embedding:
+        """The decoder's token table: the encoder's when the embeddings are shared (section 3.4)."""
+        return self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
+
+    def logits(self, y: jax.Array) -> jax.Array:
+        """The logits (B, T, V) of `decoder.output` y: the output layer, plus BART's `final_logits_bias`."""
+        logits = self.output(y, self.target_embedding)  # (B, T, V)
+        if self.final_logits_bias is not None:
+            logits = logits + cast(self.final_logits_bias[...], logits.dtype)
+        return logits
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
@@ -787,7 +829,7 @@ class Model(nnx.Module):
             shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
             tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
         host.check_runnable(self.dtype, param_dtype=self.param_dtype)
-        cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
+        cross_mask = self.cross_mask(encoded.src_mask)
         padding = host.Padding(self.config, self.buckets, src_len=encoded.memory.shape[1], tgt_len=tgt_len)
         args = (padding.ids(tgt_ids, "tgt"), padding.mask(tgt_mask, queries="tgt", keys="tgt"),
                 padding.memory(encoded.memory), padding.mask(cross_mask, keys="src"),
@@ -815,16 +857,13 @@ class Model(nnx.Module):
         """The compiled part of `decode`: ids (B, T) and masks checked, T and S possibly bucket-padded."""
         out = ModelOutput(logits=None)
 
-        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
         dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
-        y = self.embed(tgt_ids, embedding, self.decoder.position, self.decoder.embedding_norm)
+        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
         y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real=tgt_real, src_real=src_real, dropout=dropout,
                          empty_rows=empty_rows)
-        logits = self.output(y, embedding)  # (B, T, V)
-        if self.final_logits_bias is not None:
-            logits = logits + cast(self.final_logits_bias[...], logits.dtype)
+        logits = self.logits(y)
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
         out.logits = logits
         if not return_attention:
@@ -847,7 +886,7 @@ class Model(nnx.Module):
             src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
         if tgt_mask is None:
             tgt_mask = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
-        cross_mask = src_mask if self.config.cross_attn_src_mask else None
+        cross_mask = self.cross_mask(src_mask)
         masks, rate = (None, None) if dropout is None else (dropout.masks, dropout.rate)
         with model_precision(self.precision):  # the model's matmul precision, inside any transform
             memory, attention, intermediates = self._encode(src_ids, src_mask, None, masks,

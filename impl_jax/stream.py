@@ -2,18 +2,28 @@
 
     stem = stream.stem(config, params_without_layers, "float32")   # embeddings, positions, norms, output
     inputs = stream.inputs(stem, src_ids, tgt_ids)                  # masks and score biases, once
-    x = stream.embeddings(stem, inputs, "encoder")
+    x = stream.embeddings(stem, inputs)                             # encoder.embeddings
     layer = stream.encoder_layer(config, params_of_layer_0, 0, param_dtype="float32")
     x = stream.run_encoder_layer(layer, x, inputs, 0, sink)
+    memory, y = stream.middle(stem, x, inputs)                      # encoder.output, decoder.embeddings
+    ...                                                             # each decoder layer likewise
+    out, logits = stream.end(stem, y)                               # decoder.output, logits
 
-Every piece is model.py's own module, called as `Model.encode` and `Model.decode` call it (no
-second copy of the math), so a caller that reads each layer's weights just before it runs holds
-one layer at a time. The stem is `Model` on the config with no layers: the parameters outside the
-layers. The three backends' stream modules have the same functions in the same order.
+Every piece is model.py's own module, called as `Model.encode` and `Model.decode` call it, and
+the steps around the layers are model.py's named steps that those call too (`Model.ids`,
+`Model.make_masks`, `encoder_self_mask`, `Model.cross_mask`, `Encoder.score_bias` /
+`Decoder.score_bias`, `Model.target_embedding`, `Encoder.finish` / `Decoder.finish`,
+`Model.logits`): this module only orders them, so a caller that reads each layer's weights just
+before it runs holds one layer at a time and runs no second copy of the model. The stem is
+`Model` on the config with no layers: the parameters outside the layers. The three backends'
+stream modules have the same functions in the same order.
 
 Each piece runs compiled (`compiled.call`, at the model's full float32 matmul precision). A layer
 records under a placeholder name and is renamed after the call, so every layer of a stack is one
-executable: a stack costs one compile per (dtype, shape), not one per layer.
+executable: a stack costs one compile per (dtype, shape), not one per layer. The stem's steps
+between the stacks are one executable each (`middle`: the encoder's final norm and the decoder's
+embeddings; `end`: the decoder's final norm and the logits), so a model costs five compiles per
+(dtype, shapes): the embeddings, an encoder layer, the middle, a decoder layer, the end.
 """
 
 from __future__ import annotations
@@ -30,7 +40,6 @@ from conformance.core.output import ModelOutput
 from impl_jax import compiled, host
 from impl_jax import model as model_py
 from impl_jax.model import DecoderLayer, EncoderLayer, Model
-from impl_jax.precision import reduction_dtype
 
 # The name a layer records under inside its executable; the caller's sink hears `encoder.{i}` instead.
 PLACEHOLDER = "layer"
@@ -61,16 +70,13 @@ def stem(config: ModelConfig, params: Mapping[str, np.ndarray], dtype, *, device
 
 def inputs(stem: Model, src_ids: np.ndarray, tgt_ids: np.ndarray) -> Inputs:
     """The masks and score biases `Model.encode`, `Model.decode` and the stacks build once."""
-    config, code = stem.config, _code(stem)
-    src_ids = stem._ids("src_ids", src_ids, config.src_vocab_size)
-    tgt_ids = stem._ids("tgt_ids", tgt_ids, config.tgt_vocab_size)
-    src_mask = code.padding_mask(src_ids, config.pad_id)  # (B, 1, 1, S)
-    src_len, tgt_len = src_ids.shape[1], tgt_ids.shape[1]
-    scores = reduction_dtype(stem.dtype)  # the dtype attention forms its scores in
-    return Inputs(src_ids, tgt_ids, code.encoder_self_mask(config, src_mask),
-                  stem.encoder.position.score_bias(src_len, src_len, scores),
-                  code.target_mask(config, tgt_ids), src_mask if config.cross_attn_src_mask else None,
-                  stem.decoder.position.score_bias(tgt_len, tgt_len, scores))
+    config = stem.config
+    src_ids = stem.ids("src_ids", src_ids, config.src_vocab_size)
+    tgt_ids = stem.ids("tgt_ids", tgt_ids, config.tgt_vocab_size)
+    src_mask, tgt_mask = stem.make_masks(src_ids, tgt_ids)  # (B, 1, 1, S), (B, 1, T, T)
+    return Inputs(src_ids, tgt_ids, _code(stem).encoder_self_mask(config, src_mask),
+                  stem.encoder.score_bias(src_ids.shape[1], stem.dtype), tgt_mask, stem.cross_mask(src_mask),
+                  stem.decoder.score_bias(tgt_ids.shape[1], stem.dtype))
 
 
 def array(value: np.ndarray, dtype: str, *, device=None) -> jax.Array:
@@ -78,17 +84,14 @@ def array(value: np.ndarray, dtype: str, *, device=None) -> jax.Array:
     return jax.device_put(np.asarray(value).astype(dtype, copy=False), host.resolve_device(device))
 
 
-def embeddings(stem: Model, inputs: Inputs, side: str) -> jax.Array:
-    """`{side}.embeddings` (B, L, D), as `Model.encode` / `Model.decode` embed."""
-    ids = inputs.src_ids if side == "encoder" else inputs.tgt_ids
-    (x,) = compiled.call(stem, _embed, (ids,), stem.device, side=side)
+def embeddings(stem: Model, inputs: Inputs) -> jax.Array:
+    """`encoder.embeddings` (B, S, D), as `Model.encode` embeds."""
+    (x,) = compiled.call(stem, _embed, (inputs.src_ids,), stem.device)
     return x
 
 
-def _embed(stem: Model, ids, *, side: str):
-    if side == "encoder":
-        return (stem.embed(ids, stem.encoder.embedding, stem.encoder.position, stem.encoder.embedding_norm),)
-    return (stem.embed(ids, _target_embedding(stem), stem.decoder.position, stem.decoder.embedding_norm),)
+def _embed(stem: Model, ids):
+    return (stem.embed(ids, stem.encoder.embedding, stem.encoder.position, stem.encoder.embedding_norm),)
 
 
 def _layer_params(params: Mapping[str, np.ndarray], param_dtype: str, device) -> dict[str, jax.Array]:
@@ -150,34 +153,26 @@ def _device_of(x: jax.Array) -> jax.Device:
     return next(iter(x.devices()))
 
 
-def final_norm(stem: Model, x, side: str):
-    """`{side}.output`: the stack's final LayerNorm when the config has one, else x itself."""
-    norm = stem.encoder.norm if side == "encoder" else stem.decoder.norm
-    if norm is None:
-        return x
-    (x,) = compiled.call(stem, _final_norm, (x,), stem.device, side=side)
-    return x
+def middle(stem: Model, x, inputs: Inputs):
+    """(`encoder.output`, `decoder.embeddings`): `Encoder.finish` of x after the encoder's last
+    layer, and the decoder's embeddings as `Model.decode` embeds; one executable."""
+    return compiled.call(stem, _middle, (x, inputs.tgt_ids), stem.device)
 
 
-def _final_norm(stem: Model, x, *, side: str):
-    return ((stem.encoder.norm if side == "encoder" else stem.decoder.norm)(x),)
+def _middle(stem: Model, x, tgt_ids):
+    y = stem.embed(tgt_ids, stem.target_embedding, stem.decoder.position, stem.decoder.embedding_norm)
+    return stem.encoder.finish(x), y
 
 
-def logits(stem: Model, y):
-    """The logits (B, T, V) of `decoder.output` y, as `Model.decode` projects it."""
-    (out,) = compiled.call(stem, _logits, (y,), stem.device)
-    return out
+def end(stem: Model, y, out=None):
+    """(`decoder.output`, logits (B, T, V)): `Decoder.finish` of y after the decoder's last layer,
+    and `Model.logits` of `out` (another model's `decoder.output`), or of that output; one executable."""
+    return compiled.call(stem, _end, (y,) if out is None else (y, out), stem.device)
 
 
-def _logits(stem: Model, y):
-    out = stem.output(y, _target_embedding(stem))
-    if stem.final_logits_bias is not None:
-        out = out + _code(stem).cast(stem.final_logits_bias[...], out.dtype)
-    return (out,)
-
-
-def _target_embedding(stem: Model):
-    return stem.encoder.embedding if stem.config.share_embeddings else stem.decoder.embedding
+def _end(stem: Model, y, out=None):
+    finished = stem.decoder.finish(y)
+    return finished, stem.logits(finished if out is None else out)
 
 
 def _code(stem: Model):

@@ -471,13 +471,24 @@ class Encoder:
 
     def __call__(self, x: np.ndarray, src_mask, out: Encoded, *, dropout=None, tape=None) -> np.ndarray:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
-        bias = self.position.score_bias(x.shape[1], x.shape[1], x.dtype, tape=tape)  # (1, H, S, S), or None
+        bias = self.score_bias(x.shape[1], x.dtype, tape=tape)
         for i, layer in enumerate(self.layers):
             x = layer(x, self_mask, f"encoder.{i}", out, bias=bias, dropout=dropout, tape=tape)
-        if self.norm is not None:
-            x = self.norm(x, tape=tape)
+        x = self.finish(x, tape=tape)
         out.intermediates["encoder.output"] = x
         return x
+
+    # The stack's own steps around its layers, named so that a caller running one layer at a
+    # time (impl_numpy/stream.py) takes these same steps.
+
+    def score_bias(self, length: int, dtype, *, tape=None):
+        """The score bias every layer's self-attention adds for x of `dtype`: T5's relative positions."""
+        bias = self.position.score_bias(length, length, dtype, tape=tape)  # (1, H, S, S), or None
+        return bias
+
+    def finish(self, x: np.ndarray, *, tape=None) -> np.ndarray:
+        """`encoder.output`: x after the last layer through the final LayerNorm, when the config has one."""
+        return x if self.norm is None else self.norm(x, tape=tape)
 
 
 class Decoder:
@@ -493,14 +504,24 @@ class Decoder:
                  cache=None) -> np.ndarray:
         # `bias`: the self-attention's score bias (a cached step's row of it); None: the stack's own.
         if bias is None:
-            bias = self.position.score_bias(x.shape[1], x.shape[1], x.dtype, tape=tape)  # (1, H, T, T), or None
+            bias = self.score_bias(x.shape[1], x.dtype, tape=tape)
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, bias=bias, dropout=dropout, tape=tape,
                       cache=None if cache is None else cache[i])
-        if self.norm is not None:
-            x = self.norm(x, tape=tape)
+        x = self.finish(x, tape=tape)
         out.intermediates["decoder.output"] = x
         return x
+
+    # The stack's own steps around its layers, as in `Encoder`.
+
+    def score_bias(self, length: int, dtype, *, tape=None):
+        """The score bias every layer's self-attention adds for y of `dtype`: T5's relative positions."""
+        bias = self.position.score_bias(length, length, dtype, tape=tape)  # (1, H, T, T), or None
+        return bias
+
+    def finish(self, x: np.ndarray, *, tape=None) -> np.ndarray:
+        """`decoder.output`: y after the last layer through the final LayerNorm, when the config has one."""
+        return x if self.norm is None else self.norm(x, tape=tape)
 
 
 class Output:
@@ -580,6 +601,10 @@ class Model:
     # Ids and masks are read and checked on the host by the core (`host_ids`, `host_mask`), the
     # same code and the same errors as every other backend.
 
+    def ids(self, argument: str, ids, vocab_size: int) -> np.ndarray:
+        """`ids` checked as a call checks `argument` (its shape, dtype, range), as this backend's ids."""
+        return self._ids(argument, ids, vocab_size)
+
     def _ids(self, argument: str, ids, vocab_size: int) -> np.ndarray:
         return host_ids(argument, ids, vocab_size, self.config.max_len)
 
@@ -588,6 +613,11 @@ class Model:
 
     def make_masks(self, src_ids, tgt_ids) -> tuple[np.ndarray, np.ndarray]:
         return make_masks(self.config, np.asarray(src_ids), np.asarray(tgt_ids))
+
+    def cross_mask(self, src_mask):
+        """The decoder's cross-attention mask: the source's (B, 1, 1, S), or None when the config attends every
+        source position (`cross_attn_src_mask` off)."""
+        return src_mask if self.config.cross_attn_src_mask else None
 
     # Forward -----------------------------------------------------------------------------------
 
@@ -602,6 +632,18 @@ class Model:
             x = x * math.sqrt(self.config.d_model)
         x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
         return x if norm is None else norm(x, tape=tape)
+
+    @property
+    def target_embedding(self) -> Embedding:
+        """The decoder's token table: the encoder's when the embeddings are shared (section 3.4)."""
+        return self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
+
+    def logits(self, y: np.ndarray, *, tape=None) -> np.ndarray:
+        """The logits (B, T, V) of `decoder.output` y: the output layer, plus BART's `final_logits_bias`."""
+        logits = self.output(y, self.target_embedding, tape=tape)  # (B, T, V)
+        if self.final_logits_bias is not None:
+            logits = logits + cast(self.final_logits_bias, logits.dtype)
+        return logits
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None,
                tape=None) -> Encoded:
@@ -646,18 +688,15 @@ class Model:
         else:
             shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
             tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
-        cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
+        cross_mask = self.cross_mask(encoded.src_mask)
         out = ModelOutput(logits=None, attention=record(sink if return_attention else None, encoded.attention),
                           intermediates=record(sink, encoded.intermediates))
 
-        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
-        y = self.embed(tgt_ids, embedding, self.decoder.position, self.decoder.embedding_norm, tape=tape)
+        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm, tape=tape)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
         y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, dropout=dropout, tape=tape)
-        logits = self.output(y, embedding, tape=tape)  # (B, T, V)
-        if self.final_logits_bias is not None:
-            logits = logits + cast(self.final_logits_bias, logits.dtype)
+        logits = self.logits(y, tape=tape)
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
         if sink is not None:  # the sink has had every other tensor; the output keeps none of them
             sink("logits", logits)

@@ -2,14 +2,21 @@
 
     stem = stream.stem(config, params_without_layers, "float64")   # embeddings, positions, norms, output
     inputs = stream.inputs(stem, src_ids, tgt_ids)                  # masks and score biases, once
-    x = stream.embeddings(stem, inputs, "encoder")
+    x = stream.embeddings(stem, inputs)                             # encoder.embeddings
     layer = stream.encoder_layer(config, params_of_layer_0, 0, param_dtype="float32")
     x = stream.run_encoder_layer(layer, x, inputs, 0, sink)
+    memory, y = stream.middle(stem, x, inputs)                      # encoder.output, decoder.embeddings
+    ...                                                             # each decoder layer likewise
+    out, logits = stream.end(stem, y)                               # decoder.output, logits
 
-Every piece is model.py's own module, called as `Model.encode` and `Model.decode` call it (no
-second copy of the math), so a caller that reads each layer's weights just before it runs holds
-one layer at a time. The stem is `Model` on the config with no layers: the parameters outside the
-layers. The three backends' stream modules have the same functions in the same order.
+Every piece is model.py's own module, called as `Model.encode` and `Model.decode` call it, and
+the steps around the layers are model.py's named steps that those call too (`Model.ids`,
+`Model.make_masks`, `encoder_self_mask`, `Model.cross_mask`, `Encoder.score_bias` /
+`Decoder.score_bias`, `Model.target_embedding`, `Encoder.finish` / `Decoder.finish`,
+`Model.logits`): this module only orders them, so a caller that reads each layer's weights just
+before it runs holds one layer at a time and runs no second copy of the model. The stem is
+`Model` on the config with no layers: the parameters outside the layers. The three backends'
+stream modules have the same functions in the same order.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from conformance.core.config import ModelConfig
 from conformance.core.output import ModelOutput, record
 from impl_numpy import model as model_py
 from impl_numpy.model import DecoderLayer, EncoderLayer, Model
+
 
 @dataclass
 class Inputs:
@@ -50,15 +58,13 @@ def stem(config: ModelConfig, params: Mapping[str, np.ndarray], dtype, *, device
 
 def inputs(stem: Model, src_ids: np.ndarray, tgt_ids: np.ndarray) -> Inputs:
     """The masks and score biases `Model.encode`, `Model.decode` and the stacks build once."""
-    config, code = stem.config, _code(stem)
-    src_ids = stem._ids("src_ids", src_ids, config.src_vocab_size)
-    tgt_ids = stem._ids("tgt_ids", tgt_ids, config.tgt_vocab_size)
-    src_mask = code.padding_mask(src_ids, config.pad_id)  # (B, 1, 1, S)
-    src_len, tgt_len = src_ids.shape[1], tgt_ids.shape[1]
-    return Inputs(src_ids, tgt_ids, code.encoder_self_mask(config, src_mask),
-                  stem.encoder.position.score_bias(src_len, src_len, stem.dtype),
-                  code.target_mask(config, tgt_ids), src_mask if config.cross_attn_src_mask else None,
-                  stem.decoder.position.score_bias(tgt_len, tgt_len, stem.dtype))
+    config = stem.config
+    src_ids = stem.ids("src_ids", src_ids, config.src_vocab_size)
+    tgt_ids = stem.ids("tgt_ids", tgt_ids, config.tgt_vocab_size)
+    src_mask, tgt_mask = stem.make_masks(src_ids, tgt_ids)  # (B, 1, 1, S), (B, 1, T, T)
+    return Inputs(src_ids, tgt_ids, _code(stem).encoder_self_mask(config, src_mask),
+                  stem.encoder.score_bias(src_ids.shape[1], stem.dtype), tgt_mask, stem.cross_mask(src_mask),
+                  stem.decoder.score_bias(tgt_ids.shape[1], stem.dtype))
 
 
 def array(value: np.ndarray, dtype: str, *, device=None) -> np.ndarray:
@@ -66,11 +72,9 @@ def array(value: np.ndarray, dtype: str, *, device=None) -> np.ndarray:
     return np.asarray(value).astype(dtype, copy=False)
 
 
-def embeddings(stem: Model, inputs: Inputs, side: str) -> np.ndarray:
-    """`{side}.embeddings` (B, L, D), as `Model.encode` / `Model.decode` embed."""
-    if side == "encoder":
-        return stem.embed(inputs.src_ids, stem.encoder.embedding, stem.encoder.position, stem.encoder.embedding_norm)
-    return stem.embed(inputs.tgt_ids, _target_embedding(stem), stem.decoder.position, stem.decoder.embedding_norm)
+def embeddings(stem: Model, inputs: Inputs) -> np.ndarray:
+    """`encoder.embeddings` (B, S, D), as `Model.encode` embeds."""
+    return stem.embed(inputs.src_ids, stem.encoder.embedding, stem.encoder.position, stem.encoder.embedding_norm)
 
 
 def _layer_params(params: Mapping[str, np.ndarray], param_dtype: str) -> dict[str, np.ndarray]:
@@ -105,22 +109,19 @@ def _out(sink: Callable[[str, Any], None]) -> ModelOutput:
     return ModelOutput(logits=None, attention=record(sink), intermediates=record(sink))
 
 
-def final_norm(stem: Model, x, side: str):
-    """`{side}.output`: the stack's final LayerNorm when the config has one, else x itself."""
-    norm = stem.encoder.norm if side == "encoder" else stem.decoder.norm
-    return x if norm is None else norm(x)
+def middle(stem: Model, x, inputs: Inputs):
+    """(`encoder.output`, `decoder.embeddings`): `Encoder.finish` of x after the encoder's last
+    layer, and the decoder's embeddings as `Model.decode` embeds."""
+    memory = stem.encoder.finish(x)
+    y = stem.embed(inputs.tgt_ids, stem.target_embedding, stem.decoder.position, stem.decoder.embedding_norm)
+    return memory, y
 
 
-def logits(stem: Model, y):
-    """The logits (B, T, V) of `decoder.output` y, as `Model.decode` projects it."""
-    out = stem.output(y, _target_embedding(stem))
-    if stem.final_logits_bias is not None:
-        out = out + _code(stem).cast(stem.final_logits_bias, out.dtype)
-    return out
-
-
-def _target_embedding(stem: Model):
-    return stem.encoder.embedding if stem.config.share_embeddings else stem.decoder.embedding
+def end(stem: Model, y, out=None):
+    """(`decoder.output`, logits (B, T, V)): `Decoder.finish` of y after the decoder's last layer,
+    and `Model.logits` of `out` (another model's `decoder.output`), or of that output."""
+    finished = stem.decoder.finish(y)
+    return finished, stem.logits(finished if out is None else out)
 
 
 def _code(stem: Model):

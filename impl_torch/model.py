@@ -601,15 +601,26 @@ class Encoder(nn.Module):
     def forward(self, x: torch.Tensor, src_mask, out: Encoded, *, return_attention: bool = True,
                 dropout=None, empty_rows=None) -> torch.Tensor:
         self_mask = encoder_self_mask(self.config, src_mask)  # (B, 1, 1, S) or (B, 1, S, S)
-        scores = torch.promote_types(x.dtype, torch.float32)  # the dtype attention forms its scores in
-        bias = self.position.score_bias(x.shape[1], x.shape[1], scores)  # (1, H, S, S), or None
+        bias = self.score_bias(x.shape[1], x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, self_mask, f"encoder.{i}", out, bias=bias, return_attention=return_attention, dropout=dropout,
                       empty_rows=empty_rows)
-        if self.norm is not None:
-            x = self.norm(x)
+        x = self.finish(x)
         out.intermediates["encoder.output"] = x
         return x
+
+    # The stack's own steps around its layers, named so that a caller running one layer at a
+    # time (impl_torch/stream.py) takes these same steps.
+
+    def score_bias(self, length: int, dtype: torch.dtype):
+        """The score bias every layer's self-attention adds for x of `dtype`: T5's relative positions."""
+        scores = torch.promote_types(dtype, torch.float32)  # the dtype attention forms its scores in
+        bias = self.position.score_bias(length, length, scores)  # (1, H, S, S), or None
+        return bias
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """`encoder.output`: x after the last layer through the final LayerNorm, when the config has one."""
+        return x if self.norm is None else self.norm(x)
 
 
 class Decoder(nn.Module):
@@ -627,15 +638,25 @@ class Decoder(nn.Module):
                 return_attention: bool = True, dropout=None, empty_rows=None, cache=None) -> torch.Tensor:
         # `bias`: the self-attention's score bias (a cached step's row of it); None: the stack's own.
         if bias is None:
-            scores = torch.promote_types(x.dtype, torch.float32)  # the dtype attention forms its scores in
-            bias = self.position.score_bias(x.shape[1], x.shape[1], scores)  # (1, H, T, T), or None
+            bias = self.score_bias(x.shape[1], x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, tgt_mask, cross_mask, f"decoder.{i}", out, bias=bias, return_attention=return_attention,
                       dropout=dropout, empty_rows=empty_rows, cache=None if cache is None else cache[i])
-        if self.norm is not None:
-            x = self.norm(x)
+        x = self.finish(x)
         out.intermediates["decoder.output"] = x
         return x
+
+    # The stack's own steps around its layers, as in `Encoder`.
+
+    def score_bias(self, length: int, dtype: torch.dtype):
+        """The score bias every layer's self-attention adds for y of `dtype`: T5's relative positions."""
+        scores = torch.promote_types(dtype, torch.float32)  # the dtype attention forms its scores in
+        bias = self.position.score_bias(length, length, scores)  # (1, H, T, T), or None
+        return bias
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """`decoder.output`: y after the last layer through the final LayerNorm, when the config has one."""
+        return x if self.norm is None else self.norm(x)
 
 
 class Output(nn.Module):
@@ -783,6 +804,10 @@ class Model(nn.Module):
     # would otherwise surface as an opaque device-side assert instead of the shared error. For
     # NumPy input the facts are taken on the host; for a tensor, one min/max reduction and sync.
 
+    def ids(self, argument: str, ids, vocab_size: int) -> torch.Tensor:
+        """`ids` checked as a call checks `argument` (its shape, dtype, range), as this backend's ids."""
+        return self._ids(argument, ids, vocab_size)
+
     @torch.compiler.disable  # host-side checks: torch.compile runs them eagerly, outside the graph
     def _ids(self, argument: str, ids, vocab_size: int) -> torch.Tensor:
         check_no_autocast(self.device)  # the model's dtype is its precision, not autocast's
@@ -810,6 +835,11 @@ class Model(nn.Module):
     def make_masks(self, src_ids, tgt_ids) -> tuple[torch.Tensor, torch.Tensor]:
         return make_masks(self.config, torch.as_tensor(src_ids), torch.as_tensor(tgt_ids))
 
+    def cross_mask(self, src_mask):
+        """The decoder's cross-attention mask: the source's (B, 1, 1, S), or None when the config attends every
+        source position (`cross_attn_src_mask` off)."""
+        return src_mask if self.config.cross_attn_src_mask else None
+
     # Forward -----------------------------------------------------------------------------------
 
     def embed(self, ids: torch.Tensor, embedding: Embedding, position: Positions, norm=None, *,
@@ -823,6 +853,19 @@ class Model(nn.Module):
             x = x * math.sqrt(self.config.d_model)
         x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
         return x if norm is None else norm(x)
+
+    @property
+    def target_embedding(self) -> Embedding:
+        """The decoder's token table: the encoder's when the embeddings are shared (section 3.4)."""
+        return self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
+
+    def logits(self, y: torch.Tensor) -> torch.Tensor:
+        """The logits (B, T, V) of `decoder.output` y: the output layer, plus BART's `final_logits_bias`."""
+        logits = self.output(y, self.target_embedding)  # (B, T, V)
+        if self.final_logits_bias is not None:  # in place outside autograd's graph, as in `Output`
+            bias = cast(self.final_logits_bias, logits.dtype)
+            logits = logits + bias if logits.requires_grad else logits.add_(bias)
+        return logits
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None,
                empty_rows=None) -> Encoded:
@@ -871,22 +914,18 @@ class Model(nn.Module):
         else:
             shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
             tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
-        cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None
+        cross_mask = self.cross_mask(encoded.src_mask)
         out = ModelOutput(logits=None, attention=record(sink if return_attention else None, encoded.attention),
                           intermediates=record(sink, encoded.intermediates))
 
         if dropout is not None:  # the checked host masks, on the model's device
             dropout = Dropout(dropout.rate, {site: torch.tensor(m, device=self.device) for site, m in dropout.masks.items()})
-        embedding = self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
-        y = self.embed(tgt_ids, embedding, self.decoder.position, self.decoder.embedding_norm)
+        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
         y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention=return_attention,
                          dropout=dropout, empty_rows=empty_rows)
-        logits = self.output(y, embedding)  # (B, T, V)
-        if self.final_logits_bias is not None:  # in place outside autograd's graph, as in `Output`
-            bias = cast(self.final_logits_bias, logits.dtype)
-            logits = logits + bias if logits.requires_grad else logits.add_(bias)
+        logits = self.logits(y)
         assert logits.dtype == self.dtype, f"promoted to {logits.dtype}"
         if sink is not None:  # the sink has had every other tensor; the output keeps none of them
             sink("logits", logits)

@@ -148,8 +148,7 @@ PROPERTY_BREAKS = {
     "decode ignores the encoded source mask": ("test_encode_decode", [("numpy", [
         ("def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True,\n",
          "def decode(self, tgt_ids, encoded: Encoded, tgt_mask=None, *, return_attention: bool = True, _src_mask=None,\n"),
-        ("cross_mask = encoded.src_mask if self.config.cross_attn_src_mask else None",
-         "cross_mask = _src_mask if self.config.cross_attn_src_mask else None"),
+        ("cross_mask = self.cross_mask(encoded.src_mask)", "cross_mask = self.cross_mask(_src_mask)"),
         ("return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout, sink=sink)",
          "return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout, "
          "sink=sink, _src_mask=encoded.src_mask)"),

@@ -101,6 +101,14 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
               and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
             found.append((node.lineno, node.args[0].value))
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+              and node.args and isinstance(node.args[0], ast.JoinedStr) and node.args[0].values
+              and isinstance(node.args[0].values[0], ast.Constant)
+              and str(node.args[0].values[0].value).startswith("impl_")):
+            # `import_module(f"impl_{kind}.model")`: a backend's module by a computed name; the
+            # constant text after the name stands for the module (`impl_*.model`).
+            rest = "".join(part.value if isinstance(part, ast.Constant) else "*" for part in node.args[0].values)
+            found += [(node.lineno, rest.replace("impl_*", backend, 1)) for backend in sorted(BACKENDS)]
     return found
 
 
@@ -296,13 +304,17 @@ def test_a_planted_circle_and_a_planted_reach_in_are_caught(tmp_path, monkeypatc
     (tmp_path / "conformance" / "check" / "b.py").write_text("import conformance.check.c\n")
     (tmp_path / "conformance" / "check" / "c.py").write_text("from conformance.check.a import f\n")
     (tmp_path / "conformance" / "check" / "d.py").write_text("from impl_torch.model import Model\nimport impl_torch\n")
-    (tmp_path / "impl_torch").mkdir()
+    (tmp_path / "conformance" / "check" / "e.py").write_text(
+        "import importlib\ndef f(kind):\n    return importlib.import_module(f\"impl_{kind}.model\")\n")
+    for backend in BACKENDS:
+        (tmp_path / backend).mkdir()
+        (tmp_path / backend / "model.py").write_text("")
     (tmp_path / "impl_torch" / "__init__.py").write_text("from impl_torch.model import Model\n")
-    (tmp_path / "impl_torch" / "model.py").write_text("")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert circles(import_graph()) == [["conformance.check.a", "conformance.check.b", "conformance.check.c"],
                                        ["conformance.convert.hf_folder", "conformance.convert.readers"]]
-    assert reach_ins() == {("conformance/check/d.py", "impl_torch.model.Model")}
+    assert reach_ins() == {("conformance/check/d.py", "impl_torch.model.Model"),
+                           *{("conformance/check/e.py", f"{backend}.model") for backend in BACKENDS}}
     with pytest.raises(AssertionError, match="import circles"):
         test_no_module_imports_itself_through_others()
     with pytest.raises(AssertionError, match="past a backend's surface"):

@@ -5,6 +5,7 @@
     tolerances   the per-dtype tolerance table (measured: docs/tolerances.md)
     report       the tensor-by-tensor report of `rosetta check`, first diverging tensor
     plan         how a check holds the oracle's tensors (all at once or one at a time) for a budget
+    stream       `rosetta check --stream`: the oracle and each backend a layer at a time, from the memory-mapped file
     plots        the report's and the attention pictures (matplotlib, lazily)
     defaults     the built-in default model (data/default.safetensors)
     toy          the digit-reversal task the default model was trained on

@@ -26,6 +26,7 @@ import numpy as np
 from conformance.check import backends as backend_registry
 from conformance.check import taps as foreign
 from conformance.check.compare import compare as compare_arrays
+from conformance.check.plan import stored_dtype
 from conformance.check.report import Cell, Report, default_targets, run_check
 from conformance.check.side_by_side_grads import GradRow, compare_grads
 from conformance.check.switches import switches_at
@@ -290,8 +291,10 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
         progress: `progress(message)` hears each step as it starts (a command's status line).
         stream: run our backends beside the oracle one layer at a time, each layer fed the
             oracle's own input from the layer below (`conformance.check.stream`, `rosetta check
-            --stream`), so their columns hold each layer's own error, in memory that does not
-            grow with depth. The user's model still runs whole, against the oracle's whole call.
+            --stream`), so their columns hold each layer's own error. It does not bound memory:
+            the user's model and its converted parameters are held whole (the oracle and our
+            backends hold one layer's copy at a time beside them), and the oracle's tensors for
+            the user's column are the streamed oracle's, kept for that column.
         **overrides: ModelConfig fields for the conversion (n_heads, switches), as for
             `import_state_dict`. For a transformers model and a layout with an `[hf]` table
             (hf-marian, hf-bart, hf-t5, ...), every size and switch is read from `model.config`
@@ -323,11 +326,13 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
     names = _backend_names(backends)
     targets, skipped = default_targets(names, [dtype]) if names else ([], {})
     source = f"your model through layout {layout.name}"
+    oracle = None
     if targets and stream:
         from conformance.check.stream import Weights, run_streamed
 
+        oracle = {}  # the oracle's tensors, kept for the user's column
         report = run_streamed(config, Weights.held(config, params), source, targets, skipped, src_ids, ours_tgt,
-                              progress=progress)
+                              progress=progress, oracle_sink=lambda name, value: oracle.__setitem__(name, value))
     elif targets:
         report = run_check(config, params, source, targets, skipped, src_ids, ours_tgt, progress=progress)
     else:  # the user's model against the oracle alone
@@ -340,7 +345,8 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
 
     if not targets:
         progress("oracle (numpy/cpu/float64)")
-    oracle = _oracle(config, params, src_ids, ours_tgt)
+    if oracle is None:
+        oracle = _oracle(config, params, src_ids, ours_tgt)
     real = tgt_ids != config.pad_id if shifted else None
     tol = tolerance(yours.dtype, yours.device)
     progress(f"your model ({yours.label})")
@@ -388,8 +394,11 @@ def convert_yours(model: Any, layout, state: dict[str, np.ndarray], overrides: d
 def _oracle(config: ModelConfig, params, src_ids, tgt_ids) -> dict[str, np.ndarray]:
     import impl_numpy
 
+    # The parameters as converted, widened where used (exact): no float64 copy of every weight.
+    held = stored_dtype(np.asarray(next(iter(params.values()))).dtype.name, "float64",
+                        backend_registry.dtypes("numpy"))
     with backend_registry.forward_only("numpy"):
-        out = impl_numpy.Model(config, params, dtype="float64")(src_ids, tgt_ids)
+        out = impl_numpy.Model(config, params, dtype="float64", param_dtype=held)(src_ids, tgt_ids)
     return {name: np.asarray(value) for name, value in tensors_of(out).items()}
 
 

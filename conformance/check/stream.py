@@ -10,8 +10,10 @@ comparison and tolerances). Then the stage's weights, modules and tensors are dr
 lives across stages is one residual stream per model and the encoder's memory.
 
 Each backend's pieces are its own model.py modules, built from a subset of the parameters by
-`impl_<backend>.stream` (the stem: `Model` on the config with no layers; a layer: `EncoderLayer`
-or `DecoderLayer` from that layer's keys).
+its `stream` module (`impl_numpy.stream`, from the backend's surface: the stem is `Model` on the
+config with no layers; a layer, `EncoderLayer` or `DecoderLayer` from that layer's keys), and
+the steps around the layers are model.py's own (masks, score biases, final norms, logits). A
+backend without such pieces (onnxruntime, torch-compiled: whole graphs) is refused.
 
 `feed` says what each stage of a target is given:
     "oracle" (the default): the oracle's own input from the stage below, cast to the target's
@@ -19,16 +21,14 @@ or `DecoderLayer` from that layer's keys).
         it: a bug still shows first where it lives, and a deep float32 stack is not blamed for
         the rounding it inherited.
     "own": the target's own output of the stage below, as an unstreamed call runs; the report is
-        then the unstreamed one, bit for bit (tests/test_stream.py).
+        then the unstreamed one, bit for bit, for NumPy and PyTorch (tests/test_stream.py); JAX's
+        differs in the last bits, where XLA fuses across the layers of a whole call (docs/scale.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import json
 import os
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,13 +61,15 @@ FEED_NOTES = {
 class Weights:
     """The parameters of a checkpoint, read a few keys at a time: `weights.read(keys)`.
 
-    `Weights.open(path)` checks the file first, with bounded memory: its header (format, config,
-    every parameter's name, shape and dtype: `checkpoint.load`'s checks), then the sha256 digest
-    over header and data, read through a 16 MiB buffer. Each `read` then opens the file with
+    `Weights.open(path)` checks the file first, with bounded memory (`checkpoint.verify`: its
+    header as `checkpoint.load` checks it, then the sha256 digest over header and data, read
+    through a 16 MiB buffer). Each `read` then opens the file with
     safetensors' `safe_open` (a memory map), copies out those keys, checks their values are finite,
     and closes it: the map's pages are released with it, so the resident size does not grow with
     the number of stages read. A file replaced or written to since its digest was verified (its
-    inode, size or modification time changed) is refused at the next read. `Weights.held(params)` serves a dict already in memory."""
+    inode, size or modification time changed) is refused at the next read.
+
+    `Weights.held(config, params)` serves a dict already in memory."""
 
     def __init__(self, config: ModelConfig, dtype: str, read: Callable[[list[str]], dict[str, np.ndarray]]):
         self.config, self.dtype, self._read = config, dtype, read
@@ -84,9 +86,11 @@ class Weights:
     def open(cls, path: str | os.PathLike) -> "Weights":
         from safetensors import safe_open
 
+        from conformance.core import checkpoint
+
         path = Path(path)
         before = _identity(path)
-        config, dtype = check_file(path)
+        config, dtype = checkpoint.verify(path)
 
         def read(keys: list[str]) -> dict[str, np.ndarray]:
             if _identity(path) != before:  # the digest was taken of another file than the one read now
@@ -111,64 +115,6 @@ def _identity(path: Path) -> tuple[int, int, int, int]:
     except FileNotFoundError:
         raise CheckpointError(path, "no such file") from None
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
-def check_file(path: Path) -> tuple[ModelConfig, str]:
-    """(config, the parameters' dtype) of a checkpoint whose header and digest hold, read with
-    bounded memory; `CheckpointError` as `checkpoint.load` gives it otherwise."""
-    from conformance.core import checkpoint
-
-    found: dict[str, Any] = {}
-
-    class HeaderRead(Exception):
-        """The header is checked: the data is hashed here, not read into memory."""
-
-    def check_header(metadata: dict[str, str], entries: list) -> None:
-        checkpoint_header_checks(path, metadata, entries, found)
-        raise HeaderRead
-
-    try:
-        checkpoint.read_tensors(path, before_data=check_header)
-    except HeaderRead:
-        pass
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length).decode("utf-8"))
-        digest = checkpoint._header_digest(header)
-        while chunk := f.read(checkpoint.READ_CHUNK):
-            digest.update(chunk)
-    if digest.hexdigest() != header["__metadata__"]["sha256"]:
-        raise CheckpointError(path, "corrupt: the sha256 digest does not match the header and data")
-    return found["config"], found["dtype"]
-
-
-def checkpoint_header_checks(path: Path, metadata: dict[str, str], entries: list, found: dict[str, Any]) -> None:
-    """`checkpoint.load`'s checks of what the header tells (format, version, digest present,
-    config, the parameter set), before any data is read."""
-    from conformance.core import checkpoint
-    from conformance.core.config import ModelConfig as Config
-    from conformance.core.errors import ConfigError
-    from conformance.core.params import check_param_set
-
-    if metadata.get("format") != checkpoint.FORMAT_NAME:
-        raise CheckpointError(path, f"not a rosetta checkpoint (unknown format {metadata.get('format')!r}; expected "
-                              f"{checkpoint.FORMAT_NAME!r}); {checkpoint.convert_hint(path)}")
-    if metadata.get("format_version") != checkpoint.FORMAT_VERSION:
-        raise CheckpointError(path, f"unsupported format_version {metadata.get('format_version')!r}; this version "
-                              f"reads {checkpoint.FORMAT_VERSION!r}")
-    if "sha256" not in metadata:
-        raise CheckpointError(path, "corrupt: the metadata has no sha256 digest")
-    try:
-        config = Config.from_json(metadata.get("config", ""), complete=True)
-    except ConfigError as exc:
-        raise CheckpointError(path, f"invalid config: {exc}") from None
-    shapes = {name: shape for name, _, shape, _, _ in entries}
-    dtypes = {name: checkpoint.DTYPES[code].name for name, code, _, _, _ in entries}
-    try:
-        check_param_set(config, shapes, dtypes)
-    except InputError as exc:
-        raise CheckpointError(path, exc.problem) from None
-    found["config"], found["dtype"] = config, next(iter(dtypes.values()))
 
 
 # -- Stages ------------------------------------------------------------------------------------
@@ -220,38 +166,54 @@ class Runner:
     precision: dict[str, Any] = field(default_factory=dict)  # its backend's settings as the first stage began
 
 
+def streamable(backend: str) -> bool:
+    """Whether `backend` has pieces to run a layer at a time: a built-in backend, or a registered
+    copy of one's model.py (tests/breaks.py). Not `onnxruntime` or `torch-compiled`, whose graphs
+    are whole models, nor an adapter."""
+    if backend in backends.BACKENDS:
+        return True
+    return (backend not in backends.OPTIONAL_BACKENDS and backends.kind(backend) in backends.BACKENDS
+            and hasattr(backends.import_backend(backend), "EncoderLayer"))
+
+
+def refuse_unstreamable(names: list[str]) -> None:
+    """`InputError` naming --backends for the first backend that cannot run a layer at a time."""
+    for name in names:
+        if not streamable(name):
+            raise InputError("--backends", f"{name} cannot run a layer at a time (--stream)")
+
+
 def runner(backend: str, device: str, dtype: str, params_dtype: str) -> Runner:
-    kind = backends.kind(backend)
     source = backends.import_backend(backend)
-    # A registered copy of a model.py (tests/breaks.py) is its own code; a backend package is
-    # its model.py's.
-    code = source if hasattr(source, "EncoderLayer") else importlib.import_module(f"impl_{kind}.model")
-    return Runner(backend, device, dtype, stored_dtype(params_dtype, dtype, backends.dtypes(backend)),
-                  importlib.import_module(f"impl_{kind}.stream"), code)
+    # A registered copy of a model.py (tests/breaks.py) is its own code, beside the real
+    # backend's stream module; a backend package runs its own model.py.
+    stream = source.stream
+    code = source if hasattr(source, "EncoderLayer") else stream.model_py
+    return Runner(backend, device, dtype, stored_dtype(params_dtype, dtype, backends.dtypes(backend)), stream, code)
 
 
 def run_stage(stage: Stage, model: Runner, config: ModelConfig, params: dict[str, np.ndarray],
               given: Callable[[str], Any], src_ids: np.ndarray, tgt_ids: np.ndarray,
-              sink: Callable[[str, Any], None]) -> None:
+              sink: Callable[[str, Any], None], *, own: bool = True) -> None:
     """Run `stage` of `model`, its inputs from `given(name)` (name: x, memory, y, out), each tensor
-    it records handed to `sink`; what it outputs goes to `model.carry`."""
+    it records handed to `sink`; what it outputs goes to `model.carry`. `own`: the logits are of
+    the model's own `decoder.output` from this stage, else of `given("out")`."""
     s, carry = model.stream, model.carry
     where = {"device": model.device}
     if stage.kind in ("embed", "middle", "end"):
         stem = s.stem(config, params, model.dtype, param_dtype=model.param_dtype, code=model.code, **where)
         if stage.kind == "embed":
             model.inputs = s.inputs(stem, src_ids, tgt_ids)
-            carry["x"] = s.embeddings(stem, model.inputs, "encoder")
+            carry["x"] = s.embeddings(stem, model.inputs)
             sink("encoder.embeddings", carry["x"])
         elif stage.kind == "middle":
-            carry["memory"] = s.final_norm(stem, given("x"), "encoder")
+            carry["memory"], carry["y"] = s.middle(stem, given("x"), model.inputs)
             sink("encoder.output", carry["memory"])
-            carry["y"] = s.embeddings(stem, model.inputs, "decoder")
             sink("decoder.embeddings", carry["y"])
         else:
-            carry["out"] = s.final_norm(stem, given("y"), "decoder")
+            carry["out"], logits = s.end(stem, given("y"), None if own else given("out"))
             sink("decoder.output", carry["out"])
-            sink("logits", s.logits(stem, given("out")))
+            sink("logits", logits)
     elif stage.kind == "encoder":
         layer = s.encoder_layer(config, params, stage.index, param_dtype=model.param_dtype, code=model.code, **where)
         carry["x"] = s.run_encoder_layer(layer, given("x"), model.inputs, stage.index, sink)
@@ -271,12 +233,15 @@ def scope(model: Runner) -> Iterator[None]:
 
 def run_streamed(config: ModelConfig, weights: Weights, source: str, targets: list[backends.Target],
                  skipped: dict[str, str] | None, src_ids: np.ndarray, tgt_ids: np.ndarray, *, feed: str = "oracle",
-                 progress: Callable[[str], None] | None = None) -> Report:
+                 progress: Callable[[str], None] | None = None,
+                 oracle_sink: Callable[[str, np.ndarray], None] | None = None) -> Report:
     """The `rosetta check` report, computed a stage at a time (see the module's docstring).
 
-    `progress(message)` hears each stage as it starts, with its number."""
+    `progress(message)` hears each stage as it starts, with its number; `oracle_sink(name,
+    tensor)` each tensor of the report the oracle computes (its whole call's, bit for bit)."""
     if feed not in FEEDS:
         raise InputError("feed", f"must be one of {', '.join(FEEDS)}, got {feed!r}")
+    refuse_unstreamable([target.backend for target in targets])
     progress = progress or (lambda message: None)
     report = Report(config=config, source=source, targets=targets, tensors=forward_order(config),
                     skipped=dict(skipped or {}), note=FEED_NOTES[feed])
@@ -297,12 +262,14 @@ def run_streamed(config: ModelConfig, weights: Weights, source: str, targets: li
         def keep(name: str, value) -> None:
             if name in wanted:
                 expected[name] = value
+                if oracle_sink is not None:
+                    oracle_sink(name, value)
 
         before = dict(oracle.carry)
         with backends.forward_only("numpy"):
             run_stage(stage, oracle, config, params, lambda name: oracle.carry[name], src_ids, tgt_ids, keep)
         # The oracle's inputs to this stage, and what it made within it for a later step of the
-        # same stage (the decoder's output, for the logits).
+        # same stage (the decoder's output, for the logits: `end` of the oracle's `decoder.output`).
         fed = {**oracle.carry, **before}
         for target in targets:
             if target.label not in report.errors:
@@ -345,7 +312,7 @@ def _run_target(report: Report, stage: Stage, model: Runner, target: backends.Ta
                 before = model.precision = report.precision[target.backend] = backends.precision_settings(target.backend)
                 if problems := backends.precision_problems(before):
                     raise RuntimeError(f"full_precision() left reduced precision on: {', '.join(problems)}")
-            run_stage(stage, model, config, params, given, src_ids, tgt_ids, record)
+            run_stage(stage, model, config, params, given, src_ids, tgt_ids, record, own=feed == "own")
             if feed == "oracle":  # nothing of the target's own is carried: the next stage gets the oracle's
                 model.carry.clear()
             after, before = backends.precision_settings(target.backend), model.precision

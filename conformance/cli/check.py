@@ -102,10 +102,11 @@ def _run_mesh(args: argparse.Namespace) -> int:
 
     clashing = [flag for flag, given in (("CHECKPOINT", args.checkpoint), ("--stream", args.stream),
                                          ("--length", args.length), ("--max-memory", args.max_memory),
-                                         ("--json", args.json), ("--plot", args.plot)) if given]
+                                         ("--json", args.json), ("--plot", args.plot), ("--feed", args.feed),
+                                         ("--dtypes", args.dtypes != "float32,float64")) if given]
     if clashing:
-        raise InputError("--mesh", f"runs the built-in default model's sharded check and prints a line per plan; "
-                                   f"leave out {', '.join(clashing)}")
+        raise InputError("--mesh", f"runs the built-in default model's sharded check in float64 and prints a line "
+                                   f"per plan; leave out {', '.join(clashing)}")
     return run_mesh_check(args.mesh, args.devices, args.backends)
 
 
@@ -113,10 +114,15 @@ def _run_streamed(args: argparse.Namespace, outputs: dict, dtypes: list[str]) ->
     """`--stream`: conformance.check.stream, a layer at a time; the same report and exit status."""
     import sys
 
+    from conformance.check import backends
     from conformance.check.defaults import default_model
     from conformance.check.report import fixed_batch
-    from conformance.check.stream import Weights, run_streamed
+    from conformance.check.stream import Weights, refuse_unstreamable, run_streamed
 
+    try:  # a backend that cannot run a layer at a time, before the checkpoint is hashed
+        refuse_unstreamable(backends.requested_backends(args.backends))
+    except ValueError:  # an unknown name: said by _targets, as without --stream
+        pass
     if args.checkpoint:  # the header and digest checked with bounded memory; no tensor read yet
         weights = Weights.open(args.checkpoint)
         config, source = weights.config, args.checkpoint

@@ -485,7 +485,7 @@ def write_torch(dst: Path, state: dict[str, np.ndarray]) -> None:
     except ImportError:
         raise CheckpointError(dst, "writing a PyTorch file needs PyTorch (pip install torch); or name the output "
                               "*.safetensors, which torch reads with safetensors.torch.load_file") from None
-    from conformance.convert.readers import as_torch
+    from conformance.convert.arrays import as_torch
 
     tensors = {key: as_torch(np.array(value)) for key, value in state.items()}  # copies: torch.save keeps whole storages
     buffer = io.BytesIO()

@@ -28,47 +28,16 @@ import zipfile
 from pathlib import Path
 from typing import Any, Mapping
 
-import ml_dtypes
 import numpy as np
 
 from conformance.core.checkpoint import read_tensors
 from conformance.convert.errors import TensorError, a_type
 from conformance.convert import sharded, trees
+from conformance.convert.arrays import as_numpy
 from conformance.core.errors import CheckpointError
 
 SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch", ".npz": "npz",
             ".msgpack": "msgpack"}
-
-
-def as_numpy(value: Any, key: str) -> np.ndarray:
-    """A torch tensor, JAX array or NumPy array as a NumPy array (a view where possible)."""
-    if isinstance(value, np.ndarray):
-        return value
-    if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
-        import torch
-
-        tensor = value.detach().cpu()
-        if tensor.dtype == torch.bfloat16:
-            # NumPy has no bfloat16; the bits are reinterpreted, not rounded.
-            return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return tensor.numpy()
-    if hasattr(value, "__array__") and hasattr(value, "shape"):
-        return np.asarray(value)
-    raise TensorError(str(key), f"is {a_type(value)}, not a tensor or array")
-
-
-def as_torch(array: np.ndarray):
-    """A NumPy array as a CPU torch tensor of the same dtype and bits (bfloat16 reinterpreted, not
-    rounded: NumPy has none of its own); it shares the array's memory where the array is C-ordered
-    and writable, and is a copy otherwise."""
-    import torch
-
-    array = np.asarray(array)
-    if not array.flags.c_contiguous or not array.flags.writeable:
-        array = array.copy()
-    if array.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
 
 
 def as_arrays(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:

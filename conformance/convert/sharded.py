@@ -183,7 +183,7 @@ class DcpSource(Source):
         import torch
         import torch.distributed.checkpoint as dcp
 
-        from conformance.convert.readers import as_numpy
+        from conformance.convert.arrays import as_numpy
 
         shape, dtype = self.index[name]
         key = self.keys[name]
@@ -298,7 +298,7 @@ def write_dcp(dst: str | os.PathLike, config: ModelConfig, params: Mapping[str, 
     except ImportError:
         raise InputError("--to", "dcp writes a PyTorch Distributed Checkpoint, which needs PyTorch "
                          "(pip install torch)") from None
-    from conformance.convert.readers import as_torch
+    from conformance.convert.arrays import as_torch
 
     dst = Path(dst)
     if dst.exists():

@@ -16,7 +16,8 @@ from conformance.core.config import ModelConfig
 from conformance.convert.engine import convert_arrays
 from conformance.convert.planner import merge_switches
 from conformance.convert.errors import TensorError
-from conformance.convert.readers import as_arrays, as_numpy
+from conformance.convert.arrays import as_numpy
+from conformance.convert.readers import as_arrays
 from conformance.core.errors import ConfigError
 
 # PyTorch's translation tutorial builds its PositionalEncoding with maxlen=5000.
