@@ -437,7 +437,7 @@ def test_every_missing_field_is_on_the_error_and_its_message_names_them_all():
 
 
 def test_the_switches_named_at_a_divergence_are_those_acting_for_this_config(user, capsys):
-    from conformance.check.side_by_side import switches_at
+    from conformance.check.switches import switches_at
     from conformance.core.config import ModelConfig
 
     code, out, err = rosetta(capsys, "compare", f"{user / 'tut.py'}:build", str(user / "tut.pt"), *TUTORIAL,

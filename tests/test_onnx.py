@@ -136,6 +136,29 @@ def test_a_planted_export_bug_is_named_at_the_tensor_where_it_shows(saved, name)
     assert report.first_failure(ORT) == (where, ORT.label), f"{name}: {report.first_failure(ORT)}\n{report.to_text()}"
 
 
+GENERATIONS = [{}, {"num_beams": 3}, {"num_beams": 3, "use_cache": False}, {"num_beams": 3, "beam_rule": "flax"},
+               {"num_beams": 2, "num_return_sequences": 2}, {"do_sample": True, "seed": 5, "top_k": 6}]
+
+
+def test_the_target_generates_the_oracles_ids_in_a_cached_loop_over_the_sessions(saved):
+    from conformance.check import onnx_runtime
+
+    _, params = saved
+    src_ids, _ = fixed_batch(CONFIG)
+    model, reference = onnx_runtime.Model(CONFIG, params), impl_numpy.Model(CONFIG, params, dtype="float64")
+    for options in GENERATIONS:
+        ids = model.generate(src_ids, 8, 1, 2, banned_ids=[CONFIG.pad_id], **options)
+        expected = reference.generate(src_ids, 8, 1, 2, banned_ids=[CONFIG.pad_id], **options)
+        assert ids.shape[1] > 2 and ids.shape == expected.shape and (ids == expected).all(), f"{options}:\n{ids}\n{expected}"
+    # The cached loop reads the graph's cache: one wired to the wrong layer parts from the oracle.
+    with planted_in_the_export("decoder reads the cache of the wrong layer"):
+        broken = onnx_runtime.Model(CONFIG, params)
+    options = {"banned_ids": [CONFIG.pad_id], "num_beams": 3}
+    assert (broken.generate(src_ids, 8, 1, 2, **options) != reference.generate(src_ids, 8, 1, 2, **options)).any()
+    assert (broken.generate(src_ids, 8, 1, 2, use_cache=False, **options)
+            == reference.generate(src_ids, 8, 1, 2, use_cache=False, **options)).all()  # no cache read
+
+
 def test_the_target_refuses_what_it_cannot_run(saved):
     from conformance.check import onnx_runtime
 

@@ -180,7 +180,7 @@ def test_check_refuses_an_adapter_in_one_line(tmp_path):
 
 
 def test_compare_refuses_an_adapter():
-    from conformance.check.side_by_side import _backend_names
+    from conformance.check.side_by_side_report import backend_names as _backend_names
 
     with pytest.raises(InputError, match="rosetta conformance"):
         _backend_names(f"numpy,{HELD}:pad_one")

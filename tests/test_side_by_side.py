@@ -28,7 +28,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the re-created systems are PyTorch modules")
 
 import conformance  # noqa: E402
-from conformance.check.side_by_side import switches_at  # noqa: E402
+from conformance.check.switches import switches_at  # noqa: E402
 from systems import annotated, from_scratch, hyunwoongko, llmhub, pre_ln_tutorial, randomize_, sublayer_norm, torch_tutorial  # noqa: E402
 from systems.harness import BACKENDS, padded_batch  # noqa: E402
 from conformance.check import backends as backend_registry  # noqa: E402

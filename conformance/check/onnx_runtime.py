@@ -19,13 +19,25 @@ tensor it touches. The cache is cut from the whole-prefix call, not made by a ca
 half alone, so that its values are the oracle's even where a fully masked row (a -inf fill) has
 made a NaN that the whole-sequence forward carries into every later layer (0 x NaN).
 
+`generate` is a cached decode loop over the sessions: the encoder graph once, then the decoder
+graph on the prefix with the last step's `present_*` as its `past_*` (reordered by the beams'
+parents), one new position per call. The tokens are chosen by `conformance.core.decoding.search`,
+the reference search the suite's oracle runs (`runner.oracle_generate`), fed the runtime's logits.
+
+The suite builds a model per example, and an export takes seconds: the two graphs are kept per
+(config, dtype, parameters) (`EXPORTS`), so the properties that share an example (forward,
+encode-decode, determinism, the pairs) pay for one export.
+
 Float32 only, on the CPU execution provider: the exporter traces the model in its own dtype.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import tempfile
+from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -37,10 +49,12 @@ except ImportError as _missing:
     raise ImportError(f"{_missing}: the onnxruntime target needs the [onnx] extra "
                       "(pip install 'rosetta-transformer[onnx]')") from None
 
+import impl_numpy
 import impl_torch
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
-from conformance.core.inputs import check_dtype, check_same_batch, host_ids
+from conformance.core.inputs import (check_dtype, check_generate, check_same_batch, expected_mask_shapes, host_ids,
+                                     host_mask)
 from conformance.core.output import Encoded, ModelOutput, forward_order, record
 
 NAME = "onnxruntime"
@@ -64,6 +78,30 @@ def precision_settings() -> dict[str, Any]:
     return {"execution_provider": PROVIDER}
 
 
+# The exported graphs (encoder, decoder bytes) of the last few models built: the suite builds one
+# model per example and property, and the properties that share an example reuse its export.
+EXPORTS: OrderedDict[tuple, tuple[bytes, bytes]] = OrderedDict()
+KEPT_EXPORTS = 16
+
+
+def params_digest(params) -> str:
+    """A digest of the parameters (names, dtypes, shapes, values): the export holds their values."""
+    digest = hashlib.sha1()
+    for name in sorted(params):
+        value = np.ascontiguousarray(np.asarray(params[name]))
+        digest.update(f"{name} {value.dtype} {value.shape}".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
+
+
+def exporter() -> tuple:
+    """Which functions `onnx_export` exports with: a planted export bug (tests/breaks.py) replaces
+    one, and a graph exported before it was planted must not answer for it."""
+    from conformance.check import onnx_export
+
+    return tuple(sorted((name, id(value)) for name, value in vars(onnx_export).items() if callable(value)))
+
+
 class Model:
     """`Model(config, params, dtype, *, device, param_dtype)`, the shared surface, over two ONNX
     Runtime sessions exported from `impl_torch.Model(config, params, dtype, param_dtype=...)`."""
@@ -79,18 +117,36 @@ class Model:
         if device not in (None, "cpu"):
             raise InputError("device", f"the {self.backend} target runs on the CPU only, got {device!r}")
         self.config = config
-        torch_model = impl_torch.Model(config, params, dtype, param_dtype=param_dtype)
+        key = (config.to_json(), dtype, str(param_dtype), params_digest(params), exporter())
+        if key not in EXPORTS:
+            torch_model = impl_torch.Model(config, params, dtype, param_dtype=param_dtype)
+            with tempfile.TemporaryDirectory(prefix="rosetta-onnx-") as folder:
+                EXPORTS[key] = tuple(Path(p).read_bytes() for p in onnx_export.export(torch_model, folder, taps=True))
+            while len(EXPORTS) > KEPT_EXPORTS:
+                EXPORTS.popitem(last=False)
+        EXPORTS.move_to_end(key)
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3  # warnings about unused shape hints are not findings
-        with tempfile.TemporaryDirectory(prefix="rosetta-onnx-") as folder:
-            encoder, decoder = onnx_export.export(torch_model, folder, taps=True)
-            del torch_model
-            self.encoder = onnxruntime.InferenceSession(str(encoder), options, providers=[PROVIDER])
-            self.decoder = onnxruntime.InferenceSession(str(decoder), options, providers=[PROVIDER])
+        encoder, decoder = EXPORTS[key]
+        self.encoder = onnxruntime.InferenceSession(encoder, options, providers=[PROVIDER])
+        self.decoder = onnxruntime.InferenceSession(decoder, options, providers=[PROVIDER])
         self.layers = config.n_decoder_layers
+
+    @classmethod
+    def of_sessions(cls, config: ModelConfig, encoder, decoder) -> "Model":
+        """The model over two sessions of graphs `rosetta convert --to onnx` wrote (with or without
+        taps; a graph output that is no tap of ours is kept under its own name): how
+        `conformance.check.onnx_compare` runs a user's copy of our export."""
+        model = cls.__new__(cls)
+        model.config, model.encoder, model.decoder = config, encoder, decoder
+        model.layers = config.n_decoder_layers
+        return model
 
     def _src_mask(self, src_ids: np.ndarray, src_mask) -> np.ndarray:
         if src_mask is not None:
+            batch, length = src_ids.shape
+            expected = expected_mask_shapes(self.config, batch, length, 1)["src_mask"]
+            host_mask("src_mask", src_mask, expected, impl_numpy.padding_mask(src_ids, self.config.pad_id))
             raise InputError("src_mask", f"the {self.backend} target derives the source mask from the ids "
                              "(the exported graph's src_mask input); an explicit mask is not passed through")
         return src_ids != self.config.pad_id  # (B, S)
@@ -101,7 +157,7 @@ class Model:
         mask = self._src_mask(src_ids, src_mask)
         outputs = dict(zip([o.name for o in self.encoder.get_outputs()],
                            self.encoder.run(None, {"src_ids": src_ids, "src_mask": mask})))
-        encoded = Encoded(memory=outputs["encoder.output"], src_mask=mask, attention=record(), intermediates=record())
+        encoded = Encoded(memory=outputs.get("encoder.output"), src_mask=mask, attention=record(), intermediates=record())
         encoded.cross = [outputs.pop(name) for name in _names("cross", self.layers)]
         for name, value in outputs.items():
             (encoded.attention if _is_attention(name) else encoded.intermediates)[name] = value
@@ -111,15 +167,16 @@ class Model:
                return_attention: bool = True) -> ModelOutput:
         """The decoder graph on the whole prefix with an empty cache, then on its second half with
         the first half's keys and values as the cache (see the module docstring)."""
-        if tgt_mask is not None:
+        tgt_ids = host_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len).astype(np.int64)
+        check_same_batch(encoded.src_mask.shape, tgt_ids.shape)
+        batch, length = tgt_ids.shape
+        if tgt_mask is not None:  # checked as every backend checks it, then refused
+            expected = expected_mask_shapes(self.config, batch, 1, length)["tgt_mask"]
+            host_mask("tgt_mask", tgt_mask, expected, impl_numpy.target_mask(self.config, tgt_ids))
             raise InputError("tgt_mask", f"the {self.backend} target derives the target mask from the ids "
                              "inside the exported decoder graph; an explicit mask is not passed through")
-        tgt_ids = host_ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size, self.config.max_len).astype(np.int64)
-        check_same_batch(encoded.memory.shape, tgt_ids.shape)
-        batch, length = tgt_ids.shape
         split = max(1, length // 2)
-        heads, head_dim = self.config.n_heads, self.config.head_dim
-        past = {name: np.zeros((batch, heads, 0, head_dim), np.float32) for name in _names("past", self.layers)}
+        past = self._empty_cache(batch)
         cross = dict(zip(_names("cross", self.layers), encoded.cross))
         inputs = {"tgt_ids": tgt_ids, "src_mask": encoded.src_mask, **cross}
         whole = self._decode({**inputs, **past})
@@ -147,6 +204,45 @@ class Model:
 
     def _decode(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip([o.name for o in self.decoder.get_outputs()], self.decoder.run(None, inputs)))
+
+    def generate(self, src_ids, max_len: int | None = None, bos_id: int | None = None, eos_id: int | None = None,
+                 **options):
+        """`impl_numpy.Model.generate`'s surface and search, over the sessions: the encoder graph
+        once, then the decoder graph one new position per call, its `present_*` the next call's
+        `past_*` (the rows reordered by the beams' parents); with use_cache=False the decoder
+        graph on the whole prefix at every step, with an empty cache."""
+        from conformance.core.decoding import check_sources, search
+
+        settings = check_generate(self.config, max_len, bos_id, eos_id, **options)
+        encoded = self.encode(src_ids, return_attention=False)
+        check_sources(encoded.src_mask)  # a row of padding only is refused
+        batch = encoded.src_mask.shape[0]
+        rows = np.repeat(np.arange(batch), settings.rows)  # (N,): each source once per beam (or sample)
+        fixed = {"src_mask": encoded.src_mask[rows], **{name: value[rows] for name, value in
+                                                        zip(_names("cross", self.layers), encoded.cross)}}
+        empty = self._empty_cache(len(rows))
+        cache = {"past": empty}
+
+        def step(tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
+            tokens = np.asarray(tokens, dtype=np.int64)  # (N, t + 1): the whole prefix
+            if not settings.use_cache:
+                return self._decode({"tgt_ids": tokens, **fixed, **empty})["logits"][:, -1]  # (N, V)
+            if parents is not None:  # beam search: row i continues row parents[i]
+                cache["past"] = {name: value[parents] for name, value in cache["past"].items()}
+            outputs = self._decode({"tgt_ids": tokens, **fixed, **cache["past"]})
+            cache["past"] = {name.replace("present", "past", 1): outputs[name] for name in _names("present", self.layers)}
+            return outputs["logits"][:, -1]  # (N, V): the one new position's
+
+        ids, scores = search(step, batch, settings.max_len, settings.bos_id, settings.eos_id, self.config.pad_id,
+                             mask_fill=self.config.mask_fill, **settings.search_options())
+        ids = np.asarray(ids).astype(np.int64)
+        return (ids, scores) if settings.return_scores else ids
+
+    def _empty_cache(self, rows: int) -> dict[str, np.ndarray]:
+        shape = (rows, self.config.n_heads, 0, self.config.head_dim)  # (N, H, 0, K)
+        kind = next(i.type for i in self.decoder.get_inputs() if i.name == "past_key.0")  # the graph's dtype
+        dtype = np.float16 if kind == "tensor(float16)" else np.float32
+        return {name: np.zeros(shape, dtype) for name in _names("past", self.layers)}
 
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, sink=None,
                  return_attention: bool = True) -> ModelOutput:

@@ -1,5 +1,10 @@
 """`rosetta compare MODULE:FACTORY WEIGHTS --layout NAME`: your own model beside ours, tensor by
-tensor (`conformance.compare`, docs/porting.md). This imports and runs your Python code."""
+tensor (`conformance.compare`, docs/porting.md). This imports and runs your Python code.
+
+`rosetta compare GRAPHS [WEIGHTS] [--layout NAME]`: your ONNX export (a folder of rosetta's or
+optimum-onnx's graphs) beside the oracle run on the weights it was exported from
+(`conformance.check.onnx_compare`, docs/deployment.md); a folder that holds config.json and the
+weights too (a Hugging Face folder) needs no WEIGHTS."""
 
 from __future__ import annotations
 
@@ -19,16 +24,21 @@ HELP = ("Run your own model (imported from MODULE:FACTORY: this imports and runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("factory", metavar="MODULE:FACTORY",
+    parser.add_argument("factory", metavar="MODULE:FACTORY|GRAPHS",
                         help="a Python file (my_model.py) or importable module, and a function in it that returns your "
                              "model: a torch.nn.Module, or a flax.linen Module (WEIGHTS are then its variables). "
-                             "Imported and called: it runs your code")
-    parser.add_argument("weights", metavar="WEIGHTS",
+                             "Imported and called: it runs your code. Or a folder of ONNX graphs (rosetta convert "
+                             "--to onnx, or optimum-onnx's encoder_model.onnx + decoder_model_merged.onnx), run in "
+                             "ONNX Runtime")
+    parser.add_argument("weights", metavar="WEIGHTS", nargs="?",
                         help="your weights: a PyTorch file (.pt/.pth/.bin), .safetensors, .npz, a Flax .msgpack or "
-                             "an Orbax directory; loaded into the model strictly")
-    parser.add_argument("--layout", required=True, metavar="NAME|FILE",
+                             "an Orbax directory; loaded into the model strictly. With GRAPHS: the checkpoint they "
+                             "were exported from (a rosetta checkpoint, a Hugging Face folder, or a file with "
+                             "--layout); default GRAPHS itself when it is a Hugging Face folder")
+    parser.add_argument("--layout", metavar="NAME|FILE",
                         help="the built-in layout (rosetta layouts) or a layout TOML file that maps your keys; its "
-                             "[taps] say where your model computes each tensor")
+                             "[taps] say where your model computes each tensor (with GRAPHS: values of the graphs, "
+                             "added as outputs). Required with MODULE:FACTORY")
     parser.add_argument("--run", metavar="FUNCTION",
                         help="a function in MODULE, run(model, src_ids, tgt_ids) -> logits, that calls your model "
                              "(default: model(src_ids, tgt_ids))")
@@ -162,6 +172,13 @@ def run(args: argparse.Namespace) -> int:
     from conformance.convert import load_layout, read_state_dict
     from conformance.core.errors import InputError
 
+    from conformance.check.onnx_compare import is_onnx
+
+    if is_onnx(args.factory) or Path(args.factory).is_dir():  # a folder is no MODULE:FACTORY: graphs, or an error
+        return run_onnx(args)
+    if args.weights is None or args.layout is None:
+        raise InputError("--layout" if args.weights else "WEIGHTS", "MODULE:FACTORY needs WEIGHTS and --layout "
+                         "(only a folder of ONNX graphs may go without)")
     layout = load_layout(args.layout)
     overrides = parse_sets(args.sets)
     json_path = check_output(args.json, "--json", (".json",)) if args.json else None
@@ -189,6 +206,11 @@ def run(args: argparse.Namespace) -> int:
     if failure is not None:
         print(f"rosetta compare: error: {failure}", file=sys.stderr)
         return 2
+    return finish(report, json_path, plot_path)
+
+
+def finish(report, json_path, plot_path) -> int:
+    """Print the report, write its JSON and picture, and the exit status (0 ok, 1 a divergence, 2 an error)."""
     print(report.to_text())
     if json_path:
         import json
@@ -244,3 +266,32 @@ def _user_model(args: argparse.Namespace, state: dict[str, np.ndarray], status):
         raise UserCodeError(f"{args.factory}() returned an nnx.Module: its weights are its own; call "
                             "conformance.compare(model, ...) from Python")
     return model, user_run
+
+
+def run_onnx(args: argparse.Namespace) -> int:
+    """`rosetta compare GRAPHS [WEIGHTS]`: the graphs in ONNX Runtime beside the oracle."""
+    from conformance.check.onnx_compare import compare_onnx, load_graphs, oracle_weights
+    from conformance.check.report import fixed_batch
+    from conformance.cli.common import check_output, parse_ids
+    from conformance.cli.convert import parse_sets
+    from conformance.cli.progress import Status
+    from conformance.core.errors import InputError
+
+    if args.run or args.grads or args.key:
+        flag = "--run" if args.run else "--grads" if args.grads else "--key"
+        raise InputError(flag, "does not apply to ONNX graphs (compare runs them by their input names; they have no "
+                               "backward pass)")
+    overrides = parse_sets(args.sets)
+    json_path = check_output(args.json, "--json", (".json",)) if args.json else None
+    plot_path = check_output(args.plot, "--plot", (".png",)) if args.plot else None
+    if bool(args.src) != bool(args.tgt):
+        raise InputError("--tgt" if args.src else "--src", "give --src and --tgt together (or neither, for the "
+                         "default batch)")
+    with Status("rosetta compare") as status:
+        load_graphs(args.factory)  # a folder without graphs: one line before the weights are read
+        config = oracle_weights(args.weights, args.factory, args.layout, overrides)[0]
+        src, tgt = (parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")) if args.src else fixed_batch(config)
+        backends = [] if (args.backends or "").strip() == "none" else args.backends
+        report = compare_onnx(args.factory, args.layout, src, tgt, weights=args.weights, dtype=args.dtype,
+                              backends=backends, progress=status, **overrides)
+    return finish(report, json_path, plot_path)

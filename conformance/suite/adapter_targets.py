@@ -1,6 +1,9 @@
 """Adapter targets in the suite (`conformance.check.adapter`, docs/own-backend.md): which properties
 run on a user's adapter, each one that does not skipped by name with what it needs, and the report
-of what the adapters did not offer. Read by the suite's pytest plugin."""
+of what the adapters did not offer. Read by the suite's pytest plugin.
+
+The exported-graph targets (`onnxruntime`) are skipped here too, by name, for the few properties
+that call what an exported graph has no input or output for (`GRAPH_TARGETS_LACK`)."""
 
 from __future__ import annotations
 
@@ -34,10 +37,34 @@ BEYOND_THE_ADAPTER = {
     "test_backends_agree_pairwise": "each adapter is compared with the oracle (test_every_tensor_matches_the_oracle)",
 }
 
+# Targets that run exported graphs (conformance.check.onnx_runtime): the properties that call what
+# a graph has no input or output for, and why. Forward, encode-decode, generate, determinism, the
+# pairs and the error properties run.
+GRAPH_TARGETS_LACK = {
+    "onnxruntime": {
+        "test_explicit_masks_give_the_same_result_as_derived_masks":
+            "the exported decoder graph derives its target mask from the ids inside the graph: no mask input "
+            "to pass an explicit (B, 1, T, T) mask to",
+        "test_masks_equal_the_oracle_exactly": "the masks are computed inside the exported graphs: there is no "
+                                               "make_masks to call",
+        "test_fast_path_matches_the_oracle": "the target runs one exported graph, with the taps as outputs: there "
+                                             "is no separate fast path (SDPA) to compare",
+        # Not a limit of the graphs: the property picks the dtype to refuse, and the name the
+        # refusal must hold, by the backend's kind (numpy: float16), which is not this target's.
+        "test_unsupported_dtypes_are_refused": "the property refuses numpy's float16 and looks for 'numpy' in the "
+                                               "message; this target's refusal names onnxruntime (its dtype check: "
+                                               "tests/test_onnx.py::test_the_target_refuses_what_it_cannot_run)",
+    },
+}
+
 
 def adapter_skip_reason(property_name: str, target: Target) -> str | None:
     """Why `property_name` does not run on an adapter target (None: it runs): a property outside
-    the protocol, or an optional method the adapter's model does not have. Named in the report."""
+    the protocol, or an optional method the adapter's model does not have. Named in the report.
+    On an exported-graph target, a property the graphs cannot serve (`GRAPH_TARGETS_LACK`)."""
+    lack = GRAPH_TARGETS_LACK.get(target.backend, {}).get(property_name)
+    if lack:
+        return f"{target.label}: exported graphs: {property_name} does not run: {lack}"
     if not backends.is_adapter(target.backend):
         return None
     if property_name not in ADAPTER_PROPERTIES:

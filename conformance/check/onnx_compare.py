@@ -1,0 +1,330 @@
+"""`conformance.compare` on the user's own ONNX files: the graphs beside the oracle, tensor by tensor.
+
+    report = compare_onnx("graphs/", "hf-marian", src_ids, tgt_ids, weights="opus-mt-tiny/")
+    rosetta compare graphs/ opus-mt-tiny/ --layout hf-marian
+
+The model is a folder of graphs, one `.onnx` file, an `onnxruntime.InferenceSession`, or a pair
+of them (encoder, decoder). Two conventions are read:
+
+    rosetta        `rosetta convert --to onnx`: encoder.onnx (src_ids, src_mask -> cross_*, taps),
+                   decoder.onnx (tgt_ids, src_mask, past_*, cross_* -> logits, present_*, taps)
+    optimum        optimum-onnx's seq2seq export: encoder_model.onnx (input_ids, attention_mask ->
+                   last_hidden_state), decoder_model_merged.onnx (or decoder_model.onnx: input_ids,
+                   encoder_hidden_states, encoder_attention_mask, past_key_values.{i}.* -> logits,
+                   present.{i}.*)
+
+The oracle runs on `weights`, the checkpoint the graphs were exported from: a rosetta checkpoint,
+a Hugging Face folder (`from_hf_folder`: its config.json gives the sizes and switches), or any
+file `rosetta convert` reads, through `layout`. A folder of graphs that is a Hugging Face folder
+too (optimum writes config.json beside the graphs) is its own default.
+
+What the graphs give is compared: their outputs that are canonical tensors (every one with
+`--taps`), an optimum encoder's `last_hidden_state` as `encoder.output`, the logits. A layout's
+`[taps]` may name values of the graphs (a node's output, `/model/encoder/layers.0/.../Add_1_output_0`):
+each one found in the encoder graph (an `encoder.*` tensor) or the decoder graph (the rest) is
+added as a graph output for the run. A tap that names no value of the graph, or a value inside a
+subgraph (an `If` branch of a merged decoder), is reported as not exposed, with that reason.
+
+The decoder runs twice, as the `onnxruntime` target runs it: on the whole target prefix with an
+empty cache, then on the second half with the first half's keys and values as its cache; each
+decoder tensor is the first call's rows for the first half and the second call's for the rest, so
+a graph that reads its cache wrong shows at the first tensor that touches it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from conformance.check import backends as backend_registry
+from conformance.check.compare import compare as compare_arrays
+from conformance.check.report import Cell, Report, default_targets, run_check
+from conformance.check.side_by_side_report import (YOURS, SideBySide, as_ids, backend_names, decoder_positions,
+                                                   oracle_tensors, shift_right)
+from conformance.check.tolerances import tolerance
+from conformance.core.config import ModelConfig
+from conformance.core.errors import InputError
+from conformance.core.output import forward_order
+
+ROSETTA_FILES = ("encoder.onnx", "decoder.onnx")
+OPTIMUM_ENCODER = "encoder_model.onnx"
+OPTIMUM_DECODERS = ("decoder_model_merged.onnx", "decoder_model.onnx")
+DTYPES = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}  # onnx.TensorProto element types
+
+
+def is_onnx(model: Any) -> bool:
+    """Whether `model` is ONNX graphs for `compare_onnx`: an InferenceSession (or a pair), an
+    `.onnx` file, or a folder holding rosetta's or optimum's graphs."""
+    if isinstance(model, (tuple, list)) and len(model) == 2:
+        return all(_is_session(m) or _is_onnx_path(m) for m in model)
+    return _is_session(model) or _is_onnx_path(model)
+
+
+def _is_session(model: Any) -> bool:
+    return type(model).__name__ == "InferenceSession" and type(model).__module__.startswith("onnxruntime")
+
+
+def _is_onnx_path(model: Any) -> bool:
+    if not isinstance(model, (str, os.PathLike)):
+        return False
+    path = Path(model)
+    if path.is_dir():
+        return any((path / name).is_file() for name in (*ROSETTA_FILES, OPTIMUM_ENCODER))
+    return path.suffix == ".onnx"
+
+
+class Graphs:
+    """The encoder and decoder graphs as ONNX protos (to add taps as outputs) and their convention."""
+
+    def __init__(self, encoder, decoder, where: str):
+        self.encoder, self.decoder, self.where = encoder, decoder, where
+        names = {i.name for i in decoder.graph.input}
+        if {"tgt_ids", "src_mask"} <= names:
+            self.convention = "rosetta"
+        elif "input_ids" in names and "encoder_hidden_states" in names:
+            self.convention = "optimum"
+        else:
+            raise InputError("model", f"{where}: a decoder graph with inputs {sorted(names)}: neither rosetta's "
+                                      "(tgt_ids, src_mask, past_*, cross_*) nor optimum's (input_ids, "
+                                      "encoder_hidden_states, past_key_values.*)")
+
+    def dtype(self) -> str:
+        logits = next((o for o in self.decoder.graph.output if o.name == "logits"), None)
+        if logits is None:
+            raise InputError("model", f"{self.where}: the decoder graph has no output named logits")
+        return DTYPES.get(logits.type.tensor_type.elem_type, "float32")
+
+
+def load_graphs(model: Any) -> Graphs:
+    """The two graphs of `model` (see `is_onnx`); InputError naming what is missing."""
+    import onnx
+
+    if isinstance(model, (tuple, list)):
+        encoder, decoder = (_proto(m) for m in model)
+        return Graphs(encoder, decoder, "the (encoder, decoder) pair")
+    if _is_session(model):
+        raise InputError("model", "one InferenceSession holds one graph: pass the pair (encoder, decoder) or "
+                                  "the folder of graphs")
+    path = Path(model)
+    if not path.exists():
+        raise InputError("model", f"{path}: no such file or folder")
+    if not path.is_dir():
+        raise InputError("model", f"{path}: one .onnx file is one graph: pass the folder with the encoder and "
+                                  f"decoder graphs ({' + '.join(ROSETTA_FILES)}, or {OPTIMUM_ENCODER} + "
+                                  f"{' or '.join(OPTIMUM_DECODERS)})")
+    if all((path / name).is_file() for name in ROSETTA_FILES):
+        files = [path / name for name in ROSETTA_FILES]
+    else:
+        decoder = next((path / name for name in OPTIMUM_DECODERS if (path / name).is_file()), None)
+        if not (path / OPTIMUM_ENCODER).is_file() or decoder is None:
+            raise InputError("model", f"{path}: no graphs to compare: expected {' + '.join(ROSETTA_FILES)} "
+                                      f"(rosetta convert --to onnx) or {OPTIMUM_ENCODER} + "
+                                      f"{' or '.join(OPTIMUM_DECODERS)} (optimum-onnx)")
+        files = [path / OPTIMUM_ENCODER, decoder]
+    return Graphs(*(onnx.load(str(f)) for f in files), str(path))
+
+
+def _proto(model: Any):
+    """An ONNX proto from a path or a session (its file, reloaded, so that taps can be added)."""
+    import onnx
+
+    if _is_session(model):
+        path = getattr(model, "_model_path", None)
+        if not path:
+            raise InputError("model", "an InferenceSession made from bytes: compare needs the graph itself, to add "
+                                      "taps as outputs: pass the .onnx path")
+        return onnx.load(path)
+    return onnx.load(str(model))
+
+
+def _session(proto):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    return onnxruntime.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def with_outputs(proto, names: list[str]):
+    """A copy of `proto` with the values `names` added as graph outputs (types from shape inference)."""
+    import onnx
+
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(proto).graph.value_info}
+    present = {o.name for o in proto.graph.output}
+    for name in names:
+        if name not in present:
+            proto.graph.output.append(inferred.get(name) or onnx.helper.make_empty_tensor_value_info(name))
+    return proto
+
+
+def graph_values(proto) -> set[str]:
+    """The values of the top-level graph (node outputs and inputs): what can become an output."""
+    return {o for node in proto.graph.node for o in node.output} | {i.name for i in proto.graph.input}
+
+
+def tapped(graphs: Graphs, layout, config: ModelConfig, tensors: list[str]) -> tuple[dict, dict, dict]:
+    """(encoder taps, decoder taps) as {ONNX value: canonical tensor}, and {tensor: why not} for the
+    layout's taps that name no value of their graph."""
+    if layout is None:
+        return {}, {}, {}
+    switches = config.to_dict()
+    enc, dec, missing = {}, {}, {}
+    values = {"encoder": graph_values(graphs.encoder), "decoder": graph_values(graphs.decoder)}
+    for tensor in tensors:
+        for tap in layout.taps:
+            name = tap.module_for(tensor)
+            if name is None or not tap.applies(switches):
+                continue
+            stack = "encoder" if tensor.startswith("encoder.") else "decoder"
+            if name in values[stack]:
+                (enc if stack == "encoder" else dec)[name] = tensor
+            else:
+                missing[tensor] = (f"the layout's tap names {name!r}, no value at the top level of the {stack} "
+                                   "graph (a torch module's path, or a value inside an If branch, cannot be made a "
+                                   "graph output)")
+            break
+    return enc, dec, missing
+
+
+def run_rosetta(graphs: Graphs, config: ModelConfig, src_ids, tgt_ids, taps: tuple[dict, dict]) -> dict[str, np.ndarray]:
+    """Our own export's graphs, run as the onnxruntime target runs them (whole prefix, then cached)."""
+    from conformance.check import onnx_runtime
+
+    encoder = _session(with_outputs(graphs.encoder, list(taps[0])))
+    decoder = _session(with_outputs(graphs.decoder, list(taps[1])))
+    model = onnx_runtime.Model.of_sessions(config, encoder, decoder)
+    out = model(src_ids, tgt_ids)
+    return {**(out.attention or {}), **out.intermediates, "logits": out.logits}
+
+
+def run_optimum(graphs: Graphs, config: ModelConfig, src_ids, tgt_ids, taps: tuple[dict, dict]) -> dict[str, np.ndarray]:
+    """optimum's encoder, then its decoder on the whole prefix without a cache and again on the
+    second half with the first half's self-attention cache (`use_cache_branch` of a merged graph)."""
+    from conformance.check.onnx_runtime import _join
+
+    encoder = _session(with_outputs(graphs.encoder, list(taps[0])))
+    decoder = _session(with_outputs(graphs.decoder, list(taps[1])))
+    mask = (src_ids != config.pad_id).astype(np.int64)  # (B, S)
+    values = _run(encoder, {"input_ids": src_ids, "attention_mask": mask})
+    memory = values.pop("last_hidden_state")  # (B, S, D)
+    values["encoder.output"] = memory
+    inputs = {i.name: i for i in decoder.get_inputs()}
+    batch, length = tgt_ids.shape
+    dtype = np.float16 if "float16" in inputs["encoder_hidden_states"].type else np.float32
+    fixed = {"encoder_hidden_states": memory, "encoder_attention_mask": mask}
+    past = {name: np.zeros((batch, config.n_heads, 1 if name.endswith(("encoder.key", "encoder.value")) else 0,
+                            config.head_dim), dtype)
+            for name in inputs if name.startswith("past_key_values.")}
+
+    def call(ids, cache, use_cache):
+        feed = {"input_ids": ids, **fixed, **cache}
+        if "use_cache_branch" in inputs:
+            feed["use_cache_branch"] = np.array([use_cache])
+        return _run(decoder, {k: v for k, v in feed.items() if k in inputs})
+
+    whole = call(tgt_ids, past, False)
+    split = max(1, length // 2)
+    present = {name.replace("present.", "past_key_values.", 1): whole.pop(name) for name in list(whole)
+               if name.startswith("present.")}
+    if split < length and "use_cache_branch" in inputs:  # a merged decoder: its cached branch too
+        cache = {name: value if ".encoder." in name else value[:, :, :split] for name, value in present.items()}
+        rest = call(tgt_ids[:, split:], cache, True)
+        rest = {k: v for k, v in rest.items() if not k.startswith("present.")}
+        whole = {name: _join(whole[name], rest[name], split) if name in rest else whole[name] for name in whole}
+    values.update(whole)
+    return values
+
+
+def _run(session, inputs) -> dict[str, np.ndarray]:
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
+
+
+def oracle_weights(weights, graphs_path: Any, layout, overrides: dict) -> tuple[ModelConfig, dict, Any]:
+    """(config, params, layout) of the checkpoint the graphs were exported from."""
+    from conformance.convert import convert_arrays, load_layout, read_state_dict
+    from conformance.convert.hf_folder import from_hf_folder, is_hf_folder
+    from conformance.core import checkpoint
+
+    if weights is None and isinstance(graphs_path, (str, os.PathLike)) and is_hf_folder(Path(graphs_path)):
+        weights = graphs_path
+    if weights is None:
+        raise InputError("weights", "the oracle needs the weights the graphs were exported from: a rosetta "
+                                    "checkpoint, a Hugging Face folder or a file with a layout")
+    path = Path(weights)
+    if path.is_dir() and is_hf_folder(path):
+        config, params = from_hf_folder(path, **overrides)
+        if layout is None:
+            from conformance.convert.hf_folder import read_switches
+
+            layout = read_switches(path)[0]
+        return config, params, load_layout(layout)
+    if layout is None:
+        config, params = checkpoint.load(path)
+        return config, params, None
+    layout = load_layout(layout)
+    conversion = convert_arrays(read_state_dict(path), layout, **overrides)
+    return conversion.config, conversion.params, layout
+
+
+def compare_onnx(model: Any, layout: Any, src_ids, tgt_ids, *, weights=None, run: Callable | None = None,
+                 dtype: str = "float32", backends: Any = None, grads: bool = False, labels=None,
+                 label_smoothing: float = 0.0, progress: Callable[[str], None] | None = None,
+                 **overrides: Any) -> SideBySide:
+    """The user's ONNX graphs beside the oracle (and our backends), tensor by tensor; see the
+    module's docstring. `layout`: the layout of `weights` (None: a rosetta checkpoint, or a
+    Hugging Face folder's own). `run` and `grads` do not apply to graphs: refused."""
+    if run is not None:
+        raise InputError("run", "ONNX graphs are run by compare itself (their inputs are named): no run function")
+    if grads:
+        raise InputError("grads", "ONNX graphs have no backward pass to compare")
+    progress = progress or (lambda message: None)
+    src_ids, tgt_ids = as_ids("src_ids", src_ids), as_ids("tgt_ids", tgt_ids)
+    if src_ids.shape[0] != tgt_ids.shape[0]:
+        raise InputError("tgt_ids", f"has {tgt_ids.shape[0]} rows, src_ids {src_ids.shape[0]}")
+    progress("reading the graphs")
+    graphs = load_graphs(model)
+    progress("reading the weights the graphs were exported from")
+    config, params, layout = oracle_weights(weights, model if not isinstance(model, (tuple, list)) else None,
+                                            layout, overrides)
+    shifted = layout is not None and layout.tap_options["decoder_input"] == "shift-right"
+    ours_tgt = shift_right(tgt_ids) if shifted else tgt_ids
+
+    names = backend_names(backends)
+    targets, skipped = default_targets(names, [dtype]) if names else ([], {})
+    source = f"ONNX graphs ({graphs.convention}) against {weights or model}"
+    if targets:
+        report = run_check(config, params, source, targets, skipped, src_ids, ours_tgt, progress=progress)
+    else:
+        report = Report(config=config, source=source, targets=[], tensors=forward_order(config), skipped=skipped)
+    yours = backend_registry.Target(YOURS, "cpu", graphs.dtype())
+    result = SideBySide(**{f: getattr(report, f) for f in Report.__dataclass_fields__},
+                        layout=layout.name if layout is not None else "rosetta", yours=yours,
+                        batch_axis=0 if layout is None else layout.tap_options["batch_axis"])
+    result.targets = [yours, *result.targets]
+    oracle = oracle_tensors(config, params, src_ids, ours_tgt)
+    enc, dec, missing = tapped(graphs, layout, config, result.tensors)
+    progress(f"your graphs in ONNX Runtime ({yours.label})")
+    runner = run_rosetta if graphs.convention == "rosetta" else run_optimum
+    try:
+        got = runner(graphs, config, src_ids, tgt_ids, (enc, dec))
+    except Exception as exc:  # noqa: BLE001 - the graphs failing in the runtime is the report's error
+        result.errors[yours.label] = f"{type(exc).__name__}: {exc}"
+        return result
+    got.update({tensor: got.pop(name) for name, tensor in {**enc, **dec}.items() if name in got})
+    real = tgt_ids != config.pad_id if shifted else None
+    tol = tolerance(yours.dtype, yours.device)
+    for tensor in result.tensors:
+        if tensor in got and got[tensor] is not None:
+            ours, theirs = oracle[tensor], np.asarray(got[tensor])
+            if real is not None and tensor.startswith(("decoder.", "logits")):
+                ours, theirs = decoder_positions(ours, real, tensor), decoder_positions(theirs, real, tensor)
+            result.cells[(tensor, yours.label)] = Cell(comparison=compare_arrays(theirs, ours, tol))
+        else:
+            why = missing.get(tensor) or ("not an output of the graphs, and no tap of the layout names a value "
+                                          "of theirs for it")
+            result.cells[(tensor, yours.label)] = Cell(unavailable=why)
+    return result

@@ -1,0 +1,181 @@
+"""`conformance.compare` on the user's own ONNX files (conformance/check/onnx_compare.py), in ONNX Runtime itself.
+
+Two exports are checked: optimum-onnx's of a tiny random Marian (the files under
+tests/fixtures/optimum_marian_onnx, made by tests/fixtures/make_optimum_marian_onnx.py in a throwaway
+environment: optimum-onnx needs transformers < 4.58), and rosetta's own (`rosetta convert --to onnx`).
+A planted bug in either must be named at the tensor where it first shows.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.xdist_group("onnx")
+
+pytest.importorskip("onnxruntime", reason="the [onnx] extra is not installed: pip install 'rosetta-transformer[onnx]'")
+onnx = pytest.importorskip("onnx", reason="the [onnx] extra is not installed")
+
+import conformance  # noqa: E402
+from conformance.check.onnx_compare import compare_onnx, is_onnx  # noqa: E402
+from conformance.check.report import fixed_batch  # noqa: E402
+from conformance.cli import main  # noqa: E402
+from conformance.convert.hf_folder import from_hf_folder  # noqa: E402
+from conformance.core.errors import InputError  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures"
+OPTIMUM = FIXTURES / "optimum_marian_onnx"
+TAPS = FIXTURES / "optimum_marian_onnx_taps.toml"
+
+
+def batch():
+    config, _ = from_hf_folder(OPTIMUM)
+    return fixed_batch(config)  # 3 rows: no padding, trailing padding, all but one token
+
+
+def test_rosetta_compare_checks_the_optimum_export_tensor_by_tensor(capsys):
+    assert main(["compare", str(OPTIMUM), "--layout", str(TAPS), "--backends", "none"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line[:1].isalpha() and len(line.split()) > 1}
+    # The layout's taps (node outputs of the encoder graph) and the graphs' own outputs are compared.
+    for tensor in ("encoder.embeddings", "encoder.0.self", "encoder.0.self_attn", "encoder.1.self",
+                   "encoder.output", "logits"):
+        assert rows[tensor].rstrip().endswith("ok"), f"{tensor}: {rows[tensor]}\n{out}"
+    assert "decoder.0.self" in rows and "not exposed" in rows["decoder.0.self"]
+    assert "inside an If branch" in out and "result: ok" in out, out
+
+
+def test_is_onnx_tells_graphs_from_other_models():
+    assert is_onnx(OPTIMUM) and is_onnx(str(OPTIMUM / "encoder_model.onnx"))
+    assert not is_onnx(FIXTURES) and not is_onnx("my_model.py:build") and not is_onnx(object())
+
+
+def test_sessions_are_read_from_their_files():
+    import onnxruntime
+
+    pair = tuple(onnxruntime.InferenceSession(str(OPTIMUM / name), providers=["CPUExecutionProvider"])
+                 for name in ("encoder_model.onnx", "decoder_model_merged.onnx"))
+    assert is_onnx(pair)
+    src, tgt = batch()
+    report = conformance.compare(pair, "hf-marian", src, tgt, weights=OPTIMUM, backends=())  # dispatched to compare_onnx
+    assert report.ok and report.cells[("logits", report.yours.label)].comparison.passed, report.to_text()
+    with pytest.raises(InputError, match="pass the pair"):
+        compare_onnx(pair[0], "hf-marian", src, tgt, weights=OPTIMUM, backends=())
+
+
+def plant(tmp_path: Path, graph: str, change) -> Path:
+    """A copy of the optimum folder with `change(proto)` applied to one of its graphs."""
+    folder = tmp_path / "planted"
+    shutil.copytree(OPTIMUM, folder)
+    proto = onnx.load(str(folder / graph))
+    change(proto)
+    onnx.save(proto, str(folder / graph))
+    return folder
+
+
+def mask_ignored(proto) -> None:
+    """The encoder reads an all-ones attention mask instead of its input."""
+    graph = proto.graph
+    for node in graph.node:
+        node.input[:] = ["ones_mask" if name == "attention_mask" else name for name in node.input]
+    zero = onnx.helper.make_tensor("zero_i64", onnx.TensorProto.INT64, [], [0])
+    one = onnx.helper.make_tensor("one_i64", onnx.TensorProto.INT64, [], [1])
+    graph.initializer.extend([zero, one])
+    nodes = [onnx.helper.make_node("Mul", ["attention_mask", "zero_i64"], ["zeros_mask"]),
+             onnx.helper.make_node("Add", ["zeros_mask", "one_i64"], ["ones_mask"])]
+    for node in reversed(nodes):
+        graph.node.insert(0, node)
+
+
+def cache_of_the_next_layer(proto) -> None:
+    """The decoder's two layers read each other's self-attention cache: every node of the graph and
+    of its If branches that reads layer 0's past keys or values reads layer 1's, and the reverse."""
+    swap = {f"past_key_values.{a}.decoder.{part}": f"past_key_values.{b}.decoder.{part}"
+            for a, b in ((0, 1), (1, 0)) for part in ("key", "value")}
+
+    def rewire(graph):
+        for node in graph.node:
+            node.input[:] = [swap.get(name, name) for name in node.input]
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    rewire(attribute.g)
+
+    rewire(proto.graph)
+
+
+@pytest.mark.parametrize("graph, change, where", [
+    ("encoder_model.onnx", mask_ignored, "encoder.0.self"),
+    ("decoder_model_merged.onnx", cache_of_the_next_layer, "logits"),
+])
+def test_a_planted_bug_in_the_optimum_export_is_found_at_its_tensor(tmp_path, graph, change, where):
+    folder = plant(tmp_path, graph, change)
+    src, tgt = batch()
+    report = compare_onnx(folder, str(TAPS), src, tgt, backends=())
+    assert not report.errors, report.errors
+    assert report.first_divergence == where, report.to_text()
+
+
+def test_bad_input_is_named(tmp_path, capsys):
+    assert main(["compare", str(tmp_path), "--backends", "none"]) == 2
+    assert "no graphs to compare" in capsys.readouterr().err
+    assert main(["compare", "my_model.py:build", "weights.pt"]) == 2
+    assert "MODULE:FACTORY needs WEIGHTS and --layout" in capsys.readouterr().err
+    assert main(["compare", str(OPTIMUM), "--grads"]) == 2
+    assert "--grads: does not apply to ONNX graphs" in capsys.readouterr().err
+    src, tgt = batch()
+    with pytest.raises(InputError, match="no graphs to compare"):
+        compare_onnx(tmp_path, "hf-marian", src, tgt, weights=OPTIMUM, backends=())
+    with pytest.raises(InputError, match="one .onnx file is one graph"):
+        compare_onnx(OPTIMUM / "encoder_model.onnx", "hf-marian", src, tgt, weights=OPTIMUM, backends=())
+    with pytest.raises(InputError, match="no backward pass"):
+        compare_onnx(OPTIMUM, "hf-marian", src, tgt, grads=True, backends=())
+    bare = tmp_path / "graphs"
+    bare.mkdir()
+    for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
+        shutil.copy(OPTIMUM / name, bare / name)
+    with pytest.raises(InputError, match="the weights the graphs were exported from"):
+        compare_onnx(bare, "hf-marian", src, tgt, backends=())
+
+
+# Our own export: the planted export bugs of tests/breaks.py, found by compare on the files written.
+@pytest.fixture(scope="module")
+def own_checkpoint(tmp_path_factory):
+    from conformance import init_params
+    from conformance.core import checkpoint
+    from test_onnx import CONFIG
+
+    path = tmp_path_factory.mktemp("own") / "model.safetensors"
+    checkpoint.save(path, CONFIG, init_params(CONFIG, seed=3))
+    return path
+
+
+@pytest.mark.parametrize("name", ["source mask input ignored", "decoder reads the cache of the wrong layer"])
+def test_a_planted_bug_in_our_export_is_found_by_compare_at_its_tensor(own_checkpoint, tmp_path, name):
+    pytest.importorskip("onnxscript", reason="torch's ONNX exporter needs onnxscript (the [onnx] extra)")
+    from breaks import ONNX_EXPORT_BREAKS, planted_in_the_export
+
+    folder = tmp_path / "graphs"
+    with planted_in_the_export(name):
+        assert main(["convert", str(own_checkpoint), str(folder), "--to", "onnx", "--taps"]) == 0
+    from test_onnx import CONFIG
+
+    src, tgt = fixed_batch(CONFIG)
+    report = compare_onnx(folder, None, src, tgt, weights=own_checkpoint, backends=())
+    assert not report.errors, report.errors
+    assert report.first_divergence == ONNX_EXPORT_BREAKS[name][2], report.to_text()
+    assert main(["compare", str(folder), str(own_checkpoint), "--backends", "none"]) == 1
+
+
+def test_our_export_without_taps_is_compared_at_its_logits(own_checkpoint, tmp_path, capsys):
+    pytest.importorskip("onnxscript", reason="torch's ONNX exporter needs onnxscript (the [onnx] extra)")
+    folder = tmp_path / "graphs"
+    assert main(["convert", str(own_checkpoint), str(folder), "--to", "onnx"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(folder), str(own_checkpoint), "--backends", "none"]) == 0
+    out = capsys.readouterr().out
+    logits = next(line for line in out.splitlines() if line.startswith("logits"))
+    assert logits.rstrip().endswith("ok") and "not exposed" in out, out
+    assert np.isfinite(float(logits.split()[1]))
