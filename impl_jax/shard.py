@@ -53,10 +53,9 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from conformance.core.errors import InputError
+from conformance.core.sharding import AXES, PLANS
 from impl_jax.model import Model
 
-PLANS = ("dp", "fsdp", "tp", "fsdp+tp")
-AXES = ("data", "model")
 
 # Megatron's splits, by the last parts of a canonical name: the axis of the stored parameter that
 # is split over "model". Weights are stored (d_in, d_out), so columns are axis 1 and rows axis 0;

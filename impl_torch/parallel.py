@@ -34,11 +34,11 @@ from conformance.core.dropout import Dropout
 from conformance.core.errors import InputError
 from conformance.core.inputs import check_label_smoothing, host_labels
 from conformance.core.params import param_shapes
+from conformance.core.sharding import AXES, PLANS
 from impl_torch import model as model_module
 from impl_torch.arrays import to_numpy
 
-PLANS = ("dp", "fsdp", "tp", "fsdp+tp")
-MESH_DIMS = ("data", "model")
+MESH_DIMS = AXES
 
 # Megatron-LM's split (Shoeybi et al. 2019, section 3), by the last part of a module's name.
 # The canonical Linear stores W (d_in, d_out): "by columns" is weight axis 1 (and the bias),

@@ -652,10 +652,10 @@ def planted_in_the_export(name: str):
 # -- Sharded bugs (issue 46): planted in every rank of a sharded run ------------------------------
 #
 # A sharded run happens in a child process (conformance.check.sharded), so a break is planted
-# there: `sharded_runs(..., plant=("breaks", "plant_sharded", "NAME,NAME"))` has each child
+# there: `sharded_runs(..., _plant=("breaks", "plant_sharded", "NAME,NAME"))` has each child
 # process import this module and call `plant_sharded` before it runs anything. Each break edits
 # a private copy of the file it names and puts the edited function in the real module's place.
-# Both are torch's: JAX's sharded model is GSPMD's partition of the unsharded program, with no
+# All are torch's: JAX's sharded model is GSPMD's partition of the unsharded program, with no
 # parallel layer or reduction of ours to get wrong (docs/sharding.md).
 
 # name -> (backend, file, [(text, replacement)], (class or None, function), the plan it shows under)
@@ -674,6 +674,15 @@ SHARDED_BREAKS = {
         "        loss.backward()\n",
         '        (loss / mesh["data"].size() if "fsdp" in model.plan else loss).backward()\n',
     )], (None, "loss_and_grads"), "fsdp"),
+    # A bug on one rank only: under "dp" rank 1 steps its replicated parameters twice. A
+    # replicated DTensor's `full_tensor()` is the rank's own copy, so rank 0's record is right and
+    # only the ranks' comparison with each other shows it.
+    "dp rank 1 steps twice": ("torch", "train.py", [(
+        "        self.optimizer.step()\n",
+        "        self.optimizer.step()\n"
+        "        if getattr(self.model, 'plan', None) == 'dp' and torch.distributed.get_rank() == 1:\n"
+        "            self.optimizer.step()\n",
+    )], ("Adam", "step"), "dp"),
 }
 
 

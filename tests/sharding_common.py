@@ -9,7 +9,9 @@ import os
 import numpy as np
 from hypothesis import settings
 
-PLANS = ("dp", "fsdp", "tp", "fsdp+tp")
+from conformance.check.sharded import max_error  # noqa: F401 - the table's measure, defined once
+from conformance.core.sharding import PLANS  # noqa: F401 - the plans, defined once
+
 CONFIG = dict(d_model=16, n_heads=4, d_ff=32, src_vocab_size=32, tgt_vocab_size=32, n_encoder_layers=1,
               n_decoder_layers=1, max_len=16)
 BATCH, SRC_LEN, TGT_LEN = 8, 6, 5
@@ -27,12 +29,6 @@ def meshes(every: tuple, ci: tuple) -> tuple:
 def mesh_env(chosen: tuple) -> dict:
     """The environment that hands `chosen` meshes to the subprocess."""
     return {"ROSETTA_TEST_MESHES": ",".join(f"{d}x{m}" for d, m in chosen)}
-
-
-def max_error(actual, expected) -> float:
-    """max |actual - expected| / max(1, max |expected|): the tolerance table's measure."""
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    return float(np.max(np.abs(actual - expected)) / max(1.0, float(np.max(np.abs(expected)))))
 
 
 def tolerance_of(name: str) -> float:

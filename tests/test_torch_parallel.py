@@ -1,10 +1,11 @@
 """`impl_torch.parallelize`: every plan on meshes 4x1, 2x2 and 1x4 of gloo CPU processes equals the
-unsharded model within the tolerance table, each parameter really is sharded as its plan says, and
-the classic tensor-parallel bug (the local shard split into the global number of heads) is caught.
+unsharded model within the tolerance table, and each parameter really is sharded as its plan says.
+(The planted tensor-parallel bug, the local shard split into the global number of heads, is
+tests/test_sharded_property.py's, against the oracle.)
 
-The sharded runs happen in one subprocess (this file run as a script) that starts 4 gloo ranks
-with `torch.multiprocessing.spawn`, once for every mesh and plan; rank 0 prints a JSON record,
-which the tests below read. The expected shard shapes are written here from the plans'
+The sharded runs happen in one subprocess (this file run as a script) that forks 4 gloo ranks
+(`conformance.check.sharded_ranks.start_ranks`), once for every mesh and plan; rank 0 writes a JSON
+record, which the tests below read. The expected shard shapes are written here from the plans'
 definitions (docs/sharding.md), not read from `impl_torch.parallel`.
 """
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +24,8 @@ import pytest
 from sharding_common import (BATCH, CONFIG, PLANS, SRC_LEN, TGT_LEN, adam_excess, max_error, mesh_env, meshes,
                              step_errors, table_bound, tolerance_of)
 
+from conformance.check.sharded_ranks import gathered, start_ranks, whole
+
 # One worker under `--dist loadgroup`: the module's fixture (exports, subprocesses) is paid once, not per worker.
 pytestmark = pytest.mark.xdist_group("torch-parallel")
 
@@ -31,7 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # Under the `ci` profile one mesh that splits both axes (CI time); `HYPOTHESIS_PROFILE=thorough` runs all three.
 MESHES = meshes(every=((4, 1), (2, 2), (1, 4)), ci=((2, 2),))
 WORLD = 4
-BUG_MESH = (2, 2)  # the planted tensor-parallel bug runs "tp" on this mesh
 
 
 # -- The subprocess: 4 gloo ranks, every mesh and plan ---------------------------------------------
@@ -67,24 +68,18 @@ def _reference(impl_torch, config, params, src, tgt, labels) -> dict:
     return record
 
 
-def _whole(tensor):
-    """A DTensor gathered (by DTensor's own collectives), a plain tensor as it is; as NumPy."""
-    from torch.distributed.tensor import DTensor
-
-    tensor = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-    return tensor.detach().numpy().copy()
+_whole = whole  # a DTensor gathered by its own collectives, a plain tensor as it is; as NumPy
 
 
 def _sharded(impl_torch, config, params, mesh, plan, src, tgt, labels) -> tuple[dict, dict]:
     """The same record from a `parallelize`d model, gathered; and each parameter's local shard."""
     import torch
-    from torch.distributed.tensor import DTensor, Shard
 
     from impl_torch import parallel
 
     model = impl_torch.parallelize(impl_torch.Model(config, params, torch.float64), mesh, plan)
     rows = lambda a: parallel.local_rows(mesh, "ids", torch.as_tensor(a))  # noqa: E731
-    gather = lambda t: DTensor.from_local(t.contiguous(), mesh["data"], [Shard(0)]).full_tensor().numpy()  # noqa: E731
+    gather = lambda t: whole(gathered(t, mesh, "data", 0))  # noqa: E731
     with torch.no_grad():
         out = model(rows(src), rows(tgt))
     record = {"logits": gather(out.logits)}
@@ -198,7 +193,7 @@ def _extras(impl_torch, config, params, src, tgt, labels) -> dict:
     return found
 
 
-def _worker(rank: int, port: int, out_path: str) -> None:
+def _worker(rank: int, world: int, port: int, out_path: str) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -210,7 +205,7 @@ def _worker(rank: int, port: int, out_path: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     start = time.perf_counter()
     config = ModelConfig(**CONFIG)
     params = init_params(config, seed=0)
@@ -227,29 +222,14 @@ def _worker(rank: int, port: int, out_path: str) -> None:
                 print(f"{key}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     record["typed_errors"] = _typed_errors(impl_torch, config, params, src, tgt, labels)
     record["extras"] = _extras(impl_torch, config, params, src, tgt, labels)
-    # The planted bug (tests/breaks.py). The unsharded model is unchanged by it (all heads are local there).
-    from breaks import plant_sharded
-
-    plant_sharded("tp attention splits its shard into the global number of heads")
-    mesh = init_device_mesh("cpu", BUG_MESH, mesh_dim_names=("data", "model"))
-    broken, _ = _sharded(impl_torch, config, params, mesh, "tp", src, tgt, labels)
-    order = [name for name in reference if name.startswith("intermediate:")]  # forward order
-    tolerance = 1e-12
-    diverged = [name[len("intermediate:"):] for name in order if max_error(broken[name], reference[name]) > tolerance]
-    record["broken tp"] = {"first diverging": diverged[0] if diverged else None,
-                           "errors": step_errors(reference, broken, skip="intermediate:")}
     if rank == 0:
         Path(out_path).write_text(json.dumps(record))
     dist.destroy_process_group()
 
 
 def main(out_path: str) -> None:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, out_path), nprocs=WORLD, join=True)
+    sys.path.insert(0, str(ROOT))  # in this process, before the fork: the ranks inherit it
+    start_ranks(_worker, WORLD, (out_path,), fork=True)
 
 
 # -- The tests ------------------------------------------------------------------------------------
@@ -350,14 +330,6 @@ def test_an_fsdp2_mixed_precision_policy_is_applied(record):
     grads = {name: e for name, e in found.items() if name.startswith("grad:")}
     assert grads and max(grads.values()) <= gradient_tolerance("float32").atol, grads
     assert max(grads.values()) > 1e-12  # computed in float32 indeed, not float64
-
-
-def test_the_planted_tp_bug_is_caught(record):
-    """Under "tp", attention splitting its local shard (H / model heads' columns) into the global H
-    heads: the first tensor that diverges is the first self-attention sublayer's output."""
-    broken = record["broken tp"]
-    assert broken["first diverging"] == "encoder.0.self_attn"
-    assert broken["errors"]["logits"] > 1e-3 and broken["errors"]["loss"] > 1e-6
 
 
 @pytest.mark.parametrize("case, kind, argument, words", [

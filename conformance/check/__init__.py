@@ -18,6 +18,7 @@
     onnx_runtime the `onnxruntime` target: those graphs run by ONNX Runtime, beside the oracle
     ctranslate2_check  `rosetta convert --to ctranslate2` (CTranslate2's converter) and its scores and ids beside the oracle
     sharded      sharded runs (impl_jax.shard, impl_torch.parallelize) in a child process, compared with the oracle
+    sharded_ranks  the child of sharded_runs: the JAX process, or the torch ranks (forked on the CPU)
     mesh         `rosetta check --mesh`: the default model sharded, every plan, a line per plan
 
 May import: the core, NumPy, the converters (`conformance.convert`, beside the backends), and

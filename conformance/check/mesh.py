@@ -10,10 +10,14 @@ largest error over every compared tensor or the first tensor, loss, gradient or 
 that diverges. The batch is `report.fixed_batch`'s three rows, repeated to a multiple of "data",
 with next-token labels and label smoothing 0.1.
 
-Exit status: 0 when every plan that ran passed and one ran at least; 1 when one diverged, a child
-failed, or nothing was checked. A plan the mesh cannot place for this model (a size that does not
-divide: the default's vocabulary of 13 under JAX's "tp") is reported as refused, with the
-backend's reason, and is not a failure.
+Exit status: 0 when every plan that ran passed and one of them split something (the batch over
+data > 1, or heads and columns over model > 1 under a "tp" plan); 1 when one diverged, a child
+failed, or nothing split was checked. A plan the mesh cannot place for this model (a size that
+does not divide) is reported as refused, with the backend's reason, counted apart ("K refused
+(not checked)"), and is neither a pass nor a failure. The default model's vocabulary is 13, which
+no "model" size above 1 divides: JAX's "tp" and "fsdp+tp" (which split the embedding's vocabulary
+axis) are refused on every such mesh, so JAX's tensor parallelism is not checked here; the
+sharded property (`rosetta conformance --mesh`) checks it on drawn configs whose sizes divide.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from typing import Callable
 
 import numpy as np
 
-from conformance.check.sharded import (PLANS, Job, compared, describe, first_divergence, mesh_label, oracle, parse_mesh,
-                                      sharded_runs)
+from conformance.check.sharded import (Job, compared, describe, first_divergence, mesh_label, oracle, parse_mesh,
+                                      repeated_rows, sharded_runs, table_error)
+from conformance.core.sharding import PLANS, splits
 
 SHARDING_BACKENDS = ("torch", "jax")
 
@@ -36,7 +41,7 @@ def default_job(data: int) -> Job:
 
     config, params, _ = default_model()
     src, tgt = fixed_batch(config)
-    rows = np.arange(-(-len(src) // data) * data) % len(src)
+    rows = repeated_rows(len(src), data)
     src, tgt = src[rows], tgt[rows]
     pad = config.pad_id
     labels = np.concatenate([tgt[:, 1:], np.full((len(tgt), 1), 1 if pad != 1 else 2)], axis=1)
@@ -45,11 +50,12 @@ def default_job(data: int) -> Job:
 
 
 def run_mesh_check(mesh_spec: str, devices: str | None = None, backend_names: str | None = None, *,
-                   plans=PLANS, plant=None, out: Callable[[str], None] = print) -> int:
+                   plans=PLANS, out: Callable[[str], None] = print, _plant=None) -> int:
     """Check every plan of the default model on the mesh `mesh_spec` ("data=D,model=M") for each
     sharding backend (`backend_names`, as --backends; default torch and jax) and device kind
     (`devices`, as --devices: cpu, cuda, gpu; default every one present); print a line per plan
-    with `out`; return the exit status (module docstring). `plans`/`plant`: as `sharded_runs`."""
+    with `out`; return the exit status (module docstring). `plans` and the test seam `_plant`: as
+    `sharded_runs`."""
     from conformance.check import backends
     from conformance.check.defaults import default_model
     from conformance.core.errors import InputError
@@ -64,7 +70,7 @@ def run_mesh_check(mesh_spec: str, devices: str | None = None, backend_names: st
     expected = oracle(job)
     out(f"rosetta check --mesh {mesh_label(mesh)}: {default_model()[2]}, {job.config.summary()}; "
         f"batch {job.src_ids.shape[0]} rows, float64, against the float64 NumPy oracle")
-    checked, failed = 0, 0
+    checked, failed, refused, split = 0, 0, 0, 0
     for name in names:
         reason = backends.availability([name])[name]
         if reason:
@@ -78,7 +84,7 @@ def run_mesh_check(mesh_spec: str, devices: str | None = None, backend_names: st
                 out(f"  {name}/{device}: skipped ({why})")
                 continue
             try:
-                records = sharded_runs(name, device, mesh, [job], plans, plant)[0]
+                records = sharded_runs(name, device, mesh, [job], plans, _plant=_plant)[0]
             except RuntimeError as exc:
                 failed += 1
                 out(f"  {name}/{device}: FAILED to run: {exc}")
@@ -87,11 +93,19 @@ def run_mesh_check(mesh_spec: str, devices: str | None = None, backend_names: st
                 verdict, ok = _verdict(records[plan], job, device, expected)
                 checked += ok is not None
                 failed += ok is False
+                refused += ok is None
+                split += ok is True and splits(plan, mesh)
                 out(f"  {name}/{device} {plan:<8} {verdict}")
+    not_checked = f"; {refused} refused (not checked)" if refused else ""
     if not checked and not failed:
-        out("nothing was checked: no sharding backend and device asked for could run (exit 1)")
+        out(f"nothing was checked: no sharding backend and device asked for could run{not_checked} (exit 1)")
         return 1
-    out(f"{checked - failed} of {checked} plan runs equal the oracle" if not failed else f"{failed} failed")
+    out((f"{checked - failed} of {checked} plan runs equal the oracle" if not failed else f"{failed} failed")
+        + not_checked)
+    if not failed and not split:
+        out(f"nothing split was checked: on {mesh_label(mesh)} every plan that ran kept the batch and the "
+            "parameters whole (exit 1)")
+        return 1
     return 1 if failed else 0
 
 
@@ -104,6 +118,5 @@ def _verdict(record: dict, job: Job, device: str, expected: dict) -> tuple[str, 
     if first is not None:
         return (f"FAILED: first diverges in {describe(first.name)} ({first.name!r}): {first.comparison.describe()} "
                 f"[tolerance atol={first.tolerance.atol:g}]"), False
-    worst = max(rows, key=lambda row: row.comparison.max_abs / max(1.0, row.comparison.scale))
-    error = worst.comparison.max_abs / max(1.0, worst.comparison.scale)
-    return f"ok: {len(rows)} tensors within the table; largest error {error:.1e} ({worst.name})", True
+    error, worst = max((table_error(row.comparison.max_abs, row.comparison.scale), row.name) for row in rows)
+    return f"ok: {len(rows)} tensors within the table; largest error {error:.1e} ({worst})", True

@@ -7,10 +7,18 @@ on a (data, model) mesh, compared tensor by tensor (docs/sharding.md, issue 46).
 A mesh of several devices needs several of them, which a test process does not have: JAX fixes its
 device count when it is imported (on the CPU, `XLA_FLAGS=--xla_force_host_platform_device_count=N`
 before the import), and torch.distributed runs one process per rank. So the sharded runs happen in
-a child process (`python -m conformance.check.sharded JOBS OUT`): for JAX one process with the
-mesh's devices (forced host devices on the CPU); for torch `torch.multiprocessing.spawn` of one
-rank per device, gloo on the CPU, NCCL on CUDA (rank i on cuda:i). Every plan of every job runs
-in that one child, so a suite run pays one JAX import (and its compiles) or one spawn.
+a child process (`python -m conformance.check.sharded_ranks JOBS OUT`): for JAX one process with
+the mesh's devices (forced host devices on the CPU); for torch one process per rank
+(`sharded_ranks.start_ranks`):
+gloo ranks forked on the CPU after one import of torch.distributed's parallel APIs (a spawned rank
+imports them again, ~8 s each), NCCL ranks spawned on CUDA (rank i on cuda:i; CUDA does not survive
+a fork). Every plan of every job runs in that one child, so a suite run pays one JAX import (and
+its compiles) or one start of the ranks. The child runs in a session of its own: past `TIMEOUT_S`
+the whole group (the ranks too) is killed and the run is a RuntimeError.
+
+Every torch rank records what it gathered; the parent holds them to be bitwise equal first (a
+replicated DTensor's `full_tensor()` is that rank's own copy, so a bug on one rank shows only
+there), naming the first rank and tensor that differ, then compares rank 0's with the oracle.
 
 What is compared, in this order, each by the tolerance table (float64 rows):
   the forward tensors (`forward_order`: embeddings, attention maps, sublayer outputs, logits),
@@ -27,10 +35,9 @@ the backend's `InputError` message, never replaced by another plan.
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
-import socket
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,9 +47,9 @@ from pathlib import Path
 import numpy as np
 
 from conformance.core.errors import InputError
+from conformance.core.sharding import PLANS
 
-PLANS = ("dp", "fsdp", "tp", "fsdp+tp")
-AXES = ("data", "model")
+DEVICES = {"torch": ("cpu", "cuda"), "jax": ("cpu", "gpu")}  # the device kinds each backend shards on
 WARMUP = 10  # Adam's warmup for the one step: the paper's 4000 would make the step ~1e-7 and blind
 TIMEOUT_S = 600
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +62,9 @@ def parse_mesh(text: str, option: str = "--mesh") -> tuple[int, int]:
     for part in (p.strip() for p in str(text).split(",")):
         name, sep, value = part.partition("=")
         name = name.strip()
-        if not sep or name not in sizes or not value.strip().isdigit() or int(value) < 1 or name in seen:
+        digits = value.strip()
+        # ASCII digits only: str.isdigit() also takes '²' and other scripts' digits, which int() refuses or reads
+        if not sep or name not in sizes or not (digits.isascii() and digits.isdigit()) or int(digits) < 1 or name in seen:
             raise InputError(option, f"expected data=D,model=M with positive integers (e.g. data=2,model=2), "
                                       f"got {text!r}")
         seen.add(name)
@@ -65,6 +74,23 @@ def parse_mesh(text: str, option: str = "--mesh") -> tuple[int, int]:
 
 def mesh_label(mesh: tuple[int, int]) -> str:
     return f"data={mesh[0]},model={mesh[1]}"
+
+
+def repeated_rows(count: int, data: int) -> np.ndarray:
+    """Row indices that repeat `count` rows cyclically to the next multiple of `data` (a batch
+    whose rows divide over the mesh's "data")."""
+    return np.arange(-(-count // data) * data) % count
+
+
+def table_error(max_abs: float, scale: float) -> float:
+    """The tolerance table's measure: the largest absolute difference over max(1, the scale)."""
+    return max_abs / max(1.0, scale)
+
+
+def max_error(actual, expected) -> float:
+    """`table_error` of two arrays: max |actual - expected| / max(1, max |expected|)."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    return table_error(float(np.max(np.abs(actual - expected))), float(np.max(np.abs(expected))))
 
 
 # The meshes a run uses when none is given: one per backend under the `ci` profile (CI time),
@@ -111,24 +137,33 @@ class Job:
     tgt_ids: np.ndarray
     labels: np.ndarray
     label_smoothing: float = 0.0
+    source: str = ""  # where the case came from, in words (a failure prints it)
 
 
 # -- The parent: start the child, read what it recorded -------------------------------------------
 
 
-def sharded_runs(backend: str, device: str, mesh: tuple[int, int], jobs: list[Job], plans=PLANS,
-                 plant: tuple[str, str, str] | None = None) -> list[dict]:
+def sharded_runs(backend: str, device: str, mesh: tuple[int, int], jobs: list[Job], plans=PLANS, *,
+                 _plant: tuple[str, str, object] | None = None) -> list[dict]:
     """Run every job under every plan on `mesh` (data, model) in a child process; per job, {plan:
-    record}: {"forward": {name: array}, "loss", "grads": {name: array}, "stepped": {name: array},
-    "lr"} or {"refused": message}. `plant`: (module, function, argument) called in each child
-    process before anything runs, with this process's sys.path: how tests plant a bug
-    (tests/breaks.py). A child that fails is a RuntimeError carrying its stderr."""
-    if backend not in ("torch", "jax"):
-        raise InputError("backend", f"sharded runs exist for torch and jax, not {backend!r}")
+    record}: {"forward": {name: array}, "loss", "grads": {name: array}, "stepped": {name: array}}
+    or {"refused": message}; a record whose ranks disagree also has "ranks": which rank and
+    tensor first differ from rank 0's (`compared` fails it first). A child that fails or runs past
+    `TIMEOUT_S` is a RuntimeError carrying its stderr.
+
+    `_plant`, a test seam: (module, function, argument) called in each child process (each rank)
+    before anything runs, with this process's sys.path: how tests plant a bug (tests/breaks.py)."""
+    if backend not in DEVICES:
+        raise InputError("backend", f"sharded runs exist for {' and '.join(DEVICES)}, not {backend!r}")
+    if device not in DEVICES[backend]:
+        raise InputError("device", f"{backend} shards on {' or '.join(DEVICES[backend])}, not {device!r}")
+    unknown = [plan for plan in plans if plan not in PLANS]
+    if unknown or not plans:
+        raise InputError("plans", f"expected some of {', '.join(PLANS)}, got {list(plans)!r}")
     with tempfile.TemporaryDirectory(prefix="rosetta-sharded-") as folder:
         jobs_path, out_path = Path(folder) / "jobs.pkl", Path(folder) / "out.pkl"
         jobs_path.write_bytes(pickle.dumps({
-            "backend": backend, "device": device, "mesh": tuple(mesh), "plans": tuple(plans), "plant": plant,
+            "backend": backend, "device": device, "mesh": tuple(mesh), "plans": tuple(plans), "plant": _plant,
             "path": [p for p in sys.path if p], "jobs": [_portable(job) for job in jobs]}))
         # The child finds this package from anywhere; the rest of this process's sys.path (a plant's
         # module) is in the job and added by `_plant`.
@@ -139,15 +174,64 @@ def sharded_runs(backend: str, device: str, mesh: tuple[int, int], jobs: list[Jo
             if device == "cpu":
                 flag = f"--xla_force_host_platform_device_count={mesh[0] * mesh[1]}"
                 env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
-        run = subprocess.run([sys.executable, "-m", "conformance.check.sharded", str(jobs_path), str(out_path)],
-                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
-        if run.returncode != 0 or not out_path.exists():
-            raise RuntimeError(f"the sharded {backend}/{device} runs on {mesh_label(mesh)} failed "
-                               f"(exit {run.returncode}):\n{run.stderr[-4000:]}")
-        return pickle.loads(out_path.read_bytes())
+        what = f"the sharded {backend}/{device} runs on {mesh_label(mesh)}"
+        # A session of its own: on a timeout the group is killed, the ranks with their parent.
+        child = subprocess.Popen([sys.executable, "-m", "conformance.check.sharded_ranks", str(jobs_path), str(out_path)],
+                                 env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 start_new_session=True)
+        try:
+            _, stderr = child.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            _, stderr = child.communicate()
+            raise RuntimeError(f"{what} timed out after {TIMEOUT_S} s (the child and its ranks were killed):\n"
+                               f"{stderr[-4000:]}") from None
+        paths = [out_path] if backend == "jax" else [Path(f"{out_path}.{rank}") for rank in range(mesh[0] * mesh[1])]
+        if child.returncode != 0 or not all(path.exists() for path in paths):
+            raise RuntimeError(f"{what} failed (exit {child.returncode}):\n{stderr[-4000:]}")
+        return agreed([pickle.loads(path.read_bytes()) for path in paths])
 
 
-def _portable(job: Job) -> dict:
+def agreed(per_rank: list[list[dict]]) -> list[dict]:
+    """Rank 0's records, each marked with the first rank and tensor whose bytes differ from rank
+    0's ("ranks"), if one does: every rank gathers the same whole tensors, so any difference is
+    a rank that computed something else."""
+    records = []
+    for job, first in enumerate(per_rank[0]):
+        marked = {}
+        for plan, record in first.items():
+            differs = next(filter(None, (_first_difference(record, others[job][plan], rank)
+                                         for rank, others in enumerate(per_rank) if rank)), None)
+            marked[plan] = record if differs is None else {**record, "ranks": differs}
+        records.append(marked)
+    return records
+
+
+def _first_difference(mine: dict, theirs: dict, rank: int) -> str | None:
+    if "refused" in mine or "refused" in theirs:
+        return None if mine.get("refused") == theirs.get("refused") else f"rank {rank} refused differently"
+    for name, a, b in _flattened(mine, theirs):
+        if b is None:
+            return f"rank {rank} did not record {name}"
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype or a.tobytes() != b.tobytes():
+            gap = (f"max |difference| {float(np.max(np.abs(a - b))):.3g}" if a.shape == b.shape
+                   else f"shape {b.shape} against {a.shape}")
+            return f"rank {rank}'s {name} differs from rank 0's ({gap})"
+    return None
+
+
+def _flattened(mine: dict, theirs: dict):
+    """(name, rank 0's, the other's) in `compared`'s order: forward, loss, gradients, stepped."""
+    for name, t in mine["forward"].items():
+        yield name, t, theirs["forward"].get(name)
+    yield "loss", mine["loss"], theirs.get("loss")
+    for key, prefix in (("grads", "grad:"), ("stepped", "step:")):
+        for name, t in mine[key].items():
+            yield prefix + name, t, theirs[key].get(name)
+
+
+def _portable(job: Job) -> dict:  # plain arrays and the config's JSON: the child unpickles no class of ours
     return {"config": job.config.to_json(), "params": {k: np.asarray(v, np.float64) for k, v in job.params.items()},
             "src_ids": np.asarray(job.src_ids), "tgt_ids": np.asarray(job.tgt_ids), "labels": np.asarray(job.labels),
             "label_smoothing": float(job.label_smoothing)}
@@ -200,14 +284,16 @@ def compared(record: dict, job: Job, device: str, expected: dict | None = None) 
     expected = expected or oracle(job)
     forward_tol, grad_tol = tolerance("float64", device), gradient_tolerance("float64", device)
     names = list(param_shapes(job.config))
+    rows = []
+    if "ranks" in record:  # the ranks' own copies disagree: nothing gathered from one rank is the run's
+        rows.append(Row("ranks", Comparison(passed=False, shape_problem=record["ranks"]), forward_tol))
     pairs = [(name, record["forward"].get(name), expected["forward"][name], forward_tol)
              for name in forward_order(job.config) if name in expected["forward"]]
     pairs.append(("loss", record.get("loss"), expected["loss"], grad_tol))
     pairs += [(f"grad:{name}", record["grads"].get(name), expected["grads"][name], grad_tol) for name in reversed(names)]
     if all(name in record["grads"] for name in names):
         stepped = oracle_step(job, record["grads"])
-        pairs += [(f"step:{name}", record["stepped"].get(name), stepped[name], forward_tol) for name in names]
-    rows = []
+        pairs += [(f"step:{name}", record.get("stepped", {}).get(name), stepped[name], forward_tol) for name in names]
     for name, got, want, tol in pairs:
         result = (Comparison(passed=False, shape_problem="not returned by the sharded run") if got is None
                   else compare(got, want, tol))
@@ -225,153 +311,6 @@ def describe(name: str) -> str:
         return f"the gradient of {name[5:]}"
     if name.startswith("step:"):
         return f"{name[5:]} after one Adam step"
+    if name == "ranks":
+        return "the ranks' gathered copies (they disagree)"
     return "the loss" if name == "loss" else f"tensor {name}"
-
-
-# -- The child: every job and plan, on the mesh ---------------------------------------------------
-
-
-def _child(jobs_path: str, out_path: str) -> None:
-    spec = pickle.loads(Path(jobs_path).read_bytes())
-    if spec["backend"] == "jax":
-        _plant(spec)
-        Path(out_path).write_bytes(pickle.dumps(_jax_runs(spec)))
-        return
-    import torch.multiprocessing as mp
-
-    world = spec["mesh"][0] * spec["mesh"][1]
-    if spec["device"] == "cuda":
-        import torch
-
-        if torch.cuda.device_count() < world:
-            raise SystemExit(f"a mesh of {world} ranks needs {world} CUDA devices; this machine has "
-                             f"{torch.cuda.device_count()}")
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_torch_rank, args=(world, port, spec, out_path), nprocs=world, join=True)
-
-
-def _plant(spec: dict) -> None:
-    for entry in spec["path"]:
-        if entry not in sys.path:
-            sys.path.append(entry)
-    if spec["plant"]:
-        module, function, argument = spec["plant"]
-        getattr(importlib.import_module(module), function)(argument)
-
-
-def _jobs(spec: dict):
-    from conformance.core.config import ModelConfig
-
-    for job in spec["jobs"]:
-        yield Job(ModelConfig.from_json(job["config"]), job["params"], job["src_ids"], job["tgt_ids"], job["labels"],
-                  job["label_smoothing"])
-
-
-def _jax_runs(spec: dict) -> list[dict]:
-    import jax
-    from jax.sharding import Mesh
-
-    from conformance.check import backends
-    from conformance.core.output import tensors_of
-
-    impl_jax = backends.import_backend("jax")
-    data, width = spec["mesh"]
-    devices = jax.devices("cpu" if spec["device"] == "cpu" else "gpu")
-    if len(devices) < data * width:
-        raise SystemExit(f"a mesh of {data * width} devices needs {data * width} JAX {spec['device']} devices; "
-                         f"there are {len(devices)}")
-    mesh = Mesh(np.array(devices[:data * width]).reshape(data, width), AXES)
-    results = []
-    with impl_jax.enable_x64(), impl_jax.full_precision():
-        for job in _jobs(spec):
-            per_plan = {}
-            for plan in spec["plans"]:
-                try:
-                    model = impl_jax.shard(impl_jax.Model(job.config, job.params, "float64"), mesh, plan)
-                except InputError as exc:
-                    per_plan[plan] = {"refused": str(exc)}
-                    continue
-                out = model(job.src_ids, job.tgt_ids)
-                record = {"forward": {name: np.asarray(t) for name, t in tensors_of(out).items()}}
-                loss, grads = model.loss_and_grads(job.src_ids, job.tgt_ids, job.labels,
-                                                   label_smoothing=job.label_smoothing)
-                record["loss"], record["grads"] = np.asarray(loss), {k: np.asarray(g) for k, g in grads.items()}
-                optimizer = impl_jax.Adam(model, d_model=job.config.d_model, warmup=WARMUP)
-                record["lr"] = float(optimizer.lr)
-                optimizer.step(grads)
-                record["stepped"] = {name: np.asarray(w) for name, w in model.params.items()}
-                per_plan[plan] = record
-            results.append(per_plan)
-    return results
-
-
-def _torch_rank(rank: int, world: int, port: int, spec: dict, out_path: str) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    _plant(spec)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    cuda = spec["device"] == "cuda"
-    if cuda:
-        torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cuda" if cuda else "cpu", spec["mesh"], mesh_dim_names=AXES)
-        results = []
-        for job in _jobs(spec):
-            results.append({plan: _torch_plan(job, mesh, plan, cuda) for plan in spec["plans"]})
-        if rank == 0:
-            Path(out_path).write_bytes(pickle.dumps(results))
-    finally:
-        dist.destroy_process_group()
-
-
-def _torch_plan(job: Job, mesh, plan: str, cuda: bool) -> dict:
-    import torch
-    from torch.distributed.tensor import DTensor, Shard
-
-    from conformance.check import backends
-    from conformance.core.output import tensors_of
-
-    impl_torch = backends.import_backend("torch")
-    parallel = importlib.import_module(impl_torch.__name__ + ".parallel")  # local_rows
-    device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-
-    def host(t):
-        t = t.full_tensor() if isinstance(t, DTensor) else t
-        return t.detach().cpu().numpy().copy()
-
-    def gather(t, dim: str, axis: int):  # each rank's piece of `t` along `axis`, over the mesh's `dim`
-        if mesh[dim].size() == 1:
-            return t
-        return DTensor.from_local(t.contiguous(), mesh[dim], [Shard(axis)], run_check=False).full_tensor()
-
-    try:
-        with impl_torch.full_precision():
-            model = impl_torch.parallelize(impl_torch.Model(job.config, job.params, torch.float64, device=device),
-                                           mesh, plan)
-            rows = lambda a: parallel.local_rows(mesh, "ids", torch.as_tensor(a))  # noqa: E731
-            with torch.no_grad():
-                out = model(rows(job.src_ids), rows(job.tgt_ids))
-            record = {"forward": {}}
-            for name, t in tensors_of(out).items():
-                if "tp" in plan and name in (out.attention or {}):  # (B / data, H / model, Tq, Tk): the local heads
-                    t = gather(t, "model", 1)
-                record["forward"][name] = host(gather(t, "data", 0))
-            loss, grads = model.loss_and_grads(job.src_ids, job.tgt_ids, job.labels, label_smoothing=job.label_smoothing)
-            record["loss"], record["grads"] = host(loss), {k: host(g) for k, g in grads.items()}
-            optimizer = impl_torch.Adam(model, d_model=job.config.d_model, warmup=WARMUP)
-            record["lr"] = float(optimizer.lr)
-            optimizer.step(grads)
-            record["stepped"] = {name: host(p) for name, p in model.named_parameters()}
-            return record
-    except InputError as exc:  # raised on every rank alike, before any collective
-        return {"refused": str(exc)}
-
-
-if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2])

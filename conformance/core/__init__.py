@@ -13,6 +13,7 @@
     dropout      dropout masks: sites, format, drawn from one seed (docs/training.md)
     errors       ConfigError, InputError, CheckpointError, TooLargeError
     memory       the most memory this process can ever hold (refusals before allocating)
+    sharding     the plans and mesh axes every sharded backend and check names (PLANS, AXES, splits)
 
 May import: the standard library, NumPy, ml_dtypes, and itself. Never PyTorch, JAX, hypothesis,
 pytest, a backend or another subpackage of `conformance` (tests/test_architecture.py imports

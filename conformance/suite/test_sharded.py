@@ -12,21 +12,27 @@ profiles the meshes of issue 46 (JAX 8x1, 4x2, 2x4; torch 4x1, 2x2, 1x4), and 1x
 Under `ci` without --mesh, JAX runs "fsdp+tp" only (`CI_PLANS`: its compiles are the cost).
 Every plan and example of one (backend, device, mesh) runs in one child process
 (`conformance.check.sharded`), started once per session: one JAX import and its compiles, or one
-spawn of the ranks. Examples: `EXAMPLES` under `ci` (compile cost), more under the others.
+start of the ranks. Examples: `examples()`: 1 under `ci` (compile cost), 5 under the others.
 
 The cases are the suite's (`training_cases`) with sizes the mesh divides: heads and head width,
 d_ff and the vocabularies, and batch rows (repeated to a multiple of "data"). T5's relative
-position bias is left out of torch's cases (its "tp" refuses it: the table is not split by heads).
+position bias is left out of torch's cases (its "tp" refuses it: the table is not split by heads)
+and out of any case whose bucket count "data" does not divide (JAX's "fsdp" splits the table's
+buckets). The examples are drawn before the child starts, so hypothesis neither shrinks nor
+replays them: a failure prints the case's seed and config and a pickled copy of the job, with the
+one call that runs it again.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import pickle
+import tempfile
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from conformance.check.sharded import (CI_PLANS, PLANS, Job, compared, describe, first_divergence, mesh_label, oracle,
-                                      sharded_runs)
+from conformance.check.sharded import (CI_PLANS, Job, compared, describe, first_divergence, mesh_label,
+                                      repeated_rows, sharded_runs)
+from conformance.core.sharding import PLANS
 from conformance.suite.strategies import training_cases
 from conformance.suite.strategies.model_configs import configs
 from conformance.suite.strategies.training import TrainingCase
@@ -44,7 +50,7 @@ def sharded_configs(draw, data: int, model: int, relative: bool = True):
     data (and even), d_ff and the vocabularies by both. One layer a side under `ci` (a JAX compile
     of four plans' programs grows with depth), up to two under the others. `relative`: whether T5's
     relative position bias may be drawn (torch's "tp" refuses it: its (buckets, H) table is not
-    split by heads)."""
+    split by heads); it is drawn only where `data` divides its buckets (JAX's "fsdp" splits them)."""
     import dataclasses
 
     config = draw(configs(max_layers=1 if settings._current_profile == "ci" else 2))  # ci: compile time
@@ -56,7 +62,8 @@ def sharded_configs(draw, data: int, model: int, relative: bool = True):
     sizes = lambda low, high: st.sampled_from([n for n in range(low, high + 1) if n % unit == 0])  # noqa: E731
     src_vocab = draw(sizes(8, 64))
     tgt_vocab = src_vocab if config.share_embeddings else draw(sizes(8, 64))
-    position = config.position if config.position != "relative" or relative else "sinusoid-split"
+    keeps_relative = relative and config.relative_buckets % data == 0
+    position = config.position if config.position != "relative" or keeps_relative else "sinusoid-split"
     return dataclasses.replace(config, n_heads=heads, d_model=heads * head_dim, d_ff=draw(sizes(8, 64)),
                                src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, position=position,
                                d_head=None if config.d_head is None else head_dim)
@@ -67,7 +74,7 @@ def sharded_training_cases(draw, data: int, model: int, relative: bool = True) -
     """`training_cases` on `sharded_configs`, its rows repeated (cyclically) to a multiple of `data`."""
     training = draw(training_cases(sharded_configs(data, model, relative)))
     case = training.case
-    rows = np.arange(-(-len(case.src_ids) // data) * data) % len(case.src_ids)
+    rows = repeated_rows(len(case.src_ids), data)
     case = type(case)(case.config, case.seed, case.scale, case.src_ids[rows], case.tgt_ids[rows], case.trained)
     return TrainingCase(case, training.labels[rows], training.label_smoothing)
 
@@ -84,13 +91,15 @@ def drawn_jobs(mesh: tuple[int, int], count: int, relative: bool = True) -> list
         if len(found) < count:
             case = training.case
             found.append(Job(case.config, case.params(), case.src_ids, case.tgt_ids, training.labels,
-                             training.label_smoothing))
+                             training.label_smoothing, source=f"training case seed {case.seed}, scale {case.scale}"))
 
     draw()
     return found
 
 
-_RUNS: dict[tuple, tuple[list[Job], list[dict]]] = {}  # (backend, device, mesh) -> (jobs, records), per session
+# (backend, device, mesh) -> (jobs, records), or the exception the child ended with: per session,
+# so a child that failed (or hung to its timeout) is not started again by each plan's test.
+_RUNS: dict[tuple, tuple[list[Job], list[dict]] | Exception] = {}
 
 
 def runs_of(target, bounded: bool) -> tuple[list[Job], list[dict]]:
@@ -100,8 +109,27 @@ def runs_of(target, bounded: bool) -> tuple[list[Job], list[dict]]:
     if key not in _RUNS:
         jobs = drawn_jobs(target.mesh, examples(), relative=target.backend != "torch")
         plans = CI_PLANS[target.backend] if bounded else PLANS
-        _RUNS[key] = jobs, sharded_runs(target.backend, target.device, target.mesh, jobs, plans)
+        try:
+            _RUNS[key] = jobs, sharded_runs(target.backend, target.device, target.mesh, jobs, plans)
+        except Exception as exc:  # noqa: BLE001 - kept, and raised again for every plan that asks
+            _RUNS[key] = exc
+    if isinstance(_RUNS[key], Exception):
+        raise _RUNS[key]
     return _RUNS[key]
+
+
+def replay_hint(job: Job, target) -> str:
+    """`job` pickled to a file, and the one call that runs it again on `target`'s mesh and plan."""
+    with tempfile.NamedTemporaryFile(prefix="rosetta-sharded-job-", suffix=".pkl", delete=False) as f:
+        pickle.dump(job, f)
+    return (f"replay: python -c \"import pickle; from conformance.check.sharded import sharded_runs; "
+            f"print(sharded_runs({target.backend!r}, {target.device!r}, {target.mesh}, "
+            f"[pickle.load(open({f.name!r}, 'rb'))], ({target.plan!r},)))\"")
+
+
+def _case(job: Job) -> str:
+    return (f"{job.source + '; ' if job.source else ''}config: {job.config.summary()}; "
+            f"label_smoothing={job.label_smoothing}; config JSON: {job.config.to_json()}")
 
 
 def assert_sharded_equal(record: dict, job: Job, target, example: str = "") -> None:
@@ -111,13 +139,13 @@ def assert_sharded_equal(record: dict, job: Job, target, example: str = "") -> N
     where = f"{target.backend} plan {target.plan!r} on mesh {mesh_label(target.mesh)} ({target.device}, float64){example}"
     if "refused" in record:
         raise AssertionError(f"{where}: the plan was refused for a config the mesh divides: {record['refused']}; "
-                             f"config: {job.config.summary()}")
-    first = first_divergence(compared(record, job, target.device, oracle(job)))
+                             f"{_case(job)}; {replay_hint(job, target)}")
+    first = first_divergence(compared(record, job, target.device))
     if first is not None:
         raise AssertionError(
             f"{where} differs from the float64 oracle first in {describe(first.name)} ({first.name!r}): "
             f"{first.comparison.describe()} [tolerance atol={first.tolerance.atol:g}, rtol={first.tolerance.rtol:g}]; "
-            f"config: {job.config.summary()}; label_smoothing={job.label_smoothing}")
+            f"{_case(job)}; {replay_hint(job, target)}")
 
 
 def test_sharded_equals_unsharded(sharded_target, request):
