@@ -95,6 +95,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
 
 import jax
+import numpy as np
 from flax import nnx
 
 from impl_jax.flat import Flat, flattened
@@ -117,6 +118,10 @@ _MAX_MAP_COUNT = Path("/proc/sys/vm/max_map_count")
 PAUSE_GC = True
 _GC_PAUSES = 0  # calls pausing it now, across threads (the collector is one per process)
 _GC_DISABLED_HERE = False  # whether the first of them disabled it (it was enabled), so the last enables it
+
+# NumPy arguments (ids, masks) go to jit as they are, which transfers them in C++ on the way in,
+# instead of one `jax.device_put` each first (`placed`; docs/jax-compile.md). False puts them first.
+HOST_ARRAYS_TO_JIT = True
 
 # Triton products on a GPU (see the module docstring): "auto", "1" or "0".
 TRITON_GEMM: str = os.environ.get("ROSETTA_JAX_TRITON_GEMM", "auto")
@@ -210,7 +215,8 @@ def _phase_started(event: str, value: float, **_: Any) -> None:
     if NOTICE_AFTER is None:
         return
     if getattr(_ACTIVE, "timer", None) is None:
-        _ACTIVE.timer = threading.Timer(NOTICE_AFTER, _notice, (getattr(_ACTIVE, "what", "a program"),))
+        what = getattr(_ACTIVE, "what", None)
+        _ACTIVE.timer = threading.Timer(NOTICE_AFTER, _notice, (_describe(*what) if what else "a program",))
         _ACTIVE.timer.daemon = True
         _ACTIVE.timer.start()
 
@@ -324,11 +330,14 @@ def mapping_pressure() -> float | None:
     return held / limit if limit > 0 else None
 
 
-def placed(args: tuple, device: jax.Device) -> tuple:
-    """`jax.device_put(args, device)`, without putting what is already there: each argument
-    whose arrays are all committed to `device` is passed as it is (device_put returns a new array
-    object on the same buffer, after about 30 µs of host work a leaf on this project's CPU: 27 ms
-    for a training step's 790 parameters and optimizer moments), any other argument is put whole."""
+def placed(args: tuple, device: jax.Device, anchor=()) -> tuple:
+    """The arguments as jit should receive them on `device`. An argument whose leaves are all
+    committed to `device` goes as it is (`jax.device_put` would return a new array object on the
+    same buffer, after about 30 µs of host work a leaf on this project's CPU: 27 ms for a training
+    step's 790 parameters and optimizer moments). So does one whose other leaves are NumPy arrays,
+    when a leaf of `anchor` (the model's) or of the arguments is committed to `device`: jit then
+    runs there and transfers those arrays itself, in C++ (`HOST_ARRAYS_TO_JIT`). Any other argument
+    is put whole with `jax.device_put`."""
     if hasattr(device, "place"):  # a mesh (impl_jax/shard.py): the batch split over "data", the rest as it lies
         return device.place(args)
     sharding = _single_device_sharding(device)
@@ -336,7 +345,11 @@ def placed(args: tuple, device: jax.Device) -> tuple:
     def there(x) -> bool:
         return isinstance(x, jax.Array) and x.committed and x.sharding == sharding
 
-    return tuple(x if all(map(there, jax.tree.leaves(x))) else jax.device_put(x, device) for x in args)
+    leaves = [jax.tree.leaves(x) for x in args]
+    kept = [all(map(there, xs)) for xs in leaves]
+    if HOST_ARRAYS_TO_JIT and not all(kept) and (any(map(there, anchor)) or any(k and xs for k, xs in zip(kept, leaves))):
+        kept = [k or all(type(x) is np.ndarray or there(x) for x in xs) for k, xs in zip(kept, leaves)]
+    return tuple(x if k else jax.device_put(x, device) for x, k in zip(args, kept))
 
 
 @functools.lru_cache(maxsize=None)
@@ -351,7 +364,8 @@ def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *
     `compute_dtype`: the dtype the program's products run in (default: the model's `dtype`; a
     program without products may leave both out), which chooses `triton_gemm`."""
     global _EVICT_NEXT
-    args = placed(args, device)
+    flat = flattened(model)
+    args = placed(args, device, () if flat is None else flat.leaves)
     dtype = compute_dtype if compute_dtype is not None else getattr(model, "dtype", None)
     jit = _JITS[(donate, True if dtype is None else triton_gemm(device.platform, dtype))]
     with _LOCK:
@@ -363,11 +377,11 @@ def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *
             _STATS.evictions += 1
     with _LOCK:
         compiles_before = _STATS.compiles
-    _ACTIVE.on, _ACTIVE.what = True, _describe(model, method, args)
+    _ACTIVE.on, _ACTIVE.what = True, (model, method, args)  # described only if a trace starts
     try:
-        outputs = jit(method, tuple(sorted(static.items())), STACKS, flattened(model), *args)
+        outputs = jit(method, tuple(sorted(static.items())), STACKS, flat, *args)
     finally:
-        _ACTIVE.on = False
+        _ACTIVE.on, _ACTIVE.what = False, None
         if getattr(_ACTIVE, "gc_paused", False):
             _resume_gc()
         if getattr(_ACTIVE, "timer", None) is not None:

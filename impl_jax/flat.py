@@ -80,7 +80,9 @@ RETRY_AFTER = 100  # calls of a model that could not be recorded before it is tr
 
 # The leaf types a variable's value may hold for its value to be one leaf of the tree.
 _ARRAYS = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
-_RAW_VALUE = operator.methodcaller("get_raw_value")
+# What a variable's flattening reads (Flax 0.12: `_variable_flatten`), read from C.
+_RAW_VALUE = operator.attrgetter("_raw_value")
+_METADATA = operator.attrgetter("_var_metadata")
 _VARS = operator.attrgetter("__dict__")
 # Static attributes that cannot refer back to a model (containers of them are checked item by item).
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, np.dtype, np.generic, enum.Enum, type)
@@ -223,7 +225,7 @@ class _Record:
         for node, initializing, is_setup in self.states:
             if node.initializing is not initializing or node.is_setup is not is_setup:
                 return False
-        return [v._var_metadata for v in self.variables] == self.metadata
+        return list(map(_METADATA, self.variables)) == self.metadata
 
     def leaves(self) -> list | None:
         """The variables' values now, or None where one is no longer a single leaf."""
