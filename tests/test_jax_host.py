@@ -92,3 +92,15 @@ def test_a_training_step_takes_its_numpy_inputs_as_they_are_and_gives_the_same_n
     assert loss_jit == loss_put
     for name, value in params_put.items():
         np.testing.assert_array_equal(params_jit[name], value, err_msg=f"jax float32 cpu {name} after one step")
+
+
+def test_an_explicit_mask_is_copied_so_a_caller_changing_it_after_the_call_changes_nothing():
+    """JAX's dispatch is asynchronous and its host transfers may share the NumPy array's memory:
+    the checked mask every backend uses is a copy of the caller's (conformance.core.inputs.host_mask)."""
+    from conformance.core.inputs import host_mask
+
+    mask = np.ones((2, 1, 1, 5), dtype=bool)
+    checked = host_mask("src_mask", mask, ((2, 1, 1, 5), "(B, 1, 1, S)"), np.ones((2, 1, 1, 5), dtype=bool))
+    assert not np.shares_memory(checked, mask)
+    mask[:] = False
+    assert checked.all()

@@ -147,9 +147,11 @@ def host_ids(argument: str, ids: Any, vocab_size: int, max_len: int) -> np.ndarr
 
 def host_mask(argument: str, mask: Any, expected: tuple[Sequence[int], str], derived: np.ndarray) -> np.ndarray:
     """An explicit mask read on the host and checked: boolean, broadcastable to `expected`
-    (shape, legend), and no wider than the mask `derived` from the ids (`check_mask_within_ids`)."""
+    (shape, legend), and no wider than the mask `derived` from the ids (`check_mask_within_ids`).
+    The mask returned is a copy: a backend that computes asynchronously (JAX's dispatch, a jit
+    transfer that shares host memory) must not see the caller's array change after the call returns."""
     try:
-        mask = np.asarray(mask)
+        mask = np.array(mask)
     except (ValueError, TypeError):
         raise InputError(argument, "is not a rectangular array of booleans") from None
     check_mask(argument, mask.shape, mask.dtype.name, mask.dtype == np.bool_, *expected)
