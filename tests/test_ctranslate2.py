@@ -6,7 +6,9 @@ CTranslate2's Marian loader assumes) goes through the path a user takes: a Huggi
 folder, then CTranslate2's TransformersConverter. On padded rows, in float32 its greedy and beam-4
 ids equal our `generate`'s and its `score_batch` log-probabilities are the float64 oracle's within
 the float32 tolerance; int8 (and bfloat16 where CTranslate2 has kernels for it) is measured, not held
-to equality.
+to equality. A tiny T5 (relative position bias, RMSNorm, a tied head scaled by d_model^-1/2) and a
+tiny BART (offset positions, embedding LayerNorm) go the same way, each through its own family's
+folder and CTranslate2 loader, the family chosen from the checkpoint.
 """
 
 from __future__ import annotations
@@ -107,6 +109,9 @@ def test_the_check_refuses_what_the_marian_loader_would_change():
     config, params = ctranslate2_check.example_model()
     with pytest.raises(ConfigError, match="pad_id must be 31"):
         ctranslate2_check.representable(config.replace(pad_id=0), params)
+    started = config.replace(notes={"generation": json.dumps({"decoder_start_token_id": 3, "eos_token_id": 0})})
+    with pytest.raises(ConfigError, match="starts it from 3"):
+        ctranslate2_check.representable(started, params)
     params["encoder.embedding.weight"][31] = 0.5
     with pytest.raises(ConfigError, match="zero embedding"):
         ctranslate2_check.representable(config, params)
@@ -155,3 +160,55 @@ def test_an_interrupted_conversion_leaves_nothing(saved, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         main(["convert", str(path), str(tmp_path / "ct2"), "--to", "ctranslate2"])
     assert list(tmp_path.iterdir()) == []
+
+
+# T5 and BART: `rosetta convert --to ctranslate2` picks the family from the checkpoint. The T5's seed
+# is one whose greedy ids change token part-way (a random T5 tends to repeat one token).
+OTHER_FAMILIES = {"hf-t5": 4, "hf-bart": 0}
+
+
+@pytest.fixture(scope="module", params=sorted(OTHER_FAMILIES))
+def family_report(request, tmp_path_factory):
+    layout = request.param
+    config, params = ctranslate2_check.example_model(seed=OTHER_FAMILIES[layout], layout=layout)
+    path = tmp_path_factory.mktemp(layout) / "model.safetensors"
+    checkpoint.save(path, config, params)
+    folder = path.parent / "ct2"
+    assert main(["convert", str(path), str(folder), "--to", "ctranslate2"]) == 0
+    src, tgt = fixed_batch(config)
+    assert np.any(src == config.pad_id) and np.any(tgt == config.pad_id)  # padded rows
+    report = ctranslate2_check.check(config, params, src, tgt, compute_types=("float32", "int8_float32"),
+                                     max_len=MAX_LEN, model_dir=folder)
+    return layout, config, report
+
+
+def test_t5_and_bart_float32_ids_equal_ours_greedy_and_beam4(family_report):
+    layout, _, report = family_report
+    row = report.rows[0]
+    assert row.compute_type == "float32"
+    assert row.agreement == {1: 1.0, 4: 1.0} and row.first_split == {1: None, 4: None}, f"{layout}\n{report.table()}"
+    tol = tolerance("float32", "cpu")
+    assert 0 < row.max_error <= tol.atol, f"ctranslate2/cpu/float32 {layout} score_batch log p\n{report.table()}"
+    assert report.banned == () and report.pad_mass == 0.0  # T5's and BART's loaders keep every id
+
+
+def test_t5_and_bart_int8_float32_is_measured(family_report):
+    layout, _, report = family_report
+    quantized = report.rows[1]
+    assert quantized.compute_type == "int8_float32" and np.all(np.isfinite(quantized.position_error))
+    assert quantized.max_error > report.rows[0].max_error, f"{layout}\n{report.table()}"
+
+
+def test_the_family_is_read_from_the_checkpoint():
+    for layout in ("hf-marian", *OTHER_FAMILIES):
+        config, params = ctranslate2_check.example_model(layout=layout)
+        assert ctranslate2_check.family_of(config, params).layout == layout
+    from conformance import init_params
+    from conformance.core.presets import preset
+
+    config = preset("hf-mbart")  # pre-LN with final norms: no family CTranslate2 converts here expresses it
+    with pytest.raises(ConfigError, match="no family CTranslate2 converts expresses this model") as refused:
+        ctranslate2_check.family_of(config, init_params(config, seed=0))
+    assert all(layout in str(refused.value) for layout in ("hf-marian", "hf-t5", "hf-bart"))
+    with pytest.raises(InputError, match="CTranslate2 is checked through the layouts"):
+        ctranslate2_check.family_of(config, {}, layout="hf-mbart")

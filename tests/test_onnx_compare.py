@@ -1,9 +1,11 @@
 """`conformance.compare` on the user's own ONNX files (conformance/check/onnx_compare.py), in ONNX Runtime itself.
 
-Two exports are checked: optimum-onnx's of a tiny random Marian (the files under
-tests/fixtures/optimum_marian_onnx, made by tests/fixtures/make_optimum_marian_onnx.py in a throwaway
-environment: optimum-onnx needs transformers < 4.58), and rosetta's own (`rosetta convert --to onnx`).
-A planted bug in either must be named at the tensor where it first shows.
+Two exports are checked: optimum-onnx's of a tiny random Marian, T5 (v1.0: relative position
+bias, RMSNorm, a tied head scaled by d_model^-1/2) and BART (offset positions, embedding LayerNorm)
+(the files under tests/fixtures/optimum_{marian,t5,bart}_onnx, made by
+tests/fixtures/make_optimum_marian_onnx.py in a throwaway environment: optimum-onnx needs
+transformers < 4.58), and rosetta's own (`rosetta convert --to onnx`). A planted bug in either must
+be named at the tensor where it first shows.
 """
 
 from __future__ import annotations
@@ -27,22 +29,30 @@ from conformance.convert.hf_folder import from_hf_folder  # noqa: E402
 from conformance.core.errors import InputError  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
+FAMILIES = ("marian", "t5", "bart")
 OPTIMUM = FIXTURES / "optimum_marian_onnx"
 TAPS = FIXTURES / "optimum_marian_onnx_taps.toml"
 
 
-def batch():
-    config, _ = from_hf_folder(OPTIMUM)
+def optimum(family: str) -> tuple[Path, Path]:
+    """(optimum's export of the tiny `family` model, the layout whose taps name its encoder's values)."""
+    return FIXTURES / f"optimum_{family}_onnx", FIXTURES / f"optimum_{family}_onnx_taps.toml"
+
+
+def batch(folder: Path = OPTIMUM):
+    config, _ = from_hf_folder(folder)
     return fixed_batch(config)  # 3 rows: no padding, trailing padding, all but one token
 
 
-def test_rosetta_compare_checks_the_optimum_export_tensor_by_tensor(capsys):
-    assert main(["compare", str(OPTIMUM), "--layout", str(TAPS), "--backends", "none"]) == 0
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rosetta_compare_checks_the_optimum_export_tensor_by_tensor(family, capsys):
+    folder, taps = optimum(family)
+    assert main(["compare", str(folder), "--layout", str(taps), "--backends", "none"]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line for line in out.splitlines() if line[:1].isalpha() and len(line.split()) > 1}
     # The layout's taps (node outputs of the encoder graph) and the graphs' own outputs are compared.
-    for tensor in ("encoder.embeddings", "encoder.0.self", "encoder.0.self_attn", "encoder.1.self",
-                   "encoder.output", "logits"):
+    for tensor in ("encoder.embeddings", "encoder.0.self", "encoder.0.self_attn", "encoder.0.ffn", "encoder.1.self",
+                   "encoder.1.self_attn", "encoder.output", "logits"):
         assert rows[tensor].rstrip().endswith("ok"), f"{tensor}: {rows[tensor]}\n{out}"
     assert "decoder.0.self" in rows and "not exposed" in rows["decoder.0.self"]
     assert "inside an If branch" in out and "result: ok" in out, out
@@ -66,10 +76,10 @@ def test_sessions_are_read_from_their_files():
         compare_onnx(pair[0], "hf-marian", src, tgt, weights=OPTIMUM, backends=())
 
 
-def plant(tmp_path: Path, graph: str, change) -> Path:
-    """A copy of the optimum folder with `change(proto)` applied to one of its graphs."""
+def plant(tmp_path: Path, source: Path, graph: str, change) -> Path:
+    """A copy of the optimum folder `source` with `change(proto)` applied to one of its graphs."""
     folder = tmp_path / "planted"
-    shutil.copytree(OPTIMUM, folder)
+    shutil.copytree(source, folder)
     proto = onnx.load(str(folder / graph))
     change(proto)
     onnx.save(proto, str(folder / graph))
@@ -106,14 +116,48 @@ def cache_of_the_next_layer(proto) -> None:
     rewire(proto.graph)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("graph, change, where", [
     ("encoder_model.onnx", mask_ignored, "encoder.0.self"),
     ("decoder_model_merged.onnx", cache_of_the_next_layer, "logits"),
 ])
-def test_a_planted_bug_in_the_optimum_export_is_found_at_its_tensor(tmp_path, graph, change, where):
-    folder = plant(tmp_path, graph, change)
-    src, tgt = batch()
-    report = compare_onnx(folder, str(TAPS), src, tgt, backends=())
+def test_a_planted_bug_in_the_optimum_export_is_found_at_its_tensor(tmp_path, family, graph, change, where):
+    source, taps = optimum(family)
+    folder = plant(tmp_path, source, graph, change)
+    src, tgt = batch(source)
+    report = compare_onnx(folder, str(taps), src, tgt, backends=())
+    assert not report.errors, report.errors
+    assert report.first_divergence == where, report.to_text()
+
+
+def edited(name: str, change):
+    """A planted bug in one weight of a graph: `change(array)` applied to its initializer `name`."""
+    def edit(proto) -> None:
+        from onnx import numpy_helper
+
+        tensor = next(t for t in proto.graph.initializer if t.name == name)
+        tensor.CopyFrom(numpy_helper.from_array(change(numpy_helper.to_array(tensor).copy()), name))
+    edit.__name__ = f"{name} edited"
+    return edit
+
+
+# What each family adds to Marian's equations, each left out of the export in turn: the first
+# tensor that reads it is named (the decoder's sit inside the merged graph's If branches: logits).
+@pytest.mark.parametrize("family, graph, change, where", [
+    ("t5", "encoder_model.onnx", edited("block.0.layer.0.SelfAttention.relative_attention_bias.weight", np.zeros_like),
+     "encoder.0.self"),
+    ("t5", "decoder_model_merged.onnx",
+     edited("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight_merged_0", np.zeros_like), "logits"),
+    ("bart", "encoder_model.onnx", edited("embed_positions.weight", lambda table: np.roll(table, -2, axis=0)),
+     "encoder.embeddings"),  # positions read from row 0, BART's offset of 2 dropped
+    ("bart", "decoder_model_merged.onnx", edited("model.decoder.layernorm_embedding.weight_merged_0", np.ones_like),
+     "logits"),
+])
+def test_a_planted_family_bug_in_the_optimum_export_is_found_at_its_tensor(tmp_path, family, graph, change, where):
+    source, taps = optimum(family)
+    folder = plant(tmp_path, source, graph, change)
+    src, tgt = batch(source)
+    report = compare_onnx(folder, str(taps), src, tgt, backends=())
     assert not report.errors, report.errors
     assert report.first_divergence == where, report.to_text()
 
