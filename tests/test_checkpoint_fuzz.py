@@ -18,7 +18,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from conformance import CheckpointError, init_params, preset
 
@@ -210,4 +210,5 @@ def test_every_mutation_kind_is_refused_at_least_once(original, tmp_path):
                 return True
             return False
 
-        find(st.data(), refused, settings=settings(max_examples=50, database=None))
+        # No shrinking: any refused example answers the question (13 CPU-seconds with it, 3 without).
+        find(st.data(), refused, settings=settings(max_examples=50, database=None, phases=[Phase.generate]))

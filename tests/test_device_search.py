@@ -15,6 +15,7 @@ import itertools
 
 import numpy as np
 import pytest
+from thorough import thorough_only
 
 from conformance.core import device_search
 from conformance.core.decoding import search, uniforms
@@ -149,7 +150,15 @@ def test_nan_logits_of_an_open_row_are_refused_as_the_reference_does(beams):
     assert str(got.value) == str(expected.value)
 
 
-@pytest.mark.parametrize("kind", ["ties", "continuous"])
+# Eager JAX dispatches op by op: the three eager-JAX device-search tests (test_device_search.py,
+# test_generate_processors.py) took 73 CPU-seconds with both tables, 57 with the tie-heavy one,
+# where the lower-index rule decides. Under `ci` that one only: the continuous table runs the same
+# settings through the same ops, and the NumPy and torch adapters run both tables in CI.
+JAX_KINDS = ["ties", pytest.param("continuous", marks=thorough_only(
+    "eager JAX on the continuous table repeats the ties run's settings and ops"))]
+
+
+@pytest.mark.parametrize("kind", JAX_KINDS)
 def test_jax_device_search_equals_the_reference(kind):
     """The JAX adapter (lax.top_k, the functional column writes) run eagerly; the compiled
     while_loop around the same functions is compared through generate (tests/test_generate.py,
@@ -242,7 +251,7 @@ def test_torch_device_search_equals_the_reference_flax_rule_and_sampling(kind):
         same(got, reference(settings, values, 6), settings)
 
 
-@pytest.mark.parametrize("kind", ["ties", "continuous"])
+@pytest.mark.parametrize("kind", JAX_KINDS)
 def test_jax_device_search_equals_the_reference_flax_rule_and_sampling(kind):
     """Eager JAX, with the warpers' settings as arrays (as the compiled search takes them): both
     filters computed, each kept where on."""

@@ -56,6 +56,17 @@ def full_size() -> bool:
     return settings._current_profile in FULL_SIZE_PROFILES
 
 
+def ci_profile() -> bool:
+    """Whether the active hypothesis profile is `ci` (CI runs it; the others may run a test's
+    long or redundant variants too)."""
+    return settings._current_profile == "ci"
+
+
+def ci_or_every(every: tuple, ci: tuple) -> tuple:
+    """`ci` under the `ci` profile (a test's redundant variants left out for CI's time), else `every`."""
+    return ci if ci_profile() else every
+
+
 def load_default_profile(pytest_config=None) -> None:
     """Load `--hypothesis-profile` if given, else `$HYPOTHESIS_PROFILE` (default `ci`), now: the
     properties are decorated when collection imports them, and a decorator that reads the profile
