@@ -634,6 +634,11 @@ ONNX_EXPORT_BREAKS = {
 }
 
 
+# (name, the function it replaces) -> the replacement planted, made once: the export cache keys
+# on the functions themselves (onnx_export.exporter), so a break planted again reuses its graphs.
+_PLANTED: dict[tuple, object] = {}
+
+
 @contextmanager
 def planted_in_the_export(name: str):
     """`ONNX_EXPORT_BREAKS[name]` planted in conformance.check.onnx_export for the duration."""
@@ -642,7 +647,7 @@ def planted_in_the_export(name: str):
     attribute, make, _ = ONNX_EXPORT_BREAKS[name]
     assert hasattr(onnx_export, attribute), f"break {name!r}: conformance/check/onnx_export.py has no {attribute!r}"
     right = getattr(onnx_export, attribute)
-    setattr(onnx_export, attribute, make(right))
+    setattr(onnx_export, attribute, _PLANTED.setdefault((name, right), make(right)))
     try:
         yield
     finally:

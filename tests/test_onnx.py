@@ -8,6 +8,8 @@ where they first show, not only at the logits.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -35,6 +37,7 @@ from conformance.core import checkpoint  # noqa: E402
 from conformance.core.config import ModelConfig  # noqa: E402
 from conformance.core.errors import InputError  # noqa: E402
 from conformance.core.output import forward_order, tensors_of  # noqa: E402
+from thorough import thorough_only  # noqa: E402
 
 # Pre-LN with final norms, a scaled embedding, target padding on the queries with a -inf fill:
 # the fixed batch's padded rows then hold fully masked (NaN) rows the runtime must reproduce.
@@ -188,3 +191,122 @@ def test_convert_to_onnx_refuses_an_existing_directory_and_foreign_flags(saved, 
     assert main(["convert", str(path), str(tmp_path / "new"), "--to", "onnx", "--quantization", "int8"]) == 2
     assert "--quantization" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_one_export_serves_convert_the_target_and_each_planted_bug(saved, exported, monkeypatch):
+    """The graphs are kept per (config, dtype, parameters, exporter) in the process: the target
+    built as `rosetta check` builds it (param_dtype given) or as a user does (none) reuses the
+    `rosetta convert --to onnx --taps` export, and a planted bug planted again its own."""
+    import torch
+
+    from conformance.check import onnx_runtime
+
+    _, params = saved
+    traced, export = [], torch.onnx.export
+    monkeypatch.setattr(torch.onnx, "export", lambda *args, **kwargs: traced.append(1) or export(*args, **kwargs))
+    onnx_runtime.Model(CONFIG, params)
+    onnx_runtime.Model(CONFIG, params, param_dtype="float32")
+    assert traced == [], f"{len(traced)} graphs traced again for the checkpoint `rosetta convert` exported"
+    name = "decoder reads the cache of the wrong layer"
+    with planted_in_the_export(name):
+        onnx_runtime.Model(CONFIG, params)
+    first = len(traced)
+    with planted_in_the_export(name):
+        onnx_runtime.Model(CONFIG, params)
+    assert len(traced) == first, f"planting {name!r} again traced {len(traced) - first} graphs again"
+
+
+def test_the_export_key_tells_apart_replacements_even_after_one_is_freed():
+    """A replaced export function is held in the key itself: a freed replacement's id() can be the
+    next one's, which would let a graph exported under one planted bug answer for another."""
+    from conformance.check import onnx_export
+
+    right, keys = onnx_export.source_mask, []
+    try:
+        for _ in range(4):
+            onnx_export.source_mask = lambda src_mask: src_mask[:, None, None, :]
+            keys.append(onnx_export.exporter())
+            onnx_export.source_mask = right  # the replacement is freed unless a key holds it
+    finally:
+        onnx_export.source_mask = right
+    assert len(set(keys)) == len(keys), "two different replacements gave the same export key"
+
+
+def graphs(params) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The (encoder, decoder) graphs of the target's export of CONFIG, to edit."""
+    from conformance.check.onnx_export import export_bytes
+
+    return tuple(onnx.load_from_string(graph) for graph in export_bytes(CONFIG, params, "float32", taps=True))
+
+
+def loaded(graph: onnx.ModelProto) -> onnxruntime.InferenceSession:
+    return onnxruntime.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_a_users_tap_on_our_graph_is_the_whole_prefix_calls_as_it_is(saved):
+    """A graph output that is no tensor of ours (here the first layer's present keys, (B, H, L, K),
+    past included) is not joined along a guessed position axis: it is the whole-prefix call's."""
+    from conformance.check import onnx_runtime
+
+    _, params = saved
+    encoder, decoder = graphs(params)
+    decoder.graph.node.append(onnx.helper.make_node("Identity", ["present_key.0"], ["user.present_key"]))
+    decoder.graph.output.append(onnx.helper.make_empty_tensor_value_info("user.present_key"))
+    model = onnx_runtime.Model.of_sessions(CONFIG, loaded(encoder), loaded(decoder))
+    src_ids, tgt_ids = fixed_batch(CONFIG)
+    out = model(src_ids, tgt_ids)
+    batch, length = tgt_ids.shape
+    assert out.intermediates["user.present_key"].shape == (batch, CONFIG.n_heads, length, CONFIG.head_dim)
+
+
+def test_graphs_without_our_inputs_or_outputs_are_refused_by_name(saved):
+    from conformance.check import onnx_runtime
+
+    _, params = saved
+    encoder, decoder = graphs(params)
+    src_ids, tgt_ids = fixed_batch(CONFIG)
+    no_past = onnx_runtime.Model.of_sessions(CONFIG, loaded(encoder), loaded(encoder))  # the encoder as decoder
+    with pytest.raises(InputError, match="no input past_key.0"):
+        no_past(src_ids, tgt_ids)
+    kept = [output for output in encoder.graph.output if output.name != "cross_value.1"]
+    del encoder.graph.output[:]
+    encoder.graph.output.extend(kept)
+    with pytest.raises(InputError, match="no output cross_value.1"):
+        onnx_runtime.Model.of_sessions(CONFIG, loaded(encoder), loaded(decoder)).encode(src_ids)
+
+
+@pytest.mark.parametrize("kind, expected", [(onnx.TensorProto.DOUBLE, np.float64), (onnx.TensorProto.UINT8, None)])
+def test_the_empty_cache_has_the_graphs_element_type(kind, expected):
+    """The cache a call starts from is made of the decoder graph's own past_key.0 type (float64
+    here, not float32); a type the target has no NumPy dtype for is refused by name."""
+    from conformance.check import onnx_runtime
+
+    shape = [None, CONFIG.n_heads, None, CONFIG.head_dim]
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["past_key.0"], ["present_key.0"])], "past",
+                                   [onnx.helper.make_tensor_value_info("past_key.0", kind, shape)],
+                                   [onnx.helper.make_tensor_value_info("present_key.0", kind, shape)])
+    decoder = loaded(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)]))
+    model = onnx_runtime.Model.of_sessions(CONFIG, None, decoder)
+    if expected is None:
+        with pytest.raises(InputError, match="past_key.0 is a tensor\\(uint8\\)"):
+            model._empty_cache(2)
+    else:
+        assert all(value.dtype == expected for value in model._empty_cache(2).values())
+
+
+# The suite's properties on the target, by name: the forward, the split, generate, and the two
+# that GRAPH_TARGETS_LACK once skipped (the fast path, the dtype refusal).
+SUITE_ON_THE_TARGET = ("onnxruntime and ((every_tensor_matches_the_oracle and not trained_scale) or "
+                       "generate_chooses_the_oracles_ids or encode_then_decode_equals_the_forward or "
+                       "fast_path_matches_the_oracle or unsupported_dtypes_are_refused)")
+
+
+@thorough_only("exports a pair of graphs per drawn example (minutes); the tests above run the target on one model")
+def test_the_suites_properties_pass_on_the_target(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROSETTA_", "HYPOTHESIS_", "PYTEST_"))}
+    done = subprocess.run([sys.executable, "-m", "conformance.cli", "conformance", "--profile", "ci", "--backends",
+                           "numpy,onnxruntime", "--", "-k", SUITE_ON_THE_TARGET, "-p", "no:cacheprovider"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3600)
+    tail = done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0, tail
+    assert " passed" in done.stdout.splitlines()[-1], tail

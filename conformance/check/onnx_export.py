@@ -24,12 +24,16 @@ with the host-side input checks of `Model.encode`/`decode` left to whoever feeds
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import os
+import tempfile
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -167,6 +171,49 @@ def export(model: Model, folder: str | os.PathLike, *, taps: bool = False) -> li
                 ["tgt_ids", "src_mask", *cache_names(model, "past"), *cache_names(model, "cross")], decoder_outputs,
                 ({0: batch, 1: tgt}, {0: batch, 1: src}, (*[past_shape] * len(cache), *[cross_shape] * len(cross))))
     return [folder / ENCODER_FILE, folder / DECODER_FILE]
+
+
+# The graphs (encoder, decoder bytes) of the last few exports: the suite builds one model per
+# example and property, the tests convert and check the same checkpoint, and each export takes
+# seconds; what shares a key here shares one export in this process.
+EXPORTS: OrderedDict[tuple, tuple[bytes, bytes]] = OrderedDict()
+KEPT_EXPORTS = 16
+
+
+def params_digest(params) -> str:
+    """A digest of the parameters (names, dtypes, shapes, values): the export holds their values."""
+    digest = hashlib.sha1()
+    for name in sorted(params):
+        value = np.ascontiguousarray(np.asarray(params[name]))
+        digest.update(f"{name} {value.dtype} {value.shape}".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
+
+
+def exporter() -> tuple:
+    """The functions and classes this module exports with, the objects themselves: a planted
+    export bug (tests/breaks.py) replaces one, and a graph exported before (or under another
+    planted bug) must not answer for it. Objects, not their id()s: a freed replacement's id can
+    be a later one's, while an object held in a key stays alive and distinct."""
+    return tuple(sorted(((name, value) for name, value in globals().items() if callable(value)),
+                        key=lambda item: item[0]))
+
+
+def export_bytes(config, params, dtype: str = "float32", param_dtype=None, taps: bool = False) -> tuple[bytes, bytes]:
+    """The (encoder, decoder) graph files of `impl_torch.Model(config, params, dtype,
+    param_dtype=...)` as `export` writes them, kept per (config, dtype, parameter dtype,
+    parameters, taps, exporter) for the process: `rosetta convert --to onnx` and the
+    `onnxruntime` target share them."""
+    dtype = str(dtype)
+    key = (config.to_json(), dtype, str(param_dtype or dtype), params_digest(params), bool(taps), exporter())
+    if key not in EXPORTS:
+        model = Model(config, params, dtype, param_dtype=param_dtype)
+        with tempfile.TemporaryDirectory(prefix="rosetta-onnx-") as folder:
+            EXPORTS[key] = tuple(Path(p).read_bytes() for p in export(model, folder, taps=taps))
+        while len(EXPORTS) > KEPT_EXPORTS:
+            EXPORTS.popitem(last=False)
+    EXPORTS.move_to_end(key)
+    return EXPORTS[key]
 
 
 def _real_id(config, vocab: int) -> int:

@@ -25,8 +25,9 @@ parents), one new position per call. The tokens are chosen by `conformance.core.
 the reference search the suite's oracle runs (`runner.oracle_generate`), fed the runtime's logits.
 
 The suite builds a model per example, and an export takes seconds: the two graphs are kept per
-(config, dtype, parameters) (`EXPORTS`), so the properties that share an example (forward,
-encode-decode, determinism, the pairs) pay for one export.
+(config, dtype, parameters) (`onnx_export.export_bytes`), so the properties that share an example
+(forward, encode-decode, determinism, the pairs) pay for one export, and so does a `rosetta
+convert --to onnx --taps` of the same checkpoint in the same process.
 
 Float32 only, on the CPU execution provider: the exporter traces the model in its own dtype.
 """
@@ -34,10 +35,6 @@ Float32 only, on the CPU execution provider: the exporter traces the model in it
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import tempfile
-from collections import OrderedDict
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -50,7 +47,7 @@ except ImportError as _missing:
                       "(pip install 'rosetta-transformer[onnx]')") from None
 
 import impl_numpy
-import impl_torch
+import impl_torch  # noqa: F401 - the graphs are traced from it: without torch the target is unavailable
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 from conformance.core.inputs import (check_dtype, check_generate, check_same_batch, expected_mask_shapes, host_ids,
@@ -78,28 +75,18 @@ def precision_settings() -> dict[str, Any]:
     return {"execution_provider": PROVIDER}
 
 
-# The exported graphs (encoder, decoder bytes) of the last few models built: the suite builds one
-# model per example and property, and the properties that share an example reuse its export.
-EXPORTS: OrderedDict[tuple, tuple[bytes, bytes]] = OrderedDict()
-KEPT_EXPORTS = 16
+# The onnxruntime element types of graph inputs and outputs -> NumPy dtypes (also read by
+# conformance.check.onnx_compare): what an empty cache or a fed tensor must be made of.
+ELEMENT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+                 "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_}
 
 
-def params_digest(params) -> str:
-    """A digest of the parameters (names, dtypes, shapes, values): the export holds their values."""
-    digest = hashlib.sha1()
-    for name in sorted(params):
-        value = np.ascontiguousarray(np.asarray(params[name]))
-        digest.update(f"{name} {value.dtype} {value.shape}".encode())
-        digest.update(value.tobytes())
-    return digest.hexdigest()
-
-
-def exporter() -> tuple:
-    """Which functions `onnx_export` exports with: a planted export bug (tests/breaks.py) replaces
-    one, and a graph exported before it was planted must not answer for it."""
-    from conformance.check import onnx_export
-
-    return tuple(sorted((name, id(value)) for name, value in vars(onnx_export).items() if callable(value)))
+def element_dtype(graph: str, name: str, kind: str) -> np.dtype:
+    """The NumPy dtype of the graph input or output `name` whose onnxruntime type is `kind`."""
+    if kind not in ELEMENT_TYPES:
+        raise InputError(graph, f"{name} is a {kind}, which the {NAME} target cannot feed or read "
+                         f"(it knows {', '.join(sorted(ELEMENT_TYPES))})")
+    return np.dtype(ELEMENT_TYPES[kind])
 
 
 class Model:
@@ -110,24 +97,16 @@ class Model:
 
     def __init__(self, config: ModelConfig, params, dtype: Any = None, *, device: str | None = None,
                  param_dtype: Any = None):
-        from conformance.check import onnx_export
+        from conformance.check.onnx_export import export_bytes
 
         dtype = "float32" if dtype is None else str(dtype)
         check_dtype(self.backend, dtype, SUPPORTED_DTYPES)
         if device not in (None, "cpu"):
             raise InputError("device", f"the {self.backend} target runs on the CPU only, got {device!r}")
         self.config = config
-        key = (config.to_json(), dtype, str(param_dtype), params_digest(params), exporter())
-        if key not in EXPORTS:
-            torch_model = impl_torch.Model(config, params, dtype, param_dtype=param_dtype)
-            with tempfile.TemporaryDirectory(prefix="rosetta-onnx-") as folder:
-                EXPORTS[key] = tuple(Path(p).read_bytes() for p in onnx_export.export(torch_model, folder, taps=True))
-            while len(EXPORTS) > KEPT_EXPORTS:
-                EXPORTS.popitem(last=False)
-        EXPORTS.move_to_end(key)
+        encoder, decoder = export_bytes(config, params, dtype, param_dtype, taps=True)
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3  # warnings about unused shape hints are not findings
-        encoder, decoder = EXPORTS[key]
         self.encoder = onnxruntime.InferenceSession(encoder, options, providers=[PROVIDER])
         self.decoder = onnxruntime.InferenceSession(decoder, options, providers=[PROVIDER])
         self.layers = config.n_decoder_layers
@@ -158,6 +137,11 @@ class Model:
         outputs = dict(zip([o.name for o in self.encoder.get_outputs()],
                            self.encoder.run(None, {"src_ids": src_ids, "src_mask": mask})))
         encoded = Encoded(memory=outputs.get("encoder.output"), src_mask=mask, attention=record(), intermediates=record())
+        missing = [name for name in _names("cross", self.layers) if name not in outputs]
+        if missing:
+            raise InputError("encoder", f"the encoder graph has no output {missing[0]}: a graph of "
+                             f"`rosetta convert --to onnx` gives cross_key.i and cross_value.i for each of the "
+                             f"{self.layers} decoder layers")
         encoded.cross = [outputs.pop(name) for name in _names("cross", self.layers)]
         for name, value in outputs.items():
             (encoded.attention if _is_attention(name) else encoded.intermediates)[name] = value
@@ -185,7 +169,11 @@ class Model:
             joined = whole
         else:
             rest = self._decode({**inputs, **{name: value[:, :, :split] for name, value in present.items()}})
-            joined = {name: _join(whole[name], rest[name], split) for name in whole}
+            # Only our own tensors are joined, along the axis their name says; any other graph
+            # output (a user's tap on a converted graph) is the whole-prefix call's, as it is.
+            ours = set(forward_order(self.config))
+            joined = {name: _join_at(whole[name], rest[name], split, 2 if _is_attention(name) else 1)
+                      if name in ours else value for name, value in whole.items()}
         out = ModelOutput(logits=joined.pop("logits"), attention=dict(encoded.attention),
                           intermediates=dict(encoded.intermediates))
         for name, value in joined.items():
@@ -240,8 +228,11 @@ class Model:
 
     def _empty_cache(self, rows: int) -> dict[str, np.ndarray]:
         shape = (rows, self.config.n_heads, 0, self.config.head_dim)  # (N, H, 0, K)
-        kind = next(i.type for i in self.decoder.get_inputs() if i.name == "past_key.0")  # the graph's dtype
-        dtype = np.float16 if kind == "tensor(float16)" else np.float32
+        kinds = {i.name: i.type for i in self.decoder.get_inputs()}
+        if "past_key.0" not in kinds:
+            raise InputError("decoder", "the decoder graph has no input past_key.0: a graph of `rosetta convert "
+                             "--to onnx` takes past_key.i and past_value.i (B, H, P, K) for each decoder layer")
+        dtype = element_dtype("decoder", "past_key.0", kinds["past_key.0"])  # the graph's dtype
         return {name: np.zeros(shape, dtype) for name in _names("past", self.layers)}
 
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None, *, sink=None,
@@ -259,8 +250,13 @@ def _is_attention(name: str) -> bool:
     return name.endswith((".self", ".cross"))
 
 
-def _join(whole: np.ndarray, rest: np.ndarray, split: int) -> np.ndarray:
-    """One decoder tensor: the whole-prefix call's first `split` positions, then the cached call's
-    (along axis 1; axis 2 for attention weights (B, H, T, Tk))."""
-    axis = 2 if whole.ndim == 4 else 1
+def _join_at(whole: np.ndarray, rest: np.ndarray, split: int, axis: int) -> np.ndarray:
+    """One decoder tensor: the whole-prefix call's first `split` positions, then the cached call's,
+    along the position axis `axis` (1 for (B, T, ...); 2 for attention weights (B, H, T, Tk))."""
     return np.concatenate([np.take(whole, np.arange(split), axis=axis), rest], axis=axis)
+
+
+def _join(whole: np.ndarray, rest: np.ndarray, split: int) -> np.ndarray:
+    """`_join_at` with the axis taken from the rank (4-d: attention weights): for tensors known to
+    be (B, T, ...) or (B, H, T, Tk), as conformance.check.onnx_compare's are."""
+    return _join_at(whole, rest, split, 2 if whole.ndim == 4 else 1)

@@ -313,28 +313,30 @@ def export_onnx(src: Path, dst: Path, args: argparse.Namespace) -> int:
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
     try:
         import onnxscript  # noqa: F401 - torch's exporter needs it, and says so only after tracing
-        from impl_torch import Model
         from conformance.check import onnx_export
     except ImportError as exc:
         raise InputError("--to", f"exporting to ONNX needs torch, onnx and onnxscript ({exc}): "
                          "pip install 'rosetta-transformer[torch,onnx]'") from None
     config, params = checkpoint.load(src)
-    model = Model(config, params, "float32")
+    graphs = onnx_export.export_bytes(config, params, "float32", taps=args.taps)  # impl_torch's Model, traced
     with checkpoint.atomic_directory(dst) as folder:
         folder.mkdir()
-        written = onnx_export.export(model, folder, taps=args.taps)
+        written = [folder / onnx_export.ENCODER_FILE, folder / onnx_export.DECODER_FILE]
+        for path, graph in zip(written, graphs):
+            path.write_bytes(graph)
     print(f"{src} -> {dst} (ONNX opset {onnx_export.OPSET}, float32{', with taps' if args.taps else ''}: "
           f"{', '.join(path.name for path in written)})")
     print(f"  config: {config.summary()}")
     return 0
 
 
-CTRANSLATE2 = "ctranslate2"  # `--to ctranslate2`: CTranslate2's converter, through a Hugging Face Marian folder
+CTRANSLATE2 = "ctranslate2"  # `--to ctranslate2`: CTranslate2's converter, through a Hugging Face Marian, T5 or BART folder
 
 
 def export_ctranslate2(src: Path, dst: Path, args: argparse.Namespace) -> int:
     """`rosetta convert model.safetensors DIR --to ctranslate2 [--quantization T]`: the checkpoint
-    as a Hugging Face Marian folder (`--to hf-marian`), converted by CTranslate2's own
+    as a Hugging Face folder of its family (`--to hf-marian`, `hf-t5` or `hf-bart`:
+    `ctranslate2_check.family_of`), converted by CTranslate2's own
     TransformersConverter into a new directory, made whole or not at all
     (`conformance.check.ctranslate2_check.convert`)."""
     from conformance.check import ctranslate2_check
@@ -351,7 +353,8 @@ def export_ctranslate2(src: Path, dst: Path, args: argparse.Namespace) -> int:
     config, params = checkpoint.load(src)
     quantization = getattr(args, "quantization", None) or "float32"
     ctranslate2_check.convert(config, params, dst, quantization)
-    print(f"{src} -> {dst} (CTranslate2 model, {quantization} weights, through a Hugging Face Marian folder)")
+    family = ctranslate2_check.family_of(config, params).layout
+    print(f"{src} -> {dst} (CTranslate2 model, {quantization} weights, through a Hugging Face {family} folder)")
     print(f"  config: {config.summary()}")
     return 0
 

@@ -38,8 +38,8 @@ BEYOND_THE_ADAPTER = {
 }
 
 # Targets that run exported graphs (conformance.check.onnx_runtime): the properties that call what
-# a graph has no input or output for, and why. Forward, encode-decode, generate, determinism, the
-# pairs and the error properties run.
+# a graph has no input or output for, and why. Forward, the fast path, encode-decode, generate,
+# determinism, the pairs and the error properties run.
 GRAPH_TARGETS_LACK = {
     "onnxruntime": {
         "test_explicit_masks_give_the_same_result_as_derived_masks":
@@ -47,13 +47,6 @@ GRAPH_TARGETS_LACK = {
             "to pass an explicit (B, 1, T, T) mask to",
         "test_masks_equal_the_oracle_exactly": "the masks are computed inside the exported graphs: there is no "
                                                "make_masks to call",
-        "test_fast_path_matches_the_oracle": "the target runs one exported graph, with the taps as outputs: there "
-                                             "is no separate fast path (SDPA) to compare",
-        # Not a limit of the graphs: the property picks the dtype to refuse, and the name the
-        # refusal must hold, by the backend's kind (numpy: float16), which is not this target's.
-        "test_unsupported_dtypes_are_refused": "the property refuses numpy's float16 and looks for 'numpy' in the "
-                                               "message; this target's refusal names onnxruntime (its dtype check: "
-                                               "tests/test_onnx.py::test_the_target_refuses_what_it_cannot_run)",
     },
 }
 
