@@ -22,13 +22,20 @@ What the graphs give is compared: their outputs that are canonical tensors (ever
 `--taps`), an optimum encoder's `last_hidden_state` as `encoder.output`, the logits. A layout's
 `[taps]` may name values of the graphs (a node's output, `/model/encoder/layers.0/.../Add_1_output_0`):
 each one found in the encoder graph (an `encoder.*` tensor) or the decoder graph (the rest) is
-added as a graph output for the run. A tap that names no value of the graph, or a value inside a
-subgraph (an `If` branch of a merged decoder), is reported as not exposed, with that reason.
+added as a graph output for the run. A tap that names a value inside a subgraph (an `If` branch
+of a merged decoder, which cannot be made a graph output) is reported as not exposed, naming the
+node; one that names no value of the graph, as naming none.
 
 The decoder runs twice, as the `onnxruntime` target runs it: on the whole target prefix with an
 empty cache, then on the second half with the first half's keys and values as its cache; each
 decoder tensor is the first call's rows for the first half and the second call's for the rest, so
-a graph that reads its cache wrong shows at the first tensor that touches it.
+a graph that reads its cache wrong shows at the first tensor that touches it. An optimum decoder
+without `use_cache_branch` (decoder_model.onnx) runs once: the report's note says "cache not
+checked" (decoder_with_past_model.onnx is not read).
+
+A graph takes its decoder input as given: with a layout whose `decoder_input` is "shift-right"
+(a system that shifts its targets itself), the graphs are fed shift_right(tgt_ids), as the
+oracle is, and every position is compared.
 """
 
 from __future__ import annotations
@@ -42,8 +49,8 @@ import numpy as np
 from conformance.check import backends as backend_registry
 from conformance.check.compare import compare as compare_arrays
 from conformance.check.report import Cell, Report, default_targets, run_check
-from conformance.check.side_by_side_report import (YOURS, SideBySide, as_ids, backend_names, decoder_positions,
-                                                   oracle_tensors, shift_right)
+from conformance.check.side_by_side_report import (YOURS, SideBySide, as_ids, backend_names, oracle_tensors,
+                                                   shift_right)
 from conformance.check.tolerances import tolerance
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
@@ -52,7 +59,6 @@ from conformance.core.output import forward_order
 ROSETTA_FILES = ("encoder.onnx", "decoder.onnx")
 OPTIMUM_ENCODER = "encoder_model.onnx"
 OPTIMUM_DECODERS = ("decoder_model_merged.onnx", "decoder_model.onnx")
-DTYPES = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}  # onnx.TensorProto element types
 
 
 def is_onnx(model: Any) -> bool:
@@ -92,16 +98,31 @@ class Graphs:
                                       "encoder_hidden_states, past_key_values.*)")
 
     def dtype(self) -> str:
+        """The logits' dtype; InputError for an element type the runtime's target cannot read."""
+        import onnx
+
+        from conformance.check.onnx_runtime import element_dtype
+
         logits = next((o for o in self.decoder.graph.output if o.name == "logits"), None)
         if logits is None:
             raise InputError("model", f"{self.where}: the decoder graph has no output named logits")
-        return DTYPES.get(logits.type.tensor_type.elem_type, "float32")
+        # onnxruntime's name for the element type: FLOAT -> tensor(float), as ELEMENT_TYPES keys it.
+        kind = f"tensor({onnx.TensorProto.DataType.Name(logits.type.tensor_type.elem_type).lower()})"
+        return element_dtype("model", f"{self.where}: the decoder graph's logits", kind).name
+
+    @property
+    def cached(self) -> bool:
+        """Whether the decoder graph can be run with a cache: rosetta's always; optimum's merged
+        graph by its `use_cache_branch` (decoder_model.onnx has none)."""
+        return self.convention == "rosetta" or any(i.name == "use_cache_branch" for i in self.decoder.graph.input)
 
 
 def load_graphs(model: Any) -> Graphs:
-    """The two graphs of `model` (see `is_onnx`); InputError naming what is missing."""
+    """The two graphs of `model` (see `is_onnx`, or `Graphs` read already); InputError naming what is missing."""
     import onnx
 
+    if isinstance(model, Graphs):
+        return model
     if isinstance(model, (tuple, list)):
         encoder, decoder = (_proto(m) for m in model)
         return Graphs(encoder, decoder, "the (encoder, decoder) pair")
@@ -166,6 +187,25 @@ def graph_values(proto) -> set[str]:
     return {o for node in proto.graph.node for o in node.output} | {i.name for i in proto.graph.input}
 
 
+def subgraph_values(graph, found: dict[str, str] | None = None) -> dict[str, str]:
+    """{value: where} for the values computed inside `graph`'s subgraphs (an If node's branches, a
+    Loop's body, at any depth), `where` naming the outermost subgraph that holds it: "the
+    else_branch of If node 'optimum::if'"."""
+    import onnx
+
+    found = {} if found is None else found
+    for node in graph.node:
+        for attribute in node.attribute:
+            inner = ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH
+                     else list(attribute.graphs) if attribute.type == onnx.AttributeProto.GRAPHS else [])
+            for sub in inner:
+                where = f"the {attribute.name} of {node.op_type} node {node.name!r}"
+                for value in {o for n in sub.node for o in n.output}:
+                    found.setdefault(value, where)
+                subgraph_values(sub, found)  # deeper subgraphs: setdefault keeps the outer where
+    return found
+
+
 def tapped(graphs: Graphs, layout, config: ModelConfig, tensors: list[str]) -> tuple[dict, dict, dict]:
     """(encoder taps, decoder taps) as {ONNX value: canonical tensor}, and {tensor: why not} for the
     layout's taps that name no value of their graph."""
@@ -174,6 +214,7 @@ def tapped(graphs: Graphs, layout, config: ModelConfig, tensors: list[str]) -> t
     switches = config.to_dict()
     enc, dec, missing = {}, {}, {}
     values = {"encoder": graph_values(graphs.encoder), "decoder": graph_values(graphs.decoder)}
+    inner = {"encoder": subgraph_values(graphs.encoder.graph), "decoder": subgraph_values(graphs.decoder.graph)}
     for tensor in tensors:
         for tap in layout.taps:
             name = tap.module_for(tensor)
@@ -182,10 +223,12 @@ def tapped(graphs: Graphs, layout, config: ModelConfig, tensors: list[str]) -> t
             stack = "encoder" if tensor.startswith("encoder.") else "decoder"
             if name in values[stack]:
                 (enc if stack == "encoder" else dec)[name] = tensor
+            elif name in inner[stack]:
+                missing[tensor] = (f"the layout's tap names {name!r}, a value inside {inner[stack][name]} of the "
+                                   f"{stack} graph (not an output the graph can expose)")
             else:
-                missing[tensor] = (f"the layout's tap names {name!r}, no value at the top level of the {stack} "
-                                   "graph (a torch module's path, or a value inside an If branch, cannot be made a "
-                                   "graph output)")
+                missing[tensor] = (f"the layout's tap names {name!r}, which names no value of the {stack} graph "
+                                   "(a torch module's path is no graph value)")
             break
     return enc, dec, missing
 
@@ -204,7 +247,7 @@ def run_rosetta(graphs: Graphs, config: ModelConfig, src_ids, tgt_ids, taps: tup
 def run_optimum(graphs: Graphs, config: ModelConfig, src_ids, tgt_ids, taps: tuple[dict, dict]) -> dict[str, np.ndarray]:
     """optimum's encoder, then its decoder on the whole prefix without a cache and again on the
     second half with the first half's self-attention cache (`use_cache_branch` of a merged graph)."""
-    from conformance.check.onnx_runtime import _join
+    from conformance.check.onnx_runtime import _is_attention, _join_at, element_dtype
 
     encoder = _session(with_outputs(graphs.encoder, list(taps[0])))
     decoder = _session(with_outputs(graphs.decoder, list(taps[1])))
@@ -214,7 +257,7 @@ def run_optimum(graphs: Graphs, config: ModelConfig, src_ids, tgt_ids, taps: tup
     values["encoder.output"] = memory
     inputs = {i.name: i for i in decoder.get_inputs()}
     batch, length = tgt_ids.shape
-    dtype = np.float16 if "float16" in inputs["encoder_hidden_states"].type else np.float32
+    dtype = element_dtype("model", "encoder_hidden_states", inputs["encoder_hidden_states"].type)
     fixed = {"encoder_hidden_states": memory, "encoder_attention_mask": mask}
     past = {name: np.zeros((batch, config.n_heads, 1 if name.endswith(("encoder.key", "encoder.value")) else 0,
                             config.head_dim), dtype)
@@ -234,12 +277,20 @@ def run_optimum(graphs: Graphs, config: ModelConfig, src_ids, tgt_ids, taps: tup
         cache = {name: value if ".encoder." in name else value[:, :, :split] for name, value in present.items()}
         rest = call(tgt_ids[:, split:], cache, True)
         rest = {k: v for k, v in rest.items() if not k.startswith("present.")}
-        whole = {name: _join(whole[name], rest[name], split) if name in rest else whole[name] for name in whole}
+        # The position axis from the canonical name a tap gives the value: (B, H, T, Tk) attention
+        # weights join on 2, the rest (B, T, ...) on 1.
+        axis = {name: 2 if _is_attention(taps[1].get(name, name)) else 1 for name in whole}
+        whole = {name: _join_at(whole[name], rest[name], split, axis[name]) if name in rest else whole[name]
+                 for name in whole}
     values.update(whole)
     return values
 
 
 def _run(session, inputs) -> dict[str, np.ndarray]:
+    missing = [i.name for i in session.get_inputs() if i.name not in inputs]
+    if missing:
+        raise InputError("model", f"a graph with the input(s) {missing}, which compare does not feed (it feeds "
+                                  f"optimum's names: {', '.join(sorted(inputs))})")
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
 
 
@@ -270,13 +321,22 @@ def oracle_weights(weights, graphs_path: Any, layout, overrides: dict) -> tuple[
     return conversion.config, conversion.params, layout
 
 
+def runtime_errors() -> tuple[type[Exception], ...]:
+    """What ONNX Runtime raises for a graph it cannot load or run (its classes share no base)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return tuple(c for c in vars(state).values() if isinstance(c, type) and issubclass(c, Exception))
+
+
 def compare_onnx(model: Any, layout: Any, src_ids, tgt_ids, *, weights=None, run: Callable | None = None,
                  dtype: str = "float32", backends: Any = None, grads: bool = False, labels=None,
                  label_smoothing: float = 0.0, progress: Callable[[str], None] | None = None,
-                 **overrides: Any) -> SideBySide:
+                 oracle: tuple[ModelConfig, dict, Any] | None = None, **overrides: Any) -> SideBySide:
     """The user's ONNX graphs beside the oracle (and our backends), tensor by tensor; see the
     module's docstring. `layout`: the layout of `weights` (None: a rosetta checkpoint, or a
-    Hugging Face folder's own). `run` and `grads` do not apply to graphs: refused."""
+    Hugging Face folder's own). `run` and `grads` do not apply to graphs: refused. `model` may be
+    the `Graphs` of `load_graphs` and `oracle` the (config, params, layout) of `oracle_weights`,
+    read already (the CLI reads them first, for the default batch): then they are not read again."""
     if run is not None:
         raise InputError("run", "ONNX graphs are run by compare itself (their inputs are named): no run function")
     if grads:
@@ -287,15 +347,20 @@ def compare_onnx(model: Any, layout: Any, src_ids, tgt_ids, *, weights=None, run
         raise InputError("tgt_ids", f"has {tgt_ids.shape[0]} rows, src_ids {src_ids.shape[0]}")
     progress("reading the graphs")
     graphs = load_graphs(model)
-    progress("reading the weights the graphs were exported from")
-    config, params, layout = oracle_weights(weights, model if not isinstance(model, (tuple, list)) else None,
-                                            layout, overrides)
+    if oracle is None:
+        progress("reading the weights the graphs were exported from")
+        oracle = oracle_weights(weights, model if not isinstance(model, (tuple, list, Graphs)) else None, layout,
+                                overrides)
+    config, params, layout = oracle
+    # A shift-right layout describes a system that shifts its targets itself; a graph takes its
+    # decoder input as given. The oracle and the graphs both read shift_right(tgt_ids), so every
+    # position is compared (no position of one stands beside another position of the other).
     shifted = layout is not None and layout.tap_options["decoder_input"] == "shift-right"
     ours_tgt = shift_right(tgt_ids) if shifted else tgt_ids
 
     names = backend_names(backends)
     targets, skipped = default_targets(names, [dtype]) if names else ([], {})
-    source = f"ONNX graphs ({graphs.convention}) against {weights or model}"
+    source = f"ONNX graphs ({graphs.convention}) against {weights or graphs.where}"
     if targets:
         report = run_check(config, params, source, targets, skipped, src_ids, ours_tgt, progress=progress)
     else:
@@ -305,23 +370,23 @@ def compare_onnx(model: Any, layout: Any, src_ids, tgt_ids, *, weights=None, run
                         layout=layout.name if layout is not None else "rosetta", yours=yours,
                         batch_axis=0 if layout is None else layout.tap_options["batch_axis"])
     result.targets = [yours, *result.targets]
-    oracle = oracle_tensors(config, params, src_ids, ours_tgt)
+    if not graphs.cached:
+        result.note = ("cache not checked: the decoder graph has no use_cache_branch, so it ran on the whole prefix "
+                       "only (optimum's decoder_with_past_model.onnx is not read; decoder_model_merged.onnx is)")
+    reference = oracle_tensors(config, params, src_ids, ours_tgt)
     enc, dec, missing = tapped(graphs, layout, config, result.tensors)
     progress(f"your graphs in ONNX Runtime ({yours.label})")
     runner = run_rosetta if graphs.convention == "rosetta" else run_optimum
     try:
-        got = runner(graphs, config, src_ids, tgt_ids, (enc, dec))
-    except Exception as exc:  # noqa: BLE001 - the graphs failing in the runtime is the report's error
+        got = runner(graphs, config, src_ids, ours_tgt, (enc, dec))
+    except (*runtime_errors(), InputError) as exc:  # the graphs failing in the runtime: the report's error
         result.errors[yours.label] = f"{type(exc).__name__}: {exc}"
         return result
     got.update({tensor: got.pop(name) for name, tensor in {**enc, **dec}.items() if name in got})
-    real = tgt_ids != config.pad_id if shifted else None
     tol = tolerance(yours.dtype, yours.device)
     for tensor in result.tensors:
         if tensor in got and got[tensor] is not None:
-            ours, theirs = oracle[tensor], np.asarray(got[tensor])
-            if real is not None and tensor.startswith(("decoder.", "logits")):
-                ours, theirs = decoder_positions(ours, real, tensor), decoder_positions(theirs, real, tensor)
+            ours, theirs = reference[tensor], np.asarray(got[tensor])
             result.cells[(tensor, yours.label)] = Cell(comparison=compare_arrays(theirs, ours, tol))
         else:
             why = missing.get(tensor) or ("not an output of the graphs, and no tap of the layout names a value "

@@ -288,10 +288,12 @@ def run_onnx(args: argparse.Namespace) -> int:
         raise InputError("--tgt" if args.src else "--src", "give --src and --tgt together (or neither, for the "
                          "default batch)")
     with Status("rosetta compare") as status:
-        load_graphs(args.factory)  # a folder without graphs: one line before the weights are read
-        config = oracle_weights(args.weights, args.factory, args.layout, overrides)[0]
-        src, tgt = (parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")) if args.src else fixed_batch(config)
+        # Read once, here: a folder without graphs is one line before the weights are read, and the
+        # weights' config gives the default batch; compare_onnx takes both as read.
+        graphs = load_graphs(args.factory)
+        oracle = oracle_weights(args.weights, args.factory, args.layout, overrides)
+        src, tgt = (parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")) if args.src else fixed_batch(oracle[0])
         backends = [] if (args.backends or "").strip() == "none" else args.backends
-        report = compare_onnx(args.factory, args.layout, src, tgt, weights=args.weights, dtype=args.dtype,
-                              backends=backends, progress=status, **overrides)
+        report = compare_onnx(graphs, args.layout, src, tgt, weights=args.weights, dtype=args.dtype,
+                              backends=backends, progress=status, oracle=oracle, **overrides)
     return finish(report, json_path, plot_path)
