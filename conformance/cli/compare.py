@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     from conformance.check import taps
     from conformance.check.report import fixed_batch
     from conformance.check.side_by_side import compare, convert_yours
-    from conformance.cli.common import check_output, parse_ids
+    from conformance.cli.common import parse_ids
     from conformance.cli.convert import parse_sets
     from conformance.cli.progress import Status
     from conformance.convert import load_layout, read_state_dict
@@ -181,11 +181,7 @@ def run(args: argparse.Namespace) -> int:
                          "(only a folder of ONNX graphs may go without)")
     layout = load_layout(args.layout)
     overrides = parse_sets(args.sets)
-    json_path = check_output(args.json, "--json", (".json",)) if args.json else None
-    plot_path = check_output(args.plot, "--plot", (".png",)) if args.plot else None
-    if bool(args.src) != bool(args.tgt):
-        raise InputError("--tgt" if args.src else "--src", "give --src and --tgt together (or neither, for the "
-                         "default batch)")
+    json_path, plot_path = _outputs_checked(args)
     with Status("rosetta compare") as status:
         status(f"reading {args.weights}")
         state = read_state_dict(args.weights, args.key)
@@ -272,7 +268,7 @@ def run_onnx(args: argparse.Namespace) -> int:
     """`rosetta compare GRAPHS [WEIGHTS]`: the graphs in ONNX Runtime beside the oracle."""
     from conformance.check.onnx_compare import compare_onnx, load_graphs, oracle_weights
     from conformance.check.report import fixed_batch
-    from conformance.cli.common import check_output, parse_ids
+    from conformance.cli.common import parse_ids
     from conformance.cli.convert import parse_sets
     from conformance.cli.progress import Status
     from conformance.core.errors import InputError
@@ -282,11 +278,7 @@ def run_onnx(args: argparse.Namespace) -> int:
         raise InputError(flag, "does not apply to ONNX graphs (compare runs them by their input names; they have no "
                                "backward pass)")
     overrides = parse_sets(args.sets)
-    json_path = check_output(args.json, "--json", (".json",)) if args.json else None
-    plot_path = check_output(args.plot, "--plot", (".png",)) if args.plot else None
-    if bool(args.src) != bool(args.tgt):
-        raise InputError("--tgt" if args.src else "--src", "give --src and --tgt together (or neither, for the "
-                         "default batch)")
+    json_path, plot_path = _outputs_checked(args)
     with Status("rosetta compare") as status:
         # Read once, here: a folder without graphs is one line before the weights are read, and the
         # weights' config gives the default batch; compare_onnx takes both as read.
@@ -297,3 +289,16 @@ def run_onnx(args: argparse.Namespace) -> int:
         report = compare_onnx(graphs, args.layout, src, tgt, weights=args.weights, dtype=args.dtype,
                               backends=backends, progress=status, oracle=oracle, **overrides)
     return finish(report, json_path, plot_path)
+
+
+def _outputs_checked(args):
+    """--json and --plot checked before the (long) run, and --src/--tgt given together or not at all."""
+    from conformance.cli.common import check_output
+    from conformance.core.errors import InputError
+
+    json_path = check_output(args.json, "--json", (".json",)) if args.json else None
+    plot_path = check_output(args.plot, "--plot", (".png",)) if args.plot else None
+    if bool(args.src) != bool(args.tgt):
+        raise InputError("--tgt" if args.src else "--src", "give --src and --tgt together (or neither, for the "
+                         "default batch)")
+    return json_path, plot_path
