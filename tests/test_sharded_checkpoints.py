@@ -65,6 +65,21 @@ def _differing(loaded: dict, expected: dict) -> list[str]:
 # -- The torch subprocess: 2 gloo ranks ------------------------------------------------------------
 
 
+
+def _raised(cases: dict) -> dict:
+    """Each case's CheckpointError message, or "nothing raised"."""
+    from conformance.core.errors import CheckpointError
+
+    said = {}
+    for case, call in cases.items():
+        try:
+            call()
+        except CheckpointError as exc:
+            said[case] = str(exc)
+        else:
+            said[case] = "nothing raised"
+    return said
+
 def _torch_worker(rank: int, port: int, folder: str) -> None:
     import torch
     import torch.distributed as dist
@@ -73,7 +88,6 @@ def _torch_worker(rank: int, port: int, folder: str) -> None:
 
     sys.path.insert(0, str(ROOT))
     import impl_torch
-    from conformance.core.errors import CheckpointError
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -101,13 +115,7 @@ def _torch_worker(rank: int, port: int, folder: str) -> None:
         "other dtype": lambda: impl_torch.load_distributed(
             impl_torch.Model(_config(), None, torch.float32), folder / "dcp-fsdp"),
     }
-    for case, call in cases.items():
-        try:
-            call()
-        except CheckpointError as exc:
-            record["errors"][case] = str(exc)
-        else:
-            record["errors"][case] = "nothing raised"
+    record["errors"].update(_raised(cases))
     if rank == 0:
         (folder / "torch.json").write_text(json.dumps(record))
     dist.destroy_process_group()
@@ -138,7 +146,6 @@ def _jax_main(folder: str) -> None:
 
     sys.path.insert(0, str(ROOT))
     import impl_jax
-    from conformance.core.errors import CheckpointError
     from impl_jax.shard import shard_shapes
 
     jax.config.update("jax_enable_x64", True)
@@ -166,13 +173,7 @@ def _jax_main(folder: str) -> None:
                                                       folder / "orbax-fsdp"),
         "other dtype": lambda: impl_jax.load_sharded(impl_jax.Model(_config(), None, "float32"), folder / "orbax-fsdp"),
     }
-    for case, call in cases.items():
-        try:
-            call()
-        except CheckpointError as exc:
-            record["errors"][case] = str(exc)
-        else:
-            record["errors"][case] = "nothing raised"
+    record["errors"].update(_raised(cases))
     (folder / "jax.json").write_text(json.dumps(record))
 
 
