@@ -29,7 +29,7 @@ pytest.importorskip("transformers", reason="CTranslate2's converter loads the fo
 
 import ctranslate2  # noqa: E402
 
-from conformance.check import ctranslate2_check  # noqa: E402
+from conformance.check import ctranslate2_check, ctranslate2_compare  # noqa: E402
 from conformance.check.report import fixed_batch  # noqa: E402
 from conformance.check.tolerances import tolerance  # noqa: E402
 from conformance.cli import main  # noqa: E402
@@ -116,7 +116,7 @@ def test_the_check_refuses_what_the_marian_loader_would_change():
     with pytest.raises(ConfigError, match="zero embedding"):
         ctranslate2_check.representable(config, params)
     with pytest.raises(InputError, match="followed by padding only"):
-        ctranslate2_check._rows(np.array([[3, 31, 4]]), 31, "src_ids")
+        ctranslate2_compare.token_rows(np.array([[3, 31, 4]]), 31, "src_ids")
     with pytest.raises(InputError, match="compute_types"):
         ctranslate2_check.check(config, params, np.array([[3]]), np.array([[4]]), compute_types=["int4"])
 

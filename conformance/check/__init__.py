@@ -16,7 +16,8 @@
     taps         reading a foreign model's tensors where its layout's [taps] say
     onnx_export  impl_torch's model as encoder/decoder ONNX graphs (torch's exporter), `rosetta convert --to onnx`
     onnx_runtime the `onnxruntime` target: those graphs run by ONNX Runtime, beside the oracle
-    ctranslate2_check  `rosetta convert --to ctranslate2` (CTranslate2's converter) and its scores and ids beside the oracle
+    ctranslate2_check  `rosetta convert --to ctranslate2` (CTranslate2's converter), and `rosetta check`'s ctranslate2 section
+    ctranslate2_compare  a CTranslate2 model (ours or the user's) beside the oracle: score_batch log p and translate_batch ids
     sharded      sharded runs (impl_jax.shard, impl_torch.parallelize) in a child process, compared with the oracle
     sharded_ranks  the child of sharded_runs: the JAX process, or the torch ranks (forked on the CPU)
     mesh         `rosetta check --mesh`: the default model sharded, every plan, a line per plan

@@ -29,6 +29,15 @@ OPTIONAL_BACKENDS = {"torch-compiled": ("conformance.check.compiled_torch", "tor
 
 ADAPTER = "adapter"  # the kind of a user's own backend, given by an adapter
 
+# Targets that expose no intermediate tensors, so no backend surface: `rosetta check --backends
+# numpy,ctranslate2` checks them in a section of their own (conformance/cli/check.py); anywhere else
+# (the suite, `rosetta compare --backends`, the tensor table) the name is refused with this reason.
+SECTION_TARGETS = {"ctranslate2": "CTranslate2 exposes no intermediate tensors, attention weights or gradients, which "
+                                  "the suite's properties and the tensor table compare: rosetta check --backends "
+                                  "numpy,ctranslate2 checks its score_batch log p and translate_batch ids in a section "
+                                  "of its own, and conformance.compare / rosetta compare take a CTranslate2 model "
+                                  "directory (docs/deployment.md)"}
+
 # Extra backends registered at run time (name -> (module, the built-in backend it behaves like)),
 # e.g. the deliberately broken copies the meta-tests use to prove the suite catches bugs.
 _EXTRA: dict[str, tuple[Any, str]] = {}
@@ -132,6 +141,8 @@ def requested_backends(option: str | None = None) -> list[str]:
     for name in names:
         if name in BACKENDS or name in OPTIONAL_BACKENDS or name in _EXTRA:
             continue
+        if name in SECTION_TARGETS:
+            raise ValueError(f"{name} (in ROSETTA_BACKENDS/--backends) is no backend here: {SECTION_TARGETS[name]}")
         from conformance.check.adapter import AdapterError, looks_like_adapter
 
         try:

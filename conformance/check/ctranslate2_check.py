@@ -7,6 +7,7 @@ its `score_batch` and `translate_batch` compared with the float64 NumPy model.
     print(report.table())
 
     python -m conformance.check.ctranslate2_check [CHECKPOINT | LAYOUT] # the table, on fixed_batch
+    rosetta check [CHECKPOINT] --backends numpy,ctranslate2              # the table beside the tensor report
 
 The path is the one a user takes: the checkpoint is written as a Hugging Face folder of the first
 family in FAMILIES whose layout expresses it (Marian, T5, BART; `conformance.convert.hf_folder.write_folder`)
@@ -23,6 +24,10 @@ column), and our `generate` from the same start id with the ids CTranslate2 lack
 scores and none in CTranslate2's; `pad_mass` reports the largest, which is what can part beam ids
 that agree everywhere else.
 
+The measurement and its report are `ctranslate2_compare`'s (`measure`, `CTranslate2Report`: float32
+on float32 weights held to the tolerance table's float32 row and to equal ids, the rest measured),
+which `conformance.compare` also runs on a user's own CTranslate2 model; this module converts.
+
 Needs the [ctranslate2] extra and transformers with torch (the converter loads the folder).
 """
 
@@ -31,12 +36,14 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from conformance.check.ctranslate2_compare import (BEAMS, COMPUTE_TYPES, CTranslate2Report, Directory,
+                                                   generation_note, measure, require)
 from conformance.core.config import ModelConfig
 from conformance.core.errors import ConfigError, InputError
 
@@ -61,22 +68,6 @@ class Family:
 FAMILIES = (Family("hf-marian", drops_pad=True), Family("hf-t5"),
             Family("hf-bart", legacy_fields=(("normalize_before", False),)))
 
-# The compute types compared, as CTranslate2 names them (`ctranslate2.Translator(compute_type=...)`). Its CPU
-# build runs the first three (bfloat16 and float16 only on a GPU: `ctranslate2.get_supported_compute_types`).
-COMPUTE_TYPES = ("float32", "int8", "int8_float32", "bfloat16", "float16")
-BEAMS = (1, 4)
-
-
-def require():
-    """The `ctranslate2` module, or an InputError saying how to install it."""
-    try:
-        import ctranslate2
-    except ImportError as exc:
-        raise InputError("ctranslate2", f"CTranslate2 is not installed ({exc}): "
-                         "pip install 'rosetta-transformer[ctranslate2,torch]' transformers") from None
-    return ctranslate2
-
-
 def family_of(config: ModelConfig, params, layout: str | None = None) -> Family:
     """The family CTranslate2 converts this model as: the one named by `layout`, or else the first
     of FAMILIES whose layout's export expresses it; ConfigError with each family's reason if none does."""
@@ -98,8 +89,9 @@ def family_of(config: ModelConfig, params, layout: str | None = None) -> Family:
             continue
         return family
     fields = tuple(dict.fromkeys(f for exc in errors for f in exc.fields))
-    raise ConfigError(fields[0], "no family CTranslate2 converts expresses this model:\n  " + "\n  ".join(reasons),
-                      fields=fields)
+    raise ConfigError(fields[0], "CTranslate2's loaders represent Marian, T5 and BART "
+                      f"({', '.join(f.layout for f in FAMILIES)}); no family CTranslate2 converts expresses this "
+                      "model, each for the reason given:\n  " + "\n  ".join(reasons), fields=fields)
 
 
 def representable(config: ModelConfig, params, family: Family = FAMILIES[0]) -> None:
@@ -128,7 +120,7 @@ def representable(config: ModelConfig, params, family: Family = FAMILIES[0]) -> 
 def generation_ids(config: ModelConfig) -> tuple[int, int]:
     """(start id, end id) from the checkpoint's note: its decoder_start_token_id, else the pad id
     (Marian's and T5's start), and its end token."""
-    note = json.loads(config.notes["generation"]) if config.notes.get("generation") else {}
+    note = generation_note(config)
     start = note.get("decoder_start_token_id")
     start = config.pad_id if start is None else int(start)
     eos = note.get("eos_token_id", config.notes.get("eos_id"))
@@ -199,160 +191,37 @@ def convert(config: ModelConfig, params, dst: str | Path, quantization: str = "f
     return dst
 
 
-@dataclass
-class ComputeTypeResult:
-    """One compute type against the oracle. `position_error[t]`: the largest |log p| difference at
-    target position t (the appended end token last) over the rows that reach it."""
-
-    compute_type: str
-    position_error: np.ndarray
-    agreement: dict[int, float] = field(default_factory=dict)  # beams -> share of equal ids
-    first_split: dict[int, int | None] = field(default_factory=dict)  # beams -> first step where ids part
-
-    @property
-    def max_error(self) -> float:
-        return float(np.max(self.position_error))
-
-
-@dataclass
-class CTranslate2Report:
-    rows: list[ComputeTypeResult]
-    pad_mass: float  # the largest probability the oracle gives an id CTranslate2 lacks (Marian's pad)
-    version: str
-    max_len: int
-    device: str = "cpu"
-    skipped: dict[str, str] = field(default_factory=dict)  # compute type -> why it did not run
-    banned: tuple[int, ...] = ()  # the ids banned from our generate: those CTranslate2's vocabulary lacks
-
-    def table(self) -> str:
-        head = "| compute type | max abs error, log p | per position | " + " | ".join(
-            f"{'greedy' if b == 1 else f'beam {b}'} ids equal, first split" for b in self.rows[0].agreement) + " |"
-        lines = [head, "|" + "---|" * (3 + len(self.rows[0].agreement))]
-        for row in self.rows:
-            ids = " | ".join(f"{row.agreement[b]:.0%}, {'-' if row.first_split[b] is None else row.first_split[b]}"
-                             for b in row.agreement)
-            per = " ".join(f"{e:.1e}" for e in row.position_error)
-            lines.append(f"| {row.compute_type} | {row.max_error:.2e} | {per} | {ids} |")
-        for compute_type, why in self.skipped.items():
-            lines.append(f"| {compute_type} | not run: {why} |")
-        lines.append(f"({self.version} on {self.device}; oracle: NumPy float64; max_len {self.max_len}; "
-                     f"largest probability of an id CTranslate2 lacks {self.pad_mass:.1e})")
-        # The two searches are lined up to be one algorithm; a user running either's defaults is not.
-        banned = f" and {list(self.banned)} banned (not in CTranslate2's vocabulary)" if self.banned else ""
-        lines.append("(search aligned: CTranslate2 min_decoding_length=0, its default 1 never ends at the first step; "
-                     f"ours early_stopping=True{banned}, as CTranslate2's beam search stops once num_hypotheses "
-                     "hypotheses ended, where transformers' default early_stopping=False does not)")
-        return "\n".join(lines)
-
-
-def _rows(ids: np.ndarray, pad_id: int, name: str) -> list[list[int]]:
-    """Each row's ids before its trailing padding; padding inside a row is refused (CTranslate2
-    takes unpadded lists, and positions would shift)."""
-    rows = []
-    for i, row in enumerate(np.asarray(ids).tolist()):
-        n = len(row)
-        while n and row[n - 1] == pad_id:
-            n -= 1
-        if n == 0 or pad_id in row[:n]:
-            raise InputError(name, f"row {i} must be tokens followed by padding only (pad_id={pad_id}), got {row}")
-        rows.append(row[:n])
-    return rows
-
-
-def _until(row, eos_id: int) -> list[int]:
-    row = [int(i) for i in row]
-    return row[:row.index(eos_id)] if eos_id in row else row
-
-
-def _agreement(ours: list[list[int]], theirs: list[list[int]]) -> tuple[float, int | None]:
-    """(share of steps where the ids are equal, the first step where any row's ids part, or None)."""
-    equal = total = 0
-    first = None
-    for a, b in zip(ours, theirs):
-        steps = max(len(a), len(b)) + 1  # the end token (or its absence) is a step too
-        a, b = a + [-1] * (steps - len(a)), b + [-1] * (steps - len(b))
-        same = [x == y for x, y in zip(a, b)]
-        equal, total = equal + sum(same), total + steps
-        if not all(same):
-            step = same.index(False)
-            first = step if first is None else min(first, step)
-    return equal / total, first
-
-
 def check(config: ModelConfig, params, src_ids, tgt_ids, *, compute_types=COMPUTE_TYPES, beams=BEAMS,
           max_len: int | None = None, length_penalty: float = 1.0, model_dir: str | Path | None = None,
-          device: str = "cpu", layout: str | None = None) -> CTranslate2Report:
-    """CTranslate2 (converted from `params` into `model_dir`, default a temporary directory) beside
-    the float64 oracle in each compute type: `score_batch` log-probabilities of `tgt_ids` (plus the
-    end token) per position, and `translate_batch` ids for each beam size against our `generate`
-    with the same start and end ids, max_len, length_penalty, and no sampling. The two searches'
-    defaults differ where the settings are lined up: CTranslate2's `min_decoding_length` (1) is
-    set to 0, rosetta's (and transformers') none; its beam search stops once `beam_size`
-    hypotheses end (`patience=1`), which is transformers' `early_stopping=True`, given to ours.
-    `layout`: the family converted as (default: `family_of`)."""
-    import impl_numpy
-
-    ctranslate2 = require()
+          device: str = "cpu", layout: str | None = None,
+          progress: Callable[[str], None] | None = None) -> CTranslate2Report:
+    """CTranslate2 (converted from `params` into `model_dir`, default a temporary directory; an
+    existing `model_dir` is taken as converted already) beside the float64 oracle in each compute
+    type: `score_batch` log-probabilities of `tgt_ids` (plus the end token) per position, and
+    `translate_batch` ids for each beam size against our `generate` with the same start and end
+    ids, max_len, length_penalty, and no sampling. The two searches' defaults differ where the
+    settings are lined up: CTranslate2's `min_decoding_length` (1) is set to 0, rosetta's (and
+    transformers') none; its beam search stops once `beam_size` hypotheses end (`patience=1`),
+    which is transformers' `early_stopping=True`, given to ours. `layout`: the family converted
+    as (default: `family_of`). The report (`ctranslate2_compare.measure`) holds float32 to the
+    tolerance table and equal ids, and measures the rest."""
+    require()
     for compute_type in compute_types:
         if compute_type not in COMPUTE_TYPES:
             raise InputError("compute_types", f"expected some of {list(COMPUTE_TYPES)}, got {compute_type!r}")
     family = family_of(config, params, layout)
     representable(config, params, family)
     start, eos = generation_ids(config)
-    pad = config.pad_id
-    lacked = [pad] if family.drops_pad else []  # ids not in CTranslate2's vocabulary
-    sources, targets = _rows(src_ids, pad, "src_ids"), _rows(tgt_ids, pad, "tgt_ids")
-    max_len = max_len or config.max_len
-    weights = {key: np.asarray(value, np.float32) for key, value in params.items()}  # what CTranslate2 gets
-    model = impl_numpy.Model(config, weights, dtype="float64")
-
-    # The oracle's log p of each target token after [start] + prefix, the end token appended.
-    longest = max(len(t) for t in targets) + 1
-    decoder_in = np.full((len(targets), longest), pad)
-    wanted = np.full((len(targets), longest), pad)
-    for i, t in enumerate(targets):
-        decoder_in[i, :len(t) + 1] = [start] + t
-        wanted[i, :len(t) + 1] = t + [eos]
-    src = np.asarray(src_ids)
-    logits = model(src, decoder_in, return_attention=False).logits  # (B, T, V)
-    kept = np.delete(logits, lacked, axis=-1)  # CTranslate2's vocabulary
-    top = kept.max(-1, keepdims=True)
-    log_z = top + np.log(np.exp(kept - top).sum(-1, keepdims=True))
-    oracle = np.take_along_axis(logits, wanted[..., None], -1)[..., 0] - log_z[..., 0]  # (B, T)
-    full_top = logits.max(-1, keepdims=True)
-    probs = np.exp(logits - full_top) / np.exp(logits - full_top).sum(-1, keepdims=True)  # (B, T, V)
-    pad_p = probs[..., lacked].max(-1) if lacked else np.zeros(probs.shape[:-1])
-    valid = np.arange(longest)[None] <= np.array([len(t) for t in targets])[:, None]  # (B, T)
-
-    ours = {b: [_until(r, eos) for r in model.generate(src, max_len=max_len, bos_id=start, eos_id=eos, num_beams=b,
-                                                        length_penalty=length_penalty, banned_ids=lacked,
-                                                        early_stopping=True)]
-            for b in beams}
-    text = [[str(i) for i in row] for row in sources]
-    supported = ctranslate2.get_supported_compute_types(device)
-    skipped = {t: f"CTranslate2 {ctranslate2.__version__} has no {t} kernels on this {device}" for t in compute_types
-               if t not in supported}
-    results = []
+    progress = progress or (lambda message: None)
     with tempfile.TemporaryDirectory(prefix="rosetta-ct2-") as scratch:
         folder = Path(model_dir) if model_dir is not None else Path(scratch) / "model"
         if not folder.exists():
+            progress(f"converting to CTranslate2 through {family.layout}")
             convert(config, params, folder, layout=family.layout)
-        for compute_type in [t for t in compute_types if t not in skipped]:
-            translator = ctranslate2.Translator(str(folder), device=device, compute_type=compute_type)
-            scored = translator.score_batch(text, [[str(i) for i in t] for t in targets])
-            theirs = np.zeros_like(oracle)
-            for i, s in enumerate(scored):
-                theirs[i, :len(s.log_probs)] = s.log_probs
-            error = np.where(valid, np.abs(theirs - oracle), 0.0).max(0)  # (T,)
-            row = ComputeTypeResult(compute_type, error)
-            for b in beams:
-                out = translator.translate_batch(text, beam_size=b, max_decoding_length=max_len,
-                                                 length_penalty=length_penalty, min_decoding_length=0)
-                ids = [[int(t) for t in r.hypotheses[0]] for r in out]
-                row.agreement[b], row.first_split[b] = _agreement(ours[b], ids)
-            results.append(row)
-    return CTranslate2Report(results, float(np.where(valid, pad_p, 0.0).max()), f"ctranslate2 {ctranslate2.__version__}",
-                             max_len, device, skipped, tuple(lacked))
+        return measure(config, params, folder, Directory.read(folder), src_ids, tgt_ids, start=start, eos=eos,
+                       compute_types=compute_types, beams=beams, max_len=max_len, length_penalty=length_penalty,
+                       device=device, source=f"converted from the checkpoint through {family.layout}",
+                       progress=progress)
 
 
 # Per family: (pad id, start id, end id) as its released models have them (Marian's pad last).

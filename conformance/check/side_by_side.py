@@ -75,6 +75,12 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
             encoder/decoder `.onnx` files, rosetta's or optimum's, or an (encoder, decoder) pair of
             `onnxruntime.InferenceSession`s) go to `conformance.check.onnx_compare.compare_onnx`,
             which takes `weights=` (the checkpoint they were exported from) among `overrides`.
+            A CTranslate2 model (a directory with model.bin and config.json, or a
+            `ctranslate2.Translator` with `model_dir=` its directory) goes to
+            `conformance.check.ctranslate2_compare.compare_ctranslate2`, which takes `weights=`
+            (what it was converted from), `compute_types=`, `beams=`, `max_len=`, `device=` among
+            `overrides` and returns a `CTranslate2Report` (log p per position, ids per search, per
+            compute type; no tensor table: CTranslate2 exposes no intermediate tensors).
         layout: a built-in layout name, a layout TOML file or a `Layout`, as for
             `conformance.convert.import_state_dict`; its `[taps]` say where the model computes
             each tensor.
@@ -110,9 +116,19 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
     do not tell) and what `model.config` gave. A model that cannot run is no divergence: the
     report's `could_not_run`, with the user's own frames of the traceback (`failure`).
     """
-    from conformance.check import onnx_compare
+    from conformance.check import ctranslate2_compare, onnx_compare
     from conformance.convert import export_state_dict, load_layout
 
+    if ctranslate2_compare.is_ctranslate2(model):
+        if stream:
+            raise InputError("stream", "streams our backends beside a live model; a CTranslate2 model is run whole")
+        if dtype != "float32":
+            raise InputError("dtype", "is the dtype our backends run in; a CTranslate2 model runs in each of "
+                                      "compute_types=")
+        if labels is not None or label_smoothing:
+            raise InputError("labels", "a CTranslate2 model has no loss or backward pass to compare")
+        return ctranslate2_compare.compare_ctranslate2(model, layout, src_ids, tgt_ids, run=run, backends=backends,
+                                                       grads=grads, progress=progress, **overrides)
     if onnx_compare.is_onnx(model):
         if stream:
             raise InputError("stream", "streams our backends beside a live model; ONNX graphs are compared whole")

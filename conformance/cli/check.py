@@ -1,4 +1,9 @@
-"""`rosetta check [CHECKPOINT]`: every installed backend against the float64 NumPy oracle."""
+"""`rosetta check [CHECKPOINT]`: every installed backend against the float64 NumPy oracle.
+
+`--backends numpy,ctranslate2` adds CTranslate2 (`conformance.check.ctranslate2_check`): the
+checkpoint converted by CTranslate2's own converter, its score_batch log p per position and its
+translate_batch ids against the oracle, per compute type, in a section of its own after the
+tensor table (it exposes no intermediate tensors). `--backends ctranslate2` runs that section alone."""
 
 from __future__ import annotations
 
@@ -12,7 +17,9 @@ HELP = "Run every installed backend on a fixed batch and report, tensor by tenso
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
-    parser.add_argument("--backends", help="comma-separated subset of numpy,torch,jax (default: every installed one; or $ROSETTA_BACKENDS)")
+    parser.add_argument("--backends", help="comma-separated subset of numpy,torch,jax (default: every installed one; "
+                                           "or $ROSETTA_BACKENDS); ctranslate2 adds CTranslate2's section (score_batch "
+                                           "log p and translate_batch ids per compute type; docs/deployment.md)")
     parser.add_argument("--devices", help="comma-separated subset of cpu,cuda,gpu (default: every device present; or $ROSETTA_DEVICES)")
     parser.add_argument("--dtypes", default="float32,float64", help="comma-separated dtypes to run (default: float32,float64)")
     parser.add_argument("--length", type=int, metavar="N",
@@ -37,9 +44,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="FILE.png", help="also draw each backend's error per tensor against the oracle")
 
 
+CTRANSLATE2 = "ctranslate2"  # a target of its own section: `ctranslate2_check`, not a backend of the tensor table
+
+
 def run(args: argparse.Namespace) -> int:
+    args.backends, args.ctranslate2 = split_ctranslate2(args.backends)
     with memory_minimising_xla_schedule(args.backends):
         return _run(args)
+
+
+def split_ctranslate2(option: str | None) -> tuple[str | None, bool]:
+    """(--backends without ctranslate2, whether it was named): "" when ctranslate2 was the only
+    name (no tensor table), None when --backends and $ROSETTA_BACKENDS name nothing (every backend)."""
+    text = option or os.environ.get("ROSETTA_BACKENDS", "")
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if CTRANSLATE2 not in names:
+        return option, False
+    return ",".join(n for n in names if n != CTRANSLATE2), True
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -53,6 +74,13 @@ def _run(args: argparse.Namespace) -> int:
     from conformance.cli.progress import Status
     from conformance.core.errors import InputError
 
+    if args.ctranslate2 and (args.mesh or args.stream):
+        flag = "--mesh" if args.mesh else "--stream"
+        raise InputError("--backends", f"{CTRANSLATE2} is checked whole, from the checkpoint in memory, in a section "
+                                       f"of its own: leave out {flag}, or {CTRANSLATE2}")
+    if args.ctranslate2 and not args.backends and args.plot:
+        raise InputError("--plot", f"draws the tensor table, and {CTRANSLATE2} exposes no tensors: name a backend "
+                                   "beside it (--backends numpy,ctranslate2) or leave out --plot")
     if args.mesh:
         return _run_mesh(args)
     # Every output is checked before the (long) run, and written only if all of them can be.
@@ -82,17 +110,95 @@ def _run(args: argparse.Namespace) -> int:
         source = args.checkpoint
     else:
         config, params, source = default_model()
-    targets, skipped = _targets(args, dtypes, config)
+    # CTranslate2 first refuses what its loaders cannot represent (one line, before the long run).
+    ctranslate2_devices = _ctranslate2_ready(config, params, args.devices) if args.ctranslate2 else None
     src_ids, tgt_ids = fixed_batch(config, length=args.length)
-    plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget,
-                      reread=bool(args.checkpoint))
-    print(plan.describe(), file=sys.stderr)  # stderr: the report itself is the same on either path
-    if args.checkpoint:  # read again for each model, rather than held beside a float64 model's copy
-        del params
-        params = checkpoint_reader(args.checkpoint, config)
-    with Status("rosetta check") as status:
-        report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan, progress=status)
-    return _finish(args, outputs, report)
+    report = None
+    if not args.ctranslate2 or args.backends:
+        targets, skipped = _targets(args, dtypes, config)
+        plan = plan_batch(config, params, [t.dtype for t in targets], src_ids, tgt_ids, budget,
+                          reread=bool(args.checkpoint))
+        print(plan.describe(), file=sys.stderr)  # stderr: the report itself is the same on either path
+        if args.checkpoint:  # read again for each model, rather than held beside a float64 model's copy
+            del params
+            params = checkpoint_reader(args.checkpoint, config)
+        with Status("rosetta check") as status:
+            report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan, progress=status)
+        if not args.ctranslate2:
+            return _finish(args, outputs, report)
+    sections = _ctranslate2_sections(config, params() if callable(params) else params, src_ids, tgt_ids,
+                                     *ctranslate2_devices)
+    return _finish(args, outputs, WithCTranslate2(report, sections, config, source))
+
+
+def _ctranslate2_ready(config, params, devices_option: str | None) -> tuple[list[str], dict[str, str]]:
+    """(the devices CTranslate2 runs on, {device: why not}), once CTranslate2 is known to be installed
+    and to represent this model (its family, `representable`): a ConfigError naming why, if not."""
+    from conformance.check import backends, ctranslate2_check
+    from conformance.core.errors import InputError
+
+    ctranslate2 = ctranslate2_check.require()
+    ctranslate2_check.representable(config, params, ctranslate2_check.family_of(config, params))
+    ctranslate2_check.generation_ids(config)  # an end token, without which CTranslate2 cannot stop
+    try:
+        wanted = backends.requested_devices(devices_option)
+    except ValueError as exc:
+        raise InputError("--devices", str(exc)) from None
+    run, skipped = [], {}
+    if wanted is None or "cpu" in wanted:
+        run.append("cpu")
+    if wanted is None or {"cuda", "gpu"} & set(wanted):
+        if ctranslate2.get_cuda_device_count():
+            run.append("cuda")
+        else:
+            skipped["cuda"] = "no CUDA device: ctranslate2.get_cuda_device_count() is 0"
+    return run, skipped
+
+
+def _ctranslate2_sections(config, params, src_ids, tgt_ids, devices: list[str], skipped: dict[str, str]) -> list:
+    """One `ctranslate2_check.check` report per device, on one conversion; a device not run as its reason."""
+    import tempfile
+    from pathlib import Path
+
+    from conformance.check import ctranslate2_check
+    from conformance.cli.progress import Status
+
+    sections: list = []
+    with tempfile.TemporaryDirectory(prefix="rosetta-check-ct2-") as scratch, Status("rosetta check") as status:
+        folder = Path(scratch) / "model"
+        for device in devices:
+            sections.append(ctranslate2_check.check(config, params, src_ids, tgt_ids, model_dir=folder, device=device,
+                                                    progress=status))
+    return sections + [f"{CTRANSLATE2}/{device}: not run: {why}" for device, why in skipped.items()]
+
+
+class WithCTranslate2:
+    """The tensor report (None when ctranslate2 was the only name) with CTranslate2's sections after
+    it: one text, one JSON (the tensor report's, its "passed" the whole command's, and a
+    "ctranslate2" list), and one verdict: every part passed."""
+
+    def __init__(self, report, sections: list, config, source: str):
+        self.report, self.sections, self.config, self.source = report, sections, config, source
+        self.measured = [s for s in sections if not isinstance(s, str)]
+
+    @property
+    def passed(self) -> bool:
+        return ((self.report is None or self.report.passed) and bool(self.measured)
+                and all(s.passed for s in self.measured))
+
+    def to_text(self) -> str:
+        head = (self.report.to_text() if self.report is not None
+                else f"rosetta check: {self.source}\nconfig: {self.config.summary()}")
+        parts = [head, *(s if isinstance(s, str) else s.to_text() for s in self.sections)]
+        if not self.measured:
+            parts.append(f"{CTRANSLATE2}: nothing checked")
+        return "\n\n".join(parts)
+
+    def to_json(self) -> dict:
+        base = self.report.to_json() if self.report is not None else {
+            "source": self.source, "config": json.loads(self.config.to_json()), "checked": bool(self.measured)}
+        return {**base, "passed": self.passed,
+                CTRANSLATE2: [{"not_run": s} if isinstance(s, str) else s.to_json() for s in self.sections]}
 
 
 def _run_mesh(args: argparse.Namespace) -> int:
@@ -173,7 +279,7 @@ def _finish(args: argparse.Namespace, outputs: dict, report) -> int:
         from conformance.check.plots import plot_check
 
         picture = io.BytesIO()
-        width, height = plot_check(report, picture)
+        width, height = plot_check(report.report if isinstance(report, WithCTranslate2) else report, picture)
         files["--plot"] = (outputs["--plot"], picture.getvalue())
     write_outputs(files)
     if args.json:

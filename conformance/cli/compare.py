@@ -4,7 +4,11 @@ tensor (`conformance.compare`, docs/porting.md). This imports and runs your Pyth
 `rosetta compare GRAPHS [WEIGHTS] [--layout NAME]`: your ONNX export (a folder of rosetta's or
 optimum-onnx's graphs) beside the oracle run on the weights it was exported from
 (`conformance.check.onnx_compare`, docs/deployment.md); a folder that holds config.json and the
-weights too (a Hugging Face folder) needs no WEIGHTS."""
+weights too (a Hugging Face folder) needs no WEIGHTS.
+
+`rosetta compare CT2_DIR WEIGHTS [--layout NAME]`: your CTranslate2 model directory beside the
+oracle run on the weights it was converted from: score_batch log p per position and
+translate_batch ids, per compute type (`conformance.check.ctranslate2_compare`, docs/deployment.md)."""
 
 from __future__ import annotations
 
@@ -29,12 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "model: a torch.nn.Module, or a flax.linen Module (WEIGHTS are then its variables). "
                              "Imported and called: it runs your code. Or a folder of ONNX graphs (rosetta convert "
                              "--to onnx, or optimum-onnx's encoder_model.onnx + decoder_model_merged.onnx), run in "
-                             "ONNX Runtime")
+                             "ONNX Runtime; or a CTranslate2 model directory (model.bin, config.json, vocabulary), "
+                             "run in CTranslate2 in each compute type")
     parser.add_argument("weights", metavar="WEIGHTS", nargs="?",
                         help="your weights: a PyTorch file (.pt/.pth/.bin), .safetensors, .npz, a Flax .msgpack or "
-                             "an Orbax directory; loaded into the model strictly. With GRAPHS: the checkpoint they "
-                             "were exported from (a rosetta checkpoint, a Hugging Face folder, or a file with "
-                             "--layout); default GRAPHS itself when it is a Hugging Face folder")
+                             "an Orbax directory; loaded into the model strictly. With GRAPHS (or a CTranslate2 "
+                             "directory): the checkpoint they were exported from (a rosetta checkpoint, a Hugging Face "
+                             "folder, or a file with --layout); default GRAPHS itself when it is a Hugging Face folder")
     parser.add_argument("--layout", metavar="NAME|FILE",
                         help="the built-in layout (rosetta layouts) or a layout TOML file that maps your keys; its "
                              "[taps] say where your model computes each tensor (with GRAPHS: values of the graphs, "
@@ -172,8 +177,11 @@ def run(args: argparse.Namespace) -> int:
     from conformance.convert import load_layout, read_state_dict
     from conformance.core.errors import InputError
 
+    from conformance.check.ctranslate2_compare import is_ctranslate2
     from conformance.check.onnx_compare import is_onnx
 
+    if is_ctranslate2(args.factory):
+        return run_ctranslate2(args)
     if is_onnx(args.factory) or Path(args.factory).is_dir():  # a folder is no MODULE:FACTORY: graphs, or an error
         return run_onnx(args)
     if args.weights is None or args.layout is None:
@@ -289,6 +297,46 @@ def run_onnx(args: argparse.Namespace) -> int:
         report = compare_onnx(graphs, args.layout, src, tgt, weights=args.weights, dtype=args.dtype,
                               backends=backends, progress=status, oracle=oracle, **overrides)
     return finish(report, json_path, plot_path)
+
+
+def run_ctranslate2(args: argparse.Namespace) -> int:
+    """`rosetta compare CT2_DIR WEIGHTS`: the CTranslate2 model in each compute type beside the oracle.
+    Exit 0 when the held row (float32 on float32 weights) agrees, 1 when it does not, 2 on an error."""
+    import json
+
+    from conformance.check.ctranslate2_compare import compare_ctranslate2, require
+    from conformance.check.onnx_compare import oracle_weights
+    from conformance.check.report import fixed_batch
+    from conformance.cli.common import parse_ids, write_outputs
+    from conformance.cli.convert import parse_sets
+    from conformance.cli.progress import Status
+    from conformance.core.errors import InputError
+
+    refused = [flag for flag, given in (("--run", args.run), ("--grads", args.grads), ("--key", args.key),
+                                        ("--plot", args.plot),
+                                        ("--backends", args.backends not in (None, "none")),
+                                        ("--dtype", args.dtype != "float32")) if given]
+    if refused:
+        raise InputError(refused[0], "does not apply to a CTranslate2 model: compare runs it by tokens in each compute "
+                                     "type, and it exposes no tensors to draw or to set beside our backends'")
+    if args.weights is None:
+        raise InputError("WEIGHTS", "the oracle needs the weights the CTranslate2 model was converted from: a rosetta "
+                                    "checkpoint, a Hugging Face folder, or a file with --layout")
+    overrides = parse_sets(args.sets)
+    json_path, _ = _outputs_checked(args)
+    ctranslate2 = require()
+    with Status("rosetta compare") as status:
+        status(f"reading {args.weights}")
+        oracle = oracle_weights(args.weights, None, args.layout, overrides)
+        src, tgt = (parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")) if args.src else fixed_batch(oracle[0])
+        device = "cuda" if ctranslate2.get_cuda_device_count() else "cpu"
+        report = compare_ctranslate2(args.factory, args.layout, src, tgt, weights=args.weights, device=device,
+                                     progress=status, oracle=oracle)
+    print(report.to_text())
+    if json_path:
+        write_outputs({"--json": (json_path, (json.dumps(report.to_json(), indent=2) + "\n").encode())})
+        print(f"wrote {json_path} (the report as JSON)")
+    return 0 if report.passed else 1
 
 
 def _outputs_checked(args):
