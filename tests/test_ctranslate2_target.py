@@ -30,7 +30,9 @@ import ctranslate2  # noqa: E402
 
 import conformance  # noqa: E402
 from conformance.check import ctranslate2_check  # noqa: E402
-from conformance.check.ctranslate2_compare import Directory, compare_ctranslate2  # noqa: E402
+from conformance.check.ctranslate2_compare import compare_ctranslate2  # noqa: E402
+from conformance.check.ctranslate2_model import Directory, Vocabulary  # noqa: E402
+from conformance.check.ctranslate2_report import ComputeTypeResult, CTranslate2Report, agreement  # noqa: E402
 from conformance.check.report import fixed_batch  # noqa: E402
 from conformance.check.tolerances import tolerance  # noqa: E402
 from conformance.cli import main  # noqa: E402
@@ -240,13 +242,15 @@ def test_vocabularies_that_cannot_be_mapped_are_refused(user, batch, tmp_path):
 
 
 def test_a_source_token_ctranslate2_adds_is_given_to_the_oracle_too(user, batch, tmp_path):
-    """config.json's add_source_eos: CTranslate2 appends </s> to each source; the oracle's source has it too."""
+    """config.json's add_source_bos/eos: CTranslate2 puts bos_token before each source and </s> after it;
+    the oracle's source has them too, in the same places."""
     _, folder, converted, _, _ = user
-    eos = _copy(converted, tmp_path, "eos")
-    settings = json.loads((eos / "config.json").read_text())
-    (eos / "config.json").write_text(json.dumps({**settings, "add_source_eos": True}))
-    report = compare_ctranslate2(str(eos), None, *batch, weights=str(folder), compute_types=("float32",),
-                                 max_len=MAX_LEN)
+    added = _copy(converted, tmp_path, "added")
+    settings = json.loads((added / "config.json").read_text())
+    (added / "config.json").write_text(json.dumps({**settings, "add_source_bos": True, "bos_token": "\u2581w07",
+                                                   "add_source_eos": True}))
+    report = compare_ctranslate2(str(added), None, *batch, weights=str(folder), compute_types=("float32",),
+                                 beams=(1,), max_len=MAX_LEN)
     assert report.passed, report.table()
 
 
@@ -268,3 +272,154 @@ def test_the_check_refuses_a_model_without_a_family():
     config = preset("hf-mbart")
     with pytest.raises(ConfigError, match="CTranslate2's loaders represent Marian, T5 and BART"):
         ctranslate2_check.check(config, init_params(config, seed=0), np.array([[3]]), np.array([[4]]))
+
+
+def _with_note(config, **fields):
+    note = {**json.loads(config.notes["generation"]), **fields}
+    return config.replace(notes={**config.notes, "generation": json.dumps(note)})
+
+
+def test_the_generation_note_is_given_to_both_searches(user, batch):
+    """A note's no_repeat_ngram_size, min_length and bad_words_ids (as opus-mt and bart-large-cnn folders
+    carry) go to CTranslate2 as its own options and to ours explicitly; what cannot be aligned is said."""
+    _, _, converted, config, params = user
+    noted = _with_note(config, no_repeat_ngram_size=1, min_length=8, forced_eos_token_id=0,
+                       bad_words_ids=[[4], [9, 3]], repetition_penalty=1.2)
+    report = ctranslate2_check.check(noted, params, *batch, compute_types=("float32",), max_len=MAX_LEN,
+                                     model_dir=converted)
+    row, table = report.rows[0], report.table()
+    assert report.passed and row.agreement[1] == 1.0 and row.unheld == (4,), table
+    assert "no_repeat_ngram_size 1 (the note's) to both" in table
+    assert "min_decoding_length=7, ours min_new_tokens=7 (the note's min_length 8, less the start)" in table
+    assert "2 word(s) as CTranslate2's suppress_sequences" in table
+    assert "not aligned, run by neither: forced_eos_token_id 0" in table and "repetition_penalty 1.2" in table
+    assert "beam ids measured, not held" in table and "(not held)" in table
+    with pytest.raises(ConfigError, match="not JSON"):
+        ctranslate2_check.check(config.replace(notes={**config.notes, "generation": "{"}), params, *batch,
+                                model_dir=converted)
+
+
+@pytest.fixture(scope="module")
+def heavy_pad(user):
+    """The user's model with the pad (the row Marian's loader drops) holding real probability mass
+    (example_model's -30 bias hides a log-softmax over the full vocabulary), converted."""
+    path, _, _, config, params = user
+    heavy = {key: value.copy() for key, value in params.items()}
+    heavy["final_logits_bias"][config.pad_id] = 2.0  # the largest logit at many steps
+    folder = path.parent / "heavy-pad-ct2"
+    ctranslate2_check.convert(config, heavy, folder)
+    return config, heavy, folder
+
+
+def test_a_pad_with_probability_mass_is_left_out_of_the_oracles_softmax_and_banned(heavy_pad, batch):
+    """Greedy only: a ban leaves beam scores that differ (see ctranslate2_compare.aligned_search)."""
+    config, heavy, folder = heavy_pad
+    report = ctranslate2_check.check(config, heavy, *batch, compute_types=("float32",), beams=(1,),
+                                     max_len=MAX_LEN, model_dir=folder)
+    assert report.pad_mass > 0.1 and report.banned == (config.pad_id,), report.table()
+    assert report.passed, report.table()
+
+
+def test_ids_that_part_fail_a_row_whose_log_p_agrees():
+    held = tolerance("float32", "cpu")
+    row = ComputeTypeResult("float32", np.zeros(3), {1: 1.0, 4: 0.75}, {1: None, 4: 2}, held=held)
+    assert row.passed is False and row.verdict() == "FAIL: beam 4 ids part at step 2"
+    assert ComputeTypeResult("float32", np.zeros(3), {1: 1.0, 4: 0.75}, {1: None, 4: 2}, held=held,
+                             unheld=(4,)).passed is True
+    assert CTranslate2Report([row], 0.0, "ctranslate2 test", 8).passed is False
+
+
+def test_the_end_token_is_a_step_of_the_ids():
+    assert agreement([[1, 2]], [[1, 2]]) == (1.0, None)
+    assert agreement([[1, 2]], [[1, 2, 3]]) == (0.75, 2)  # steps: 1, 2, the end against 3, the end
+    assert agreement([[5, 1, 2]], [[5]]) == (0.5, 1)
+
+
+def test_the_end_tokens_log_p_is_compared(user, batch, tmp_path):
+    """CTranslate2 made to end at another token: score_batch appends it, so log p parts at each row's end
+    position (and nowhere else)."""
+    _, _, converted, _, _ = user
+    ends = _copy(converted, tmp_path, "ends")
+    settings = json.loads((ends / "config.json").read_text())
+    (ends / "config.json").write_text(json.dumps({**settings, "eos_token": "\u2581w05"}))
+    src, tgt = batch
+    report = compare_ctranslate2(str(ends), None, src, tgt, weights=str(user[0]), compute_types=("float32",),
+                                 beams=(1,), max_len=MAX_LEN)
+    row = report.rows[0]
+    ends_at = sorted({int((r != 31).sum()) for r in tgt})  # each row's end-token position
+    beyond = np.flatnonzero(row.position_error > row.limit).tolist()
+    assert beyond == ends_at and "log p beyond" in row.verdict(), report.table()
+    assert any("CTranslate2 ends at id 5" in note for note in report.notes)
+
+
+def test_a_repeated_token_compares_our_later_row_as_ctranslate2_reads_it(user, batch, tmp_path):
+    """T5's converter repeats tokens: an output of the later row reads back as the first; ours is compared so."""
+    _, folder, converted, _, _ = user
+    src, tgt = batch
+    assert 6 not in src and 6 not in tgt  # greedy writes 6 on this batch (rows 2); the batch needs none
+    twice = _copy(converted, tmp_path, "twice6")
+    tokens = json.loads((twice / "shared_vocabulary.json").read_text())
+    tokens[6] = tokens[2]
+    (twice / "shared_vocabulary.json").write_text(json.dumps(tokens))
+    report = compare_ctranslate2(str(twice), None, src, tgt, weights=str(folder), compute_types=("float32",),
+                                 beams=(1,), max_len=MAX_LEN)
+    assert report.passed and report.rows[0].agreement == {1: 1.0}, report.table()
+    assert any("1 rows of" in note and "(from 6)" in note for note in report.notes), report.table()
+
+
+def test_rosetta_check_with_nothing_measured_fails(user, capsys):
+    """--devices cuda on a machine where CTranslate2 sees none: nothing was checked, exit 1."""
+    if ctranslate2.get_cuda_device_count():
+        pytest.skip("CTranslate2 sees a CUDA device here")
+    assert main(["check", str(user[0]), "--backends", "ctranslate2", "--devices", "cuda"]) == 1
+    text = capsys.readouterr().out
+    assert "ctranslate2/cuda: not run: no CUDA device" in text and "ctranslate2: nothing checked" in text
+
+
+def test_a_failing_tensor_table_fails_the_check_beside_a_passing_section():
+    from types import SimpleNamespace
+
+    from conformance.cli.check import WithCTranslate2
+
+    held = tolerance("float32", "cpu")
+    section = CTranslate2Report([ComputeTypeResult("float32", np.zeros(3), {1: 1.0}, {1: None}, held=held)], 0.0,
+                                "ctranslate2 test", 8)
+    assert section.passed
+    config = ctranslate2_check.example_model()[0]
+    assert WithCTranslate2(SimpleNamespace(passed=True), [section], config, "x").passed
+    assert not WithCTranslate2(SimpleNamespace(passed=False), [section], config, "x").passed
+    assert not WithCTranslate2(None, ["ctranslate2/cuda: not run: no CUDA device"], config, "x").passed
+
+
+def test_a_line_vocabulary_splits_on_newlines_only(tmp_path):
+    path = tmp_path / "shared_vocabulary.txt"
+    path.write_text("a\x1cb\nc\u2028d\n</s>\n", encoding="utf-8")
+    assert Vocabulary.read(path).tokens == ["a\x1cb", "c\u2028d", "</s>"]
+
+
+def test_bad_arguments_are_refused_by_name(user, batch):
+    from conformance.check.weights import oracle_weights
+
+    path, folder, converted, config, _ = user
+    src, tgt = batch
+    oracle = oracle_weights(str(path), None, None, {})
+    common = dict(oracle=oracle, compute_types=("float32",), beams=(1,), max_len=MAX_LEN)
+    cases = [({"compute_type": "int8"}, "compute_type", "is no keyword"), ({"beam": 4}, "beam", "is no keyword"),
+             ({"beams": ()}, "beams", "one or more beam sizes"), ({"max_len": 0}, "max_len", r"\[1, "),
+             ({"device": "gpu"}, "device", "CTranslate2's device names"),
+             ({"compute_types": ("int4",)}, "compute_types", "expected some of"),
+             ({"model_dir": converted}, "model_dir", "leave model_dir= out"),
+             ({"d_model": 64}, "d_model", "read already")]
+    for given, field, message in cases:
+        with pytest.raises(InputError, match=message) as caught:
+            compare_ctranslate2(str(converted), None, src, tgt, **{**common, **given})
+        assert caught.value.argument == field, given
+    for bad, message in ((src[0], "must be a"), (src.astype(float), "must be a")):
+        with pytest.raises(InputError, match=message):
+            compare_ctranslate2(str(converted), None, bad, tgt, **common)
+    with pytest.raises(InputError, match="states its own config"):
+        compare_ctranslate2(str(converted), None, src, tgt, weights=str(path), d_model=64)
+    translator = ctranslate2.Translator(str(converted), compute_type="float32")
+    for given in ({"compute_types": ("int8",)}, {"device": "cuda"}):
+        with pytest.raises(InputError, match="the Translator runs in"):
+            compare_ctranslate2(translator, None, src, tgt, oracle=oracle, model_dir=converted, **given)

@@ -18,6 +18,9 @@
     onnx_runtime the `onnxruntime` target: those graphs run by ONNX Runtime, beside the oracle
     ctranslate2_check  `rosetta convert --to ctranslate2` (CTranslate2's converter), and `rosetta check`'s ctranslate2 section
     ctranslate2_compare  a CTranslate2 model (ours or the user's) beside the oracle: score_batch log p and translate_batch ids
+    ctranslate2_model  a CTranslate2 directory read: vocabularies (ids <-> tokens), config.json, model.bin's header
+    ctranslate2_report the CTranslate2 report: a row per compute type, its verdict, table and JSON
+    weights      the weights a deployed model (ONNX graphs, a CTranslate2 directory) was made from, read for the oracle
     sharded      sharded runs (impl_jax.shard, impl_torch.parallelize) in a child process, compared with the oracle
     sharded_ranks  the child of sharded_runs: the JAX process, or the torch ranks (forked on the CPU)
     mesh         `rosetta check --mesh`: the default model sharded, every plan, a line per plan

@@ -24,9 +24,10 @@ column), and our `generate` from the same start id with the ids CTranslate2 lack
 scores and none in CTranslate2's; `pad_mass` reports the largest, which is what can part beam ids
 that agree everywhere else.
 
-The measurement and its report are `ctranslate2_compare`'s (`measure`, `CTranslate2Report`: float32
-on float32 weights held to the tolerance table's float32 row and to equal ids, the rest measured),
-which `conformance.compare` also runs on a user's own CTranslate2 model; this module converts.
+The measurement is `ctranslate2_compare.measure`, which `conformance.compare` also runs on a user's
+own CTranslate2 model, and its report `ctranslate2_report.CTranslate2Report` (float32 on float32
+weights held to the tolerance table's float32 row and to equal ids, the rest measured); this module
+converts.
 
 Needs the [ctranslate2] extra and transformers with torch (the converter loads the folder).
 """
@@ -42,9 +43,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from conformance.check.ctranslate2_compare import (BEAMS, COMPUTE_TYPES, CTranslate2Report, Directory,
-                                                   generation_note, measure, require)
+from conformance.check.ctranslate2_compare import measure
+from conformance.check.ctranslate2_model import (BEAMS, COMPUTE_TYPES, Directory, checked_compute_types,
+                                                 default_device, require)
+from conformance.check.ctranslate2_report import CTranslate2Report
 from conformance.core.config import ModelConfig
+from conformance.core.decoding import generation_note
 from conformance.core.errors import ConfigError, InputError
 
 
@@ -111,22 +115,21 @@ def representable(config: ModelConfig, params, family: Family = FAMILIES[0]) -> 
             raise ConfigError("pad_id", f"row {config.pad_id} (the pad id) of {key} is not zero: CTranslate2 starts "
                               "Marian's decoder from a zero embedding, where transformers and rosetta look up the pad "
                               "id's row")
-    note = json.loads(config.notes["generation"]) if config.notes.get("generation") else {}
-    if note.get("decoder_start_token_id") not in (None, config.pad_id):
+    note = generation_note(config)
+    if note.get("bos_id") not in (None, config.pad_id):
         raise ConfigError("notes", f"CTranslate2 starts Marian's decoder from a zero embedding, the pad id's row "
-                          f"({config.pad_id}); the checkpoint's note starts it from {note['decoder_start_token_id']}")
+                          f"({config.pad_id}); the checkpoint's note starts it from {note['bos_id']}")
 
 
 def generation_ids(config: ModelConfig) -> tuple[int, int]:
     """(start id, end id) from the checkpoint's note: its decoder_start_token_id, else the pad id
     (Marian's and T5's start), and its end token."""
     note = generation_note(config)
-    start = note.get("decoder_start_token_id")
-    start = config.pad_id if start is None else int(start)
-    eos = note.get("eos_token_id", config.notes.get("eos_id"))
+    start = int(note.get("bos_id", config.pad_id))
+    eos = note.get("eos_id", config.notes.get("eos_id"))
     if eos is None:
-        raise ConfigError("notes", "the checkpoint names no end token (note 'generation' eos_token_id, or 'eos_id'): "
-                          "CTranslate2 needs one to stop decoding")
+        raise ConfigError("notes", "the checkpoint names no end token (note 'generation' eos_token_id, or 'eos_id'; "
+                          "one, not a list of several): CTranslate2 needs one to stop decoding")
     return start, int(eos)
 
 
@@ -157,8 +160,9 @@ def convert(config: ModelConfig, params, dst: str | Path, quantization: str = "f
     from conformance.core.errors import CheckpointError
 
     ctranslate2 = require()
-    if quantization not in COMPUTE_TYPES:
+    if not isinstance(quantization, str):
         raise InputError("--quantization", f"expected one of {list(COMPUTE_TYPES)}, got {quantization!r}")
+    checked_compute_types(quantization, "--quantization")
     dst = Path(dst)
     if dst.exists():
         raise CheckpointError(dst, "already exists; a CTranslate2 model goes into a new directory: name one that "
@@ -191,7 +195,7 @@ def convert(config: ModelConfig, params, dst: str | Path, quantization: str = "f
     return dst
 
 
-def check(config: ModelConfig, params, src_ids, tgt_ids, *, compute_types=COMPUTE_TYPES, beams=BEAMS,
+def check(config: ModelConfig, params, src_ids, tgt_ids, *, compute_types=None, beams=BEAMS,
           max_len: int | None = None, length_penalty: float = 1.0, model_dir: str | Path | None = None,
           device: str = "cpu", layout: str | None = None,
           progress: Callable[[str], None] | None = None) -> CTranslate2Report:
@@ -199,16 +203,15 @@ def check(config: ModelConfig, params, src_ids, tgt_ids, *, compute_types=COMPUT
     existing `model_dir` is taken as converted already) beside the float64 oracle in each compute
     type: `score_batch` log-probabilities of `tgt_ids` (plus the end token) per position, and
     `translate_batch` ids for each beam size against our `generate` with the same start and end
-    ids, max_len, length_penalty, and no sampling. The two searches' defaults differ where the
-    settings are lined up: CTranslate2's `min_decoding_length` (1) is set to 0, rosetta's (and
-    transformers') none; its beam search stops once `beam_size` hypotheses end (`patience=1`),
-    which is transformers' `early_stopping=True`, given to ours. `layout`: the family converted
+    ids, max_len, length_penalty, and no sampling. The two searches' settings are lined up from
+    the checkpoint's generation note (`ctranslate2_compare.aligned_search`: no_repeat_ngram_size,
+    min_decoding_length, suppress_sequences; CTranslate2's beam search stops once `beam_size`
+    hypotheses end, `patience=1`, transformers' `early_stopping=True`, given to ours). `compute_types`:
+    default COMPUTE_TYPES. `layout`: the family converted
     as (default: `family_of`). The report (`ctranslate2_compare.measure`) holds float32 to the
     tolerance table and equal ids, and measures the rest."""
     require()
-    for compute_type in compute_types:
-        if compute_type not in COMPUTE_TYPES:
-            raise InputError("compute_types", f"expected some of {list(COMPUTE_TYPES)}, got {compute_type!r}")
+    compute_types = checked_compute_types(COMPUTE_TYPES if compute_types is None else compute_types)
     family = family_of(config, params, layout)
     representable(config, params, family)
     start, eos = generation_ids(config)
@@ -264,10 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         config, params = checkpoint.load(argv[0]) if argv else example_model()
     src, tgt = fixed_batch(config)
-    ctranslate2 = require()
-
-    device = "cuda" if ctranslate2.get_cuda_device_count() else "cpu"
-    print(check(config, params, src, tgt, device=device).table())
+    print(check(config, params, src, tgt, device=default_device()).table())
     return 0
 
 

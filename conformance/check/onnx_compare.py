@@ -52,6 +52,7 @@ from conformance.check.report import Cell, Report, default_targets, run_check
 from conformance.check.side_by_side_report import (YOURS, SideBySide, as_ids, backend_names, oracle_tensors,
                                                    shift_right)
 from conformance.check.tolerances import tolerance
+from conformance.check.weights import oracle_weights
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 from conformance.core.output import forward_order
@@ -292,33 +293,6 @@ def _run(session, inputs) -> dict[str, np.ndarray]:
         raise InputError("model", f"a graph with the input(s) {missing}, which compare does not feed (it feeds "
                                   f"optimum's names: {', '.join(sorted(inputs))})")
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
-
-
-def oracle_weights(weights, graphs_path: Any, layout, overrides: dict) -> tuple[ModelConfig, dict, Any]:
-    """(config, params, layout) of the checkpoint the graphs were exported from."""
-    from conformance.convert import convert_arrays, load_layout, read_state_dict
-    from conformance.convert.hf_folder import from_hf_folder, is_hf_folder
-    from conformance.core import checkpoint
-
-    if weights is None and isinstance(graphs_path, (str, os.PathLike)) and is_hf_folder(Path(graphs_path)):
-        weights = graphs_path
-    if weights is None:
-        raise InputError("weights", "the oracle needs the weights the graphs were exported from: a rosetta "
-                                    "checkpoint, a Hugging Face folder or a file with a layout")
-    path = Path(weights)
-    if path.is_dir() and is_hf_folder(path):
-        config, params = from_hf_folder(path, **overrides)
-        if layout is None:
-            from conformance.convert.hf_folder import read_switches
-
-            layout = read_switches(path)[0]
-        return config, params, load_layout(layout)
-    if layout is None:
-        config, params = checkpoint.load(path)
-        return config, params, None
-    layout = load_layout(layout)
-    conversion = convert_arrays(read_state_dict(path), layout, **overrides)
-    return conversion.config, conversion.params, layout
 
 
 def runtime_errors() -> tuple[type[Exception], ...]:

@@ -116,10 +116,10 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
     do not tell) and what `model.config` gave. A model that cannot run is no divergence: the
     report's `could_not_run`, with the user's own frames of the traceback (`failure`).
     """
-    from conformance.check import ctranslate2_compare, onnx_compare
+    from conformance.check import ctranslate2_compare, ctranslate2_model, onnx_compare
     from conformance.convert import export_state_dict, load_layout
 
-    if ctranslate2_compare.is_ctranslate2(model):
+    if ctranslate2_model.is_ctranslate2(model):
         if stream:
             raise InputError("stream", "streams our backends beside a live model; a CTranslate2 model is run whole")
         if dtype != "float32":

@@ -134,10 +134,10 @@ def _run(args: argparse.Namespace) -> int:
 def _ctranslate2_ready(config, params, devices_option: str | None) -> tuple[list[str], dict[str, str]]:
     """(the devices CTranslate2 runs on, {device: why not}), once CTranslate2 is known to be installed
     and to represent this model (its family, `representable`): a ConfigError naming why, if not."""
-    from conformance.check import backends, ctranslate2_check
+    from conformance.check import backends, ctranslate2_check, ctranslate2_model
     from conformance.core.errors import InputError
 
-    ctranslate2 = ctranslate2_check.require()
+    ctranslate2_model.require()
     ctranslate2_check.representable(config, params, ctranslate2_check.family_of(config, params))
     ctranslate2_check.generation_ids(config)  # an end token, without which CTranslate2 cannot stop
     try:
@@ -148,7 +148,7 @@ def _ctranslate2_ready(config, params, devices_option: str | None) -> tuple[list
     if wanted is None or "cpu" in wanted:
         run.append("cpu")
     if wanted is None or {"cuda", "gpu"} & set(wanted):
-        if ctranslate2.get_cuda_device_count():
+        if ctranslate2_model.default_device() == "cuda":
             run.append("cuda")
         else:
             skipped["cuda"] = "no CUDA device: ctranslate2.get_cuda_device_count() is 0"

@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     from conformance.convert import load_layout, read_state_dict
     from conformance.core.errors import InputError
 
-    from conformance.check.ctranslate2_compare import is_ctranslate2
+    from conformance.check.ctranslate2_model import is_ctranslate2
     from conformance.check.onnx_compare import is_onnx
 
     if is_ctranslate2(args.factory):
@@ -274,7 +274,8 @@ def _user_model(args: argparse.Namespace, state: dict[str, np.ndarray], status):
 
 def run_onnx(args: argparse.Namespace) -> int:
     """`rosetta compare GRAPHS [WEIGHTS]`: the graphs in ONNX Runtime beside the oracle."""
-    from conformance.check.onnx_compare import compare_onnx, load_graphs, oracle_weights
+    from conformance.check.onnx_compare import compare_onnx, load_graphs
+    from conformance.check.weights import oracle_weights
     from conformance.check.report import fixed_batch
     from conformance.cli.common import parse_ids
     from conformance.cli.convert import parse_sets
@@ -304,8 +305,9 @@ def run_ctranslate2(args: argparse.Namespace) -> int:
     Exit 0 when the held row (float32 on float32 weights) agrees, 1 when it does not, 2 on an error."""
     import json
 
-    from conformance.check.ctranslate2_compare import compare_ctranslate2, require
-    from conformance.check.onnx_compare import oracle_weights
+    from conformance.check.ctranslate2_compare import compare_ctranslate2
+    from conformance.check.ctranslate2_model import default_device, require
+    from conformance.check.weights import oracle_weights
     from conformance.check.report import fixed_batch
     from conformance.cli.common import parse_ids, write_outputs
     from conformance.cli.convert import parse_sets
@@ -324,14 +326,13 @@ def run_ctranslate2(args: argparse.Namespace) -> int:
                                     "checkpoint, a Hugging Face folder, or a file with --layout")
     overrides = parse_sets(args.sets)
     json_path, _ = _outputs_checked(args)
-    ctranslate2 = require()
+    require()
     with Status("rosetta compare") as status:
         status(f"reading {args.weights}")
         oracle = oracle_weights(args.weights, None, args.layout, overrides)
         src, tgt = (parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")) if args.src else fixed_batch(oracle[0])
-        device = "cuda" if ctranslate2.get_cuda_device_count() else "cpu"
-        report = compare_ctranslate2(args.factory, args.layout, src, tgt, weights=args.weights, device=device,
-                                     progress=status, oracle=oracle)
+        report = compare_ctranslate2(args.factory, args.layout, src, tgt, weights=args.weights,
+                                     device=default_device(), progress=status, oracle=oracle)
     print(report.to_text())
     if json_path:
         write_outputs({"--json": (json_path, (json.dumps(report.to_json(), indent=2) + "\n").encode())})
