@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -53,7 +52,7 @@ from conformance.check import backends
 from conformance.check.backends import Target
 from conformance.core.presets import preset
 from conformance.suite import runner
-from conformance.suite.measure import normalised_error
+from conformance.suite.measure import fit_law, normalised_error
 from conformance.suite.strategies import Case, Trained
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,17 +132,6 @@ def measure(targets: list[Target], sweeps, seeds) -> list[dict]:
 def envelope(rows: list[dict], dtype: str, kind: str) -> list[float]:
     """Per row, the worst error of any target at `dtype` on weights of `kind` (0 if none ran)."""
     return [max([v for k, v in r.items() if k.endswith(f"/{dtype} {kind}")], default=0.0) for r in rows]
-
-
-def fit(rows: list[dict], errors: list[float]) -> tuple[float, float, float, float]:
-    """(c, a, b, g): e <= c * D^a * L^b * N^g, least-squares exponents (negative ones set to 0: an
-    error that shrinks with size is bounded by its value at the base), c raised to cover every point."""
-    X = np.array([[1.0, math.log(r["d_model"]), math.log(r["length"]), math.log(r["depth"])] for r in rows])
-    y = np.log(np.maximum(np.array(errors), 1e-300))
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-    coef[1:] = np.maximum(coef[1:], 0.0)
-    lift = float(np.max(y - X @ coef))
-    return float(math.exp(coef[0] + lift)), float(coef[1]), float(coef[2]), float(coef[3])
 
 
 def series(targets: list[Target]) -> list[tuple[str, str]]:
@@ -232,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nFitted upper-envelope laws  e <= c * D^a * L^b * N^g  (worst over the dtype's targets):\n")
     print("| dtype | weights | c | a (d_model) | b (length) | g (depth) |\n| --- | --- | ---: | ---: | ---: | ---: |")
     for dtype, kind in pairs:
-        c, a, b, g = fit(rows, envelope(rows, dtype, kind))
+        c, a, b, g = fit_law(rows, envelope(rows, dtype, kind))
         print(f"| {dtype} | {kind}{' (not used)' if kind == 'sharp' else ''} | {c:.2e} | {a:.2f} | {b:.2f} | {g:.2f} |")
 
     from conformance.check.tolerances import scaled_tolerance

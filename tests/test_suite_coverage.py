@@ -150,3 +150,18 @@ def test_new_fields_join_the_covering_rows(monkeypatch):
 
     draw()
     assert {c.glu for c in drawn} == {False, True} and len({c.attention_temperature for c in drawn}) == 2
+
+
+def test_half_precision_gradients_are_excused_only_what_their_domain_leaves_out():
+    """The gradient property's half-precision legs never see ReLU (their kink exclusion) or
+    attention temperature 4 (`tolerances.in_gradient_domain`): excused in those dtypes only, and
+    nothing else is."""
+    gradients = "conformance/suite/test_gradients.py::test_gradients_match_the_oracle"
+    every = {(name, value) for name, options in covering.all_switch_values().items() for value in options}
+    seen = every - {("activation", "relu"), ("attention_temp", 4.0)}
+    for dtype in ("float16", "bfloat16"):
+        assert coverage_problems({(f"{gradients}[t]", f"torch/cpu/{dtype}"): seen}) == []
+        assert coverage_problems({(f"{gradients}[t]", f"torch/cpu/{dtype}"): seen - {("activation", "gelu")}}) == [
+            f"{gradients}[t] on torch/cpu/{dtype} missed activation='gelu'"]
+    assert coverage_problems({(f"{gradients}[t]", "torch/cpu/float32"): seen}) == [
+        f"{gradients}[t] on torch/cpu/float32 missed attention_temp=4.0, activation='relu'"]

@@ -14,6 +14,7 @@ the run.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections import defaultdict
 
@@ -115,6 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     for label, reason in result["skipped"].items():
         print(f"skipped {label}: {reason}")
     return 0
+
+
+def fit_law(rows: list[dict], errors: list[float]) -> tuple[float, float, float, float]:
+    """(c, a, b, g): the upper-envelope power law e <= c * D^a * L^b * N^g over `rows` (each with
+    "d_model", "length", "depth") and their `errors`: least-squares exponents (negative ones set to
+    0: an error that shrinks with size is bounded by its value at the base), c raised to cover
+    every point. benchmarks/tolerance_law.py fits the forward laws with it, measure_gradients the
+    gradient ones."""
+    X = np.array([[1.0, math.log(r["d_model"]), math.log(r["length"]), math.log(r["depth"])] for r in rows])
+    y = np.log(np.maximum(np.array(errors), 1e-300))
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    coef[1:] = np.maximum(coef[1:], 0.0)
+    lift = float(np.max(y - X @ coef))
+    return float(math.exp(coef[0] + lift)), float(coef[1]), float(coef[2]), float(coef[3])
 
 
 if __name__ == "__main__":
