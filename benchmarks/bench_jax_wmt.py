@@ -42,7 +42,23 @@ product engine impl_jax picks for itself on a GPU (cuBLAS, no autotuning: cold c
 not a minute), so that both run the same GEMMs; without it the linen copy takes XLA's defaults.
 `--same-precision`: leave out the default-precision row (TF32), timing only the like-for-like pair.
 With `--repeats` > 1 the settings run in a rotating order, and the per-call ratio is the median of
-the per-repeat ratios."""
+the per-repeat ratios.
+
+`--host`: the host's part of a forward call, the two contenders in one process, interleaved (issue
+44: on an H100 impl_jax's call spent 7.1 ms on the host against linen's 1.6 ms). At a tiny config
+(d_model 16, 1+1 layers, vocab 64, batch 4, lengths 8: `--host-size`, or `quick`/`base`) the device
+work is negligible, so a call's time is almost all host work, on any machine. Both at precision
+"highest", the same ids (row 0 half padding). Each of `--rounds` rounds runs `--calls` calls of
+each contender, in a rotating order; per round the median host time (until the call returns) and
+wall time (until `block_until_ready`); the ratio printed is the median of the per-round ratios.
+Because the machine may be shared and loaded, the function calls per call are counted too
+(`sys.setprofile`: Python functions, and functions implemented in C such as builtins), a figure
+no load changes. A third row, "impl_jax, one executable", is the same call with
+`impl_jax.one_executable_forward()` on (the encoder and the decoder traced as one program;
+off by default).
+
+    python benchmarks/bench_jax_wmt.py --host                       # tiny, 15 rounds of 200 calls
+    python benchmarks/bench_jax_wmt.py --host --host-size base --rounds 5 --calls 10"""
 
 from __future__ import annotations
 
@@ -59,12 +75,137 @@ HERE = Path(__file__).resolve().parents[1]
 SETTINGS = ("wmt linen, default precision", "wmt linen, highest", "impl_jax (highest)")
 
 
-def sizes(quick: bool, batch: int | None = None, length: int | None = None) -> dict:
-    if quick:
-        s = dict(vocab=1000, d=128, heads=4, ff=512, layers=2, batch=4, length=32)
-    else:
-        s = dict(vocab=32000, d=512, heads=8, ff=2048, layers=6, batch=32, length=128)
+SIZES = {
+    "tiny": dict(vocab=64, d=16, heads=2, ff=32, layers=1, batch=4, length=8),  # `--host`: device work negligible
+    "quick": dict(vocab=1000, d=128, heads=4, ff=512, layers=2, batch=4, length=32),
+    "base": dict(vocab=32000, d=512, heads=8, ff=2048, layers=6, batch=32, length=128),
+}
+
+
+def sizes(quick: bool | str, batch: int | None = None, length: int | None = None) -> dict:
+    """The sizes by name ("tiny", "quick", "base"), or (a bool) quick or base."""
+    s = SIZES[quick if isinstance(quick, str) else "quick" if quick else "base"]
     return {**s, "batch": batch or s["batch"], "length": length or s["length"]}
+
+
+def inputs(s: dict):
+    """The same padded batch for every contender: (src, tgt), int32, ids in [3, vocab), row 0 half
+    padding (pad id 0 on both sides) so that the masks take part."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    src = rng.integers(3, s["vocab"], size=(s["batch"], s["length"])).astype(np.int32)
+    tgt = rng.integers(3, s["vocab"], size=(s["batch"], s["length"])).astype(np.int32)
+    src[0, s["length"] // 2:] = 0
+    tgt[0, s["length"] // 2:] = 0
+    return src, tgt
+
+
+def linen_forward(s: dict):
+    """The linen copy's forward at sizes `s`: a function of (src, tgt) running one jitted `apply`."""
+    import jax
+
+    from tests.systems import flax_wmt
+
+    config = flax_wmt.WmtConfig(vocab_size=s["vocab"], output_vocab_size=s["vocab"], emb_dim=s["d"],
+                                num_heads=s["heads"], num_layers=s["layers"], qkv_dim=s["d"],
+                                mlp_dim=s["ff"], max_len=max(256, s["length"]))
+    params = jax.device_put(flax_wmt.init(config, seed=0))
+    module = flax_wmt.Transformer(config)
+    forward = jax.jit(lambda p, i, t: module.apply({"params": p}, i, t))
+    return (lambda src, tgt: forward(params, src, tgt)), (flax_wmt, config, params)
+
+
+def impl_jax_model(s: dict):
+    """impl_jax's model at sizes `s` (the flax-wmt preset, float32, precision highest)."""
+    import numpy as np
+
+    import impl_jax
+    from conformance import init_params, preset
+
+    config = preset("flax-wmt", d_model=s["d"], n_heads=s["heads"], d_ff=s["ff"], n_encoder_layers=s["layers"],
+                    n_decoder_layers=s["layers"], src_vocab_size=s["vocab"], tgt_vocab_size=s["vocab"],
+                    max_len=max(256, s["length"]))
+    return impl_jax.Model(config, init_params(config, seed=0, dtype=np.float32), dtype="float32")
+
+
+def count_calls(run, calls: int) -> dict:
+    """Function calls per call of `run` (its result waited for), by `sys.setprofile`: Python
+    functions ("python") and functions implemented in C ("c": builtins, methods of C types, jit's
+    C++ dispatch). Counted, not timed: the same on a loaded machine as on an idle one."""
+    import jax
+
+    counts = {"call": 0, "c_call": 0}
+
+    def profile(frame, event, arg):
+        if event in counts:
+            counts[event] += 1
+
+    jax.block_until_ready(run())  # anything lazy (a first call's record) is done before counting
+    sys.setprofile(profile)
+    try:
+        for _ in range(calls):
+            jax.block_until_ready(run())
+    finally:
+        sys.setprofile(None)
+    return {"python": counts["call"] / calls, "c": counts["c_call"] / calls}
+
+
+def host_part(size: str, rounds: int, calls: int) -> None:
+    """`--host`: impl_jax's forward call against the linen copy's jitted apply, in this process,
+    interleaved (see the module docstring)."""
+    import jax
+
+    if str(HERE) not in sys.path:  # tests.systems and impl_jax, as the children's PYTHONPATH gives them
+        sys.path.insert(0, str(HERE))
+    jax.config.update("jax_default_matmul_precision", "highest")  # the linen copy at impl_jax's precision
+    s = sizes(size)
+    src, tgt = inputs(s)
+    apply, _ = linen_forward(s)
+    model = impl_jax_model(s)
+    contenders = {"wmt linen, jitted apply": lambda: apply(src, tgt),
+                  "impl_jax model(src, tgt)": lambda: model(src, tgt, return_attention=False).logits}
+    import impl_jax
+
+    def in_one():  # the forward as one executable (off by default)
+        with impl_jax.one_executable_forward():
+            return model(src, tgt, return_attention=False).logits
+
+    contenders["impl_jax, one executable"] = in_one
+    names = list(contenders)
+    for name, run in contenders.items():  # the compiles, and a few calls to warm every path
+        start = time.perf_counter()
+        jax.block_until_ready(run())
+        print(f"  {name}: first call {time.perf_counter() - start:.2f} s", flush=True)
+        for _ in range(5):
+            jax.block_until_ready(run())
+    measured: dict[str, dict[str, list[float]]] = {n: {"host": [], "wall": []} for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            run, host_times, wall_times = contenders[name], [], []
+            for _ in range(calls):
+                start = time.perf_counter()
+                out = run()  # returns once the host has dispatched the call's work
+                host_times.append(time.perf_counter() - start)
+                jax.block_until_ready(out)
+                wall_times.append(time.perf_counter() - start)
+            measured[name]["host"].append(statistics.median(host_times))
+            measured[name]["wall"].append(statistics.median(wall_times))
+    counted = {name: count_calls(contenders[name], min(calls, 20)) for name in names}
+    print(f"\nforward per call, d_model {s['d']}, {s['layers']}+{s['layers']} layers, vocab {s['vocab']}, "
+          f"batch {s['batch']}, lengths {s['length']}, float32 at precision highest, on {jax.devices()[0]}; "
+          f"medians over {rounds} rounds of {calls} calls each, interleaved")
+    print(f"{'':<28}{'host (returned)':>17}{'wall (blocked)':>17}{'Python calls':>14}{'C calls':>10}")
+    for name in names:
+        print(f"{name:<28}{statistics.median(measured[name]['host']) * 1e3:>14.3f} ms"
+              f"{statistics.median(measured[name]['wall']) * 1e3:>14.3f} ms"
+              f"{counted[name]['python']:>14.1f}{counted[name]['c']:>10.1f}")
+    theirs = measured[names[0]]
+    for name in names[1:]:
+        for part in ("host", "wall"):
+            ratios = [a / b for a, b in zip(measured[name][part], theirs[part])]
+            print(f"{name} / linen, {part}: {statistics.median(ratios):.2f}x (median of {rounds} per-round ratios; "
+                  f"range {min(ratios):.2f}-{max(ratios):.2f}x)")
 
 
 def linen_step(flax_wmt, config, params, label_smoothing: float):
@@ -120,23 +261,12 @@ def child(setting: str, quick: bool, calls: int, train: bool = False, batch: int
     import numpy as np
 
     s = sizes(quick, batch, length)
-    rng = np.random.default_rng(0)
-    src = rng.integers(3, s["vocab"], size=(s["batch"], s["length"])).astype(np.int32)
-    tgt = rng.integers(3, s["vocab"], size=(s["batch"], s["length"])).astype(np.int32)
-    src[0, s["length"] // 2:] = 0  # a padded row: the masks take part (pad id 0 in both)
-    tgt[0, s["length"] // 2:] = 0
+    src, tgt = inputs(s)  # a padded row: the masks take part (pad id 0 in both)
     if setting.startswith("wmt"):
-        from tests.systems import flax_wmt
-
-        config = flax_wmt.WmtConfig(vocab_size=s["vocab"], output_vocab_size=s["vocab"], emb_dim=s["d"],
-                                    num_heads=s["heads"], num_layers=s["layers"], qkv_dim=s["d"],
-                                    mlp_dim=s["ff"], max_len=max(256, s["length"]))
-        params = jax.device_put(flax_wmt.init(config, seed=0))
-        module = flax_wmt.Transformer(config)
-        forward = jax.jit(lambda p, i, t: module.apply({"params": p}, i, t))
+        apply, (flax_wmt, config, params) = linen_forward(s)
 
         def run():
-            return forward(params, src, tgt)
+            return apply(src, tgt)
 
         if train:
             step, state = linen_step(flax_wmt, config, params, 0.1)
@@ -149,12 +279,9 @@ def child(setting: str, quick: bool, calls: int, train: bool = False, batch: int
                 return held["params"], metrics
     else:
         import impl_jax
-        from conformance import init_params, preset
 
-        config = preset("flax-wmt", d_model=s["d"], n_heads=s["heads"], d_ff=s["ff"], n_encoder_layers=s["layers"],
-                        n_decoder_layers=s["layers"], src_vocab_size=s["vocab"], tgt_vocab_size=s["vocab"],
-                        max_len=max(256, s["length"]))
-        model = impl_jax.Model(config, init_params(config, seed=0, dtype=np.float32), dtype="float32")
+        model = impl_jax_model(s)
+        config = model.config
 
         def run():
             return model(src, tgt, return_attention=False).logits
@@ -188,20 +315,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--calls", type=int, help="calls timed after the first (default 20, or 200 a round with --host)")
     parser.add_argument("--step", action="store_true", help="a training step instead of the forward")
     parser.add_argument("--batch", type=int, help="the batch (default: 32, or 4 with --quick)")
     parser.add_argument("--length", type=int, help="source and target lengths (default: 128, or 32 with --quick)")
     parser.add_argument("--cublas", action="store_true",
                         help="the linen copy with --xla_gpu_enable_triton_gemm=false, as impl_jax compiles on a GPU")
     parser.add_argument("--same-precision", action="store_true", help="only the two rows at precision highest")
+    parser.add_argument("--host", action="store_true",
+                        help="the forward call's host part, both contenders in this process, interleaved")
+    parser.add_argument("--host-size", choices=tuple(SIZES), default="tiny", help="the sizes for --host (default tiny)")
+    parser.add_argument("--rounds", type=int, default=15, help="--host: rounds (each runs --calls calls of each)")
     parser.add_argument("--child", choices=SETTINGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    for name in ("batch", "calls", "repeats"):
+    for name in ("batch", "calls", "repeats", "rounds"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     if args.length is not None and args.length < 2:
         parser.error("--length must be at least 2 (the first row's second half is padding, and a label must count)")
+    args.calls = args.calls or (200 if args.host else 20)
+    if args.host:
+        if args.step or args.batch or args.length or args.quick:
+            parser.error("--host takes --host-size, --rounds and --calls only")
+        host_part(args.host_size, args.rounds, args.calls)
+        return
     if args.child:
         print(json.dumps(child(args.child, args.quick, args.calls, args.step, args.batch, args.length)))
         return

@@ -29,7 +29,7 @@ from conformance.core import checkpoint
 from conformance.core.surface import BACKEND_API
 from impl_jax.cache import (clear_persistent_cache, disable_persistent_cache, enable_from_environment,
                             enable_persistent_cache, persistent_cache_dir)
-from impl_jax.compiled import clear_cache, compile_stats, reset_stats
+from impl_jax.compiled import clear_cache, compile_stats, one_executable_forward, reset_stats
 from impl_jax.host import bucket_length, to_numpy
 from impl_jax.model import (
     SUPPORTED_DTYPES,
@@ -72,7 +72,7 @@ __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.
 BACKEND_EXTRAS = ("Adam", "bucket_length", "clear_cache", "clear_persistent_cache", "compile_stats",
                   "disable_persistent_cache", "enable_persistent_cache", "enable_x64", "load_state",
-                  "load_sharded", "persistent_cache_dir", "reset_stats", "save_sharded", "save_state", "shard", "stream",
+                  "load_sharded", "one_executable_forward", "persistent_cache_dir", "reset_stats", "save_sharded", "save_state", "shard", "stream",
                   "train_step", "x64_enabled")
 
 enable_from_environment()  # ROSETTA_JAX_CACHE (impl_jax.cache)

@@ -5,7 +5,7 @@ through `jax.jit`. The model goes in as an argument (Flax NNX modules are pytree
 parameters are the executable's inputs, not constants baked into it, so updating a parameter in
 place needs no recompilation. Flattening the model costs about a millisecond for the 6+6-layer
 base model (`nnx.split` on every call would cost ten times that), and is done once and kept while
-the model's structure holds (impl_jax/flat.py: a check of about 0.2 ms a call).
+the model's structure holds (impl_jax/flat.py: a check of about 0.1 ms a call).
 
 jit's cache key is everything the executable depends on: the method and flags, the model's tree
 structure (its modules and their static attributes: the config and dtype), the shapes and dtypes of
@@ -83,8 +83,10 @@ Triton products on a GPU in any dtype). On other platforms the option does nothi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import operator
 import os
 import sys
 import threading
@@ -122,6 +124,25 @@ _GC_DISABLED_HERE = False  # whether the first of them disabled it (it was enabl
 # NumPy arguments (ids, masks) go to jit as they are, which transfers them in C++ on the way in,
 # instead of one `jax.device_put` each first (`placed`; docs/jax-compile.md). False puts them first.
 HOST_ARRAYS_TO_JIT = True
+
+# A forward without a sink as one executable (`forward_in_one`) instead of the encoder's and the
+# decoder's (impl_jax.Model.__call__; benchmarks/bench_jax_wmt.py --host measures both). Off by
+# default: a process that also calls `encode`/`decode` or passes a sink on the same shapes then
+# compiles three programs per shape, not two. ROSETTA_JAX_ONE_EXECUTABLE=1 turns it on.
+ONE_EXECUTABLE_FORWARD: bool = os.environ.get("ROSETTA_JAX_ONE_EXECUTABLE", "0").strip().lower() not in (
+    "", "0", "false", "no", "off")
+
+
+@contextlib.contextmanager
+def one_executable_forward(on: bool = True):
+    """`impl_jax.one_executable_forward()`: `ONE_EXECUTABLE_FORWARD` set to `on` inside the block
+    (for this process: it is one switch, not one per thread), restored after it."""
+    global ONE_EXECUTABLE_FORWARD
+    before, ONE_EXECUTABLE_FORWARD = ONE_EXECUTABLE_FORWARD, bool(on)
+    try:
+        yield
+    finally:
+        ONE_EXECUTABLE_FORWARD = before
 
 # Triton products on a GPU (see the module docstring): "auto", "1" or "0".
 TRITON_GEMM: str = os.environ.get("ROSETTA_JAX_TRITON_GEMM", "auto")
@@ -292,6 +313,20 @@ def _traced(method: Callable, static: tuple[tuple[str, Any], ...], layout: Stack
     return tuple(OrderedDict(x) if isinstance(x, dict) else x for x in outputs)
 
 
+def forward_in_one(model, src_ids, src_mask, src_real, tgt_ids, tgt_mask, tgt_real, encoder_dropout=None,
+                   decoder_dropout=None, *, return_attention: bool, dropout_rate: float | None = None):
+    """The traced forward of `Model._forward_in_one`: the model's `_encode` then its `_decode` in
+    one program, the decoder's cross-attention mask taken from the source mask (`cross_mask`) as
+    the two executables take it. Returns (logits, attention, intermediates), the encoder's names
+    first."""
+    memory, attention, intermediates = model._encode(src_ids, src_mask, src_real, encoder_dropout,
+                                                     return_attention=return_attention, dropout_rate=dropout_rate)
+    logits, decoder_attention, decoder_intermediates = model._decode(
+        tgt_ids, tgt_mask, memory, model.cross_mask(src_mask), tgt_real, src_real, decoder_dropout,
+        return_attention=return_attention, dropout_rate=dropout_rate)
+    return logits, {**attention, **decoder_attention}, {**intermediates, **decoder_intermediates}
+
+
 def triton_gemm(platform: str, dtype: Any) -> bool:
     """Whether a program computing in `dtype` on `platform` ("cpu", "gpu", ...) is compiled with
     XLA's default Triton products (True), or with `xla_gpu_enable_triton_gemm=False` (see the
@@ -345,11 +380,35 @@ def placed(args: tuple, device: jax.Device, anchor=()) -> tuple:
     def there(x) -> bool:
         return isinstance(x, jax.Array) and x.committed and x.sharding == sharding
 
-    leaves = [jax.tree.leaves(x) for x in args]
-    kept = [all(map(there, xs)) for xs in leaves]
-    if HOST_ARRAYS_TO_JIT and not all(kept) and (any(map(there, anchor)) or any(k and xs for k, xs in zip(kept, leaves))):
-        kept = [k or all(type(x) is np.ndarray or there(x) for x in xs) for k, xs in zip(kept, leaves)]
-    return tuple(x if k else jax.device_put(x, device) for x, k in zip(args, kept))
+    kept, hosted = [], []  # per argument: every leaf committed to `device`; every leaf that or a NumPy array
+    pinned = False  # whether an argument with leaves has all of them committed to `device`
+    for x in args:  # plain loops: a call's arguments are few, and each leaf is looked at once
+        leaves = _leaves(x)
+        all_there = all_hosted = True
+        for leaf in leaves:
+            if type(leaf) is np.ndarray:
+                all_there = False
+            elif not there(leaf):
+                all_there = all_hosted = False
+                break
+        kept.append(all_there)
+        hosted.append(all_hosted)
+        pinned = pinned or (all_there and bool(leaves))
+    if HOST_ARRAYS_TO_JIT and not all(kept) and (pinned or any(map(there, anchor))):
+        kept = list(map(operator.or_, kept, hosted))
+    if all(kept):
+        return args
+    return tuple([x if k else jax.device_put(x, device) for x, k in zip(args, kept)])
+
+
+def _leaves(x) -> list:
+    """`jax.tree.leaves(x)`, without a walk of the tree for the arguments a call mostly takes: None
+    (no leaves), a NumPy array or a JAX array (a leaf each)."""
+    if x is None:
+        return []
+    if type(x) is np.ndarray or isinstance(x, jax.Array):
+        return [x]
+    return jax.tree.leaves(x)
 
 
 @functools.lru_cache(maxsize=None)
@@ -370,13 +429,12 @@ def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *
     jit = _JITS[(donate, True if dtype is None else triton_gemm(device.platform, dtype))]
     with _LOCK:
         evict = _EVICT_NEXT or _STATS.cached >= MAX_CACHED_EXECUTABLES
+        compiles_before = _STATS.compiles  # (emptying the cache below compiles nothing)
     if evict:
         clear_jits()
         with _LOCK:
             _STATS.cached, _EVICT_NEXT = 0, False
             _STATS.evictions += 1
-    with _LOCK:
-        compiles_before = _STATS.compiles
     _ACTIVE.on, _ACTIVE.what = True, (model, method, args)  # described only if a trace starts
     try:
         outputs = jit(method, tuple(sorted(static.items())), STACKS, flat, *args)
@@ -396,7 +454,7 @@ def call(model: nnx.Module, method: Callable, args: tuple, device: jax.Device, *
         if pressure is not None and pressure > MAX_MAP_SHARE:
             with _LOCK:
                 _EVICT_NEXT = True
-    return tuple(dict(x) if isinstance(x, OrderedDict) else x for x in outputs)
+    return tuple([dict(x) if isinstance(x, OrderedDict) else x for x in outputs])
 
 
 def _describe(model, method: Callable, args: tuple) -> str:

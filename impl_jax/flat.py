@@ -9,10 +9,11 @@ host prepares the encoder's call while the device is idle).
 
 So the model is flattened once and the result kept: its tree structure, its variables in leaf
 order, and a copy of everything that flattening read, taken as it read it (in the same pass),
-which is checked again before each later call (about 0.2 ms for the base model):
+which is checked again before each later call (0.11-0.13 ms for the base model's 369 objects on
+this project's loaded CPU; every comparison runs in C, without a Python frame per module):
 
 - each module (and module container, such as `nnx.List`): its type, that its attribute dict is
-  the same object, the names of its attributes and the identity of every value, in order.
+  the same object, how many attributes it has, their names and the identity of every value, in order.
   Replacing or adding a submodule, a variable or a static attribute (`model.config = ...`)
   changes one of them;
 - each module's state object: its flags (`initializing`, `is_setup`), which are in the structure;
@@ -91,6 +92,26 @@ _SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes, types.B
 _MAPPINGS = (dict, types.MappingProxyType, *((HashableMapping,) if HashableMapping else ()))
 
 
+def _flag_reader():
+    """What a module's state object's flattening reads (`initializing`, `is_setup`): from C
+    where Flax 0.12 keeps them in the slots `_initializing` and `_is_setup` behind plain
+    properties (checked here on two probes), else through the properties (a Python call each)."""
+    public = operator.attrgetter("initializing", "is_setup")
+    if not PytreeState:
+        return public
+    direct = operator.attrgetter("_initializing", "_is_setup")
+    try:
+        probes = [PytreeState(initializing=a, is_setup=b) for a, b in ((True, False), (False, True))]
+        if all(direct(x) == public(x) == flags for x, flags in zip(probes, ((True, False), (False, True)))):
+            return direct
+    except Exception:  # another layout
+        pass
+    return public
+
+
+_FLAGS = _flag_reader()
+
+
 class Flat:
     """What jit receives instead of the model: the leaves as children, the structure as static data.
     Unflattened inside the traced function (`model()`), it is the model jit would have rebuilt."""
@@ -145,7 +166,8 @@ class _Record:
     """What flattening one model read, and its result (see the module docstring)."""
 
     __slots__ = ("model", "root", "treedef", "variables", "sharing", "objects", "types", "modules", "module_dicts", "dicts",
-                 "keys", "values", "lists", "list_values", "states", "metadata")
+                 "keys", "values", "lists", "list_values", "states", "flags", "metadata", "sizes", "all_keys", "all_values",
+                 "list_sizes", "list_items")
 
     def __init__(self, model):
         if not isinstance(model, nnx.Pytree):
@@ -177,7 +199,7 @@ class _Record:
                 self.lists.append(node)
                 self.list_values.append(tuple(node))
             elif PytreeState and isinstance(node, PytreeState):
-                self.states.append((node, node.initializing, node.is_setup))
+                self.states.append(node)
             elif type(node) is tuple:  # immutable: its items are checked as nodes of their own
                 tuples.append(node)
             elif not (node is None or isinstance(node, _ARRAYS)):
@@ -191,7 +213,7 @@ class _Record:
             raise _NotKept("a variable's value is not one leaf, or a leaf is not a variable's value")
         self.types = tuple(map(type, self.objects))
         nodes = {id(x) for x in itertools.chain(self.objects, self.lists, self.dicts, tuples)}
-        nodes.update(id(state) for state, _, _ in self.states)
+        nodes.update(map(id, self.states))
         plain: set[int] = set()  # the same config or dtype is an attribute of many modules: checked once
         for value in itertools.chain.from_iterable(self.values):
             if id(value) not in nodes and id(value) not in plain:
@@ -201,6 +223,15 @@ class _Record:
         if not all(_plain(m) for m in self.metadata):
             raise _NotKept("a variable's metadata is not plain data")
         self.sharing = _sharing(self.variables)
+        # What `_holds` compares, laid end to end so that one C-level pass checks every module:
+        # each dict's size, then all keys and all values in order (with the sizes equal, equal
+        # concatenations mean each dict's keys and values are the same); the same for the lists.
+        self.sizes = list(map(len, self.keys))
+        self.all_keys = list(itertools.chain.from_iterable(self.keys))
+        self.all_values = list(itertools.chain.from_iterable(self.values))
+        self.list_sizes = list(map(len, self.list_values))
+        self.list_items = list(itertools.chain.from_iterable(self.list_values))
+        self.flags = list(itertools.chain.from_iterable(map(_FLAGS, self.states)))
 
     def holds(self, model) -> bool:
         """Whether flattening `model` now would read what it read when this was recorded."""
@@ -211,20 +242,21 @@ class _Record:
             return False
 
     def _holds(self) -> bool:
-        # The loops over items run in C.
+        # Every loop over items runs in C (map, chain, list equality): no Python frame per module.
         if not all(map(operator.is_, map(type, self.objects), self.types)):
             return False
         if not all(map(operator.is_, map(_VARS, self.modules), self.module_dicts)):
             return False
-        for attributes, keys, values in zip(self.dicts, self.keys, self.values):
-            if tuple(attributes) != keys or not all(map(operator.is_, attributes.values(), values)):
-                return False
-        for items, values in zip(self.lists, self.list_values):
-            if len(items) != len(values) or not all(map(operator.is_, items, values)):
-                return False
-        for node, initializing, is_setup in self.states:
-            if node.initializing is not initializing or node.is_setup is not is_setup:
-                return False
+        if list(map(len, self.dicts)) != self.sizes or list(itertools.chain.from_iterable(self.dicts)) != self.all_keys:
+            return False
+        if not all(map(operator.is_, itertools.chain.from_iterable(map(dict.values, self.dicts)), self.all_values)):
+            return False
+        if list(map(len, self.lists)) != self.list_sizes:
+            return False
+        if not all(map(operator.is_, itertools.chain.from_iterable(self.lists), self.list_items)):
+            return False
+        if not all(map(operator.is_, itertools.chain.from_iterable(map(_FLAGS, self.states)), self.flags)):
+            return False
         return list(map(_METADATA, self.variables)) == self.metadata
 
     def leaves(self) -> list | None:

@@ -118,8 +118,8 @@ class Padding:
         self.active = buckets is not None
         self.pad_id = config.pad_id
         self.length = {"src": src_len, "tgt": tgt_len}
-        self.padded = {side: None if n is None else bucket_length(n, buckets, config.max_len)
-                       for side, n in self.length.items()}
+        self.padded = self.length if not self.active else {
+            side: None if n is None else bucket_length(n, buckets, config.max_len) for side, n in self.length.items()}
 
     def _pad(self, x, widths: dict[int, int], value) -> np.ndarray:
         x = np.asarray(x)

@@ -712,7 +712,16 @@ class Model(nnx.Module):
     @property
     def device(self) -> jax.Device:
         """The device the parameters (and so every computation) live on."""
-        return next(iter(self.encoder.embedding.weight[...].devices()))
+        return self._placement()[0]
+
+    def _placement(self) -> tuple[jax.Device, np.dtype]:
+        """(`device`, `param_dtype`) from one read of one parameter. A call reads them once, not at
+        each use: each read goes through Flax's variable and JAX's array properties (about twenty
+        Python calls), and a forward used them seven times. A subclass that says where its calls
+        run (impl_jax.shard.ShardedModel: the mesh) is asked its `device`."""
+        weight = self.encoder.embedding.weight[...]
+        device = next(iter(weight.devices())) if type(self).device is Model.device else self.device
+        return device, weight.dtype
 
     # Inputs ------------------------------------------------------------------------------------
 
@@ -771,6 +780,39 @@ class Model(nnx.Module):
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:
         """Run the encoder: the memory (B, S, D) plus its attention weights and intermediates
         (with a `sink`, handed to it one at a time instead)."""
+        return self._encoded(src_ids, src_mask, return_attention, dropout, sink)[0]
+
+    def _encoded(self, src_ids, src_mask, return_attention: bool, dropout, sink) -> tuple[Encoded, tuple]:
+        """`encode`, and the `_placement` it ran with, for a forward's decoder to run with too. Its
+        `src_mask` is put on the device (`jax.device_put`) in a forward too: handed to the decoder
+        as a NumPy array instead, it would make jit compile `_decode` once more (jit keys an
+        argument committed to a device apart from a host array of its shape)."""
+        src_ids, src_mask, dropout, placement = self._source(src_ids, src_mask, dropout)
+        device = placement[0]
+        padding = host.Padding(self.config, self.buckets, src_len=src_ids.shape[1])
+        args = (padding.ids(src_ids, "src"), padding.mask(src_mask, keys="src"), padding.real("src"))
+        static = {}
+        if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
+            args += ({site: padding.positions(m, "src") for site, m in dropout.masks.items()},)
+            static["dropout_rate"] = dropout.rate
+        # Put before the encoder is dispatched, not after: on a CPU the running encoder shares the
+        # cores with this thread, and the put took three times as long behind it.
+        encoded = Encoded(memory=None, src_mask=jax.device_put(src_mask, device))
+        memory, attention, intermediates = compiled.call(
+            self, Model._encode, args, device, return_attention=return_attention, **static)
+        encoded.memory, encoded.attention, encoded.intermediates = padding.unpad(
+            device, memory=memory, attention=attention, intermediates=intermediates)
+        del attention, intermediates  # (bucket-padded: only the cut copies are needed)
+        if sink is not None:  # returned together by the executable: handed over one at a time, each then dropped
+            send_in_order(self.config, sink, encoded.attention, encoded.intermediates)
+        if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
+            encoded.attention = None
+        return encoded, placement
+
+    def _source(self, src_ids, src_mask, dropout) -> tuple[np.ndarray, np.ndarray, Dropout | None, tuple]:
+        """`encode`'s checks, in its order: the ids, dropout and mask as checked, and the
+        `_placement`, read after them where `encode` first read the parameters (so that a model
+        traced by jit is still refused by the ids' check first)."""
         src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
         batch, src_len = src_ids.shape
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
@@ -780,24 +822,9 @@ class Model(nnx.Module):
             shapes = expected_mask_shapes(self.config, batch, src_len, 1)
             derived = padding_mask(src_ids, self.config.pad_id)
             src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
-        host.check_runnable(self.dtype, param_dtype=self.param_dtype)
-        padding = host.Padding(self.config, self.buckets, src_len=src_len)
-        args = (padding.ids(src_ids, "src"), padding.mask(src_mask, keys="src"), padding.real("src"))
-        static = {}
-        if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
-            args += ({site: padding.positions(m, "src") for site, m in dropout.masks.items()},)
-            static["dropout_rate"] = dropout.rate
-        memory, attention, intermediates = compiled.call(
-            self, Model._encode, args, self.device, return_attention=return_attention, **static)
-        encoded = Encoded(memory=None, src_mask=jax.device_put(src_mask, self.device))
-        encoded.memory, encoded.attention, encoded.intermediates = padding.unpad(
-            self.device, memory=memory, attention=attention, intermediates=intermediates)
-        del attention, intermediates  # (bucket-padded: only the cut copies are needed)
-        if sink is not None:  # returned together by the executable: handed over one at a time, each then dropped
-            send_in_order(self.config, sink, encoded.attention, encoded.intermediates)
-        if not return_attention:  # None, not {}: "not asked for", never "no attention layers"
-            encoded.attention = None
-        return encoded
+        placement = self._placement()
+        host.check_runnable(self.dtype, param_dtype=placement[1])
+        return src_ids, src_mask, dropout, placement
 
     def _encode(self, src_ids, src_mask, src_real, dropout_masks=None, *, return_attention: bool,
                 dropout_rate: float | None = None, empty_rows: float | None = None):
@@ -817,31 +844,29 @@ class Model(nnx.Module):
                dropout=None, sink=None) -> ModelOutput:
         """Run the decoder against `encode`'s result: logits (B, T, V) and everything recorded
         (with a `sink`, handed to it one at a time instead, the logits last)."""
-        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
-        check_memory(self.config, encoded.memory.shape, np.dtype(encoded.memory.dtype).name, self.dtype.name)
-        check_same_batch(encoded.memory.shape, tgt_ids.shape)
-        batch, tgt_len = tgt_ids.shape
-        dropout = host_dropout(self.config, dropout, "decoder", batch, tgt_len)
-        derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
-        if tgt_mask is None:
-            tgt_mask = derived
-        else:
-            shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
-            tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
-        host.check_runnable(self.dtype, param_dtype=self.param_dtype)
+        return self._decoded(tgt_ids, encoded, tgt_mask, return_attention, dropout, sink)
+
+    def _decoded(self, tgt_ids, encoded: Encoded, tgt_mask, return_attention: bool, dropout, sink,
+                 placement: tuple | None = None) -> ModelOutput:
+        """`decode`, with the `_placement` its encoder ran with (None: read where `decode` first
+        read the parameters, after the inputs' checks)."""
+        memory = encoded.memory
+        tgt_ids, tgt_mask, dropout = self._target(tgt_ids, memory.shape, memory.dtype, tgt_mask, dropout)
+        device, param_dtype = placement if placement is not None else self._placement()
+        host.check_runnable(self.dtype, param_dtype=param_dtype)
         cross_mask = self.cross_mask(encoded.src_mask)
-        padding = host.Padding(self.config, self.buckets, src_len=encoded.memory.shape[1], tgt_len=tgt_len)
+        padding = host.Padding(self.config, self.buckets, src_len=memory.shape[1], tgt_len=tgt_ids.shape[1])
         args = (padding.ids(tgt_ids, "tgt"), padding.mask(tgt_mask, queries="tgt", keys="tgt"),
-                padding.memory(encoded.memory), padding.mask(cross_mask, keys="src"),
+                padding.memory(memory), padding.mask(cross_mask, keys="src"),
                 padding.real("tgt"), padding.real("src"))
         static = {}
         if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
             args += ({site: padding.positions(m, "tgt") for site, m in dropout.masks.items()},)
             static["dropout_rate"] = dropout.rate
         logits, attention, intermediates = compiled.call(
-            self, Model._decode, args, self.device, return_attention=return_attention, **static)
+            self, Model._decode, args, device, return_attention=return_attention, **static)
         logits, attention, intermediates = padding.unpad(
-            self.device, logits=logits, attention=attention, intermediates=intermediates)
+            device, logits=logits, attention=attention, intermediates=intermediates)
         if sink is not None:  # returned together by the executable: handed over one at a time, each then dropped
             intermediates["logits"], logits = logits, None
             send_in_order(self.config, sink, attention, intermediates)
@@ -851,6 +876,23 @@ class Model(nnx.Module):
         if not return_attention:
             out.attention = None
         return out
+
+    def _target(self, tgt_ids, memory_shape, memory_dtype, tgt_mask,
+                dropout) -> tuple[np.ndarray, np.ndarray, Dropout | None]:
+        """`decode`'s checks, in its order, against a memory of this shape and dtype: the ids,
+        mask and dropout as checked."""
+        tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
+        check_memory(self.config, memory_shape, np.dtype(memory_dtype).name, self.dtype.name)
+        check_same_batch(memory_shape, tgt_ids.shape)
+        batch, tgt_len = tgt_ids.shape
+        dropout = host_dropout(self.config, dropout, "decoder", batch, tgt_len)
+        derived = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
+        if tgt_mask is None:
+            tgt_mask = derived
+        else:
+            shapes = expected_mask_shapes(self.config, batch, 1, tgt_len)
+            tgt_mask = self._mask("tgt_mask", tgt_mask, shapes["tgt_mask"], derived)
+        return tgt_ids, tgt_mask, dropout
 
     def _decode(self, tgt_ids, tgt_mask, memory, cross_mask, tgt_real, src_real, dropout_masks=None, *,
                 return_attention: bool, dropout_rate: float | None = None, empty_rows: float | None = None):
@@ -909,9 +951,38 @@ class Model(nnx.Module):
         `sink` (keyword-only): `sink(name, tensor)` receives every attention map and intermediate,
         then the logits, in `forward_order`; the returned output then keeps none of them
         (conformance.core.output). The compiled encoder and decoder each return theirs at once, so
-        the encoder's are handed over before the decoder runs, and each is dropped once handed over."""
-        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink)
-        return self.decode(tgt_ids, encoded, tgt_mask, return_attention=return_attention, dropout=dropout, sink=sink)
+        the encoder's are handed over before the decoder runs, and each is dropped once handed over.
+
+        `encode` then `decode`, with the device and the parameters' dtype read once for both; or,
+        without a sink and with `impl_jax.compiled.ONE_EXECUTABLE_FORWARD` on, both in one
+        executable (`_forward_in_one`)."""
+        if sink is None and compiled.ONE_EXECUTABLE_FORWARD:
+            return self._forward_in_one(src_ids, tgt_ids, src_mask, tgt_mask, return_attention, dropout)
+        encoded, placement = self._encoded(src_ids, src_mask, return_attention, dropout, sink)
+        return self._decoded(tgt_ids, encoded, tgt_mask, return_attention, dropout, sink, placement)
+
+    def _forward_in_one(self, src_ids, tgt_ids, src_mask, tgt_mask, return_attention: bool, dropout) -> ModelOutput:
+        """A forward without a sink as one executable (`compiled.forward_in_one`: `_encode` then
+        `_decode` traced together): `encode`'s checks then `decode`'s, in their order, against the
+        memory the encoder will give (B, S, D) in the model's dtype, then one dispatch."""
+        src_ids, src_mask, src_dropout, (device, _) = self._source(src_ids, src_mask, dropout)
+        batch, src_len = src_ids.shape
+        tgt_ids, tgt_mask, tgt_dropout = self._target(tgt_ids, (batch, src_len, self.config.d_model), self.dtype,
+                                                      tgt_mask, dropout)
+        padding = host.Padding(self.config, self.buckets, src_len=src_len, tgt_len=tgt_ids.shape[1])
+        args = (padding.ids(src_ids, "src"), padding.mask(src_mask, keys="src"), padding.real("src"),
+                padding.ids(tgt_ids, "tgt"), padding.mask(tgt_mask, queries="tgt", keys="tgt"), padding.real("tgt"))
+        static = {}
+        if src_dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
+            args += ({site: padding.positions(m, "src") for site, m in src_dropout.masks.items()},
+                     {site: padding.positions(m, "tgt") for site, m in tgt_dropout.masks.items()})
+            static["dropout_rate"] = src_dropout.rate
+        logits, attention, intermediates = compiled.call(
+            self, compiled.forward_in_one, args, device, return_attention=return_attention, **static)
+        logits, attention, intermediates = padding.unpad(
+            device, logits=logits, attention=attention, intermediates=intermediates)
+        return ModelOutput(logits=logits, attention=attention if return_attention else None,
+                           intermediates=intermediates)
 
     # Training ----------------------------------------------------------------------------------
 

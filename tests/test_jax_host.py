@@ -1,8 +1,16 @@
 """impl_jax's host work per call (impl_jax/compiled.py, `placed`): the NumPy ids and masks go to
 jit as they are, which transfers them in C++, instead of one `jax.device_put` each first; a
-forward stays two executables; the numbers are the same bit for bit either way."""
+forward stays two executables; the numbers are the same bit for bit either way.
+
+The forward's host glue reads the device once, checks the model's record in C and skips the
+tree walk for plain arguments (benchmarks/bench_jax_wmt.py --host). Whatever it skips, a forward
+gives the bits of `encode` then `decode` and of the unshortened paths, compiles nothing those do
+not, and refuses bad inputs with the NumPy backend's errors. So does the forward as one executable
+(`compiled.ONE_EXECUTABLE_FORWARD`, off by default), whose tensors equal the two executables'."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
@@ -13,6 +21,7 @@ impl_jax = pytest.importorskip("impl_jax", reason="the JAX backend")
 from conformance import init_params  # noqa: E402
 from impl_jax import compiled  # noqa: E402
 from tests.batches import SRC, TGT, small  # noqa: E402
+from tests.thorough import thorough_only  # noqa: E402
 
 CONFIG = small()
 
@@ -104,3 +113,146 @@ def test_an_explicit_mask_is_copied_so_a_caller_changing_it_after_the_call_chang
     assert not np.shares_memory(checked, mask)
     mask[:] = False
     assert checked.all()
+
+
+def tensors(out) -> dict[str, np.ndarray]:
+    """Every tensor of a forward's output by name, as host arrays."""
+    return {"logits": np.asarray(out.logits), **{f"intermediates {k}": np.asarray(v) for k, v in out.intermediates.items()},
+            **{f"attention {k}": np.asarray(v) for k, v in (out.attention or {}).items()}}
+
+
+def assert_same_bits(got: dict[str, np.ndarray], want: dict[str, np.ndarray], how: str) -> None:
+    assert list(got) == list(want), f"{how}: other tensors, or in another order"
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, f"{how}: {name}"
+        assert got[name].tobytes() == want[name].tobytes(), f"jax float32 cpu {name}: {how} changed its bits"
+
+
+def test_a_forward_gives_the_bits_of_encode_then_decode_and_of_the_unshortened_paths(monkeypatch):
+    m = model(seed=5)
+    src_mask, tgt_mask = (np.asarray(x) for x in m.make_masks(SRC, TGT))
+    src_mask = src_mask & (np.arange(SRC.shape[1]) != 1)  # an explicit mask narrower than the ids' (a masked key)
+    want = tensors(m.decode(TGT, m.encode(SRC, src_mask), tgt_mask))
+    assert_same_bits(tensors(m(SRC, TGT, src_mask, tgt_mask)), want, "the forward")
+    sunk: dict[str, np.ndarray] = {}
+    out = m(SRC, TGT, src_mask, tgt_mask, sink=lambda name, x: sunk.__setitem__(name, np.asarray(x)))
+    assert out.logits is None and sunk["logits"].tobytes() == want["logits"].tobytes(), "a forward with a sink"
+    for name, x in sunk.items():
+        key = name if name == "logits" else f"attention {name}" if f"attention {name}" in want else f"intermediates {name}"
+        assert x.tobytes() == want[key].tobytes(), f"jax float32 cpu {name}: a forward with a sink changed its bits"
+    # The record off (flattened every call) and every argument put with jax.device_put first: the
+    # paths before any shortcut. The same executables, so the same bits.
+    monkeypatch.setattr(impl_jax.flat, "KEEP", False)
+    monkeypatch.setattr(compiled, "HOST_ARRAYS_TO_JIT", False)
+    assert_same_bits(tensors(m(SRC, TGT, src_mask, tgt_mask)), want, "flattening and putting every call")
+    assert_same_bits(tensors(m(SRC, TGT)), tensors(m.decode(TGT, m.encode(SRC))), "the derived masks")
+
+
+def test_a_forward_and_encode_then_decode_share_their_executables():
+    """The source mask reaches the decoder as a JAX array from either: a NumPy array in one and a
+    device array in the other would be two `_decode` executables of the same shapes."""
+    from tests.batches import small as sized
+
+    config = sized(d_ff=28)  # a config only this test compiles
+    m = impl_jax.Model(config, init_params(config, seed=0, dtype=np.float32))
+    before = compiled.compile_stats()["compiles"]
+    m(SRC, TGT, return_attention=False)
+    assert compiled.compile_stats()["compiles"] - before == 2, "the first forward compiles _encode and _decode"
+    m.decode(TGT, m.encode(SRC, return_attention=False), return_attention=False)
+    m(SRC, TGT, return_attention=False)
+    assert compiled.compile_stats()["compiles"] - before == 2, "encode then decode compiled a program of its own"
+
+
+# Bad inputs of a forward, as (src, tgt, src_mask, tgt_mask): each must raise the NumPy backend's
+# InputError, naming the same argument with the same message (impl_jax/host.py's promise).
+BAD = {
+    "a source id past the vocabulary": (np.where(SRC == 5, CONFIG.src_vocab_size, SRC), TGT, None, None),
+    "a negative target id": (SRC, np.where(TGT == 4, -1, TGT), None, None),
+    "float source ids": (SRC.astype(np.float32), TGT, None, None),
+    "target ids of rank 1": (SRC, TGT[0], None, None),
+    "another batch on the target side": (SRC, TGT[:2], None, None),
+    "a source longer than max_len": (np.concatenate([SRC, SRC], axis=1), TGT, None, None),
+    "a source mask of another length": (SRC, TGT, np.ones((3, 1, 1, 5), bool), None),
+    "a target mask that is not boolean": (SRC, TGT, None, np.ones((3, 1, 5, 5), np.float32)),
+    "a source mask wider than the ids allow": (SRC, TGT, np.ones((3, 1, 1, 6), bool), None),
+}
+
+
+@pytest.mark.parametrize("in_one", [False, True], ids=["two executables", "one executable"])
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_input_raises_the_numpy_backends_error(case, in_one, monkeypatch):
+    import impl_numpy
+    from conformance import InputError
+
+    monkeypatch.setattr(compiled, "ONE_EXECUTABLE_FORWARD", in_one)
+    src, tgt, src_mask, tgt_mask = BAD[case]
+    with pytest.raises(InputError) as oracle:
+        impl_numpy.Model(CONFIG, init_params(CONFIG, seed=0))(src, tgt, src_mask, tgt_mask)
+    with pytest.raises(InputError) as got:
+        model()(src, tgt, src_mask, tgt_mask, return_attention=False)
+    assert (got.value.argument, str(got.value)) == (oracle.value.argument, str(oracle.value)), case
+
+
+def one_executable_calls(how: str):
+    """A model and one forward of it, by the name of what it exercises."""
+    from conformance.core.dropout import draw_dropout
+
+    m = model(seed=7)
+    src_mask, tgt_mask = (np.asarray(x) for x in m.make_masks(SRC, TGT))
+    src_mask = src_mask & (np.arange(SRC.shape[1]) != 1)  # narrower than the ids': a masked key
+    if how == "derived masks":
+        return lambda: m(SRC, TGT)
+    if how == "explicit masks":
+        return lambda: m(SRC, TGT, src_mask, tgt_mask)
+    if how == "without attention":
+        return lambda: m(SRC, TGT, return_attention=False)
+    if how == "dropout":
+        drop = draw_dropout(CONFIG, *SRC.shape, TGT.shape[1], rate=0.25, seed=3)
+        return lambda: m(SRC, TGT, dropout=drop)
+    bucketed = impl_jax.Model(CONFIG, init_params(CONFIG, seed=7, dtype=np.float32), buckets=(8,))
+    return lambda: bucketed(SRC, TGT, src_mask, tgt_mask)
+
+
+SIBLING = "compiles programs of their own; the derived and explicit masks run in CI"
+
+
+@pytest.mark.parametrize("how", ["derived masks", "explicit masks",
+                                 *(pytest.param(how, marks=thorough_only(SIBLING))
+                                   for how in ("without attention", "dropout", "buckets"))])
+def test_the_forward_as_one_executable_gives_the_bits_of_two(how, monkeypatch):
+    """`compiled.ONE_EXECUTABLE_FORWARD`: `_encode` then `_decode` traced as one program. Every
+    tensor equals the two executables' bit for bit on this CPU; a sink still takes the two."""
+    call = one_executable_calls(how)
+    want = tensors(call())
+    monkeypatch.setattr(compiled, "ONE_EXECUTABLE_FORWARD", True)
+    runs = compiled.compile_stats()["calls"]
+    got = call()
+    assert compiled.compile_stats()["calls"] - runs == 1, f"{how}: not one executable"
+    assert_same_bits(tensors(got), want, f"one executable, {how}")
+    if how == "derived masks":
+        runs = compiled.compile_stats()["calls"]
+        sunk: dict[str, np.ndarray] = {}
+        model(seed=7)(SRC, TGT, sink=lambda name, x: sunk.__setitem__(name, np.asarray(x)))
+        assert compiled.compile_stats()["calls"] - runs == 2, "a sink takes the encoder's tensors before the decoder runs"
+        assert sunk["logits"].tobytes() == want["logits"].tobytes()
+
+
+def test_the_record_sees_an_attribute_moved_to_the_front_of_the_next_module():
+    """The record compares the modules' attributes laid end to end (impl_jax/flat.py), so it also
+    compares each module's count: an attribute moved from the end of one module to the front of
+    the next leaves the concatenation as it was, and flattening would read another structure."""
+    from impl_jax import flat
+
+    m = model(seed=6)
+    m(SRC, TGT, return_attention=False)  # remembered, then recorded at the decoder's call
+    record = flat.record(m)
+    assert record is not None and record.holds(m)
+    movable = lambda d: next((k for k in reversed(d) if not k.startswith("_pytree")), None)  # noqa: E731
+    first, second = next((a, b) for a, b in zip(record.dicts, record.dicts[1:])
+                         if movable(a) is not None and movable(a) not in b and list(a)[-1] == movable(a))
+    key = movable(first)
+    value, rest = first.pop(key), dict(second)
+    second.clear()
+    second.update({key: value, **rest})
+    assert list(itertools.chain.from_iterable(record.dicts)) == record.all_keys, "the planted move is unseen by the keys"
+    assert not record.holds(m), "the record held after an attribute moved between two modules"

@@ -41,6 +41,14 @@ IDIOM_METHODS = {
                                           "per shape), torch replays it from a CUDA graph (impl_torch/graphs.py)"),
     "_loss_args": ({"jax"}, "the host part of loss_and_grads, shared with the fused, donating impl_jax.train_step"),
     "traceable_forward": ({"jax"}, "the unchecked forward for use inside jax.jit / vmap (host checks cannot trace)"),
+    "_placement": ({"jax"}, "the device and parameter dtype read once per call: each read goes through Flax's "
+                            "variable and JAX's array properties (host work per call, issue 44)"),
+    "_source": ({"jax"}, "encode's host checks, shared by the two-executable and the one-executable forward"),
+    "_encoded": ({"jax"}, "encode returning the placement it ran with, so a forward's decoder does not read it again"),
+    "_target": ({"jax"}, "decode's host checks, shared by the two-executable and the one-executable forward"),
+    "_decoded": ({"jax"}, "decode given the encoder's placement"),
+    "_forward_in_one": ({"jax"}, "the forward as one XLA executable (impl_jax.one_executable_forward(), off by "
+                                 "default): _encode and _decode traced together"),
 }
 # The same for the decode rooms (impl_*/decode.py).
 DECODE_IDIOM_NAMES = {
