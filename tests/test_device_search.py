@@ -156,8 +156,13 @@ def test_nan_logits_of_an_open_row_are_refused_as_the_reference_does(beams):
 # settings through the same ops, and the NumPy and torch adapters run both tables in CI.
 JAX_KINDS = ["ties", pytest.param("continuous", marks=thorough_only(
     "eager JAX on the continuous table repeats the ties run's settings and ops"))]
+# The eager-JAX device-search tests (these two, and tests/test_generate_processors.py's) dispatch
+# the same ops at the same shapes: on one xdist worker they share its compiled op programs
+# (measured, collection left out: 44 CPU-s in three processes, 29 in one).
+EAGER_JAX_SEARCH = pytest.mark.xdist_group("eager-jax-search")
 
 
+@EAGER_JAX_SEARCH
 @pytest.mark.parametrize("kind", JAX_KINDS)
 def test_jax_device_search_equals_the_reference(kind):
     """The JAX adapter (lax.top_k, the functional column writes) run eagerly; the compiled
@@ -251,6 +256,7 @@ def test_torch_device_search_equals_the_reference_flax_rule_and_sampling(kind):
         same(got, reference(settings, values, 6), settings)
 
 
+@EAGER_JAX_SEARCH
 @pytest.mark.parametrize("kind", JAX_KINDS)
 def test_jax_device_search_equals_the_reference_flax_rule_and_sampling(kind):
     """Eager JAX, with the warpers' settings as arrays (as the compiled search takes them): both

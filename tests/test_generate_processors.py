@@ -299,6 +299,9 @@ JAX_KINDS = ["ties", pytest.param("continuous", marks=thorough_only(
     "eager JAX on the continuous table repeats the ties run's settings and ops"))]
 
 
+# On the worker of tests/test_device_search.py's eager-JAX searches: the same ops at the same shapes,
+# compiled once in that process (test_device_search.py's EAGER_JAX_SEARCH says what it saves).
+@pytest.mark.xdist_group("eager-jax-search")
 @pytest.mark.parametrize("kind", JAX_KINDS)
 def test_jax_device_search_applies_the_processors_as_the_reference(kind):
     """Eager JAX, with the forced id and the table as arrays, as the compiled search takes them."""

@@ -439,6 +439,13 @@ def fused_and_plain():
     return config, np.where(TGT == config.pad_id, config.pad_id, TGT), (fused, plain), optimizers
 
 
+# The two fused-step tests compile the same float64 step and the same unfused loss_and_grads +
+# Adam (tests/batches' small config): on one xdist worker the second reuses the first's programs
+# (measured, whole pytest processes of which collection is 3.2 CPU-s: apart 10.9 + 19.0, together 20.2).
+FUSED_STEP_GROUP = pytest.mark.xdist_group("jax-fused-step")
+
+
+@FUSED_STEP_GROUP
 def test_fused_train_step_is_loss_and_grads_then_adam_and_donates():
     """impl_jax.train_step with impl_jax.Adam: one compiled step, bit for bit the core's
     loss_and_grads + Adam.step in float64, with the old parameter buffers donated (deleted)."""
@@ -459,6 +466,7 @@ def test_fused_train_step_is_loss_and_grads_then_adam_and_donates():
             np.testing.assert_array_equal(np.asarray(value), np.asarray(plain.params[name]), err_msg=name)
 
 
+@FUSED_STEP_GROUP
 def test_fused_train_step_follows_the_model_between_steps():
     """The fused step reads the model's structure and variables afresh at every step
     (impl_jax/train.py's StepLayout, a tree flatten instead of nnx.split): new values through
