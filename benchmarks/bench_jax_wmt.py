@@ -163,15 +163,16 @@ def host_part(size: str, rounds: int, calls: int) -> None:
     src, tgt = inputs(s)
     apply, _ = linen_forward(s)
     model = impl_jax_model(s)
-    contenders = {"wmt linen, jitted apply": lambda: apply(src, tgt),
-                  "impl_jax model(src, tgt)": lambda: model(src, tgt, return_attention=False).logits}
     import impl_jax
 
-    def in_one():  # the forward as one executable (off by default)
-        with impl_jax.one_executable_forward():
-            return model(src, tgt, return_attention=False).logits
+    def forward(in_one: bool):
+        def run():  # the switch set in the call, whatever ROSETTA_JAX_ONE_EXECUTABLE says
+            with impl_jax.one_executable_forward(in_one):
+                return model(src, tgt, return_attention=False).logits
+        return run
 
-    contenders["impl_jax, one executable"] = in_one
+    contenders = {"wmt linen, jitted apply": lambda: apply(src, tgt),
+                  "impl_jax model(src, tgt)": forward(False), "impl_jax, one executable": forward(True)}
     names = list(contenders)
     for name, run in contenders.items():  # the compiles, and a few calls to warm every path
         start = time.perf_counter()

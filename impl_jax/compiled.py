@@ -84,6 +84,7 @@ Triton products on a GPU in any dtype). On other platforms the option does nothi
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import gc
 import operator
@@ -128,21 +129,41 @@ HOST_ARRAYS_TO_JIT = True
 # A forward without a sink as one executable (`forward_in_one`) instead of the encoder's and the
 # decoder's (impl_jax.Model.__call__; benchmarks/bench_jax_wmt.py --host measures both). Off by
 # default: a process that also calls `encode`/`decode` or passes a sink on the same shapes then
-# compiles three programs per shape, not two. ROSETTA_JAX_ONE_EXECUTABLE=1 turns it on.
-ONE_EXECUTABLE_FORWARD: bool = os.environ.get("ROSETTA_JAX_ONE_EXECUTABLE", "0").strip().lower() not in (
-    "", "0", "false", "no", "off")
+# compiles three programs per shape, not two. ROSETTA_JAX_ONE_EXECUTABLE=1 turns it on for the
+# process; `one_executable_forward(on)` for a block of one thread (or task).
+_SWITCH_WORDS = {"1": True, "true": True, "yes": True, "on": True, "": False, "0": False, "false": False,
+                 "no": False, "off": False}
+
+
+def _switch(variable: str, default: str) -> bool:
+    value = os.environ.get(variable, default).strip().lower()
+    if value not in _SWITCH_WORDS:
+        raise ValueError(f"{variable}={os.environ[variable]!r}: expected one of {sorted(w for w in _SWITCH_WORDS if w)}")
+    return _SWITCH_WORDS[value]
+
+
+ONE_EXECUTABLE_FORWARD: bool = _switch("ROSETTA_JAX_ONE_EXECUTABLE", "0")
+_ONE_EXECUTABLE_HERE: contextvars.ContextVar[bool | None] = contextvars.ContextVar("one_executable", default=None)
+
+
+def one_executable() -> bool:
+    """Whether a forward without a sink runs as one executable here: the innermost
+    `one_executable_forward` block of this thread, else `ONE_EXECUTABLE_FORWARD`."""
+    here = _ONE_EXECUTABLE_HERE.get()
+    return ONE_EXECUTABLE_FORWARD if here is None else here
 
 
 @contextlib.contextmanager
 def one_executable_forward(on: bool = True):
-    """`impl_jax.one_executable_forward()`: `ONE_EXECUTABLE_FORWARD` set to `on` inside the block
-    (for this process: it is one switch, not one per thread), restored after it."""
-    global ONE_EXECUTABLE_FORWARD
-    before, ONE_EXECUTABLE_FORWARD = ONE_EXECUTABLE_FORWARD, bool(on)
+    """`impl_jax.one_executable_forward(on=True)`: inside the block, a forward without a sink runs
+    as one executable (`on`) or as the encoder's and the decoder's (not `on`), in this thread (a
+    context variable: other threads and blocks around it keep their own); blocks nest."""
+    token = _ONE_EXECUTABLE_HERE.set(bool(on))
     try:
         yield
     finally:
-        ONE_EXECUTABLE_FORWARD = before
+        _ONE_EXECUTABLE_HERE.reset(token)
+
 
 # Triton products on a GPU (see the module docstring): "auto", "1" or "0".
 TRITON_GEMM: str = os.environ.get("ROSETTA_JAX_TRITON_GEMM", "auto")

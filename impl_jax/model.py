@@ -954,12 +954,14 @@ class Model(nnx.Module):
         the encoder's are handed over before the decoder runs, and each is dropped once handed over.
 
         `encode` then `decode`, with the device and the parameters' dtype read once for both; or,
-        without a sink and with `impl_jax.compiled.ONE_EXECUTABLE_FORWARD` on, both in one
-        executable (`_forward_in_one`)."""
-        if sink is None and compiled.ONE_EXECUTABLE_FORWARD:
+        without a sink and with `impl_jax.one_executable_forward()` on, both in one executable
+        (`_forward_in_one`). With a sink, the decoder reads the placement again: the sink may have
+        moved the parameters while the encoder's tensors were handed over."""
+        if sink is None and compiled.one_executable():
             return self._forward_in_one(src_ids, tgt_ids, src_mask, tgt_mask, return_attention, dropout)
         encoded, placement = self._encoded(src_ids, src_mask, return_attention, dropout, sink)
-        return self._decoded(tgt_ids, encoded, tgt_mask, return_attention, dropout, sink, placement)
+        return self._decoded(tgt_ids, encoded, tgt_mask, return_attention, dropout, sink,
+                             placement if sink is None else None)
 
     def _forward_in_one(self, src_ids, tgt_ids, src_mask, tgt_mask, return_attention: bool, dropout) -> ModelOutput:
         """A forward without a sink as one executable (`compiled.forward_in_one`: `_encode` then

@@ -6,7 +6,7 @@ The forward's host glue reads the device once, checks the model's record in C an
 tree walk for plain arguments (benchmarks/bench_jax_wmt.py --host). Whatever it skips, a forward
 gives the bits of `encode` then `decode` and of the unshortened paths, compiles nothing those do
 not, and refuses bad inputs with the NumPy backend's errors. So does the forward as one executable
-(`compiled.ONE_EXECUTABLE_FORWARD`, off by default), whose tensors equal the two executables'."""
+(`impl_jax.one_executable_forward()`, off by default), whose tensors equal the two executables'."""
 
 from __future__ import annotations
 
@@ -256,3 +256,52 @@ def test_the_record_sees_an_attribute_moved_to_the_front_of_the_next_module():
     second.update({key: value, **rest})
     assert list(itertools.chain.from_iterable(record.dicts)) == record.all_keys, "the planted move is unseen by the keys"
     assert not record.holds(m), "the record held after an attribute moved between two modules"
+
+
+def test_the_one_executable_switch_is_a_block_of_one_thread_and_nests():
+    """`impl_jax.one_executable_forward(on)`: set inside its block for this thread only, restored
+    after it whatever order other threads' blocks end in; the process default comes from
+    ROSETTA_JAX_ONE_EXECUTABLE, and a word that is neither on nor off is refused."""
+    import threading
+
+    default = compiled.one_executable()
+    with impl_jax.one_executable_forward():
+        assert compiled.one_executable() is True
+        with impl_jax.one_executable_forward(False):
+            assert compiled.one_executable() is False
+        assert compiled.one_executable() is True
+        seen = []
+        other = threading.Thread(target=lambda: seen.append(compiled.one_executable()))
+        other.start()
+        other.join()
+        assert seen == [default]  # another thread keeps the process default
+    assert compiled.one_executable() is default
+    # Two threads' blocks that overlap without nesting: each sees its own, and neither leaks.
+    entered, leave_first = threading.Event(), threading.Event()
+    inside: list[bool] = []
+
+    def first():
+        with impl_jax.one_executable_forward(True):
+            entered.set()
+            leave_first.wait()
+            inside.append(compiled.one_executable())
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    entered.wait()
+    with impl_jax.one_executable_forward(False):
+        leave_first.set()
+        thread.join()
+        inside.append(compiled.one_executable())
+    assert inside == [True, False] and compiled.one_executable() is default
+
+
+@pytest.mark.parametrize("word, on", [("1", True), ("on", True), ("0", False), ("off", False), ("", False),
+                                      ("disabled", None)])
+def test_the_environment_switch_takes_on_and_off_words_only(word, on, monkeypatch):
+    monkeypatch.setenv("ROSETTA_JAX_ONE_EXECUTABLE", word)
+    if on is None:
+        with pytest.raises(ValueError, match="ROSETTA_JAX_ONE_EXECUTABLE='disabled'"):
+            compiled._switch("ROSETTA_JAX_ONE_EXECUTABLE", "0")
+    else:
+        assert compiled._switch("ROSETTA_JAX_ONE_EXECUTABLE", "0") is on
