@@ -156,17 +156,14 @@ def _decode_step(model, tgt_ids, cache: DecoderCache):
                          tgt_ids=jax.lax.dynamic_update_slice_in_dim(cache.tgt_ids, tgt_ids[:, None], t, axis=1))
     self_mask = step_mask(config, cache.tgt_ids, t)  # (B, 1, 1, L)
     written = jnp.arange(cache.tgt_ids.shape[1]) <= t  # (L,): the positions that are keys so far
-    embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
-    y = model.embed(tgt_ids[:, None], embedding, model.decoder.position, model.decoder.embedding_norm,
+    y = model.embed(tgt_ids[:, None], model.target_embedding, model.decoder.position, model.decoder.embedding_norm,
                     at=t)  # (B, 1, D)
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
     bias = model.decoder.position.score_bias(1, cache.tgt_ids.shape[1], reduction_dtype(y.dtype),
                                              first_query=t)  # (1, H, 1, L), or None
     y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, bias=bias, tgt_real=written,
                       cache=layer_caches(cache))
-    logits = model.output(y, embedding)[:, 0]  # (B, V)
-    if model.final_logits_bias is not None:
-        logits = logits + model.final_logits_bias[...].astype(logits.dtype)
+    logits = model.logits(y)[:, 0]  # (B, V)
     cache.length = t + 1
     return logits, cache
 

@@ -122,14 +122,12 @@ def advance(model, tgt_ids: np.ndarray, cache: DecoderCache) -> np.ndarray:
     t = cache.length
     cache.tgt_ids[:, t] = tgt_ids[:, 0]
     self_mask = step_mask(config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
-    embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
-    y = model.embed(tgt_ids, embedding, model.decoder.position, model.decoder.embedding_norm, at=t)  # (B, 1, D)
+    y = model.embed(tgt_ids, model.target_embedding, model.decoder.position, model.decoder.embedding_norm,
+                    at=t)  # (B, 1, D)
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
     bias = model.decoder.position.score_bias(1, t + 1, model.dtype, first_query=t)  # (1, H, 1, t + 1), or None
     y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, bias=bias, cache=layer_caches(cache))
-    logits = model.output(y, embedding)[:, 0]  # (B, V)
-    if model.final_logits_bias is not None:
-        logits = logits + model.final_logits_bias.astype(logits.dtype, copy=False)
+    logits = model.logits(y)[:, 0]  # (B, V)
     cache.length = t + 1
     return logits
 

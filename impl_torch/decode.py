@@ -142,7 +142,7 @@ def step_output_weight(model):
     config = model.config
     if not (STEP_OUTPUT_COPY and config.tie_output and model.device.type == "cpu"):
         return None
-    weight = (model.encoder.embedding if config.share_embeddings else model.decoder.embedding).weight
+    weight = model.target_embedding.weight
     if weight.dtype not in (torch.float32, torch.float64) or (torch.is_grad_enabled() and weight.requires_grad):
         return None
     return weight.detach().T.contiguous()  # (D, V)
@@ -198,16 +198,14 @@ def advance(model, tgt_ids: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
     # With tgt_pad_mask "none" every position so far is a key: no mask (the kernel is then spared
     # the mask, and fast_attention its test for queries without keys).
     self_mask = None if config.tgt_pad_mask == "none" else step_mask(config, cache.tgt_ids[:, :t + 1], t)
-    embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
-    y = model.embed(tgt_ids, embedding, model.decoder.position, model.decoder.embedding_norm, at=t)  # (B, 1, D)
+    y = model.embed(tgt_ids, model.target_embedding, model.decoder.position, model.decoder.embedding_norm,
+                    at=t)  # (B, 1, D)
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
     scores_dtype = torch.promote_types(y.dtype, torch.float32)  # model.scores_dtype (model.py imports this module)
     bias = model.decoder.position.score_bias(1, t + 1, scores_dtype, first_query=t)  # (1, H, 1, t + 1), or None
     y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, bias=bias, return_attention=False,
                       cache=layer_caches(cache))
-    logits = model.output(y, embedding, weight=cache.output_weight)[:, 0]  # (B, V)
-    if model.final_logits_bias is not None:
-        logits = logits + model.final_logits_bias.to(logits.dtype)
+    logits = model.logits(y, weight=cache.output_weight)[:, 0]  # (B, V)
     cache.length = t + 1
     return logits
 

@@ -859,9 +859,12 @@ class Model(nn.Module):
         """The decoder's token table: the encoder's when the embeddings are shared (section 3.4)."""
         return self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding
 
-    def logits(self, y: torch.Tensor) -> torch.Tensor:
-        """The logits (B, T, V) of `decoder.output` y: the output layer, plus BART's `final_logits_bias`."""
-        logits = self.output(y, self.target_embedding)  # (B, T, V)
+    def logits(self, y: torch.Tensor, *, weight=None) -> torch.Tensor:
+        """The logits (B, T, V) of `decoder.output` y: the output layer, plus BART's `final_logits_bias`.
+
+        `weight` (keyword-only): a (D, V) copy of W_out to multiply instead (`Output`; a cached step's
+        `decode.step_output_weight`)."""
+        logits = self.output(y, self.target_embedding, weight=weight)  # (B, T, V)
         if self.final_logits_bias is not None:  # in place outside autograd's graph, as in `Output`
             bias = cast(self.final_logits_bias, logits.dtype)
             logits = logits + bias if logits.requires_grad else logits.add_(bias)
