@@ -223,8 +223,9 @@ class Ops(NumpyOps):
     sorted_top_k = 256  # the longest row `top_k` sorts whole (stable, descending) instead of two top-ks
 
     def __init__(self, device):
-        self.device = device
+        self.device = torch.device(device)
         self.descending = {}  # m -> m - arange(m), the tie key of `top_k`, made once per search
+        self.banned = None, None  # `ban`'s last (V,) mask and its columns, found once per search
 
     def top_k(self, x, k: int):
         m = x.shape[-1]
@@ -233,6 +234,18 @@ class Ops(NumpyOps):
             # one stable sort is the reference's order itself, in 3 ops instead of about 18.
             values, index = torch.sort(x, dim=-1, descending=True, stable=True)
             return values[..., :k], index[..., :k]
+        if self.device.type == "cpu" and k < m:
+            # On the CPU a host read is cheap (no queue to drain): the k + 1 best show whether any
+            # score equal to the k-th best was left out. Where none was (in every row), torch's k
+            # best are the reference's k, and only their order among equal scores remains to be
+            # set: two sorts of k entries, instead of the tie key's two passes over all m scores
+            # and a second top-k (3 of a base beam-4 step's ~45 ms). A NaN equals nothing, so a row
+            # with one takes this path too; its step is refused after the update (`bad`).
+            values, index = torch.topk(x, k + 1, dim=-1)  # (..., k + 1), best first
+            if not bool((values[..., k] == values[..., k - 1]).any()):
+                index, _ = torch.sort(index[..., :k], dim=-1)
+                values, order = torch.sort(x.gather(-1, index), dim=-1, descending=True, stable=True)
+                return values, index.gather(-1, order)
         # torch.topk says neither which of equal scores it keeps nor in what order; the
         # reference keeps the lower index first. Every score above the k-th best is among
         # torch's best k; of those equal to it, the k lowest indices join them (a second top-k,
@@ -284,7 +297,22 @@ class Ops(NumpyOps):
         return function(x, dim=axis, keepdim=keepdims)
 
     def argmax(self, x):
-        return torch.argmax(x, dim=-1)
+        # max's indices: the first of equal maxima, as argmax's (both documented so), and on the CPU
+        # about a third of argmax's time over (8, 32000) float32
+        return torch.max(x, dim=-1).indices
+
+    def ban(self, scores, banned, owned: bool):
+        if banned.ndim == 1 and self.device.type == "cpu":
+            # The few banned columns written (found once per mask: `nonzero` would wait for a GPU),
+            # instead of a `where` over every score; into the step's own array where it is one.
+            if self.banned[0] is not banned:
+                self.banned = banned, banned.nonzero()[:, 0]
+            columns = self.banned[1]
+            return scores.index_fill_(-1, columns, -torch.inf) if owned else scores.index_fill(-1, columns, -torch.inf)
+        return scores.masked_fill_(banned, -torch.inf) if owned else torch.where(banned, -torch.inf, scores)
+
+    def accumulate(self, owned, other):
+        return owned.add_(other) if other.dtype == owned.dtype else owned + other
 
     def where(self, condition, a, b):
         if isinstance(condition, bool):

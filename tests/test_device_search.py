@@ -194,6 +194,43 @@ def test_torch_exact_top_k_is_the_stable_sorts_on_tie_heavy_rows():
         assert (values.numpy() == np.take_along_axis(x, expected_index, axis=-1)).all()
 
 
+def test_torch_top_k_over_long_rows_orders_equal_scores_by_index_on_both_paths():
+    """Rows longer than `sorted_top_k`: on the CPU a batch in which no score equal to the k-th best
+    is left out takes torch's k best and orders them itself (equal scores inside the k best, lower
+    index first); a batch where one row has such a tie takes the tie key. Both are the stable sort's."""
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    rng = np.random.default_rng(4)
+    m, k = 700, 8
+    inside = rng.permutation(np.linspace(-5.0, -1.0, m))  # distinct
+    inside[rng.choice(m, 5, replace=False)] = 2.0  # five equal best, all inside the k best
+    inside[rng.choice(np.flatnonzero(inside < 2.0), 2, replace=False)] = 1.5
+    across = inside.copy()
+    across[rng.choice(np.flatnonzero(inside < 1.5), 4, replace=False)] = 1.0  # equal to the 8th best, 9th and 10th too
+    for rows in (np.stack([inside, inside[::-1]]), np.stack([inside, across])):
+        expected = np.argsort(-rows, axis=-1, kind="stable")[:, :k]
+        values, index = Ops("cpu").top_k(torch.as_tensor(rows), k)
+        assert index.tolist() == expected.tolist()
+        assert values.numpy().tolist() == np.take_along_axis(rows, expected, axis=-1).tolist()
+
+
+def test_torch_argmax_and_ban_are_the_functional_ones():
+    """`Ops.argmax` is the first of equal maxima; `Ops.ban` writes -inf into the step's own array
+    only when told it is one (owned), for a (V,) mask (its columns) and an (N, V) mask alike."""
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    ops = Ops(torch.device("cpu"))
+    x = torch.tensor([[0.0, 3.0, 1.0, 3.0], [-np.inf, -1.0, -1.0, -2.0]])
+    assert ops.argmax(x).tolist() == [1, 1]
+    for banned in (torch.tensor([True, False, False, True]), torch.tensor([[False, True, False, False]] * 2)):
+        expected = torch.where(banned, -torch.inf, x)
+        kept = x.clone()
+        assert torch.equal(ops.ban(kept, banned, owned=False), expected) and torch.equal(kept, x)
+        assert torch.equal(ops.ban(kept, banned, owned=True), expected) and torch.equal(kept, expected)
+
+
 @pytest.mark.parametrize("kind", ["ties", "continuous"])
 def test_num_return_sequences_are_the_references(kind):
     """Beam search's `returned` best hypotheses per row, best first (num_return_sequences)."""

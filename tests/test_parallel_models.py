@@ -74,6 +74,8 @@ DECODE_IDIOM_METHODS: dict = {name: _ADAPTER for name in ("top_k", "sort", "cums
 DECODE_IDIOM_METHODS["divide"] = ({"jax"}, "a division that XLA keeps a division: x / broadcast(y) is otherwise "
                                            "x * (1 / y), an ulp off the reference's quotient")
 DECODE_IDIOM_METHODS["log_softmax"] = ({"torch"}, "torch's fused log-softmax (the others run the reference's formula)")
+DECODE_IDIOM_METHODS["ban"] = ({"torch"}, "the banned columns written in place on the CPU (the others: NumpyOps' where)")
+DECODE_IDIOM_METHODS["accumulate"] = ({"torch"}, "an in-place add into the step's own log-probabilities (the others: +)")
 # The same for the blocked output product (impl_*/blocks.py).
 BLOCKS_IDIOM_NAMES = {
     "_product_in_blocks_jvp": ({"jax"}, "the derivative of product_in_blocks as one product (jax.custom_jvp): "

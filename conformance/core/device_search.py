@@ -99,7 +99,12 @@ class NumpyOps:
     `cast(x, dtype)`; `full(shape, value, dtype)`; `arange(n)`;
     `concat(arrays)` along axis 1; `reduce(name, x, axis)` for max, min, sum, any, all; `argmax(x)`
     along the last axis (first of equal maxima); `where(c, a, b)`, also for a Python bool `c`;
-    `mark(index, size)`: (N, size) bool, True at each row's ids index (N, M) (a scatter)."""
+    `mark(index, size)`: (N, size) bool, True at each row's ids index (N, M) (a scatter);
+    `ban(scores, banned, owned)`: scores with -inf where `banned` ((V,) or scores' shape) is True;
+    `accumulate(owned, other)`: owned + other. `owned` says the search made that array itself in
+    this step (a log-softmax), so an adapter may write the result into it; these two default to
+    the functional `where` and `+`, which an adapter may replace by in-place writes of the same
+    values."""
 
     xp = np
     int_dtype = np.int64
@@ -150,6 +155,12 @@ class NumpyOps:
         np.put_along_axis(out, index, True, axis=-1)
         return out
 
+    def ban(self, scores, banned, owned: bool):
+        return self.xp.where(banned, -np.inf, scores)
+
+    def accumulate(self, owned, other):
+        return owned + other
+
 
 # -- Shared rules -------------------------------------------------------------------------------
 
@@ -179,14 +190,14 @@ def log_softmax(ops, logits):
     return shifted - xp.log(ops.reduce("sum", xp.exp(shifted), axis=-1, keepdims=True))
 
 
-def processed(ops, rules: Rules, scores, step, banned, eos_id, forced_bos=None):
+def processed(ops, rules: Rules, scores, step, banned, eos_id, forced_bos=None, owned: bool = False):
     """Hugging Face's logits processors in its order (the reference's `_processed`): `banned`
     (V,) or (N, V) bool (`bans`: banned ids, repeated n-grams, bad words, the end token below the
     minimum length) gets -inf; with a
     `forced_bos` id, at the first step every other id gets -inf and it 0; with forced_eos, at the
-    last step every id but eos gets -inf, eos 0."""
+    last step every id but eos gets -inf, eos 0. `owned`: scores is the step's own array (`ops.ban`)."""
     xp = ops.xp
-    scores = xp.where(banned, -np.inf, scores)
+    scores = ops.ban(scores, banned, owned)
     if forced_bos is not None:
         is_forced = ops.arange(scores.shape[-1]) == forced_bos
         scores = ops.where(step == 0, xp.where(is_forced, 0.0, xp.full_like(scores, -np.inf)), scores)
@@ -478,8 +489,9 @@ def expand(ops, rules: Rules, state: State, logits, banned, eos_id, data=None):
     bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
     banned = bans(ops, rules, xp.reshape(running, (batch * beams, running.shape[-1])), length, banned, data, eos_id)
     forced_bos = None if data is None else data.get("forced_bos")
-    log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id, forced_bos)
-    totals = xp.reshape(xp.reshape(log_probs, (batch, beams, vocab)) + running_scores[:, :, None],
+    # The log-softmax is this step's own array, and so is every array `processed` returns from it.
+    log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id, forced_bos, owned=True)
+    totals = xp.reshape(ops.accumulate(xp.reshape(log_probs, (batch, beams, vocab)), running_scores[:, :, None]),
                         (batch, beams * vocab))
     candidate_scores, candidates = ops.top_k(totals, 2 * beams)  # (B, 2 x beams)
     parent_beam, token = candidates // vocab, candidates % vocab
