@@ -6,6 +6,7 @@
     python benchmarks/bench_generate.py --cache            # cached vs uncached, batch 1, 128 new tokens
     python benchmarks/bench_generate.py --device cuda      # torch and transformers on CUDA, JAX on its GPU
     python benchmarks/bench_generate.py --contenders hf,hf-static,ct2,ct2-int8,torch --threads 2   # issue 44's CPU run
+    python benchmarks/bench_generate.py --contenders ct2,torch --threads 2 --same-process   # all in one process
 
 The same weights everywhere: a random `MarianMTModel` (transformers) of the base size (d_model
 512, 8 heads, d_ff 2048, 6+6 layers, vocab 32000, float32) is read into this project's config and
@@ -19,6 +20,19 @@ the second call of a shape), each contender timed in turn within every repeat (i
 on the shared machine affects all alike), the median of the repeats reported with its ratio to
 transformers' time. JAX is compiled first (one call per setting), its compile time printed apart.
 The ids are compared with transformers' (float32: a near-tie could flip one; reported, not hidden).
+
+Each contender runs in its own process (a spawned worker that builds its own copy of the same
+weights and its own model, and times each call itself), as each engine runs when deployed. Measured
+on 2026-11-28 (2-core Xeon, torch 2.13 CPU, ctranslate2 4.8.5, `--threads 2`): in one process, once
+a CTranslate2 Translator had run (and while it lived), torch's 2-thread ops slowed for good
+(`torch.mm` (8, 512) x (512, 2048), 300 times, 0.034 s -> 0.074 s; impl_torch greedy at base size,
+batch 8, 64 tokens, 1.30 s -> 2.15 s), and CTranslate2 beside torch was slower too (greedy 1.94 s ->
+2.18 s): CTranslate2 ships its own libgomp beside torch's, two OpenMP runtimes with live thread pools
+in one process (deleting the Translator undid it; with one torch thread nothing slowed, and
+`OMP_WAIT_POLICY=PASSIVE` gave torch the slow numbers from the start). `--same-process` builds every
+contender in this one process, the earlier arrangement, to reproduce that interference; the table's
+header says which arrangement ran. Either way each timed call starts after a rest (`SETTLE`), once
+the threads of the contender before it have stopped spinning.
 
 Contenders (`--contenders`, comma-separated):
 
@@ -59,6 +73,10 @@ from conformance.check.compare import to_numpy
 BASE = dict(vocab_size=32000, d_model=512, heads=8, d_ff=2048, layers=6, max_position_embeddings=512)
 QUICK = dict(vocab_size=1000, d_model=64, heads=4, d_ff=128, layers=2, max_position_embeddings=256)
 EOS = 0  # Marian's; its pad id is the last (V - 1) and the decoder starts from it: `ids(sizes)`
+# Seconds of rest before each timed call: the OpenMP threads of the contender that ran last spin on
+# after its call (torch's libgomp, about 20-30 ms measured here), and a call started at once shares
+# the cores with them (CTranslate2 after impl_torch, --quick, 2 threads: 0.09-0.21 s against 0.025 s).
+SETTLE = 0.1
 
 
 def ids(sizes: dict) -> tuple[int, int, int]:
@@ -172,71 +190,180 @@ def machine(device: str) -> str:
     return line
 
 
-def speed(args, sizes, hf_model, config, params) -> None:
-    import tempfile
-    from pathlib import Path
-
+def decoder(contender: str, args, sizes: dict, src: np.ndarray, hf_model, config, params, folder):
+    """`contender`'s decode of `src` as a function of the beam count, or the reason there is none."""
     import torch
 
     pad, bos, eos = ids(sizes)
     banned = [eos, pad]
+    if contender in ("hf", "hf-static"):
+        src_torch, static = torch.as_tensor(src, device=args.device), contender == "hf-static"
+        return lambda beams: hf_generate(hf_model, src_torch, args.new_tokens, beams, banned, static), None
+    if contender.startswith("ct2"):
+        compute = ("float16" if args.device == "cuda" else "float32") if contender == "ct2" else (
+            "int8_float16" if args.device == "cuda" else "int8")
+        translator, reason = ct2_translator(config, params, args.device, compute, folder)
+        if reason:
+            return None, reason
+        tokens = [[str(i) for i in row] for row in src.tolist()]
+        return lambda beams: ct2_generate(translator, tokens, args.new_tokens, beams), None
+    model = build(contender, config, params, args.device)
+    return lambda beams: model.generate(src, args.new_tokens, bos, eos, num_beams=beams, banned_ids=banned), None
+
+
+class InProcess:
+    """A contender built in this process beside the others (`--same-process`)."""
+
+    def __init__(self, contender: str, args, sizes: dict, src, hf_model, config, params, folder):
+        self.contender = contender
+        self.decode, self.reason = decoder(contender, args, sizes, src, hf_model, config, params, folder)
+
+    def run(self, num_beams: int) -> tuple[np.ndarray, float]:
+        return timed(lambda: self.decode(num_beams))
+
+    def close(self, now: bool = False) -> None:
+        self.decode = None  # a Translator's threads end with it
+
+
+def worker(connection, contender: str, sizes: dict, args, src: np.ndarray, folder) -> None:
+    """A contender's process: its own copy of the weights and its own model, then one timed call per
+    beam count received, answered with (ids, seconds), until None (or the parent is gone)."""
+    import signal
+    import traceback
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent too, which ends its workers
+    try:
+        import torch
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        from conformance.convert import from_hf_marian
+
+        hf_model = marian(sizes, "cpu")  # seed 0: the weights the parent and every other worker built
+        config, params = from_hf_marian(hf_model)
+        hf_model = hf_model.to(args.device) if contender in ("hf", "hf-static") else None
+        decode, reason = decoder(contender, args, sizes, src, hf_model, config, params, folder)
+        del hf_model, config, params
+        connection.send(("ready", reason, torch.get_num_threads()))
+        while decode is not None:
+            try:
+                num_beams = connection.recv()
+            except EOFError:  # the parent has gone
+                return
+            if num_beams is None:
+                return
+            connection.send(("ran",) + timed(lambda: decode(num_beams)))
+    except Exception:
+        connection.send(("error", traceback.format_exc()))
+
+
+class InWorker:
+    """A contender in its own spawned process (`worker`), asked over a pipe."""
+
+    def __init__(self, context, contender: str, sizes: dict, args, src, folder):
+        self.contender = contender
+        self.connection, child = context.Pipe()
+        self.process = context.Process(target=worker, args=(child, contender, sizes, args, src, folder),
+                                       name=f"bench_generate {contender}")
+        self.process.start()
+        child.close()  # the worker's end lives in the worker only, so its exit reads as the pipe's end
+        self.reason, self.started = None, time.perf_counter()
+
+    def ready(self) -> None:
+        _, self.reason, threads = self.receive("its model")
+        note = f"skipped: {self.reason}" if self.reason else f"ready, torch {threads} threads"
+        stamp(f"{self.contender} (process {self.process.pid}) {note}, {time.perf_counter() - self.started:.1f} s "
+              "after its start")
+
+    def run(self, num_beams: int) -> tuple[np.ndarray, float]:
+        try:
+            self.connection.send(num_beams)
+        except OSError:  # a worker that has ended: `receive` says how
+            pass
+        _, result, seconds = self.receive(f"a call with {num_beams} beams")
+        return result, seconds
+
+    def receive(self, what: str):
+        import signal
+        from multiprocessing.connection import wait
+
+        wait([self.connection, self.process.sentinel])
+        try:
+            message = self.connection.recv() if self.connection.poll() else None
+        except EOFError:
+            message = None
+        if message is None:  # the process ended without an answer
+            self.process.join()
+            code = self.process.exitcode
+            died = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"exit code {code}"
+            raise SystemExit(f"the {self.contender} worker (process {self.process.pid}) ended with {died} "
+                             f"before answering ({what})")
+        if message[0] == "error":
+            raise SystemExit(f"the {self.contender} worker failed ({what}):\n{message[1]}")
+        return message
+
+    def close(self, now: bool = False) -> None:
+        """Asks the worker to finish (`now`: ends it, after an error or Ctrl-C) and waits for it."""
+        if not now and self.process.is_alive():
+            try:
+                self.connection.send(None)
+            except OSError:  # it has ended already
+                pass
+            self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
+        self.connection.close()
+
+
+def speed(args, sizes, hf_model, config, params) -> None:
+    import multiprocessing
+    import tempfile
+    from pathlib import Path
+
+    pad = ids(sizes)[0]
     chosen = [c for c in args.contenders.split(",") if c]
     if unknown := set(chosen) - set(CONTENDERS):
         raise SystemExit(f"unknown contenders {sorted(unknown)}; choose from {', '.join(CONTENDERS)}")
     rng = np.random.default_rng(0)
     src = rng.integers(2, pad, size=(args.batch, args.src_len))  # no end or pad id in a source
-    src_torch = torch.as_tensor(src, device=args.device)
-    tokens = [[str(i) for i in row] for row in src.tolist()]
     settings = [("greedy", 1), ("beam 4", 4)]
-    models, skipped = {}, {}
+    arrangement = "all contenders in one process" if args.same_process else "each contender in its own process"
+    stamp(f"arrangement: {arrangement}")
     scratch = tempfile.TemporaryDirectory(prefix="bench-generate-ct2-")
-    for contender in chosen:
-        if contender in ("torch", "jax", "numpy"):
-            models[contender] = build(contender, config, params, args.device)
-        elif contender.startswith("ct2"):
-            compute = ("float16" if args.device == "cuda" else "float32") if contender == "ct2" else (
-                "int8_float16" if args.device == "cuda" else "int8")
-            models[contender], reason = ct2_translator(config, params, args.device, compute, Path(scratch.name) / "model")
-            if reason:
-                skipped[contender] = reason
-    chosen = [c for c in chosen if c not in skipped]
-
-    def run(contender: str, num_beams: int):
-        if contender in ("hf", "hf-static"):
-            return lambda: hf_generate(hf_model, src_torch, args.new_tokens, num_beams, banned, contender == "hf-static")
-        if contender.startswith("ct2"):
-            return lambda: ct2_generate(models[contender], tokens, args.new_tokens, num_beams)
-        return lambda: models[contender].generate(src, args.new_tokens, bos, eos, num_beams=num_beams, banned_ids=banned)
-
-    # The first call of each contender and setting, timed apart: the compile of JAX and of the
-    # compiled transformers step, and every contender's allocation and kernel selection.
-    first = {}
-    for name, beams in settings:
-        for contender in chosen:
-            started = time.perf_counter()
-            timed(run(contender, beams))
-            first[contender, name] = time.perf_counter() - started
-            stamp(f"first call {contender} {name}: {first[contender, name]:.1f} s")
-    # A second untimed call: impl_torch on CUDA records its CUDA graphs on the second call of a shape
-    # (impl_torch/graphs.py), transformers' reduce-overhead records its own then.
-    for name, beams in settings:
-        for contender in chosen:
-            timed(run(contender, beams))
-    times = {(c, name): [] for c in chosen for name, _ in settings}
-    out = {}
-    for r in range(args.repeats):
-        for name, beams in settings:
-            order = chosen[r % len(chosen):] + chosen[: r % len(chosen)]
-            for contender in order:
-                out[contender, name], seconds = timed(run(contender, beams))
-                times[contender, name].append(seconds)
-            stamp(f"repeat {r + 1}, {name}: " + ", ".join(f"{c} {times[c, name][-1]:.3f} s" for c in chosen))
-    scratch.cleanup()
+    folder = Path(scratch.name) / "model"  # converted once: by the first ct2 contender, loaded by the other
+    contenders, failed = {}, True
+    try:
+        if args.same_process:
+            hf_model.to(args.device)
+            for contender in chosen:
+                contenders[contender] = InProcess(contender, args, sizes, src, hf_model, config, params, folder)
+        else:
+            context = multiprocessing.get_context("spawn")  # a fresh interpreter: no thread pool inherited
+            ct2 = [c for c in chosen if c.startswith("ct2")]
+            for contender in chosen:
+                if contender not in ct2[1:]:
+                    contenders[contender] = InWorker(context, contender, sizes, args, src, folder)
+            if ct2:
+                contenders[ct2[0]].ready()  # the conversion, before the other ct2 contender loads it
+            for contender in ct2[1:]:
+                contenders[contender] = InWorker(context, contender, sizes, args, src, folder)
+            for contender in chosen:
+                if contender not in ct2[:1]:
+                    contenders[contender].ready()
+        skipped = {c: contenders[c].reason for c in chosen if contenders[c].reason}
+        chosen = [c for c in chosen if c not in skipped]
+        first, times, out = schedule(args, chosen, settings, contenders)
+        failed = False
+    finally:
+        for contender in contenders.values():
+            contender.close(now=failed)
+        scratch.cleanup()
     reference = "hf-static" if args.reference == "hf-static" and "hf-static" in chosen else (
         "ct2" if args.reference == "ct2" and "ct2" in chosen else ("hf" if "hf" in chosen else chosen[0]))
     n_tokens = args.batch * args.new_tokens
     print(f"\nbatch {args.batch}, source {args.src_len}, {args.new_tokens} new tokens, float32 (ct2 on CUDA: "
-          f"float16), {args.device}; median of {args.repeats} interleaved repeats; load average "
+          f"float16), {args.device}; {arrangement}; median of {args.repeats} interleaved repeats; load average "
           f"{os.getloadavg()[0]:.2f}; ratios are medians of per-repeat ratios to {reference}")
     print(f"{'setting':<8} {'contender':<10} {'seconds':>8} {'tok/s':>8} {'x ' + reference:>12} {'x hf':>7} "
           f"{'first call s':>13}  ids")
@@ -255,6 +382,34 @@ def speed(args, sizes, hf_model, config, params) -> None:
         print(f"{contender:<10} skipped: {reason}")
     print("\ntargets (issue 44): impl_torch greedy and beam 4 <= 1.0x CTranslate2 float32 (CPU) and <= 1.0x "
           "transformers' compiled static-cache generate (GPU)")
+
+
+def schedule(args, chosen: list[str], settings, contenders: dict):
+    """First calls (timed apart), second untimed calls, then the interleaved repeats: (first, times, ids)."""
+    # The first call of each contender and setting, timed apart: the compile of JAX and of the
+    # compiled transformers step, and every contender's allocation and kernel selection.
+    first = {}
+    for name, beams in settings:
+        for contender in chosen:
+            time.sleep(SETTLE)
+            _, first[contender, name] = contenders[contender].run(beams)
+            stamp(f"first call {contender} {name}: {first[contender, name]:.1f} s")
+    # A second untimed call: impl_torch on CUDA records its CUDA graphs on the second call of a shape
+    # (impl_torch/graphs.py), transformers' reduce-overhead records its own then.
+    for name, beams in settings:
+        for contender in chosen:
+            contenders[contender].run(beams)
+    times = {(c, name): [] for c in chosen for name, _ in settings}
+    out = {}
+    for r in range(args.repeats):
+        for name, beams in settings:
+            order = chosen[r % len(chosen):] + chosen[: r % len(chosen)]
+            for contender in order:
+                time.sleep(SETTLE)
+                out[contender, name], seconds = contenders[contender].run(beams)
+                times[contender, name].append(seconds)
+            stamp(f"repeat {r + 1}, {name}: " + ", ".join(f"{c} {times[c, name][-1]:.3f} s" for c in chosen))
+    return first, times, out
 
 
 def agreement(out: dict, chosen: list[str], contender: str, name: str) -> str:
@@ -325,6 +480,9 @@ def main() -> None:
     parser.add_argument("--src-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--same-process", action="store_true",
+                        help="every contender in this one process (the earlier arrangement: two OpenMP runtimes "
+                             "interfere), instead of each in its own")
     parser.add_argument("--cache", action="store_true", help="cached against uncached instead (batch 1)")
     parser.add_argument("--cache-tokens", type=int, default=128)
     args = parser.parse_args()
@@ -338,9 +496,8 @@ def main() -> None:
     from conformance.convert import from_hf_marian
 
     sizes = QUICK if args.quick else BASE
-    hf_model = marian(sizes, args.device)
-    config, params = from_hf_marian(hf_model.cpu())
-    hf_model.to(args.device)
+    hf_model = marian(sizes, "cpu")  # moved to the device by `--same-process` only; the workers build their own
+    config, params = from_hf_marian(hf_model)
     print(f"config: d_model {config.d_model}, {config.n_heads} heads, d_ff {config.d_ff}, "
           f"{config.n_encoder_layers}+{config.n_decoder_layers} layers, vocab {config.tgt_vocab_size} "
           "(a random MarianMTModel, read by from_hf_marian)")

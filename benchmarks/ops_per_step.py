@@ -12,7 +12,7 @@ vocabulary (6+6 layers, vocab 32000: the output projection's blocks depend on V)
 d_model (64), so that it runs in seconds.
 
 The same weights in both: a random `MarianMTModel` read by `conformance.convert.from_hf_marian`
-(as in benchmarks/bench_generate.py, whose helpers this uses); the end token banned, so every
+(as in benchmarks/bench_generate.py, whose helpers this uses); the end and pad ids banned, so every
 row runs every step. Per step = (ops of a call with `--long` new tokens - ops of one with
 `--short`) / (long - short): the encoder, the start and the result cancel out.
 
@@ -67,7 +67,7 @@ def main() -> None:
 
     import torch
 
-    from bench_generate import BOS, EOS, build, hf_generate, marian
+    from bench_generate import build, hf_generate, ids, marian
     from conformance.convert import from_hf_marian
 
     sizes = dict(vocab_size=args.vocab, d_model=args.d_model, heads=4, d_ff=2 * args.d_model,
@@ -75,13 +75,15 @@ def main() -> None:
     hf_model = marian(sizes, "cpu")
     config, params = from_hf_marian(hf_model)
     ours = build("torch", config, params, "cpu")
-    src = np.random.default_rng(0).integers(2, args.vocab, size=(args.batch, 16))
+    pad, bos, eos = ids(sizes)  # Marian's ids, as bench_generate's: the pad id last, the end id 0
+    banned = [eos, pad]
+    src = np.random.default_rng(0).integers(2, pad, size=(args.batch, 16))  # no end or pad id in a source
     src_torch = torch.as_tensor(src)
 
     def call(contender: str, beams: int, new_tokens: int):
         if contender == "hf":
-            return lambda: hf_generate(hf_model, src_torch, new_tokens, beams)
-        return lambda: ours.generate(src, new_tokens, BOS, EOS, num_beams=beams, banned_ids=[EOS])
+            return lambda: hf_generate(hf_model, src_torch, new_tokens, beams, banned)
+        return lambda: ours.generate(src, new_tokens, bos, eos, num_beams=beams, banned_ids=banned)
 
     def seconds(function) -> float:
         times = []

@@ -1,9 +1,12 @@
 """benchmarks/bench_generate.py's issue-44 contenders compare equal computations: CTranslate2,
 converted from the benchmark's own random MarianMTModel, and transformers and impl_torch on the
 same weights give the same ids on every row, each row running all its steps (the end and pad ids
-barred), greedy and beam 4. A small config: seconds, no compile."""
+barred), greedy and beam 4; and the benchmark itself, each contender in its own worker process, runs
+end to end and gathers those ids from its workers. A small config: seconds, no compile."""
 
 import importlib.util
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -62,3 +65,21 @@ def test_ctranslate2_transformers_and_impl_torch_give_the_same_ids(contenders, b
         assert (ids[name] == ids["hf"]).all(), f"{name} against transformers, {beams} beams:\n{ids[name]}\n{ids['hf']}"
     line = bench.agreement({(n, "s"): ids[n] for n in ids}, list(ids), "torch", "s")
     assert line == "same rows: 4/4 ct2, 4/4 hf", line
+
+
+def test_the_benchmark_runs_each_contender_in_its_own_process_and_gathers_their_ids():
+    """`bench_generate.py` as a user runs it (its default arrangement): a spawned worker for torch and
+    one for ct2, each building the weights itself; their tables' ids must agree row for row."""
+    command = [sys.executable, str(BENCH / "bench_generate.py"), "--quick", "--contenders", "torch,ct2",
+               "--threads", "1", "--repeats", "1", "--new-tokens", "6", "--batch", "2", "--src-len", "5"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=BENCH.parent)
+    assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    header = next((line for line in done.stdout.splitlines() if line.startswith("batch 2, source 5")), None)
+    assert header is not None and "each contender in its own process" in header, done.stdout
+    rows = {}
+    for line in done.stdout.splitlines():
+        if match := re.match(r"(greedy|beam 4)\s+(torch|ct2)\s+[\d.]+\s.*?\s(same rows: .*)$", line):
+            rows[match[1], match[2]] = match[3]
+    expected = {("greedy", "torch"): "same rows: 2/2 ct2", ("greedy", "ct2"): "same rows: 2/2 torch",
+                ("beam 4", "torch"): "same rows: 2/2 ct2", ("beam 4", "ct2"): "same rows: 2/2 torch"}
+    assert rows == expected, done.stdout
