@@ -22,7 +22,8 @@ transformers' time. JAX is compiled first (one call per setting), its compile ti
 The ids are compared with transformers' (float32: a near-tie could flip one; reported, not hidden).
 
 Each contender runs in its own process (a spawned worker that builds its own copy of the same
-weights and its own model, and times each call itself), as each engine runs when deployed. Measured
+weights and its own model, and times each call itself), as each engine runs when deployed;
+CTranslate2's loads the model this process converted and never imports torch. Measured
 on 2026-11-28 (2-core Xeon, torch 2.13 CPU, ctranslate2 4.8.5, `--threads 2`): in one process, once
 a CTranslate2 Translator had run (and while it lived), torch's 2-thread ops slowed for good
 (`torch.mm` (8, 512) x (512, 2048), 300 times, 0.034 s -> 0.074 s; impl_torch greedy at base size,
@@ -130,24 +131,43 @@ def hf_generate(model, src, new_tokens: int, num_beams: int, banned: list[int], 
     return ids[:, 1:]
 
 
-def ct2_translator(config, params, device: str, compute_type: str, folder):
-    """A CTranslate2 Translator of `params` (converted into `folder`, once), or the reason there is none."""
+def ct2_unavailable(device: str, compute_type: str) -> str | None:
+    """Why CTranslate2 cannot run `compute_type` on `device` here, or None."""
     try:
         import ctranslate2
     except ImportError as exc:
-        return None, f"ctranslate2 not importable ({exc})"
+        return f"ctranslate2 not importable ({exc})"
     if device == "cuda" and not ctranslate2.get_cuda_device_count():
-        return None, f"ctranslate2 {ctranslate2.__version__} sees no CUDA device (a CPU-only build)"
+        return f"ctranslate2 {ctranslate2.__version__} sees no CUDA device (a CPU-only build)"
     if compute_type not in ctranslate2.get_supported_compute_types(device):
-        return None, f"ctranslate2 {ctranslate2.__version__} has no {compute_type} kernels on this {device}"
-    from conformance.check.ctranslate2_check import convert
+        return f"ctranslate2 {ctranslate2.__version__} has no {compute_type} kernels on this {device}"
+    return None
+
+
+def ct2_translator(config, params, device: str, compute_type: str, folder, threads: int | None = None):
+    """A CTranslate2 Translator of `params` (converted into `folder`, unless a model is there), or the
+    reason there is none; `threads`, its intra-op threads, default torch's."""
+    if reason := ct2_unavailable(device, compute_type):
+        return None, reason
+    import ctranslate2
 
     if not (folder / "model.bin").exists():
-        convert(config, params, folder)
-    import torch
+        from conformance.check.ctranslate2_check import convert
 
-    return ctranslate2.Translator(str(folder), device=device, compute_type=compute_type,
-                                  intra_threads=torch.get_num_threads(), inter_threads=1), None
+        convert(config, params, folder)
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    return ctranslate2.Translator(str(folder), device=device, compute_type=compute_type, intra_threads=threads,
+                                  inter_threads=1), None
+
+
+def ct2_compute_type(contender: str, device: str) -> str:
+    """ct2: float32 (float16 on CUDA); ct2-int8: int8 (int8_float16 on CUDA)."""
+    if contender == "ct2":
+        return "float16" if device == "cuda" else "float32"
+    return "int8_float16" if device == "cuda" else "int8"
 
 
 def ct2_generate(translator, tokens: list[list[str]], new_tokens: int, num_beams: int) -> np.ndarray:
@@ -190,19 +210,21 @@ def machine(device: str) -> str:
     return line
 
 
-def decoder(contender: str, args, sizes: dict, src: np.ndarray, hf_model, config, params, folder):
-    """`contender`'s decode of `src` as a function of the beam count, or the reason there is none."""
-    import torch
-
+def decoder(contender: str, args, sizes: dict, src: np.ndarray, hf_model, config, params, folder,
+            threads: int | None = None):
+    """`contender`'s decode of `src` as a function of the beam count, or the reason there is none.
+    CTranslate2 reads the model converted into `folder` (converted there first when it is not),
+    with `threads` intra-op threads (default torch's)."""
     pad, bos, eos = ids(sizes)
     banned = [eos, pad]
     if contender in ("hf", "hf-static"):
+        import torch
+
         src_torch, static = torch.as_tensor(src, device=args.device), contender == "hf-static"
         return lambda beams: hf_generate(hf_model, src_torch, args.new_tokens, beams, banned, static), None
     if contender.startswith("ct2"):
-        compute = ("float16" if args.device == "cuda" else "float32") if contender == "ct2" else (
-            "int8_float16" if args.device == "cuda" else "int8")
-        translator, reason = ct2_translator(config, params, args.device, compute, folder)
+        compute = ct2_compute_type(contender, args.device)
+        translator, reason = ct2_translator(config, params, args.device, compute, folder, threads)
         if reason:
             return None, reason
         tokens = [[str(i) for i in row] for row in src.tolist()]
@@ -227,24 +249,35 @@ class InProcess:
 
 def worker(connection, contender: str, sizes: dict, args, src: np.ndarray, folder) -> None:
     """A contender's process: its own copy of the weights and its own model, then one timed call per
-    beam count received, answered with (ids, seconds), until None (or the parent is gone)."""
+    beam count received, answered with (ids, seconds), until None (or the parent is gone).
+
+    CTranslate2's worker loads the model the parent converted into `folder` and never imports torch:
+    deployed, CTranslate2 runs without torch's OpenMP runtime beside its own (with torch loaded to
+    build the weights, its greedy and beam-4 calls took about 5% longer here)."""
     import signal
+    import sys
     import traceback
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent too, which ends its workers
     try:
-        import torch
+        if contender.startswith("ct2"):
+            threads = args.threads or os.cpu_count()
+            decode, reason = decoder(contender, args, sizes, src, None, None, None, folder, threads)
+            threads = f"{threads} intra-op threads, torch {'imported' if 'torch' in sys.modules else 'not imported'}"
+        else:
+            import torch
 
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        from conformance.convert import from_hf_marian
+            if args.threads:
+                torch.set_num_threads(args.threads)
+            from conformance.convert import from_hf_marian
 
-        hf_model = marian(sizes, "cpu")  # seed 0: the weights the parent and every other worker built
-        config, params = from_hf_marian(hf_model)
-        hf_model = hf_model.to(args.device) if contender in ("hf", "hf-static") else None
-        decode, reason = decoder(contender, args, sizes, src, hf_model, config, params, folder)
-        del hf_model, config, params
-        connection.send(("ready", reason, torch.get_num_threads()))
+            hf_model = marian(sizes, "cpu")  # seed 0: the weights the parent and every other worker built
+            config, params = from_hf_marian(hf_model)
+            hf_model = hf_model.to(args.device) if contender in ("hf", "hf-static") else None
+            decode, reason = decoder(contender, args, sizes, src, hf_model, config, params, folder)
+            del hf_model, config, params
+            threads = f"torch {torch.get_num_threads()} threads"
+        connection.send(("ready", reason, threads))
         while decode is not None:
             try:
                 num_beams = connection.recv()
@@ -271,7 +304,7 @@ class InWorker:
 
     def ready(self) -> None:
         _, self.reason, threads = self.receive("its model")
-        note = f"skipped: {self.reason}" if self.reason else f"ready, torch {threads} threads"
+        note = f"skipped: {self.reason}" if self.reason else f"ready, {threads}"
         stamp(f"{self.contender} (process {self.process.pid}) {note}, {time.perf_counter() - self.started:.1f} s "
               "after its start")
 
@@ -331,7 +364,7 @@ def speed(args, sizes, hf_model, config, params) -> None:
     arrangement = "all contenders in one process" if args.same_process else "each contender in its own process"
     stamp(f"arrangement: {arrangement}")
     scratch = tempfile.TemporaryDirectory(prefix="bench-generate-ct2-")
-    folder = Path(scratch.name) / "model"  # converted once: by the first ct2 contender, loaded by the other
+    folder = Path(scratch.name) / "model"  # CTranslate2 converted into it once (here, or by --same-process's first ct2)
     contenders, failed = {}, True
     try:
         if args.same_process:
@@ -340,17 +373,15 @@ def speed(args, sizes, hf_model, config, params) -> None:
                 contenders[contender] = InProcess(contender, args, sizes, src, hf_model, config, params, folder)
         else:
             context = multiprocessing.get_context("spawn")  # a fresh interpreter: no thread pool inherited
-            ct2 = [c for c in chosen if c.startswith("ct2")]
+            if any(c.startswith("ct2") and not ct2_unavailable(args.device, ct2_compute_type(c, args.device))
+                   for c in chosen):
+                from conformance.check.ctranslate2_check import convert
+
+                convert(config, params, folder)  # here, once: CTranslate2's workers only load it
             for contender in chosen:
-                if contender not in ct2[1:]:
-                    contenders[contender] = InWorker(context, contender, sizes, args, src, folder)
-            if ct2:
-                contenders[ct2[0]].ready()  # the conversion, before the other ct2 contender loads it
-            for contender in ct2[1:]:
                 contenders[contender] = InWorker(context, contender, sizes, args, src, folder)
             for contender in chosen:
-                if contender not in ct2[:1]:
-                    contenders[contender].ready()
+                contenders[contender].ready()
         skipped = {c: contenders[c].reason for c in chosen if contenders[c].reason}
         chosen = [c for c in chosen if c not in skipped]
         first, times, out = schedule(args, chosen, settings, contenders)
