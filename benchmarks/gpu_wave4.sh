@@ -35,8 +35,9 @@ $PY -c "import torch, transformers; print('torch', torch.__version__, 'transform
 $PY -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())" 2>&1 | tail -1
 
 GEN="$PY benchmarks/bench_generate.py --device cuda --batch 16 --new-tokens 64 --repeats 3"
-piece generate 60 $GEN --contenders hf,ct2,torch
-piece generate_static 60 $GEN --contenders hf,hf-static
+# bench_generate starts each contender in its own process (each builds the weights: a few seconds more)
+piece generate 90 $GEN --contenders hf,ct2,torch
+piece generate_static 90 $GEN --contenders hf,hf-static
 
 COMPILED="nn.Transformer compiled"
 if [ "${WAVE4_AUTOTUNE:-0}" = 1 ]; then COMPILED="$COMPILED,nn.Transformer compiled max-autotune"; fi
