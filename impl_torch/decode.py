@@ -239,10 +239,16 @@ class Ops(NumpyOps):
             # score equal to the k-th best was left out. Where none was (in every row), torch's k
             # best are the reference's k, and only their order among equal scores remains to be
             # set: two sorts of k entries, instead of the tie key's two passes over all m scores
-            # and a second top-k (3 of a base beam-4 step's ~45 ms). A NaN equals nothing, so a row
-            # with one takes this path too; its step is refused after the update (`bad`).
-            values, index = torch.topk(x, k + 1, dim=-1)  # (..., k + 1), best first
-            if not bool((values[..., k] == values[..., k - 1]).any()):
+            # and a second top-k (3 of a base beam-4 step's ~45 ms).
+            values, index = torch.topk(x, k + 1, dim=-1)  # (..., k + 1), best first; NaN counts as largest
+            has_nan, has_tie = torch.stack([values.isnan().any(), (values[..., k] == values[..., k - 1]).any()]).tolist()
+            if has_nan:
+                # A NaN score (a +inf logit makes its beam's log-softmax NaN, and the search goes on,
+                # as the reference's does): the reference ranks NaN last, as the stable ascending
+                # sort of -x does here. Rare, so the whole sort.
+                index = torch.sort(-x, dim=-1, stable=True).indices[..., :k]
+                return x.gather(-1, index), index
+            if not has_tie:
                 index, _ = torch.sort(index[..., :k], dim=-1)
                 values, order = torch.sort(x.gather(-1, index), dim=-1, descending=True, stable=True)
                 return values, index.gather(-1, order)

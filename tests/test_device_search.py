@@ -31,11 +31,11 @@ SETTINGS = [dict(num_beams=beams, length_penalty=alpha, early_stopping=early, le
             if beams > 1 or early is False]
 
 
-def table(kind: str, seed: int = 0) -> np.ndarray:
+def table(kind: str, seed: int = 0, vocab: int = VOCAB) -> np.ndarray:
     rng = np.random.default_rng(seed)
     if kind == "ties":
-        return rng.integers(-2, 2, size=(101, VOCAB)).astype(np.float64)  # exact ties everywhere
-    return rng.normal(size=(101, VOCAB)) * 3.0
+        return rng.integers(-2, 2, size=(101, vocab)).astype(np.float64)  # exact ties everywhere
+    return rng.normal(size=(101, vocab)) * 3.0
 
 
 def logits_of(tokens: np.ndarray, beams: int, values: np.ndarray) -> np.ndarray:
@@ -74,7 +74,7 @@ def device(ops, settings, values, max_len, to_numpy=np.asarray, from_numpy=np.as
     rules = Rules(max_len=max_len, num_beams=settings["num_beams"], early_stopping=settings.get("early_stopping", False),
                   form=settings.get("length_penalty_form", "hf"), forced_eos=settings["forced_eos"],
                   rule=settings.get("beam_rule", "hf"), do_sample=settings.get("do_sample", False))
-    mask = np.zeros(VOCAB, dtype=bool)
+    mask = np.zeros(values.shape[1], dtype=bool)  # the table's vocabulary
     mask[list(settings["banned_ids"])] = True
     dtype = from_numpy(np.zeros((), np.float64)).dtype
     returned = settings.get("num_return_sequences", 1)
@@ -215,6 +215,51 @@ def test_torch_top_k_over_long_rows_orders_equal_scores_by_index_on_both_paths()
         assert values.numpy().tolist() == np.take_along_axis(rows, expected, axis=-1).tolist()
 
 
+@pytest.mark.parametrize("kind", ["ties", "continuous"])
+def test_torch_device_search_over_a_wide_vocabulary_equals_the_reference(kind):
+    """Beam rows of 2-3 x 150 scores, past `sorted_top_k`: torch's CPU top-k over beams x V takes
+    its host-read path (torch's k best, reordered) or the tie key, both held to the reference's
+    order (the VOCAB 7 tables above never leave the short rows' single sort)."""
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    values = table(kind, seed=1, vocab=150)
+    for settings in [s for s in SETTINGS if s["num_beams"] > 1][::5]:
+        got = device(Ops("cpu"), settings, values, 6, to_numpy=lambda a: a.cpu().numpy(), from_numpy=torch.as_tensor)
+        same(got, reference(settings, values, 6), settings)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_a_plus_inf_logit_searches_on_as_the_reference_does(backend):
+    """A +inf logit makes its beam's whole log-softmax NaN. That is not a NaN logit (nothing is
+    refused): the reference ranks the NaN candidates last and searches on among the others. Beam
+    rows longer than `sorted_top_k` (2 x 200 scores), so torch's CPU top-k decides with its host
+    read; rows of finite scores run beside it."""
+    import contextlib
+    import importlib
+
+    from conformance.core.config import ModelConfig
+    from conformance.core.decoding import resolve
+
+    if backend != "numpy":
+        pytest.importorskip(backend)
+    module = importlib.import_module(f"impl_{backend}")
+    vocab, batch, beams, max_len = 200, 2, 2, 5
+    values = np.random.default_rng(3).normal(size=(max_len, batch * beams, vocab))
+    values[1, 1, 7] = np.inf  # source 0's second beam at the second step
+    config = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, max_len=max_len, pad_id=PAD)
+    settings = resolve(config, max_len, BOS, EOS, return_scores=True, num_beams=beams)
+    x64 = module.enable_x64() if backend == "jax" else contextlib.nullcontext()
+    with x64, np.errstate(invalid="ignore"):  # the reference's own log-softmax of the +inf row
+        expected_ids, expected_scores = search(lambda tokens, parents: values[tokens.shape[1] - 1], batch, max_len,
+                                               BOS, EOS, PAD, num_beams=beams)
+        ids, scores = module.decode.search_steps(lambda data, ids, i: data["values"][i], {"values": values}, batch,
+                                                 vocab, PAD, settings, "float64")
+    assert np.isfinite(expected_scores).all()
+    assert np.asarray(ids).tolist() == expected_ids.tolist()
+    np.testing.assert_allclose(np.asarray(scores), expected_scores, rtol=1e-14, atol=0)
+
+
 def test_torch_argmax_and_ban_are_the_functional_ones():
     """`Ops.argmax` is the first of equal maxima; `Ops.ban` writes -inf into the step's own array
     only when told it is one (owned), for a (V,) mask (its columns) and an (N, V) mask alike."""
@@ -241,7 +286,7 @@ def test_num_return_sequences_are_the_references(kind):
                               num_return_sequences=returned, **settings)
             rules = Rules(max_len=6, num_beams=3, early_stopping=settings["early_stopping"],
                           form=settings["length_penalty_form"], forced_eos=settings["forced_eos"])
-            mask = np.zeros(VOCAB, dtype=bool)
+            mask = np.zeros(values.shape[1], dtype=bool)  # the table's vocabulary
             mask[list(settings["banned_ids"])] = True
             ops = NumpyOps()
             got = device_search.run(
