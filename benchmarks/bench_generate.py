@@ -22,7 +22,7 @@ transformers' time. JAX is compiled first (one call per setting), its compile ti
 The ids are compared with transformers' (float32: a near-tie could flip one; reported, not hidden).
 
 Each contender runs in its own spawned process by default, `--same-process` builds every contender
-in this one process (the earlier arrangement); why, with the OpenMP interference measured on
+in this one process (the earlier arrangement, plus the rest below); why, with the OpenMP interference measured on
 2026-11-28: `generate_contenders`' docstring. The table's header says which arrangement ran. Either
 way each timed call starts after a rest (`SETTLE`), once the threads of the contender before it
 have stopped spinning.
@@ -255,6 +255,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    args.threads = torch.get_num_threads()  # every worker's (CTranslate2's intra-op threads too): this process's
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here (torch.cuda.is_available() is False); "
                          "run on a machine with a GPU, or leave --device out for the CPU")

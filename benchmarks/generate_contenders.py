@@ -13,14 +13,14 @@ Where it runs: `InWorker` (the default) starts the contender in its own spawned 
 which builds its own copy of the same weights and its own model and times each call itself, as each
 engine runs when deployed; CTranslate2's worker loads the model the parent converted and never imports
 torch. `InProcess` (`--same-process`) builds it in the benchmark's own process beside the others, the
-earlier arrangement. Both answer `run(num_beams)` with (ids, seconds), and `close()`.
+earlier arrangement (each call after the same rest). Both answer `run(num_beams)` with (ids, seconds), and `close()`.
 
 Why a process each: measured on 2026-11-28 (2-core Xeon, torch 2.13 CPU, ctranslate2 4.8.5,
 `--threads 2`): in one process, once a CTranslate2 Translator had run (and while it lived), torch's
 2-thread ops slowed for good (`torch.mm` (8, 512) x (512, 2048), 300 times, 0.034 s -> 0.074 s;
 impl_torch greedy at base size, batch 8, 64 tokens, 1.30 s -> 2.15 s), and CTranslate2 beside torch
 was slower too (greedy 1.94 s -> 2.18 s): CTranslate2 ships its own libgomp beside torch's, two OpenMP
-runtimes with live thread pools in one process (deleting the Translator undid it; with one torch
+runtimes with live thread pools in one process (deleting the Translator mostly undid it; with one torch
 thread nothing slowed, and `OMP_WAIT_POLICY=PASSIVE` gave torch the slow numbers from the start).
 `--same-process` reproduces that interference.
 
@@ -32,7 +32,6 @@ are `__main__`'s, or loaded by a test under another name); the child starts with
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -214,7 +213,7 @@ def worker(connection, contender: str, sizes: dict, args, src: np.ndarray, folde
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent too, which ends its workers
     try:
         if contender.startswith("ct2"):
-            threads = args.threads or os.cpu_count()
+            threads = args.threads  # the parent's torch thread count when --threads is not given
             decode, reason = decoder(contender, args, sizes, src, None, None, None, folder, threads)
             threads = f"{threads} intra-op threads, torch {'imported' if 'torch' in sys.modules else 'not imported'}"
         else:
