@@ -224,52 +224,60 @@ class Ops(NumpyOps):
 
     def __init__(self, device):
         self.device = torch.device(device)
+        # On the CPU a host read is cheap (no queue to drain), so `top_k` and `ban` may look at the
+        # data to skip work; on a GPU they stay branch-free (a test turns this off on the CPU too).
+        self.host_reads = self.device.type == "cpu"
         self.descending = {}  # m -> m - arange(m), the tie key of `top_k`, made once per search
         self.banned = None, None  # `ban`'s last (V,) mask and its columns, found once per search
 
     def top_k(self, x, k: int):
+        # The reference's order: the best first, equal scores the lower index first, and a NaN
+        # score (a +inf logit makes its beam's log-softmax NaN, and the search goes on) after every
+        # number, as NumPy's stable argsort of -x puts it. torch.topk and a descending sort rank
+        # NaN first, and torch.topk says neither which of equal scores it keeps nor in what order.
         m = x.shape[-1]
         if m <= self.sorted_top_k:
             # A short row (beam search's 2 x beams open candidates, its 3 x beams finished ones):
-            # one stable sort is the reference's order itself, in 3 ops instead of about 18.
-            values, index = torch.sort(x, dim=-1, descending=True, stable=True)
-            return values[..., :k], index[..., :k]
-        if self.device.type == "cpu" and k < m:
-            # On the CPU a host read is cheap (no queue to drain): the k + 1 best show whether any
-            # score equal to the k-th best was left out. Where none was (in every row), torch's k
-            # best are the reference's k, and only their order among equal scores remains to be
-            # set: two sorts of k entries, instead of the tie key's two passes over all m scores
-            # and a second top-k (3 of a base beam-4 step's ~45 ms).
+            # one stable ascending sort of -x is the reference's order itself (NaN last), in a
+            # few ops instead of about 20.
+            index = torch.sort(-x, dim=-1, stable=True).indices[..., :k]
+            return x.gather(-1, index), index
+        if self.host_reads and k < m:
+            # The k + 1 best show whether any score equal to the k-th best was left out. Where none
+            # was (in every row), torch's k best are the reference's k, and only their order among
+            # equal scores remains to be set: two sorts of k entries, instead of the tie key's
+            # passes over all m scores and a second top-k (3 of a base beam-4 step's ~45 ms).
             values, index = torch.topk(x, k + 1, dim=-1)  # (..., k + 1), best first; NaN counts as largest
             has_nan, has_tie = torch.stack([values.isnan().any(), (values[..., k] == values[..., k - 1]).any()]).tolist()
-            if has_nan:
-                # A NaN score (a +inf logit makes its beam's log-softmax NaN, and the search goes on,
-                # as the reference's does): the reference ranks NaN last, as the stable ascending
-                # sort of -x does here. Rare, so the whole sort.
-                index = torch.sort(-x, dim=-1, stable=True).indices[..., :k]
-                return x.gather(-1, index), index
-            if not has_tie:
+            if not has_nan and not has_tie:
                 index, _ = torch.sort(index[..., :k], dim=-1)
                 values, order = torch.sort(x.gather(-1, index), dim=-1, descending=True, stable=True)
                 return values, index.gather(-1, order)
-        # torch.topk says neither which of equal scores it keeps nor in what order; the
-        # reference keeps the lower index first. Every score above the k-th best is among
-        # torch's best k; of those equal to it, the k lowest indices join them (a second top-k,
-        # over m - index where x equals it, else 0); then (score, index) order picks the k.
-        values, index = torch.topk(x, k, dim=-1)  # (..., k), best first
+        # Branch-free: NaN counts as -inf, below which it is put back at the end. Every score above
+        # the k-th best is among torch's best k; of those equal to it, the k lowest indices join
+        # them (a second top-k over a key: m - index + m where x equals it, m - index where it is
+        # NaN and the k-th best is -inf, else 0); then (score, NaN, index) order picks the k.
+        nan = x.isnan()
+        ranked = torch.where(nan, -torch.inf, x)
+        values, index = torch.topk(ranked, k, dim=-1)  # (..., k), best first
         if k < m:
             threshold = values[..., -1:]
             if m not in self.descending:
                 self.descending[m] = m - torch.arange(m, device=x.device)
-            key = torch.where(x == threshold, self.descending[m], 0)
-            lowest = m - torch.topk(key, k, dim=-1).values  # (..., k): m where fewer are equal
+            key = torch.where(ranked == threshold, self.descending[m] + torch.where(nan, 0, m), 0)
+            top = torch.topk(key, k, dim=-1).values  # (..., k)
+            lowest = torch.where(top > m, 2 * m - top, m - top)  # their indices; m where fewer are equal
             index = torch.cat([torch.where(values > threshold, index, m), lowest], dim=-1)
         index, _ = torch.sort(index, dim=-1)  # m (no candidate) last
-        values = torch.where(index < m, x.gather(-1, index.clamp(max=m - 1)), -torch.inf)
-        values, order = torch.sort(values, dim=-1, descending=True, stable=True)
-        # m stays out of the first k unless a score is NaN (equal to nothing): then the step is
-        # refused after the update (its `bad` row), and the clamp only keeps the gathers in range.
-        return values[..., :k], index.gather(-1, order)[..., :k].clamp(max=m - 1)
+        inside = index.clamp(max=m - 1)
+        late = torch.where(index < m, nan.gather(-1, inside), True)  # NaN and no candidate after the numbers
+        index = index.gather(-1, torch.sort(late.to(torch.uint8), dim=-1, stable=True).indices)
+        inside = index.clamp(max=m - 1)
+        values = torch.where(index < m, ranked.gather(-1, inside), -torch.inf)
+        order = torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
+        # At least k scores are the k-th best or better, so no m is among the first k.
+        index = inside.gather(-1, order)
+        return x.gather(-1, index), index
 
     def sort(self, x):
         return torch.sort(x, dim=-1, stable=True)
@@ -308,7 +316,7 @@ class Ops(NumpyOps):
         return torch.max(x, dim=-1).indices
 
     def ban(self, scores, banned, owned: bool):
-        if banned.ndim == 1 and self.device.type == "cpu":
+        if banned.ndim == 1 and self.host_reads:
             # The few banned columns written (found once per mask: `nonzero` would wait for a GPU),
             # instead of a `where` over every score; into the step's own array where it is one.
             if self.banned[0] is not banned:

@@ -179,19 +179,31 @@ def test_jax_device_search_equals_the_reference(kind):
             same(got, reference(settings, values, 6), settings)
 
 
-def test_torch_exact_top_k_is_the_stable_sorts_on_tie_heavy_rows():
+@pytest.mark.parametrize("host_reads", [True, False], ids=["cpu-path", "branch-free"])
+def test_torch_exact_top_k_is_the_stable_sorts_on_tie_heavy_rows(host_reads):
+    """`Ops.top_k` against NumPy's stable argsort of -x (the reference's order), on rows of ties,
+    -inf and NaN (a +inf logit's beam), short and long; `host_reads` False runs on the CPU the
+    branch-free path a GPU takes."""
     torch = pytest.importorskip("torch")
     from impl_torch.decode import Ops
 
     rng = np.random.default_rng(3)
-    for m, k in ((50, 3), (400, 8), (9, 4)):
-        x = rng.integers(-3, 3, size=(6, m)).astype(np.float64)
+    for m, k in ((50, 3), (400, 8), (9, 4), (300, 6)):
+        x = rng.integers(-3, 3, size=(7, m)).astype(np.float64)
         x[0, :] = 1.0  # one value everywhere
         x[1, rng.random(m) < 0.5] = -np.inf
+        x[2, rng.random(m) < 0.3] = np.nan
+        x[3, :] = np.nan
+        x[4, :] = -np.inf
+        x[4, rng.choice(m, m // 3, replace=False)] = np.nan  # -inf and NaN only: the -inf first
+        x[5, : k // 2] = 5.0  # fewer numbers than k, then NaN
+        x[5, k // 2:] = np.nan
+        ops = Ops("cpu")
+        ops.host_reads = host_reads
         expected_index = np.argsort(-x, axis=-1, kind="stable")[:, :k]
-        values, index = Ops("cpu").top_k(torch.as_tensor(x), k)
+        values, index = ops.top_k(torch.as_tensor(x), k)
         assert (index.numpy() == expected_index).all(), (m, k, index, expected_index)
-        assert (values.numpy() == np.take_along_axis(x, expected_index, axis=-1)).all()
+        np.testing.assert_array_equal(values.numpy(), np.take_along_axis(x, expected_index, axis=-1))
 
 
 def test_torch_top_k_over_long_rows_orders_equal_scores_by_index_on_both_paths():
@@ -224,32 +236,44 @@ def test_torch_device_search_over_a_wide_vocabulary_equals_the_reference(kind):
     from impl_torch.decode import Ops
 
     values = table(kind, seed=1, vocab=150)
-    for settings in [s for s in SETTINGS if s["num_beams"] > 1][::5]:
-        got = device(Ops("cpu"), settings, values, 6, to_numpy=lambda a: a.cpu().numpy(), from_numpy=torch.as_tensor)
+    for n, settings in enumerate([s for s in SETTINGS if s["num_beams"] > 1][::5]):
+        ops = Ops("cpu")
+        ops.host_reads = n % 2 == 0  # every other search on the branch-free path a GPU takes
+        got = device(ops, settings, values, 6, to_numpy=lambda a: a.cpu().numpy(), from_numpy=torch.as_tensor)
         same(got, reference(settings, values, 6), settings)
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
-def test_a_plus_inf_logit_searches_on_as_the_reference_does(backend):
+@pytest.mark.parametrize("vocab", [100, 200], ids=["short-rows", "long-rows"])
+@pytest.mark.parametrize("backend", ["numpy", "torch", "torch-branch-free", "jax"])
+def test_a_plus_inf_logit_searches_on_as_the_reference_does(backend, vocab, monkeypatch):
     """A +inf logit makes its beam's whole log-softmax NaN. That is not a NaN logit (nothing is
     refused): the reference ranks the NaN candidates last and searches on among the others. Beam
-    rows longer than `sorted_top_k` (2 x 200 scores), so torch's CPU top-k decides with its host
-    read; rows of finite scores run beside it."""
+    rows of 2 x 100 scores (torch: one sort) and 2 x 200 (past `sorted_top_k`: torch's host-read
+    path, or with "branch-free" the path a GPU takes); rows of finite scores run beside it."""
     import contextlib
     import importlib
 
     from conformance.core.config import ModelConfig
     from conformance.core.decoding import resolve
 
-    if backend != "numpy":
-        pytest.importorskip(backend)
-    module = importlib.import_module(f"impl_{backend}")
-    vocab, batch, beams, max_len = 200, 2, 2, 5
+    framework = backend.split("-")[0]
+    if framework != "numpy":
+        pytest.importorskip(framework)
+    module = importlib.import_module(f"impl_{framework}")
+    if backend == "torch-branch-free":
+        built = module.decode.Ops.__init__
+
+        def branch_free(self, device):
+            built(self, device)
+            self.host_reads = False
+
+        monkeypatch.setattr(module.decode.Ops, "__init__", branch_free)
+    batch, beams, max_len = 2, 2, 5
     values = np.random.default_rng(3).normal(size=(max_len, batch * beams, vocab))
     values[1, 1, 7] = np.inf  # source 0's second beam at the second step
     config = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, max_len=max_len, pad_id=PAD)
     settings = resolve(config, max_len, BOS, EOS, return_scores=True, num_beams=beams)
-    x64 = module.enable_x64() if backend == "jax" else contextlib.nullcontext()
+    x64 = module.enable_x64() if framework == "jax" else contextlib.nullcontext()
     with x64, np.errstate(invalid="ignore"):  # the reference's own log-softmax of the +inf row
         expected_ids, expected_scores = search(lambda tokens, parents: values[tokens.shape[1] - 1], batch, max_len,
                                                BOS, EOS, PAD, num_beams=beams)
