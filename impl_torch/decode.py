@@ -220,7 +220,7 @@ class Ops(NumpyOps):
     xp = torch
     int_dtype = torch.long
     bool_dtype = torch.bool
-    sorted_top_k = 256  # the longest row `top_k` sorts whole (stable, descending) instead of two top-ks
+    sorted_top_k = 256  # the longest row `top_k` sorts whole (one stable sort) instead of two top-ks
 
     def __init__(self, device):
         self.device = torch.device(device)
@@ -238,9 +238,12 @@ class Ops(NumpyOps):
         m = x.shape[-1]
         if m <= self.sorted_top_k:
             # A short row (beam search's 2 x beams open candidates, its 3 x beams finished ones):
-            # one stable ascending sort of -x is the reference's order itself (NaN last), in a
-            # few ops instead of about 20.
-            index = torch.sort(-x, dim=-1, stable=True).indices[..., :k]
+            # one stable ascending sort of -x is the reference's order itself, in a few ops
+            # instead of about 20. The key's zeros are made +0.0 and its NaNs +NaN: a sort on the
+            # raw bits (CUDA's radix sorts) would put -0.0 before 0.0 and a NaN with its sign bit
+            # set first, where a comparison sort sees equal zeros and NaN above +inf.
+            key = torch.where(x.isnan(), torch.nan, 0.0 - x)  # 0.0 - x: -x, with +0.0 for either zero
+            index = torch.sort(key, dim=-1, stable=True).indices[..., :k]
             return x.gather(-1, index), index
         if self.host_reads and k < m:
             # The k + 1 best show whether any score equal to the k-th best was left out. Where none
@@ -273,7 +276,7 @@ class Ops(NumpyOps):
         late = torch.where(index < m, nan.gather(-1, inside), True)  # NaN and no candidate after the numbers
         index = index.gather(-1, torch.sort(late.to(torch.uint8), dim=-1, stable=True).indices)
         inside = index.clamp(max=m - 1)
-        values = torch.where(index < m, ranked.gather(-1, inside), -torch.inf)
+        values = torch.where(index < m, ranked.gather(-1, inside), -torch.inf) + 0.0  # one zero (short rows' note)
         order = torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
         # At least k scores are the k-th best or better, so no m is among the first k.
         index = inside.gather(-1, order)
