@@ -304,6 +304,23 @@ def test_bad_generate_arguments_get_the_same_error_everywhere(backend):
             backends.Target("numpy", "cpu", "float32"), config, None).generate, src, **call).value)
 
 
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_beam_search_over_a_one_word_vocabulary_is_refused_by_name(backend):
+    """Beam search keeps the best 2 x num_beams of num_beams x V candidates: with V = 1 there are
+    too few, and every backend says so by name (it once reached the search and failed there with
+    a broadcasting error). Greedy search still runs."""
+    from conformance.core.config import ModelConfig
+
+    config = ModelConfig(src_vocab_size=2, tgt_vocab_size=1, pad_id=0, max_len=8, tgt_pad_mask="none", d_model=8,
+                         n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1)
+    src = np.ones((1, 3), dtype=np.int64)
+    model = backends.build(backends.Target(backend, "cpu", "float32"), config, None)
+    with pytest.raises(InputError) as info:
+        model.generate(src, 4, 0, 0, num_beams=2)
+    assert info.value.argument == "num_beams" and "at least 2 ids" in str(info.value), info.value
+    assert to_numpy(model.generate(src, 4, 0, 0)).shape[0] == 1
+
+
 def test_nan_logits_of_an_open_row_are_refused():
     """The search refuses to choose from NaN logits of a row that is still open (a fully masked
     attention row with a -inf fill), naming the step and the row."""

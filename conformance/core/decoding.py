@@ -459,6 +459,10 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
     banned = tuple(dict.fromkeys(banned + one_token))  # in order, once each
     shortest, new_tokens = check_min_length(min_length, min_new_tokens, recorded)
     beams = _integer("num_beams", values["num_beams"])
+    if beams > 1 and vocab < 2:  # the best 2 x num_beams of num_beams x V candidates: V >= 2
+        raise InputError("num_beams", f"beam search keeps the best 2 x num_beams of num_beams x V candidates, so it "
+                                      f"needs a target vocabulary of at least 2 ids; this model's has {vocab}; got "
+                                      f"num_beams={beams}")
     sampling = check_sampling(do_sample, temperature, top_k, top_p, seed, beams, beam_rule)
     count = _integer("num_return_sequences", num_return_sequences, "an int >= 1")
     if count < 1:
