@@ -205,7 +205,7 @@ def worker(connection, contender: str, sizes: dict, args, src: np.ndarray, folde
 
     CTranslate2's worker loads the model the parent converted into `folder` and never imports torch:
     deployed, CTranslate2 runs without torch's OpenMP runtime beside its own (with torch loaded to
-    build the weights, its greedy and beam-4 calls took about 5% longer here)."""
+    build the weights, its greedy and beam-4 calls took 5-8% longer here)."""
     import signal
     import sys
     import traceback
