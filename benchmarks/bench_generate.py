@@ -35,7 +35,7 @@ Contenders (`--contenders`, comma-separated):
                 `mode="reduce-overhead", fullgraph=True`, CUDA graphs; on the CPU the default mode,
                 which `generate` compiles there only when told to, `_compile_all_devices`)
     ct2         CTranslate2 float32 on a model converted from the same weights
-                (`conformance.check.ctranslate2_check.convert`, what `rosetta convert --to ctranslate2`
+                (`conformance.check.ctranslate2.target.convert`, what `rosetta convert --to ctranslate2`
                 runs); float16 on CUDA
     ct2-int8    the same model quantized to int8 (int8_float16 on CUDA): not the same arithmetic,
                 reported apart, its ids compared all the same
@@ -113,7 +113,7 @@ def speed(args, sizes, hf_model, config, params) -> None:
             context = multiprocessing.get_context("spawn")  # a fresh interpreter: no thread pool inherited
             if any(c.startswith("ct2") and not ct2_unavailable(args.device, ct2_compute_type(c, args.device))
                    for c in chosen):
-                from conformance.check.ctranslate2_check import convert
+                from conformance.check.ctranslate2.target import convert
 
                 convert(config, params, folder)  # here, once: CTranslate2's workers only load it
             for contender in chosen:

@@ -115,7 +115,7 @@ def ct2_translator(config, params, device: str, compute_type: str, folder, threa
     import ctranslate2
 
     if not (folder / "model.bin").exists():
-        from conformance.check.ctranslate2_check import convert
+        from conformance.check.ctranslate2.target import convert
 
         convert(config, params, folder)
     if threads is None:

@@ -24,7 +24,7 @@ float32: the master weights) and is compared with the float64 NumPy oracle given
 
 Each is measured on the logits, the loss, every gathered gradient (the worst is printed) and
 one Adam step (each parameter against the oracle's Adam given the run's own gradients, as
-`conformance.check.sharded.compared` does, so the step's arithmetic is measured apart from the
+`conformance.check.scale.sharded.compared` does, so the step's arithmetic is measured apart from the
 gradients'), in the tolerance table's measure: max |run - oracle| / max(1, max |oracle|). The
 last column holds the worst gradient and the loss to the table's bfloat16 gradient row
 (`gradient_tolerance`), as the gradient property does.
@@ -50,8 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from conformance.check.sharded import WARMUP, Job, max_error, oracle, oracle_step  # noqa: E402
-from conformance.check.sharded_ranks import gathered, start_ranks  # noqa: E402
+from conformance.check.scale.sharded import WARMUP, Job, max_error, oracle, oracle_step  # noqa: E402
+from conformance.check.scale.ranks import gathered, start_ranks  # noqa: E402
 from conformance.core.errors import InputError  # noqa: E402
 
 WORLD = 2  # gloo ranks / forced host devices: the mesh is (WORLD, 1), plan "fsdp"

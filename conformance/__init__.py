@@ -22,7 +22,7 @@ are the core's public surface, importable with only NumPy installed:
 One name more is the check tools', imported only when first used (PEP 562), so that `import
 conformance` still needs no framework:
 
-    conformance.compare(model, "from-scratch", src_ids, tgt_ids)   # conformance.check.side_by_side
+    conformance.compare(model, "from-scratch", src_ids, tgt_ids)   # conformance.check.foreign.side_by_side
 """
 
 import sys as _sys
@@ -40,7 +40,7 @@ _sys.modules[__name__ + ".checkpoint"] = checkpoint
 
 def __getattr__(name: str):
     if name == "compare":  # the user's model beside ours (docs/porting.md); imports the check tools
-        from conformance.check.side_by_side import compare
+        from conformance.check.foreign.side_by_side import compare
 
         return compare
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

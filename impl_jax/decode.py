@@ -11,7 +11,7 @@ from the cache instead of projected from a whole prefix:
 
 `Model.start_cache`, `Model.decode_step`, `Model.reorder_cache` and `Model.generate` are the
 public surface and call the functions here. The choice of tokens is written once, as the
-reference in `conformance.core.decoding` and for the device in `conformance.core.device_search`,
+reference in `conformance.core.generation.search` and for the device in `conformance.core.generation.device`,
 which `generate` runs in this backend's arrays (docs/decoding.md).
 
 Sections, in the same order in every backend: masks, the cache, the step, the search.
@@ -32,8 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache, check_sources, search, uniforms
-from conformance.core.device_search import (NumpyOps, Rules, counter, nan_error, newest, processor_data, result,
+from conformance.core.generation.search import DecoderCache, search, uniforms
+from conformance.core.generation.settings import check_sources
+from conformance.core.generation.device import (NumpyOps, Rules, counter, nan_error, newest, processor_data, result,
                                             rules_of, sampling_data, start, update)
 from conformance.core.errors import InputError
 from conformance.core.inputs import check_generate
@@ -172,7 +173,7 @@ def _decode_step(model, tgt_ids, cache: DecoderCache):
 
 
 class Ops(NumpyOps):
-    """The array operations of the device search (`conformance.core.device_search`) in this
+    """The array operations of the device search (`conformance.core.generation.device`) in this
     backend's arrays."""
 
     xp = jnp
@@ -290,10 +291,10 @@ def _search_steps(step_data, ids, banned, length_penalty, sampling, data, *, ste
 
 def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     """`Model.generate`: the arguments resolved against the checkpoint's generation note, the source
-    encoded once, then the search of `conformance.core.device_search` in this backend's arrays on
+    encoded once, then the search of `conformance.core.generation.device` in this backend's arrays on
     the step logits (cached, or the whole decoder over the prefix with use_cache=False).
 
-    Here use_cache=False runs the reference search, `conformance.core.decoding.search`, on the host."""
+    Here use_cache=False runs the reference search, `conformance.core.generation.search.search`, on the host."""
     # With the cache, the whole search is one compiled lax.while_loop (`_search`): one program per
     # (rows, source length, max_len, rules), and the host reads the result once. Without it, the
     # reference search drives the steps from the host; each new prefix length is a new shape:
@@ -365,7 +366,7 @@ def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int
     of the N = batch x settings.rows decoder rows (each source's rows together), at decoder
     position `position` (the step); a pure function of its arguments, written in array indexing
     that NumPy, torch and jax.numpy read alike. `step_data` (names to NumPy arrays) is moved to
-    the device as data. `settings`: a `decoding.Generation` (`conformance.core.decoding.resolve`);
+    the device as data. `settings`: a `decoding.Generation` (`conformance.core.generation.settings.resolve`);
     `dtype` the search dtype's name. The suite drives it with a scripted decoder
     (conformance/suite/test_search_rules.py); `generate` runs the same driver (`driven`).
 

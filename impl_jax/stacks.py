@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from conformance.core.decoding import DecoderCache
+from conformance.core.generation.search import DecoderCache
 from conformance.core.dropout import Dropout
 from impl_jax import compiled, decode
 from impl_jax.model import Decoder, Encoder, encoder_self_mask

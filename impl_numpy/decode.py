@@ -11,7 +11,7 @@ from the cache instead of projected from a whole prefix:
 
 `Model.start_cache`, `Model.decode_step`, `Model.reorder_cache` and `Model.generate` are the
 public surface and call the functions here. The choice of tokens is written once, as the
-reference in `conformance.core.decoding` and for the device in `conformance.core.device_search`,
+reference in `conformance.core.generation.search` and for the device in `conformance.core.generation.device`,
 which `generate` runs in this backend's arrays (docs/decoding.md).
 
 Sections, in the same order in every backend: masks, the cache, the step, the search.
@@ -22,8 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache, check_sources, uniforms
-from conformance.core.device_search import NumpyOps, newest, prefix, processor_data, rules_of, run, sampling_data
+from conformance.core.generation.search import DecoderCache, uniforms
+from conformance.core.generation.settings import check_sources
+from conformance.core.generation.device import NumpyOps, newest, prefix, processor_data, rules_of, run, sampling_data
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
 
@@ -136,7 +137,7 @@ def advance(model, tgt_ids: np.ndarray, cache: DecoderCache) -> np.ndarray:
 
 
 class Ops(NumpyOps):
-    """The array operations of the device search (`conformance.core.device_search`) in this
+    """The array operations of the device search (`conformance.core.generation.device`) in this
     backend's arrays."""
 
     def __init__(self, device):
@@ -151,7 +152,7 @@ def search_dtype(model):
 
 def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     """`Model.generate`: the arguments resolved against the checkpoint's generation note, the source
-    encoded once, then the search of `conformance.core.device_search` in this backend's arrays on
+    encoded once, then the search of `conformance.core.generation.device` in this backend's arrays on
     the step logits (cached, or the whole decoder over the prefix with use_cache=False)."""
     settings = check_generate(model.config, max_len, bos_id, eos_id, **options)
     encoded = model.encode(src_ids, return_attention=False)
@@ -202,7 +203,7 @@ def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int
     of the N = batch x settings.rows decoder rows (each source's rows together), at decoder
     position `position` (the step); a pure function of its arguments, written in array indexing
     that NumPy, torch and jax.numpy read alike. `step_data` (names to NumPy arrays) is moved to
-    the device as data. `settings`: a `decoding.Generation` (`conformance.core.decoding.resolve`);
+    the device as data. `settings`: a `decoding.Generation` (`conformance.core.generation.settings.resolve`);
     `dtype` the search dtype's name. The suite drives it with a scripted decoder
     (conformance/suite/test_search_rules.py); `generate` runs the same driver (`driven`).
 

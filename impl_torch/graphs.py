@@ -63,7 +63,7 @@ from typing import Callable, Iterator
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from conformance.core.decoding import DecoderCache
+from conformance.core.generation.search import DecoderCache
 
 ENABLED = os.environ.get("ROSETTA_TORCH_CUDA_GRAPHS", "1").lower() not in ("0", "", "false", "no", "off")
 MAX_ROOMS = 2

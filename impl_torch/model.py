@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import DecoderCache
+from conformance.core.generation.search import DecoderCache
 from conformance.core.inputs import (
     check_label_smoothing,
     check_labels_finite,
@@ -1057,7 +1057,7 @@ class Model(nn.Module):
         (and their scores with `return_scores`). An argument left at None takes the checkpoint's
         "generation" note (as transformers applies generation_config), else its plain default;
         bos_id and eos_id must then be given. The choices are made by
-        `conformance.core.decoding.search` from this model's step logits: Hugging Face's beam rule,
+        `conformance.core.generation.search.search` from this model's step logits: Hugging Face's beam rule,
         or Flax examples/wmt's with beam_rule="flax"; do_sample=True draws with temperature, top_k
         and top_p from uniforms of np.random.default_rng(seed) (docs/decoding.md). `use_cache=False`
         runs the decoder over the whole prefix at every step: the plain loop, O(T^2). Hugging Face's

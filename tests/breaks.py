@@ -239,7 +239,7 @@ PROPERTY_BREAKS = {
         "return rstd * d_normed",
     )], {})]),
     # Hugging Face's logits processors, forwarded wrongly by a backend's generate (the rules
-    # themselves are the core's, conformance/core/device_search.py).
+    # themselves are the core's, conformance/core/generation/device.py).
     "no_repeat_ngram window one token short": ("test_generate", [("numpy", [(
         "decode.py", "rules_of(settings)",
         'rules_of(__import__("dataclasses").replace(settings, no_repeat_ngram_size=max(settings.no_repeat_ngram_size - 1, 0)))',
@@ -265,37 +265,37 @@ PROPERTY_BREAKS = {
         "decode.py", "data = processor_data(settings,",
         'data = processor_data(__import__("dataclasses").replace(settings, bad_words_ids=()),',
     )], {})]),
-    # The search's rules (conformance/core/device_search.py), planted in the NumPy backend's copy:
+    # The search's rules (conformance/core/generation/device.py), planted in the NumPy backend's copy:
     # what a port of Hugging Face's or Flax's beam search gets wrong. Each is caught by the
     # scripted decoder (conformance/suite/test_search_rules.py); a random model's flat steps, rare
     # ties and random end tokens reach few of them (the generate property).
     "finished hypotheses' length penalty read one token long": ("test_search_rules", [("numpy", [(
-        "device_search.py",
+        "device.py",
         "scored = penalized(ops, candidate_scores, length, length_penalty, rules.form, dtype)",
         "scored = penalized(ops, candidate_scores, length + 1, length_penalty, rules.form, dtype)",
     )], {})]),
     "early_stopping=True stops a row at its first finished hypothesis": ("test_search_rules", [("numpy", [(
-        "device_search.py",
+        "device.py",
         'full = ops.reduce("all", is_finished, axis=1) & rules.stop_when_full',
         'full = ops.reduce("any", is_finished, axis=1) & rules.stop_when_full',
     )], {})]),
     'early_stopping="never" bound guessed at the current length': ("test_search_rules", [("numpy", [(
-        "device_search.py",
+        "device.py",
         "guess = ops.where(length_penalty > 0, rules.max_len, length - 1) if rules.never else length - 1",
         "guess = length - 1",
     )], {})]),
     "equal finished scores ranked newest first": ("test_search_rules", [("numpy", [(
-        "device_search.py",
+        "device.py",
         'merged = ops.concat([state["finished_scores"], scored])\n    finished_scores, best = ops.top_k(merged, beams)',
         'merged = ops.concat([state["finished_scores"], scored])\n'
         '    finished_scores, best = ops.top_k(merged[:, ::-1].copy(), beams)\n'
         '    best = merged.shape[1] - 1 - best',
     )], {})]),
     "endings below the best beams join Hugging Face's finished list": ("test_search_rules", [("numpy", [(
-        "device_search.py", "just_ended = ends & (ops.arange(keep) < beams)", "just_ended = ends",
+        "device.py", "just_ended = ends & (ops.arange(keep) < beams)", "just_ended = ends",
     )], {})]),
     "Flax's rule ends a hypothesis at max_len, as Hugging Face's does": ("test_search_rules", [("numpy", [(
-        "device_search.py",
+        "device.py",
         "ends = token == eos_id  # only the end token ends a hypothesis",
         "ends = (token == eos_id) | (length + 1 >= width)",
     )], {})]),
@@ -339,7 +339,7 @@ FLOAT32_PROPERTY_BREAKS = {
     # plain. Its partings from the reference come after an exact tie or near-tie in most
     # scripts, which the old excuse ("a close call anywhere up to the parting") forgave.
     "float32 greedy search ties ids within a 0.2 margin": ("test_search_rules", [("numpy", [(
-        "device_search.py",
+        "device.py",
         "    def argmax(self, x):\n        return np.argmax(x, axis=-1)",
         "    def argmax(self, x):\n"
         "        if x.dtype == np.float32:\n"
@@ -389,12 +389,13 @@ def edited_module(name: str, module_name: str, path: Path, edits):
 SIDE_FILES = {"backward.py": "backprop", "decode.py": "decode"}
 # The core's device search (shared by the backends' decode rooms): an edit of it applies to a
 # private copy that the copied decode room imports instead (`broken_copy`).
-CORE_FILES = {"device_search.py": ROOT / "conformance" / "core" / "device_search.py"}
+# file name in a break -> (its path, its module name)
+CORE_FILES = {"device.py": (ROOT / "conformance" / "core" / "generation" / "device.py", "conformance.core.generation.device")}
 
 
 def side_path(backend: str, file: str) -> Path:
     """Where a break's file lives: the backend's own, or the core's (`CORE_FILES`)."""
-    return CORE_FILES.get(file, ROOT / f"impl_{backend}" / file)
+    return CORE_FILES[file][0] if file in CORE_FILES else ROOT / f"impl_{backend}" / file
 
 
 def broken_copy(name: str, backend: str, edits, patches):
@@ -403,18 +404,17 @@ def broken_copy(name: str, backend: str, edits, patches):
     An edit `(old, new)` applies to model.py; `("backward.py", old, new)` to a private copy of
     impl_numpy/backward.py, which the copied model then uses as its `backprop`, and
     `("decode.py", old, new)` to a private copy of the backend's decode room, its `decode`;
-    `("device_search.py", old, new)` to a private copy of conformance/core/device_search.py, which
+    `("device.py", old, new)` to a private copy of conformance/core/generation/device.py, which
     that copied decode room imports (the search's rules, planted in one backend)."""
     module_name = "broken_" + "".join(c if c.isalnum() else "_" for c in name)
     model_edits = [edit for edit in edits if len(edit) == 2]
     assert all(edit[0] in SIDE_FILES or edit[0] in CORE_FILES for edit in edits if len(edit) == 3), (
         f"break {name!r}: unknown file")
-    for file, path in CORE_FILES.items():
+    for file, (path, dotted) in CORE_FILES.items():
         core_edits = [edit[1:] for edit in edits if len(edit) == 3 and edit[0] == file]
         if core_edits:  # the copied decode room imports the edited copy of the core's module
             core_name = f"{module_name}_{file[:-3]}"
             edited_module(name, core_name, path, core_edits)
-            dotted = "conformance.core." + file[:-3]
             edits = [*edits, ("decode.py", f"from {dotted} import", f"from {core_name} import")]
     module = edited_module(name, module_name, ROOT / f"impl_{backend}" / "model.py", model_edits)
     for file, attribute in SIDE_FILES.items():
@@ -612,7 +612,7 @@ def pytest_configure(config):
         config.add_cleanup(lambda: planted.__exit__(None, None, None))
 
 
-# -- Export bugs: planted in conformance.check.onnx_export, whose graphs the `onnxruntime` target runs --
+# -- Export bugs: planted in conformance.check.onnx.export, whose graphs the `onnxruntime` target runs --
 
 
 def ignored_source_mask(right):
@@ -626,7 +626,7 @@ def cache_of_the_next_layer(right):
     return lambda past, cross: right(past[2:] + past[:2], cross)
 
 
-# name -> (the conformance.check.onnx_export function replaced, its replacement made from the right one,
+# name -> (the conformance.check.onnx.export function replaced, its replacement made from the right one,
 #          the tensor where it shows first)
 ONNX_EXPORT_BREAKS = {
     "source mask input ignored": ("source_mask", ignored_source_mask, "encoder.0.self"),
@@ -641,11 +641,11 @@ _PLANTED: dict[tuple, object] = {}
 
 @contextmanager
 def planted_in_the_export(name: str):
-    """`ONNX_EXPORT_BREAKS[name]` planted in conformance.check.onnx_export for the duration."""
-    from conformance.check import onnx_export
+    """`ONNX_EXPORT_BREAKS[name]` planted in conformance.check.onnx.export for the duration."""
+    from conformance.check.onnx import export as onnx_export
 
     attribute, make, _ = ONNX_EXPORT_BREAKS[name]
-    assert hasattr(onnx_export, attribute), f"break {name!r}: conformance/check/onnx_export.py has no {attribute!r}"
+    assert hasattr(onnx_export, attribute), f"break {name!r}: conformance/check/onnx/export.py has no {attribute!r}"
     right = getattr(onnx_export, attribute)
     setattr(onnx_export, attribute, _PLANTED.setdefault((name, right), make(right)))
     try:
@@ -656,7 +656,7 @@ def planted_in_the_export(name: str):
 
 # -- Sharded bugs (issue 46): planted in every rank of a sharded run ------------------------------
 #
-# A sharded run happens in a child process (conformance.check.sharded), so a break is planted
+# A sharded run happens in a child process (conformance.check.scale.sharded), so a break is planted
 # there: `sharded_runs(..., _plant=("breaks", "plant_sharded", "NAME,NAME"))` has each child
 # process import this module and call `plant_sharded` before it runs anything. Each break edits
 # a private copy of the file it names and puts the edited function in the real module's place.

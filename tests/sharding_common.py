@@ -9,7 +9,7 @@ import os
 import numpy as np
 from hypothesis import settings
 
-from conformance.check.sharded import max_error  # noqa: F401 - the table's measure, defined once
+from conformance.check.scale.sharded import max_error  # noqa: F401 - the table's measure, defined once
 from conformance.core.sharding import PLANS  # noqa: F401 - the plans, defined once
 
 CONFIG = dict(d_model=16, n_heads=4, d_ff=32, src_vocab_size=32, tgt_vocab_size=32, n_encoder_layers=1,

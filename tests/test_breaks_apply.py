@@ -27,7 +27,7 @@ def _with_imports(edits):
     """The edits, and for an edit of a core file the one `broken_copy` adds to the copied decode
     room (its import of the core module, redirected to the edited copy)."""
     core = {edit[0] for edit in edits if len(edit) == 3 and edit[0] in CORE_FILES}
-    return [*edits, *(("decode.py", f"from conformance.core.{file[:-3]} import", "") for file in sorted(core))]
+    return [*edits, *(("decode.py", f"from {CORE_FILES[file][1]} import", "") for file in sorted(core))]
 
 
 EDITS = [(name, backend, edit) for name, backend, edits in _edits() for edit in _with_imports(edits)]

@@ -453,7 +453,7 @@ def test_the_switches_named_at_a_divergence_are_those_acting_for_this_config(use
 def test_a_system_python_does_not_hide_user_code_under_its_prefix(monkeypatch):
     """With a system Python (sys.prefix = /usr) a user's /usr/src/app is the user's code: its
     frame is shown, not only the innermost one (the standard library's, here)."""
-    from conformance.check.user_code import user_traceback
+    from conformance.check.foreign.user_code import user_traceback
 
     namespace: dict = {}
     exec(compile("import json\ndef forward(x):\n    return json.loads(x)\n", "/usr/src/app/model.py", "exec"),
@@ -497,8 +497,8 @@ def test_the_docs_say_which_taps_carry_a_placement():
 
 
 def test_user_code_reporting_is_a_module_of_its_own():
-    import conformance.check.side_by_side as side_by_side
-    from conformance.check import user_code
+    import conformance.check.foreign.side_by_side as side_by_side
+    from conformance.check.foreign import user_code
 
     assert callable(user_code.user_traceback)
     lines = Path(side_by_side.__file__).read_text().count("\n")

@@ -1,4 +1,4 @@
-"""CTranslate2 (`rosetta convert --to ctranslate2`, `conformance.check.ctranslate2_check`), run in
+"""CTranslate2 (`rosetta convert --to ctranslate2`, `conformance.check.ctranslate2.target`), run in
 CTranslate2 itself.
 
 A tiny seeded Marian (`ctranslate2_check.example_model`: the pad id last with a zero row, as
@@ -29,7 +29,9 @@ pytest.importorskip("transformers", reason="CTranslate2's converter loads the fo
 
 import ctranslate2  # noqa: E402
 
-from conformance.check import ctranslate2_check, ctranslate2_compare  # noqa: E402
+from conformance.check.ctranslate2 import target as ctranslate2_check  # noqa: E402
+
+from conformance.check.ctranslate2 import compare as ctranslate2_compare
 from conformance.check.report import fixed_batch  # noqa: E402
 from conformance.check.tolerances import tolerance  # noqa: E402
 from conformance.cli import main  # noqa: E402

@@ -29,10 +29,10 @@ pytest.importorskip("tokenizers", reason="the user's folder carries a tokenizer,
 import ctranslate2  # noqa: E402
 
 import conformance  # noqa: E402
-from conformance.check import ctranslate2_check  # noqa: E402
-from conformance.check.ctranslate2_compare import compare_ctranslate2  # noqa: E402
-from conformance.check.ctranslate2_model import Directory, Vocabulary  # noqa: E402
-from conformance.check.ctranslate2_report import ComputeTypeResult, CTranslate2Report, agreement  # noqa: E402
+from conformance.check.ctranslate2 import target as ctranslate2_check  # noqa: E402
+from conformance.check.ctranslate2.compare import compare_ctranslate2  # noqa: E402
+from conformance.check.ctranslate2.model import Directory, Vocabulary  # noqa: E402
+from conformance.check.ctranslate2.report import ComputeTypeResult, CTranslate2Report, agreement  # noqa: E402
 from conformance.check.report import fixed_batch  # noqa: E402
 from conformance.check.tolerances import tolerance  # noqa: E402
 from conformance.cli import main  # noqa: E402

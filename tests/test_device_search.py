@@ -1,5 +1,5 @@
-"""The device search (conformance/core/device_search.py, run by every backend's `generate`) against
-the reference search (conformance/core/decoding.py), on synthetic logits: the same ids and scores
+"""The device search (conformance/core/generation/device.py, run by every backend's `generate`) against
+the reference search (conformance/core/generation/search.py), on synthetic logits: the same ids and scores
 in float64 for every setting, ties included.
 
 The logits are a fixed table read at a hash of each row's prefix (and its source row), so both
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from thorough import thorough_only
 
-from conformance.core import device_search
-from conformance.core.decoding import search, uniforms
-from conformance.core.device_search import NumpyOps, Rules
+from conformance.core.generation import device as device_search
+from conformance.core.generation.search import search, uniforms
+from conformance.core.generation.device import NumpyOps, Rules
 from conformance.core.errors import InputError
 
 VOCAB, ROWS, BOS, EOS, PAD = 7, 3, 1, 2, 0
@@ -254,7 +254,7 @@ def test_a_plus_inf_logit_searches_on_as_the_reference_does(backend, vocab, monk
     import importlib
 
     from conformance.core.config import ModelConfig
-    from conformance.core.decoding import resolve
+    from conformance.core.generation.settings import resolve
 
     framework = backend.split("-")[0]
     if framework != "numpy":
@@ -429,7 +429,7 @@ def test_search_steps_rank_equal_finished_scores_as_the_reference(backend):
     import contextlib
 
     from conformance.core.config import ModelConfig
-    from conformance.core.decoding import resolve
+    from conformance.core.generation.settings import resolve
     from conformance.suite.strategies.scripted import BATCH, BOS, EOS, MAX_LEN, PAD, VOCAB, Script, scripted_step
 
     search_steps, device, to_numpy = search_steps_of(backend)

@@ -13,7 +13,7 @@ from conformance import InputError
 from conformance.check import backends
 from conformance.check.compare import assert_close, to_numpy
 from conformance.check.tolerances import tolerance
-from conformance.core.decoding import penalty
+from conformance.core.generation.search import penalty
 from conformance.core.presets import preset
 from systems.harness import BACKEND_PARAMS
 
@@ -154,9 +154,9 @@ def generate_all(config, src, dtype="float64", max_len=8, **options):
 
 
 def oracle(config, src, max_len=8, **options):
-    """The reference search (`conformance.core.decoding.search`, float64 NumPy on the host) fed
+    """The reference search (`conformance.core.generation.search.search`, float64 NumPy on the host) fed
     by the float64 NumPy model's cached steps: what every backend's device search must give."""
-    from conformance.core.decoding import search
+    from conformance.core.generation.search import search
     from conformance.core.inputs import check_generate
 
     settings = check_generate(config, max_len, 1, 2, **options)
@@ -324,7 +324,7 @@ def test_beam_search_over_a_one_word_vocabulary_is_refused_by_name(backend):
 def test_nan_logits_of_an_open_row_are_refused():
     """The search refuses to choose from NaN logits of a row that is still open (a fully masked
     attention row with a -inf fill), naming the step and the row."""
-    from conformance.core.decoding import search
+    from conformance.core.generation.search import search
 
     def step(tokens, parents):
         logits = np.zeros((len(tokens), 5))
@@ -476,7 +476,7 @@ def test_filtered_distributions_equal_transformers_warpers(options):
     from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
                                                         TopKLogitsWarper, TopPLogitsWarper)
 
-    from conformance.core.decoding import log_softmax, warp
+    from conformance.core.generation.search import log_softmax, warp
 
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 2, (6, 13))
@@ -500,7 +500,7 @@ def test_filtered_distributions_equal_transformers_warpers(options):
 def test_draw_follows_the_distribution_and_never_draws_a_zero():
     """Inverse-CDF sampling: evenly spread uniforms land on each id in proportion to its
     probability, and an id of probability 0 (between, before or after others) is never drawn."""
-    from conformance.core.decoding import draw
+    from conformance.core.generation.search import draw
 
     probs = np.array([0.0, 0.1, 0.0, 0.25, 0.65, 0.0])
     uniforms = (np.arange(10000) + 0.5) / 10000

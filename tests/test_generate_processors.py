@@ -6,7 +6,7 @@ and bad_words_ids of several tokens, beside the banned ids and the forced end to
   each processor and for combinations, given as arguments and read from the checkpoint's
   generation note with no argument passed. Each setting is checked to change transformers' own
   ids, so that it tests something.
-- The device search (conformance/core/device_search.py) against the reference search on the
+- The device search (conformance/core/generation/device.py) against the reference search on the
   synthetic logits of tests/test_device_search.py, ties included, in NumPy, torch and JAX.
 - The arguments: the note's fields, explicit arguments winning, and one InputError per bad value,
   the same from every backend.
@@ -26,9 +26,11 @@ from thorough import thorough_only
 from conformance import InputError
 from conformance.check import backends
 from conformance.check.compare import to_numpy
-from conformance.core import device_search
-from conformance.core.decoding import generation_note, resolve, search, uniforms
-from conformance.core.device_search import NumpyOps, Rules, processor_data
+from conformance.core.generation import device as device_search
+from conformance.core.generation.note import generation_note
+from conformance.core.generation.settings import resolve
+from conformance.core.generation.search import search, uniforms
+from conformance.core.generation.device import NumpyOps, Rules, processor_data
 from conformance.core.presets import preset
 from systems.harness import BACKEND_PARAMS
 from test_device_search import BOS, EOS, PAD as SYNTHETIC_PAD, ROWS, VOCAB as SYNTHETIC_VOCAB, logits_of, table
@@ -340,7 +342,7 @@ def test_the_reference_bans_as_transformers_processors_do():
     import torch
     from transformers.generation.logits_process import NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor
 
-    from conformance.core.decoding import Processors, _processed
+    from conformance.core.generation.processors import Processors, processed as _processed
 
     rng = np.random.default_rng(0)
     for t in range(1, 9):
@@ -365,7 +367,7 @@ def test_the_minimum_length_bans_as_transformers_processors_do():
     import torch
     from transformers.generation.logits_process import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
 
-    from conformance.core.decoding import Processors, _processed
+    from conformance.core.generation.processors import Processors, processed as _processed
 
     rng = np.random.default_rng(1)
     for t in range(1, 9):

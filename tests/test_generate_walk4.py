@@ -170,7 +170,7 @@ def test_rosetta_generate_stops_where_transformers_does(tmp_path, capsys):
 
 
 def test_a_recorded_length_wins_over_transformers_default():
-    from conformance.core.decoding import generation_note
+    from conformance.core.generation.note import generation_note
 
     # Hugging Face's max_length counts the decoder start token; max_new_tokens does not.
     assert generation_note(hf_config(max_length=40))["max_len"] == 39

@@ -21,7 +21,7 @@ from conformance import init_params, preset
 from conformance.check import backends
 from conformance.cli import generate, main
 from conformance.core import checkpoint
-from conformance.core.decoding import search
+from conformance.core.generation.search import search
 from conformance.core.errors import InputError, NaNLogitsError
 from test_generate_walk4 import overflowing_checkpoint, runnable
 

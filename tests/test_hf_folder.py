@@ -250,7 +250,7 @@ def test_config_json_generation_fields_apply_only_without_a_generation_config(tm
     """transformers' `from_pretrained` reads generation_config.json when the folder has one and
     then ignores config.json's generation fields (`max_length`, `num_beams`, ...); only a folder
     without it takes them from config.json. The converted note says what transformers applies."""
-    from conformance.core.decoding import HF_DEFAULT_NEW_TOKENS, generation_note
+    from conformance.core.generation.note import HF_DEFAULT_NEW_TOKENS, generation_note
 
     both = tmp_path / "both"
     shutil.copytree(folder, both)

@@ -206,7 +206,7 @@ def test_a_setting_generate_does_not_apply_is_named_in_a_warning(tmp_path):
     """repetition_penalty and suppress_tokens change transformers' ids here; the conversion goes on
     but warns, naming each with its value; a field at a value that changes nothing is not named."""
     from conformance.convert.hf_folder import convert_folder
-    from conformance.core.decoding import GenerationWarning
+    from conformance.core.generation.note import GenerationWarning
 
     model = build("bart")
     model.generation_config.update(max_length=12, num_beams=1, repetition_penalty=1.0, top_k=50)

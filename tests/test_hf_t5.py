@@ -248,7 +248,7 @@ def test_a_config_without_a_decoder_start_records_t5s(tmp_path):
     model.save_pretrained(folder)
     config, _ = from_hf_folder(folder)
     assert json.loads(config.notes["generation"])["decoder_start_token_id"] == PAD
-    from conformance.core.decoding import generation_note
+    from conformance.core.generation.note import generation_note
 
     assert generation_note(config)["bos_id"] == PAD and generation_note(config)["eos_id"] == EOS
 

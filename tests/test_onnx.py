@@ -144,7 +144,7 @@ GENERATIONS = [{}, {"num_beams": 3}, {"num_beams": 3, "use_cache": False}, {"num
 
 
 def test_the_target_generates_the_oracles_ids_in_a_cached_loop_over_the_sessions(saved):
-    from conformance.check import onnx_runtime
+    from conformance.check.onnx import runtime as onnx_runtime
 
     _, params = saved
     src_ids, _ = fixed_batch(CONFIG)
@@ -163,7 +163,7 @@ def test_the_target_generates_the_oracles_ids_in_a_cached_loop_over_the_sessions
 
 
 def test_the_target_refuses_what_it_cannot_run(saved):
-    from conformance.check import onnx_runtime
+    from conformance.check.onnx import runtime as onnx_runtime
 
     _, params = saved
     with pytest.raises(InputError, match="cannot run float64"):
@@ -174,7 +174,7 @@ def test_a_missing_onnxruntime_is_skipped_with_the_reason(monkeypatch):
     from conformance.check import backends
 
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # what `import onnxruntime` finds uninstalled
-    monkeypatch.delitem(sys.modules, "conformance.check.onnx_runtime", raising=False)
+    monkeypatch.delitem(sys.modules, "conformance.check.onnx.runtime", raising=False)
     reason = backends.availability(["onnxruntime"])["onnxruntime"]
     assert reason.startswith("not importable") and "pip install 'rosetta-transformer[onnx]'" in reason, reason
 
@@ -199,7 +199,7 @@ def test_one_export_serves_convert_the_target_and_each_planted_bug(saved, export
     `rosetta convert --to onnx --taps` export, and a planted bug planted again its own."""
     import torch
 
-    from conformance.check import onnx_runtime
+    from conformance.check.onnx import runtime as onnx_runtime
 
     _, params = saved
     traced, export = [], torch.onnx.export
@@ -219,7 +219,7 @@ def test_one_export_serves_convert_the_target_and_each_planted_bug(saved, export
 def test_the_export_key_tells_apart_replacements_even_after_one_is_freed():
     """A replaced export function is held in the key itself: a freed replacement's id() can be the
     next one's, which would let a graph exported under one planted bug answer for another."""
-    from conformance.check import onnx_export
+    from conformance.check.onnx import export as onnx_export
 
     right, keys = onnx_export.source_mask, []
     try:
@@ -234,7 +234,7 @@ def test_the_export_key_tells_apart_replacements_even_after_one_is_freed():
 
 def graphs(params) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """The (encoder, decoder) graphs of the target's export of CONFIG, to edit."""
-    from conformance.check.onnx_export import export_bytes
+    from conformance.check.onnx.export import export_bytes
 
     return tuple(onnx.load_from_string(graph) for graph in export_bytes(CONFIG, params, "float32", taps=True))
 
@@ -246,7 +246,7 @@ def loaded(graph: onnx.ModelProto) -> onnxruntime.InferenceSession:
 def test_a_users_tap_on_our_graph_is_the_whole_prefix_calls_as_it_is(saved):
     """A graph output that is no tensor of ours (here the first layer's present keys, (B, H, L, K),
     past included) is not joined along a guessed position axis: it is the whole-prefix call's."""
-    from conformance.check import onnx_runtime
+    from conformance.check.onnx import runtime as onnx_runtime
 
     _, params = saved
     encoder, decoder = graphs(params)
@@ -260,7 +260,7 @@ def test_a_users_tap_on_our_graph_is_the_whole_prefix_calls_as_it_is(saved):
 
 
 def test_graphs_without_our_inputs_or_outputs_are_refused_by_name(saved):
-    from conformance.check import onnx_runtime
+    from conformance.check.onnx import runtime as onnx_runtime
 
     _, params = saved
     encoder, decoder = graphs(params)
@@ -279,7 +279,7 @@ def test_graphs_without_our_inputs_or_outputs_are_refused_by_name(saved):
 def test_the_empty_cache_has_the_graphs_element_type(kind, expected):
     """The cache a call starts from is made of the decoder graph's own past_key.0 type (float64
     here, not float32); a type the target has no NumPy dtype for is refused by name."""
-    from conformance.check import onnx_runtime
+    from conformance.check.onnx import runtime as onnx_runtime
 
     shape = [None, CONFIG.n_heads, None, CONFIG.head_dim]
     graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["past_key.0"], ["present_key.0"])], "past",

@@ -1,4 +1,4 @@
-"""`conformance.compare` on the user's own ONNX files (conformance/check/onnx_compare.py), in ONNX Runtime itself.
+"""`conformance.compare` on the user's own ONNX files (conformance/check/onnx/compare.py), in ONNX Runtime itself.
 
 Two exports are checked: optimum-onnx's of a tiny random Marian, T5 (v1.0: relative position
 bias, RMSNorm, a tied head scaled by d_model^-1/2) and BART (offset positions, embedding LayerNorm)
@@ -22,7 +22,7 @@ pytest.importorskip("onnxruntime", reason="the [onnx] extra is not installed: pi
 onnx = pytest.importorskip("onnx", reason="the [onnx] extra is not installed")
 
 import conformance  # noqa: E402
-from conformance.check.onnx_compare import compare_onnx, is_onnx  # noqa: E402
+from conformance.check.onnx.compare import compare_onnx, is_onnx  # noqa: E402
 from conformance.check.report import fixed_batch  # noqa: E402
 from conformance.cli import main  # noqa: E402
 from conformance.convert.hf_folder import from_hf_folder  # noqa: E402
@@ -274,7 +274,7 @@ def test_a_decoder_without_a_cached_branch_is_reported_as_cache_not_checked(tmp_
 
 
 def test_our_own_bug_is_raised_and_the_graphs_failing_is_reported(tmp_path, monkeypatch):
-    from conformance.check import onnx_compare
+    from conformance.check.onnx import compare as onnx_compare
 
     src, tgt = batch()
     # A weight of the wrong shape: ONNX Runtime fails on the graph, which the report names.

@@ -19,7 +19,8 @@ pytest.importorskip("torch", reason="the graphs are exported from impl_torch")
 
 import impl_numpy  # noqa: E402
 import impl_torch  # noqa: E402
-from conformance.check import onnx_export, onnx_runtime  # noqa: E402
+from conformance.check.onnx import export as onnx_export  # noqa: E402
+from conformance.check.onnx import runtime as onnx_runtime
 from conformance.check.compare import compare  # noqa: E402
 from conformance.check.defaults import default_model  # noqa: E402
 from conformance.check.report import fixed_batch  # noqa: E402

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from conformance.check import adapter as adapter_module
+from conformance.check.targets import adapter as adapter_module
 from conformance.check import backends
 from conformance.check.backends import Target
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import resolve
+from conformance.core.generation.settings import resolve
 from conformance.core.errors import InputError
 from conformance.core.inputs import nan_positions
 from conformance.core.presets import preset
@@ -180,7 +180,7 @@ def test_check_refuses_an_adapter_in_one_line(tmp_path):
 
 
 def test_compare_refuses_an_adapter():
-    from conformance.check.side_by_side_report import backend_names as _backend_names
+    from conformance.check.foreign.report import backend_names as _backend_names
 
     with pytest.raises(InputError, match="rosetta conformance"):
         _backend_names(f"numpy,{HELD}:pad_one")

@@ -68,7 +68,7 @@ DECODE_IDIOM_NAMES = {
                                     "JAX's search calls the traced _decode_step inside its while_loop"),
 }
 _ADAPTER = ({"torch", "jax"}, "the device search's array adapter (Ops) in the framework's spelling; "
-                               "NumPy's inherits conformance.core.device_search.NumpyOps")
+                               "NumPy's inherits conformance.core.generation.device.NumpyOps")
 DECODE_IDIOM_METHODS: dict = {name: _ADAPTER for name in ("top_k", "sort", "cumsum", "take", "cast", "full", "arange",
                                                            "concat", "reduce", "argmax", "where", "mark")}
 DECODE_IDIOM_METHODS["divide"] = ({"jax"}, "a division that XLA keeps a division: x / broadcast(y) is otherwise "

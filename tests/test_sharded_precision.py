@@ -38,7 +38,7 @@ ADDED_FACTOR = 2.0
 
 def _errors(record: dict, job, expected: dict) -> dict:
     """{"logits", "loss", "grad:NAME", "step:NAME": the table's measure against the oracle}."""
-    from conformance.check.sharded import max_error, oracle_step
+    from conformance.check.scale.sharded import max_error, oracle_step
 
     found = {"logits": max_error(record["logits"], expected["forward"]["logits"]),
              "loss": max_error(record["loss"], expected["loss"])}
@@ -52,7 +52,7 @@ def main(out_path: str) -> None:
     sys.path[:0] = [str(ROOT), str(BENCH)]
     import sharded_precision as bench
 
-    from conformance.check.sharded import oracle
+    from conformance.check.scale.sharded import oracle
 
     job = bench.job_of(*SIZE)
     expected = oracle(job)

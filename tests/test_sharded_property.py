@@ -1,8 +1,8 @@
 """The sharded property (conformance/suite/test_sharded.py) and `rosetta check --mesh`
-(conformance/check/mesh.py) find the planted sharded bugs of issue 46 (`breaks.SHARDED_BREAKS`)
+(conformance/check/scale/mesh.py) find the planted sharded bugs of issue 46 (`breaks.SHARDED_BREAKS`)
 and name the first tensor, parameter or rank that diverges.
 
-One child process of 4 gloo ranks (`conformance.check.sharded`, the module fixture `broken`) runs
+One child process of 4 gloo ranks (`conformance.check.scale.sharded`, the module fixture `broken`) runs
 the same job under "tp", "fsdp" and "dp" on a 2x2 mesh with every break planted; each break shows
 under its own plan only. The clean runs of every plan are the suite property itself (`ci`: JAX and
 torch 2x2). The comparison's own checks (the Adam step rows, a missing tensor), `rosetta check
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from breaks import SHARDED_BREAKS
 
-from conformance.check import mesh as mesh_check
-from conformance.check import sharded
-from conformance.check.sharded import Job, ShardedTarget, compared, first_divergence, oracle, oracle_step, parse_mesh
+from conformance.check.scale import mesh as mesh_check
+from conformance.check.scale import sharded
+from conformance.check.scale.sharded import Job, ShardedTarget, compared, first_divergence, oracle, oracle_step, parse_mesh
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 from conformance.core.params import init_params, param_shapes

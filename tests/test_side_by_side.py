@@ -356,7 +356,7 @@ def wmt_compare(model, src, tgt, **options):
 def intercepted(path: str, replace):
     """A run that calls the model with the module at `path` replaced: `replace(next_fun, args, kwargs, module)`."""
     from flax import linen as nn
-    from conformance.check.taps import linen_path
+    from conformance.check.foreign.taps import linen_path
 
     def run(model, src, tgt):
         def interceptor(next_fun, args, kwargs, context):
@@ -632,7 +632,7 @@ def test_every_builtin_layout_has_taps_that_name_canonical_tensors():
 def test_taps_for_variants_apply_by_the_converted_switches(name, capsys):
     """AlgoPerf's pre-LN and post-LN compute a sublayer's output in different modules: one tap each,
     chosen by norm_placement; `rosetta layouts` shows the condition."""
-    from conformance.check.taps import tapped
+    from conformance.check.foreign.taps import tapped
     from conformance.convert import load_layout
 
     layout = load_layout(name)

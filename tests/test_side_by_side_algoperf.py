@@ -157,7 +157,7 @@ def test_torch_in_float64_parts_from_ours_only_at_padded_source_positions(float6
     """The docstring's claim: AlgoPerf's additive -1e10 is no fill in float64, so the clean model's
     encoder differs from ours exactly where a source position is padding (every key masked)."""
     import impl_numpy
-    from conformance.check.taps import capture
+    from conformance.check.foreign.taps import capture
     from conformance.convert import convert_arrays, load_layout
     from conformance.core.output import tensors_of
 

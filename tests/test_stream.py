@@ -1,4 +1,4 @@
-"""`rosetta check --stream`: the oracle and every backend a layer at a time (conformance.check.stream).
+"""`rosetta check --stream`: the oracle and every backend a layer at a time (conformance.check.scale.stream).
 
 Fed each backend's own output from the layer below (`feed="own"`), the streamed report must be
 the unstreamed one to the last bit, every cell of every backend; fed the oracle's (the default), a
@@ -17,7 +17,7 @@ from breaks import BREAKS, broken_copy
 from conformance import ModelConfig, checkpoint, init_params
 from conformance.check import backends
 from conformance.check.report import default_targets, fixed_batch, run_check
-from conformance.check.stream import FEED_NOTES, FEEDS, Weights, run_streamed, stages
+from conformance.check.scale.stream import FEED_NOTES, FEEDS, Weights, run_streamed, stages
 from conformance.cli import main
 from conformance.core.errors import CheckpointError, InputError
 from conformance.core.presets import PRESETS, preset

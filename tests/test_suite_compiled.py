@@ -1,4 +1,4 @@
-"""The `torch-compiled` target (conformance/check/compiled_torch.py): every property of the suite
+"""The `torch-compiled` target (conformance/check/targets/torch_compiled.py): every property of the suite
 passes through the torch.compile'd model on the CPU, and a break that only the compiled code
 takes is caught.
 
@@ -30,7 +30,7 @@ from conformance.suite.covering import coverage_problems, covering_cases, record
 from conformance.suite.strategies import cases, with_examples
 
 torch = pytest.importorskip("torch")
-compiled_torch = importlib.import_module("conformance.check.compiled_torch")
+compiled_torch = importlib.import_module("conformance.check.targets.torch_compiled")
 
 # One xdist worker for the whole file: the properties share the compiled graphs of the forward
 # property's covering configs (TorchDynamo's cache is per process). Split across two workers, the

@@ -4,7 +4,7 @@ unsharded model within the tolerance table, and each parameter really is sharded
 tests/test_sharded_property.py's, against the oracle.)
 
 The sharded runs happen in one subprocess (this file run as a script) that forks 4 gloo ranks
-(`conformance.check.sharded_ranks.start_ranks`), once for every mesh and plan; rank 0 writes a JSON
+(`conformance.check.scale.ranks.start_ranks`), once for every mesh and plan; rank 0 writes a JSON
 record, which the tests below read. The expected shard shapes are written here from the plans'
 definitions (docs/sharding.md), not read from `impl_torch.parallel`.
 """
@@ -24,7 +24,7 @@ import pytest
 from sharding_common import (BATCH, CONFIG, PLANS, SRC_LEN, TGT_LEN, adam_excess, max_error, mesh_env, meshes,
                              step_errors, table_bound, tolerance_of)
 
-from conformance.check.sharded_ranks import gathered, start_ranks, whole
+from conformance.check.scale.ranks import gathered, start_ranks, whole
 
 # One worker under `--dist loadgroup`: the module's fixture (exports, subprocesses) is paid once, not per worker.
 pytestmark = pytest.mark.xdist_group("torch-parallel")

@@ -1,30 +1,59 @@
-"""The check-and-report tools behind `rosetta check` (and used by the suite).
+"""The check-and-report tools behind `rosetta check` (and used by the suite), in rooms by role.
 
+The check itself (this folder):
     backends     which backends and devices are here; one `build` for any target
     compare      array comparison against the oracle, largest errors and where
     tolerances   the per-dtype tolerance table (measured: docs/tolerances.md)
     report       the tensor-by-tensor report of `rosetta check`, first diverging tensor
     plan         how a check holds the oracle's tensors (all at once or one at a time) for a budget
-    stream       `rosetta check --stream`: the oracle and each backend a layer at a time, from the memory-mapped file
     plots        the report's and the attention pictures (matplotlib, lazily)
+    switches     which ModelConfig switches act where each tensor is computed
     defaults     the built-in default model (data/default.safetensors)
     toy          the digit-reversal task the default model was trained on
-    side_by_side `conformance.compare`: the user's own model as a column of the report
-    side_by_side_grads  its backward half: the user's loss and gradients beside the oracle's
-    switches     which ModelConfig switches act where each tensor is computed
-    user_code    the user's code failing: its own frames of the traceback
-    taps         reading a foreign model's tensors where its layout's [taps] say
-    onnx_export  impl_torch's model as encoder/decoder ONNX graphs (torch's exporter), `rosetta convert --to onnx`
-    onnx_runtime the `onnxruntime` target: those graphs run by ONNX Runtime, beside the oracle
-    ctranslate2_check  `rosetta convert --to ctranslate2` (CTranslate2's converter), and `rosetta check`'s ctranslate2 section
-    ctranslate2_compare  a CTranslate2 model (ours or the user's) beside the oracle: score_batch log p and translate_batch ids
-    ctranslate2_model  a CTranslate2 directory read: vocabularies (ids <-> tokens), config.json, model.bin's header
-    ctranslate2_report the CTranslate2 report: a row per compute type, its verdict, table and JSON
     weights      the weights a deployed model (ONNX graphs, a CTranslate2 directory) was made from, read for the oracle
-    sharded      sharded runs (impl_jax.shard, impl_torch.parallelize) in a child process, compared with the oracle
-    sharded_ranks  the child of sharded_runs: the JAX process, or the torch ranks (forked on the CPU)
-    mesh         `rosetta check --mesh`: the default model sharded, every plan, a line per plan
+    training     `rosetta train-check`: N steps in every backend beside the float64 run
+
+Rooms:
+    targets/     what runs beside the oracle besides our eager backends, one module per target and
+                 one registry: your own backend (adapter), torch-compiled; the runtimes' targets
+                 (onnxruntime, ctranslate2) live in their engine's room below and are registered here
+    foreign/     the user's own model beside the oracle (`conformance.compare`): a torch/Flax module
+                 side by side, its gradients, its report, taps, the user's code frames
+    onnx/        ONNX Runtime: impl_torch exported as graphs (`rosetta convert --to onnx`), the
+                 `onnxruntime` target, and the user's own graphs beside the oracle
+    ctranslate2/ CTranslate2: our checkpoint through its converter (`--to ctranslate2`) and the
+                 `ctranslate2` section of `rosetta check`, a CTranslate2 directory read, its report,
+                 and the user's own CTranslate2 model beside the oracle
+    scale/       what makes a check fit a model too large for memory or a mesh: `--stream`, sharded
+                 runs and their ranks, `--mesh`
+
+The two engines are rooms of their own, not split between targets/ and foreign/: a runtime's
+target and its compare share how its model is read, its options and its report.
 
 May import: the core, NumPy, the converters (`conformance.convert`, beside the backends), and
 the backends (`impl_*`) lazily, by name, through `backends`. Never the suite or the CLI.
 """
+
+from conformance.core.moved import install as _install
+
+# Old paths of the modules that moved into rooms; they keep working for one release.
+_install(__name__, {
+    "adapter": "conformance.check.targets.adapter",
+    "compiled_torch": "conformance.check.targets.torch_compiled",
+    "onnx_export": "conformance.check.onnx.export",
+    "onnx_runtime": "conformance.check.onnx.runtime",
+    "onnx_compare": "conformance.check.onnx.compare",
+    "ctranslate2_check": "conformance.check.ctranslate2.target",
+    "ctranslate2_compare": "conformance.check.ctranslate2.compare",
+    "ctranslate2_model": "conformance.check.ctranslate2.model",
+    "ctranslate2_report": "conformance.check.ctranslate2.report",
+    "side_by_side": "conformance.check.foreign.side_by_side",
+    "side_by_side_grads": "conformance.check.foreign.grads",
+    "side_by_side_report": "conformance.check.foreign.report",
+    "taps": "conformance.check.foreign.taps",
+    "user_code": "conformance.check.foreign.user_code",
+    "stream": "conformance.check.scale.stream",
+    "sharded": "conformance.check.scale.sharded",
+    "sharded_ranks": "conformance.check.scale.ranks",
+    "mesh": "conformance.check.scale.mesh",
+})

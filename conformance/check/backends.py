@@ -6,7 +6,7 @@ PyTorch or JAX. `ROSETTA_BACKENDS=numpy,torch` (or `--backends`) restricts the s
 asked for but not importable, and a device that is deselected or absent, are reported with the
 reason (`device_skip_reason`), never silently dropped.
 
-A user's own model joins as an adapter (`conformance.check.adapter`, docs/own-backend.md):
+A user's own model joins as an adapter (`conformance.check.targets.adapter`, docs/own-backend.md):
 `--backends numpy,my_pkg.adapter:build` or the name of an installed `rosetta.backends` entry point.
 It is a target of kind `ADAPTER`, on the CPU, in the dtypes its factory declares.
 """
@@ -19,24 +19,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+# The targets asked for by name only (OPTIONAL_BACKENDS), and those checked in a section of their
+# own: one registry, conformance.check.targets.
+from conformance.check.targets import SECTION_TARGETS, TARGETS as OPTIONAL_BACKENDS
+
 BACKENDS = ("numpy", "torch", "jax")
-# Targets asked for by name only, never in the default set (`--backends numpy,torch-compiled`):
-# name -> (the module with a backend's surface, the built-in backend it behaves like).
-# `onnxruntime` (conformance.check.onnx_runtime) is impl_torch's model exported to ONNX and run by
-# ONNX Runtime's CPU execution provider: host arrays in and out, on the CPU, as NumPy's are.
-OPTIONAL_BACKENDS = {"torch-compiled": ("conformance.check.compiled_torch", "torch"),
-                     "onnxruntime": ("conformance.check.onnx_runtime", "numpy")}
-
 ADAPTER = "adapter"  # the kind of a user's own backend, given by an adapter
-
-# Targets that expose no intermediate tensors, so no backend surface: `rosetta check --backends
-# numpy,ctranslate2` checks them in a section of their own (conformance/cli/check.py); anywhere else
-# (the suite, `rosetta compare --backends`, the tensor table) the name is refused with this reason.
-SECTION_TARGETS = {"ctranslate2": "CTranslate2 exposes no intermediate tensors, attention weights or gradients, which "
-                                  "the suite's properties and the tensor table compare: rosetta check --backends "
-                                  "numpy,ctranslate2 checks its score_batch log p and translate_batch ids in a section "
-                                  "of its own, and conformance.compare / rosetta compare take a CTranslate2 model "
-                                  "directory (docs/deployment.md)"}
 
 # Extra backends registered at run time (name -> (module, the built-in backend it behaves like)),
 # e.g. the deliberately broken copies the meta-tests use to prove the suite catches bugs.
@@ -58,7 +46,7 @@ def register_adapter(name: str):
     """Load the adapter `name` (MODULE:FACTORY or an installed entry point's name) and make it
     backend `name`, once per process; `adapter.AdapterError` (a ValueError) says why it cannot be."""
     if name not in _EXTRA:
-        from conformance.check import adapter
+        from conformance.check.targets import adapter
 
         _EXTRA[name] = (adapter.Adapter(name, adapter.load_factory(name)).backend(), ADAPTER)
     return _EXTRA[name][0]
@@ -81,7 +69,7 @@ def refuse_adapters(names: list[str], argument: str) -> None:
 
 
 def adapter_of(name: str):
-    """The `conformance.check.adapter.Adapter` behind backend `name` (an adapter's)."""
+    """The `conformance.check.targets.adapter.Adapter` behind backend `name` (an adapter's)."""
     return import_backend(name).adapter
 
 
@@ -130,7 +118,7 @@ def import_backend(name: str):
 def known_backends() -> list[str]:
     """Every name `--backends` accepts by itself: the three backends (the default set), the optional
     targets and the installed adapters (`rosetta.backends` entry points); a MODULE:FACTORY also."""
-    from conformance.check.adapter import installed
+    from conformance.check.targets.adapter import installed
 
     return [*BACKENDS, *OPTIONAL_BACKENDS, *sorted(set(installed()) - set(BACKENDS) - set(OPTIONAL_BACKENDS))]
 
@@ -143,7 +131,7 @@ def requested_backends(option: str | None = None) -> list[str]:
             continue
         if name in SECTION_TARGETS:
             raise ValueError(f"{name} (in ROSETTA_BACKENDS/--backends) is no backend here: {SECTION_TARGETS[name]}")
-        from conformance.check.adapter import AdapterError, looks_like_adapter
+        from conformance.check.targets.adapter import AdapterError, looks_like_adapter
 
         try:
             register_adapter(name)

@@ -1,6 +1,6 @@
 """`rosetta check [CHECKPOINT]`: every installed backend against the float64 NumPy oracle.
 
-`--backends numpy,ctranslate2` adds CTranslate2 (`conformance.check.ctranslate2_check`): the
+`--backends numpy,ctranslate2` adds CTranslate2 (`conformance.check.ctranslate2.target`): the
 checkpoint converted by CTranslate2's own converter, its score_batch log p per position and its
 translate_batch ids against the oracle, per compute type, in a section of its own after the
 tensor table (it exposes no intermediate tensors). `--backends ctranslate2` runs that section alone."""
@@ -134,7 +134,9 @@ def _run(args: argparse.Namespace) -> int:
 def _ctranslate2_ready(config, params, devices_option: str | None) -> tuple[list[str], dict[str, str]]:
     """(the devices CTranslate2 runs on, {device: why not}), once CTranslate2 is known to be installed
     and to represent this model (its family, `representable`): a ConfigError naming why, if not."""
-    from conformance.check import backends, ctranslate2_check, ctranslate2_model
+    from conformance.check import backends
+    from conformance.check.ctranslate2 import target as ctranslate2_check
+    from conformance.check.ctranslate2 import model as ctranslate2_model
     from conformance.core.errors import InputError
 
     ctranslate2_model.require()
@@ -160,7 +162,7 @@ def _ctranslate2_sections(config, params, src_ids, tgt_ids, devices: list[str], 
     import tempfile
     from pathlib import Path
 
-    from conformance.check import ctranslate2_check
+    from conformance.check.ctranslate2 import target as ctranslate2_check
     from conformance.cli.progress import Status
 
     sections: list = []
@@ -202,8 +204,8 @@ class WithCTranslate2:
 
 
 def _run_mesh(args: argparse.Namespace) -> int:
-    """`--mesh`: conformance.check.mesh, the default model sharded on that mesh, every plan, one line per plan."""
-    from conformance.check.mesh import run_mesh_check
+    """`--mesh`: conformance.check.scale.mesh, the default model sharded on that mesh, every plan, one line per plan."""
+    from conformance.check.scale.mesh import run_mesh_check
     from conformance.core.errors import InputError
 
     clashing = [flag for flag, given in (("CHECKPOINT", args.checkpoint), ("--stream", args.stream),
@@ -217,13 +219,13 @@ def _run_mesh(args: argparse.Namespace) -> int:
 
 
 def _run_streamed(args: argparse.Namespace, outputs: dict, dtypes: list[str]) -> int:
-    """`--stream`: conformance.check.stream, a layer at a time; the same report and exit status."""
+    """`--stream`: conformance.check.scale.stream, a layer at a time; the same report and exit status."""
     import sys
 
     from conformance.check import backends
     from conformance.check.defaults import default_model
     from conformance.check.report import fixed_batch
-    from conformance.check.stream import Weights, refuse_unstreamable, run_streamed
+    from conformance.check.scale.stream import Weights, refuse_unstreamable, run_streamed
 
     try:  # a backend that cannot run a layer at a time, before the checkpoint is hashed
         refuse_unstreamable(backends.requested_backends(args.backends))

@@ -3,12 +3,12 @@ tensor (`conformance.compare`, docs/porting.md). This imports and runs your Pyth
 
 `rosetta compare GRAPHS [WEIGHTS] [--layout NAME]`: your ONNX export (a folder of rosetta's or
 optimum-onnx's graphs) beside the oracle run on the weights it was exported from
-(`conformance.check.onnx_compare`, docs/deployment.md); a folder that holds config.json and the
+(`conformance.check.onnx.compare`, docs/deployment.md); a folder that holds config.json and the
 weights too (a Hugging Face folder) needs no WEIGHTS.
 
 `rosetta compare CT2_DIR WEIGHTS [--layout NAME]`: your CTranslate2 model directory beside the
 oracle run on the weights it was converted from: score_batch log p per position and
-translate_batch ids, per compute type (`conformance.check.ctranslate2_compare`, docs/deployment.md)."""
+translate_batch ids, per compute type (`conformance.check.ctranslate2.compare`, docs/deployment.md)."""
 
 from __future__ import annotations
 
@@ -168,17 +168,17 @@ def _default_labels(tgt: np.ndarray, pad_id: int, shifted: bool) -> np.ndarray:
 
 
 def run(args: argparse.Namespace) -> int:
-    from conformance.check import taps
+    from conformance.check.foreign import taps
     from conformance.check.report import fixed_batch
-    from conformance.check.side_by_side import compare, convert_yours
+    from conformance.check.foreign.side_by_side import compare, convert_yours
     from conformance.cli.common import parse_ids
     from conformance.cli.convert import parse_sets
     from conformance.cli.progress import Status
     from conformance.convert import load_layout, read_state_dict
     from conformance.core.errors import InputError
 
-    from conformance.check.ctranslate2_model import is_ctranslate2
-    from conformance.check.onnx_compare import is_onnx
+    from conformance.check.ctranslate2.model import is_ctranslate2
+    from conformance.check.onnx.compare import is_onnx
 
     if is_ctranslate2(args.factory):
         return run_ctranslate2(args)
@@ -240,8 +240,8 @@ def finish(report, json_path, plot_path) -> int:
 def _user_model(args: argparse.Namespace, state: dict[str, np.ndarray], status):
     """(the user's model with WEIGHTS loaded, its --run function or None); UserCodeError when the
     module, the factory or the weights fail (a factory that raises: with its own frames)."""
-    from conformance.check import taps
-    from conformance.check.user_code import user_traceback
+    from conformance.check.foreign import taps
+    from conformance.check.foreign.user_code import user_traceback
 
     status(f"importing {args.factory.rpartition(':')[0]}")
     module, name = _import(args.factory)
@@ -274,7 +274,7 @@ def _user_model(args: argparse.Namespace, state: dict[str, np.ndarray], status):
 
 def run_onnx(args: argparse.Namespace) -> int:
     """`rosetta compare GRAPHS [WEIGHTS]`: the graphs in ONNX Runtime beside the oracle."""
-    from conformance.check.onnx_compare import compare_onnx, load_graphs
+    from conformance.check.onnx.compare import compare_onnx, load_graphs
     from conformance.check.weights import oracle_weights
     from conformance.check.report import fixed_batch
     from conformance.cli.common import parse_ids
@@ -305,8 +305,8 @@ def run_ctranslate2(args: argparse.Namespace) -> int:
     Exit 0 when the held row (float32 on float32 weights) agrees, 1 when it does not, 2 on an error."""
     import json
 
-    from conformance.check.ctranslate2_compare import compare_ctranslate2
-    from conformance.check.ctranslate2_model import default_device, require
+    from conformance.check.ctranslate2.compare import compare_ctranslate2
+    from conformance.check.ctranslate2.model import default_device, require
     from conformance.check.weights import oracle_weights
     from conformance.check.report import fixed_batch
     from conformance.cli.common import parse_ids, write_outputs

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 def suite_argv(args: argparse.Namespace) -> list[str]:
     """pytest's arguments for `args` (before any the user passes after --); an InputError for a
     --mesh that is not data=D,model=M."""
-    from conformance.check.sharded import parse_mesh
+    from conformance.check.scale.sharded import parse_mesh
 
     # The plugin is named explicitly so that its options, profiles and header exist from any
     # working directory (a conftest inside the package is read too late outside the repository).

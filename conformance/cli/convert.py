@@ -293,7 +293,7 @@ ONNX = "onnx"  # `--to onnx`: graphs, not a layout (docs/deployment.md)
 
 def export_onnx(src: Path, dst: Path, args: argparse.Namespace) -> int:
     """`rosetta convert model.safetensors DIR --to onnx [--taps]`: a new directory with the
-    encoder and decoder graphs of `conformance.check.onnx_export`, traced by torch's exporter from
+    encoder and decoder graphs of `conformance.check.onnx.export`, traced by torch's exporter from
     impl_torch's model in float32, the directory made whole or not at all."""
     from conformance.core import checkpoint
     from conformance.core.errors import CheckpointError, InputError
@@ -313,7 +313,7 @@ def export_onnx(src: Path, dst: Path, args: argparse.Namespace) -> int:
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
     try:
         import onnxscript  # noqa: F401 - torch's exporter needs it, and says so only after tracing
-        from conformance.check import onnx_export
+        from conformance.check.onnx import export as onnx_export
     except ImportError as exc:
         raise InputError("--to", f"exporting to ONNX needs torch, onnx and onnxscript ({exc}): "
                          "pip install 'rosetta-transformer[torch,onnx]'") from None
@@ -338,8 +338,8 @@ def export_ctranslate2(src: Path, dst: Path, args: argparse.Namespace) -> int:
     as a Hugging Face folder of its family (`--to hf-marian`, `hf-t5` or `hf-bart`:
     `ctranslate2_check.family_of`), converted by CTranslate2's own
     TransformersConverter into a new directory, made whole or not at all
-    (`conformance.check.ctranslate2_check.convert`)."""
-    from conformance.check import ctranslate2_check
+    (`conformance.check.ctranslate2.target.convert`)."""
+    from conformance.check.ctranslate2 import target as ctranslate2_check
     from conformance.core import checkpoint
     from conformance.core.errors import InputError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from conformance.core.decoding import HF_DEFAULT_NEW_TOKENS
+from conformance.core.generation.note import HF_DEFAULT_NEW_TOKENS
 
 HELP = ("Decode a source sequence (greedy, beam search with --beams, or sampling with --sample) and print the output "
         "(token ids, or text for the built-in toy model).")
@@ -63,7 +63,7 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
 def sampling(args: argparse.Namespace) -> dict:
     """generate's sampling arguments from the flags, checked before any model loads."""
     from conformance.cli.common import named_by_flags
-    from conformance.core.decoding import check_sampling
+    from conformance.core.generation.settings import check_sampling
     from conformance.core.errors import InputError
 
     given = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
@@ -109,8 +109,8 @@ def processors(args: argparse.Namespace) -> dict:
 
 def recorded_generation(config) -> dict:
     """The decoding defaults a checkpoint records under its "generation" note, as `generate`
-    arguments (`conformance.core.decoding.generation_note`, which `generate` applies itself)."""
-    from conformance.core.decoding import generation_note
+    arguments (`conformance.core.generation.note.generation_note`, which `generate` applies itself)."""
+    from conformance.core.generation.note import generation_note
 
     return generation_note(config)
 

@@ -235,13 +235,13 @@ def record_generation(result, layout: Layout, generation: dict[str, Any], source
     `generate` needs no ids passed; each completion is said in the decisions.
 
     A field that changes transformers' output but that `generate` does not apply
-    (`conformance.core.decoding.UNAPPLIED_GENERATION`: repetition_penalty != 1, do_sample true, ...)
+    (`conformance.core.generation.note.UNAPPLIED_GENERATION`: repetition_penalty != 1, do_sample true, ...)
     is kept in the note and named in a warning (a decision, and a GenerationWarning); the
     conversion goes on, the weights being right. Such a field at a value that changes nothing is
     left out of the note."""
     import warnings
 
-    from conformance.core.decoding import UNAPPLIED_GENERATION, GenerationWarning, unapplied_generation
+    from conformance.core.generation.note import UNAPPLIED_GENERATION, GenerationWarning, unapplied_generation
 
     unapplied = unapplied_generation(generation)
     generation = {name: value for name, value in generation.items()

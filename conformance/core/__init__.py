@@ -14,6 +14,9 @@
     errors       ConfigError, InputError, CheckpointError, TooLargeError
     memory       the most memory this process can ever hold (refusals before allocating)
     sharding     the plans and mesh axes every sharded backend and check names (PLANS, AXES, splits)
+    generation/  decoding written once: generate's settings and the checkpoint's note, the logits
+                 processors, the reference search and the device search
+    moved        old import paths of modules that moved, kept for one release
 
 May import: the standard library, NumPy, ml_dtypes, and itself. Never PyTorch, JAX, hypothesis,
 pytest, a backend or another subpackage of `conformance` (tests/test_architecture.py imports
@@ -21,6 +24,7 @@ it with those absent).
 """
 
 from conformance.core import checkpoint
+from conformance.core.moved import install as _install
 from conformance.core.config import ModelConfig
 from conformance.core.errors import CheckpointError, ConfigError, InputError, TooLargeError
 from conformance.core.output import Encoded, ModelOutput
@@ -41,3 +45,7 @@ __all__ = [
     "param_shapes",
     "preset",
 ]
+
+# Old paths of the modules that moved; they keep working for one release (conformance/core/decoding.py,
+# split in four, is a module of its own).
+_install(__name__, {"device_search": "conformance.core.generation.device"})

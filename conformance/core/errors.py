@@ -44,7 +44,7 @@ class InputError(ValueError):
 class NaNLogitsError(InputError):
     """A search met NaN logits in a row it still decodes (`.step`, `.row`: the decoder row). An
     `InputError` on "src_ids" (a row of the call's input gave them); the message names the causes
-    the model's `mask_fill` allows (`conformance.core.decoding.nan_error`)."""
+    the model's `mask_fill` allows (`conformance.core.generation.search.nan_error`)."""
 
     def __init__(self, step: int, row: int, problem: str):
         self.step = step

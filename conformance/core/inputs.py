@@ -125,10 +125,10 @@ def check_mask_within_ids(argument: str, first_violation: Sequence[int] | None) 
 
 def check_generate(config: ModelConfig, max_len=None, bos_id=None, eos_id=None, **options):
     """Arguments of `generate`, resolved against the checkpoint's generation note and checked
-    (`conformance.core.decoding.resolve`): 1 <= max_len <= config.max_len (the decoder input grows
+    (`conformance.core.generation.settings.resolve`): 1 <= max_len <= config.max_len (the decoder input grows
     to max_len tokens), bos_id / eos_id valid target ids, and the decoding options. Returns the
-    `conformance.core.decoding.Generation`."""
-    from conformance.core.decoding import resolve  # decoding imports this module's errors only
+    `conformance.core.generation.settings.Generation`."""
+    from conformance.core.generation.settings import resolve# decoding imports this module's errors only
 
     return resolve(config, max_len, bos_id, eos_id, **options)
 

@@ -1,4 +1,4 @@
-"""Adapter targets in the suite (`conformance.check.adapter`, docs/own-backend.md): which properties
+"""Adapter targets in the suite (`conformance.check.targets.adapter`, docs/own-backend.md): which properties
 run on a user's adapter, each one that does not skipped by name with what it needs, and the report
 of what the adapters did not offer. Read by the suite's pytest plugin.
 
@@ -12,7 +12,7 @@ import pytest
 from conformance.check import backends
 from conformance.check.backends import Target
 
-# The properties an adapter (`conformance.check.adapter`, docs/own-backend.md) runs, and the
+# The properties an adapter (`conformance.check.targets.adapter`, docs/own-backend.md) runs, and the
 # optional methods of the protocol each needs beyond `forward` and `intermediates`.
 ADAPTER_PROPERTIES = {
     "test_every_tensor_matches_the_oracle": (),
@@ -37,7 +37,7 @@ BEYOND_THE_ADAPTER = {
     "test_backends_agree_pairwise": "each adapter is compared with the oracle (test_every_tensor_matches_the_oracle)",
 }
 
-# Targets that run exported graphs (conformance.check.onnx_runtime): the properties that call what
+# Targets that run exported graphs (conformance.check.onnx.runtime): the properties that call what
 # a graph has no input or output for, and why. Forward, the fast path, encode-decode, generate,
 # determinism, the pairs and the error properties run.
 GRAPH_TARGETS_LACK = {

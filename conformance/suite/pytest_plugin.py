@@ -79,7 +79,7 @@ def pytest_configure(config):
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     if config.getoption("--mesh", None):
-        from conformance.check.sharded import parse_mesh
+        from conformance.check.scale.sharded import parse_mesh
         from conformance.core.errors import InputError
 
         try:
@@ -193,7 +193,7 @@ def sharded_targets(mesh: str | None) -> list:
     machine has fails in the child, naming both counts."""
     from hypothesis import settings
 
-    from conformance.check.sharded import CI_PLANS, PLANS, ShardedTarget, default_meshes, parse_mesh
+    from conformance.check.scale.sharded import CI_PLANS, PLANS, ShardedTarget, default_meshes, parse_mesh
 
     bounded = settings._current_profile == "ci" and not mesh
     available = backends.availability()

@@ -1,6 +1,6 @@
 """Running one conformance case on one target, the same way for every property.
 
-A user's adapter (`conformance.check.adapter`) is a target like any backend, on the cases its
+A user's adapter (`conformance.check.targets.adapter`) is a target like any backend, on the cases its
 model can be: `for_target` holds a drawn case's switches to those the adapter declares, and a
 property compares it on that case, with the oracle run on the same one.
 
@@ -276,9 +276,10 @@ def gradients(target: Target, training, *more) -> dict[str, np.ndarray] | list[d
 
 def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
     """The float64 NumPy ids of a `GenerationCase` and the search's closest calls per step
-    (`conformance.core.decoding.search`'s `trace`), from the oracle's cached decoder: the same
+    (`conformance.core.generation.search.search`'s `trace`), from the oracle's cached decoder: the same
     steps as its `generate`, with the trace switched on."""
-    from conformance.core.decoding import resolve, search
+    from conformance.core.generation.settings import resolve
+    from conformance.core.generation.search import search
     from conformance.core.output import Encoded
 
     case = gcase.case

@@ -5,7 +5,7 @@ distributions, rare ties, end tokens at random. Here the decoder is a script who
 hypothesis draws directly (`strategies.scripted`): peaked steps, exact and near ties, early, late
 and absent end tokens, long confident continuations. On each drawn script, every search rule runs
 in the backend's own device search (`decode.search_steps`: the driver its `generate` runs, over
-the script's step instead of the model's) and in the reference (`conformance.core.decoding.search`):
+the script's step instead of the model's) and in the reference (`conformance.core.generation.search.search`):
 greedy search, Hugging Face's beam rule under each early_stopping (False, True, "never") and
 Flax's, with both length-penalty forms (`SEARCHES`), at a drawn penalty, every beam's hypothesis
 returned (so the ranking of the finished list shows). No model takes part: a difference is the
@@ -40,7 +40,7 @@ from hypothesis import given, settings
 from conformance.check import backends
 from conformance.check.backends import Target
 from conformance.check.tolerances import tolerance
-from conformance.core.decoding import log_softmax, penalty, search
+from conformance.core.generation.search import log_softmax, penalty, search
 from conformance.suite import runner
 from conformance.suite.strategies.scripted import BATCH, BOS, EOS, MAX_LEN, PAD, VOCAB, Script, scripted_step, scripts
 
@@ -91,7 +91,7 @@ def scripted_search(target: Target, search_steps, table: np.ndarray, options: di
     """(ids, scores) of the backend's device search over the script, as host arrays."""
     from conformance.check.compare import to_numpy
     from conformance.core.config import ModelConfig
-    from conformance.core.decoding import resolve
+    from conformance.core.generation.settings import resolve
 
     started = time.perf_counter()
     config = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, max_len=MAX_LEN, pad_id=PAD)

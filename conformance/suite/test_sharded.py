@@ -3,7 +3,7 @@
 `impl_jax.shard` and `impl_torch.parallelize` under "dp", "fsdp", "tp" and "fsdp+tp" on a
 (data, model) mesh, on drawn float64 training cases: the forward tensors (gathered from the
 ranks), the loss, every gradient (gathered) and every parameter after one Adam step, against the
-float64 oracle with the tolerance table (`conformance.check.sharded.compared`). A failure names
+float64 oracle with the tolerance table (`conformance.check.scale.sharded.compared`). A failure names
 the first tensor, loss, gradient or stepped parameter that diverges, in that order.
 
 The meshes: `--mesh data=D,model=M` (`rosetta conformance --mesh ...`), else under `ci` one per
@@ -11,7 +11,7 @@ backend on the CPU (2x2: forced host devices for JAX, 4 gloo processes for torch
 profiles the meshes of issue 46 (JAX 8x1, 4x2, 2x4; torch 4x1, 2x2, 1x4), and 1x1 on a GPU.
 Under `ci` without --mesh, JAX runs "fsdp+tp" only (`CI_PLANS`: its compiles are the cost).
 Every plan and example of one (backend, device, mesh) runs in one child process
-(`conformance.check.sharded`), started once per session: one JAX import and its compiles, or one
+(`conformance.check.scale.sharded`), started once per session: one JAX import and its compiles, or one
 start of the ranks. Examples: `examples()`: 1 under `ci` (compile cost), 5 under the others.
 
 The cases are the suite's (`training_cases`) with sizes the mesh divides: heads and head width,
@@ -30,7 +30,7 @@ import tempfile
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from conformance.check.sharded import (CI_PLANS, Job, compared, describe, first_divergence, mesh_label,
+from conformance.check.scale.sharded import (CI_PLANS, Job, compared, describe, first_divergence, mesh_label,
                                       repeated_rows, sharded_runs)
 from conformance.core.sharding import PLANS
 from conformance.suite.strategies import training_cases
@@ -122,7 +122,7 @@ def replay_hint(job: Job, target) -> str:
     """`job` pickled to a file, and the one call that runs it again on `target`'s mesh and plan."""
     with tempfile.NamedTemporaryFile(prefix="rosetta-sharded-job-", suffix=".pkl", delete=False) as f:
         pickle.dump(job, f)
-    return (f"replay: python -c \"import pickle; from conformance.check.sharded import sharded_runs; "
+    return (f"replay: python -c \"import pickle; from conformance.check.scale.sharded import sharded_runs; "
             f"print(sharded_runs({target.backend!r}, {target.device!r}, {target.mesh}, "
             f"[pickle.load(open({f.name!r}, 'rb'))], ({target.plan!r},)))\"")
 

@@ -4,7 +4,7 @@ the float64 oracle (issue 46; docs/sharding.md).
     exit_code = run_mesh_check("data=2,model=2", devices="cpu")
 
 For each backend that shards (torch, jax) and device kind asked for: one child process runs every
-plan on the mesh (`conformance.check.sharded`: forced host devices for JAX on the CPU, gloo ranks
+plan on the mesh (`conformance.check.scale.sharded`: forced host devices for JAX on the CPU, gloo ranks
 for torch on the CPU, NCCL ranks on CUDA, JAX's GPUs), and the report gives, per plan, either the
 largest error over every compared tensor or the first tensor, loss, gradient or stepped parameter
 that diverges. The batch is `report.fixed_batch`'s three rows, repeated to a multiple of "data",
@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from conformance.check.sharded import (Job, compared, describe, first_divergence, mesh_label, oracle, parse_mesh,
+from conformance.check.scale.sharded import (Job, compared, describe, first_divergence, mesh_label, oracle, parse_mesh,
                                       repeated_rows, sharded_runs, table_error)
 from conformance.core.sharding import PLANS, splits
 

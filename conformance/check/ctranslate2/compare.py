@@ -41,11 +41,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from conformance.check.ctranslate2_model import (BEAMS, COMPUTE_TYPES, HELD, ZERO_START, Directory,
+from conformance.check.ctranslate2.model import (BEAMS, COMPUTE_TYPES, HELD, ZERO_START, Directory,
                                                  checked_compute_types, checked_device, require)
-from conformance.check.ctranslate2_report import ComputeTypeResult, CTranslate2Report, agreement
+from conformance.check.ctranslate2.report import ComputeTypeResult, CTranslate2Report, agreement
 from conformance.check.tolerances import tolerance
-from conformance.core import decoding
+from conformance.core.generation.note import generation_note, unapplied_generation
+from conformance.core.generation.settings import check_min_length
+from conformance.core.generation.search import log_softmax
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 
@@ -99,7 +101,7 @@ def aligned_search(config: ModelConfig, directory: Directory, lacked: list[int],
                    eos: int) -> tuple[dict[str, Any], dict[str, Any], list[str], bool]:
     """(our `generate`'s settings, `translate_batch`'s, a line per setting saying how they were
     lined up, whether the note bans tokens during the search) from the checkpoint's generation note
-    (`conformance.core.decoding.generation_note`). Each of ours is given explicitly, so the note is
+    (`conformance.core.generation.note.generation_note`). Each of ours is given explicitly, so the note is
     never applied to one side only.
 
     A ban (no_repeat_ngram_size, a minimum length, bad words) is one rule in both, but the beam
@@ -107,9 +109,9 @@ def aligned_search(config: ModelConfig, directory: Directory, lacked: list[int],
     of a banned step is renormalized), transformers and our `generate` take it over every id and
     then ban. Greedy ids do not depend on it (the largest of the ids left is the same); beam ids
     can, so with a ban the beam searches' ids are measured, not held."""
-    note = decoding.generation_note(config)
+    note = generation_note(config)
     ngram = int(note.get("no_repeat_ngram_size", 0))
-    shortest, new_tokens = decoding.check_min_length(None, None, note)
+    shortest, new_tokens = check_min_length(None, None, note)
     # transformers' min_length counts the start token; CTranslate2's min_decoding_length (its default 1
     # never ends at the first step) and our min_new_tokens count only what is generated.
     least = new_tokens or max(shortest - 1, 0)
@@ -142,7 +144,7 @@ def aligned_search(config: ModelConfig, directory: Directory, lacked: list[int],
     recorded = json.loads(config.notes["generation"]) if note else {}  # JSON: generation_note read it
     if isinstance(recorded.get("eos_token_id"), list) and len(recorded["eos_token_id"]) > 1:
         not_aligned.append(f"the end tokens {recorded['eos_token_id']} (our generate ends at one: {eos})")
-    unapplied = decoding.unapplied_generation(recorded)
+    unapplied = unapplied_generation(recorded)
     if unapplied:
         not_aligned.append(f"{', '.join(f'{k} {v}' for k, v in unapplied.items())} (our generate does not apply "
                            "them)")
@@ -211,8 +213,8 @@ def measure(config: ModelConfig, params, model: Any, directory: Directory, src_i
     # CTranslate2's vocabulary: lacked is at most the last row, so every other id keeps its column
     # (a padded position, whose pad may be the lacked row, reads column 0 and is masked out).
     kept = np.delete(logits, lacked, axis=-1)
-    oracle = np.take_along_axis(decoding.log_softmax(kept), np.where(valid, wanted, 0)[..., None], -1)[..., 0]
-    probs = np.exp(decoding.log_softmax(logits))  # (B, T, V)
+    oracle = np.take_along_axis(log_softmax(kept), np.where(valid, wanted, 0)[..., None], -1)[..., 0]
+    probs = np.exp(log_softmax(logits))  # (B, T, V)
     pad_p = probs[..., lacked].max(-1) if lacked else np.zeros(probs.shape[:-1])
     scale = max(1.0, float(np.abs(np.where(valid, oracle, 0.0)).max()))
 
@@ -295,7 +297,7 @@ def compare_ctranslate2(model: Any, layout: Any, src_ids, tgt_ids, *, weights=No
         progress(f"reading {weights}")
         oracle = oracle_weights(weights, None, layout, overrides)
     config, params, layout = oracle
-    note = decoding.generation_note(config)
+    note = generation_note(config)
     notes = []
     # The start: the weights' own (as transformers starts), else CTranslate2's.
     theirs_start = (config.pad_id if directory.zero_start

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from conformance.check import taps as foreign
+from conformance.check.foreign import taps as foreign
 from conformance.check.tolerances import gradient_tolerance
 from conformance.check.training import backward_order, scaled_error
-from conformance.check.user_code import describe, user_traceback
+from conformance.check.foreign.user_code import describe, user_traceback
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 

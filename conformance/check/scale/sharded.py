@@ -7,7 +7,7 @@ on a (data, model) mesh, compared tensor by tensor (docs/sharding.md, issue 46).
 A mesh of several devices needs several of them, which a test process does not have: JAX fixes its
 device count when it is imported (on the CPU, `XLA_FLAGS=--xla_force_host_platform_device_count=N`
 before the import), and torch.distributed runs one process per rank. So the sharded runs happen in
-a child process (`python -m conformance.check.sharded_ranks JOBS OUT`): for JAX one process with
+a child process (`python -m conformance.check.scale.ranks JOBS OUT`): for JAX one process with
 the mesh's devices (forced host devices on the CPU); for torch one process per rank
 (`sharded_ranks.start_ranks`):
 gloo ranks forked on the CPU after one import of torch.distributed's parallel APIs (a spawned rank
@@ -52,7 +52,7 @@ from conformance.core.sharding import PLANS
 DEVICES = {"torch": ("cpu", "cuda"), "jax": ("cpu", "gpu")}  # the device kinds each backend shards on
 WARMUP = 10  # Adam's warmup for the one step: the paper's 4000 would make the step ~1e-7 and blind
 TIMEOUT_S = 600
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def parse_mesh(text: str, option: str = "--mesh") -> tuple[int, int]:
@@ -176,7 +176,7 @@ def sharded_runs(backend: str, device: str, mesh: tuple[int, int], jobs: list[Jo
                 env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
         what = f"the sharded {backend}/{device} runs on {mesh_label(mesh)}"
         # A session of its own: on a timeout the group is killed, the ranks with their parent.
-        child = subprocess.Popen([sys.executable, "-m", "conformance.check.sharded_ranks", str(jobs_path), str(out_path)],
+        child = subprocess.Popen([sys.executable, "-m", "conformance.check.scale.ranks", str(jobs_path), str(out_path)],
                                  env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  start_new_session=True)
         try:

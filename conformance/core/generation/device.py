@@ -2,7 +2,7 @@
 sampling, written once as pure functions over a small array adapter, so that each backend runs
 them in its own arrays (NumPy, torch, jax.numpy).
 
-`conformance.core.decoding.search` is the readable float64 reference and the oracle; this module
+`conformance.core.generation.search.search` is the readable float64 reference and the oracle; this module
 is the same rules (docs/decoding.md) in the shape Hugging Face, Flax `examples/wmt` and t5x give
 them for speed: a log-softmax in the search dtype (float32, or float64 for a float64 model), a
 top-k of 2 x beams over beams x V, gathers, and the rows the KV cache must follow as an index
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from conformance.core.decoding import NEG, nan_error  # nan_error: the reference's, for every driver
+from conformance.core.generation.search import NEG, nan_error# nan_error: the reference's, for every driver
 
 State = dict[str, Any]
 
@@ -166,7 +166,7 @@ class NumpyOps:
 
 
 def penalty(ops, length, length_penalty, form: str, dtype):
-    """`conformance.core.decoding.penalty` in the search dtype: hf length ** a, gnmt ((5 + length) / 6) ** a."""
+    """`conformance.core.generation.search.penalty` in the search dtype: hf length ** a, gnmt ((5 + length) / 6) ** a."""
     length = ops.cast(length, dtype)
     if form == "gnmt":
         return ((5.0 + length) / 6.0) ** length_penalty
@@ -191,7 +191,7 @@ def log_softmax(ops, logits):
 
 
 def processed(ops, rules: Rules, scores, step, banned, eos_id, forced_bos=None, owned: bool = False):
-    """Hugging Face's logits processors in its order (the reference's `_processed`): `banned`
+    """Hugging Face's logits processors in its order (the reference's `processed`): `banned`
     (V,) or (N, V) bool (`bans`: banned ids, repeated n-grams, bad words, the end token below the
     minimum length) gets -inf; with a
     `forced_bos` id, at the first step every other id gets -inf and it 0; with forced_eos, at the
@@ -405,7 +405,7 @@ def greedy_result(ops, rules: Rules, state: State, length_penalty, steps: int, d
 def sampling_data(settings, uniforms, as_array) -> dict | None:
     """What sampling reads besides the logits, as data (so that JAX compiles one program for every
     temperature, top_k, top_p and seed): the uniforms (max_len, N) from
-    `conformance.core.decoding.uniforms`, and the warpers' settings, each passed through
+    `conformance.core.generation.search.uniforms`, and the warpers' settings, each passed through
     `as_array` (the identity for the eager drivers, which then skip a filter that is off; a 0-d
     array for JAX). None when `settings` (a `decoding.Generation`) does not sample."""
     if not settings.do_sample:

@@ -49,7 +49,7 @@ import numpy as np
 from conformance.check import backends as backend_registry
 from conformance.check.compare import compare as compare_arrays
 from conformance.check.report import Cell, Report, default_targets, run_check
-from conformance.check.side_by_side_report import (YOURS, SideBySide, as_ids, backend_names, oracle_tensors,
+from conformance.check.foreign.report import (YOURS, SideBySide, as_ids, backend_names, oracle_tensors,
                                                    shift_right)
 from conformance.check.tolerances import tolerance
 from conformance.check.weights import oracle_weights
@@ -102,7 +102,7 @@ class Graphs:
         """The logits' dtype; InputError for an element type the runtime's target cannot read."""
         import onnx
 
-        from conformance.check.onnx_runtime import element_dtype
+        from conformance.check.onnx.runtime import element_dtype
 
         logits = next((o for o in self.decoder.graph.output if o.name == "logits"), None)
         if logits is None:
@@ -236,7 +236,7 @@ def tapped(graphs: Graphs, layout, config: ModelConfig, tensors: list[str]) -> t
 
 def run_rosetta(graphs: Graphs, config: ModelConfig, src_ids, tgt_ids, taps: tuple[dict, dict]) -> dict[str, np.ndarray]:
     """Our own export's graphs, run as the onnxruntime target runs them (whole prefix, then cached)."""
-    from conformance.check import onnx_runtime
+    from conformance.check.onnx import runtime as onnx_runtime
 
     encoder = _session(with_outputs(graphs.encoder, list(taps[0])))
     decoder = _session(with_outputs(graphs.decoder, list(taps[1])))
@@ -248,7 +248,7 @@ def run_rosetta(graphs: Graphs, config: ModelConfig, src_ids, tgt_ids, taps: tup
 def run_optimum(graphs: Graphs, config: ModelConfig, src_ids, tgt_ids, taps: tuple[dict, dict]) -> dict[str, np.ndarray]:
     """optimum's encoder, then its decoder on the whole prefix without a cache and again on the
     second half with the first half's self-attention cache (`use_cache_branch` of a merged graph)."""
-    from conformance.check.onnx_runtime import _is_attention, _join_at, element_dtype
+    from conformance.check.onnx.runtime import _is_attention, _join_at, element_dtype
 
     encoder = _session(with_outputs(graphs.encoder, list(taps[0])))
     decoder = _session(with_outputs(graphs.decoder, list(taps[1])))

@@ -5,7 +5,7 @@
 A deployed translation model is rarely the PyTorch module: it is an ONNX graph, traced by torch's
 exporter and run by ONNX Runtime, and the trace can drop what the Python did (a mask, a cache
 wired to the wrong layer) without any error. This target builds `impl_torch.Model` from the
-config and parameters, exports it with `conformance.check.onnx_export` (with every tap that
+config and parameters, exports it with `conformance.check.onnx.export` (with every tap that
 `rosetta check` compares as an extra graph output) into a temporary folder, loads the two graphs into ONNX
 Runtime sessions, and answers a model call with the sessions' tensors, so the report puts the
 runtime beside the float64 oracle tensor by tensor.
@@ -21,7 +21,7 @@ made a NaN that the whole-sequence forward carries into every later layer (0 x N
 
 `generate` is a cached decode loop over the sessions: the encoder graph once, then the decoder
 graph on the prefix with the last step's `present_*` as its `past_*` (reordered by the beams'
-parents), one new position per call. The tokens are chosen by `conformance.core.decoding.search`,
+parents), one new position per call. The tokens are chosen by `conformance.core.generation.search.search`,
 the reference search the suite's oracle runs (`runner.oracle_generate`), fed the runtime's logits.
 
 The suite builds a model per example, and an export takes seconds: the two graphs are kept per
@@ -76,7 +76,7 @@ def precision_settings() -> dict[str, Any]:
 
 
 # The onnxruntime element types of graph inputs and outputs -> NumPy dtypes (also read by
-# conformance.check.onnx_compare): what an empty cache or a fed tensor must be made of.
+# conformance.check.onnx.compare): what an empty cache or a fed tensor must be made of.
 ELEMENT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
                  "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_}
 
@@ -97,7 +97,7 @@ class Model:
 
     def __init__(self, config: ModelConfig, params, dtype: Any = None, *, device: str | None = None,
                  param_dtype: Any = None):
-        from conformance.check.onnx_export import export_bytes
+        from conformance.check.onnx.export import export_bytes
 
         dtype = "float32" if dtype is None else str(dtype)
         check_dtype(self.backend, dtype, SUPPORTED_DTYPES)
@@ -115,7 +115,7 @@ class Model:
     def of_sessions(cls, config: ModelConfig, encoder, decoder) -> "Model":
         """The model over two sessions of graphs `rosetta convert --to onnx` wrote (with or without
         taps; a graph output that is no tap of ours is kept under its own name): how
-        `conformance.check.onnx_compare` runs a user's copy of our export."""
+        `conformance.check.onnx.compare` runs a user's copy of our export."""
         model = cls.__new__(cls)
         model.config, model.encoder, model.decoder = config, encoder, decoder
         model.layers = config.n_decoder_layers
@@ -199,7 +199,8 @@ class Model:
         once, then the decoder graph one new position per call, its `present_*` the next call's
         `past_*` (the rows reordered by the beams' parents); with use_cache=False the decoder
         graph on the whole prefix at every step, with an empty cache."""
-        from conformance.core.decoding import check_sources, search
+        from conformance.core.generation.settings import check_sources
+        from conformance.core.generation.search import search
 
         settings = check_generate(self.config, max_len, bos_id, eos_id, **options)
         encoded = self.encode(src_ids, return_attention=False)
@@ -258,5 +259,5 @@ def _join_at(whole: np.ndarray, rest: np.ndarray, split: int, axis: int) -> np.n
 
 def _join(whole: np.ndarray, rest: np.ndarray, split: int) -> np.ndarray:
     """`_join_at` with the axis taken from the rank (4-d: attention weights): for tensors known to
-    be (B, T, ...) or (B, H, T, Tk), as conformance.check.onnx_compare's are."""
+    be (B, T, ...) or (B, H, T, Tk), as conformance.check.onnx.compare's are."""
     return _join_at(whole, rest, split, 2 if whole.ndim == 4 else 1)

@@ -7,7 +7,7 @@
 The user's weights go through the layout (`conformance.convert`) into our model; the float64
 NumPy oracle and our backends run on the same batch (`report.run_check`, the `rosetta check`
 engine); the user's model runs once, and the layout's `[taps]` say where it computes each
-canonical tensor (`conformance.check.taps`). The user's column is compared with the oracle under
+canonical tensor (`conformance.check.foreign.taps`). The user's column is compared with the oracle under
 the tolerance of the user's own dtype, as a backend's is: the first tensor out of tolerance is
 where the two models part, and the switches acting there are named.
 
@@ -23,14 +23,14 @@ from typing import Any, Callable
 import numpy as np
 
 from conformance.check import backends as backend_registry
-from conformance.check import taps as foreign
+from conformance.check.foreign import taps as foreign
 from conformance.check.compare import compare as compare_arrays
 from conformance.check.report import Cell, Report, default_targets, run_check
-from conformance.check.side_by_side_grads import compare_grads
-from conformance.check.side_by_side_report import (YOURS, SideBySide, as_ids, backend_names, decoder_positions,
+from conformance.check.foreign.grads import compare_grads
+from conformance.check.foreign.report import (YOURS, SideBySide, as_ids, backend_names, decoder_positions,
                                                    oracle_tensors, shift_right)
 from conformance.check.tolerances import tolerance
-from conformance.check.user_code import describe, user_traceback
+from conformance.check.foreign.user_code import describe, user_traceback
 from conformance.core.errors import ConfigError, InputError
 from conformance.core.output import forward_order
 
@@ -73,11 +73,11 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
         model: a torch.nn.Module; a flax.linen module bound to its variables (`module.bind(v)`)
             or a `(module, variables)` pair; or an nnx.Module. ONNX graphs (a folder of
             encoder/decoder `.onnx` files, rosetta's or optimum's, or an (encoder, decoder) pair of
-            `onnxruntime.InferenceSession`s) go to `conformance.check.onnx_compare.compare_onnx`,
+            `onnxruntime.InferenceSession`s) go to `conformance.check.onnx.compare.compare_onnx`,
             which takes `weights=` (the checkpoint they were exported from) among `overrides`.
             A CTranslate2 model (a directory with model.bin and config.json, or a
             `ctranslate2.Translator` with `model_dir=` its directory) goes to
-            `conformance.check.ctranslate2_compare.compare_ctranslate2`, which takes `weights=`
+            `conformance.check.ctranslate2.compare.compare_ctranslate2`, which takes `weights=`
             (what it was converted from), `compute_types=`, `beams=`, `max_len=`, `device=` among
             `overrides` and returns a `CTranslate2Report` (log p per position, ids per search, per
             compute type; no tensor table: CTranslate2 exposes no intermediate tensors).
@@ -101,7 +101,7 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
         label_smoothing: ε of the loss (docs/training.md).
         progress: `progress(message)` hears each step as it starts (a command's status line).
         stream: run our backends beside the oracle one layer at a time, each layer fed the
-            oracle's own input from the layer below (`conformance.check.stream`, `rosetta check
+            oracle's own input from the layer below (`conformance.check.scale.stream`, `rosetta check
             --stream`), so their columns hold each layer's own error. It does not bound memory:
             the user's model and its converted parameters are held whole (the oracle and our
             backends hold one layer's copy at a time beside them), and the oracle's tensors for
@@ -116,7 +116,9 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
     do not tell) and what `model.config` gave. A model that cannot run is no divergence: the
     report's `could_not_run`, with the user's own frames of the traceback (`failure`).
     """
-    from conformance.check import ctranslate2_compare, ctranslate2_model, onnx_compare
+    from conformance.check.ctranslate2 import compare as ctranslate2_compare
+    from conformance.check.ctranslate2 import model as ctranslate2_model
+    from conformance.check.onnx import compare as onnx_compare
     from conformance.convert import export_state_dict, load_layout
 
     if ctranslate2_model.is_ctranslate2(model):
@@ -157,7 +159,7 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
     source = f"your model through layout {layout.name}"
     oracle = None
     if targets and stream:
-        from conformance.check.stream import Weights, run_streamed
+        from conformance.check.scale.stream import Weights, run_streamed
 
         oracle = {}  # the oracle's tensors, kept for the user's column
         report = run_streamed(config, Weights.held(config, params), source, targets, skipped, src_ids, ours_tgt,

@@ -1,7 +1,7 @@
 """The report of `conformance.compare` (`SideBySide`: a `rosetta check` report with the user's
 model as a column) and the small pieces every way of putting a model beside the oracle shares:
 the backends asked for, the ids, the shift-right, the oracle's tensors and the decoder's real
-positions. `conformance.check.side_by_side` (a live model) and `conformance.check.onnx_compare`
+positions. `conformance.check.foreign.side_by_side` (a live model) and `conformance.check.onnx.compare`
 (ONNX graphs) both build on it.
 """
 
@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from conformance.check import backends as backend_registry
-from conformance.check import taps as foreign
+from conformance.check.foreign import taps as foreign
 from conformance.check.plan import stored_dtype
 from conformance.check.report import Report
-from conformance.check.side_by_side_grads import GradRow
+from conformance.check.foreign.grads import GradRow
 from conformance.check.switches import switches_at
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError

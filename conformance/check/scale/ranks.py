@@ -1,5 +1,5 @@
-"""The child of `conformance.check.sharded.sharded_runs`: every job and plan on the mesh, recorded
-for the parent to compare (`python -m conformance.check.sharded_ranks JOBS OUT`).
+"""The child of `conformance.check.scale.sharded.sharded_runs`: every job and plan on the mesh, recorded
+for the parent to compare (`python -m conformance.check.scale.ranks JOBS OUT`).
 
 JAX: this one process, with the mesh's devices (forced host devices on the CPU: the parent sets
 XLA_FLAGS before JAX is imported), writes OUT. Torch: one process per rank (`start_ranks`), each
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.check.sharded import TIMEOUT_S, WARMUP, Job
+from conformance.check.scale.sharded import TIMEOUT_S, WARMUP, Job
 from conformance.core.errors import InputError
 from conformance.core.sharding import AXES
 

@@ -21,7 +21,7 @@ def library_roots() -> set[str]:
     """The folders whose frames are not the user's: the interpreter's libraries and our packages."""
     paths = sysconfig.get_paths()
     roots = {str(Path(paths[key]).resolve()) for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
-    project = Path(__file__).resolve().parents[2]
+    project = Path(__file__).resolve().parents[3]
     return roots | {str(project / name) for name in _OURS}
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from conformance.check.ctranslate2_model import BEAMS, HELD
+from conformance.check.ctranslate2.model import BEAMS, HELD
 from conformance.check.tolerances import Tolerance, tolerance
 
 

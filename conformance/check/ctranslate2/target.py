@@ -1,12 +1,12 @@
 """CTranslate2 beside the oracle: a rosetta checkpoint converted by CTranslate2's own converter, then
 its `score_batch` and `translate_batch` compared with the float64 NumPy model.
 
-    from conformance.check import ctranslate2_check
+    from conformance.check.ctranslate2 import target as ctranslate2_check
     ctranslate2_check.convert(config, params, "model-ct2/")            # `rosetta convert --to ctranslate2`
     report = ctranslate2_check.check(config, params, src_ids, tgt_ids)  # every compute type
     print(report.table())
 
-    python -m conformance.check.ctranslate2_check [CHECKPOINT | LAYOUT] # the table, on fixed_batch
+    python -m conformance.check.ctranslate2.target [CHECKPOINT | LAYOUT] # the table, on fixed_batch
     rosetta check [CHECKPOINT] --backends numpy,ctranslate2              # the table beside the tensor report
 
 The path is the one a user takes: the checkpoint is written as a Hugging Face folder of the first
@@ -43,12 +43,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from conformance.check.ctranslate2_compare import measure
-from conformance.check.ctranslate2_model import (BEAMS, COMPUTE_TYPES, Directory, checked_compute_types,
+from conformance.check.ctranslate2.compare import measure
+from conformance.check.ctranslate2.model import (BEAMS, COMPUTE_TYPES, Directory, checked_compute_types,
                                                  default_device, require)
-from conformance.check.ctranslate2_report import CTranslate2Report
+from conformance.check.ctranslate2.report import CTranslate2Report
 from conformance.core.config import ModelConfig
-from conformance.core.decoding import generation_note
+from conformance.core.generation.note import generation_note
 from conformance.core.errors import ConfigError, InputError
 
 
@@ -254,7 +254,7 @@ def example_model(seed: int = 0, layout: str = "hf-marian") -> tuple[ModelConfig
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m conformance.check.ctranslate2_check [CHECKPOINT | LAYOUT]`: the error table on
+    """`python -m conformance.check.ctranslate2.target [CHECKPOINT | LAYOUT]`: the error table on
     `fixed_batch` for a rosetta checkpoint, or for `example_model()` of the family LAYOUT (one of
     FAMILIES' layouts; default hf-marian)."""
     from conformance.check.report import fixed_batch

@@ -1,0 +1,138 @@
+"""The checkpoint's generation note: transformers' generation_config.json, as `generate` arguments.
+
+A converted Hugging Face folder records its generation_config.json under the checkpoint's
+"generation" note (`conformance.convert.sources.GENERATION_KEYS`). `generation_note` reads it back
+as the defaults `generate` applies where the caller gives nothing; `unapplied_generation` names
+the fields that change transformers' output and that `generate` does not apply, which the
+converter and `generate` warn about (`GenerationWarning`).
+
+Framework-free (the standard library).
+"""
+
+from __future__ import annotations
+
+
+# How many new tokens transformers' `generate` makes when a model's generation settings name neither
+# max_length nor max_new_tokens (GenerationConfig().max_length is None; `_prepare_generated_length`:
+# "by default let's always generate 20 new tokens"), its max_length, start token included, capped at
+# max_position_embeddings (`hf_default_max_len`).
+HF_DEFAULT_NEW_TOKENS = 20
+
+
+def hf_default_max_len(config) -> int:
+    """The tokens transformers' `generate` makes for `config` with no max_length or max_new_tokens
+    set: `HF_DEFAULT_NEW_TOKENS`, with the start token at most max_position_embeddings (our
+    max_len) long. T5's relative positions have no such table (its config has no
+    max_position_embeddings), so only our own max_len bounds it."""
+    positions = config.max_len if config.position == "relative" else config.max_len - 1
+    return max(1, min(HF_DEFAULT_NEW_TOKENS, positions))
+
+
+def generation_note(config) -> dict:
+    """The decoding defaults a checkpoint records under its "generation" note (Hugging Face's
+    generation_config.json names, see `conformance.convert.sources.GENERATION_KEYS`), as
+    `generate` arguments: bos_id, eos_id, num_beams, length_penalty, early_stopping, max_len,
+    forced_eos, forced_bos_id, no_repeat_ngram_size, min_length, min_new_tokens, and bad_words_ids
+    split in two: its one-token words as banned_ids (without the end token, which transformers
+    drops), the longer ones as bad_words_ids. An empty dict when there is no note."""
+    import json
+
+    from conformance.core.errors import ConfigError
+
+    text = config.notes.get("generation")
+    if not text:
+        return {}
+    try:
+        recorded = json.loads(text)
+    except ValueError:
+        raise ConfigError("notes", "the checkpoint's \"generation\" note is not JSON") from None
+    if not isinstance(recorded, dict):
+        raise ConfigError("notes", "the checkpoint's \"generation\" note is not a JSON object")
+    out = {}
+    eos = recorded.get("eos_token_id")
+    ends = eos if isinstance(eos, list) else [eos]
+    if isinstance(eos, list):  # Hugging Face allows several end tokens; generate takes one
+        eos = eos[0] if len(eos) == 1 else None
+    for name, value in (("bos_id", recorded.get("decoder_start_token_id")), ("eos_id", eos),
+                        ("num_beams", recorded.get("num_beams")), ("length_penalty", recorded.get("length_penalty")),
+                        ("forced_bos_id", recorded.get("forced_bos_token_id")),
+                        ("no_repeat_ngram_size", recorded.get("no_repeat_ngram_size")),
+                        ("early_stopping", recorded.get("early_stopping")),
+                        ("min_length", recorded.get("min_length")),  # both count as transformers does
+                        ("min_new_tokens", recorded.get("min_new_tokens"))):
+        if value is not None:
+            out[name] = value
+    if recorded.get("max_new_tokens") is not None:  # Hugging Face: it wins over max_length
+        out["max_len"] = min(int(recorded["max_new_tokens"]), config.max_len)
+    elif recorded.get("max_length") is not None:  # Hugging Face counts the start token
+        out["max_len"] = min(int(recorded["max_length"]) - 1, config.max_len)
+    else:  # neither: transformers' default number of new tokens
+        out["max_len"] = hf_default_max_len(config)
+    if recorded.get("forced_eos_token_id") is not None and recorded.get("forced_eos_token_id") == eos:
+        out["forced_eos"] = True
+    words = [words for words in recorded.get("bad_words_ids") or [] if isinstance(words, list) and words]
+    banned = [word[0] for word in words if len(word) == 1 and word[0] not in ends]
+    if banned:
+        out["banned_ids"] = banned
+    longer = [word for word in words if len(word) > 1]
+    if longer:
+        out["bad_words_ids"] = longer
+    return out
+
+
+class GenerationWarning(UserWarning):
+    """A checkpoint's generation settings ask for something `generate` does not apply."""
+
+
+def _sampling(fields) -> bool:
+    return fields.get("do_sample") is True
+
+
+# generation_config.json fields that change transformers' `generate` output and that `generate`
+# does not apply, each with the test of whether its value (and the other fields) changes the
+# output: the converter records those that do in the note, and warns (`unapplied_generation`).
+UNAPPLIED_GENERATION = {
+    "repetition_penalty": lambda v, f: v != 1,
+    "encoder_repetition_penalty": lambda v, f: v != 1,
+    "encoder_no_repeat_ngram_size": lambda v, f: v > 0,
+    "suppress_tokens": lambda v, f: len(v) > 0,
+    "begin_suppress_tokens": lambda v, f: len(v) > 0,
+    "num_beam_groups": lambda v, f: v > 1,
+    "diversity_penalty": lambda v, f: v != 0 and f.get("num_beam_groups", 1) > 1,
+    "do_sample": lambda v, f: v is True,
+    "temperature": lambda v, f: _sampling(f) and v != 1,
+    "top_k": lambda v, f: _sampling(f) and v != 0,
+    "top_p": lambda v, f: _sampling(f) and v < 1,
+    "min_p": lambda v, f: _sampling(f) and v > 0,
+    "top_h": lambda v, f: _sampling(f),
+    "typical_p": lambda v, f: _sampling(f) and v < 1,
+    "epsilon_cutoff": lambda v, f: _sampling(f) and 0 < v < 1,
+    "eta_cutoff": lambda v, f: _sampling(f) and 0 < v < 1,
+    "renormalize_logits": lambda v, f: v is True,
+    "exponential_decay_length_penalty": lambda v, f: True,
+    "sequence_bias": lambda v, f: len(v) > 0,
+    "constraints": lambda v, f: len(v) > 0,
+    "force_words_ids": lambda v, f: len(v) > 0,
+    "guidance_scale": lambda v, f: v != 1,
+    "penalty_alpha": lambda v, f: v > 0,
+    "stop_strings": lambda v, f: len(v) > 0,
+    "num_return_sequences": lambda v, f: v > 1,
+}
+
+
+def unapplied_generation(fields) -> dict:
+    """The fields of a generation_config.json (Hugging Face's names; None: unset) that change
+    transformers' output and that `generate` does not apply (`UNAPPLIED_GENERATION`), with their
+    values, in that table's order. A value the test cannot read (a string for a number) counts."""
+    out = {}
+    for name, changes in UNAPPLIED_GENERATION.items():
+        value = fields.get(name)
+        if value is None:
+            continue
+        try:
+            bites = bool(changes(value, fields))
+        except (TypeError, ValueError):
+            bites = True
+        if bites:
+            out[name] = value
+    return out

@@ -1,0 +1,448 @@
+"""The reference search, written once: greedy search, beam search and sampling, on the host, in float64 NumPy.
+
+Every backend's `generate` resolves its arguments (`conformance.core.generation.settings.resolve`),
+encodes the source, then hands `search` a `step` function:
+
+    step(tokens, parents) -> logits
+        tokens  (N, t) int64, the decoder input so far (N = batch * num_beams rows, or batch *
+                num_return_sequences when sampling)
+        parents (N,) int64 or None: row i of this step continues row parents[i] of the last one;
+                a backend with a KV cache reorders it by `parents` before running the new token
+        logits  (N, V) the next-token logits of each row, in the backend's own dtype
+
+`search` does everything else: log-softmax in float64, Hugging Face's logits processors
+(`conformance.core.generation.processors`), the choice of tokens (Hugging Face's beam rule or Flax
+examples/wmt's; sampling with temperature, top-k and top-p from uniforms drawn once from a NumPy
+seed), the finished-hypothesis lists, the length penalty and the stopping rule. So the backends
+can only differ through their logits; in float64 they choose the same ids. The semantics are
+written out in `docs/decoding.md`.
+
+`DecoderCache` is the state a backend's cached step carries; its fields hold the backend's own
+arrays.
+
+Framework-free (NumPy and the standard library).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from conformance.core.errors import NaNLogitsError
+from conformance.core.generation.processors import Processors, processed
+from conformance.core.generation.settings import split_bad_words
+
+
+# Hugging Face's stand-in for "minus infinity" in beam scores (finite, so that sums stay ordered).
+NEG = -1.0e9
+
+
+@dataclass
+class DecoderCache:
+    """The decoder's state between steps, one entry per decoder layer.
+
+    keys, values:              self-attention keys and values of the positions so far,
+                               (N, H, L, K) buffers of which the first `length` positions are filled
+    cross_keys, cross_values:  the encoder memory projected once per source, (N, H, S, K)
+    tgt_ids:                   (N, L) the decoder input so far (for the target padding mask)
+    cross_mask:                (N, 1, 1, S) the source padding mask, or None
+    length:                    how many positions are filled (an int; a 0-d array in JAX)
+    cross_fix_ups:             what a backend works out once per source for each layer's
+                               cross-attention, which does not change between steps (impl_torch:
+                               its fused kernel's mask and fix-ups), or None
+    output_weight:             W_out (D, V) in the layout a backend's step multiplies fastest, when
+                               that is not how it is stored (impl_torch on the CPU: the tied
+                               embedding transposed once per search), or None for the stored one
+    """
+
+    keys: list[Any]
+    values: list[Any]
+    cross_keys: list[Any]
+    cross_values: list[Any]
+    tgt_ids: Any
+    cross_mask: Any
+    length: Any = 0
+    cross_fix_ups: Any = None
+    output_weight: Any = None
+
+
+def penalty(length, length_penalty: float, form: str):
+    """The divisor of a finished hypothesis' summed log-probability.
+
+    hf:    length ** alpha                (Hugging Face `length_penalty`; alpha 0 = plain sum)
+    gnmt:  ((5 + length) / 6) ** alpha    (Wu et al. 2016, as in Flax examples/wmt)
+    `length` counts the generated tokens, the end token included, the start token not.
+    """
+    length = np.asarray(length, dtype=np.float64)
+    if form == "gnmt":
+        return ((5.0 + length) / 6.0) ** length_penalty
+    return length ** length_penalty
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log softmax over the last axis, in float64."""
+    logits = np.asarray(logits, dtype=np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+
+
+def nan_error(step: int, row: int, mask_fill: float | None = None) -> NaNLogitsError:
+    """The error for NaN logits of an open row, naming the causes the model's `mask_fill` allows
+    (None: a search without a model, whose step gave them): only a -inf fill makes a query whose
+    every key is masked NaN (0 / 0); with a finite one, a value in the model overflowed."""
+    found = f"the decoder produced NaN logits at step {step}, row {row}"
+    if mask_fill is None:
+        return NaNLogitsError(step, row, f"{found}: the step function returned them")
+    if math.isinf(mask_fill):
+        return NaNLogitsError(step, row, f"{found}: an attention row had every key masked with mask_fill=-inf (is "
+                                         "bos_id the pad id?), or a value in the model overflowed")
+    return NaNLogitsError(step, row, f"{found}: a value in the model overflowed its dtype (non-finite values; "
+                                     f"mask_fill={mask_fill:g} is finite, so no masked attention row made them); "
+                                     "`rosetta check` on the checkpoint, or the model's intermediates, name the first "
+                                     "non-finite tensor")
+
+
+def _check_finite(logits: np.ndarray, live: np.ndarray, step: int, mask_fill: float | None) -> None:
+    bad = np.argwhere(np.isnan(logits[live]).any(axis=-1))
+    if len(bad):
+        raise nan_error(step, int(np.flatnonzero(live)[bad[0, 0]]), mask_fill)
+
+
+def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max_len: int, bos_id: int, eos_id: int,
+           pad_id: int, *, num_beams: int = 1, length_penalty: float = 1.0, early_stopping: bool | str = False,
+           length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids: Sequence[int] = (),
+           bad_words_ids: Sequence[Sequence[int]] = (), no_repeat_ngram_size: int = 0, forced_bos_id: int | None = None,
+           min_length: int = 0, min_new_tokens: int = 0, beam_rule: str = "hf", num_return_sequences: int = 1, do_sample: bool = False, temperature: float = 1.0,
+           top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+           as_numpy: Callable[[Any], np.ndarray] = np.asarray,
+           trace: list | None = None, mask_fill: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy (num_beams=1), beam search (Hugging Face's rule, or Flax's with beam_rule="flax")
+    or sampling (do_sample=True). Returns the best `num_return_sequences` sequences per source
+    row after `bos_id` (best first; samples in the order drawn), (batch * num_return_sequences, n)
+    int64 with n <= max_len, padded with `pad_id` after the end token, and their scores (.,)
+    float64: the summed log-probabilities divided by `penalty(length)`.
+
+    `step` gets batch * num_beams rows (beam search) or batch * num_return_sequences (sampling:
+    each source row repeated), in source order. The options are checked by `resolve`. The logits
+    processors (`Processors`): `banned_ids`, Hugging Face's `bad_words_ids` (a one-token word is
+    banned everywhere, except the end token, which transformers drops), `no_repeat_ngram_size`,
+    `min_length` and `min_new_tokens` (the end token banned while the decoder input, start token
+    included, is shorter than min_length, or fewer than min_new_tokens tokens were generated),
+    `forced_bos_id` and `forced_eos`.
+
+    `trace`, a list, receives per step the closest call of each source row, for the conformance
+    suite: {"gap": (B,), "scale": (B,)}, the smallest score difference between two candidates
+    whose order decided something (greedy: the best two tokens; beam search: neighbours among the
+    ranked candidates and finished hypotheses; sampling: the distance between the uniform and the
+    nearest edge of the cumulative distribution, or of top_k's and top_p's thresholds,
+    `filter_gap`), and max(1, largest |logit|) of the row's beams (or sampled row).
+
+    `mask_fill`, the model's (None without one), picks the causes that NaN logits of an open row
+    are blamed on (`nan_error`, raised as a `NaNLogitsError`).
+    """
+    one_token, words = split_bad_words(bad_words_ids, eos_id)
+    processors = Processors(max_len=max_len, eos_id=eos_id, banned_ids=tuple(banned_ids) + one_token,
+                            bad_words_ids=words, no_repeat_ngram_size=no_repeat_ngram_size,
+                            min_length=min_length, min_new_tokens=min_new_tokens,
+                            forced_bos_id=forced_bos_id, forced_eos=forced_eos)
+    if do_sample:
+        return _sample(step, batch * num_return_sequences, max_len, bos_id, eos_id, pad_id, length_penalty,
+                       length_penalty_form, processors, temperature, top_k, top_p, seed, as_numpy, trace,
+                       mask_fill=mask_fill)
+    if beam_rule == "flax":
+        return _beam_flax(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty,
+                          length_penalty_form, processors, as_numpy, trace, mask_fill=mask_fill)
+    if num_beams == 1:
+        return _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, length_penalty_form,
+                       processors, as_numpy, trace, mask_fill=mask_fill)
+    return _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, early_stopping,
+                 length_penalty_form, processors, as_numpy, trace, num_return_sequences, mask_fill=mask_fill)
+
+
+def _scale(logits: np.ndarray) -> np.ndarray:
+    """max(1, largest finite |logit|) per row (the magnitude the tolerance table's atol scales)."""
+    finite = np.where(np.isfinite(logits), np.abs(logits), 0.0)
+    return np.maximum(1.0, finite.max(axis=-1))
+
+
+def _neighbour_gap(scores: np.ndarray, k: int) -> np.ndarray:
+    """Smallest difference between neighbours among the k + 1 best finite scores per row."""
+    ranked = -np.sort(-scores, axis=1)[:, :k + 1]
+    with np.errstate(invalid="ignore"):  # -inf - -inf (banned ids), masked below
+        gaps = np.where(np.isfinite(ranked[:, :-1]) & np.isfinite(ranked[:, 1:]) & (ranked[:, 1:] > NEG / 2),
+                        ranked[:, :-1] - ranked[:, 1:], np.inf)
+    return gaps.min(axis=1)
+
+
+def _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, form, processors, as_numpy, trace=None, *,
+            mask_fill=None):
+    tokens = np.full((batch, 1), bos_id, dtype=np.int64)  # (B, 1)
+    done = np.zeros(batch, dtype=bool)
+    summed = np.zeros(batch)
+    lengths = np.zeros(batch, dtype=np.int64)
+    for i in range(max_len):
+        logits = np.array(as_numpy(step(tokens, None)), dtype=np.float64)  # (B, V)
+        _check_finite(logits, ~done, i, mask_fill)
+        log_probs = processed(log_softmax(logits), tokens, i, processors)
+        if trace is not None:
+            trace.append({"gap": np.where(done, np.inf, _neighbour_gap(log_probs, 1)), "scale": _scale(logits)})
+        logits = processed(logits, tokens, i, processors)
+        # The choice reads the logits, as Hugging Face's greedy search does (same argmax, fewer roundings).
+        next_id = np.where(done, pad_id, logits.argmax(-1))  # (B,)
+        summed += np.where(done, 0.0, log_probs[np.arange(batch), next_id])
+        lengths += ~done
+        tokens = np.concatenate([tokens, next_id[:, None]], axis=1)  # (B, t + 1)
+        done |= next_id == eos_id
+        if done.all():
+            break
+    return tokens[:, 1:], summed / penalty(lengths, length_penalty, form)
+
+
+def warp(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """Hugging Face's sampling warpers in its order, on float64 logits (N, V): the logits divided
+    by `temperature` (TemperatureLogitsWarper), then every id scoring below the k-th best set to
+    -inf (TopKLogitsWarper; ties with the k-th are kept; 0 keeps all), then, over the ids sorted
+    from the lowest score, every id whose cumulative probability is at most 1 - top_p set to -inf,
+    the best id always kept (TopPLogitsWarper with min_tokens_to_keep=1)."""
+    scores = np.array(logits, dtype=np.float64)
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_k:
+        kth = -np.sort(-scores, axis=-1)[:, min(top_k, scores.shape[-1]) - 1:][:, :1]  # (N, 1)
+        scores = np.where(scores < kth, -np.inf, scores)
+    if top_p < 1.0:
+        order = np.argsort(scores, axis=-1, kind="stable")  # ascending, as HF sorts
+        cumulative = np.cumsum(np.exp(log_softmax(np.take_along_axis(scores, order, axis=-1))), axis=-1)
+        remove = cumulative <= 1 - top_p
+        remove[:, -1] = False
+        unsorted = np.empty_like(remove)
+        np.put_along_axis(unsorted, order, remove, axis=-1)
+        scores = np.where(unsorted, -np.inf, scores)
+    return scores
+
+
+def filter_gap(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """How close each row (N, V) came to keeping other ids under `warp`: the score difference
+    between the k-th and the next id (after the temperature), and the distance of the sorted
+    cumulative probabilities from 1 - top_p (after top_k). inf where a filter is off."""
+    scores = np.array(logits, dtype=np.float64) / temperature
+    gap = np.full(len(scores), np.inf)
+    if top_k and top_k < scores.shape[-1]:
+        ranked = -np.sort(-scores, axis=-1)
+        kth, after = ranked[:, top_k - 1], ranked[:, top_k]
+        with np.errstate(invalid="ignore"):  # -inf - -inf where ids are banned: selected out below
+            gap = np.minimum(gap, np.where(np.isfinite(after), kth - after, np.inf))
+    if top_p < 1.0:
+        kept = warp(logits, temperature, top_k)
+        cumulative = np.cumsum(np.exp(log_softmax(np.sort(kept, axis=-1))), axis=-1)
+        gap = np.minimum(gap, np.abs(cumulative - (1 - top_p)).min(axis=-1))
+    return gap
+
+
+def draw(probs: np.ndarray, uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse-CDF sampling: per row, the first id whose cumulative probability (in vocabulary
+    order, float64) exceeds u times the total; ids of probability 0 are never drawn. Returns the
+    ids (N,) and each row's distance from u * total to the nearest edge of the distribution."""
+    cumulative = np.cumsum(probs, axis=-1)  # (N, V)
+    target = uniforms * cumulative[:, -1]  # (N,)
+    ids = (cumulative <= target[:, None]).sum(axis=-1)
+    return ids, np.abs(cumulative - target[:, None]).min(axis=-1)
+
+
+def uniforms(seed: int | None, max_len: int, rows: int) -> np.ndarray:
+    """Sampling's uniforms, (max_len, rows) float64, drawn once up front from
+    np.random.default_rng(seed) (seed None: fresh entropy): step i of row r uses [i, r]. The
+    device searches take the same array (conformance.core.generation.device.sampling_data)."""
+    return np.random.default_rng(seed).random((max_len, rows))
+
+
+def _sample(step, rows, max_len, bos_id, eos_id, pad_id, length_penalty, form, processors, temperature, top_k,
+            top_p, seed, as_numpy, trace=None, *, mask_fill=None):
+    """Multinomial sampling (Hugging Face's `_sample` with do_sample=True): at every step the
+    processed logits are warped (`warp`), turned into float64 probabilities, and each open row
+    draws its next id with one uniform. The uniforms, (max_len, rows), are drawn once up front
+    from np.random.default_rng(seed) (`uniforms`), so every backend draws the same ids from the same logits."""
+    drawn_uniforms = uniforms(seed, max_len, rows)  # step i uses drawn_uniforms[i]
+    tokens = np.full((rows, 1), bos_id, dtype=np.int64)  # (N, 1)
+    done = np.zeros(rows, dtype=bool)
+    summed = np.zeros(rows)
+    lengths = np.zeros(rows, dtype=np.int64)
+    for i in range(max_len):
+        logits = np.array(as_numpy(step(tokens, None)), dtype=np.float64)  # (N, V)
+        _check_finite(logits, ~done, i, mask_fill)
+        log_probs = processed(log_softmax(logits), tokens, i, processors)
+        processed_logits = processed(logits, tokens, i, processors)
+        drawn, gap = draw(np.exp(log_softmax(warp(processed_logits, temperature, top_k, top_p))), drawn_uniforms[i])
+        if trace is not None:
+            gap = np.minimum(gap, filter_gap(processed_logits, temperature, top_k, top_p))
+            trace.append({"gap": np.where(done, np.inf, gap), "scale": _scale(logits)})
+        next_id = np.where(done, pad_id, drawn)  # (N,)
+        summed += np.where(done, 0.0, log_probs[np.arange(rows), next_id])
+        lengths += ~done
+        tokens = np.concatenate([tokens, next_id[:, None]], axis=1)  # (N, t + 1)
+        done |= next_id == eos_id
+        if done.all():
+            break
+    return tokens[:, 1:], summed / penalty(lengths, length_penalty, form)
+
+
+def _take(array: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """array (B, M, ...) gathered along axis 1 by index (B, k) -> (B, k, ...)."""
+    return np.take_along_axis(array, index.reshape(index.shape + (1,) * (array.ndim - 2)), axis=1)
+
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest scores per row, best first; ties keep the lower index."""
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+
+
+def _beam(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, early_stopping, form,
+          processors, as_numpy, trace=None, returned=1, *, mask_fill=None):
+    """Hugging Face's beam search (transformers 5.x `_beam_search`), docs/decoding.md."""
+    beams, keep = num_beams, 2 * num_beams  # 2 x beams candidates, so that beams stay open after ends
+    width = max_len + 1  # the start token and at most max_len generated ones
+    running = np.full((batch, beams, width), pad_id, dtype=np.int64)  # (B, beams, 1 + max_len)
+    running[:, :, 0] = bos_id
+    running_scores = np.zeros((batch, beams))
+    running_scores[:, 1:] = NEG  # every beam starts as a copy of the first: only its candidates count
+    finished = running.copy()
+    finished_scores = np.full((batch, beams), NEG)
+    finished_lengths = np.zeros((batch, beams), dtype=np.int64)
+    is_finished = np.zeros((batch, beams), dtype=bool)
+    improvable = np.ones(batch, dtype=bool)  # Hugging Face's is_early_stop_heuristic_unsatisfied
+    parents = None
+    length = 1  # decoder input length, the start token included
+    top_rank = np.arange(keep) < beams
+    while True:
+        tokens = running[:, :, :length].reshape(batch * beams, length)  # (N, t)
+        logits = np.array(as_numpy(step(tokens, parents)), dtype=np.float64)  # (N, V)
+        _check_finite(logits, np.ones(len(logits), dtype=bool), length - 1, mask_fill)
+        vocab = logits.shape[-1]
+        log_probs = processed(log_softmax(logits), tokens, length - 1, processors)
+        totals = (log_probs.reshape(batch, beams, vocab) + running_scores[:, :, None]).reshape(batch, -1)
+
+        # The best 2 x beams continuations over all beams of each row.
+        candidates = _top(totals, keep)  # (B, keep)
+        candidate_scores = np.take_along_axis(totals, candidates, axis=1)
+        parent_beam, token = candidates // vocab, candidates % vocab
+        sequences = _take(running, parent_beam)  # (B, keep, width)
+        sequences[:, :, length] = token
+        ends = (token == eos_id) | (length + 1 >= width)  # an end token, or the longest allowed
+
+        # The best `beams` that did not end stay open.
+        open_scores = candidate_scores + ends * NEG
+        chosen = _top(open_scores, beams)
+        running = _take(sequences, chosen)
+        running_scores = np.take_along_axis(open_scores, chosen, axis=1)
+        parents = (np.arange(batch)[:, None] * beams + np.take_along_axis(parent_beam, chosen, axis=1)).reshape(-1)
+
+        # Endings among the best `beams` candidates join the finished list, scored with the length
+        # penalty, unless the row is full (early_stopping=True) or can no longer improve.
+        scored = candidate_scores / penalty(length, length_penalty, form)
+        full = is_finished.all(axis=1) & (early_stopping is True)
+        just_ended = ends & top_rank[None, :]
+        scored = scored + (full | ~improvable)[:, None] * NEG + ~just_ended * NEG
+        merged = np.concatenate([finished_scores, scored], axis=1)
+        best = _top(merged, beams)
+        if trace is not None:
+            gap = np.minimum(_neighbour_gap(totals, keep), _neighbour_gap(merged, beams))
+            trace.append({"gap": gap, "scale": _scale(logits).reshape(batch, beams).max(axis=1)})
+        finished = _take(np.concatenate([finished, sequences], axis=1), best)
+        finished_scores = np.take_along_axis(merged, best, axis=1)
+        finished_lengths = np.take_along_axis(
+            np.concatenate([finished_lengths, np.full((batch, keep), length)], axis=1), best, axis=1)
+        is_finished = np.take_along_axis(np.concatenate([is_finished, just_ended], axis=1), best, axis=1)
+
+        length += 1
+        # Can an open beam still beat the worst finished one? Its best possible score is guessed at
+        # the current length (True, False) or, for "never" with a positive penalty, at max_len.
+        guess = max_len if (early_stopping == "never" and not isinstance(early_stopping, bool)
+                            and length_penalty > 0) else length - 1
+        best_open = running_scores[:, 0] / penalty(guess, length_penalty, form)  # (B,)
+        worst = np.where(is_finished, finished_scores.min(axis=1, keepdims=True), NEG)
+        improvable &= (best_open[:, None] > worst).any(axis=1)
+        if not improvable.any() or (is_finished.all() and early_stopping is True) or ends.all():
+            break
+    n = int(finished_lengths[:, :returned].max())
+    return finished[:, :returned, 1:1 + n].reshape(batch * returned, n), finished_scores[:, :returned].reshape(-1)
+
+
+def _beam_flax(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_penalty, form, processors, as_numpy,
+               trace=None, *, mask_fill=None):
+    """Flax examples/wmt `decode.beam_search` (also t5x and MLCommons AlgoPerf's wmt decode.py),
+    with Flax's `max_decode_len` = max_len + 1 (its sequences hold the start token). It differs
+    from `_beam` in three places (docs/decoding.md):
+    - every end token among the best 2 x beams candidates enters the finished set;
+    - reaching max_len is not an end: an open beam is returned only by a row with no finished one;
+    - the search stops at max_len, or once in every row each of the `beams` finished slots is
+      filled and beats the best open beam scored at max_decode_len (one condition for the batch).
+    """
+    beams, keep = num_beams, 2 * num_beams
+    width = max_len + 1  # Flax's max_decode_len: the start token and at most max_len generated ones
+    live = np.full((batch, beams, width), pad_id, dtype=np.int64)  # (B, beams, 1 + max_len)
+    live[:, :, 0] = bos_id
+    live_scores = np.zeros((batch, beams))
+    live_scores[:, 1:] = NEG  # every beam starts as a copy of the first: only its candidates count
+    finished = live.copy()
+    finished_scores = np.full((batch, beams), NEG)
+    finished_lengths = np.zeros((batch, beams), dtype=np.int64)
+    flags = np.zeros((batch, beams), dtype=bool)  # Flax's finished_flags: the slot holds a hypothesis
+    parents = None
+    length = 1  # decoder input length, the start token included (Flax's cur_index + 1)
+    while True:
+        tokens = live[:, :, :length].reshape(batch * beams, length)  # (N, t)
+        logits = np.array(as_numpy(step(tokens, parents)), dtype=np.float64)  # (N, V)
+        _check_finite(logits, np.ones(len(logits), dtype=bool), length - 1, mask_fill)
+        vocab = logits.shape[-1]
+        log_probs = processed(log_softmax(logits), tokens, length - 1, processors)
+        totals = (log_probs.reshape(batch, beams, vocab) + live_scores[:, :, None]).reshape(batch, -1)
+
+        # The best 2 x beams continuations over all beams of each row.
+        candidates = _top(totals, keep)  # (B, keep)
+        candidate_scores = np.take_along_axis(totals, candidates, axis=1)
+        parent_beam, token = candidates // vocab, candidates % vocab
+        sequences = _take(live, parent_beam)  # (B, keep, width)
+        sequences[:, :, length] = token
+        ends = token == eos_id  # only the end token ends a hypothesis
+
+        # The best `beams` that did not end stay open.
+        open_scores = candidate_scores + ends * NEG
+        chosen = _top(open_scores, beams)
+        live = _take(sequences, chosen)
+        live_scores = np.take_along_axis(open_scores, chosen, axis=1)
+        parents = (np.arange(batch)[:, None] * beams + np.take_along_axis(parent_beam, chosen, axis=1)).reshape(-1)
+
+        # Every ending among the 2 x beams candidates competes for the finished set.
+        scored = candidate_scores / penalty(length, length_penalty, form) + ~ends * NEG
+        merged = np.concatenate([finished_scores, scored], axis=1)
+        best = _top(merged, beams)
+        if trace is not None:
+            gap = np.minimum(_neighbour_gap(totals, keep), _neighbour_gap(merged, beams))
+            trace.append({"gap": gap, "scale": _scale(logits).reshape(batch, beams).max(axis=1)})
+        finished = _take(np.concatenate([finished, sequences], axis=1), best)
+        finished_scores = np.take_along_axis(merged, best, axis=1)
+        finished_lengths = np.take_along_axis(
+            np.concatenate([finished_lengths, np.full((batch, keep), length)], axis=1), best, axis=1)
+        flags = np.take_along_axis(np.concatenate([flags, ends], axis=1), best, axis=1)
+
+        length += 1
+        if length > max_len:  # Flax: cur_index < max_decode_len - 1
+            break
+        # No row can improve: the best open beam, scored at max_decode_len (the length that favours
+        # it most for alpha >= 0), does not beat the worst finished slot, in every row; an empty
+        # slot counts as NEG.
+        best_open = live_scores[:, :1] / penalty(width, length_penalty, form)  # (B, 1)
+        worst = np.where(flags, finished_scores.min(axis=1, keepdims=True), NEG)
+        if (worst > best_open).all():
+            break
+    # A row without a finished hypothesis returns its best open beam, scored by its plain sum.
+    some = flags.any(axis=1)
+    ids = np.where(some[:, None], finished[:, 0], live[:, 0])  # (B, width)
+    lengths = np.where(some, finished_lengths[:, 0], length - 1)
+    n = int(lengths.max())
+    return ids[:, 1:1 + n], np.where(some, finished_scores[:, 0], live_scores[:, 0])

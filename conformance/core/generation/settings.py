@@ -1,0 +1,350 @@
+"""`generate`'s arguments: their checks, and their resolution against the checkpoint's note.
+
+Every backend's `generate` calls `resolve` first: an argument left at None takes the checkpoint's
+generation note (`conformance.core.generation.note`), then every argument is checked, with the
+same `InputError` from every backend, and the result is one frozen `Generation`. The semantics are
+docs/decoding.md's.
+
+Framework-free (NumPy and the standard library).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+
+from conformance.core.errors import InputError
+from conformance.core.generation.note import generation_note
+
+
+EARLY_STOPPING = (True, False, "never")
+
+
+LENGTH_PENALTY_FORMS = ("hf", "gnmt")
+
+
+BEAM_RULES = ("hf", "flax")
+
+
+# The penalty each beam rule uses when `length_penalty_form` is not given.
+RULE_PENALTY_FORMS = {"hf": "hf", "flax": "gnmt"}
+
+
+def _integer(name: str, value, what: str = "an int") -> int:
+    """An integer argument: a Python int or an integer scalar of any backend (np.int64(1),
+    torch.tensor(1), jnp.int32(1)); a bool, a float or an array of several values is refused,
+    naming its type."""
+    dtype = str(getattr(value, "dtype", ""))
+    shape = tuple(getattr(value, "shape", ()))
+    if isinstance(value, bool) or "bool" in dtype or shape != ():
+        raise InputError(name, f"must be {what}, got {value!r} ({type(value).__name__})")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InputError(name, f"must be {what}, got {value!r} ({type(value).__name__})") from None
+
+
+def _number(name: str, value) -> float:
+    """A real-number argument (a Python or NumPy number; not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise InputError(name, f"must be a finite number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not np.isfinite(value):
+        raise InputError(name, f"must be a finite number, got {value!r}")
+    return value
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InputError(name, f"must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_search(num_beams, length_penalty, early_stopping, use_cache, length_penalty_form, forced_eos,
+                 banned_ids, return_scores, vocab_size: int) -> tuple[int, ...]:
+    """The decoding options of `generate`; returns the banned ids as a tuple of ints."""
+    num_beams = _integer("num_beams", num_beams, "an int >= 1")
+    if num_beams < 1:
+        raise InputError("num_beams", f"must be an int >= 1, got {num_beams!r}")
+    _number("length_penalty", length_penalty)
+    if not any(early_stopping is option or (isinstance(option, str) and early_stopping == option)
+               for option in EARLY_STOPPING):
+        raise InputError("early_stopping", f"must be True, False or \"never\", got {early_stopping!r}")
+    for name, value in (("use_cache", use_cache), ("forced_eos", forced_eos), ("return_scores", return_scores)):
+        _flag(name, value)
+    if length_penalty_form not in LENGTH_PENALTY_FORMS:
+        raise InputError("length_penalty_form", f"must be one of {LENGTH_PENALTY_FORMS}, got {length_penalty_form!r}")
+    if isinstance(banned_ids, (str, bytes)) or getattr(banned_ids, "shape", None) == ():
+        raise InputError("banned_ids", f"must be a sequence of target token ids, got {banned_ids!r}")
+    try:
+        banned = tuple(banned_ids)
+    except TypeError:
+        raise InputError("banned_ids", f"must be a sequence of target token ids, got {banned_ids!r}") from None
+    out = []
+    for value in banned:
+        what = f"target token ids in [0, {vocab_size})"
+        value = _integer("banned_ids", value, "a sequence of " + what)
+        if not 0 <= value < vocab_size:
+            raise InputError("banned_ids", f"must hold {what}, got {value!r}")
+        out.append(value)
+    return tuple(out)
+
+
+def check_processors(forced_bos_id, no_repeat_ngram_size, bad_words_ids, vocab_size: int, eos_id: int
+                     ) -> tuple[int | None, int, tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """The options of the logits processors `generate` adds to the banned ids (Hugging Face's
+    ForcedBOSTokenLogitsProcessor, NoRepeatNGramLogitsProcessor, NoBadWordsLogitsProcessor).
+    Returns (the forced first id or None, the n-gram size (0: off), the one-token bad words, the
+    bad words of two tokens or more); a one-token bad word equal to the end id is dropped, as
+    transformers drops it."""
+    what = f"a target token id in [0, {vocab_size})"
+    forced = None
+    if forced_bos_id is not False:
+        forced = _integer("forced_bos_id", forced_bos_id, what + ", or False for none")
+        if not 0 <= forced < vocab_size:
+            raise InputError("forced_bos_id", f"must be {what}, or False for none, got {forced!r}")
+    size = _count("no_repeat_ngram_size", no_repeat_ngram_size)
+    return (forced, size, *split_bad_words(_token_lists(bad_words_ids, vocab_size), eos_id))
+
+
+def _count(name: str, value) -> int:
+    """An int >= 0 where 0 turns a rule off (no_repeat_ngram_size, min_length, min_new_tokens)."""
+    value = _integer(name, value, "an int >= 0 (0: off)")
+    if value < 0:
+        raise InputError(name, f"must be an int >= 0 (0: off), got {value!r}")
+    return value
+
+
+def check_min_length(min_length, min_new_tokens, recorded: dict) -> tuple[int, int]:
+    """Hugging Face's MinLengthLogitsProcessor and MinNewTokensLengthLogitsProcessor options, each
+    an int >= 0 (0: off), the arguments given (None: not given) over the note's (`recorded`).
+    Returns (min_length, min_new_tokens) of which the search applies both.
+
+    As transformers' `_prepare_generated_length`, a min_new_tokens (given, or recorded and
+    min_length not given) replaces min_length (transformers sets min_length = min_new_tokens +
+    the start token's 1: the same rule), so min_length is then 0; an explicit min_length, where
+    min_new_tokens is not given, wins over both recorded values (explicit arguments win)."""
+    if min_new_tokens is None and min_length is None:
+        min_new_tokens = recorded.get("min_new_tokens")
+    if min_new_tokens is not None:
+        if min_length is not None:
+            _count("min_length", min_length)  # checked all the same
+        return 0, _count("min_new_tokens", min_new_tokens)
+    if min_length is None:
+        min_length = recorded.get("min_length", 0)
+    return _count("min_length", min_length), 0
+
+
+def _token_lists(value, vocab_size: int) -> tuple[tuple[int, ...], ...]:
+    """`bad_words_ids` as tuples of ints: a sequence of non-empty sequences of target token ids."""
+    what = f"a list of non-empty lists of target token ids in [0, {vocab_size}) (Hugging Face's bad_words_ids)"
+
+    def sequence(value, where: str) -> tuple:
+        if isinstance(value, (str, bytes)) or getattr(value, "shape", None) == ():
+            raise InputError("bad_words_ids", f"must be {what}; {where} is {value!r}")
+        try:
+            return tuple(value)
+        except TypeError:
+            raise InputError("bad_words_ids", f"must be {what}; {where} is {value!r}") from None
+
+    out = []
+    for i, words in enumerate(sequence(value, "it")):
+        tokens = sequence(words, f"entry {i}")
+        if not tokens:
+            raise InputError("bad_words_ids", f"must be {what}; entry {i} is empty")
+        word = tuple(_integer("bad_words_ids", token, what) for token in tokens)
+        if not all(0 <= token < vocab_size for token in word):
+            raise InputError("bad_words_ids", f"must be {what}; entry {i} is {list(word)!r}")
+        out.append(word)
+    return tuple(out)
+
+
+def split_bad_words(words, eos_id: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Hugging Face's bad_words_ids as (the ids banned at every step, the words of two tokens or
+    more, banned only where their prefix ends the sequence). A one-token word that is the end
+    token is dropped, as NoBadWordsLogitsProcessor drops it."""
+    words = [tuple(int(token) for token in word) for word in words]
+    return (tuple(word[0] for word in words if len(word) == 1 and word[0] != eos_id),
+            tuple(word for word in words if len(word) > 1))
+
+
+
+# The arguments a checkpoint's "generation" note may give (Hugging Face's generation_config.json,
+# read by `generation_note`) and the value each takes when neither the caller nor the note does;
+# None means there is no default: the caller must pass it.
+NOTE_DEFAULTS = {"max_len": "config.max_len", "bos_id": None, "eos_id": None, "num_beams": 1, "length_penalty": 1.0,
+                 "forced_eos": False, "banned_ids": (), "bad_words_ids": (), "no_repeat_ngram_size": 0,
+                 "forced_bos_id": False, "early_stopping": False}  # forced_bos_id False: no forced first token
+
+
+SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": None}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Every argument of `generate`, resolved (note defaults filled in) and checked."""
+
+    max_len: int
+    bos_id: int
+    eos_id: int
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    use_cache: bool = True
+    length_penalty_form: str = "hf"
+    forced_eos: bool = False
+    banned_ids: tuple[int, ...] = ()  # every id banned at every step: banned_ids and one-token bad words
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # the bad words of two tokens or more
+    no_repeat_ngram_size: int = 0
+    forced_bos_id: int | None = None
+    min_length: int = 0  # the end token is banned while the decoder input (start token included) is shorter
+    min_new_tokens: int = 0  # the end token is banned while fewer tokens were generated
+    return_scores: bool = False
+    beam_rule: str = "hf"
+    num_return_sequences: int = 1
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def rows(self) -> int:
+        """Decoder rows per source row: its beams, or its samples."""
+        return self.num_return_sequences if self.do_sample else self.num_beams
+
+    def search_options(self) -> dict:
+        """The keyword arguments of `search` after (batch, max_len, bos_id, eos_id, pad_id)."""
+        return {name: getattr(self, name) for name in (
+            "num_beams", "length_penalty", "early_stopping", "length_penalty_form", "forced_eos", "banned_ids",
+            "bad_words_ids", "no_repeat_ngram_size", "forced_bos_id", "min_length", "min_new_tokens", "beam_rule",
+            "num_return_sequences", "do_sample", "temperature", "top_k", "top_p", "seed")}
+
+
+def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, length_penalty=None,
+            early_stopping=None, use_cache=True, length_penalty_form=None, forced_eos=None, banned_ids=None,
+            bad_words_ids=None, no_repeat_ngram_size=None, forced_bos_id=None, min_length=None, min_new_tokens=None,
+            return_scores=False, beam_rule="hf", num_return_sequences=1, do_sample=False, temperature=None, top_k=None,
+            top_p=None, seed=None) -> Generation:
+    """`generate`'s arguments as a checked `Generation`. An argument left at None takes the
+    checkpoint's generation note (`generation_note`), as transformers applies a model's
+    generation_config, else its plain default (`NOTE_DEFAULTS`); explicit arguments win. bos_id
+    and eos_id have no plain default: without a note they must be given. An explicit
+    bad_words_ids replaces the note's whole list, its one-token words (banned_ids) included, as
+    transformers' argument replaces generation_config's; forced_bos_id=False turns off a forced
+    first token the note records. The note's early_stopping applies to beam_rule="hf" only (the
+    flax rule has its own stopping rule); min_length and min_new_tokens: `check_min_length`."""
+    recorded = generation_note(config)
+    if bad_words_ids is not None and banned_ids is None:
+        banned_ids = ()
+    given = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, num_beams=num_beams, length_penalty=length_penalty,
+                 forced_eos=forced_eos, banned_ids=banned_ids, bad_words_ids=bad_words_ids,
+                 no_repeat_ngram_size=no_repeat_ngram_size, forced_bos_id=forced_bos_id)
+    if early_stopping is None:
+        early_stopping = recorded.get("early_stopping", NOTE_DEFAULTS["early_stopping"]) if beam_rule == "hf" else False
+    values = {}
+    for name, value in given.items():
+        if value is None:
+            value = recorded.get(name, NOTE_DEFAULTS[name])
+        if value is None:
+            where = "its \"generation\" note does not say it" if recorded else "it has no \"generation\" note"
+            raise InputError(name, f"was not given and the checkpoint does not record it ({where}): pass it")
+        values[name] = config.max_len if isinstance(value, str) and value == "config.max_len" else value
+    vocab = config.tgt_vocab_size
+    values["max_len"] = _integer("max_len", values["max_len"], f"an int in [1, {config.max_len}] (the model's max_len)")
+    if not 1 <= values["max_len"] <= config.max_len:
+        raise InputError("max_len", f"must be an int in [1, {config.max_len}] (the model's max_len), "
+                                    f"got {values['max_len']!r}")
+    for name in ("bos_id", "eos_id"):
+        values[name] = _integer(name, values[name], f"a target token id in [0, {vocab})")
+        if not 0 <= values[name] < vocab:
+            raise InputError(name, f"must be a target token id in [0, {vocab}), got {values[name]!r}")
+    if beam_rule not in BEAM_RULES:
+        raise InputError("beam_rule", f"must be one of {BEAM_RULES}, got {beam_rule!r}")
+    form = RULE_PENALTY_FORMS[beam_rule] if length_penalty_form is None else length_penalty_form
+    banned = check_search(values["num_beams"], values["length_penalty"], early_stopping, use_cache, form,
+                          values["forced_eos"], values["banned_ids"], return_scores, vocab)
+    forced_bos, ngram, one_token, words = check_processors(values["forced_bos_id"], values["no_repeat_ngram_size"],
+                                                           values["bad_words_ids"], vocab, values["eos_id"])
+    banned = tuple(dict.fromkeys(banned + one_token))  # in order, once each
+    shortest, new_tokens = check_min_length(min_length, min_new_tokens, recorded)
+    beams = _integer("num_beams", values["num_beams"])
+    if beams > 1 and vocab < 2:  # the best 2 x num_beams of num_beams x V candidates: V >= 2
+        raise InputError("num_beams", f"beam search keeps the best 2 x num_beams of num_beams x V candidates, so it "
+                                      f"needs a target vocabulary of at least 2 ids; this model's has {vocab}; got "
+                                      f"num_beams={beams}")
+    sampling = check_sampling(do_sample, temperature, top_k, top_p, seed, beams, beam_rule)
+    count = _integer("num_return_sequences", num_return_sequences, "an int >= 1")
+    if count < 1:
+        raise InputError("num_return_sequences", f"must be an int >= 1, got {count!r}")
+    if not sampling["do_sample"]:
+        most, why = ((1, "the flax rule returns each row's best hypothesis, as Flax's beam_search callers take it")
+                     if beam_rule == "flax" else
+                     (1, "greedy search has one sequence per row (use num_beams or do_sample)") if beams == 1 else
+                     (beams, f"beam search keeps {beams} beams"))
+        if count > most:
+            raise InputError("num_return_sequences", f"must be at most {most}: {why}; got {count!r}")
+    if beam_rule == "flax" and early_stopping is not False:
+        raise InputError("early_stopping", "applies to beam_rule=\"hf\" only: the flax rule stops as Flax's "
+                                           f"beam_search does (docs/decoding.md), got {early_stopping!r}")
+    _check_pad_clash(config, values["bos_id"])
+    return Generation(max_len=values["max_len"], bos_id=values["bos_id"], eos_id=values["eos_id"], num_beams=beams,
+                      length_penalty=float(values["length_penalty"]), early_stopping=early_stopping,
+                      use_cache=bool(use_cache), length_penalty_form=form, forced_eos=bool(values["forced_eos"]),
+                      banned_ids=banned, bad_words_ids=words, no_repeat_ngram_size=ngram, forced_bos_id=forced_bos,
+                      min_length=shortest, min_new_tokens=new_tokens, return_scores=bool(return_scores),
+                      beam_rule=beam_rule,
+                      num_return_sequences=count, **sampling)
+
+
+def check_sampling(do_sample, temperature, top_k, top_p, seed, num_beams: int, beam_rule: str) -> dict:
+    """do_sample and its warpers (Hugging Face's TemperatureLogitsWarper, TopKLogitsWarper,
+    TopPLogitsWarper): temperature > 0, top_k >= 0 (0 keeps every id), 0 < top_p <= 1, seed
+    an int >= 0 or None (fresh entropy). Given without do_sample=True they are refused."""
+    do_sample = _flag("do_sample", do_sample)
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+    if not do_sample:
+        extra = [name for name, value in given.items()
+                 if value is not None and not (type(value) in (int, float) and value == SAMPLING[name])]
+        if extra:
+            raise InputError(extra[0], "applies only with do_sample=True (greedy and beam search do not sample)")
+        return {"do_sample": False}
+    if num_beams != 1:
+        raise InputError("num_beams", f"must be 1 with do_sample=True (beam sampling is not supported), got {num_beams}")
+    if beam_rule != "hf":
+        raise InputError("beam_rule", "the flax rule is a beam search; do_sample=True samples instead")
+    out = {"do_sample": True, **{name: SAMPLING[name] if value is None else value for name, value in given.items()}}
+    out["temperature"] = _number("temperature", out["temperature"])
+    if out["temperature"] <= 0:
+        raise InputError("temperature", f"must be a number > 0 (logits are divided by it), got {temperature!r}")
+    out["top_k"] = _integer("top_k", out["top_k"], "an int >= 0 (0 keeps every id)")
+    if out["top_k"] < 0:
+        raise InputError("top_k", f"must be an int >= 0 (0 keeps every id), got {top_k!r}")
+    out["top_p"] = _number("top_p", out["top_p"])
+    if not 0 < out["top_p"] <= 1:
+        raise InputError("top_p", f"must be a number in (0, 1] (1 keeps every id), got {top_p!r}")
+    if out["seed"] is not None:
+        out["seed"] = _integer("seed", out["seed"], "an int >= 0 or None")
+        if out["seed"] < 0:
+            raise InputError("seed", f"must be an int >= 0 or None, got {seed!r}")
+    return out
+
+
+def _check_pad_clash(config, bos_id: int) -> None:
+    """A start token that is the pad id is masked as a key by target padding: refused unless
+    tgt_pad_mask="none" (Marian's and Flax wmt's choice). docs/decoding.md, "Special ids"."""
+    if bos_id == config.pad_id and config.tgt_pad_mask != "none":
+        raise InputError("bos_id", f"is the pad id {config.pad_id}: with tgt_pad_mask={config.tgt_pad_mask!r} the "
+                                   "start token would be masked as padding, so no query could read it; decoding "
+                                   "from the pad id needs tgt_pad_mask=\"none\" (docs/decoding.md)")
+
+
+def check_sources(src_mask: np.ndarray) -> None:
+    """A source row of padding only has nothing to translate: refused (docs/decoding.md).
+    `src_mask` is the encoder's source mask on the host, (B, ...) with True at real positions."""
+    src_mask = np.asarray(src_mask)
+    empty = np.flatnonzero(~src_mask.reshape(len(src_mask), -1).any(axis=1))
+    if len(empty):
+        raise InputError("src_ids", f"row {int(empty[0])} is all padding: there is nothing to decode from; drop the row")
