@@ -145,7 +145,10 @@ def test_imports_point_inwards(path):
             assert top in THIRD_PARTY[room], f"{where}: the {room} room may use only {sorted(THIRD_PARTY[room])}"
 
 
-@pytest.mark.parametrize("package", ["conformance", *[room for room in ALLOWED if room.startswith("conformance.")]])
+PACKAGES = sorted({module_name(p) for p in (ROOT / "conformance").rglob("__init__.py")})
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_every_room_says_what_it_holds_and_may_import(package):
     init = ROOT / Path(*package.split(".")) / "__init__.py"
     doc = ast.get_docstring(ast.parse(init.read_text()))
@@ -154,11 +157,47 @@ def test_every_room_says_what_it_holds_and_may_import(package):
         assert "May import" in doc or "may import" in doc or "Imports" in doc, f"{init}: say what the room may import"
 
 
+# The check room's own modules (the report, comparison, tolerances, plans, pictures, the default
+# model) are what its rooms build on, never the other way: none of them imports a room of
+# check, except `backends`, which builds the targets registered in check.targets.
+CHECK_ROOMS = sorted(module_name(p.parent) for p in (ROOT / "conformance" / "check").glob("*/__init__.py"))
+CHECK_BASE = sorted(p for p in (ROOT / "conformance" / "check").glob("*.py") if p.name != "__init__.py")
+CHECK_BASE_MAY = {"conformance.check.backends": {"conformance.check.targets"}}
+
+
+def check_base_reach_ins(paths) -> list[str]:
+    """`file:line imports room` for every import of a check room from check's own modules."""
+    found = []
+    for path in paths:
+        allowed = CHECK_BASE_MAY.get(module_name(path), set())
+        for line, imported in imports_of(path):
+            room = next((r for r in CHECK_ROOMS if imported == r or imported.startswith(r + ".")), None)
+            if room is not None and room not in allowed:
+                found.append(f"{path.relative_to(ROOT)}:{line} imports {imported}")
+    return found
+
+
+def test_the_check_rooms_build_on_checks_own_modules_never_the_reverse():
+    assert set(CHECK_ROOMS) >= {"conformance.check.targets", "conformance.check.foreign", "conformance.check.onnx",
+                                "conformance.check.ctranslate2", "conformance.check.scale"}
+    assert not check_base_reach_ins(CHECK_BASE)
+
+
+def test_a_planted_reach_into_a_check_room_is_caught(tmp_path, monkeypatch):
+    planted = ROOT / "conformance" / "check" / "report.py"
+    copy = tmp_path / "conformance" / "check" / "report.py"
+    copy.parent.mkdir(parents=True)
+    copy.write_text(planted.read_text() + "\nfrom conformance.check.foreign.taps import capture\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert check_base_reach_ins([copy]) == [f"conformance/check/report.py:{len(copy.read_text().splitlines())} imports "
+                                              "conformance.check.foreign.taps.capture"]
+
+
 def test_the_core_imports_with_no_framework_and_no_test_tools():
     """`import conformance` and every core module work where torch, jax, flax, hypothesis and
     pytest cannot be imported, and none of them is pulled in."""
     blocked = ["torch", "jax", "jaxlib", "flax", "optax", "orbax", "hypothesis", "pytest", "transformers", "matplotlib"]
-    core = sorted(module_name(p) for p in (ROOT / "conformance" / "core").glob("*.py"))
+    core = sorted(module_name(p) for p in (ROOT / "conformance" / "core").rglob("*.py"))
     script = textwrap.dedent(f"""
         import importlib, sys
         BLOCKED = {blocked!r}

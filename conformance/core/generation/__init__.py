@@ -10,6 +10,7 @@
     device      the same rules as pure functions over a small array adapter, which each backend's
                 `generate` runs in its own arrays on its device
 
-The semantics are docs/decoding.md's. Framework-free, as the rest of the core: NumPy and the
-standard library.
+The semantics are docs/decoding.md's.
+
+May import what the core may: the standard library, NumPy and the core itself (framework-free).
 """

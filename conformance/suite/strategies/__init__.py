@@ -17,6 +17,8 @@ values, so that a jit-compiling backend (JAX) sees a bounded set of shapes: each
 (config, shape) costs a compile, which the suite reports separately from run time.
 
 Every name below is importable from `conformance.suite.strategies` itself, as before the split.
+
+May import what conformance.suite may: the core, the check tools, the backends lazily, hypothesis.
 """
 
 from conformance.suite.strategies.forward_cases import WEIGHT_SCALES, Case, cases, shared_examples, with_examples
