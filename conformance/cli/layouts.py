@@ -122,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
         for rule in hf.unsupported:
             print(f"    {rule.hf:<26} must be {rule.value!r}{' (transformers 3 field)' if rule.legacy else ''}: {rule.why}")
         print(f"    generation note: {', '.join(hf.generation)}")
+        if hf.call:
+            print(f"    called as {hf.describe_call(layout.base_switches().get('pad_id', 0))} (pad_id: the model's; "
+                  "rosetta compare's default call, a one-graph ONNX export's inputs)")
     if layout.taps:
         options = ", ".join(f"{k} = {v!r}" for k, v in layout.tap_options.items())
         print(f"  taps (where the system computes each tensor, for rosetta compare; {options}):")

@@ -19,6 +19,10 @@ and writes every family by that table alone:
     [hf.unsupported]                                # fields whose other values cannot convert
     tie_word_embeddings = { value = true, field = "tie_output", why = "..." }
     normalize_before = { value = false, field = "norm_placement", legacy = true, why = "..." }
+    [hf.call]                                       # how its forward takes a batch: keyword =
+    input_ids = "src_ids"                           # what it is given (CALL_VALUES)
+    attention_mask = "src_mask"
+    decoder_input_ids = "tgt_ids"
 
     feed_forward_proj = [                           # one field, two switches, by a table of
         { to = "activation", default = "relu", values = { relu = "relu", "gated-gelu" = "gelu-tanh" } },
@@ -35,6 +39,10 @@ way out); `values` spells out the field's values and what each gives (an export 
 value listed that gives the config's own, jointly for every line of the same field). Activation
 names are transformers' (`ACT2FN` keys), translated by `HF_ACTIVATIONS` both ways. A `legacy` field is one transformers 3 read and today's config class
 ignores: it is checked when present, never written.
+
+`[hf.call]` is how the family's forward is called on a batch, by transformers' keyword names:
+`conformance.compare` calls a live model so when no `run=` is given (with the padding mask its
+tokenizer would return), and a one-graph ONNX export's inputs are found by the same names.
 
 Framework-free: JSON values in, ModelConfig field values out.
 """
@@ -59,7 +67,13 @@ HF_ACTIVATIONS = {
 HF_NAMES = {"activation": HF_ACTIVATIONS}
 
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig) if f.name != "notes"}
-_TABLE_KEYS = {"model_types", "architectures", "generation", "special_ids", "generation_defaults", "fields", "unsupported"}
+_TABLE_KEYS = {"model_types", "architectures", "generation", "special_ids", "generation_defaults", "fields", "unsupported",
+               "call"}
+# What a [hf.call] keyword is given: the batch's ids, or the padding mask they imply (1 where the
+# id is not pad_id, 0 at padding: the attention_mask a transformers tokenizer returns).
+CALL_VALUES = {"src_ids": "the source ids", "tgt_ids": "the decoder's input ids",
+               "src_mask": "1 where a source id is not pad_id, 0 at padding",
+               "tgt_mask": "1 where a decoder input id is not pad_id, 0 at padding"}
 _SPEC_KEYS = {"to", "default", "add", "values", "wins"}
 _UNSUPPORTED_KEYS = {"value", "field", "why", "legacy"}
 
@@ -103,6 +117,22 @@ class HFTable:
     fields: tuple[FieldSpec, ...]
     unsupported: tuple[Unsupported, ...] = ()
     generation_defaults: Mapping[str, str] = field(default_factory=dict)
+    # keyword of the family's forward -> what it is given (CALL_VALUES); empty: not said.
+    call: Mapping[str, str] = field(default_factory=dict)
+
+    def call_arguments(self, src_ids: Any, tgt_ids: Any, pad_id: int) -> dict[str, Any]:
+        """The keyword arguments of the family's forward for a batch (`[hf.call]`), in the ids'
+        own kind of array (NumPy, torch, JAX): a mask is `(ids != pad_id) * 1`, integers as the
+        tokenizer's attention_mask."""
+        given = {"src_ids": lambda: src_ids, "tgt_ids": lambda: tgt_ids,
+                 "src_mask": lambda: (src_ids != pad_id) * 1, "tgt_mask": lambda: (tgt_ids != pad_id) * 1}
+        return {keyword: given[what]() for keyword, what in self.call.items()}
+
+    def describe_call(self, pad_id: int) -> str:
+        """`model(input_ids=src_ids, attention_mask=(src_ids != 1), ...)`: the call, in words."""
+        spelled = {"src_ids": "src_ids", "tgt_ids": "tgt_ids", "src_mask": f"(src_ids != {pad_id})",
+                   "tgt_mask": f"(tgt_ids != {pad_id})"}
+        return "model(" + ", ".join(f"{k}={spelled[v]}" for k, v in self.call.items()) + ")"
 
     # -- config.json -> ModelConfig fields -----------------------------------------------------
 
@@ -248,8 +278,12 @@ def parse_hf_table(table: Any, where: str) -> HFTable:
         if not isinstance(blamed, str) or not blamed:
             raise LayoutError(where, f"[hf.unsupported] {name}: field must name the ModelConfig field it concerns")
         rules.append(Unsupported(name, rule["value"], blamed, rule["why"], rule.get("legacy", False)))
+    call = table.get("call", {})
+    if not isinstance(call, dict) or not all(isinstance(k, str) and v in CALL_VALUES for k, v in call.items()):
+        raise LayoutError(where, f"[hf.call] maps a keyword of the model's forward to one of {sorted(CALL_VALUES)}; "
+                          f"got {call!r}")
     return HFTable(lists["model_types"], lists["architectures"], lists["generation"], lists["special_ids"],
-                   tuple(specs), tuple(rules), dict(defaults))
+                   tuple(specs), tuple(rules), dict(defaults), dict(call))
 
 
 def _field_spec(name: str, spec: Any, where: str) -> FieldSpec:

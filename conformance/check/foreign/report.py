@@ -42,6 +42,10 @@ class SideBySide(Report):
     assumed: list[str] = field(default_factory=list)
     told: dict[str, Any] = field(default_factory=dict)
     told_by: str = ""
+    # How the user's model was called (in words), and whether that call gave it no padding mask
+    # on a batch with padding (the default `model(src_ids, tgt_ids)`): said before any switch.
+    called: str = ""
+    unmasked: bool = False
     # The user's model could not run: its own frames of the traceback (`user_traceback`).
     failure: str = ""
     # With grads: the user's backward pass raised (the error, its frames), kept apart from a
@@ -95,6 +99,8 @@ class SideBySide(Report):
         lines = [text, ""]
         if self.told:
             lines.append(f"read from {self.told_by}: " + ", ".join(f"{k}={v!r}" for k, v in sorted(self.told.items())))
+        if self.called:
+            lines.append(f"your model was called as {self.called}")
         if self.assumed:
             lines.append("assumed (the tensors do not tell them):")
             lines += [f"  {line}" for line in self.assumed]
@@ -112,6 +118,11 @@ class SideBySide(Report):
             axes = self.swapped_axes(first)
             if axes:
                 lines.append(f"  {axes}")
+            if self.unmasked:
+                lines.append("  the run gave your model no padding mask, and the batch has padding: a model that masks "
+                             "padding only when given a mask (an attention_mask, a key_padding_mask) parts from the "
+                             "oracle here for that alone; call it with its mask (run=, or rosetta compare --run NAME) "
+                             "before suspecting a switch")
             lines += [f"  switches that act there, as converted: {acting or '(none: look at the weights)'}",
                       f"  their values and origins for this layout: `rosetta layouts {self.layout}`; "
                       "if yours differ, convert with that switch set (--set NAME=VALUE, or NAME=VALUE here)"]
@@ -152,7 +163,8 @@ class SideBySide(Report):
             "layout": self.layout, "yours": self.yours.label, "first_divergence": self.first_divergence,
             "switches_at_divergence": list(switches_at(self.first_divergence, self.config)) if self.first_divergence
             else [],
-            "not_exposed": self.unexposed(), "ok": self.ok, "assumed": list(self.assumed),
+            "not_exposed": self.unexposed(), "ok": self.ok, "called_as": self.called or None,
+            "run_gave_no_padding_mask": self.unmasked, "assumed": list(self.assumed),
             "read_from_model_config": dict(self.told),
             "batch_axis_hint": self.swapped_axes(self.first_divergence) if self.first_divergence else None,
             "your_model_error": self.errors.get(self.yours.label), "your_traceback": self.failure or None,

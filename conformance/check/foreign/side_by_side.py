@@ -39,6 +39,27 @@ def _default_run(model, src_ids, tgt_ids):
     return model(src_ids, tgt_ids)
 
 
+def is_transformers(model: Any) -> bool:
+    """A transformers model: a class of the `transformers` package in its MRO, with a config."""
+    return hasattr(getattr(model, "config", None), "to_dict") and any(
+        c.__module__.split(".")[0] == "transformers" for c in type(model).__mro__)
+
+
+def default_run(model: Any, layout, pad_id: int) -> tuple[Callable, str, bool]:
+    """How the user's model is called when no `run=` is given, and that call in words: a
+    transformers model by its layout's `[hf.call]` (the padding mask its tokenizer would return
+    included), anything else `model(src_ids, tgt_ids)`, which gives it no mask. The third value
+    says whether the call gave the model a padding mask."""
+    hf = layout.hf
+    if hf is not None and hf.call and is_transformers(model):
+        def run(model, src_ids, tgt_ids):
+            return model(**hf.call_arguments(src_ids, tgt_ids, pad_id))
+
+        masked = any(what.endswith("_mask") for what in hf.call.values())
+        return run, f"{hf.describe_call(pad_id)}, as the layout's [hf.call] says", masked
+    return _default_run, "model(src_ids, tgt_ids) (no run= given): no padding mask", False
+
+
 def _device_of(model: Any, kind: str) -> str:
     if kind == "torch":
         first = next(iter(model.parameters()), None)
@@ -89,8 +110,11 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
             itself (`decoder_input = "shift-right"`), `tgt_ids` are the targets the user's model
             takes, and ours is given them shifted.
         run: `run(model, src_ids, tgt_ids) -> logits` (or an object with `.logits`), how the
-            user's model is called, with ids as that framework's arrays; default
-            `model(src_ids, tgt_ids)`.
+            user's model is called, with ids as that framework's arrays. Default: a transformers
+            model is called as its layout's `[hf.call]` says (`model(input_ids=src_ids,
+            attention_mask=(src_ids != pad_id) * 1, decoder_input_ids=tgt_ids)` for every hf-*
+            family), anything else as `model(src_ids, tgt_ids)`, which gives it no padding mask:
+            the report then says so before it names any switch.
         dtype: the dtype our backends run in (the oracle is float64 NumPy always). The user's
             model runs as given, and its column is held to its own dtype's tolerance: pass it in
             float64 (torch `.double()`, Flax float64 params) to see what float32 rounding hides.
@@ -139,7 +163,6 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
                                          progress=progress, **overrides)
 
     layout = load_layout(layout)
-    run = run or _default_run
     src_ids, tgt_ids = as_ids("src_ids", src_ids), as_ids("tgt_ids", tgt_ids)
     if src_ids.shape[0] != tgt_ids.shape[0]:
         raise InputError("tgt_ids", f"has {tgt_ids.shape[0]} rows, src_ids {src_ids.shape[0]}")
@@ -151,6 +174,10 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
     progress(f"converting your weights through layout {layout.name}")
     conversion, told = convert_yours(model, layout, state, overrides)
     config, params = conversion.config, conversion.params
+    if run is None:
+        run, called, masked = default_run(model, layout, config.pad_id)
+    else:
+        called, masked = "your run function (run=)", True
     shifted = layout.tap_options["decoder_input"] == "shift-right"
     ours_tgt = shift_right(tgt_ids) if shifted else tgt_ids
 
@@ -171,7 +198,9 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
     yours = backend_registry.Target(YOURS, _device_of(model, kind), _dtype_of(state))
     result = SideBySide(**{f: getattr(report, f) for f in Report.__dataclass_fields__}, layout=layout.name, yours=yours,
                         batch_axis=layout.tap_options["batch_axis"], told=told, told_by=f"{type(model).__name__}.config",
-                        assumed=[line for line in conversion.decisions if "(the layout's default" in line])
+                        assumed=[line for line in conversion.decisions if "(the layout's default" in line],
+                        called=called, unmasked=not masked and bool((src_ids == config.pad_id).any()
+                                                                    or (tgt_ids == config.pad_id).any()))
     result.targets = [yours, *result.targets]
 
     if not targets:
