@@ -100,10 +100,19 @@ def _attribute(module, name: str, what: str):
     return value
 
 
-def _torch_load(model, state: dict[str, np.ndarray], weights: str) -> None:
+def _torch_load(model, state: dict[str, np.ndarray], weights: str, layout) -> None:
     import torch
 
+    from conformance.convert.planner import tied_copies
+
     own = model.state_dict()
+    # A folder written by save_pretrained keeps a tied tensor once (model.shared.weight, not
+    # lm_head.weight): filled from the layout's ties, as from_pretrained ties them on loading.
+    filled = tied_copies(layout, own, state)
+    if filled:
+        state = {**state, **{key: state[source] for key, source in filled.items()}}
+        print(f"{weights}: {', '.join(sorted(filled))} filled from the tensor{'s' if len(set(filled.values())) > 1 else ''} "
+              f"{', '.join(sorted(set(filled.values())))} (tied in layout {layout.name}: a tied tensor is stored once)")
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
@@ -194,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         status(f"reading {args.weights}")
         state = read_state_dict(args.weights, args.key)
         try:
-            model, user_run = _user_model(args, state, status)
+            model, user_run = _user_model(args, state, status, layout)
         except UserCodeError as exc:
             failure = exc
         else:
@@ -237,7 +246,7 @@ def finish(report, json_path, plot_path) -> int:
     return 0 if report.ok else 1
 
 
-def _user_model(args: argparse.Namespace, state: dict[str, np.ndarray], status):
+def _user_model(args: argparse.Namespace, state: dict[str, np.ndarray], status, layout):
     """(the user's model with WEIGHTS loaded, its --run function or None); UserCodeError when the
     module, the factory or the weights fail (a factory that raises: with its own frames)."""
     from conformance.check.foreign import taps
@@ -260,7 +269,7 @@ def _user_model(args: argparse.Namespace, state: dict[str, np.ndarray], status):
         raise UserCodeError(f"{args.factory}() returned {type(model).__name__}: {exc}") from None
     status(f"loading {args.weights} into your model")
     if kind == "torch":
-        _torch_load(model.eval(), state, args.weights)
+        _torch_load(model.eval(), state, args.weights, layout)
     elif kind == "linen":
         module = model[0] if isinstance(model, tuple) else model
         if getattr(module, "scope", None) is not None:  # bound already: WEIGHTS replace its variables

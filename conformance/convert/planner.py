@@ -132,6 +132,33 @@ def alias_keys(layout: Layout, stored_keys: Iterable[str],
     return out
 
 
+def tied_copies(layout: Layout, wanted: Iterable[str], stored: Mapping[str, Any] | Iterable[str]) -> dict[str, str]:
+    """wanted key that `stored` lacks -> the stored key holding the same tensor, by the layout's
+    ties (its `same_as` aliases, under the switches the stored keys imply): what `from_pretrained`
+    does when a folder written by `save_pretrained`, which keeps a tied tensor once, is loaded into
+    a model that has every copy. Keys no tie fills are left out."""
+    stored_keys = set(stored)
+    switches = {**layout.base_switches(), **layout.inferred_switches(stored)}
+    ties: dict[str, set[str]] = {}  # the key an alias names -> it and every alias of it
+    for entry in layout.entries:
+        if entry.kind != "alias" or not entry.applies(switches):
+            continue
+        for key in set(wanted) | stored_keys:
+            values = entry.source.match(key)
+            if values is not None:
+                target = entry.same_as.format(values)
+                ties.setdefault(target, {target}).add(key)
+    out = {}
+    for key in wanted:
+        if key in stored_keys:
+            continue
+        group = next((g for g in ties.values() if key in g), None)
+        present = sorted(group & stored_keys) if group else []
+        if present:
+            out[key] = present[0]
+    return out
+
+
 def _skeleton(layout: Layout, overrides: Mapping[str, Any], layers: Mapping[str, int]) -> ModelConfig:
     """A config with the structure (which parameters exist) implied by the layout and overrides.
 
