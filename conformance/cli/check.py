@@ -110,7 +110,8 @@ def _run(args: argparse.Namespace) -> int:
         source = args.checkpoint
     else:
         config, params, source = default_model()
-    # CTranslate2 first refuses what its loaders cannot represent (one line, before the long run).
+    # Whether CTranslate2 can hold this model, before the long run: if not, it is skipped with the
+    # reason, as any target that cannot run here, and the rest runs.
     ctranslate2_devices = _ctranslate2_ready(config, params, args.devices) if args.ctranslate2 else None
     src_ids, tgt_ids = fixed_batch(config, length=args.length)
     report = None
@@ -124,6 +125,8 @@ def _run(args: argparse.Namespace) -> int:
             params = checkpoint_reader(args.checkpoint, config)
         with Status("rosetta check") as status:
             report = run_check(config, params, source, targets, skipped, src_ids, tgt_ids, plan, progress=status)
+        if args.ctranslate2 and CTRANSLATE2 in ctranslate2_devices[1]:
+            report.skipped[CTRANSLATE2] = ctranslate2_devices[1].pop(CTRANSLATE2)
         if not args.ctranslate2:
             return _finish(args, outputs, report)
     sections = _ctranslate2_sections(config, params() if callable(params) else params, src_ids, tgt_ids,
@@ -132,20 +135,24 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _ctranslate2_ready(config, params, devices_option: str | None) -> tuple[list[str], dict[str, str]]:
-    """(the devices CTranslate2 runs on, {device: why not}), once CTranslate2 is known to be installed
-    and to represent this model (its family, `representable`): a ConfigError naming why, if not."""
+    """(the devices CTranslate2 runs on, {device: why not}). When CTranslate2 is not installed or
+    cannot hold this model (no family of its loaders expresses it, `representable`, no end token):
+    no device, and {"ctranslate2": why}, a target skipped with its reason as any other."""
     from conformance.check import backends
     from conformance.check.ctranslate2 import target as ctranslate2_check
     from conformance.check.ctranslate2 import model as ctranslate2_model
-    from conformance.core.errors import InputError
+    from conformance.core.errors import ConfigError, InputError
 
-    ctranslate2_model.require()
-    ctranslate2_check.representable(config, params, ctranslate2_check.family_of(config, params))
-    ctranslate2_check.generation_ids(config)  # an end token, without which CTranslate2 cannot stop
     try:
         wanted = backends.requested_devices(devices_option)
     except ValueError as exc:
         raise InputError("--devices", str(exc)) from None
+    try:
+        ctranslate2_model.require()
+        ctranslate2_check.representable(config, params, ctranslate2_check.family_of(config, params))
+        ctranslate2_check.generation_ids(config)  # an end token, without which CTranslate2 cannot stop
+    except (ConfigError, InputError) as exc:
+        return [], {CTRANSLATE2: str(exc)}
     run, skipped = [], {}
     if wanted is None or "cpu" in wanted:
         run.append("cpu")
@@ -171,7 +178,8 @@ def _ctranslate2_sections(config, params, src_ids, tgt_ids, devices: list[str], 
         for device in devices:
             sections.append(ctranslate2_check.check(config, params, src_ids, tgt_ids, model_dir=folder, device=device,
                                                     progress=status))
-    return sections + [f"{CTRANSLATE2}/{device}: not run: {why}" for device, why in skipped.items()]
+    return sections + [f"{CTRANSLATE2}/{device}: not run: {why}" if device != CTRANSLATE2 else
+                       f"{CTRANSLATE2:<24} skipped: {why}" for device, why in skipped.items()]
 
 
 class WithCTranslate2:
@@ -185,14 +193,17 @@ class WithCTranslate2:
 
     @property
     def passed(self) -> bool:
-        return ((self.report is None or self.report.passed) and bool(self.measured)
+        """Every part that ran agrees, and something ran: the tensor table, or a CTranslate2 section
+        (CTranslate2 skipped beside a table that ran is a skipped target, as any other)."""
+        skipped = self.report is not None and CTRANSLATE2 in self.report.skipped
+        return ((self.report is None or self.report.passed) and (bool(self.measured) or skipped)
                 and all(s.passed for s in self.measured))
 
     def to_text(self) -> str:
         head = (self.report.to_text() if self.report is not None
                 else f"rosetta check: {self.source}\nconfig: {self.config.summary()}")
         parts = [head, *(s if isinstance(s, str) else s.to_text() for s in self.sections)]
-        if not self.measured:
+        if not self.measured and not (self.report is not None and CTRANSLATE2 in self.report.skipped):
             parts.append(f"{CTRANSLATE2}: nothing checked")
         return "\n\n".join(parts)
 

@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "added as outputs). Required with MODULE:FACTORY")
     parser.add_argument("--run", metavar="FUNCTION",
                         help="a function in MODULE, run(model, src_ids, tgt_ids) -> logits, that calls your model "
-                             "(default: model(src_ids, tgt_ids))")
+                             "(default: a transformers model as its layout's [hf.call] says, with the source's padding mask; any "
+                             "other model(src_ids, tgt_ids), with no mask)")
     parser.add_argument("--src", metavar="IDS", help="source ids, '1,2,3;4,5,0' or a .npy file (default: three rows "
                                                     "with padding, as rosetta check)")
     parser.add_argument("--tgt", metavar="IDS", help="target ids, the same forms (default: as --src)")
