@@ -37,9 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "below (oracle, the default: errors do not compound) or the backend's own (own: the "
                              "unstreamed report, bit for bit)")
     parser.add_argument("--mesh", metavar="data=D,model=M",
-                        help="check the built-in default model sharded on this (data, model) mesh: every plan of "
-                             "impl_jax.shard and impl_torch.parallelize against the oracle, a line per plan "
-                             "(forced host devices or gloo processes on the CPU; docs/sharding.md)")
+                        help="check the checkpoint (default: the built-in default model) sharded on this (data, "
+                             "model) mesh: every plan of impl_jax.shard and impl_torch.parallelize against the oracle, "
+                             "a line per plan (forced host devices or gloo processes on the CPU; docs/sharding.md); "
+                             "exit 1 when a plan asked for was refused")
+    parser.add_argument("--plans", metavar="PLAN,...",
+                        help="with --mesh, the plans to check, comma-separated: dp, fsdp, tp, fsdp+tp (default: all)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw each backend's error per tensor against the oracle")
 
@@ -81,6 +84,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.ctranslate2 and not args.backends and args.plot:
         raise InputError("--plot", f"draws the tensor table, and {CTRANSLATE2} exposes no tensors: name a backend "
                                    "beside it (--backends numpy,ctranslate2) or leave out --plot")
+    if args.plans and not args.mesh:
+        raise InputError("--plans", "chooses the plans of a sharded check: give --mesh too")
     if args.mesh:
         return _run_mesh(args)
     # Every output is checked before the (long) run, and written only if all of them can be.
@@ -215,18 +220,21 @@ class WithCTranslate2:
 
 
 def _run_mesh(args: argparse.Namespace) -> int:
-    """`--mesh`: conformance.check.scale.mesh, the default model sharded on that mesh, every plan, one line per plan."""
+    """`--mesh`: conformance.check.scale.mesh, the checkpoint (or the default model) sharded on that mesh,
+    every plan asked for, one line per plan."""
     from conformance.check.scale.mesh import run_mesh_check
     from conformance.core.errors import InputError
+    from conformance.core.sharding import PLANS
 
-    clashing = [flag for flag, given in (("CHECKPOINT", args.checkpoint), ("--stream", args.stream),
+    clashing = [flag for flag, given in (("--stream", args.stream),
                                          ("--length", args.length), ("--max-memory", args.max_memory),
                                          ("--json", args.json), ("--plot", args.plot), ("--feed", args.feed),
                                          ("--dtypes", args.dtypes != "float32,float64")) if given]
     if clashing:
-        raise InputError("--mesh", f"runs the built-in default model's sharded check in float64 and prints a line "
-                                   f"per plan; leave out {', '.join(clashing)}")
-    return run_mesh_check(args.mesh, args.devices, args.backends)
+        raise InputError("--mesh", f"runs a sharded check in float64 and prints a line per plan; leave out "
+                                   f"{', '.join(clashing)}")
+    plans = tuple(p.strip() for p in args.plans.split(",") if p.strip()) if args.plans else PLANS
+    return run_mesh_check(args.mesh, args.devices, args.backends, checkpoint=args.checkpoint, plans=plans)
 
 
 def _run_streamed(args: argparse.Namespace, outputs: dict, dtypes: list[str]) -> int:
