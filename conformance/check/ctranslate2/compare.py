@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from conformance.check.ctranslate2.model import (BEAMS, COMPUTE_TYPES, HELD, ZERO_START, Directory,
+from conformance.check.ctranslate2.model import (BEAMS, COMPUTE_TYPES, HELD, ZERO_START, Directory, intra_threads,
                                                  checked_compute_types, checked_device, require)
 from conformance.check.ctranslate2.report import ComputeTypeResult, CTranslate2Report, agreement
 from conformance.check.tolerances import tolerance
@@ -232,7 +232,8 @@ def measure(config: ModelConfig, params, model: Any, directory: Directory, src_i
     rows = []
     for compute_type in [t for t in compute_types if t not in skipped]:
         progress(f"ctranslate2/{device}/{compute_type}: score_batch, translate_batch")
-        running = translator or ctranslate2.Translator(str(directory.path), device=device, compute_type=compute_type)
+        running = translator or ctranslate2.Translator(str(directory.path), device=device, compute_type=compute_type,
+                                                       intra_threads=intra_threads(config, device))
         scored = running.score_batch(text, spelled)
         theirs = np.zeros_like(oracle)
         for i, s in enumerate(scored):
