@@ -60,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grads", action="store_true", help="also compare the loss and every gradient with your "
                                                             "model's own autograd (labels: the next target token; the "
                                                             "targets themselves for a shift-right layout)")
+    parser.add_argument("--inputs", metavar="NAME=WHAT,...",
+                        help="with one .onnx graph of a whole model: what each graph input is given, WHAT one of "
+                             "src_ids, tgt_ids, src_mask, tgt_mask (default: the layout's [hf.call], by name, else in "
+                             "its order)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw the errors per tensor")
 
@@ -190,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
     from conformance.check.ctranslate2.model import is_ctranslate2
     from conformance.check.onnx.compare import is_onnx
 
+    if args.inputs and not is_onnx(args.factory):
+        raise InputError("--inputs", "maps the inputs of one .onnx graph of a whole model: give that graph")
     if is_ctranslate2(args.factory):
         return run_ctranslate2(args)
     if is_onnx(args.factory) or Path(args.factory).is_dir():  # a folder is no MODULE:FACTORY: graphs, or an error
@@ -284,7 +290,9 @@ def _user_model(args: argparse.Namespace, state: dict[str, np.ndarray], status, 
 
 def run_onnx(args: argparse.Namespace) -> int:
     """`rosetta compare GRAPHS [WEIGHTS]`: the graphs in ONNX Runtime beside the oracle."""
+    from conformance.check.onnx import single
     from conformance.check.onnx.compare import compare_onnx, load_graphs
+    from conformance.check.onnx.single import OneGraph
     from conformance.check.weights import oracle_weights
     from conformance.check.report import fixed_batch
     from conformance.cli.common import parse_ids
@@ -303,10 +311,16 @@ def run_onnx(args: argparse.Namespace) -> int:
         # weights' config gives the default batch; compare_onnx takes both as read.
         graphs = load_graphs(args.factory)
         oracle = oracle_weights(args.weights, args.factory, args.layout, overrides)
-        src, tgt = (parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")) if args.src else fixed_batch(oracle[0])
+        inputs = parse_inputs(args.inputs) if args.inputs else None
+        if args.src:
+            src, tgt = parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")
+        elif isinstance(graphs, OneGraph):  # a graph exported for fixed shapes gets its padded batch at them
+            src, tgt = single.default_batch(graphs, oracle[0], oracle[2], inputs)
+        else:
+            src, tgt = fixed_batch(oracle[0])
         backends = [] if (args.backends or "").strip() == "none" else args.backends
         report = compare_onnx(graphs, args.layout, src, tgt, weights=args.weights, dtype=args.dtype,
-                              backends=backends, progress=status, oracle=oracle, **overrides)
+                              backends=backends, progress=status, oracle=oracle, inputs=inputs, **overrides)
     return finish(report, json_path, plot_path)
 
 
@@ -348,6 +362,19 @@ def run_ctranslate2(args: argparse.Namespace) -> int:
         write_outputs({"--json": (json_path, (json.dumps(report.to_json(), indent=2) + "\n").encode())})
         print(f"wrote {json_path} (the report as JSON)")
     return 0 if report.passed else 1
+
+
+def parse_inputs(text: str) -> dict[str, str]:
+    """--inputs "input.1=src_ids,attention_mask.1=src_mask,input.15=tgt_ids" -> {graph input: what}."""
+    from conformance.core.errors import InputError
+
+    out = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, what = part.rpartition("=")
+        if not sep or not name or not what:
+            raise InputError("--inputs", f"expected NAME=WHAT,... (input.1=src_ids), got {part!r}")
+        out[name.strip()] = what.strip()
+    return out
 
 
 def _outputs_checked(args):

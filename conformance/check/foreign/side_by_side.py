@@ -94,7 +94,8 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
         model: a torch.nn.Module; a flax.linen module bound to its variables (`module.bind(v)`)
             or a `(module, variables)` pair; or an nnx.Module. ONNX graphs (a folder of
             encoder/decoder `.onnx` files, rosetta's or optimum's, or an (encoder, decoder) pair of
-            `onnxruntime.InferenceSession`s) go to `conformance.check.onnx.compare.compare_onnx`,
+            `onnxruntime.InferenceSession`s; one `.onnx` file of a whole model, a user's own
+            `torch.onnx.export`, with `inputs=` where its inputs are not transformers' names) go to `conformance.check.onnx.compare.compare_onnx`,
             which takes `weights=` (the checkpoint they were exported from) among `overrides`.
             A CTranslate2 model (a directory with model.bin and config.json, or a
             `ctranslate2.Translator` with `model_dir=` its directory) goes to

@@ -4,7 +4,7 @@
     rosetta compare graphs/ opus-mt-tiny/ --layout hf-marian
 
 The model is a folder of graphs, one `.onnx` file, an `onnxruntime.InferenceSession`, or a pair
-of them (encoder, decoder). Two conventions are read:
+of them (encoder, decoder). Three conventions are read:
 
     rosetta        `rosetta convert --to onnx`: encoder.onnx (src_ids, src_mask -> cross_*, taps),
                    decoder.onnx (tgt_ids, src_mask, past_*, cross_* -> logits, present_*, taps)
@@ -12,6 +12,9 @@ of them (encoder, decoder). Two conventions are read:
                    last_hidden_state), decoder_model_merged.onnx (or decoder_model.onnx: input_ids,
                    encoder_hidden_states, encoder_attention_mask, past_key_values.{i}.* -> logits,
                    present.{i}.*)
+    one graph      a user's own `torch.onnx.export` of a whole transformers model, one .onnx file
+                   (input_ids, attention_mask, decoder_input_ids -> logits first): fed by the
+                   layout's [hf.call], its taps found by module scope (`conformance.check.onnx.single`)
 
 The oracle runs on `weights`, the checkpoint the graphs were exported from: a rosetta checkpoint,
 a Hugging Face folder (`from_hf_folder`: its config.json gives the sizes and switches), or any
@@ -52,6 +55,7 @@ from conformance.check.report import Cell, Report, default_targets, run_check
 from conformance.check.foreign.report import (YOURS, SideBySide, as_ids, backend_names, oracle_tensors,
                                                    shift_right)
 from conformance.check.tolerances import tolerance
+from conformance.check.onnx.single import ONE_GRAPH, OneGraph
 from conformance.check.weights import oracle_weights
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
@@ -118,25 +122,24 @@ class Graphs:
         return self.convention == "rosetta" or any(i.name == "use_cache_branch" for i in self.decoder.graph.input)
 
 
-def load_graphs(model: Any) -> Graphs:
-    """The two graphs of `model` (see `is_onnx`, or `Graphs` read already); InputError naming what is missing."""
+def load_graphs(model: Any) -> Graphs | OneGraph:
+    """The graphs of `model` (see `is_onnx`, or `Graphs` read already): the encoder and decoder of a
+    folder or a pair, or one graph of the whole model (a file, a session); InputError naming what
+    is missing."""
     import onnx
 
-    if isinstance(model, Graphs):
+    if isinstance(model, (Graphs, OneGraph)):
         return model
     if isinstance(model, (tuple, list)):
         encoder, decoder = (_proto(m) for m in model)
         return Graphs(encoder, decoder, "the (encoder, decoder) pair")
     if _is_session(model):
-        raise InputError("model", "one InferenceSession holds one graph: pass the pair (encoder, decoder) or "
-                                  "the folder of graphs")
+        return OneGraph(_proto(model), "the InferenceSession's graph")
     path = Path(model)
     if not path.exists():
         raise InputError("model", f"{path}: no such file or folder")
     if not path.is_dir():
-        raise InputError("model", f"{path}: one .onnx file is one graph: pass the folder with the encoder and "
-                                  f"decoder graphs ({' + '.join(ROSETTA_FILES)}, or {OPTIMUM_ENCODER} + "
-                                  f"{' or '.join(OPTIMUM_DECODERS)})")
+        return OneGraph(onnx.load(str(path)), str(path))
     if all((path / name).is_file() for name in ROSETTA_FILES):
         files = [path / name for name in ROSETTA_FILES]
     else:
@@ -295,6 +298,10 @@ def _run(session, inputs) -> dict[str, np.ndarray]:
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
 
 
+# How each convention of encoder and decoder graphs is run (one graph: `single.run`).
+RUNNERS = {"rosetta": run_rosetta, "optimum": run_optimum}
+
+
 def runtime_errors() -> tuple[type[Exception], ...]:
     """What ONNX Runtime raises for a graph it cannot load or run (its classes share no base)."""
     from onnxruntime.capi import onnxruntime_pybind11_state as state
@@ -305,12 +312,15 @@ def runtime_errors() -> tuple[type[Exception], ...]:
 def compare_onnx(model: Any, layout: Any, src_ids, tgt_ids, *, weights=None, run: Callable | None = None,
                  dtype: str = "float32", backends: Any = None, grads: bool = False, labels=None,
                  label_smoothing: float = 0.0, progress: Callable[[str], None] | None = None,
-                 oracle: tuple[ModelConfig, dict, Any] | None = None, **overrides: Any) -> SideBySide:
+                 oracle: tuple[ModelConfig, dict, Any] | None = None, inputs: dict[str, str] | None = None,
+                 **overrides: Any) -> SideBySide:
     """The user's ONNX graphs beside the oracle (and our backends), tensor by tensor; see the
     module's docstring. `layout`: the layout of `weights` (None: a rosetta checkpoint, or a
     Hugging Face folder's own). `run` and `grads` do not apply to graphs: refused. `model` may be
     the `Graphs` of `load_graphs` and `oracle` the (config, params, layout) of `oracle_weights`,
-    read already (the CLI reads them first, for the default batch): then they are not read again."""
+    read already (the CLI reads them first, for the default batch): then they are not read again.
+    `inputs`: for one graph of the whole model, {graph input: what it is given} (`single.feeds`)
+    where its inputs are not the layout's [hf.call] names."""
     if run is not None:
         raise InputError("run", "ONNX graphs are run by compare itself (their inputs are named): no run function")
     if grads:
@@ -321,11 +331,20 @@ def compare_onnx(model: Any, layout: Any, src_ids, tgt_ids, *, weights=None, run
         raise InputError("tgt_ids", f"has {tgt_ids.shape[0]} rows, src_ids {src_ids.shape[0]}")
     progress("reading the graphs")
     graphs = load_graphs(model)
+    if inputs is not None and graphs.convention != ONE_GRAPH:
+        raise InputError("inputs", f"maps the inputs of one graph of a whole model; {graphs.where} holds "
+                                   f"{graphs.convention}'s encoder and decoder graphs, fed by their own names")
     if oracle is None:
         progress("reading the weights the graphs were exported from")
-        oracle = oracle_weights(weights, model if not isinstance(model, (tuple, list, Graphs)) else None, layout,
-                                overrides)
+        oracle = oracle_weights(weights, model if not isinstance(model, (tuple, list, Graphs, OneGraph)) else None,
+                                layout, overrides)
     config, params, layout = oracle
+    feed = None
+    if graphs.convention == ONE_GRAPH:
+        from conformance.check.onnx import single
+
+        feed, how = single.feeds(graphs, layout, config.pad_id, inputs)
+        single.check_shapes(graphs, feed, src_ids, tgt_ids)
     # A shift-right layout describes a system that shifts its targets itself; a graph takes its
     # decoder input as given. The oracle and the graphs both read shift_right(tgt_ids), so every
     # position is compared (no position of one stands beside another position of the other).
@@ -344,19 +363,25 @@ def compare_onnx(model: Any, layout: Any, src_ids, tgt_ids, *, weights=None, run
                         layout=layout.name if layout is not None else "rosetta", yours=yours,
                         batch_axis=0 if layout is None else layout.tap_options["batch_axis"])
     result.targets = [yours, *result.targets]
-    if not graphs.cached:
+    if feed is not None:
+        result.note = single.describe_feed(feed, how, config.pad_id)
+    elif not graphs.cached:
         result.note = ("cache not checked: the decoder graph has no use_cache_branch, so it ran on the whole prefix "
                        "only (optimum's decoder_with_past_model.onnx is not read; decoder_model_merged.onnx is)")
     reference = oracle_tensors(config, params, src_ids, ours_tgt)
-    enc, dec, missing = tapped(graphs, layout, config, result.tensors)
+    taps_of = single.tapped if feed is not None else tapped
+    enc, dec, missing = taps_of(graphs, layout, config, result.tensors)
     progress(f"your graphs in ONNX Runtime ({yours.label})")
-    runner = run_rosetta if graphs.convention == "rosetta" else run_optimum
+    runner = RUNNERS[graphs.convention] if feed is None else lambda *args: single.run(*args, feed)
     try:
         got = runner(graphs, config, src_ids, ours_tgt, (enc, dec))
     except (*runtime_errors(), InputError) as exc:  # the graphs failing in the runtime: the report's error
         result.errors[yours.label] = f"{type(exc).__name__}: {exc}"
         return result
-    got.update({tensor: got.pop(name) for name, tensor in {**enc, **dec}.items() if name in got})
+    for name, tensors in {**enc, **dec}.items():  # a value of the graph is one tensor, or several (one graph)
+        if name in got:
+            value = got.pop(name)
+            got.update({tensor: value for tensor in (tensors if isinstance(tensors, tuple) else (tensors,))})
     tol = tolerance(yours.dtype, yours.device)
     for tensor in result.tensors:
         if tensor in got and got[tensor] is not None:
