@@ -2,7 +2,7 @@
 tensor (`conformance.compare`, docs/porting.md). This imports and runs your Python code.
 
 `rosetta compare GRAPHS [WEIGHTS] [--layout NAME]`: your ONNX export (a folder of rosetta's or
-optimum-onnx's graphs) beside the oracle run on the weights it was exported from
+optimum-onnx's graphs, or one .onnx graph of a whole transformers model) beside the oracle run on the weights it was exported from
 (`conformance.check.onnx.compare`, docs/deployment.md); a folder that holds config.json and the
 weights too (a Hugging Face folder) needs no WEIGHTS.
 
@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a Python file (my_model.py) or importable module, and a function in it that returns your "
                              "model: a torch.nn.Module, or a flax.linen Module (WEIGHTS are then its variables). "
                              "Imported and called: it runs your code. Or a folder of ONNX graphs (rosetta convert "
-                             "--to onnx, or optimum-onnx's encoder_model.onnx + decoder_model_merged.onnx), run in "
-                             "ONNX Runtime; or a CTranslate2 model directory (model.bin, config.json, vocabulary), "
+                             "--to onnx, or optimum-onnx's encoder_model.onnx + decoder_model_merged.onnx), or one "
+                             ".onnx graph of a whole model (your torch.onnx.export), run in ONNX Runtime; or a CTranslate2 model directory (model.bin, config.json, vocabulary), "
                              "run in CTranslate2 in each compute type")
     parser.add_argument("weights", metavar="WEIGHTS", nargs="?",
                         help="your weights: a PyTorch file (.pt/.pth/.bin), .safetensors, .npz, a Flax .msgpack or "

@@ -100,6 +100,12 @@ def feeds(graph: OneGraph, layout, pad_id: int, inputs: dict[str, str] | None) -
                                    f"{getattr(layout, 'name', '(none: a rosetta checkpoint)')} does not give ([hf.call]); "
                                    f"map its inputs {names} with inputs= (--inputs NAME=src_ids,...)")
     if all(n in call for n in names):
+        if "tgt_ids" not in {call[n] for n in names}:
+            raise InputError("model", f"{graph.where}: one .onnx file is one graph, and this one takes no decoder "
+                                      f"input (its inputs: {', '.join(names)}): the graph of a whole model takes the "
+                                      "decoder's ids too; an encoder or decoder graph is compared in the folder "
+                                      "with its pair (encoder.onnx + decoder.onnx, or encoder_model.onnx + "
+                                      "decoder_model_merged.onnx)")
         return {n: call[n] for n in names}, "by name, as the layout's [hf.call] says"
     if len(names) == len(call):
         return dict(zip(names, call.values())), ("in the order of the layout's [hf.call] (the forward's), the graph's "
