@@ -103,8 +103,9 @@ def feeds(graph: OneGraph, layout, pad_id: int, inputs: dict[str, str] | None) -
         if "tgt_ids" not in {call[n] for n in names}:
             raise InputError("model", f"{graph.where}: one .onnx file is one graph, and this one takes no decoder "
                                       f"input (its inputs: {', '.join(names)}): the graph of a whole model takes the "
-                                      "decoder's ids too; an encoder or decoder graph is compared in the folder "
-                                      "with its pair (encoder.onnx + decoder.onnx, or encoder_model.onnx + "
+                                      "decoder's ids too; an encoder or decoder graph is compared with its "
+                                      "other half: pass the pair (encoder, decoder) or the folder with both "
+                                      "(encoder.onnx + decoder.onnx, or encoder_model.onnx + "
                                       "decoder_model_merged.onnx)")
         return {n: call[n] for n in names}, "by name, as the layout's [hf.call] says"
     if len(names) == len(call):
