@@ -298,8 +298,15 @@ def _run(session, inputs) -> dict[str, np.ndarray]:
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
 
 
-# How each convention of encoder and decoder graphs is run (one graph: `single.run`).
-RUNNERS = {"rosetta": run_rosetta, "optimum": run_optimum}
+def run_one_graph(graph: OneGraph, config: ModelConfig, src_ids, tgt_ids, taps: tuple[dict, dict],
+                  feed: dict[str, str]) -> dict[str, np.ndarray]:
+    """One graph of a whole model on the whole batch, fed as `single.feeds` says, with the tapped
+    values as extra outputs; its logits as "logits"."""
+    from conformance.check.onnx.single import fed
+
+    values = _run(_session(with_outputs(graph.proto, list(taps[0]))), fed(feed, src_ids, tgt_ids, config.pad_id))
+    values["logits"] = values.pop(graph.logits)
+    return values
 
 
 def runtime_errors() -> tuple[type[Exception], ...]:
@@ -372,7 +379,8 @@ def compare_onnx(model: Any, layout: Any, src_ids, tgt_ids, *, weights=None, run
     taps_of = single.tapped if feed is not None else tapped
     enc, dec, missing = taps_of(graphs, layout, config, result.tensors)
     progress(f"your graphs in ONNX Runtime ({yours.label})")
-    runner = RUNNERS[graphs.convention] if feed is None else lambda *args: single.run(*args, feed)
+    runner = (run_rosetta if graphs.convention == "rosetta" else run_optimum) if feed is None else (
+        lambda *args: run_one_graph(*args, feed))
     try:
         got = runner(graphs, config, src_ids, ours_tgt, (enc, dec))
     except (*runtime_errors(), InputError) as exc:  # the graphs failing in the runtime: the report's error

@@ -41,6 +41,7 @@ as a graph output for the run, so that a planted bug is named at the first tenso
 from __future__ import annotations
 
 import ast
+
 import numpy as np
 
 from conformance.core.errors import InputError
@@ -288,17 +289,7 @@ def _value(scopes: Scopes, tensor: str, path: str, tap) -> tuple[str | None, str
     return value, f"nothing computed inside {path} is read outside it in the graph"
 
 
-# -- The run -------------------------------------------------------------------------------------
-
-
-def run(graph: OneGraph, config, src_ids, tgt_ids, taps: tuple[dict, dict], feed: dict[str, str]) -> dict:
-    """The graph on the whole batch, with the tapped values as extra outputs; the logits as "logits"."""
-    from conformance.check.onnx.compare import _run, _session, with_outputs
-
-    session = _session(with_outputs(graph.proto, list(taps[0])))
-    values = _run(session, fed(feed, src_ids, tgt_ids, config.pad_id))
-    values["logits"] = values.pop(graph.logits)
-    return values
+# -- The report -----------------------------------------------------------------------------------
 
 
 def describe_feed(feed: dict[str, str], how: str, pad_id: int) -> str:
