@@ -45,6 +45,7 @@ from conformance.core.positions import offset_buckets, position_table
 from impl_torch import decode, graphs
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 from impl_torch.blocks import product_in_blocks
+from impl_torch.compiling import eager_under_compile
 from impl_torch.fused import kernel_fix_ups
 from impl_torch.precision import check_no_autocast
 from impl_torch.train import leaf_in, parameters_replaced
@@ -808,7 +809,7 @@ class Model(nn.Module):
         """`ids` checked as a call checks `argument` (its shape, dtype, range), as this backend's ids."""
         return self._ids(argument, ids, vocab_size)
 
-    @torch.compiler.disable  # host-side checks: torch.compile runs them eagerly, outside the graph
+    @eager_under_compile  # host-side checks: torch.compile runs them eagerly, outside the graph
     def _ids(self, argument: str, ids, vocab_size: int) -> torch.Tensor:
         check_no_autocast(self.device)  # the model's dtype is its precision, not autocast's
         if not isinstance(ids, torch.Tensor):
@@ -821,7 +822,7 @@ class Model(nn.Module):
         check_ids(argument, ids.shape, dtype_name(ids.dtype), is_integer, bounds, vocab_size, self.config.max_len)
         return ids.to(device=self.device, dtype=torch.long)
 
-    @torch.compiler.disable
+    @eager_under_compile
     def _mask(self, argument: str, mask, expected, derived: torch.Tensor) -> torch.Tensor:
         if not isinstance(mask, torch.Tensor):
             mask = host_mask(argument, mask, expected, derived.cpu().numpy())
