@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
     parser.add_argument("--src", required=True, help="source: digits for the toy model ('3 1 4'; it was trained on "
                         f"{toy.MIN_DIGITS}-{toy.MAX_DIGITS} digits, and warns outside that range), or IDS "
-                        "('5,6,7;8,9,10' or a .npy file)")
+                        "('5,6,7;8,9,10' or a .npy file; shorter rows are padded with the checkpoint's pad id)")
     parser.add_argument("--max-len", type=int, default=None,
                         help="longest output in tokens, the start token not counted (default: the checkpoint's; for a "
                              "converted Hugging Face model that records none, transformers' default: "
