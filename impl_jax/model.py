@@ -695,6 +695,7 @@ class Model(nnx.Module):
         self.decoder = Decoder(config, params, self.dtype)
         self.output = Output(config, params)
         self.final_logits_bias = optional_param(params, "final_logits_bias")
+        self.frozen_logits_bias = config.freeze_final_logits_bias  # a buffer in transformers: no gradient
 
     @property
     def params(self) -> dict[str, jax.Array]:
@@ -774,7 +775,10 @@ class Model(nnx.Module):
         """The logits (B, T, V) of `decoder.output` y: the output layer, plus BART's `final_logits_bias`."""
         logits = self.output(y, self.target_embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
-            logits = logits + cast(self.final_logits_bias[...], logits.dtype)
+            bias = cast(self.final_logits_bias[...], logits.dtype)
+            if self.frozen_logits_bias:  # the same values; no gradient (a zero one)
+                bias = jax.lax.stop_gradient(bias)
+            logits = logits + bias
         return logits
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:

@@ -584,6 +584,7 @@ class Model:
         self.decoder = Decoder(config, params, self.dtype)
         self.output = Output(config, params)
         self.final_logits_bias = params.get("final_logits_bias")
+        self.frozen_logits_bias = config.freeze_final_logits_bias  # a buffer in transformers: read by backward.py
 
     @property
     def param_dtype(self) -> np.dtype:
@@ -642,7 +643,9 @@ class Model:
         """The logits (B, T, V) of `decoder.output` y: the output layer, plus BART's `final_logits_bias`."""
         logits = self.output(y, self.target_embedding, tape=tape)  # (B, T, V)
         if self.final_logits_bias is not None:
-            logits = logits + cast(self.final_logits_bias, logits.dtype)
+            bias = cast(self.final_logits_bias, logits.dtype)
+            # frozen (frozen_logits_bias): the same values; backward.py gives it no gradient
+            logits = logits + bias
         return logits
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None,

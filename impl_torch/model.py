@@ -759,6 +759,7 @@ class Model(nn.Module):
             self.decoder = Decoder(config, dtype)
             self.output = Output(config, dtype)
             self.final_logits_bias = nn.Parameter(torch.empty(config.tgt_vocab_size, dtype=dtype)) if config.final_logits_bias else None
+        self.frozen_logits_bias = config.freeze_final_logits_bias  # a buffer in transformers: no gradient
         # A strict key-for-key copy: state_dict() names are the checkpoint's names. copy_ moves
         # each value to the device; each host array is let go of once copied, so that a cast copy
         # of the whole set and the model's never coexist (2x a float64 model's parameters).
@@ -868,6 +869,8 @@ class Model(nn.Module):
         logits = self.output(y, self.target_embedding, weight=weight)  # (B, T, V)
         if self.final_logits_bias is not None:  # in place outside autograd's graph, as in `Output`
             bias = cast(self.final_logits_bias, logits.dtype)
+            if self.frozen_logits_bias:  # the same values; no gradient (a zero one)
+                bias = bias.detach()
             logits = logits + bias if logits.requires_grad else logits.add_(bias)
         return logits
 

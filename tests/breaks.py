@@ -226,6 +226,12 @@ PROPERTY_BREAKS = {
         "    if embedding.padding_idx is not None:\n",
         "    if False:\n",
     )], {})]),
+    # transformers' final_logits_bias is a buffer: a port whose optimizer trains it anyway.
+    "frozen final_logits_bias gets a gradient": ("test_gradients", [("numpy", [(
+        "backward.py",
+        "    if model.final_logits_bias is not None and not model.frozen_logits_bias:",
+        "    if model.final_logits_bias is not None:",
+    )], {})]),
     # T5's relative bias: the score gradient never reaches the bucket table.
     "relative bias gets no gradient": ("test_gradients", [("numpy", [(
         "backward.py",

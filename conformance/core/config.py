@@ -1,9 +1,9 @@
 """The model config: one frozen dataclass that can express every variant in the family.
 
 Every switch of the family is a field here, and every backend reads the same field the same way
-(docs/porting.md's switch table is generated from this class: `switch_table`). A switch is never implied by another one: a port that forgets to set a switch gets the
-default written below, and the default is the paper's choice (Vaswani et al., 2017) wherever the
-paper makes one.
+(docs/porting.md's switch table is generated from this class: `switch_table`). A switch is never
+implied by another one: a port that forgets to set a switch gets the default written below, and
+the default is the paper's choice (Vaswani et al., 2017) wherever the paper makes one.
 
 This module is framework-free (standard library only) so that every backend can import it.
 """
@@ -54,7 +54,7 @@ MAX_LEN_LIMIT = 65536
 # existed; every other field must be named by a stored config (see `from_dict(complete=True)`).
 ADDED_FIELDS = ("src_pad_mask", "scale_logits", "ffn_glu", "attention_temp", "position_offset", "position_ids",
                 "embedding_norm", "freeze_pad_embedding", "d_head", "scale_scores", "relative_buckets",
-                "relative_max_distance", "ffn_bias")
+                "relative_max_distance", "ffn_bias", "freeze_final_logits_bias")
 
 _SIZE_FIELDS = (
     "src_vocab_size",
@@ -173,6 +173,9 @@ class ModelConfig:
         ffn_bias: linear1, linear2 (and the gate) have biases; T5 has none.
         output_bias: the output projection has its own bias `output.bias`.
         final_logits_bias: a separate `final_logits_bias` vector added to the logits (Marian).
+        freeze_final_logits_bias: training only: `final_logits_bias` gets no gradient (a zero
+            one), as in transformers, where it is a registered buffer, not a parameter (Marian,
+            BART, mBART, Pegasus): an optimizer step leaves it as it is. The forward is unchanged.
         scale_logits: divide `y W_out` by sqrt(D) before any bias (Flax `examples/wmt` with
             `logits_via_embedding`: "correctly normalize pre-softmax logits for this shared case").
     """
@@ -219,6 +222,7 @@ class ModelConfig:
     ffn_bias: bool = True
     output_bias: bool = True
     final_logits_bias: bool = False
+    freeze_final_logits_bias: bool = False
     scale_logits: bool = False
 
     # Free-form provenance (e.g. {"layout": "hf-marian"}); never changes the numbers.

@@ -59,7 +59,9 @@ def covering_configs() -> tuple[ModelConfig, ...]:
     Row by row, each switch takes its least used value that the config accepts with the switches
     already set (a value no row may take would be a switch that no config can have, and fails
     here); among equally used values a fixed pseudo-random order per (switch, row) decides, so that
-    two switches do not move in lockstep (shared embeddings always with tied outputs)."""
+    two switches do not move in lockstep (shared embeddings always with tied outputs). A value that
+    acts only beside others (`model_configs.ACTS_ONLY_WITH`: a frozen final_logits_bias needs one)
+    is taken only in a row that has them."""
     values = switch_values()
     used = {(name, v): 0 for name, options in values.items() for v in options}
     rows: list[ModelConfig] = []
@@ -73,6 +75,9 @@ def covering_configs() -> tuple[ModelConfig, ...]:
                 return used[name, options[j]], zlib.crc32(f"{name} {len(rows)} {j}".encode())
 
             for j in sorted(range(len(options)), key=order):
+                needs = model_configs.ACTS_ONLY_WITH.get((name, options[j]), {})
+                if any(getattr(config, other) != value for other, value in needs.items()):
+                    continue
                 try:
                     config = config.replace(**{name: options[j]})
                     break
