@@ -267,6 +267,15 @@ PROPERTY_BREAKS = {
         "decode.py", "data = processor_data(settings,",
         'data = processor_data(__import__("dataclasses").replace(settings, min_length=0),',
     )], {})]),
+    # transformers' processors of shipped generation configs (issue 56): the penalty never reaches
+    # the search, and the device search forgets the renormalization that beam scores read.
+    "repetition_penalty not forwarded": ("test_generate", [("numpy", [(
+        "decode.py", "data = processor_data(settings,",
+        'data = processor_data(__import__("dataclasses").replace(settings, repetition_penalty=1.0),',
+    )], {})]),
+    "renormalize_logits dropped by the device search": ("test_generate", [("numpy", [(
+        "device.py", "return renormalized(ops, scores) if rules.renormalize else scores", "return scores",
+    )], {})]),
     "multi-token bad words dropped": ("test_generate", [("numpy", [(
         "decode.py", "data = processor_data(settings,",
         'data = processor_data(__import__("dataclasses").replace(settings, bad_words_ids=()),',

@@ -237,22 +237,21 @@ def record_generation(result, layout: Layout, generation: dict[str, Any], source
     `generate` needs no ids passed; each completion is said in the decisions.
 
     A field that changes transformers' output but that `generate` does not apply
-    (`conformance.core.generation.note.UNAPPLIED_GENERATION`: repetition_penalty != 1, do_sample true, ...)
-    is kept in the note and named in a warning (a decision, and a GenerationWarning); the
-    conversion goes on, the weights being right. Such a field at a value that changes nothing is
-    left out of the note."""
+    (`conformance.core.generation.note.UNAPPLIED_GENERATION`: do_sample true, sequence_bias, ...)
+    is kept in the note and named in a warning (a decision, and a GenerationWarning; `generate`
+    names it again at every call); the conversion goes on, the weights being right. Such a field
+    at a value that changes nothing is left out of the note."""
     import warnings
 
-    from conformance.core.generation.note import UNAPPLIED_GENERATION, GenerationWarning, unapplied_generation
+    from conformance.core.generation.note import (UNAPPLIED_GENERATION, GenerationWarning, unapplied_generation,
+                                                  unapplied_message)
 
     unapplied = unapplied_generation(generation)
     generation = {name: value for name, value in generation.items()
                   if name not in UNAPPLIED_GENERATION or name in unapplied}
     if unapplied:
-        listed = ", ".join(f"{name}={json.dumps(value, default=repr)}" for name, value in unapplied.items())
-        message = (f"{source}'s generation settings set {listed}: transformers' generate applies "
-                   f"{'it' if len(unapplied) == 1 else 'them'}, rosetta's `generate` does not, so its outputs "
-                   "may differ from transformers' (the weights are converted all the same; see docs/decoding.md)")
+        message = unapplied_message(unapplied, f"{source}'s generation settings").replace(
+            " (docs/decoding.md)", " (the weights are converted all the same; see docs/decoding.md)")
         result.decisions.append(f"generation warning: {message}")
         warnings.warn(message, GenerationWarning, stacklevel=3)
     for name, field in layout.hf.generation_defaults.items():
