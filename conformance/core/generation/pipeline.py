@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from conformance.core.errors import InputError
 from conformance.core.generation.processors import decay_factor
 
 # data_of's keys that change the scores other than by a ban of the whole (V,) mask: greedy search
@@ -44,7 +45,8 @@ def data_of(settings, as_array, src_ids=None, vocab_size: int | None = None) -> 
         data["repetition_penalty"] = as_array("repetition_penalty", np.array(settings.repetition_penalty))
     if settings.reads_source:
         if src_ids is None:
-            raise ValueError("encoder_repetition_penalty and encoder_no_repeat_ngram_size read the source ids")
+            raise InputError("src_ids", "encoder_repetition_penalty and encoder_no_repeat_ngram_size read the source "
+                                        "ids: pass them")
         sources = np.repeat(np.asarray(src_ids, dtype=np.int64), settings.rows, axis=0)  # (N, S)
         if settings.encoder_repetition_penalty != 1.0:
             seen = np.zeros((len(sources), vocab_size + 1), dtype=bool)  # a source-only id: the spare column

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from conformance.core.errors import NaNLogitsError
+from conformance.core.errors import InputError, NaNLogitsError
 from conformance.core.generation.processors import Processors, log_softmax, processed
 from conformance.core.generation.settings import split_bad_words
 
@@ -150,14 +150,16 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
     encoder_ids = None
     if encoder_repetition_penalty != 1.0 or encoder_no_repeat_ngram_size:
         if src_ids is None:
-            raise ValueError("encoder_repetition_penalty and encoder_no_repeat_ngram_size read the source: pass src_ids")
+            raise InputError("src_ids", "encoder_repetition_penalty and encoder_no_repeat_ngram_size read the source "
+                                        "ids: pass them")
         per = num_return_sequences if do_sample else num_beams  # decoder rows per source row
         encoder_ids = np.repeat(np.asarray(src_ids, dtype=np.int64), per, axis=0)  # (N, S)
     processors = Processors(max_len=max_len, eos_id=eos_id, banned_ids=tuple(banned_ids) + one_token,
                             bad_words_ids=words, no_repeat_ngram_size=no_repeat_ngram_size,
                             min_length=min_length, min_new_tokens=min_new_tokens,
                             forced_bos_id=forced_bos_id, forced_eos=forced_eos,
-                            repetition_penalty=repetition_penalty, encoder_repetition_penalty=encoder_repetition_penalty,
+                            repetition_penalty=repetition_penalty,
+                            encoder_repetition_penalty=encoder_repetition_penalty,
                             encoder_no_repeat_ngram_size=encoder_no_repeat_ngram_size, encoder_ids=encoder_ids,
                             exponential_decay_length_penalty=exponential_decay_length_penalty,
                             suppress_tokens=tuple(suppress_tokens), begin_suppress_tokens=tuple(begin_suppress_tokens),
