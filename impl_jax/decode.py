@@ -312,7 +312,7 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
 
         ids, scores = search(reference_step, batch, settings.max_len, settings.bos_id, settings.eos_id,
                              model.config.pad_id, **settings.search_options(), as_numpy=np.asarray,
-                             mask_fill=model.config.mask_fill)
+                             mask_fill=model.config.mask_fill, src_ids=np.asarray(src_ids))
         ids = jax.device_put(ids.astype(np.int32), model.device)  # int64 would need x64
         scores = scores if jax.config.jax_enable_x64 else scores.astype(np.float32)
         return (ids, jax.device_put(scores, model.device)) if settings.return_scores else ids
@@ -323,14 +323,17 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
     def step(*search_data) -> tuple:  # the whole search, one compiled program
         return compiled.call(model, _search, (encoded.memory, cross_mask, *search_data), model.device, rules=rules)
 
+    source = np.asarray(src_ids) if settings.reads_source else None  # the ids as given, padding included
     ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size, dtype,
-                         mask_fill=model.config.mask_fill)
+                         mask_fill=model.config.mask_fill, src_ids=source)
     return (ids, scores) if settings.return_scores else ids
 
 
-def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype, mask_fill=None):
+def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype, mask_fill=None,
+           src_ids=None):
     """(ids, scores) of the device search that `step` runs, on the banned mask, sampling's
-    uniforms and the processors' data built from `settings` (a `decoding.Generation`).
+    uniforms and the processors' data built from `settings` (a `decoding.Generation`) and the
+    source ids `src_ids` (B, S) on the host (read by the encoder's processors; None without them).
 
     Here `step(ids, banned, length_penalty, sampling, data) -> (state,)` is the whole compiled
     search (the (bos, eos, pad) ids, the banned mask (V,), the length penalty, sampling's and the
@@ -343,7 +346,11 @@ def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int,
     drawn = uniforms(settings.seed, settings.max_len, rows) if settings.do_sample else None  # (max_len, N)
     sampling = sampling_data(settings, drawn, lambda name, value: np.asarray(value, dtype=np.int32 if name == "top_k"
                                                                                 else dtype))
-    data = processor_data(settings, lambda name, value: np.asarray(value, dtype=np.int32))  # int64 would need x64
+    def as_data(name, value):  # ids as int32 (int64 would need x64), penalties in the search dtype
+        value = np.asarray(value)
+        return value.astype(dtype if value.dtype.kind == "f" else np.bool_ if value.dtype == bool else np.int32)
+
+    data = processor_data(settings, as_data, src_ids, vocab_size)
     ids = np.array([settings.bos_id, settings.eos_id, pad_id], dtype=np.int32)
     (state,) = step(ids, banned_mask, np.asarray(settings.length_penalty, dtype=dtype), sampling, data)
     bad, count = (int(x) for x in jax.device_get((state["bad"], state[counter(rules)])))  # one read
@@ -358,7 +365,7 @@ def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int,
 
 
 def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int, settings, dtype: str = "float64",
-                 device=None):
+                 device=None, src_ids=None):
     """The search `generate` runs, over the next-token logits of any decoder instead of this
     model's: (ids, scores) for `batch` source rows, in this backend's arrays on `device`.
 
@@ -367,8 +374,9 @@ def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int
     position `position` (the step); a pure function of its arguments, written in array indexing
     that NumPy, torch and jax.numpy read alike. `step_data` (names to NumPy arrays) is moved to
     the device as data. `settings`: a `decoding.Generation` (`conformance.core.generation.settings.resolve`);
-    `dtype` the search dtype's name. The suite drives it with a scripted decoder
-    (conformance/suite/test_search_rules.py); `generate` runs the same driver (`driven`).
+    `dtype` the search dtype's name; `src_ids` (batch, S), the source ids the encoder's processors
+    read. The suite drives it with a scripted decoder (conformance/suite/test_search_rules.py);
+    `generate` runs the same driver (`driven`).
 
     Here `device` is "cpu", "gpu" or a jax.Device (default: JAX's default device), float64 needs
     x64 on (`impl_jax.enable_x64`), and the search is one compiled `lax.while_loop` (`_loop`, as
@@ -381,4 +389,4 @@ def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int
         placed = jax.device_put((step_data, *search_data), device)
         return (_search_steps(*placed, step=step, rows=rows, rules=rules),)
 
-    return driven(Ops(device), rules, program, batch, settings, pad_id, vocab_size, dtype)
+    return driven(Ops(device), rules, program, batch, settings, pad_id, vocab_size, dtype, src_ids=src_ids)

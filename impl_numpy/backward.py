@@ -443,8 +443,8 @@ def loss_and_grads(model, src_ids: np.ndarray, tgt_ids: np.ndarray, labels: np.n
     grads = {name: np.zeros(shape, model.dtype) for name, shape in param_shapes(config).items()}
     loss, d_logits = cross_entropy(out.logits, labels, config.pad_id, label_smoothing)  # (B, T, V)
 
-    # logits = Output(y) + final_logits_bias
-    if model.final_logits_bias is not None:
+    # logits = Output(y) + final_logits_bias; a frozen one (a buffer in transformers) gets none
+    if model.final_logits_bias is not None and not model.frozen_logits_bias:
         grads["final_logits_bias"] += d_logits.reshape(-1, config.tgt_vocab_size).sum(axis=0)
     tgt_embedding = model.encoder.embedding if config.share_embeddings else model.decoder.embedding
     d_y = output_backward(tape, model.output, config, tgt_embedding, d_logits, grads)  # (B, T, D)

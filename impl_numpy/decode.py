@@ -170,15 +170,18 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
             cache["now"] = reorder_cache(model, cache["now"], state["parents"])
         return advance(model, newest(ops, rules, state), cache["now"])  # (N, V)
 
+    source = np.asarray(src_ids) if settings.reads_source else None  # the ids as given, padding included
     ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size, dtype,
-                         mask_fill=model.config.mask_fill)
+                         mask_fill=model.config.mask_fill, src_ids=source)
     ids = ids.astype(np.int64)
     return (ids, scores) if settings.return_scores else ids
 
 
-def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype, mask_fill=None):
+def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype, mask_fill=None,
+           src_ids=None):
     """(ids, scores) of the device search that `step` runs, on the banned mask, sampling's
-    uniforms and the processors' data built from `settings` (a `decoding.Generation`).
+    uniforms and the processors' data built from `settings` (a `decoding.Generation`) and the
+    source ids `src_ids` (B, S) on the host (read by the encoder's processors; None without them).
 
     Here `step(state, i) -> logits (N, V)` is the decoder's, and `device_search.run` drives the
     steps from a Python loop, with one small host read per step; `mask_fill`, the model's, names
@@ -188,14 +191,16 @@ def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int,
     rows = batch * settings.rows  # N: each source once per beam (or sample)
     drawn = uniforms(settings.seed, settings.max_len, rows) if settings.do_sample else None  # (max_len, N)
     sampling = sampling_data(settings, drawn, lambda name, value: value.astype(dtype) if name == "uniforms" else value)
-    data = processor_data(settings, lambda name, value: value)  # the forced first id, min length, bad-word table
+    # The forced first id, min length, bad-word table, penalties (in the search dtype), ...
+    data = processor_data(settings, lambda name, value: value.astype(dtype) if np.asarray(value).dtype.kind == "f"
+                          else value, src_ids, vocab_size)
     return run(ops, rules, step, batch, settings.bos_id, settings.eos_id, pad_id, banned_mask, settings.length_penalty,
                dtype, lambda *arrays: [a.item() for a in arrays], settings.num_return_sequences, sampling,
                settings.return_scores, data, mask_fill)
 
 
 def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int, settings, dtype: str = "float64",
-                 device=None):
+                 device=None, src_ids=None):
     """The search `generate` runs, over the next-token logits of any decoder instead of this
     model's: (ids, scores) for `batch` source rows, in this backend's arrays on `device`.
 
@@ -204,11 +209,12 @@ def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int
     position `position` (the step); a pure function of its arguments, written in array indexing
     that NumPy, torch and jax.numpy read alike. `step_data` (names to NumPy arrays) is moved to
     the device as data. `settings`: a `decoding.Generation` (`conformance.core.generation.settings.resolve`);
-    `dtype` the search dtype's name. The suite drives it with a scripted decoder
-    (conformance/suite/test_search_rules.py); `generate` runs the same driver (`driven`).
+    `dtype` the search dtype's name; `src_ids` (batch, S), the source ids the encoder's processors
+    read. The suite drives it with a scripted decoder (conformance/suite/test_search_rules.py);
+    `generate` runs the same driver (`driven`).
 
     Here `device` is the host (NumPy has no other)."""
     ops, rules, dtype = Ops(device), rules_of(settings), np.dtype(dtype).type
     data = {name: np.asarray(value) for name, value in step_data.items()}
     return driven(ops, rules, lambda state, i: step(data, newest(ops, rules, state), i), batch, settings, pad_id,
-                  vocab_size, dtype)
+                  vocab_size, dtype, src_ids=src_ids)

@@ -584,6 +584,7 @@ class Model:
         self.decoder = Decoder(config, params, self.dtype)
         self.output = Output(config, params)
         self.final_logits_bias = params.get("final_logits_bias")
+        self.frozen_logits_bias = config.freeze_final_logits_bias  # a buffer in transformers: read by backward.py
 
     @property
     def param_dtype(self) -> np.dtype:
@@ -642,7 +643,9 @@ class Model:
         """The logits (B, T, V) of `decoder.output` y: the output layer, plus BART's `final_logits_bias`."""
         logits = self.output(y, self.target_embedding, tape=tape)  # (B, T, V)
         if self.final_logits_bias is not None:
-            logits = logits + cast(self.final_logits_bias, logits.dtype)
+            bias = cast(self.final_logits_bias, logits.dtype)
+            # frozen (frozen_logits_bias): the same values; backward.py gives it no gradient
+            logits = logits + bias
         return logits
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None,
@@ -778,7 +781,10 @@ class Model:
                  forced_bos_id: int | bool | None = None, min_length: int | None = None,
                  min_new_tokens: int | None = None, return_scores: bool = False, beam_rule: str = "hf",
                  num_return_sequences: int = 1, do_sample: bool = False, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None):
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 repetition_penalty: float | None = None, encoder_repetition_penalty: float | None = None,
+                 encoder_no_repeat_ngram_size: int | None = None, exponential_decay_length_penalty=None,
+                 suppress_tokens=None, begin_suppress_tokens=None, renormalize_logits: bool | None = None):
         """Greedy (num_beams=1), beam search or sampling: the best sequences per row after `bos_id`.
 
         Returns (B * num_return_sequences, n) ids with n <= max_len, `pad_id` after a row's `eos_id`
@@ -793,7 +799,11 @@ class Model:
         (lists of ids; a word of several tokens is banned where its start ends the sequence),
         `min_length` (the end token banned while the output plus the start token is shorter) and
         `min_new_tokens` (banned while the output is shorter; it replaces min_length, as in
-        transformers), `forced_bos_id` (False: none, whatever the note says), `forced_eos`.
+        transformers), `forced_bos_id` (False: none, whatever the note says), `forced_eos`; and
+        under transformers' names `repetition_penalty`, `encoder_repetition_penalty` and
+        `encoder_no_repeat_ngram_size` (these two read src_ids as given, padding included),
+        `exponential_decay_length_penalty` ((start, factor); False: none), `suppress_tokens`,
+        `begin_suppress_tokens`, `renormalize_logits` (docs/decoding.md, "What is scored").
         `early_stopping` (beam_rule="hf"): the note's, else False.
         """
         return decode.generate(self, src_ids, max_len, bos_id, eos_id, num_beams=num_beams,
@@ -803,4 +813,10 @@ class Model:
                                no_repeat_ngram_size=no_repeat_ngram_size, forced_bos_id=forced_bos_id,
                                min_length=min_length, min_new_tokens=min_new_tokens, return_scores=return_scores, beam_rule=beam_rule,
                                num_return_sequences=num_return_sequences, do_sample=do_sample,
-                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                               repetition_penalty=repetition_penalty,
+                               encoder_repetition_penalty=encoder_repetition_penalty,
+                               encoder_no_repeat_ngram_size=encoder_no_repeat_ngram_size,
+                               exponential_decay_length_penalty=exponential_decay_length_penalty,
+                               suppress_tokens=suppress_tokens, begin_suppress_tokens=begin_suppress_tokens,
+                               renormalize_logits=renormalize_logits)

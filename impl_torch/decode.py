@@ -378,14 +378,17 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
             ids = newest(ops, rules, state)
             return advance(model, ids, cache["now"]) if own else model.decode_step(ids, cache["now"])  # (N, V)
 
+        source = to_numpy(torch.as_tensor(src_ids)) if settings.reads_source else None  # as given, padding included
         ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size,
-                             dtype, mask_fill=model.config.mask_fill)
+                             dtype, mask_fill=model.config.mask_fill, src_ids=source)
     return (ids, scores) if settings.return_scores else ids
 
 
-def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype, mask_fill=None):
+def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype, mask_fill=None,
+           src_ids=None):
     """(ids, scores) of the device search that `step` runs, on the banned mask, sampling's
-    uniforms and the processors' data built from `settings` (a `decoding.Generation`).
+    uniforms and the processors' data built from `settings` (a `decoding.Generation`) and the
+    source ids `src_ids` (B, S) on the host (read by the encoder's processors; None without them).
 
     Here `step(state, i) -> logits (N, V)` is the decoder's, and `device_search.run` drives the
     steps from a Python loop, with one small host read per step. The arrays live on `ops.device`."""
@@ -396,9 +399,15 @@ def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int,
     drawn = uniforms(settings.seed, settings.max_len, rows) if settings.do_sample else None  # (max_len, N)
     sampling = sampling_data(settings, drawn, lambda name, value: ops.cast(value, dtype) if name == "uniforms"
                              else value)
-    # The forced first id and the minimum length as Python ints, the bad-word table on the device.
-    data = processor_data(settings, lambda name, value: value if name in ("forced_bos", "min_steps")
-                          else torch.as_tensor(value, device=device))
+    # The forced first id, the minimum length and the suppression's step as Python ints; the
+    # bad-word table, the penalties (in the search dtype), the masks and the source on the device.
+    def as_data(name, value):
+        if isinstance(value, int):
+            return value
+        tensor = torch.as_tensor(value, device=device)
+        return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+    data = processor_data(settings, as_data, src_ids, vocab_size)
 
     def read(*arrays) -> list:  # the one small host read per step
         return torch.stack([torch.as_tensor(a, device=device).long() for a in arrays]).tolist()
@@ -408,7 +417,7 @@ def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int,
 
 
 def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int, settings, dtype: str = "float64",
-                 device=None):
+                 device=None, src_ids=None):
     """The search `generate` runs, over the next-token logits of any decoder instead of this
     model's: (ids, scores) for `batch` source rows, in this backend's arrays on `device`.
 
@@ -417,8 +426,9 @@ def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int
     position `position` (the step); a pure function of its arguments, written in array indexing
     that NumPy, torch and jax.numpy read alike. `step_data` (names to NumPy arrays) is moved to
     the device as data. `settings`: a `decoding.Generation` (`conformance.core.generation.settings.resolve`);
-    `dtype` the search dtype's name. The suite drives it with a scripted decoder
-    (conformance/suite/test_search_rules.py); `generate` runs the same driver (`driven`).
+    `dtype` the search dtype's name; `src_ids` (batch, S), the source ids the encoder's processors
+    read. The suite drives it with a scripted decoder (conformance/suite/test_search_rules.py);
+    `generate` runs the same driver (`driven`).
 
     Here `device` is "cpu", "cuda" or a torch.device (default: the CPU), and the search runs under
     `torch.inference_mode`."""
@@ -427,4 +437,4 @@ def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int
     data = {name: torch.as_tensor(value, device=device) for name, value in step_data.items()}
     with torch.inference_mode():
         return driven(ops, rules, lambda state, i: step(data, newest(ops, rules, state), i), batch, settings, pad_id,
-                      vocab_size, dtype)
+                      vocab_size, dtype, src_ids=src_ids)

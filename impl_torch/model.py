@@ -45,6 +45,7 @@ from conformance.core.positions import offset_buckets, position_table
 from impl_torch import decode, graphs
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 from impl_torch.blocks import product_in_blocks
+from impl_torch.compiling import eager_under_compile
 from impl_torch.fused import kernel_fix_ups
 from impl_torch.precision import check_no_autocast
 from impl_torch.train import leaf_in, parameters_replaced
@@ -758,6 +759,7 @@ class Model(nn.Module):
             self.decoder = Decoder(config, dtype)
             self.output = Output(config, dtype)
             self.final_logits_bias = nn.Parameter(torch.empty(config.tgt_vocab_size, dtype=dtype)) if config.final_logits_bias else None
+        self.frozen_logits_bias = config.freeze_final_logits_bias  # a buffer in transformers: no gradient
         # A strict key-for-key copy: state_dict() names are the checkpoint's names. copy_ moves
         # each value to the device; each host array is let go of once copied, so that a cast copy
         # of the whole set and the model's never coexist (2x a float64 model's parameters).
@@ -808,7 +810,7 @@ class Model(nn.Module):
         """`ids` checked as a call checks `argument` (its shape, dtype, range), as this backend's ids."""
         return self._ids(argument, ids, vocab_size)
 
-    @torch.compiler.disable  # host-side checks: torch.compile runs them eagerly, outside the graph
+    @eager_under_compile  # host-side checks: torch.compile runs them eagerly, outside the graph
     def _ids(self, argument: str, ids, vocab_size: int) -> torch.Tensor:
         check_no_autocast(self.device)  # the model's dtype is its precision, not autocast's
         if not isinstance(ids, torch.Tensor):
@@ -821,7 +823,7 @@ class Model(nn.Module):
         check_ids(argument, ids.shape, dtype_name(ids.dtype), is_integer, bounds, vocab_size, self.config.max_len)
         return ids.to(device=self.device, dtype=torch.long)
 
-    @torch.compiler.disable
+    @eager_under_compile
     def _mask(self, argument: str, mask, expected, derived: torch.Tensor) -> torch.Tensor:
         if not isinstance(mask, torch.Tensor):
             mask = host_mask(argument, mask, expected, derived.cpu().numpy())
@@ -867,6 +869,8 @@ class Model(nn.Module):
         logits = self.output(y, self.target_embedding, weight=weight)  # (B, T, V)
         if self.final_logits_bias is not None:  # in place outside autograd's graph, as in `Output`
             bias = cast(self.final_logits_bias, logits.dtype)
+            if self.frozen_logits_bias:  # the same values; no gradient (a zero one)
+                bias = bias.detach()
             logits = logits + bias if logits.requires_grad else logits.add_(bias)
         return logits
 
@@ -1050,7 +1054,10 @@ class Model(nn.Module):
                  forced_bos_id: int | bool | None = None, min_length: int | None = None,
                  min_new_tokens: int | None = None, return_scores: bool = False, beam_rule: str = "hf",
                  num_return_sequences: int = 1, do_sample: bool = False, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None):
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 repetition_penalty: float | None = None, encoder_repetition_penalty: float | None = None,
+                 encoder_no_repeat_ngram_size: int | None = None, exponential_decay_length_penalty=None,
+                 suppress_tokens=None, begin_suppress_tokens=None, renormalize_logits: bool | None = None):
         """Greedy (num_beams=1), beam search or sampling: the best sequences per row after `bos_id`.
 
         Returns (B * num_return_sequences, n) ids with n <= max_len, `pad_id` after a row's `eos_id`
@@ -1065,7 +1072,11 @@ class Model(nn.Module):
         (lists of ids; a word of several tokens is banned where its start ends the sequence),
         `min_length` (the end token banned while the output plus the start token is shorter) and
         `min_new_tokens` (banned while the output is shorter; it replaces min_length, as in
-        transformers), `forced_bos_id` (False: none, whatever the note says), `forced_eos`.
+        transformers), `forced_bos_id` (False: none, whatever the note says), `forced_eos`; and
+        under transformers' names `repetition_penalty`, `encoder_repetition_penalty` and
+        `encoder_no_repeat_ngram_size` (these two read src_ids as given, padding included),
+        `exponential_decay_length_penalty` ((start, factor); False: none), `suppress_tokens`,
+        `begin_suppress_tokens`, `renormalize_logits` (docs/decoding.md, "What is scored").
         `early_stopping` (beam_rule="hf"): the note's, else False.
         """
         return decode.generate(self, src_ids, max_len, bos_id, eos_id, num_beams=num_beams,
@@ -1075,4 +1086,10 @@ class Model(nn.Module):
                                no_repeat_ngram_size=no_repeat_ngram_size, forced_bos_id=forced_bos_id,
                                min_length=min_length, min_new_tokens=min_new_tokens, return_scores=return_scores, beam_rule=beam_rule,
                                num_return_sequences=num_return_sequences, do_sample=do_sample,
-                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                               repetition_penalty=repetition_penalty,
+                               encoder_repetition_penalty=encoder_repetition_penalty,
+                               encoder_no_repeat_ngram_size=encoder_no_repeat_ngram_size,
+                               exponential_decay_length_penalty=exponential_decay_length_penalty,
+                               suppress_tokens=suppress_tokens, begin_suppress_tokens=begin_suppress_tokens,
+                               renormalize_logits=renormalize_logits)

@@ -226,6 +226,12 @@ PROPERTY_BREAKS = {
         "    if embedding.padding_idx is not None:\n",
         "    if False:\n",
     )], {})]),
+    # transformers' final_logits_bias is a buffer: a port whose optimizer trains it anyway.
+    "frozen final_logits_bias gets a gradient": ("test_gradients", [("numpy", [(
+        "backward.py",
+        "    if model.final_logits_bias is not None and not model.frozen_logits_bias:",
+        "    if model.final_logits_bias is not None:",
+    )], {})]),
     # T5's relative bias: the score gradient never reaches the bucket table.
     "relative bias gets no gradient": ("test_gradients", [("numpy", [(
         "backward.py",
@@ -260,6 +266,15 @@ PROPERTY_BREAKS = {
     "min_length not forwarded": ("test_generate", [("numpy", [(
         "decode.py", "data = processor_data(settings,",
         'data = processor_data(__import__("dataclasses").replace(settings, min_length=0),',
+    )], {})]),
+    # transformers' processors of shipped generation configs (issue 56): the penalty never reaches
+    # the search, and the device search forgets the renormalization that beam scores read.
+    "repetition_penalty not forwarded": ("test_generate", [("numpy", [(
+        "decode.py", "data = processor_data(settings,",
+        'data = processor_data(__import__("dataclasses").replace(settings, repetition_penalty=1.0),',
+    )], {})]),
+    "renormalize_logits dropped by the device search": ("test_generate", [("numpy", [(
+        "device.py", "return renormalized(ops, scores) if rules.renormalize else scores", "return scores",
     )], {})]),
     "multi-token bad words dropped": ("test_generate", [("numpy", [(
         "decode.py", "data = processor_data(settings,",

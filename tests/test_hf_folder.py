@@ -120,7 +120,7 @@ def test_sharded_and_bin_folders_give_the_same_parameters(tmp_path, folder, mode
 
 @pytest.mark.parametrize("field, value", [
     ("share_encoder_decoder_embeddings", False), ("normalize_before", True), ("decoder_vocab_size", VOCAB + 1),
-    ("activation_function", "mish"), ("model_type", "bart"),
+    ("activation_function", "mish"),
 ])
 def test_what_hf_marian_cannot_express_is_named(tmp_path, folder, field, value):
     copy = tmp_path / "edited"
@@ -131,6 +131,16 @@ def test_what_hf_marian_cannot_express_is_named(tmp_path, folder, field, value):
     name = {"activation_function": "activation", "share_encoder_decoder_embeddings": "share_encoder_decoder_embeddings"}.get(field, field)
     with pytest.raises(ConfigError, match=name):
         from_hf_folder(copy)
+
+
+def test_a_marian_folder_labelled_bart_is_refused_on_its_config_file(tmp_path, folder):
+    copy = tmp_path / "labelled"
+    shutil.copytree(folder, copy)
+    data = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**data, "model_type": "bart"}))
+    with pytest.raises(CheckpointError, match="says model_type 'bart'") as info:
+        from_hf_folder(copy)
+    assert info.value.path == str(copy / "config.json")
 
 
 def test_a_folder_without_weights_or_with_broken_json_names_the_file(tmp_path, folder):

@@ -203,29 +203,32 @@ def test_bart_summary_settings_from_the_folder_give_transformers_ids(minimum, ba
 
 
 def test_a_setting_generate_does_not_apply_is_named_in_a_warning(tmp_path):
-    """repetition_penalty and suppress_tokens change transformers' ids here; the conversion goes on
-    but warns, naming each with its value; a field at a value that changes nothing is not named."""
+    """sequence_bias and guidance_scale change transformers' ids here; the conversion goes on
+    but warns, naming each with its value; a field at a value that changes nothing is not named.
+    (repetition_penalty and suppress_tokens, named here before, are applied now:
+    tests/generation/test_generation_config_processors.py.)"""
     from conformance.convert.hf_folder import convert_folder
     from conformance.core.generation.note import GenerationWarning
 
     model = build("bart")
-    model.generation_config.update(max_length=12, num_beams=1, repetition_penalty=1.0, top_k=50)
+    model.generation_config.update(max_length=12, num_beams=1, top_k=50)
     src, _, _ = batch("bart")
     config, _ = from_hf_folder(_saved(model, tmp_path / "plain"))
     plain = hf_summary_ids(model, config, src)
-    for field, value in (("repetition_penalty", 1.5), ("suppress_tokens", [5, 7])):
+    unapplied = {"sequence_bias": [[[5], 10.0]], "guidance_scale": 2.0}
+    for field, value in unapplied.items():
         assert differ(plain, hf_summary_ids(model, config, src, **{field: value})), f"{field} changes nothing"
-    model.generation_config.update(repetition_penalty=1.5, suppress_tokens=[5, 7])
+    model.generation_config.update(**unapplied)
     folder = _saved(model, tmp_path / "unapplied")
     with pytest.warns(GenerationWarning) as caught:
         result = convert_folder(folder)
     (message,) = [str(w.message) for w in caught if issubclass(w.category, GenerationWarning)]
-    assert "repetition_penalty=1.5" in message and "suppress_tokens=[5, 7]" in message, message
+    assert "sequence_bias=[[[5], 10.0]]" in message and "guidance_scale=2.0" in message, message
     assert "does not" in message and "top_k" not in message, message  # top_k without do_sample changes nothing
-    assert any(line.startswith("generation warning:") and "repetition_penalty=1.5" in line for line in result.decisions)
+    assert any(line.startswith("generation warning:") and "guidance_scale=2.0" in line for line in result.decisions)
     note = json.loads(result.config.notes["generation"])
-    assert note["repetition_penalty"] == 1.5 and "top_k" not in note
-    with pytest.warns(GenerationWarning, match="repetition_penalty=1.5"):  # a live model too
+    assert note["guidance_scale"] == 2.0 and "top_k" not in note
+    with pytest.warns(GenerationWarning, match="guidance_scale=2.0"):  # a live model too
         from conformance.convert import from_hf
         from_hf(model)
 

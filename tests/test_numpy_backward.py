@@ -47,7 +47,11 @@ CONFIGS = {**{f"preset {name}": (name, {}) for name in sorted(PRESETS)},
 
 
 def tiny(name: str, changes: dict | None = None, **more):
-    return small(name, n_encoder_layers=1, n_decoder_layers=1, **{**(changes or {}), **more})
+    """A one-layer config. Its final_logits_bias is trained: frozen (the Hugging Face presets'
+    `freeze_final_logits_bias`), it gets a zero gradient by design, not the loss's derivative that
+    these tests compare (tests/training/test_final_logits_bias_frozen.py checks the frozen one)."""
+    return small(name, n_encoder_layers=1, n_decoder_layers=1,
+                 **{**(changes or {}), "freeze_final_logits_bias": False, **more})
 
 
 def batch(config):

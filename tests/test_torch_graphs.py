@@ -28,6 +28,11 @@ OPTIONS = {
     "beam-gnmt": dict(num_beams=3, length_penalty=0.6, length_penalty_form="gnmt", num_return_sequences=2),
     "flax-rule": dict(num_beams=3, beam_rule="flax"),
     "sampling": dict(do_sample=True, seed=5, temperature=0.6, top_k=5, num_return_sequences=2),
+    # transformers' processors of shipped generation configs (docs/decoding.md, "What is scored");
+    # the end token suppressed, so that every call runs to max_len and the second records it all
+    "shipped-processors": dict(num_beams=2, repetition_penalty=1.3, encoder_repetition_penalty=1.2,
+                               encoder_no_repeat_ngram_size=2, exponential_decay_length_penalty=(1, 1.4),
+                               suppress_tokens=[3, 2], begin_suppress_tokens=[4], renormalize_logits=True),
 }
 
 

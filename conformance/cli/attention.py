@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from conformance.check import backends, toy
-    from conformance.cli.common import check_output, labels, load_model, named_by_flags, parse_ids, parse_source, write_outputs
+    from conformance.cli.common import (check_output, labels, load_model, named_by_flags, parse_ids, parse_source,
+                                        source_form, write_outputs)
     from conformance.check.compare import to_numpy
     from conformance.check.plots import plot_attention
     from conformance.cli.generate import decoding
@@ -44,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
 
         fit_torch_threads(config)
     src = parse_source(config, args.src)
+    form = source_form(config, args.src, src)
+    if form:
+        print(f"rosetta attention: {form}", file=sys.stderr)
     if config.notes.get("task") == toy.TASK and toy.range_warning(src):
         print(f"rosetta attention: warning: {toy.range_warning(src)}", file=sys.stderr)
     if args.row >= src.shape[0]:

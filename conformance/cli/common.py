@@ -13,8 +13,10 @@ from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 
 
-def parse_ids(text: str, argument: str) -> np.ndarray:
-    """IDS: a `.npy` file of integers, or rows of comma-separated ids separated by `;` ("1,2,3;4,5,6")."""
+def parse_ids(text: str, argument: str, pad_id: int | None = None, *, pad: bool = False) -> np.ndarray:
+    """IDS: a `.npy` file of integers, or rows of comma-separated ids separated by `;` ("1,2,3;4,5,6").
+    Rows of different lengths are refused (naming the model's `pad_id` when given), or with `pad`
+    padded with `pad_id` on the right to the longest (`ragged_rows` says which were)."""
     if text.endswith(".npy"):
         return _load_ids(text, argument)
     try:
@@ -27,8 +29,20 @@ def parse_ids(text: str, argument: str) -> np.ndarray:
     if not any(rows):
         raise InputError(argument, f"expected ids like '1,2,3;4,5,6' or a .npy file, got {text!r}")
     if len({len(r) for r in rows}) != 1:
-        raise InputError(argument, f"rows have different lengths in {text!r}; pad them with the pad id")
+        if not pad or pad_id is None:
+            which = "the model's pad id" if pad_id is None else f"the model's pad id, {pad_id}"
+            raise InputError(argument, f"rows have different lengths in {text!r}; pad them with {which}")
+        width = max(len(r) for r in rows)
+        rows = [row + [pad_id] * (width - len(row)) for row in rows]
     return np.array(rows, dtype=np.int64)
+
+
+def ragged_rows(text: str) -> list[int]:
+    """The rows of an IDS text shorter than its longest (those `parse_ids` pads); none for a file."""
+    if text.endswith(".npy"):
+        return []
+    lengths = [len([v for v in row.split(",") if v.strip()]) for row in text.split(";")]
+    return [i for i, n in enumerate(lengths) if n < max(lengths)]
 
 
 def _load_ids(path: str, argument: str) -> np.ndarray:
@@ -71,7 +85,8 @@ def _load_ids(path: str, argument: str) -> np.ndarray:
 
 
 def parse_source(config: ModelConfig, text: str, argument: str = "--src") -> np.ndarray:
-    """Text for a model trained on the toy task ("3 1 4"), else IDS."""
+    """Text for a model trained on the toy task ("3 1 4"), else IDS, rows of different lengths
+    padded with the model's pad id (`source_form` says so)."""
     from conformance.check import toy
 
     if config.notes.get("task") == toy.TASK and not text.endswith(".npy") and "," not in text:
@@ -79,12 +94,26 @@ def parse_source(config: ModelConfig, text: str, argument: str = "--src") -> np.
             return np.array([toy.encode_text(text)], dtype=np.int64)
         except ValueError as exc:
             raise InputError(argument, str(exc)) from None
-    return parse_ids(text, argument)
+    return parse_ids(text, argument, config.pad_id, pad=True)
 
 
 def source_form(config: ModelConfig, text: str, ids: np.ndarray) -> str | None:
-    """For the toy model, which of its two forms `--src` was read as (None for other models,
-    which read ids only): "3,1,4" is three token ids, not the digits 3 1 4."""
+    """How `--src` was read, when it is worth saying: rows padded with the pad id (`parse_source`),
+    and for the toy model which of its two forms it was read as ("3,1,4" is three token ids, not
+    the digits 3 1 4); None when there is nothing to say."""
+    from conformance.check import toy
+
+    padded = ragged_rows(text) if "," in text or ";" in text else []
+    said = None
+    if padded:
+        rows = ", ".join(map(str, padded[:10])) + (f" and {len(padded) - 10} more" if len(padded) > 10 else "")
+        said = (f"--src row{'s' if len(padded) > 1 else ''} {rows} padded with the pad id {config.pad_id} to "
+                f"{ids.shape[1]} ids, the longest row's length")
+    form = _toy_form(config, text, ids)
+    return "; ".join(part for part in (form, said) if part) or None
+
+
+def _toy_form(config: ModelConfig, text: str, ids: np.ndarray) -> str | None:
     from conformance.check import toy
 
     if config.notes.get("task") != toy.TASK or text.endswith(".npy"):  # a file holds ids, never digits

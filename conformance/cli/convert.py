@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from conformance.core.errors import InputError
     from conformance.cli.progress import Status
     from conformance.convert.engine import PaddingWarning
+    from conformance.core.generation.note import GenerationWarning
     from conformance.convert.errors import AmbiguousLayoutError, LayoutError, NoMatchingLayoutError, TensorError
     from conformance.core.errors import CheckpointError
 
@@ -152,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught, status:
             warnings.simplefilter("always", PaddingWarning)
+            warnings.simplefilter("always", GenerationWarning)
             status(f"reading {src}")
             if is_hf_folder(src):
                 if (args.layout is not None and not _reads_folders(args.layout)) or args.key or renames:
@@ -184,11 +186,11 @@ def run(args: argparse.Namespace) -> int:
     dtypes = sorted({v.dtype.name for v in result.params.values()})
     print(f"{src} -> {dst}")
     for line in result.decisions:
-        if not line.startswith("WARNING:"):  # said on stderr below
+        if not line.startswith(("WARNING:", "generation warning:")):  # said on stderr below
             print(f"  {line}")
     print(f"  config: {result.config.summary()}")
     print(f"  {len(result.params)} parameters, {total:,} values, {'/'.join(dtypes)}")
-    problems = [str(w.message) for w in caught if issubclass(w.category, PaddingWarning)]
+    problems = [str(w.message) for w in caught if issubclass(w.category, (PaddingWarning, GenerationWarning))]
     problems += trial
     for problem in problems:
         print(f"rosetta convert: warning: {problem}", file=sys.stderr)

@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
     parser.add_argument("--src", required=True, help="source: digits for the toy model ('3 1 4'; it was trained on "
                         f"{toy.MIN_DIGITS}-{toy.MAX_DIGITS} digits, and warns outside that range), or IDS "
-                        "('5,6,7;8,9,10' or a .npy file)")
+                        "('5,6,7;8,9,10' or a .npy file; shorter rows are padded with the checkpoint's pad id)")
     parser.add_argument("--max-len", type=int, default=None,
                         help="longest output in tokens, the start token not counted (default: the checkpoint's; for a "
                              "converted Hugging Face model that records none, transformers' default: "
@@ -246,7 +246,12 @@ def run(args: argparse.Namespace) -> int:
               f"max_length or max_new_tokens, so transformers' default applies ({HF_DEFAULT_NEW_TOKENS} new tokens, "
               "start token and all within max_position_embeddings); --max-len sets another limit", file=sys.stderr)
     eos = settings["eos_id"]
-    with named_by_flags(), Status("rosetta generate") as status:
+    import warnings
+
+    from conformance.core.generation.note import GenerationWarning
+
+    with named_by_flags(), Status("rosetta generate") as status, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GenerationWarning)
         status(f"decoding {len(src)} row(s) on {args.backend}, up to {settings['max_len']} tokens")
         try:
             generated = to_numpy(model.generate(src, **settings)).astype(np.int64)
@@ -259,6 +264,11 @@ def run(args: argparse.Namespace) -> int:
             if exc.argument not in PROCESSOR_FLAGS:
                 raise
             raise InputError(PROCESSOR_FLAGS[exc.argument], exc.problem) from None
+    for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, GenerationWarning)):
+        print(f"rosetta generate: warning: {message}", file=sys.stderr)  # what the note asks and generate skips
+    for w in caught:  # anything else, as Python would have shown it
+        if not issubclass(w.category, GenerationWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     cut = []
     for number, row in enumerate(generated):
         # A row ends at its <eos>; what follows is the padding of rows that ended early.

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     # framework before one is imported (seconds).
     out_path = check_output(args.out, "--out", (".npz",))
     config, params = checkpoint.load(args.checkpoint)
-    src, tgt = parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")
+    src, tgt = parse_ids(args.src, "--src", config.pad_id), parse_ids(args.tgt, "--tgt", config.pad_id)
     try:
         backends.import_backend(args.backend)
     except ImportError as exc:

@@ -37,7 +37,7 @@ from conformance.core.positions import position_table
 _CONFIG_FIELDS = SWITCH_FIELDS | SIZE_FIELDS | {"notes"}
 # Switches that change a training step and never a forward pass: exported weights compute the
 # same logits in the system whatever they say, so an export does not refuse them.
-TRAINING_ONLY = frozenset({"freeze_pad_embedding"})
+TRAINING_ONLY = frozenset({"freeze_pad_embedding", "freeze_final_logits_bias"})
 
 
 # -- Import ------------------------------------------------------------------------------------

@@ -143,21 +143,23 @@ def hf_layouts() -> list[Layout]:
 def hf_layout(hf: dict, where: str, layout: str | Layout | None = None) -> Layout:
     """The layout of a Hugging Face config (parsed config.json or `model.config.to_dict()`): the
     built-in one whose `[hf]` table names its model_type, or `layout` when given (which must
-    have an `[hf]` table naming it)."""
+    have an `[hf]` table naming it). A config that names no model_type, or one no layout reads,
+    is a `CheckpointError` on `where` (model_type is transformers' field, not a ModelConfig one)."""
     model_type = hf.get("model_type")
+    says = (f"says model_type {model_type!r}" if model_type is not None else
+            "names no model_type (the field transformers' AutoConfig picks the model class by)")
     if layout is not None:
         chosen = load_layout(layout)
         if chosen.hf is None or model_type not in chosen.hf.model_types:
-            says = f"model_type {', '.join(chosen.hf.model_types)}" if chosen.hf else "no [hf] table"
-            raise ConfigError("model_type", f"{where} says model_type {model_type!r}, but layout {chosen.name} reads "
-                              f"{says}")
+            reads = f"model_type {', '.join(chosen.hf.model_types)}" if chosen.hf else "no [hf] table"
+            raise CheckpointError(where, f"{says}, but layout {chosen.name} reads {reads}")
         return chosen
     for candidate in hf_layouts():
         if model_type in candidate.hf.model_types:
             return candidate
     known = ", ".join(f"{t} ({c.name})" for c in hf_layouts() for t in c.hf.model_types)
-    raise ConfigError("model_type", f"{where} says model_type {model_type!r}; the folders this converter reads say "
-                      f"one of: {known}")
+    what = "no built-in layout reads it" if model_type is not None else "add the family's"
+    raise CheckpointError(where, f"{says}; {what}: the folders this converter reads name one of: {known}")
 
 
 def read_switches(folder: Path, layout: str | Layout | None = None) -> tuple[Layout, dict[str, Any]]:
@@ -235,22 +237,21 @@ def record_generation(result, layout: Layout, generation: dict[str, Any], source
     `generate` needs no ids passed; each completion is said in the decisions.
 
     A field that changes transformers' output but that `generate` does not apply
-    (`conformance.core.generation.note.UNAPPLIED_GENERATION`: repetition_penalty != 1, do_sample true, ...)
-    is kept in the note and named in a warning (a decision, and a GenerationWarning); the
-    conversion goes on, the weights being right. Such a field at a value that changes nothing is
-    left out of the note."""
+    (`conformance.core.generation.note.UNAPPLIED_GENERATION`: do_sample true, sequence_bias, ...)
+    is kept in the note and named in a warning (a decision, and a GenerationWarning; `generate`
+    names it again at every call); the conversion goes on, the weights being right. Such a field
+    at a value that changes nothing is left out of the note."""
     import warnings
 
-    from conformance.core.generation.note import UNAPPLIED_GENERATION, GenerationWarning, unapplied_generation
+    from conformance.core.generation.note import (UNAPPLIED_GENERATION, GenerationWarning, unapplied_generation,
+                                                  unapplied_message)
 
     unapplied = unapplied_generation(generation)
     generation = {name: value for name, value in generation.items()
                   if name not in UNAPPLIED_GENERATION or name in unapplied}
     if unapplied:
-        listed = ", ".join(f"{name}={json.dumps(value, default=repr)}" for name, value in unapplied.items())
-        message = (f"{source}'s generation settings set {listed}: transformers' generate applies "
-                   f"{'it' if len(unapplied) == 1 else 'them'}, rosetta's `generate` does not, so its outputs "
-                   "may differ from transformers' (the weights are converted all the same; see docs/decoding.md)")
+        message = unapplied_message(unapplied, f"{source}'s generation settings").replace(
+            " (docs/decoding.md)", " (the weights are converted all the same; see docs/decoding.md)")
         result.decisions.append(f"generation warning: {message}")
         warnings.warn(message, GenerationWarning, stacklevel=3)
     for name, field in layout.hf.generation_defaults.items():
@@ -267,7 +268,7 @@ def read_model_type(folder: Path) -> Any:
     return _json(folder / "config.json").get("model_type")
 
 
-def _other_family(folder: Path, chosen: Layout, arrays: dict) -> ConfigError | None:
+def _other_family(folder: Path, chosen: Layout, arrays: dict) -> CheckpointError | None:
     """When a folder's weights fit another family's keys exactly, its config.json names the wrong
     model_type: say that, rather than list every key the chosen layout misses."""
     from conformance.convert.planner import check_keys
@@ -279,9 +280,9 @@ def _other_family(folder: Path, chosen: Layout, arrays: dict) -> ConfigError | N
             except ValueError:
                 fits = False
             if fits:
-                return ConfigError("model_type", f"{folder / 'config.json'} says {read_model_type(folder)!r} (layout "
-                                   f"{chosen.name}), but the weights are those of layout {other.name} (model_type "
-                                   f"{', '.join(other.hf.model_types)})")
+                return CheckpointError(folder / "config.json", f"says model_type {read_model_type(folder)!r} (layout "
+                                       f"{chosen.name}), but the weights are those of layout {other.name} (model_type "
+                                       f"{', '.join(other.hf.model_types)})")
     return None
 
 

@@ -1,9 +1,9 @@
 """The model config: one frozen dataclass that can express every variant in the family.
 
-Every switch listed in `variants.md` is a field here, and every backend reads the same field the
-same way. A switch is never implied by another one: a port that forgets to set a switch gets the
-default written below, and the default is the paper's choice (Vaswani et al., 2017) wherever the
-paper makes one.
+Every switch of the family is a field here, and every backend reads the same field the same way
+(docs/porting.md's switch table is generated from this class: `switch_table`). A switch is never
+implied by another one: a port that forgets to set a switch gets the default written below, and
+the default is the paper's choice (Vaswani et al., 2017) wherever the paper makes one.
 
 This module is framework-free (standard library only) so that every backend can import it.
 """
@@ -11,8 +11,10 @@ This module is framework-free (standard library only) so that every backend can 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -25,6 +27,17 @@ POSITION_IDS = ("arange", "non-pad")
 PAD_MASK_SIDES = ("keys", "queries", "both", "none")
 SRC_PAD_MASK_SIDES = ("keys", "both")
 ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu", "tanh")
+
+# The string fields and the values each may take.
+CHOICES = {
+    "norm_placement": NORM_PLACEMENTS,
+    "layer_norm_form": LAYER_NORM_FORMS,
+    "position": POSITIONS,
+    "position_ids": POSITION_IDS,
+    "tgt_pad_mask": PAD_MASK_SIDES,
+    "src_pad_mask": SRC_PAD_MASK_SIDES,
+    "activation": ACTIVATIONS,
+}
 
 # float32's largest finite value. Scores are formed and filled in at least float32 in every
 # backend, so a finite fill below -FLOAT32_MAX would silently become -inf there (NaN rows instead
@@ -41,7 +54,7 @@ MAX_LEN_LIMIT = 65536
 # existed; every other field must be named by a stored config (see `from_dict(complete=True)`).
 ADDED_FIELDS = ("src_pad_mask", "scale_logits", "ffn_glu", "attention_temp", "position_offset", "position_ids",
                 "embedding_norm", "freeze_pad_embedding", "d_head", "scale_scores", "relative_buckets",
-                "relative_max_distance", "ffn_bias")
+                "relative_max_distance", "ffn_bias", "freeze_final_logits_bias")
 
 _SIZE_FIELDS = (
     "src_vocab_size",
@@ -160,6 +173,9 @@ class ModelConfig:
         ffn_bias: linear1, linear2 (and the gate) have biases; T5 has none.
         output_bias: the output projection has its own bias `output.bias`.
         final_logits_bias: a separate `final_logits_bias` vector added to the logits (Marian).
+        freeze_final_logits_bias: training only: `final_logits_bias` gets no gradient (a zero
+            one), as in transformers, where it is a registered buffer, not a parameter (Marian,
+            BART, mBART, Pegasus): an optimizer step leaves it as it is. The forward is unchanged.
         scale_logits: divide `y W_out` by sqrt(D) before any bias (Flax `examples/wmt` with
             `logits_via_embedding`: "correctly normalize pre-softmax logits for this shared case").
     """
@@ -206,6 +222,7 @@ class ModelConfig:
     ffn_bias: bool = True
     output_bias: bool = True
     final_logits_bias: bool = False
+    freeze_final_logits_bias: bool = False
     scale_logits: bool = False
 
     # Free-form provenance (e.g. {"layout": "hf-marian"}); never changes the numbers.
@@ -279,16 +296,7 @@ class ModelConfig:
             raise ConfigError(
                 "n_heads", f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
             )
-        choices = {
-            "norm_placement": NORM_PLACEMENTS,
-            "layer_norm_form": LAYER_NORM_FORMS,
-            "position": POSITIONS,
-            "position_ids": POSITION_IDS,
-            "tgt_pad_mask": PAD_MASK_SIDES,
-            "src_pad_mask": SRC_PAD_MASK_SIDES,
-            "activation": ACTIVATIONS,
-        }
-        for name, allowed in choices.items():
+        for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(
                     name, f"unknown value {getattr(self, name)!r}; expected one of {list(allowed)}"
@@ -388,3 +396,67 @@ class ModelConfig:
             and getattr(self, f.name) != getattr(default, f.name)
         ]
         return " ".join([sizes, *switches])
+
+
+# -- The switch table of docs/porting.md ---------------------------------------------------------
+
+
+def field_docs() -> dict[str, tuple[str, str]]:
+    """Every documented `ModelConfig` field: (its group, what it decides), read from the class
+    docstring, where each group is a heading ("Attention:") and each entry one or more field names
+    before a colon ("qkv_bias: ..."; "final_encoder_norm, final_decoder_norm: ..."); the text of
+    an entry that names several fields is each one's."""
+    out: dict[str, tuple[str, str]] = {}
+    group, names, text = "", [], []
+
+    def close() -> None:
+        for name in names:
+            out[name] = (group, " ".join(text))
+
+    for line in inspect.cleandoc(ModelConfig.__doc__).splitlines()[1:]:
+        heading = re.fullmatch(r"(\w[\w -]*):", line)
+        entry = re.fullmatch(r" {4}([a-z][\w ,()]*?): (.*)", line)
+        if heading:
+            close()
+            group, names, text = heading.group(1), [], []
+        elif entry:
+            close()
+            names = [name.strip() for name in re.sub(r"\([^)]*\)", "", entry.group(1)).split(",")]
+            text = [entry.group(2).strip()]
+        elif line.startswith(" " * 8) and names:
+            text.append(line.strip())
+    close()
+    return out
+
+
+def _values(f: dataclasses.Field) -> str:
+    if f.name in CHOICES:
+        return ", ".join(f"`{value}`" for value in CHOICES[f.name])
+    return {"bool": "`true`, `false`", "int": "an int", "float": "a number"}[f.type]
+
+
+def _default(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float):  # -1e9, not -1000000000.0; 1e-5, not 1e-05
+        value = format(value, "g").replace("e+0", "e").replace("e-0", "e-").replace("e+", "e")
+    return f"`{value}`"
+
+
+def switch_table() -> str:
+    """The table of every `ModelConfig` field (its values, default and meaning, by docstring
+    group) that docs/porting.md holds between its "switch table" markers; tests/core/
+    test_switch_table_docs.py checks the two agree."""
+    docs = field_docs()
+    rows = ["| field | values | default | what it decides |", "| --- | --- | --- | --- |"]
+    group = None
+    for f in fields(ModelConfig):
+        if f.name == "notes":
+            continue
+        where, text = docs[f.name]
+        if where != group:
+            rows.append(f"| **{where}** | | | |")
+            group = where
+        cell = text.replace("|", "\\|")  # a pipe inside a cell
+        rows.append(f"| `{f.name}` | {_values(f)} | {_default(f.default)} | {cell} |")
+    return "\n".join(rows)

@@ -65,12 +65,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         tgt_pad_mask="keys", cross_attn_src_mask=True, pad_id=1,
     ),
     # P2 Hugging Face Marian: SiLU, split sinusoid, shared and tied embeddings plus a separate
-    # final_logits_bias, masked scores at the dtype's most negative finite value, and a causal-only
-    # target mask (its decoder_start_token_id is the pad id).
+    # final_logits_bias (a registered buffer: not trained), masked scores at the dtype's most negative
+    # finite value, and a causal-only target mask (its decoder_start_token_id is the pad id).
     "hf-marian": dict(
         norm_placement="post", scale_embedding=True, position="sinusoid-split",
         share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True,
         activation="silu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", freeze_pad_embedding=True,
+        freeze_final_logits_bias=True,
     ),
     # The BART family in transformers (modeling_bart, modeling_mbart, modeling_m2m_100,
     # modeling_pegasus): Marian's attention and masks (finfo.min fill, a causal-only target mask:
@@ -83,7 +84,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "hf-bart": dict(
         norm_placement="post", embedding_norm=True, scale_embedding=False, position="table", position_offset=2,
         share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True, activation="gelu",
-        mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=1, freeze_pad_embedding=True,
+        mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=1, freeze_pad_embedding=True, freeze_final_logits_bias=True,
     ),
     # P6 mBART: BART pre-LN, with a final LayerNorm on each stack (`encoder.layer_norm`) after the
     # embedding LayerNorm; released models scale the embedding (facebook/mbart-large-cc25).
@@ -91,7 +92,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True, embedding_norm=True,
         scale_embedding=True, position="table", position_offset=2, share_embeddings=True, tie_output=True,
         output_bias=False, final_logits_bias=True, activation="gelu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none",
-        pad_id=1, freeze_pad_embedding=True,
+        pad_id=1, freeze_pad_embedding=True, freeze_final_logits_bias=True,
     ),
     # P7 M2M100 / NLLB: pre-LN with final norms, no embedding LayerNorm, fairseq's float32 sinusoid
     # (not stored: a non-persistent buffer) numbering only non-pad tokens from pad_id + 1, ReLU,
@@ -109,7 +110,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True, scale_embedding=True,
         position="sinusoid-split", share_embeddings=True, tie_output=True, output_bias=False,
         final_logits_bias=True, activation="relu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0,
-        freeze_pad_embedding=True,
+        freeze_pad_embedding=True, freeze_final_logits_bias=True,
     ),
     # P9 T5 v1.0 (transformers modeling_t5; t5-small ... t5-11b): pre-LN with T5LayerNorm (RMSNorm
     # in float32, eps 1e-6, a scale and no bias) and a final norm on each stack; scores Q K^T

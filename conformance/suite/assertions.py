@@ -72,6 +72,21 @@ def assert_bitwise_equal(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray
             raise AssertionError(f"{target.label}: {what}: {name!r} differs bitwise (max diff {diff})")
 
 
+def processor_stretch(options: dict, max_len: int) -> float:
+    """How far the processors can stretch a score's error (docs/decoding.md): a repetition penalty
+    p multiplies a score by p or 1 / p, so its error by up to max(p, 1 / p), and the source's
+    likewise; the end token's exponential decay adds |s| x (factor^k - 1), so up to factor^k with
+    k the most steps after its start; a renormalization adds its normaliser's error (x 2)."""
+    stretch = 1.0
+    for name in ("repetition_penalty", "encoder_repetition_penalty"):
+        penalty = options.get(name, 1.0)
+        stretch *= max(penalty, 1.0 / penalty)
+    if options.get("exponential_decay_length_penalty"):
+        start, factor = options["exponential_decay_length_penalty"]
+        stretch *= max(1.0, factor ** max(max_len - 1 - start, 0))
+    return stretch * (2.0 if options.get("renormalize_logits") else 1.0)
+
+
 def assert_ids_match(got: np.ndarray, expected: np.ndarray, trace: list[dict], target: Target, gcase) -> None:
     """Generated ids equal the oracle's (float64), or first differ at a step of a row where the
     oracle's search had a close call within the allowance (see conformance/suite/test_generate.py).
@@ -91,6 +106,7 @@ def assert_ids_match(got: np.ndarray, expected: np.ndarray, trace: list[dict], t
     options = dict(gcase.options)
     beams = options["num_beams"]
     tol = tolerance(target.dtype, target.device)
+    stretch = processor_stretch(options, gcase.max_len)
     # The closest call of that row at or before the step, and its allowance.
     closest, allowed_at = np.inf, 0.0
     for s, record in enumerate(trace[:step + 1]):
@@ -100,7 +116,7 @@ def assert_ids_match(got: np.ndarray, expected: np.ndarray, trace: list[dict], t
             per_step = 2.0
         else:
             per_step = 4.0 * (s + 1)
-        allowance = per_step * tol.atol * float(record["scale"][row])
+        allowance = stretch * per_step * tol.atol * float(record["scale"][row])
         gap = float(record["gap"][row])
         if gap - allowance < closest - allowed_at:
             closest, allowed_at = gap, allowance

@@ -59,7 +59,9 @@ def covering_configs() -> tuple[ModelConfig, ...]:
     Row by row, each switch takes its least used value that the config accepts with the switches
     already set (a value no row may take would be a switch that no config can have, and fails
     here); among equally used values a fixed pseudo-random order per (switch, row) decides, so that
-    two switches do not move in lockstep (shared embeddings always with tied outputs)."""
+    two switches do not move in lockstep (shared embeddings always with tied outputs). A value that
+    acts only beside others (`model_configs.ACTS_ONLY_WITH`: a frozen final_logits_bias needs one)
+    is taken only in a row that has them."""
     values = switch_values()
     used = {(name, v): 0 for name, options in values.items() for v in options}
     rows: list[ModelConfig] = []
@@ -73,6 +75,9 @@ def covering_configs() -> tuple[ModelConfig, ...]:
                 return used[name, options[j]], zlib.crc32(f"{name} {len(rows)} {j}".encode())
 
             for j in sorted(range(len(options)), key=order):
+                needs = model_configs.ACTS_ONLY_WITH.get((name, options[j]), {})
+                if any(getattr(config, other) != value for other, value in needs.items()):
+                    continue
                 try:
                     config = config.replace(**{name: options[j]})
                     break
@@ -170,9 +175,20 @@ GENERATION_OPTIONS = {
 }
 
 
+# transformers' processors of shipped generation configs (`strategies.generation.shipped_processors`),
+# taken in turn by the covering rows, so that `ci` runs each under every search it has (the token
+# lists: two real ids other than the row's start and end ids, "ids" below).
+COVERING_PROCESSORS = (
+    {"repetition_penalty": 1.6, "exponential_decay_length_penalty": (1, 1.5), "suppress_tokens": "ids"},
+    {"encoder_repetition_penalty": 1.4, "begin_suppress_tokens": "ids", "renormalize_logits": True},
+    {"encoder_no_repeat_ngram_size": 2, "repetition_penalty": 0.7, "renormalize_logits": True},
+)
+
+
 def covering_generation_cases() -> tuple[GenerationCase, ...]:
     """The covering cases as decoding examples: no all-padding source row (a source of padding only
-    has nothing to translate), the options in turn, bos and eos two real ids."""
+    has nothing to translate), the options and the shipped processors (`COVERING_PROCESSORS`) in
+    turn, bos and eos two real ids."""
     out = []
     for i, case in enumerate(covering_cases(src_paddings=SRC_PADDINGS[:-1])):
         pad = case.config.pad_id
@@ -181,6 +197,9 @@ def covering_generation_cases() -> tuple[GenerationCase, ...]:
         # Every third case of each beam count decodes with Flax's rule, every third samples.
         options = as_mode(options, MODES[(i // 3) % 3], seed=i, temperature=(1.0, 0.5, 2.0)[i % 3],
                           top_k=(0, 3, 1)[(i // 2) % 3], top_p=(1.0, 0.9, 0.5)[(i // 4) % 3])
+        ids = (real[(i + 2) % len(real)], real[(i + 3) % len(real)])
+        options += tuple((name, ids if value == "ids" else value)
+                         for name, value in COVERING_PROCESSORS[i % len(COVERING_PROCESSORS)].items())
         out.append(GenerationCase(case=case, max_len=min(6, case.config.max_len), bos_id=real[i % len(real)],
                                   eos_id=real[(i + 1) % len(real)], options=options))
     return tuple(out)

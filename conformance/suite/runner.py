@@ -198,7 +198,8 @@ def pad_swap(drawn: int, held: int) -> Callable:
 
 
 # Generation options that hold token ids (docs/decoding.md): a held pad id swaps them too.
-ID_OPTIONS = {"forced_bos_id": "id", "bad_words_ids": "words", "banned_ids": "ids"}
+ID_OPTIONS = {"forced_bos_id": "id", "bad_words_ids": "words", "banned_ids": "ids", "suppress_tokens": "ids",
+              "begin_suppress_tokens": "ids"}
 
 
 def swap_option(name: str, value, swap: Callable):
@@ -297,7 +298,7 @@ def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
 
     trace: list[dict] = []
     ids, _ = search(step, len(case.src_ids), settings.max_len, settings.bos_id, settings.eos_id, case.config.pad_id,
-                    trace=trace, **settings.search_options())
+                    trace=trace, src_ids=case.src_ids, **settings.search_options())
     return ids, trace
 
 

@@ -13,8 +13,11 @@ only where the uniform lay near an edge of the cumulative distribution, or the l
 top_k's or top_p's threshold: those move by up to twice a logit's error divided by the
 temperature, so the allowance is 2 * atol * scale / temperature. Most drawn examples add
 Hugging Face's logits processors (no repeated n-gram, a forced first token, bad words of several
-tokens: `strategies.generation.processor_options`); they ban or force ids, and the allowances
-above read the processed scores.
+tokens: `strategies.generation.processor_options`; and those of shipped generation configs:
+repetition penalties, the source's n-grams, the end token's exponential decay, suppressed ids,
+renormalization, `shipped_processors`, which every covering row holds some of); they ban, force
+or rescale ids, and the allowances above read the processed scores, times how far the penalties
+can stretch an error (`assertions.processor_stretch`).
 
 Examples and shapes are few (JAX compiles start_cache, the step and the reorder per shape).
 """

@@ -45,7 +45,7 @@ from conformance.check.ctranslate2.model import (BEAMS, COMPUTE_TYPES, HELD, ZER
                                                  checked_compute_types, checked_device, require)
 from conformance.check.ctranslate2.report import ComputeTypeResult, CTranslate2Report, agreement
 from conformance.check.tolerances import tolerance
-from conformance.core.generation.note import generation_note, unapplied_generation
+from conformance.core.generation.note import APPLIED_PROCESSORS, generation_note, unapplied_generation
 from conformance.core.generation.settings import check_min_length
 from conformance.core.generation.search import log_softmax
 from conformance.core.config import ModelConfig
@@ -120,7 +120,7 @@ def aligned_search(config: ModelConfig, directory: Directory, lacked: list[int],
     spelled += [directory.target.spell(word, "notes") for word in words]
     ours = {"early_stopping": True, "no_repeat_ngram_size": ngram, "min_length": 0, "min_new_tokens": least,
             "banned_ids": list(dict.fromkeys(lacked + banned)), "bad_words_ids": words, "forced_bos_id": False,
-            "forced_eos": False}
+            "forced_eos": False, **APPLIED_PROCESSORS}  # the penalties and suppressions: off, as in CTranslate2's
     theirs = {"no_repeat_ngram_size": ngram, "min_decoding_length": least, "suppress_sequences": spelled or None,
               "patience": 1.0}
     source = "the note's" if note else "no note"
@@ -144,6 +144,11 @@ def aligned_search(config: ModelConfig, directory: Directory, lacked: list[int],
     recorded = json.loads(config.notes["generation"]) if note else {}  # JSON: generation_note read it
     if isinstance(recorded.get("eos_token_id"), list) and len(recorded["eos_token_id"]) > 1:
         not_aligned.append(f"the end tokens {recorded['eos_token_id']} (our generate ends at one: {eos})")
+    skipped = {name: note[name] for name, off in APPLIED_PROCESSORS.items()
+               if name in note and note[name] not in (off, [], None)}
+    if skipped:
+        not_aligned.append(f"{', '.join(f'{k} {v}' for k, v in skipped.items())} (our generate applies them; "
+                           "CTranslate2 is not given them here, so neither side runs them)")
     unapplied = unapplied_generation(recorded)
     if unapplied:
         not_aligned.append(f"{', '.join(f'{k} {v}' for k, v in unapplied.items())} (our generate does not apply "

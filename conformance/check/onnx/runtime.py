@@ -223,7 +223,7 @@ class Model:
             return outputs["logits"][:, -1]  # (N, V): the one new position's
 
         ids, scores = search(step, batch, settings.max_len, settings.bos_id, settings.eos_id, self.config.pad_id,
-                             mask_fill=self.config.mask_fill, **settings.search_options())
+                             mask_fill=self.config.mask_fill, src_ids=np.asarray(src_ids), **settings.search_options())
         ids = np.asarray(ids).astype(np.int64)
         return (ids, scores) if settings.return_scores else ids
 

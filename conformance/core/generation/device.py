@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from conformance.core.generation.search import NEG, nan_error# nan_error: the reference's, for every driver
+from conformance.core.generation.pipeline import VALUE_KEYS, data_of, late, penalized_by, penalties
+from conformance.core.generation.search import NEG, nan_error  # nan_error: the reference's, for every driver
 
 State = dict[str, Any]
 
@@ -53,6 +54,8 @@ class Rules:
                       uniforms are data: `sampling_data`)
     no_repeat_ngram_size:  n of the no-repeated-n-gram rule, 0 for off (it sets the shape of the
                       windows compared)
+    encoder_no_repeat_ngram_size:  n of the source's n-gram rule, 0 for off (the same)
+    renormalize:      a log-softmax after every other processor (renormalize_logits)
     """
 
     max_len: int
@@ -63,6 +66,8 @@ class Rules:
     rule: str = "hf"
     do_sample: bool = False
     no_repeat_ngram_size: int = 0
+    encoder_no_repeat_ngram_size: int = 0
+    renormalize: bool = False
 
     @property
     def kind(self) -> str:
@@ -190,13 +195,18 @@ def log_softmax(ops, logits):
     return shifted - xp.log(ops.reduce("sum", xp.exp(shifted), axis=-1, keepdims=True))
 
 
-def processed(ops, rules: Rules, scores, step, banned, eos_id, forced_bos=None, owned: bool = False):
-    """Hugging Face's logits processors in its order (the reference's `processed`): `banned`
-    (V,) or (N, V) bool (`bans`: banned ids, repeated n-grams, bad words, the end token below the
-    minimum length) gets -inf; with a
-    `forced_bos` id, at the first step every other id gets -inf and it 0; with forced_eos, at the
-    last step every id but eos gets -inf, eos 0. `owned`: scores is the step's own array (`ops.ban`)."""
+def processed(ops, rules: Rules, scores, step, banned, eos_id, forced_bos=None, owned: bool = False, data=None,
+              seen=()):
+    """Hugging Face's logits processors in its order (the reference's `processed`): the
+    repetition penalties `seen` (`pipeline.penalties`, worked out once a step); `banned` (V,) or
+    (N, V) bool (`bans`: banned ids, repeated n-grams of the output or the source, bad words, the
+    end token below the minimum length) gets -inf; with a `forced_bos` id, at the first step every
+    other id gets -inf and it 0; with forced_eos, at the last step every id but eos gets -inf, eos
+    0; then `pipeline.late` (the end token's decay, the suppressed ids, from `data`) and, with
+    rules.renormalize, a log-softmax. `owned`: scores is the step's own array (`ops.ban`)."""
     xp = ops.xp
+    if seen:  # a penalty (the step's own array from here on)
+        scores, owned = penalized_by(ops, scores, seen), True
     scores = ops.ban(scores, banned, owned)
     if forced_bos is not None:
         is_forced = ops.arange(scores.shape[-1]) == forced_bos
@@ -205,7 +215,22 @@ def processed(ops, rules: Rules, scores, step, banned, eos_id, forced_bos=None, 
         last = step == rules.max_len - 1
         is_eos = ops.arange(scores.shape[-1]) == eos_id
         scores = ops.where(last, xp.where(is_eos, 0.0, xp.full_like(scores, -np.inf)), scores)
-    return scores
+    scores = late(ops, rules, scores, step, data, eos_id)
+    return renormalized(ops, scores) if rules.renormalize else scores
+
+
+def renormalized(ops, scores):
+    """The reference's `renormalize`: a log-softmax, a row with every id banned left all -inf."""
+    banned = ops.reduce("max", scores, axis=-1, keepdims=True) == -np.inf  # (N, 1)
+    with np.errstate(invalid="ignore"):  # NumPy: -inf - -inf in those rows, replaced
+        return ops.xp.where(banned, -np.inf, log_softmax(ops, scores))
+
+
+def whole_row(rules: Rules, data) -> bool:
+    """Whether a processor changes scores other than by the bans and forced tokens that
+    `processed_at` reads at the chosen ids alone (a penalty, the decay, a late ban, the
+    renormalization): greedy search then reads its scores from the whole processed row."""
+    return rules.renormalize or (data is not None and any(key in data for key in VALUE_KEYS))
 
 
 def first_nan_row(ops, logits, live, bad):
@@ -253,15 +278,17 @@ def read_column(ops, array, column):
 # -- The processors that read the tokens --------------------------------------------------------
 
 
-def processor_data(settings, as_array) -> dict | None:
+def processor_data(settings, as_array, src_ids=None, vocab_size: int | None = None) -> dict | None:
     """What the processors read besides the logits and the tokens, as data (so that JAX compiles
     one program for every forced id, every minimum length and every bad-word table of one shape):
     "forced_bos", the forced first id; "min_steps", the steps before which the end token is banned
-    (`min_steps`: min_length and min_new_tokens in one number); and "bad_prefixes" (M, P) and
-    "bad_last" (M,), the bad words of two tokens or more (`bad_words_table`), each passed through
-    `as_array(name, value)`. None when `settings` (a `decoding.Generation`) has none of them; an
-    entry that is off is left out."""
-    data = {}
+    (`min_steps`: min_length and min_new_tokens in one number); "bad_prefixes" (M, P) and
+    "bad_last" (M,), the bad words of two tokens or more (`bad_words_table`); and the penalties,
+    the source's ids, the decay and the suppressed ids (`pipeline.data_of`, which reads `src_ids`
+    (B, S) and `vocab_size`), each passed through `as_array(name, value)` (a Python int, or a NumPy
+    array: float64 ones go to the search dtype, int64 to the backend's ids). None when `settings`
+    (a `decoding.Generation`) has none of them; an entry that is off is left out."""
+    data = data_of(settings, as_array, src_ids, vocab_size)
     if settings.forced_bos_id is not None:
         data["forced_bos"] = as_array("forced_bos", settings.forced_bos_id)
     if min_steps(settings):
@@ -299,6 +326,9 @@ def bans(ops, rules: Rules, tokens, length, banned, data, eos_id=None):
     n, vocab = rules.no_repeat_ngram_size, banned.shape[-1]
     if n and n <= tokens.shape[1]:  # a window longer than the buffer never fills
         banned = banned | repeated_ngrams(ops, tokens, length, n, vocab)
+    if rules.encoder_no_repeat_ngram_size:
+        banned = banned | source_ngrams(ops, tokens, length, data["encoder_ids"], rules.encoder_no_repeat_ngram_size,
+                                        vocab)
     if data is not None and "bad_prefixes" in data:
         banned = banned | bad_word_completions(ops, tokens, length, data["bad_prefixes"], data["bad_last"], vocab)
     if data is not None and "min_steps" in data:  # the step is length - 1
@@ -327,6 +357,26 @@ def repeated_ngrams(ops, tokens, length, n: int, vocab: int):
         for k in range(n - 1):
             match = match & (tokens[:, k:k + windows] == suffix[:, k:k + 1])  # (N, J)
     banned = xp.where(match, tokens[:, n - 1:n - 1 + windows], vocab)  # (N, J): vocab is no id
+    return ops.mark(banned, vocab + 1)[:, :vocab]
+
+
+def source_ngrams(ops, tokens, length, sources, n: int, vocab: int):
+    """(N, V) the reference's `source_ngram_bans`: every window of n ids of the row's source (N, S)
+    whose first n - 1 are the last n - 1 of the first `length` columns of tokens (N, W) bans its
+    last id (transformers' EncoderNoRepeatNGramLogitsProcessor); none before the decoder input
+    holds n - 1 tokens; n = 1 bans every id of the source."""
+    xp = ops.xp
+    windows = sources.shape[1] - n + 1  # J windows of n ids in the source
+    if windows < 1:  # a source shorter than n has no n-gram
+        return ops.full((tokens.shape[0], vocab), False, ops.bool_dtype)
+    match = ops.full((tokens.shape[0], windows), True, ops.bool_dtype)
+    if n > 1:
+        suffix, _ = last_columns(ops, tokens, length, n - 1)  # (N, n - 1); read only if length >= n - 1
+        for k in range(n - 1):
+            match = match & (sources[:, k:k + windows] == suffix[:, k:k + 1])  # (N, J)
+        match = ops.where(length >= n - 1, match, xp.zeros_like(match))
+    last = sources[:, n - 1:n - 1 + windows]  # (N, J)
+    banned = xp.where(match & (last < vocab), last, vocab)  # vocab is no id (nor a source-only id)
     return ops.mark(banned, vocab + 1)[:, :vocab]
 
 
@@ -367,16 +417,22 @@ def greedy_update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_i
     i, done = state["step"], state["done"]
     bad = first_nan_row(ops, logits, ~done, state["bad"])
     summed = state["summed"]
+    vocab = logits.shape[-1]
+    seen = penalties(ops, state["tokens"], i + 1, data, vocab)  # the penalties: once, for logits and scores
     banned = bans(ops, rules, state["tokens"], i + 1, banned, data, eos_id)
     forced_bos = None if data is None else data.get("forced_bos")
-    processed_logits = processed(ops, rules, logits, i, banned, eos_id, forced_bos)
+    processed_logits = processed(ops, rules, logits, i, banned, eos_id, forced_bos, data=data, seen=seen)
     if sampling is None:
         chosen = ops.argmax(processed_logits)  # (B,): the logits' arg-max, as HF
     else:
         warped = warp(ops, processed_logits, sampling["temperature"], sampling["top_k"], sampling["top_p"])
         chosen = draw(ops, xp.exp(log_softmax(ops, warped)), sampling["uniforms"][i])  # (B,)
     next_id = xp.where(done, pad_id, chosen)
-    if scores:  # the processed log-probability of each chosen id
+    if scores and whole_row(rules, data):  # the processed log-probability of each chosen id, from its row
+        row = processed(ops, rules, log_softmax(ops, logits), i, banned, eos_id, forced_bos, owned=True, data=data,
+                        seen=seen)
+        summed = summed + xp.where(done, 0.0, ops.take(row, next_id[:, None])[:, 0])
+    elif scores:  # the processed log-probability of each chosen id
         picked = ops.take(log_softmax(ops, logits), next_id[:, None])[:, 0]
         summed = summed + xp.where(done, 0.0, processed_at(ops, rules, picked, next_id, i, banned, eos_id, forced_bos))
     lengths = state["lengths"] + ops.cast(~done, ops.int_dtype)
@@ -487,10 +543,13 @@ def expand(ops, rules: Rules, state: State, logits, banned, eos_id, data=None):
     batch, beams = running_scores.shape
     vocab = logits.shape[-1]
     bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
-    banned = bans(ops, rules, xp.reshape(running, (batch * beams, running.shape[-1])), length, banned, data, eos_id)
+    tokens = xp.reshape(running, (batch * beams, running.shape[-1]))  # (N, W)
+    seen = penalties(ops, tokens, length, data, vocab)
+    banned = bans(ops, rules, tokens, length, banned, data, eos_id)
     forced_bos = None if data is None else data.get("forced_bos")
     # The log-softmax is this step's own array, and so is every array `processed` returns from it.
-    log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id, forced_bos, owned=True)
+    log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id, forced_bos, owned=True,
+                          data=data, seen=seen)
     totals = xp.reshape(ops.accumulate(xp.reshape(log_probs, (batch, beams, vocab)), running_scores[:, :, None]),
                         (batch, beams * vocab))
     candidate_scores, candidates = ops.top_k(totals, 2 * beams)  # (B, 2 x beams)
@@ -634,7 +693,9 @@ def rules_of(settings) -> Rules:
     """The static rules of a `decoding.Generation`."""
     return Rules(max_len=settings.max_len, num_beams=settings.num_beams, early_stopping=settings.early_stopping,
                  form=settings.length_penalty_form, forced_eos=settings.forced_eos, rule=settings.beam_rule,
-                 do_sample=settings.do_sample, no_repeat_ngram_size=settings.no_repeat_ngram_size)
+                 do_sample=settings.do_sample, no_repeat_ngram_size=settings.no_repeat_ngram_size,
+                 encoder_no_repeat_ngram_size=settings.encoder_no_repeat_ngram_size,
+                 renormalize=settings.renormalize_logits)
 
 
 def newest(ops, rules: Rules, state: State):

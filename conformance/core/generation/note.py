@@ -11,6 +11,8 @@ Framework-free (the standard library).
 
 from __future__ import annotations
 
+import warnings
+
 
 # How many new tokens transformers' `generate` makes when a model's generation settings name neither
 # max_length nor max_new_tokens (GenerationConfig().max_length is None; `_prepare_generated_length`:
@@ -32,9 +34,10 @@ def generation_note(config) -> dict:
     """The decoding defaults a checkpoint records under its "generation" note (Hugging Face's
     generation_config.json names, see `conformance.convert.sources.GENERATION_KEYS`), as
     `generate` arguments: bos_id, eos_id, num_beams, length_penalty, early_stopping, max_len,
-    forced_eos, forced_bos_id, no_repeat_ngram_size, min_length, min_new_tokens, and bad_words_ids
-    split in two: its one-token words as banned_ids (without the end token, which transformers
-    drops), the longer ones as bad_words_ids. An empty dict when there is no note."""
+    forced_eos, forced_bos_id, no_repeat_ngram_size, min_length, min_new_tokens, the processors of
+    `APPLIED_PROCESSORS` (repetition_penalty, suppress_tokens, ...) under their own names, and
+    bad_words_ids split in two: its one-token words as banned_ids (without the end token, which
+    transformers drops), the longer ones as bad_words_ids. An empty dict when there is no note."""
     import json
 
     from conformance.core.errors import ConfigError
@@ -59,7 +62,8 @@ def generation_note(config) -> dict:
                         ("no_repeat_ngram_size", recorded.get("no_repeat_ngram_size")),
                         ("early_stopping", recorded.get("early_stopping")),
                         ("min_length", recorded.get("min_length")),  # both count as transformers does
-                        ("min_new_tokens", recorded.get("min_new_tokens"))):
+                        ("min_new_tokens", recorded.get("min_new_tokens")),
+                        *((name, recorded.get(name)) for name in APPLIED_PROCESSORS)):
         if value is not None:
             out[name] = value
     if recorded.get("max_new_tokens") is not None:  # Hugging Face: it wins over max_length
@@ -84,6 +88,25 @@ class GenerationWarning(UserWarning):
     """A checkpoint's generation settings ask for something `generate` does not apply."""
 
 
+# Said at every call, not once per place in the code (Python's default for a UserWarning): each
+# `generate` on such a checkpoint gives ids transformers' would not. Appended, so that any filter
+# a user sets (ignore, error) still comes first.
+warnings.filterwarnings("always", category=GenerationWarning, append=True)
+
+
+# generation_config.json fields that `generate` applies as Hugging Face's logits processors, under
+# the same names (docs/decoding.md, "What is scored"), each with the value that turns it off.
+APPLIED_PROCESSORS = {
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "encoder_no_repeat_ngram_size": 0,
+    "exponential_decay_length_penalty": False,
+    "suppress_tokens": (),
+    "begin_suppress_tokens": (),
+    "renormalize_logits": False,
+}
+
+
 def _sampling(fields) -> bool:
     return fields.get("do_sample") is True
 
@@ -92,11 +115,6 @@ def _sampling(fields) -> bool:
 # does not apply, each with the test of whether its value (and the other fields) changes the
 # output: the converter records those that do in the note, and warns (`unapplied_generation`).
 UNAPPLIED_GENERATION = {
-    "repetition_penalty": lambda v, f: v != 1,
-    "encoder_repetition_penalty": lambda v, f: v != 1,
-    "encoder_no_repeat_ngram_size": lambda v, f: v > 0,
-    "suppress_tokens": lambda v, f: len(v) > 0,
-    "begin_suppress_tokens": lambda v, f: len(v) > 0,
     "num_beam_groups": lambda v, f: v > 1,
     "diversity_penalty": lambda v, f: v != 0 and f.get("num_beam_groups", 1) > 1,
     "do_sample": lambda v, f: v is True,
@@ -108,8 +126,6 @@ UNAPPLIED_GENERATION = {
     "typical_p": lambda v, f: _sampling(f) and v < 1,
     "epsilon_cutoff": lambda v, f: _sampling(f) and 0 < v < 1,
     "eta_cutoff": lambda v, f: _sampling(f) and 0 < v < 1,
-    "renormalize_logits": lambda v, f: v is True,
-    "exponential_decay_length_penalty": lambda v, f: True,
     "sequence_bias": lambda v, f: len(v) > 0,
     "constraints": lambda v, f: len(v) > 0,
     "force_words_ids": lambda v, f: len(v) > 0,
@@ -136,3 +152,32 @@ def unapplied_generation(fields) -> dict:
         if bites:
             out[name] = value
     return out
+
+
+def unapplied_message(unapplied: dict, source: str) -> str:
+    """What a warning says of `unapplied` (`unapplied_generation`'s) found in `source`."""
+    import json
+
+    listed = ", ".join(f"{name}={json.dumps(value, default=repr)}" for name, value in unapplied.items())
+    return (f"{source} set{'s' if not source.endswith('settings') else ''} {listed}: transformers' generate "
+            f"applies {'it' if len(unapplied) == 1 else 'them'}, rosetta's `generate` does not, so its outputs may "
+            "differ from transformers' (docs/decoding.md)")
+
+
+def warn_unapplied(config) -> None:
+    """A `GenerationWarning` naming what the checkpoint's generation note records and `generate`
+    does not apply (`unapplied_generation`), at every call that reads the note; nothing when it
+    records nothing of the kind."""
+    import json
+
+    text = config.notes.get("generation")
+    if not text:
+        return
+    try:
+        recorded = json.loads(text)
+    except ValueError:
+        return  # generation_note refuses it
+    unapplied = unapplied_generation(recorded) if isinstance(recorded, dict) else {}
+    if unapplied:
+        warnings.warn(unapplied_message(unapplied, "the checkpoint's generation settings"), GenerationWarning,
+                      stacklevel=4)

@@ -1,29 +1,31 @@
 """Hugging Face's logits processors, applied by the reference search on the host.
 
-`Processors` holds what a search applies at each step besides the log-softmax: the forced first
-and end tokens, the minimum length, banned ids and bad words, no repeated n-gram. `processed`
-applies them in transformers' order to one step's float64 log-probabilities. The device search
+`Processors` holds what a search applies at each step besides the log-softmax: the penalties on
+repeated ids, the bans (repeated n-grams of the output or of the source, bad words, the end token
+below the minimum length), the forced first and end tokens, the length penalty on the end token,
+the suppressed tokens and the renormalization. `processed` applies them in transformers' order
+(`PIPELINE`) to one step's float64 scores. The device search
 (`conformance.core.generation.device`) applies the same rules as array operations.
+
+Each processor is one function `(scores, tokens, step, processors) -> scores` that leaves the
+scores alone when its settings are off; a new one (Whisper's timestamp rules, say) is a field of
+`Processors` and a function in `PIPELINE` at transformers' place for it.
 
 Framework-free (NumPy and the standard library).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
-
-
 
 
 @dataclass(frozen=True)
 class Processors:
     """Hugging Face's logits processors that `generate` supports, resolved. `processed` applies
-    them in transformers' order (`GenerationMixin._get_logits_processor`): no repeated n-gram,
-    bad words (the one-token ones, `banned_ids`, then the longer ones), the minimum length
-    (MinLengthLogitsProcessor, then MinNewTokensLengthLogitsProcessor), the forced first token,
-    the forced end token (docs/decoding.md, "What is scored").
+    them in transformers' order (`GenerationMixin._get_logits_processor`, `PIPELINE`)
+    (docs/decoding.md, "What is scored").
 
     banned_ids:            ids banned at every step
     bad_words_ids:         words of two tokens or more: the last token is banned where the others
@@ -34,6 +36,21 @@ class Processors:
     min_new_tokens:        eos_id is banned while fewer tokens than this were generated; 0 off
     forced_bos_id:         the only id the first step may choose, or None
     forced_eos:            the only id the last step (the max_len-th token) may choose is eos_id
+    repetition_penalty:    every id of the decoder input (its start token included): a score s
+                           becomes s * p if s < 0, else s / p; 1 off
+    encoder_repetition_penalty: every id of the row's source (its padding included, as
+                           transformers reads input_ids): with q = 1 / p formed first, as
+                           transformers does, s * q if s < 0, else s / q; 1 off
+    encoder_no_repeat_ngram_size: n: an n-gram of the row's source bans its last token where its
+                           first n - 1 end the decoder input; 0 off
+    encoder_ids:           (N, S) each decoder row's source ids, for the two above (None without);
+                           an id outside the target vocabulary is never penalized nor banned
+    exponential_decay_length_penalty: (start, factor): from step start + 1 on, eos_id's score s
+                           gains |s| (factor ** (step - start) - 1) where it is finite; None off
+    suppress_tokens:       ids banned at every step, after the forced tokens
+    begin_suppress_tokens: ids banned at step `begin_suppress_step`, after the forced tokens
+    begin_suppress_step:   0, or 1 where a first token is forced (transformers' begin_index)
+    renormalize_logits:    a log-softmax of the scores after every other processor
     """
 
     max_len: int
@@ -45,11 +62,27 @@ class Processors:
     min_new_tokens: int = 0
     forced_bos_id: int | None = None
     forced_eos: bool = False
+    repetition_penalty: float = 1.0
+    encoder_repetition_penalty: float = 1.0
+    encoder_no_repeat_ngram_size: int = 0
+    encoder_ids: np.ndarray | None = field(default=None, compare=False)
+    exponential_decay_length_penalty: tuple[int, float] | None = None
+    suppress_tokens: tuple[int, ...] = ()
+    begin_suppress_tokens: tuple[int, ...] = ()
+    begin_suppress_step: int = 0
+    renormalize_logits: bool = False
 
     def bans_eos(self, step: int) -> bool:
         """Whether the minimum length bans the end token at `step` (the decoder input holds
         step + 1 tokens, the start token first: step generated)."""
         return step + 1 < self.min_length or step < self.min_new_tokens
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log softmax over the last axis, in float64."""
+    logits = np.asarray(logits, dtype=np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def repeated_ngram_bans(tokens: np.ndarray, n: int) -> list[list[int]]:
@@ -67,6 +100,20 @@ def repeated_ngram_bans(tokens: np.ndarray, n: int) -> list[list[int]]:
     return bans
 
 
+def source_ngram_bans(tokens: np.ndarray, sources: np.ndarray, n: int) -> list[list[int]]:
+    """Per row of the decoder input so far (N, t), the last tokens of the n-grams of its source row
+    (N, S) whose first n - 1 tokens are the row's last n - 1 (EncoderNoRepeatNGramLogitsProcessor:
+    none before the row holds n - 1 tokens; n = 1 bans every id of the source)."""
+    t = tokens.shape[1]
+    if t < n - 1:
+        return [[] for _ in tokens]
+    bans = []
+    for row, source in zip(tokens.tolist(), sources.tolist()):
+        suffix = row[t - n + 1:] if n > 1 else []
+        bans.append([source[j + n - 1] for j in range(len(source) - n + 1) if source[j:j + n - 1] == suffix])
+    return bans
+
+
 def bad_word_bans(tokens: np.ndarray, words: tuple[tuple[int, ...], ...]) -> list[list[int]]:
     """Per row of the decoder input so far (N, t), the last tokens of the bad words whose other
     tokens end the row (NoBadWordsLogitsProcessor's words of two tokens or more; a word longer
@@ -76,27 +123,143 @@ def bad_word_bans(tokens: np.ndarray, words: tuple[tuple[int, ...], ...]) -> lis
             for row in tokens.tolist()]
 
 
-def processed(scores: np.ndarray, tokens: np.ndarray, step: int, processors: Processors) -> np.ndarray:
-    """Hugging Face's logits processors, in its order, on scores (N, V) after the decoder input
-    tokens (N, step + 1): repeated n-grams and bad words get -inf; below the minimum length the end
-    token gets -inf; at the first step every id but the forced first token gets -inf and that
-    token 0 (`forced_bos_token_id`); at the last step every id but the end token gets -inf and the
-    end token 0 (`forced_eos_token_id`, so it wins over the minimum length)."""
-    p = processors
+def penalize(scores: np.ndarray, rows: list, factor: float) -> np.ndarray:
+    """Each row's ids `rows[r]` with s * factor where s < 0 and s / factor elsewhere
+    (RepetitionPenaltyLogitsProcessor's rule; the encoder's takes 1 / p as its factor). An id
+    outside the scores' vocabulary (a source id of a larger source vocabulary) is no target id:
+    nothing to penalize."""
+    vocab = scores.shape[-1]
+    for row, ids in enumerate(rows):
+        ids = sorted(i for i in set(ids) if i < vocab)
+        picked = scores[row, ids]
+        scores[row, ids] = np.where(picked < 0, picked * factor, picked / factor)
+    return scores
+
+
+# -- The processors, each `(scores, tokens, step, processors) -> scores` --------------------------
+
+
+def encoder_repetition(scores, tokens, step, p: Processors):
+    """EncoderRepetitionPenaltyLogitsProcessor: the source's ids, by 1 / p (so favoured for p > 1)."""
+    if p.encoder_repetition_penalty == 1.0:
+        return scores
+    return penalize(scores, [list(row) for row in p.encoder_ids.tolist()], 1.0 / p.encoder_repetition_penalty)
+
+
+def repetition(scores, tokens, step, p: Processors):
+    """RepetitionPenaltyLogitsProcessor: the decoder input's ids (the start token among them)."""
+    if p.repetition_penalty == 1.0:
+        return scores
+    return penalize(scores, tokens.tolist(), p.repetition_penalty)
+
+
+def no_repeat_ngram(scores, tokens, step, p: Processors):
+    """NoRepeatNGramLogitsProcessor (`repeated_ngram_bans`)."""
     if p.no_repeat_ngram_size:
         for row, banned in enumerate(repeated_ngram_bans(tokens, p.no_repeat_ngram_size)):
             scores[row, banned] = -np.inf
+    return scores
+
+
+def encoder_no_repeat_ngram(scores, tokens, step, p: Processors):
+    """EncoderNoRepeatNGramLogitsProcessor (`source_ngram_bans`)."""
+    if p.encoder_no_repeat_ngram_size:
+        for row, banned in enumerate(source_ngram_bans(tokens, p.encoder_ids, p.encoder_no_repeat_ngram_size)):
+            scores[row, [i for i in banned if i < scores.shape[-1]]] = -np.inf  # a source-only id is no target id
+    return scores
+
+
+def bad_words(scores, tokens, step, p: Processors):
+    """NoBadWordsLogitsProcessor: the one-token words (`banned_ids`), then the longer ones."""
     if p.banned_ids:
         scores[:, list(p.banned_ids)] = -np.inf
     if p.bad_words_ids:
         for row, banned in enumerate(bad_word_bans(tokens, p.bad_words_ids)):
             scores[row, banned] = -np.inf
+    return scores
+
+
+def minimum_length(scores, tokens, step, p: Processors):
+    """MinLengthLogitsProcessor, then MinNewTokensLengthLogitsProcessor (`Processors.bans_eos`)."""
     if p.bans_eos(step):
         scores[:, p.eos_id] = -np.inf
+    return scores
+
+
+def forced_bos(scores, tokens, step, p: Processors):
+    """ForcedBOSTokenLogitsProcessor: at the first step every id but the forced one gets -inf, it 0."""
     if p.forced_bos_id is not None and step == 0:
         scores[:, :] = -np.inf
         scores[:, p.forced_bos_id] = 0.0
+    return scores
+
+
+def forced_eos(scores, tokens, step, p: Processors):
+    """ForcedEOSTokenLogitsProcessor: at the last step every id but the end token gets -inf, it 0."""
     if p.forced_eos and step == p.max_len - 1:
         scores[:, :] = -np.inf
         scores[:, p.eos_id] = 0.0
+    return scores
+
+
+def decay_factor(decay: tuple[int, float], step: int) -> float:
+    """ExponentialDecayLengthPenalty's multiplier of |s| at `step`: factor ** (step - start) - 1
+    after the start step (transformers' cur_len > start + 1, the start token counted), else 0."""
+    start, factor = decay
+    return factor ** (step - start) - 1 if step > start else 0.0
+
+
+def exponential_decay(scores, tokens, step, p: Processors):
+    """ExponentialDecayLengthPenalty: the end token's score s gains |s| x `decay_factor`, where it
+    is finite (a banned end token stays banned)."""
+    if p.exponential_decay_length_penalty is None or step <= p.exponential_decay_length_penalty[0]:
+        return scores
+    eos = scores[:, p.eos_id]
+    scores[:, p.eos_id] = eos + np.where(np.isfinite(eos), np.abs(eos) * decay_factor(
+        p.exponential_decay_length_penalty, step), 0.0)
+    return scores
+
+
+def suppress(scores, tokens, step, p: Processors):
+    """SuppressTokensLogitsProcessor: -inf at every step, after the forced tokens (so it may ban
+    one of them)."""
+    if p.suppress_tokens:
+        scores[:, list(p.suppress_tokens)] = -np.inf
+    return scores
+
+
+def begin_suppress(scores, tokens, step, p: Processors):
+    """SuppressTokensAtBeginLogitsProcessor: -inf at `begin_suppress_step` only."""
+    if p.begin_suppress_tokens and step == p.begin_suppress_step:
+        scores[:, list(p.begin_suppress_tokens)] = -np.inf
+    return scores
+
+
+def renormalize(scores, tokens, step, p: Processors):
+    """LogitNormalization, always last: the scores as log-probabilities again. A row with every id
+    banned stays all -inf (transformers' log-softmax makes it NaN; here it ranks last, as every
+    such row does: docs/decoding.md)."""
+    if not p.renormalize_logits:
+        return scores
+    banned = np.isneginf(scores).all(axis=-1, keepdims=True)  # (N, 1)
+    with np.errstate(invalid="ignore"):  # -inf - -inf in those rows, replaced
+        return np.where(banned, -np.inf, log_softmax(scores))
+
+
+# transformers' order (`_get_logits_processor`, 5.23); sampling's warpers come after these, but
+# before LogitNormalization there, where a log-softmax changes no probability drawn from.
+PIPELINE = (encoder_repetition, repetition, no_repeat_ngram, encoder_no_repeat_ngram, bad_words, minimum_length,
+            forced_bos, forced_eos, exponential_decay, suppress, begin_suppress, renormalize)
+
+
+def processed(scores: np.ndarray, tokens: np.ndarray, step: int, processors: Processors) -> np.ndarray:
+    """Hugging Face's logits processors, in its order (`PIPELINE`), on float64 scores (N, V)
+    after the decoder input tokens (N, step + 1): penalties on repeated ids; repeated n-grams,
+    bad words and, below the minimum length, the end token get -inf; at the first step every id
+    but the forced first token gets -inf and that token 0 (`forced_bos_token_id`); at the last step
+    every id but the end token gets -inf and the end token 0 (`forced_eos_token_id`, so it wins
+    over the minimum length); the end token's length penalty; the suppressed ids get -inf; and a
+    log-softmax last when renormalize_logits. `scores` may be written in place."""
+    for processor in PIPELINE:
+        scores = processor(scores, tokens, step, processors)
     return scores

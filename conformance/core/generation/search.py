@@ -31,8 +31,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from conformance.core.errors import NaNLogitsError
-from conformance.core.generation.processors import Processors, processed
+from conformance.core.errors import InputError, NaNLogitsError
+from conformance.core.generation.processors import Processors, log_softmax, processed
 from conformance.core.generation.settings import split_bad_words
 
 
@@ -82,13 +82,6 @@ def penalty(length, length_penalty: float, form: str):
     return length ** length_penalty
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """log softmax over the last axis, in float64."""
-    logits = np.asarray(logits, dtype=np.float64)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 
 
 def nan_error(step: int, row: int, mask_fill: float | None = None) -> NaNLogitsError:
@@ -117,8 +110,12 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
            pad_id: int, *, num_beams: int = 1, length_penalty: float = 1.0, early_stopping: bool | str = False,
            length_penalty_form: str = "hf", forced_eos: bool = False, banned_ids: Sequence[int] = (),
            bad_words_ids: Sequence[Sequence[int]] = (), no_repeat_ngram_size: int = 0, forced_bos_id: int | None = None,
-           min_length: int = 0, min_new_tokens: int = 0, beam_rule: str = "hf", num_return_sequences: int = 1, do_sample: bool = False, temperature: float = 1.0,
-           top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+           min_length: int = 0, min_new_tokens: int = 0, repetition_penalty: float = 1.0,
+           encoder_repetition_penalty: float = 1.0, encoder_no_repeat_ngram_size: int = 0,
+           exponential_decay_length_penalty: tuple[int, float] | None = None, suppress_tokens: Sequence[int] = (),
+           begin_suppress_tokens: Sequence[int] = (), renormalize_logits: bool = False, beam_rule: str = "hf",
+           num_return_sequences: int = 1, do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
+           top_p: float = 1.0, seed: int | None = None, src_ids: np.ndarray | None = None,
            as_numpy: Callable[[Any], np.ndarray] = np.asarray,
            trace: list | None = None, mask_fill: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Greedy (num_beams=1), beam search (Hugging Face's rule, or Flax's with beam_rule="flax")
@@ -133,7 +130,11 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
     banned everywhere, except the end token, which transformers drops), `no_repeat_ngram_size`,
     `min_length` and `min_new_tokens` (the end token banned while the decoder input, start token
     included, is shorter than min_length, or fewer than min_new_tokens tokens were generated),
-    `forced_bos_id` and `forced_eos`.
+    `forced_bos_id` and `forced_eos`; `repetition_penalty`, `encoder_repetition_penalty` and
+    `encoder_no_repeat_ngram_size` (these two read `src_ids` (batch, S), the source ids as given,
+    padding included), `exponential_decay_length_penalty` (start, factor), `suppress_tokens`,
+    `begin_suppress_tokens` (at the first step, or the second when a first token is forced) and
+    `renormalize_logits`.
 
     `trace`, a list, receives per step the closest call of each source row, for the conformance
     suite: {"gap": (B,), "scale": (B,)}, the smallest score difference between two candidates
@@ -146,10 +147,24 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
     are blamed on (`nan_error`, raised as a `NaNLogitsError`).
     """
     one_token, words = split_bad_words(bad_words_ids, eos_id)
+    encoder_ids = None
+    if encoder_repetition_penalty != 1.0 or encoder_no_repeat_ngram_size:
+        if src_ids is None:
+            raise InputError("src_ids", "encoder_repetition_penalty and encoder_no_repeat_ngram_size read the source "
+                                        "ids: pass them")
+        per = num_return_sequences if do_sample else num_beams  # decoder rows per source row
+        encoder_ids = np.repeat(np.asarray(src_ids, dtype=np.int64), per, axis=0)  # (N, S)
     processors = Processors(max_len=max_len, eos_id=eos_id, banned_ids=tuple(banned_ids) + one_token,
                             bad_words_ids=words, no_repeat_ngram_size=no_repeat_ngram_size,
                             min_length=min_length, min_new_tokens=min_new_tokens,
-                            forced_bos_id=forced_bos_id, forced_eos=forced_eos)
+                            forced_bos_id=forced_bos_id, forced_eos=forced_eos,
+                            repetition_penalty=repetition_penalty,
+                            encoder_repetition_penalty=encoder_repetition_penalty,
+                            encoder_no_repeat_ngram_size=encoder_no_repeat_ngram_size, encoder_ids=encoder_ids,
+                            exponential_decay_length_penalty=exponential_decay_length_penalty,
+                            suppress_tokens=tuple(suppress_tokens), begin_suppress_tokens=tuple(begin_suppress_tokens),
+                            begin_suppress_step=0 if forced_bos_id is None else 1,
+                            renormalize_logits=renormalize_logits)
     if do_sample:
         return _sample(step, batch * num_return_sequences, max_len, bos_id, eos_id, pad_id, length_penalty,
                        length_penalty_form, processors, temperature, top_k, top_p, seed, as_numpy, trace,

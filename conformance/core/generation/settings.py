@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from conformance.core.errors import InputError
-from conformance.core.generation.note import generation_note
+from conformance.core.generation.note import generation_note, warn_unapplied
 
 
 EARLY_STOPPING = (True, False, "never")
@@ -109,6 +109,63 @@ def check_processors(forced_bos_id, no_repeat_ngram_size, bad_words_ids, vocab_s
     return (forced, size, *split_bad_words(_token_lists(bad_words_ids, vocab_size), eos_id))
 
 
+def check_penalties(repetition_penalty, encoder_repetition_penalty, encoder_no_repeat_ngram_size,
+                    exponential_decay_length_penalty, suppress_tokens, begin_suppress_tokens, renormalize_logits,
+                    vocab_size: int) -> dict:
+    """The options of the logits processors transformers adds for the generation configs users
+    ship (RepetitionPenaltyLogitsProcessor, EncoderRepetitionPenaltyLogitsProcessor,
+    EncoderNoRepeatNGramLogitsProcessor, ExponentialDecayLengthPenalty, SuppressTokensLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor, LogitNormalization), each already resolved against the
+    note: the two penalties numbers > 0 (1: off), the n-gram size an int >= 0 (0: off), the decay
+    a pair (start, factor), an int >= 0 and a number > 0, or False (off), the token lists
+    target ids, renormalize_logits True or False."""
+    out = {}
+    for name, value in (("repetition_penalty", repetition_penalty),
+                        ("encoder_repetition_penalty", encoder_repetition_penalty)):
+        out[name] = _number(name, value)
+        if out[name] <= 0:
+            raise InputError(name, f"must be a number > 0 (1: off; above 1 discourages the ids it applies to), "
+                                   f"got {value!r}")
+    out["encoder_no_repeat_ngram_size"] = _count("encoder_no_repeat_ngram_size", encoder_no_repeat_ngram_size)
+    decay = exponential_decay_length_penalty
+    if decay is False or decay is None:
+        out["exponential_decay_length_penalty"] = None
+    else:
+        what = "a pair (start, factor): an int >= 0 and a number > 0, or False for none"
+        if isinstance(decay, (str, bytes)) or getattr(decay, "shape", None) == ():
+            raise InputError("exponential_decay_length_penalty", f"must be {what}, got {decay!r}")
+        try:
+            pair = tuple(decay)
+        except TypeError:
+            raise InputError("exponential_decay_length_penalty", f"must be {what}, got {decay!r}") from None
+        if len(pair) != 2:
+            raise InputError("exponential_decay_length_penalty", f"must be {what}, got {decay!r}")
+        start = _integer("exponential_decay_length_penalty", pair[0], what)
+        factor = _number("exponential_decay_length_penalty", pair[1])
+        if start < 0 or factor <= 0:
+            raise InputError("exponential_decay_length_penalty", f"must be {what}, got {decay!r}")
+        out["exponential_decay_length_penalty"] = (start, factor)
+    for name, value in (("suppress_tokens", suppress_tokens), ("begin_suppress_tokens", begin_suppress_tokens)):
+        out[name] = _token_ids(name, value, vocab_size)
+    out["renormalize_logits"] = _flag("renormalize_logits", renormalize_logits)
+    return out
+
+
+def _token_ids(name: str, value, vocab_size: int) -> tuple[int, ...]:
+    """A sequence of target token ids (suppress_tokens, begin_suppress_tokens), in order, once each."""
+    what = f"a sequence of target token ids in [0, {vocab_size})"
+    if isinstance(value, (str, bytes)) or getattr(value, "shape", None) == ():
+        raise InputError(name, f"must be {what}, got {value!r}")
+    try:
+        values = tuple(value)
+    except TypeError:
+        raise InputError(name, f"must be {what}, got {value!r}") from None
+    ids = tuple(_integer(name, token, what) for token in values)
+    if not all(0 <= token < vocab_size for token in ids):
+        raise InputError(name, f"must hold target token ids in [0, {vocab_size}), got {list(ids)!r}")
+    return tuple(dict.fromkeys(ids))
+
+
 def _count(name: str, value) -> int:
     """An int >= 0 where 0 turns a rule off (no_repeat_ngram_size, min_length, min_new_tokens)."""
     value = _integer(name, value, "an int >= 0 (0: off)")
@@ -176,7 +233,15 @@ def split_bad_words(words, eos_id: int) -> tuple[tuple[int, ...], tuple[tuple[in
 # None means there is no default: the caller must pass it.
 NOTE_DEFAULTS = {"max_len": "config.max_len", "bos_id": None, "eos_id": None, "num_beams": 1, "length_penalty": 1.0,
                  "forced_eos": False, "banned_ids": (), "bad_words_ids": (), "no_repeat_ngram_size": 0,
-                 "forced_bos_id": False, "early_stopping": False}  # forced_bos_id False: no forced first token
+                 "forced_bos_id": False, "early_stopping": False,  # forced_bos_id False: no forced first token
+                 "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "encoder_no_repeat_ngram_size": 0,
+                 "exponential_decay_length_penalty": False, "suppress_tokens": (), "begin_suppress_tokens": (),
+                 "renormalize_logits": False}
+
+# The processors' arguments that `check_penalties` checks (each from the note unless given).
+PENALTY_ARGUMENTS = ("repetition_penalty", "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",
+                     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+                     "renormalize_logits")
 
 
 SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": None}
@@ -201,6 +266,13 @@ class Generation:
     forced_bos_id: int | None = None
     min_length: int = 0  # the end token is banned while the decoder input (start token included) is shorter
     min_new_tokens: int = 0  # the end token is banned while fewer tokens were generated
+    repetition_penalty: float = 1.0  # on the ids of the decoder input so far (1: off)
+    encoder_repetition_penalty: float = 1.0  # on the ids of the row's source, its padding included (1: off)
+    encoder_no_repeat_ngram_size: int = 0  # no n-gram of the row's source in the output (0: off)
+    exponential_decay_length_penalty: tuple[int, float] | None = None  # (start, factor) on the end token
+    suppress_tokens: tuple[int, ...] = ()  # banned at every step, after the forced tokens
+    begin_suppress_tokens: tuple[int, ...] = ()  # banned at `begin_suppress_step`
+    renormalize_logits: bool = False  # a log-softmax after every other processor
     return_scores: bool = False
     beam_rule: str = "hf"
     num_return_sequences: int = 1
@@ -215,19 +287,33 @@ class Generation:
         """Decoder rows per source row: its beams, or its samples."""
         return self.num_return_sequences if self.do_sample else self.num_beams
 
+    @property
+    def begin_suppress_step(self) -> int:
+        """The step at which `begin_suppress_tokens` are banned: the first generated token, or the
+        second when a first token is forced (transformers' begin_index, `_get_logits_processor`)."""
+        return 0 if self.forced_bos_id is None else 1
+
+    @property
+    def reads_source(self) -> bool:
+        """Whether a processor reads the source ids (the encoder's repetition penalty and n-grams)."""
+        return self.encoder_repetition_penalty != 1.0 or self.encoder_no_repeat_ngram_size > 0
+
     def search_options(self) -> dict:
         """The keyword arguments of `search` after (batch, max_len, bos_id, eos_id, pad_id)."""
         return {name: getattr(self, name) for name in (
             "num_beams", "length_penalty", "early_stopping", "length_penalty_form", "forced_eos", "banned_ids",
-            "bad_words_ids", "no_repeat_ngram_size", "forced_bos_id", "min_length", "min_new_tokens", "beam_rule",
-            "num_return_sequences", "do_sample", "temperature", "top_k", "top_p", "seed")}
+            "bad_words_ids", "no_repeat_ngram_size", "forced_bos_id", "min_length", "min_new_tokens",
+            *PENALTY_ARGUMENTS, "beam_rule", "num_return_sequences", "do_sample", "temperature", "top_k", "top_p",
+            "seed")}
 
 
 def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, length_penalty=None,
             early_stopping=None, use_cache=True, length_penalty_form=None, forced_eos=None, banned_ids=None,
             bad_words_ids=None, no_repeat_ngram_size=None, forced_bos_id=None, min_length=None, min_new_tokens=None,
             return_scores=False, beam_rule="hf", num_return_sequences=1, do_sample=False, temperature=None, top_k=None,
-            top_p=None, seed=None) -> Generation:
+            top_p=None, seed=None, repetition_penalty=None, encoder_repetition_penalty=None,
+            encoder_no_repeat_ngram_size=None, exponential_decay_length_penalty=None, suppress_tokens=None,
+            begin_suppress_tokens=None, renormalize_logits=None) -> Generation:
     """`generate`'s arguments as a checked `Generation`. An argument left at None takes the
     checkpoint's generation note (`generation_note`), as transformers applies a model's
     generation_config, else its plain default (`NOTE_DEFAULTS`); explicit arguments win. bos_id
@@ -235,13 +321,23 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
     bad_words_ids replaces the note's whole list, its one-token words (banned_ids) included, as
     transformers' argument replaces generation_config's; forced_bos_id=False turns off a forced
     first token the note records. The note's early_stopping applies to beam_rule="hf" only (the
-    flax rule has its own stopping rule); min_length and min_new_tokens: `check_min_length`."""
+    flax rule has its own stopping rule); min_length and min_new_tokens: `check_min_length`; the
+    penalties, suppressions and renormalization (`check_penalties`) as the others:
+    exponential_decay_length_penalty=False, suppress_tokens=() and the like turn off the note's.
+
+    A note that records settings transformers applies and `generate` does not is named in a
+    `GenerationWarning` at every call (`warn_unapplied`)."""
     recorded = generation_note(config)
+    warn_unapplied(config)
     if bad_words_ids is not None and banned_ids is None:
         banned_ids = ()
     given = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, num_beams=num_beams, length_penalty=length_penalty,
                  forced_eos=forced_eos, banned_ids=banned_ids, bad_words_ids=bad_words_ids,
-                 no_repeat_ngram_size=no_repeat_ngram_size, forced_bos_id=forced_bos_id)
+                 no_repeat_ngram_size=no_repeat_ngram_size, forced_bos_id=forced_bos_id,
+                 repetition_penalty=repetition_penalty, encoder_repetition_penalty=encoder_repetition_penalty,
+                 encoder_no_repeat_ngram_size=encoder_no_repeat_ngram_size,
+                 exponential_decay_length_penalty=exponential_decay_length_penalty, suppress_tokens=suppress_tokens,
+                 begin_suppress_tokens=begin_suppress_tokens, renormalize_logits=renormalize_logits)
     if early_stopping is None:
         early_stopping = recorded.get("early_stopping", NOTE_DEFAULTS["early_stopping"]) if beam_rule == "hf" else False
     values = {}
@@ -270,6 +366,7 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
                                                            values["bad_words_ids"], vocab, values["eos_id"])
     banned = tuple(dict.fromkeys(banned + one_token))  # in order, once each
     shortest, new_tokens = check_min_length(min_length, min_new_tokens, recorded)
+    penalties = check_penalties(*(values[name] for name in PENALTY_ARGUMENTS), vocab)
     beams = _integer("num_beams", values["num_beams"])
     if beams > 1 and vocab < 2:  # the best 2 x num_beams of num_beams x V candidates: V >= 2
         raise InputError("num_beams", f"beam search keeps the best 2 x num_beams of num_beams x V candidates, so it "
@@ -295,8 +392,7 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
                       use_cache=bool(use_cache), length_penalty_form=form, forced_eos=bool(values["forced_eos"]),
                       banned_ids=banned, bad_words_ids=words, no_repeat_ngram_size=ngram, forced_bos_id=forced_bos,
                       min_length=shortest, min_new_tokens=new_tokens, return_scores=bool(return_scores),
-                      beam_rule=beam_rule,
-                      num_return_sequences=count, **sampling)
+                      beam_rule=beam_rule, num_return_sequences=count, **penalties, **sampling)
 
 
 def check_sampling(do_sample, temperature, top_k, top_p, seed, num_beams: int, beam_rule: str) -> dict:

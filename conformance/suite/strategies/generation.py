@@ -79,19 +79,21 @@ def generation_cases(draw) -> GenerationCase:
     options = as_mode(options, draw(st.sampled_from(MODES)), draw(st.integers(0, 2 ** 16)),
                       draw(st.sampled_from([1.0, 0.5, 2.0])), draw(st.sampled_from([0, 1, 3])),
                       draw(st.sampled_from([1.0, 0.9, 0.5])))
-    options += draw(processor_options(vocab, pad, bos, eos))
+    options += draw(processor_options(vocab, pad, bos, eos, sampling=dict(options).get("do_sample", False)))
     return GenerationCase(case=case, max_len=min(6, config.max_len), bos_id=bos, eos_id=eos, options=options)
 
 
 @st.composite
-def processor_options(draw, vocab: int, pad: int, bos: int, eos: int) -> tuple[tuple[str, object], ...]:
+def processor_options(draw, vocab: int, pad: int, bos: int, eos: int,
+                      sampling: bool = False) -> tuple[tuple[str, object], ...]:
     """Hugging Face's logits processors, drawn after everything else (so that the configs and
     batches stay those of the other properties), none changing a shape the backends compile for:
     no_repeat_ngram_size 2 or 3 (two times in three: a random model repeats itself within 6 tokens
     often); a forced first token, not the pad id nor the end id (one time in two); bad words that
     bite (one time in two): the start token followed by half the real ids (the first step loses
-    them), plus one three-token word; and last, a minimum length (two times in three) that bans
-    the end token for the first 2 or 4 generated tokens (min_length 3 or 5: the start token counts)."""
+    them), plus one three-token word; a minimum length (two times in three) that bans the end
+    token for the first 2 or 4 generated tokens (min_length 3 or 5: the start token counts); and
+    last the processors of shipped generation configs (`shipped_processors`)."""
     real = st.integers(0, vocab - 1).filter(lambda i: i != pad)
     options = ()
     ngram = draw(st.sampled_from([0, 2, 3]))
@@ -107,4 +109,31 @@ def processor_options(draw, vocab: int, pad: int, bos: int, eos: int) -> tuple[t
     shortest = draw(st.sampled_from([0, 3, 5]))
     if shortest:
         options += (("min_length", shortest),)
+    return options + draw(shipped_processors(vocab, pad, bans=not sampling))
+
+
+@st.composite
+def shipped_processors(draw, vocab: int, pad: int, bans: bool = True) -> tuple[tuple[str, object], ...]:
+    """transformers' processors that published generation configs set (issue 56), each on about
+    half the time: a repetition penalty above or below 1 on the output's ids; one on the source's
+    ids; no source n-gram of 1 or 2 tokens in the output; the end token's exponential length
+    penalty from step 1 or 2; two suppressed ids (every step); two ids suppressed at the first
+    step; and renormalized scores. Without `bans` (sampling, which has nothing to draw from once
+    every id is banned: docs/decoding.md) the three that ban ids are drawn and left out."""
+    banning = ("encoder_no_repeat_ngram_size", "suppress_tokens", "begin_suppress_tokens")
+    real = st.integers(0, vocab - 1).filter(lambda i: i != pad)
+    options = ()
+    for name, values in (("repetition_penalty", [1.0, 1.6, 0.7]), ("encoder_repetition_penalty", [1.0, 1.4, 0.6]),
+                         ("encoder_no_repeat_ngram_size", [0, 0, 1, 2]),
+                         ("exponential_decay_length_penalty", [None, (1, 1.5), (2, 2.0)])):
+        value = draw(st.sampled_from(values))
+        if value not in (None, 0, 1.0) and (bans or name not in banning):
+            options += ((name, value),)
+    for name in ("suppress_tokens", "begin_suppress_tokens"):
+        if draw(st.booleans()):
+            ids = tuple(draw(st.lists(real, min_size=2, max_size=2, unique=True)))
+            if bans:
+                options += ((name, ids),)
+    if draw(st.booleans()):
+        options += (("renormalize_logits", True),)
     return options

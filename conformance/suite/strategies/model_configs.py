@@ -45,6 +45,10 @@ NUMERIC_CHOICES = {
     # K from d_model / n_heads (0), or T5's d_kv set apart from it (the attention's width H K != D).
     "d_head": (0, 4),
 }
+# Switch values that change nothing unless other switches have given values: a covering row takes
+# one only where they do (`conformance.suite.covering.covering_configs`), so that the row shows
+# what it does. A drawn config takes any.
+ACTS_ONLY_WITH = {("freeze_final_logits_bias", True): {"final_logits_bias": True}}
 # The config switch values are probed on, and the covering rows start from: small, one layer a
 # side (a compile per row and function), equal vocabularies (so that shared embeddings are
 # possible), an even d_model >= 4 (every sinusoid).

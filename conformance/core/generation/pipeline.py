@@ -1,0 +1,148 @@
+"""The device search's processors around its bans: the reference's `PIPELINE` as array operations.
+
+`conformance.core.generation.device.processed` applies Hugging Face's processors in its order
+(`conformance.core.generation.processors.PIPELINE`): the repetition penalties (`penalties`,
+`penalized_by`) first, then the bans (the source's n-grams among them) and the forced tokens
+(device.py), then the stages here that come after them (`LATE`: the end token's length penalty,
+the suppressed ids), and the renormalization last (device.py). What they read besides the scores
+is data (`data_of`), so that JAX compiles one program for every penalty, decay and token list of
+one shape; a stage whose data is absent is off.
+
+A new processor is a function `(ops, rules, scores, step, data, eos_id) -> scores` in `LATE` at
+transformers' place for it (Whisper's timestamp rules go after the suppressions), with its data
+built by `data_of` and its reference twin in `processors.PIPELINE`.
+
+Framework-free (NumPy and the standard library): every function takes the adapter `ops`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conformance.core.errors import InputError
+from conformance.core.generation.processors import decay_factor
+
+# data_of's keys that change the scores other than by a ban of the whole (V,) mask: greedy search
+# then reads its chosen ids' scores from the whole processed row (device.whole_row).
+VALUE_KEYS = ("repetition_penalty", "encoder_penalty", "decay", "suppress", "begin_suppress")
+
+
+def data_of(settings, as_array, src_ids=None, vocab_size: int | None = None) -> dict:
+    """What these processors read, each through `as_array(name, value)` (value a NumPy array or a
+    Python int: float64 arrays to the search dtype, int64 to the backend's ids, bool as they are):
+
+    repetition_penalty   p, 0-d
+    encoder_penalty      1 / p of encoder_repetition_penalty, 0-d (transformers divides first)
+    encoder_seen         (N, V) bool: the ids of each decoder row's source, padding included
+    encoder_ids          (N, S): each decoder row's source ids (encoder_no_repeat_ngram_size)
+    decay                (max_len,): exponential_decay_length_penalty's multiplier of |s| per step
+    suppress             (V,) bool: suppress_tokens
+    begin_suppress       (V,) bool, and begin_step, an int: begin_suppress_tokens and their step
+
+    Only those whose processor is on; `src_ids` (B, S) and `vocab_size` are needed by some."""
+    data = {}
+    if settings.repetition_penalty != 1.0:
+        data["repetition_penalty"] = as_array("repetition_penalty", np.array(settings.repetition_penalty))
+    if settings.reads_source:
+        if src_ids is None:
+            raise InputError("src_ids", "encoder_repetition_penalty and encoder_no_repeat_ngram_size read the source "
+                                        "ids: pass them")
+        sources = np.repeat(np.asarray(src_ids, dtype=np.int64), settings.rows, axis=0)  # (N, S)
+        if settings.encoder_repetition_penalty != 1.0:
+            seen = np.zeros((len(sources), vocab_size + 1), dtype=bool)  # a source-only id: the spare column
+            np.put_along_axis(seen, np.minimum(sources, vocab_size), True, axis=1)
+            seen = seen[:, :vocab_size]
+            data["encoder_penalty"] = as_array("encoder_penalty", np.array(1.0 / settings.encoder_repetition_penalty))
+            data["encoder_seen"] = as_array("encoder_seen", seen)
+        if settings.encoder_no_repeat_ngram_size:
+            data["encoder_ids"] = as_array("encoder_ids", sources)
+    if settings.exponential_decay_length_penalty is not None:
+        decay = [decay_factor(settings.exponential_decay_length_penalty, step) for step in range(settings.max_len)]
+        data["decay"] = as_array("decay", np.array(decay, dtype=np.float64))
+    for name, ids in (("suppress", settings.suppress_tokens), ("begin_suppress", settings.begin_suppress_tokens)):
+        if ids:
+            mask = np.zeros(vocab_size, dtype=bool)
+            mask[list(ids)] = True
+            data[name] = as_array(name, mask)
+    if settings.begin_suppress_tokens:
+        data["begin_step"] = as_array("begin_step", settings.begin_suppress_step)
+    return data
+
+
+# -- Before the bans: the repetition penalties ----------------------------------------------------
+
+
+def ids_seen(ops, tokens, length, vocab: int):
+    """(N, V) bool: the ids among the first `length` columns of tokens (N, W) (the start token
+    included: RepetitionPenaltyLogitsProcessor reads the whole decoder input)."""
+    written = ops.arange(tokens.shape[1]) < length  # (W,)
+    return ops.mark(ops.xp.where(written, tokens, vocab), vocab + 1)[:, :vocab]
+
+
+def penalties(ops, tokens, length, data, vocab: int) -> list:
+    """This step's penalties in transformers' order, as (ids (N, V) bool, factor): the source's
+    ids by 1 / p (EncoderRepetitionPenaltyLogitsProcessor), then the decoder input's by p
+    (RepetitionPenaltyLogitsProcessor). Worked out once a step, for the logits and the scores."""
+    if not data:
+        return []
+    out = []
+    if "encoder_penalty" in data:
+        out.append((data["encoder_seen"], data["encoder_penalty"]))
+    if "repetition_penalty" in data:
+        out.append((ids_seen(ops, tokens, length, vocab), data["repetition_penalty"]))
+    return out
+
+
+def penalized_by(ops, scores, seen: list):
+    """scores with each penalty of `penalties`: s * factor where s < 0, s / factor elsewhere, on
+    its ids (the reference's `processors.penalize`, one division per element: `ops.divide`)."""
+    xp = ops.xp
+    for ids, factor in seen:
+        scores = xp.where(ids, xp.where(scores < 0, scores * factor, ops.divide(scores, factor)), scores)
+    return scores
+
+
+# -- After the forced tokens ---------------------------------------------------------------------
+
+
+def at_step(ops, table, step):
+    """table[step] of a (max_len,) table, for a step that may be traced (then an exact masked sum)."""
+    if isinstance(step, int):
+        return table[step]
+    return ops.reduce("sum", ops.xp.where(ops.arange(table.shape[0]) == step, table, 0.0))
+
+
+def exponential_decay(ops, rules, scores, step, data, eos_id):
+    """ExponentialDecayLengthPenalty as transformers adds it: a (N, V) penalty, |s| x decay[step]
+    at the end token where its score s is finite and 0 elsewhere, added to the scores."""
+    if "decay" not in data:
+        return scores
+    xp = ops.xp
+    at_eos = (ops.arange(scores.shape[-1]) == eos_id) & xp.isfinite(scores)  # (N, V)
+    return scores + xp.abs(xp.where(at_eos, scores, 0.0)) * at_step(ops, data["decay"], step)  # 0 elsewhere
+
+
+def suppress(ops, rules, scores, step, data, eos_id):
+    """SuppressTokensLogitsProcessor: -inf at every step, after the forced tokens."""
+    if "suppress" not in data:
+        return scores
+    return ops.xp.where(data["suppress"], -np.inf, scores)
+
+
+def begin_suppress(ops, rules, scores, step, data, eos_id):
+    """SuppressTokensAtBeginLogitsProcessor: -inf at data's begin_step only."""
+    if "begin_suppress" not in data:
+        return scores
+    return ops.where(step == data["begin_step"], ops.xp.where(data["begin_suppress"], -np.inf, scores), scores)
+
+
+# transformers' order after ForcedEOSTokenLogitsProcessor (renormalization follows them all).
+LATE = (exponential_decay, suppress, begin_suppress)
+
+
+def late(ops, rules, scores, step, data, eos_id):
+    """The stages of `LATE` in order (device.processed then renormalizes, rules.renormalize)."""
+    if data:
+        for stage in LATE:
+            scores = stage(ops, rules, scores, step, data, eos_id)
+    return scores
