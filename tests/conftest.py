@@ -39,6 +39,11 @@ import tempfile
 #   others. The tests of the cache itself (tests/test_jax_compile.py) set their own directories
 #   and strip these variables from their subprocesses.
 from xla_emitters import LOOP_EMITTERS, OPT_LEVEL  # the flags this file adds, named once
+from rooms import room_folders
+
+# Every room's folder on the path (tests/rooms.py): a test module may import another room's
+# builders by bare name, whichever files a run selects. After the folders pytest itself prepends.
+sys.path.extend(str(folder) for folder in room_folders() if str(folder) not in sys.path)
 
 
 def _xla_flags_with(flag: str) -> str:
