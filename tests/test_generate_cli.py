@@ -47,7 +47,7 @@ def test_toy_model_decodes_with_beam_4_at_95_percent_exact_match():
 def test_a_marian_port_records_its_generation_ids_and_the_cli_uses_them(tmp_path, capsys):
     pytest.importorskip("transformers", reason="the Marian port needs transformers")
     from conformance.convert import from_hf_marian
-    from test_convert_marian import PAD, marian
+    from test_hf_marian import PAD, marian
 
     config, params = from_hf_marian(marian())
     recorded = json.loads(config.notes["generation"])

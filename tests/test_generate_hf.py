@@ -22,7 +22,7 @@ from conformance.check import backends  # noqa: E402
 from conformance.check.compare import to_numpy  # noqa: E402
 from conformance.convert import from_hf_marian  # noqa: E402
 from systems.harness import BACKEND_PARAMS, padded_batch  # noqa: E402
-from test_convert_marian import PAD, VOCAB, marian  # noqa: E402
+from test_hf_marian import PAD, VOCAB, marian  # noqa: E402
 
 MAX_LENGTH = 12  # Hugging Face's max_length, which counts the decoder start token
 EOS_BOOST = 3.0  # added to final_logits_bias[eos]: ends at varied steps instead of never

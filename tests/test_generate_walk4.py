@@ -111,7 +111,7 @@ def endless_marian(positions: int):
 
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from test_convert_marian import marian
+    from test_hf_marian import marian
 
     model = copy.deepcopy(marian(max_position_embeddings=positions, forced_eos_token_id=None))
     assert model.generation_config.max_length is None and model.generation_config.max_new_tokens is None

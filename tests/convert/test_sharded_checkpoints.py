@@ -27,12 +27,13 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from rooms import pythonpath
 from sharding_common import CONFIG
 
 # One worker under `--dist loadgroup`: the module's fixtures (two subprocesses) are paid once.
 pytestmark = pytest.mark.xdist_group("sharded-checkpoints")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORLD = 2  # gloo ranks
 DEVICES = 4  # forced host devices
 # (plan, (data, model)): where each directory is written, and the other mesh it is read back on.
@@ -204,7 +205,8 @@ def records(folder) -> dict:
     pytest.importorskip("orbax.checkpoint")
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}".strip()
     envs = {"torch": {"OMP_NUM_THREADS": "1"}, "jax": {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}}
-    runs = {which: subprocess.Popen([sys.executable, __file__, which, str(folder)], env={**os.environ, **env},
+    runs = {which: subprocess.Popen([sys.executable, __file__, which, str(folder)],
+                                    env={**os.environ, **env, "PYTHONPATH": pythonpath()},
                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for which, env in envs.items()}
     found = {}

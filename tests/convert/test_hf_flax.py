@@ -38,7 +38,7 @@ from systems.harness import BACKEND_PARAMS, run_backend
 
 import impl_numpy
 
-FIXTURES = Path(__file__).parent / "fixtures" / "hf_flax"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_flax"
 FLAX_FLOAT64 = 1e-13
 # folder -> (layout, what the conversion must say beyond sizes)
 EXPECTED = {
