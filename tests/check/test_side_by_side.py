@@ -500,7 +500,7 @@ def rosetta(capsys, *argv: str):
 def user_file(tmp_path) -> str:
     from pathlib import Path
 
-    tests = str(Path(__file__).resolve().parent)
+    tests = str(Path(__file__).resolve().parents[1])
     path = tmp_path / "user_model.py"
     path.write_text(USER_FILE.replace("{tests!r}", repr(tests)) + """
 
@@ -600,7 +600,7 @@ def test_rosetta_compare_reads_a_linen_model_and_its_msgpack(tmp_path, capsys):
     from flax import serialization
 
     user = tmp_path / "user_linen.py"
-    user.write_text(LINEN_USER_FILE.replace("{tests!r}", repr(str(Path(__file__).resolve().parent))))
+    user.write_text(LINEN_USER_FILE.replace("{tests!r}", repr(str(Path(__file__).resolve().parents[1]))))
     _, _, (_, variables), src, tgt = wmt_system("float32")
     weights = tmp_path / "params.msgpack"
     weights.write_bytes(serialization.to_bytes(variables))

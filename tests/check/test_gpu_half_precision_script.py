@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_half_precision.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_half_precision.py"
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from conformance.cli import main
 from conformance.check.compare import to_numpy
 from conformance.check.defaults import DEFAULT_CHECKPOINT, default_model
 
-TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_toy.py"
+TRAIN_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_toy.py"
 
 
 def test_the_default_checkpoint_is_shipped_small_and_self_describing():

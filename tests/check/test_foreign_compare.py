@@ -29,7 +29,7 @@ from systems import (algoperf_torch, annotated, from_scratch, hyunwoongko, llmhu
                      randomize_, sublayer_norm, torch_tutorial)
 
 SIZES = dict(src_vocab=23, tgt_vocab=19, d_model=32, n_heads=4, d_ff=48, n_layers=2, max_len=40)
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -79,15 +79,15 @@ VOCABS = {"algoperf-wmt-torch": (29, 29)}
 # systems (each linen run costs JAX dispatches) and transformers' families. Each is a pytest node
 # id under tests/, and `test_every_layout_run_elsewhere_is_collected_there` holds them to it.
 ELSEWHERE = {
-    "flax-wmt": ("test_side_by_side.py::test_flax_wmt_clean_agrees_everywhere",),
-    "algoperf-wmt-flax": tuple(f"test_side_by_side_algoperf.py::test_clean_flax_agrees_in_every_variant[{variant}]"
+    "flax-wmt": ("check/test_side_by_side.py::test_flax_wmt_clean_agrees_everywhere",),
+    "algoperf-wmt-flax": tuple(f"check/test_side_by_side_algoperf.py::test_clean_flax_agrees_in_every_variant[{variant}]"
                                for variant in ("base", "post-ln")),  # pre-LN, post-LN
-    **{layout: (f"test_hf_families.py::test_taps_read_transformers_tensors_where_ours_computes_them[{family}]",)
+    **{layout: (f"convert/test_hf_families.py::test_taps_read_transformers_tensors_where_ours_computes_them[{family}]",)
        for layout, family in (("hf-bart", "bart"), ("hf-m2m100", "m2m_100"), ("hf-marian", "marian"),
                               ("hf-mbart", "mbart"), ("hf-pegasus", "pegasus"))},
-    "hf-t5": tuple(f"test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[{family}]"
+    "hf-t5": tuple(f"convert/test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[{family}]"
                    for family in ("t5", "t5-v1_1")),
-    "hf-mt5": ("test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[mt5]",),
+    "hf-mt5": ("convert/test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[mt5]",),
 }
 
 
@@ -108,12 +108,14 @@ def parametrized_ids(function) -> list[str]:
 
 
 def collected(node: str) -> bool:
-    """Whether `file.py::function[id]` under tests/ is a test pytest collects: the function is in
-    the module, and its parametrization (if any) gives that id."""
+    """Whether `room/file.py::function[id]` under tests/ is a test pytest collects: the file is
+    there, the function is in the module, and its parametrization (if any) gives that id."""
     import importlib
 
     path, _, rest = node.partition("::")
     name, _, case = rest.partition("[")
+    if not (TESTS / path).is_file():
+        return False
     function = getattr(importlib.import_module(Path(path).stem), name, None)
     if not callable(function):
         return False
@@ -147,7 +149,7 @@ def test_every_layout_run_elsewhere_is_collected_there():
     pytest.importorskip("flax", reason="the Flax systems' tests need flax")
     missing = [node for nodes in ELSEWHERE.values() for node in nodes if not collected(node)]
     assert not missing, missing
-    assert not collected("test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[t6]")
+    assert not collected("convert/test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[t6]")
 
 
 @pytest.mark.parametrize("name, placement", [(n, p) for n, by in CLEAN.items() for p in by])
