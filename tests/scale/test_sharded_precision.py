@@ -27,7 +27,7 @@ import pytest
 
 pytestmark = pytest.mark.xdist_group("torch-parallel")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 SIZE = (16, 1)  # d_model, layers a side: benchmarks/sharded_precision.py's smallest
 # What sharding may add to the unsharded bf16/f32 model's error: each gradient's partial sums are

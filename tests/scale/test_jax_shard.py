@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rooms import pythonpath
 from sharding_common import BATCH, CONFIG, PLANS, SRC_LEN, TGT_LEN, mesh_env, meshes, step_errors, tolerance_of
 
 # One worker under `--dist loadgroup`: the module's fixture (exports, subprocesses) is paid once, not per worker.
@@ -163,8 +164,8 @@ def _flags() -> str:
 
 @pytest.fixture(scope="module")
 def record() -> dict:
-    env = {**os.environ, "XLA_FLAGS": _flags(), "JAX_PLATFORMS": "cpu", **mesh_env(MESHES)}
-    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "XLA_FLAGS": _flags(), "JAX_PLATFORMS": "cpu", **mesh_env(MESHES), "PYTHONPATH": pythonpath()}
+    root = Path(__file__).resolve().parents[2]
     run = subprocess.run([sys.executable, __file__], env=env, cwd=root, capture_output=True, text=True, timeout=600)
     lines = [line for line in run.stdout.splitlines() if line.startswith("RECORD ")]
     assert run.returncode == 0 and lines, f"the sharded runs failed (exit {run.returncode}):\n{run.stderr[-4000:]}"

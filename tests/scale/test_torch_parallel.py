@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rooms import pythonpath
 from sharding_common import (BATCH, CONFIG, PLANS, SRC_LEN, TGT_LEN, adam_excess, max_error, mesh_env, meshes,
                              step_errors, table_bound, tolerance_of)
 
@@ -29,7 +30,7 @@ from conformance.check.scale.ranks import gathered, start_ranks, whole
 # One worker under `--dist loadgroup`: the module's fixture (exports, subprocesses) is paid once, not per worker.
 pytestmark = pytest.mark.xdist_group("torch-parallel")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Under the `ci` profile one mesh that splits both axes (CI time); `HYPOTHESIS_PROFILE=thorough` runs all three.
 MESHES = meshes(every=((4, 1), (2, 2), (1, 4)), ci=((2, 2),))
 WORLD = 4
@@ -239,7 +240,7 @@ def main(out_path: str) -> None:
 def record() -> dict:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "record.json"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", **mesh_env(MESHES)}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **mesh_env(MESHES), "PYTHONPATH": pythonpath()}
         run = subprocess.run([sys.executable, __file__, str(out)], env=env, cwd=ROOT, capture_output=True,
                              text=True, timeout=600)
         assert run.returncode == 0 and out.exists(), f"the sharded runs failed (exit {run.returncode}):\n{run.stderr[-6000:]}"
