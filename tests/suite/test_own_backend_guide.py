@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "own-backend.md"
 
 

@@ -19,7 +19,7 @@ from conformance.check.backends import Target
 from conformance.suite import pytest_plugin
 from conformance.suite.pytest_plugin import CI_COMPILING_EXAMPLES, SUITE, SUITE_GROUP
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_compiling_backend_draws_fewer_examples_under_ci_and_the_others_their_own():

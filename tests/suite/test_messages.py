@@ -14,7 +14,7 @@ from conformance.check.compare import compare
 from conformance.core.presets import preset
 from conformance.check.tolerances import tolerance
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = preset("default", d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1)
 TARGET = Target("torch", "cpu", "float32")
 

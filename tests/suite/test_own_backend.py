@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-FIXTURE = Path(__file__).parent / "fixtures" / "own_backend" / "toy_adapter.py"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "own_backend" / "toy_adapter.py"
 ENTRY_POINTS = """[rosetta.backends]
 toy = toy_adapter:build
 toy-broken = toy_adapter:build_broken

@@ -1,10 +1,10 @@
-"""Your own backend under the suite, as a read-only review of the feature found it (issue 45):
+"""Your own backend's adapter, given by its file, under the suite and the tools (issue 45):
 a held pad id keeps every drawn case valid, nothing of the run is lost under pytest-xdist, a
 broken adapter is one line, `check` and `compare` refuse adapters, an adapter path may hold a
 "/", held switches take every allowed value, two adapter.py files are two adapters, and a name
 an adapter returns that rosetta does not know fails.
 
-The adapters are tests/fixtures/own_backend/review/held.py (impl_numpy behind the protocol).
+The adapters are tests/fixtures/own_backend/by_path/held.py (impl_numpy behind the protocol).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from conformance.core.errors import InputError
 from conformance.core.inputs import nan_positions
 from conformance.core.presets import preset
 
-FIXTURES = Path(__file__).parent / "fixtures" / "own_backend" / "review"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "own_backend" / "by_path"
 HELD = FIXTURES / "held.py"
 
 
