@@ -23,7 +23,7 @@ from conformance import init_params, preset
 from conformance.convert import export_state_dict
 from conformance.core import checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # The child: patch `module:attribute` so that its first call interrupts the process.
 CHILD = textwrap.dedent("""

@@ -17,7 +17,7 @@ import pytest
 
 from conformance.check import backends
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEADER = "rosetta conformance: hypothesis profile"
 
 
