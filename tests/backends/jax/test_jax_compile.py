@@ -22,7 +22,7 @@ import impl_jax
 from impl_jax import cache
 from xla_emitters import run_with_xla_emitters
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 # One small model's forward pass, then what the process compiled and loaded.
 PROGRAM = """

@@ -17,7 +17,7 @@ from conformance.core.surface import BACKEND_API
 PACKAGES = {name: backends.import_backend(name) for name in backends.BACKENDS}
 CONFIG = preset("paper", src_vocab_size=11, tgt_vocab_size=11, d_model=8, n_heads=2, d_ff=16,
                 n_encoder_layers=1, n_decoder_layers=1, max_len=8, pad_id=0)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_three_public_surfaces_are_equal():

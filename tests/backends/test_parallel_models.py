@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ("numpy", "torch", "jax")
 REFERENCE = "numpy"  # the oracle is the file the others are read next to
 
