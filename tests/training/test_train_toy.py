@@ -15,7 +15,7 @@ import pytest
 
 from conformance.check.training import host_params
 
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_toy.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_toy.py"
 STEPS, BATCH = 12, 8
 
 

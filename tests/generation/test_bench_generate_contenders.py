@@ -18,7 +18,7 @@ pytest.importorskip("ctranslate2", reason="the [ctranslate2] extra is not instal
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 NEW_TOKENS = 12
 
 

@@ -28,7 +28,7 @@ from conformance.cli import main  # noqa: E402
 from conformance.convert.hf_folder import from_hf_folder  # noqa: E402
 from conformance.core.errors import InputError  # noqa: E402
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FAMILIES = ("marian", "t5", "bart")
 OPTIMUM = FIXTURES / "optimum_marian_onnx"
 TAPS = FIXTURES / "optimum_marian_onnx_taps.toml"

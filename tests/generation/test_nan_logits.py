@@ -23,7 +23,7 @@ from conformance.cli import generate, main
 from conformance.core import checkpoint
 from conformance.core.generation.search import search
 from conformance.core.errors import InputError, NaNLogitsError
-from test_generate_walk4 import overflowing_checkpoint, runnable
+from test_length_limit import overflowing_checkpoint, runnable
 
 OVERFLOW_WARNINGS = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
                                                "ignore:invalid value encountered:RuntimeWarning")
@@ -197,7 +197,7 @@ def test_writing_nothing_leaves_the_status_shown(monkeypatch):
 
 
 def test_train_toy_writes_an_out_given_with_an_equals_sign(tmp_path, capsys):
-    script = Path(__file__).resolve().parents[1] / "examples" / "train_toy.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "train_toy.py"
     spec = importlib.util.spec_from_file_location("train_toy_review", script)
     train_toy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train_toy)
