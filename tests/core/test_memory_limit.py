@@ -240,3 +240,13 @@ def test_a_malformed_proc_self_cgroup_line_is_skipped(machine):
     memory = machine(cgroup="garbage without colons\n\n3:cpu\n4:memory:/box\n",
                      files={"memory/box/memory.limit_in_bytes": str(GIB)})
     assert memory.memory_limit() == (min(GIB, _physical()), "the memory cgroup's limit")
+
+
+# -- the error's place among its siblings -------------------------------------------------------
+
+
+def test_too_large_error_is_importable_from_conformance():
+    import conformance
+    from conformance.core.errors import TooLargeError
+
+    assert conformance.TooLargeError is TooLargeError and "TooLargeError" in conformance.__all__

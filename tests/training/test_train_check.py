@@ -10,6 +10,7 @@ import json
 import sys
 
 import numpy as np
+import pytest
 
 from conformance import cli, init_params, param_shapes
 from conformance.check import backends, report as check_report
@@ -114,3 +115,20 @@ def test_the_train_check_plot_shows_the_loss_and_whole_steps(tmp_path):
     for ax in figure.axes:
         assert all(float(tick).is_integer() for tick in ax.get_xticks()), ax.get_xticks()
     assert plot_train_check(result, str(tmp_path / "t.png"))[0] == 1100
+
+
+def test_the_train_check_plot_is_a_png_whatever_matplotlibs_default_format():
+    """`--plot` renders into memory (written atomically later); with no file name to go by,
+    matplotlib would use `savefig.format` (a user's matplotlibrc may say pdf)."""
+    matplotlib = pytest.importorskip("matplotlib")
+    from conformance.check.training import StepResult, TrainCheck, plot_train_check
+
+    report = TrainCheck(source="the default model", reference="numpy float64", steps=2, label_smoothing=0.0,
+                        rows=[StepResult(step, "numpy float32", 2.0 / step, 2.0 / step, 0.0, 1e-7, "output.weight",
+                                         None, 1e-7, 1e-4) for step in (1, 2)],
+                        reference_losses=[2.0, 1.0])
+    picture = io.BytesIO()
+    with matplotlib.rc_context({"savefig.format": "pdf"}):
+        width, height = plot_train_check(report, picture)
+    assert picture.getvalue().startswith(b"\x89PNG\r\n\x1a\n"), picture.getvalue()[:8]
+    assert (width, height) == (1100, 400)
