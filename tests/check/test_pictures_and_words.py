@@ -1,13 +1,15 @@
 """What `rosetta check` and `rosetta attention` show must explain itself (issue 16): an exact 0
 is marked as such, not drawn at a made-up 1e-18; each tolerance line is labelled; the y axis says
 what "scale" is; a passing cell whose relative error looks alarming is footnoted; the attention
-picture has a colorbar, query and key axis labels, and a title above (not over) the panels."""
+picture has a colorbar, query and key axis labels, and a title above (not over) the panels; its
+tick labels do not overlap at 64 tokens, and each still reads its own token (issue 45)."""
 
 from __future__ import annotations
 
 import io
 
 import numpy as np
+import pytest
 
 from conformance.check.backends import Target
 from conformance.check.compare import Comparison
@@ -96,4 +98,57 @@ def test_the_attention_picture_has_a_colorbar_axis_labels_and_a_clear_title():
     renderer = fig.canvas.get_renderer()
     suptitle = fig._suptitle.get_window_extent(renderer)
     assert all(suptitle.y0 >= ax.title.get_window_extent(renderer).y1 for ax in panels)
+    close(fig)
+
+
+# -- attention tick labels at 64 tokens (issue 45) -----------------------------------------------
+
+
+def overlapping(labels, renderer, axis: str) -> list[tuple[str, str]]:
+    """Pairs of neighbouring visible tick labels whose boxes overlap along `axis`."""
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in labels if t.get_visible() and t.get_text()]
+    boxes.sort(key=lambda item: item[1].x0 if axis == "x" else item[1].y0)
+    return [(a, b) for (a, box_a), (b, box_b) in zip(boxes, boxes[1:])
+            if (box_b.x0 < box_a.x1 - 0.5 if axis == "x" else box_b.y0 < box_a.y1 - 0.5)]
+
+
+@pytest.mark.parametrize("tokens", [64, 13])
+def test_attention_tick_labels_do_not_overlap(tokens):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from conformance.check import plots
+
+    rng = np.random.default_rng(0)
+    weights = rng.random((1, 2, tokens, tokens))
+    weights /= weights.sum(-1, keepdims=True)
+    src = [str(int(i)) for i in rng.integers(100, 60000, size=tokens)]  # Marian-like ids, 3-5 digits
+    tgt = ["<bos>"] + src[:-1]
+    figures = []
+    close = plt.close
+    plt.close = lambda fig=None: figures.append(fig)
+    try:
+        plots.plot_attention({"encoder.0.self": weights, "decoder.0.cross": weights}, src, tgt, io.BytesIO(),
+                             title="model")
+    finally:
+        plt.close = close
+    fig = figures[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in (ax for ax in fig.axes if ax.get_title()):
+        shown_x = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        shown_y = [t for t in ax.get_yticklabels() if t.get_visible() and t.get_text()]
+        for axis, labels in (("x", ax.get_xticklabels()), ("y", ax.get_yticklabels())):
+            assert not overlapping(labels, renderer, axis), (ax.get_title(), axis, overlapping(labels, renderer, axis)[:3])
+        # Every label still reads its own token (a thinned axis labels a subset, each at its place).
+        keys = tgt if ax.get_title().startswith("decoder.0.self") else src
+        queries = src if ax.get_title().startswith("encoder") else tgt
+        assert all(label.get_text() == keys[round(label.get_position()[0])] for label in shown_x)
+        assert all(label.get_text() == queries[round(label.get_position()[1])] for label in shown_y)
+        if tokens == 13:  # a toy-sized picture keeps every label
+            assert len(shown_x) == tokens and len(shown_y) == tokens
+        else:  # and a long one keeps at least a quarter of them
+            assert len(shown_x) >= tokens // 4 and len(shown_y) >= tokens // 4
     close(fig)
