@@ -160,3 +160,37 @@ def test_load_keeps_the_checkpoints_dtype_unless_told():
     assert stored == {np.dtype("float32")}
     assert impl_numpy.load(DEFAULT_CHECKPOINT).dtype == np.float32
     assert impl_numpy.load(DEFAULT_CHECKPOINT, dtype="float64").dtype == np.float64
+
+
+# -- the toy model's trained range: a source outside it is warned about (issue 45) -------------
+
+
+@pytest.mark.parametrize("src, digits", [("7", 1), ("3 1", 2), ("3 1 4 1 5 9 2 6 5 3 5 8 9", 13)])
+def test_a_toy_source_outside_the_trained_range_is_warned_about(src, digits, capsys):
+    assert main(["generate", "--src", src, "--backend", "numpy"]) == 0
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if "warning:" in line]
+    assert len(warning) == 1, err
+    assert f"trained on sources of {toy.MIN_DIGITS} to {toy.MAX_DIGITS} digits" in warning[0], warning[0]
+    assert f"{digits} digit" in warning[0], warning[0]
+
+
+@pytest.mark.parametrize("src", ["3 1 4", "3 1 4 1 5 9 2 6 5 3 5 8"])
+def test_a_toy_source_in_the_trained_range_gets_no_warning(src, capsys):
+    assert main(["generate", "--src", src, "--backend", "numpy"]) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err, captured.err
+    assert captured.out.split() == src.split()[::-1]
+
+
+def test_the_toy_range_is_stated_in_the_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert f"{toy.MIN_DIGITS}-{toy.MAX_DIGITS} digits" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_range_warning_reads_ids_rows_too():
+    """The toy model's ids form ("6,4,7"), one row at a time, padding not counted."""
+    src = np.array([[6, 4, 7, 0], [6, 4, 7, 8]])
+    assert toy.range_warning(src) is None
+    assert "row 0 has 1 digit" in toy.range_warning(np.array([[6, 0, 0], [6, 4, 7]]))

@@ -41,3 +41,28 @@ def test_the_status_leaves_a_pipe_alone(monkeypatch):
         status("decoding")
         print("a notice", file=sys.stderr)
     assert piped.getvalue() == "a notice\n" and sys.stderr is piped
+
+
+def test_a_status_redraw_waits_for_a_half_written_line(monkeypatch):
+    from conformance.cli.progress import Status
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with Status("rosetta x") as status:
+        status("first")
+        sys.stderr.write("a notice")  # print's text; its newline comes in a second write
+        status("second")  # another thread's redraw in between
+        sys.stderr.write("\n")
+        assert terminal.getvalue().endswith("rosetta x: second (0 s)"), terminal.getvalue()
+    assert "a notice\n" in terminal.getvalue(), repr(terminal.getvalue())
+
+
+def test_writing_nothing_leaves_the_status_shown(monkeypatch):
+    from conformance.cli.progress import Status
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with Status("rosetta x") as status:
+        status("working")
+        sys.stderr.write("")
+        assert terminal.getvalue().endswith("rosetta x: working (0 s)"), repr(terminal.getvalue())

@@ -1,18 +1,14 @@
-"""Issue 45, from a read-only review of `rosetta generate`'s walk-4 fixes: the search's NaN error
-has its own type (`NaNLogitsError`), so that only it is diagnosed as an overflow and a source row
-of padding keeps its own message; its message names a -inf fill only for a model that has one;
-the overflow diagnosis keeps no tensor, reads each once, never replaces the search's error with
-its own, and keeps the search's step and row; a status line waits for a half-written line;
-train_toy's `--out=PATH` counts as given; every torch kind of backend fits its threads."""
+"""NaN logits in `generate` (issue 45): the search's NaN error has its own type
+(`NaNLogitsError`), so that only it is diagnosed as an overflow and a source row of padding keeps
+its own message; its message names a -inf fill only for a model that has one; `rosetta generate`
+names the first non-finite tensor of an overflow, not --src and a -inf fill the config does not
+have; the overflow diagnosis keeps no tensor, reads each once, never replaces the search's error
+with its own, and keeps the search's step and row."""
 
 from __future__ import annotations
 
-import importlib.util
-import io
 import json
-import sys
 import weakref
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,10 +19,50 @@ from conformance.cli import generate, main
 from conformance.core import checkpoint
 from conformance.core.generation.search import search
 from conformance.core.errors import InputError, NaNLogitsError
-from test_length_limit import overflowing_checkpoint, runnable
 
 OVERFLOW_WARNINGS = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
                                                "ignore:invalid value encountered:RuntimeWarning")
+
+
+def runnable(backend: str) -> bool:
+    return not backends.availability([backend])[backend]
+
+
+# -- an overflow is named where it happens ---------------------------------------------------------
+
+OVERFLOW_SCALE = 1e20  # a Marian embedding times this: q.k overflows float32 in the first attention
+
+
+def overflowing_checkpoint(tmp_path):
+    """A model with a finite mask fill whose embeddings are finite but make q.k overflow float32."""
+    config = preset("hf-marian", src_vocab_size=16, tgt_vocab_size=16, d_model=16, n_heads=2, d_ff=32,
+                     n_encoder_layers=1, n_decoder_layers=1, max_len=16, pad_id=15,
+                     notes={"generation": json.dumps({"decoder_start_token_id": 15, "eos_token_id": 0})})
+    assert np.isfinite(config.mask_fill)
+    params = init_params(config, seed=0, dtype=np.float32)
+    params["encoder.embedding.weight"] = params["encoder.embedding.weight"] * np.float32(OVERFLOW_SCALE)
+    assert np.isfinite(params["encoder.embedding.weight"]).all()
+    path = tmp_path / "overflow.safetensors"
+    checkpoint.save(path, config, params)
+    return path
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_an_overflow_names_the_first_non_finite_tensor(backend, tmp_path, capsys):
+    if not runnable(backend):
+        pytest.skip(f"{backend} is not installed")
+    path = overflowing_checkpoint(tmp_path)
+    assert main(["generate", str(path), "--src", "5,6,7,8", "--backend", backend]) == 2
+    err = capsys.readouterr().err
+    error = [line for line in err.splitlines() if "error:" in line]
+    assert len(error) == 1 and "Traceback" not in err, err
+    # As `rosetta check` reads a report: in forward order, where the attention weights come
+    # before the sublayer's output; q.k overflows in the first layer's self-attention.
+    assert "first non-finite tensor is encoder.0.self (attention weights" in error[0], error[0]
+    assert "encoder.embeddings, being finite" in error[0] and "overflowed float32" in error[0], error[0]
+    assert "mask_fill=-inf" not in error[0] and "--src:" not in error[0], error[0]
+    assert str(path) in error[0], error[0]
 
 
 # -- item 2: only the search's NaN error is diagnosed ------------------------------------------
@@ -158,71 +194,3 @@ def test_the_diagnosis_keeps_no_tensor_and_reads_each_once(monkeypatch):
     assert f"the tensor before it, {names[-2]}, being finite (largest |value| 1)" in str(found), found
     assert held == [0], held  # the copies of the finite tensors were dropped as they were read
     assert len(tested) <= len(names) + 2, len(tested)
-
-
-# -- item 6: the status line and another writer's line -------------------------------------------
-
-
-class Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_a_status_redraw_waits_for_a_half_written_line(monkeypatch):
-    from conformance.cli.progress import Status
-
-    terminal = Terminal()
-    monkeypatch.setattr(sys, "stderr", terminal)
-    with Status("rosetta x") as status:
-        status("first")
-        sys.stderr.write("a notice")  # print's text; its newline comes in a second write
-        status("second")  # another thread's redraw in between
-        sys.stderr.write("\n")
-        assert terminal.getvalue().endswith("rosetta x: second (0 s)"), terminal.getvalue()
-    assert "a notice\n" in terminal.getvalue(), repr(terminal.getvalue())
-
-
-def test_writing_nothing_leaves_the_status_shown(monkeypatch):
-    from conformance.cli.progress import Status
-
-    terminal = Terminal()
-    monkeypatch.setattr(sys, "stderr", terminal)
-    with Status("rosetta x") as status:
-        status("working")
-        sys.stderr.write("")
-        assert terminal.getvalue().endswith("rosetta x: working (0 s)"), repr(terminal.getvalue())
-
-
-# -- item 7: train_toy's --out=PATH ------------------------------------------------------------------
-
-
-def test_train_toy_writes_an_out_given_with_an_equals_sign(tmp_path, capsys):
-    script = Path(__file__).resolve().parents[2] / "examples" / "train_toy.py"
-    spec = importlib.util.spec_from_file_location("train_toy_review", script)
-    train_toy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train_toy)
-    out = tmp_path / "toy.safetensors"
-    assert train_toy.main(["--backend", "numpy", "--steps", "1", "--batch", "4", f"--out={out}"]) == 0
-    assert out.is_file() and f"wrote {out}" in capsys.readouterr().out
-
-
-# -- item 8: threads for every torch kind of backend --------------------------------------------------
-
-
-class Fitted(Exception):
-    """Raised by the stand-in for fit_torch_threads: the command got that far."""
-
-
-def test_check_on_torch_compiled_fits_its_threads_too(monkeypatch):
-    """`rosetta check --backends torch-compiled` fits torch's threads as `--backends torch` does
-    (generate and attention offer numpy, torch and jax only; they test the backend's kind too)."""
-    if not runnable("torch-compiled"):
-        pytest.skip("torch is not installed")
-    from conformance.cli import threads
-
-    def fit(config):
-        raise Fitted
-
-    monkeypatch.setattr(threads, "fit_torch_threads", fit)
-    with pytest.raises(Fitted):
-        main(["check", "--backends", "torch-compiled", "--dtypes", "float32"])

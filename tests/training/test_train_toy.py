@@ -90,3 +90,13 @@ def test_train_toy_shows_progress_before_its_first_evaluation(tmp_path, capsys):
     assert len(progress) == 1 and "loss" in progress[0] and "held-out" not in progress[0], lines
     assert "held-out" in lines[-2], lines  # the check at the last step, then why nothing was written
     assert module.PROGRESS_EVERY < module.EVALUATE_EVERY
+
+
+def test_train_toy_writes_an_out_given_with_an_equals_sign(tmp_path, capsys):
+    script = Path(__file__).resolve().parents[2] / "examples" / "train_toy.py"
+    spec = importlib.util.spec_from_file_location("train_toy_review", script)
+    train_toy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_toy)
+    out = tmp_path / "toy.safetensors"
+    assert train_toy.main(["--backend", "numpy", "--steps", "1", "--batch", "4", f"--out={out}"]) == 0
+    assert out.is_file() and f"wrote {out}" in capsys.readouterr().out
