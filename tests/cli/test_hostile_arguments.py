@@ -11,6 +11,7 @@ snapshotted (every file's bytes and mtime) before and after.
 from __future__ import annotations
 
 import hashlib
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 
 from conformance.check import backends
 from conformance.cli import main
-from conformance.core import checkpoint, init_params
+from conformance.core import checkpoint, init_params, preset
 from conformance.core.config import ModelConfig
 
 HUGE = "99999999999999999999999"  # > 2**63: np.array(..., int64) raises OverflowError
@@ -244,3 +245,54 @@ def test_bad_arguments_are_refused_before_a_framework_is_imported(workdir, tmp_p
     assert done.stdout.strip() == f"{[2] * len(usages)} []", done.stdout + done.stderr
     for flag in ("--label-smoothing:", "--warmup:", "--steps:", "text.pt", "--src:"):
         assert flag in done.stderr, (flag, done.stderr)
+
+
+# -- a garbage .npy or .npz is said to be what it is, never "Python objects" (issue 45, item 19) ---
+
+
+def cli(capsys, *argv):
+    status = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A rosetta checkpoint (`model.safetensors`, float32) in a folder of the test's own."""
+    config = preset("torch-nn-transformer", src_vocab_size=11, tgt_vocab_size=13, d_model=8, n_heads=2, d_ff=12,
+                    n_encoder_layers=1, n_decoder_layers=1, max_len=10)
+    params = init_params(config, seed=3, dtype=np.float32)
+    checkpoint.save(tmp_path / "model.safetensors", config, params)
+    return tmp_path, config, params
+
+
+@pytest.mark.parametrize("data, words", [
+    (b"hello, these are not ids\n", "it is text, starting 'hello, these are not"),
+    (b"\x00\x01\x02\x03garbage\xff", "it starts with bytes"),
+    (b"\x93NUMPY\x20\x67garbage", "not a readable .npy file"),
+])
+def test_a_garbage_npy_is_not_said_to_hold_python_objects(files, capsys, data, words):
+    root, _, _ = files
+    (root / "bad.npy").write_bytes(data)
+    status, _, err = cli(capsys, "run", root / "model.safetensors", "--backend", "numpy", "--src", root / "bad.npy",
+                         "--tgt", "1,2", "--out", root / "o.npz")
+    assert status == 2 and f"--src: {root / 'bad.npy'}" in err and words in err, err
+    assert "Python objects" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_pickle_named_npy_is_said_to_be_a_pickle(files, capsys):
+    import pickle
+
+    root, _, _ = files
+    (root / "p.npy").write_bytes(pickle.dumps([[1, 2]]))
+    status, _, err = cli(capsys, "run", root / "model.safetensors", "--backend", "numpy", "--src", root / "p.npy",
+                         "--tgt", "1,2", "--out", root / "o.npz")
+    assert status == 2 and "a Python pickle" in err and "never unpickled" in err, err
+
+
+def test_a_garbage_npz_entry_is_not_said_to_hold_python_objects(tmp_path, capsys):
+    with zipfile.ZipFile(tmp_path / "w.npz", "w") as archive:
+        archive.writestr("a.npy", b"\x93NUMPY\x20\x67garbage")
+    status, _, err = cli(capsys, "convert", tmp_path / "w.npz", tmp_path / "out.safetensors")
+    assert status == 2 and "entry 'a'" in err and "not a readable array" in err, err
+    assert "Python objects" not in err and err.count("w.npz") == 1, err
