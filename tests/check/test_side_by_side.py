@@ -158,7 +158,7 @@ def installed_backends() -> list[str]:
 
 
 # The JAX backend compiles once per config (10 s each on the CI machine): it runs beside one torch
-# system here (and the Flax one below); tests/test_convert_systems.py runs it on every system's
+# system here (and the Flax one below); tests/convert/test_source_systems.py runs it on every system's
 # config against the system's logits.
 WITH_JAX = {"from-scratch"}
 

@@ -40,7 +40,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the AlgoPerf PyTorch system is a torch.nn model")
-# One worker with tests/test_algoperf.py: both build and run the same AlgoPerf Flax
+# One worker with tests/convert/test_algoperf.py: both build and run the same AlgoPerf Flax
 # and torch models, whose eager ops and compiled programs the second file then finds ready
 # (measured: the two files in two processes 42.0 CPU-s, in one 33.4, imports included).
 pytestmark = pytest.mark.xdist_group("algoperf")

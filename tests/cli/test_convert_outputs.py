@@ -223,7 +223,7 @@ def test_the_command_line_names_its_flag_for_an_overflowing_cast(big, capsys):
     assert status == 2 and "--dtype float16" in err, err
 
 
-# -- the review of items 7 and 18: the writer, the input, an interrupted export -----------------
+# -- items 7 and 18: the writer by suffix, the input, an interrupted export ----------------------
 
 
 @pytest.mark.parametrize("name", ["OUT.SAFETENSORS", "Out.SafeTensors"])

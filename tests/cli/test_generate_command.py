@@ -17,7 +17,7 @@ from conformance.cli import main
 from conformance.cli.generate import recorded_generation
 from conformance.core import checkpoint
 
-UNSEEN_SEED = 31415  # as tests/test_toy_model.py: sources neither training nor early stopping saw
+UNSEEN_SEED = 31415  # as tests/check/test_toy_model.py: sources neither training nor early stopping saw
 
 
 def runnable(backend: str) -> bool:

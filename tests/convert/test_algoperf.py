@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-# One worker with tests/test_side_by_side_algoperf.py: both build and run the same AlgoPerf Flax
+# One worker with tests/check/test_side_by_side_algoperf.py: both build and run the same AlgoPerf Flax
 # and torch models, whose eager ops and compiled programs the second file then finds ready
 # (measured: the two files in two processes 42.0 CPU-s, in one 33.4, imports included).
 pytestmark = pytest.mark.xdist_group("algoperf")

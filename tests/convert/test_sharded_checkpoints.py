@@ -5,7 +5,7 @@ came from, byte for byte; and a checkpoint converted `--to dcp` / `--to orbax` l
 parallelized on another mesh with every parameter bit for bit.
 
 The ranks run in subprocesses (this file run as a script, "torch" or "jax"), as in
-tests/test_torch_parallel.py and tests/test_jax_shard.py; each first converts model.safetensors
+tests/scale/test_torch_parallel.py and tests/scale/test_jax_shard.py; each first converts model.safetensors
 `--to dcp` / `--to orbax` (so that the two subprocesses' imports overlap), then writes its
 directories and a JSON record into a folder the tests below read. The torch subprocess imports
 torch once and forks its 2 ranks. No JAX program is compiled: placing and restoring arrays only

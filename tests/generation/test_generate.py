@@ -1,7 +1,7 @@
 """The KV cache and `generate` in every backend: cached steps equal the full-prefix decoder for
 every ModelConfig switch, JAX compiles a bounded number of times, PyTorch runs under
 inference_mode, and bad arguments get the same InputError everywhere. (transformers' ids:
-tests/test_generate_hf.py; the cross-backend property over drawn configs: conformance/suite.)
+tests/generation/test_generate_hf.py; the cross-backend property over drawn configs: conformance/suite.)
 """
 
 from __future__ import annotations

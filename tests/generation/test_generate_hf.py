@@ -1,6 +1,6 @@
 """The ids of transformers' `MarianMTModel.generate`, reproduced by every backend on the ported model.
 
-The Marian model is random and built offline (tests/test_convert_marian.py), in float64 so that
+The Marian model is random and built offline (tests/convert/test_hf_marian.py), in float64 so that
 no near-tie of scores can flip a choice; its final_logits_bias favours the end token a little,
 so that hypotheses end at different steps and the finished-hypothesis bookkeeping, the length
 penalty and the stopping rule all matter. The special ids are the model's own: decoder start =

@@ -2,7 +2,7 @@
 
 BART, mBART, M2M100, Pegasus and Marian first; T5, T5 v1.1 and mT5 at the end.
 
-For each family with an `[hf]` layout, the tiny random model of tests/test_hf_families.py gets the
+For each family with an `[hf]` layout, the tiny random model of tests/convert/test_hf_families.py gets the
 generation settings its released checkpoints carry in generation_config.json (BART's summarisation
 configs: no repeated 3-gram, a forced first and last token; mBART-50 and NLLB: the target language
 forced after the start token; Marian and Pegasus: a forced end token), is saved with

@@ -2,12 +2,12 @@
 and bad_words_ids of several tokens, beside the banned ids and the forced end token.
 
 - Against transformers itself: the ids of `MarianMTModel.generate` on the random Marian model of
-  tests/test_generate_hf.py (float64, padded sources, greedy and beam 4), from every backend, for
+  tests/generation/test_generate_hf.py (float64, padded sources, greedy and beam 4), from every backend, for
   each processor and for combinations, given as arguments and read from the checkpoint's
   generation note with no argument passed. Each setting is checked to change transformers' own
   ids, so that it tests something.
 - The device search (conformance/core/generation/device.py) against the reference search on the
-  synthetic logits of tests/test_device_search.py, ties included, in NumPy, torch and JAX.
+  synthetic logits of tests/generation/test_device_search.py, ties included, in NumPy, torch and JAX.
 - The arguments: the note's fields, explicit arguments winning, and one InputError per bad value,
   the same from every backend.
 """
@@ -42,7 +42,7 @@ pytest.importorskip("transformers", reason="the reference is transformers' gener
 
 from test_generate_hf import MAX_LENGTH, PAD, ported, reference_model, source  # noqa: E402
 
-# The random Marian model's own choices (tests/test_generate_hf.py): greedy repeats 12 in row 0
+# The random Marian model's own choices (tests/generation/test_generate_hf.py): greedy repeats 12 in row 0
 # and 26 26 23 23 ... in row 2, and row 1 ends at once; so each setting below changes some row.
 # (label, transformers' generate arguments, ours, a decoder start token other than Marian's pad)
 SETTINGS = [
@@ -294,14 +294,14 @@ def test_torch_device_search_applies_the_processors_as_the_reference(kind):
 
 
 # Eager JAX dispatches op by op: the three eager-JAX device-search tests (test_device_search.py,
-# test_generate_processors.py) took 73 CPU-seconds with both tables, 57 with the tie-heavy one,
+# test_logits_processors.py) took 73 CPU-seconds with both tables, 57 with the tie-heavy one,
 # where the lower-index rule decides. Under `ci` that one only: the continuous table runs the same
 # settings through the same ops, and the NumPy and torch adapters run both tables in CI.
 JAX_KINDS = ["ties", pytest.param("continuous", marks=thorough_only(
     "eager JAX on the continuous table repeats the ties run's settings and ops"))]
 
 
-# On the worker of tests/test_device_search.py's eager-JAX searches: the same ops at the same shapes,
+# On the worker of tests/generation/test_device_search.py's eager-JAX searches: the same ops at the same shapes,
 # compiled once in that process (test_device_search.py's EAGER_JAX_SEARCH says what it saves).
 @pytest.mark.xdist_group("eager-jax-search")
 @pytest.mark.parametrize("kind", JAX_KINDS)

@@ -1,14 +1,14 @@
 """impl_torch exported to ONNX in float16 and run by ONNX Runtime's CPU execution provider: every
 tensor within the float16 row of docs/tolerances.md against the float64 oracle (the numbers of
 docs/deployment.md's float16 column, measured on the default model by the thorough profile; CI
-exports the small model of tests/test_onnx.py in float16 instead)."""
+exports the small model of tests/runtimes/test_onnx.py in float16 instead)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-# On the worker of tests/test_onnx.py and tests/test_onnx_compare.py: the exporter's first export in a
+# On the worker of tests/runtimes/test_onnx.py and tests/runtimes/test_onnx_compare.py: the exporter's first export in a
 # process pays a one-time warm-up (measured: this file's export and test_onnx_compare's untapped one,
 # 16.5 + 16.5 CPU-s in two processes, 24.5 in one).
 pytestmark = pytest.mark.xdist_group("onnx")

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.xdist_group("torch-compiled")
 
 NAME = "torch-compiled"
 # Properties whose examples are no model runs on the compiled code, or that run only on CUDA:
-# the SDPA kernels are run on the CPU's kernels like tests/test_suite_gpu.py does.
+# the SDPA kernels are run on the CPU's kernels like tests/suite/test_gpu_parts.py does.
 NOT_HYPOTHESIS = {"test_coverage"}
 
 
@@ -103,7 +103,7 @@ def call(prop, target: Target):
 # each decoding step, float64, trained-scale weights): together 9 CPU-minutes (28 minutes wall on
 # the loaded 2-core machine; fast_path 486 s, explicit_masks 279 s, gradients 269 s, generate
 # 218 s), so they run under the `thorough` profile (`HYPOTHESIS_PROFILE=thorough pytest
-# tests/test_suite_compiled.py`: all 19 passed, one skipped as for JAX), as does the full `ci`
+# tests/runtimes/test_torch_compiled.py`: all 19 passed, one skipped as for JAX), as does the full `ci`
 # profile of `rosetta conformance --backends torch-compiled`.
 CI_PROPERTIES = {"test_forward", "test_masks", "test_fully_masked", "test_pairs", "test_encode_decode", "test_errors"}
 
@@ -119,7 +119,7 @@ def test_every_property_passes_on_the_compiled_model(module, prop, compile_with,
     compile_with("aot_eager")
     import conformance.suite.test_sdpa_kernels as sdpa
 
-    monkeypatch.setattr(sdpa, "DEVICES", ("cpu", "cuda"))  # torch's kernels on the CPU, as test_suite_gpu.py does
+    monkeypatch.setattr(sdpa, "DEVICES", ("cpu", "cuda"))  # torch's kernels on the CPU, as tests/suite/test_gpu_parts.py does
     target = Target(NAME, "cpu", dtype_for(prop))
     with recording(prop.__name__) as seen:
         call(prop, target)

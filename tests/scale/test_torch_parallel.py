@@ -1,7 +1,7 @@
 """`impl_torch.parallelize`: every plan on meshes 4x1, 2x2 and 1x4 of gloo CPU processes equals the
 unsharded model within the tolerance table, and each parameter really is sharded as its plan says.
 (The planted tensor-parallel bug, the local shard split into the global number of heads, is
-tests/test_sharded_property.py's, against the oracle.)
+tests/scale/test_sharded_property.py's, against the oracle.)
 
 The sharded runs happen in one subprocess (this file run as a script) that forks 4 gloo ranks
 (`conformance.check.scale.ranks.start_ranks`), once for every mesh and plan; rank 0 writes a JSON

@@ -4,7 +4,7 @@ targets are skipped with the reason, and these tests show the checks themselves 
 - Each SDPA kernel conforms on its own (conformance/suite/test_sdpa_kernels.py): run on the CPU's
   kernels, the property passes on torch and fails on a torch copy whose fast path is wrong.
 - TF32 stays off: tests/breaks.py's two TF32 breaks are caught by the forward properties
-  (tests/test_suite_has_teeth.py runs them); here, `runner.precision_problems` names the switch.
+  (tests/suite/test_has_teeth.py runs them); here, `runner.precision_problems` names the switch.
 - JAX GPU runs state whether they are deterministic (`pytest_plugin.jax_gpu_determinism`).
 """
 

@@ -170,7 +170,7 @@ def test_nan_rows_are_selected_out():
 
 def test_a_counted_nan_row_is_refused():
     """A label that counts at a position the forward leaves NaN would make the loss NaN: refused,
-    naming where (tests/test_training_nan.py has the rule and the other backends)."""
+    naming where (tests/training/test_nan_positions.py has the rule and the other backends)."""
     config = tiny("llmhub")
     src, tgt, labels = batch(config)
     labels[-1, 0] = 5  # the all-padding source row's element is NaN throughout

@@ -20,7 +20,7 @@ from conformance.core.presets import preset  # noqa: E402
 
 SIZES = dict(src_vocab_size=13, tgt_vocab_size=13, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=1,
              n_decoder_layers=2, max_len=12)
-# The presets of tests/test_generate.py: key- and query-side target padding, no cross mask,
+# The presets of tests/generation/test_generate.py: key- and query-side target padding, no cross mask,
 # causal-only target masks, -inf and finite fills, final_logits_bias, pre-LN.
 PRESETS = ("paper", "llmhub", "from-scratch", "hf-marian", "annotated-transformer")
 OPTIONS = {
