@@ -151,12 +151,12 @@ def test_nan_logits_of_an_open_row_are_refused_as_the_reference_does(beams):
 
 
 # Eager JAX dispatches op by op: the three eager-JAX device-search tests (test_device_search.py,
-# test_logits_processors.py) took 73 CPU-seconds with both tables, 57 with the tie-heavy one,
+# test_generate_processors.py) took 73 CPU-seconds with both tables, 57 with the tie-heavy one,
 # where the lower-index rule decides. Under `ci` that one only: the continuous table runs the same
 # settings through the same ops, and the NumPy and torch adapters run both tables in CI.
 JAX_KINDS = ["ties", pytest.param("continuous", marks=thorough_only(
     "eager JAX on the continuous table repeats the ties run's settings and ops"))]
-# The eager-JAX device-search tests (these two, and tests/generation/test_logits_processors.py's) dispatch
+# The eager-JAX device-search tests (these two, and tests/generation/test_generate_processors.py's) dispatch
 # the same ops at the same shapes: on one xdist worker they share its compiled op programs
 # (measured, collection left out: 44 CPU-s in three processes, 29 in one).
 EAGER_JAX_SEARCH = pytest.mark.xdist_group("eager-jax-search")

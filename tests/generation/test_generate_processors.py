@@ -294,7 +294,7 @@ def test_torch_device_search_applies_the_processors_as_the_reference(kind):
 
 
 # Eager JAX dispatches op by op: the three eager-JAX device-search tests (test_device_search.py,
-# test_logits_processors.py) took 73 CPU-seconds with both tables, 57 with the tie-heavy one,
+# test_generate_processors.py) took 73 CPU-seconds with both tables, 57 with the tie-heavy one,
 # where the lower-index rule decides. Under `ci` that one only: the continuous table runs the same
 # settings through the same ops, and the NumPy and torch adapters run both tables in CI.
 JAX_KINDS = ["ties", pytest.param("continuous", marks=thorough_only(
