@@ -30,7 +30,7 @@ last column holds the worst gradient and the loss to the table's bfloat16 gradie
 (`gradient_tolerance`), as the gradient property does.
 
 The rows "A - B" are run A's difference from run B: what sharding alone changes.
-`run_torch_fsdp` (the forked gloo ranks) is what tests/test_sharded_precision.py runs.
+`run_torch_fsdp` (the forked gloo ranks) is what tests/scale/test_sharded_precision.py runs.
 """
 
 from __future__ import annotations

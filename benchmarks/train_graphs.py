@@ -10,7 +10,7 @@ the same training steps (`loss_and_grads`, then `impl_torch.Adam.step`) on diffe
 batches: one with the graphs (impl_torch/graphs.py: eager at the first call of a shape, recorded
 at the second, replayed after), one eager (`impl_torch.graphs.switched_off()`), and a second eager one, which
 says whether the GPU's kernels are deterministic run to run (if not, bit-for-bit equality cannot be
-expected and the differences are printed). tests/test_torch_train_graphs.py makes the same
+expected and the differences are printed). tests/backends/torch/test_torch_train_graphs.py makes the same
 comparison at a small size. Without CUDA the script says so and exits 2.
 """
 

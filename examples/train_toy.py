@@ -21,7 +21,7 @@ With `--backend numpy|torch|jax` the same task trains in that backend through th
 training API, the same in all three: `model.loss_and_grads` (the loss of docs/training.md) and
 `impl_X.Adam` (the paper's Adam and schedule, no gradient clipping), on the same seeded batches
 from the same seeded weights, so that runs in different backends can be compared step by step
-(in float64 they stay within 1e-9 of each other over 50 steps: tests/test_train_toy.py).
+(in float64 they stay within 1e-9 of each other over 50 steps: tests/training/test_train_toy.py).
 """
 
 from __future__ import annotations

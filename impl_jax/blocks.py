@@ -69,7 +69,7 @@ def _product_in_blocks_jvp(vocab_axis, cast, primals, tangents):
     copied the (B * T, V) gradient of the logits transposed (about 60 ms at that size).
     The logits are then the one GEMM's, equal to the blocked product's to float rounding (as in
     impl_torch), and float32 parameters computed in float64 still give the float64 model's
-    gradients bit for bit (tests/test_param_dtype.py, at XLA's own settings)."""
+    gradients bit for bit (tests/backends/test_param_dtype.py, at XLA's own settings)."""
     (y, weight), (dy, dweight) = primals, tangents
     if vocab_axis == 0:  # the tied embedding (V, D)
         weight, dweight = weight.T, dweight.T  # (D, V)

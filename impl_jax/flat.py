@@ -26,7 +26,7 @@ this project's loaded CPU; every comparison runs in C, without a Python frame pe
 A variable's value is not recorded: it is read again on every call (`get_raw_value`), so setting
 it (`variable.value = x`, `nnx.update`, the fused training step's writes) needs nothing more, and a
 value of another shape or dtype gives jit another key, as before. When any check fails, the model
-is flattened again and the record rebuilt (tests/test_jax_flat.py plants each missed change). Each
+is flattened again and the record rebuilt (tests/backends/jax/test_jax_flat.py plants each missed change). Each
 node's copy is taken as flattening reaches it, so a change made on another thread while the record
 is built is seen at the next call. What is not covered: changes to Flax's private state in place
 (a module's `_pytree__nodes` mapping, class attributes); and, as for any Python object, a model

@@ -12,7 +12,7 @@ with a `NamedSharding` chosen by the plan, each call's batch with `NamedSharding
 and `jax.jit` (GSPMD) partitions the very programs the unsharded model runs, inserting the
 all-gathers and reductions the placement implies. A placement therefore changes where values live
 and in which order sums are reduced, never what is computed: the sharded results equal the
-unsharded ones within the tolerance table (tests/test_jax_shard.py measures it, docs/sharding.md).
+unsharded ones within the tolerance table (tests/scale/test_jax_shard.py measures it, docs/sharding.md).
 
 The plans (`PLANS`), over a mesh whose axes are ("data", "model"):
     "dp"       every parameter replicated; the batch split over "data".
@@ -31,7 +31,7 @@ What cannot be placed as the plan says is an `InputError` before anything moves:
 a mesh without the two axes, an axis size that does not divide the tensor the plan splits (naming
 the parameter, its shape, the axis and the sizes), and a call whose batch does not divide over
 "data". Nothing is silently replicated instead of split: `shard_shapes(model)` reports each
-parameter's local shape, and tests/test_jax_shard.py checks them against the plan.
+parameter's local shape, and tests/scale/test_jax_shard.py checks them against the plan.
 
 The mesh's axes are used as "auto" (GSPMD chooses the intermediate layouts); a mesh built with
 explicit axes (`jax.make_mesh`'s default in recent JAX) is re-made over the same devices with auto

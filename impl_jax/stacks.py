@@ -19,7 +19,7 @@ a cached decoding step's per-layer keys and values (impl_jax/decode.py) go throu
 its per-layer inputs and outputs.
 
 The numbers are the loop's: each layer's operations are the same, in the same order, on the same
-values (tests/test_jax_compile.py compares float64 and float32 results bit for bit).
+values (tests/backends/jax/test_jax_compile.py compares float64 and float32 results bit for bit).
 
 With `remat`, each layer's step is rematerialised (`jax.checkpoint`): the backward pass recomputes
 a layer's activations instead of keeping them, which trades compute for memory in training.

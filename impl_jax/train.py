@@ -13,7 +13,7 @@ its gradients (`Model._loss_and_grads`, the very function `loss_and_grads` runs)
 (`_update`, the very function `Adam.step` runs) in one executable, whose parameter and optimizer
 state buffers are donated, so XLA writes the new values over the old ones instead of holding both,
 and no gradient goes back to the host in between. The numbers are those of `loss_and_grads`
-followed by `Adam.step` (tests/test_train_optimizers.py). Any other optimizer takes the written-once
+followed by `Adam.step` (tests/training/test_optimizers.py). Any other optimizer takes the written-once
 `conformance.core.training.train_step`.
 
 The host side of a step is kept small, because on a GPU the step waits for it (docs/training.md):

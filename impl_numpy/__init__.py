@@ -38,7 +38,7 @@ def save(model: Model, path: str | os.PathLike) -> None:
 
 from impl_numpy.train import Adam, train_step  # the paper's optimizer (docs/training.md)
 
-# The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
+# The public surface, the same in every backend (conformance.core.surface; tests/backends/test_backend_surface.py).
 from impl_numpy import stream  # noqa: E402  a piece at a time, from each piece's own weights (rosetta check --stream)
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.

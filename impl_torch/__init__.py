@@ -67,7 +67,7 @@ def parallelize(model: Model, mesh, plan: str, *, mp_policy=None) -> Model:
 from impl_torch.distributed_checkpoint import load_distributed, save_distributed  # noqa: E402
 from impl_torch import graphs  # noqa: E402  CUDA graphs of generate's step and of training (switched_off, release)
 
-# The public surface, the same in every backend (conformance.core.surface; tests/test_backend_surface.py).
+# The public surface, the same in every backend (conformance.core.surface; tests/backends/test_backend_surface.py).
 from impl_torch import stream  # noqa: E402  a piece at a time, from each piece's own weights (rosetta check --stream)
 __all__ = list(BACKEND_API)
 # What only this backend has, importable by name but not part of the shared surface.

@@ -457,7 +457,7 @@ def broken_copy(name: str, backend: str, edits, patches):
 # Each is planted in a copy of a backend and run at the dtype where a port makes it. The oracle
 # comparison on the tame strategies (`test_forward.py`) passes most of them; the realistic sample
 # (`test_forward_realistic.py`) must fail every one. `tame_misses` says whether the tame
-# strategies alone miss it (checked by tests/test_suite_realistic_teeth.py either way).
+# strategies alone miss it (checked by tests/suite/test_realistic_teeth.py either way).
 
 
 def float32_sinusoid(config):

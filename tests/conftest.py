@@ -36,9 +36,14 @@ import tempfile
 # - one JAX persistent compilation cache for the whole session (`ROSETTA_TEST_JAX_CACHE`: a
 #   directory to use and keep, "0" for none; default a fresh temporary directory, deleted at the
 #   end), so that an executable one xdist worker or CLI subprocess compiled is loaded by the
-#   others. The tests of the cache itself (tests/test_jax_compile.py) set their own directories
-#   and strip these variables from their subprocesses.
+#   others. The tests of the cache itself (tests/backends/jax/test_jax_compile.py) set their own
+#   directories and strip these variables from their subprocesses.
 from xla_emitters import LOOP_EMITTERS, OPT_LEVEL  # the flags this file adds, named once
+from rooms import room_folders
+
+# Every room's folder on the path (tests/rooms.py): a test module may import another room's
+# builders by bare name, whichever files a run selects. After the folders pytest itself prepends.
+sys.path.extend(str(folder) for folder in room_folders() if str(folder) not in sys.path)
 
 
 def _xla_flags_with(flag: str) -> str:
@@ -85,8 +90,8 @@ def pytest_configure(config):
     # default goes on through every other explicit (covering) example to report each distinct
     # bug, and the meta-tests that plant a break (tests/breaks.py) fail on purpose: each of those
     # examples is a model build and, on a compiling backend, a compile. Measured alone: the
-    # planted break of test_suite_compiled.py 47 -> 13 CPU-seconds, the 57 tests of the teeth
-    # files that catch a break 92 -> 74. `rosetta conformance` keeps hypothesis' default.
+    # planted break of tests/runtimes/test_torch_compiled.py 47 -> 13 CPU-seconds, the 57 tests of
+    # the teeth files that catch a break 92 -> 74. `rosetta conformance` keeps hypothesis' default.
     for name in ("ci", "thorough", "scale"):
         settings.register_profile(name, settings.get_profile(name), report_multiple_bugs=False)
     load_default_profile(config)

@@ -1,6 +1,7 @@
-"""What tests/test_jax_shard.py and tests/test_torch_parallel.py share: the model, the plans, the
-meshes each profile runs, and the tolerance table's measure. Both run their cases in a subprocess
-(`python tests/test_X.py`), which imports this module from the same folder."""
+"""What tests/scale/test_jax_shard.py and tests/scale/test_torch_parallel.py share: the model, the
+plans, the meshes each profile runs, and the tolerance table's measure. Both run their cases in a
+subprocess (`python tests/scale/test_X.py`), which imports this module with tests/ on its
+PYTHONPATH (tests/rooms.py)."""
 
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from rooms import pythonpath
+
 # The XLA flags tests/conftest.py adds to the test run (without their values).
 LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters"
 OPT_LEVEL = "--xla_backend_optimization_level"
@@ -27,12 +27,11 @@ def xla_test_settings_on() -> bool:
 
 
 def run_with_xla_emitters(code: str, timeout: float = 300) -> str:
-    """Run `code` in a fresh Python on the CPU at XLA's own settings (tests/ and the checkout
-    importable); fail with its stderr if it fails; return its standard output."""
+    """Run `code` in a fresh Python on the CPU at XLA's own settings (the checkout, tests/ and its
+    rooms importable); fail with its stderr if it fails; return its standard output."""
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(TEST_RUN_FLAGS)]
-    path = [str(ROOT), str(ROOT / "tests"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     environment = {**os.environ, "XLA_FLAGS": " ".join(flags), "ROSETTA_JAX_QUIET": "1", "JAX_PLATFORMS": "cpu",
-                   "PYTHONPATH": os.pathsep.join(path)}
+                   "PYTHONPATH": pythonpath()}
     done = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -80,7 +80,7 @@ def stored_dtype(source: str | None, dtype: str, supported: Iterable[str] = EVER
     store it (`supported`: NumPy cannot hold float16 or bfloat16), else `dtype`. A float64 model
     of a float32 checkpoint then holds the float32 values (half the memory) and widens each one
     where it is used, with the same bits as a model built from the widened set
-    (tests/test_param_dtype.py)."""
+    (tests/backends/test_param_dtype.py)."""
     return source if (source, dtype) in EXACT_WIDENINGS and source in tuple(supported) else dtype
 
 

@@ -79,7 +79,7 @@ def tolerance(dtype: str, device: str = "cpu") -> Tolerance:
 # The worst still grew with the examples drawn, so the margins are the forward half rows' (3.2x,
 # 5.7x). bfloat16's row equals its forward row, so it cannot see gradients below 1 halved (the
 # planted sharded reduction of benchmarks/sharded_precision.py, 0.126-0.155; the comparison with
-# the unsharded model in tests/test_sharded_precision.py does). The error does not grow with size
+# the unsharded model in tests/scale/test_sharded_precision.py does). The error does not grow with size
 # (`--sweep`, d_model 16-256, 4-256 tokens, 1-6 layers: flat envelopes, bfloat16 9.3e-3 N^0.15,
 # float16 9.9e-4 N^0.07; the smallest models are the worst): the rows need no size law. No GPU
 # has measured half-precision gradients: there `gradient_tolerance` raises KeyError, and the

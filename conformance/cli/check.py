@@ -348,7 +348,7 @@ def memory_minimising_xla_schedule(backend_option: str | None):
     temporaries for the base model at length 512, against 19 MB with this schedule (212 against
     88 MB before the output projection was widened a block at a time; 115 against 17 MB for the
     encoder; XLA's `memory_analysis()`). A schedule only orders operations: the report
-    is the same, bit for bit (tests/test_check_memory.py), and the time too (docs/check.md).
+    is the same, bit for bit (tests/scale/test_memory_budget.py), and the time too (docs/check.md).
 
     Set in XLA_FLAGS, which XLA reads once, when JAX starts its CPU client (jit's
     `compiler_options` accepts the option but does not change the schedule: measured), so it acts

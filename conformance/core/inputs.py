@@ -238,7 +238,7 @@ def nan_positions(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray)
     layer, a source position is NaN if its query had no key or any position already was; after a
     decoder layer, likewise through its self-attention, then through cross-attention from any NaN
     memory position (or a query with no source key). Equal to `np.isnan(logits).any(-1)` of the
-    NumPy oracle (tests/test_training_nan.py)."""
+    NumPy oracle (tests/training/test_nan_positions.py)."""
     batch, tgt_len = tgt_ids.shape
     if not np.isinf(config.mask_fill):
         return np.zeros((batch, tgt_len), dtype=bool)

@@ -4,7 +4,7 @@ The same comparison as `test_forward.py`, on `realistic_cases` (trained-like wei
 offsets with row |mean| / std of 300-1000, outlier dimensions 50-1000x the typical size, LayerNorm
 gains far from 1, attention logits of 50-150) and `long_cases` (max_len 512 or 2048). These are the
 inputs where a cancelling LayerNorm variance or an unshifted softmax give themselves away
-(tests/test_suite_realistic_teeth.py). Every profile runs the anchor cases first
+(tests/suite/test_realistic_teeth.py). Every profile runs the anchor cases first
 (`strategies.trained_anchor_cases`, `long_anchor_case`: one per phenomenon, at its extreme), then
 draws; the `ci` profile draws a bounded sample (`CI_EXAMPLES`); the `scale` profile draws
 full-size models instead (`strategies.scale_cases`). The tolerance is the table's up to the sizes

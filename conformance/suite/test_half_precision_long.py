@@ -3,7 +3,7 @@
 Sequences of 512-2048 tokens with seeded weights at scale 1 (`strategies.long_seeded_cases`; the
 domain where the table makes a half-precision claim, `strategies.realistic_in_domain`): positions
 far out in the table and sums over thousands of keys, where a float16 position table or a softmax
-sum accumulated in float16 gives itself away (tests/test_suite_realistic_teeth.py). Every profile
+sum accumulated in float16 gives itself away (tests/suite/test_realistic_teeth.py). Every profile
 runs the 2048-token anchor first (`strategies.long_anchor_case`). The tolerance is a measured row
 of its own (`tolerances.LONG_HALF_TOLERANCES`, docs/tolerances.md): the table's half-precision row
 is 20x what a correct backend shows here. Under `scale`, full-size seeded models at the size law,

@@ -13,7 +13,7 @@ others. Only a kernel that refused every example of the run is skipped, with tor
 does not hide the examples the kernel does run.
 
 torch picks among these kernels on CUDA: the property's targets are torch's CUDA ones, skipped with
-the reason where there is no CUDA device. tests/test_suite_gpu.py runs it on the CPU's kernels
+the reason where there is no CUDA device. tests/suite/test_gpu_parts.py runs it on the CPU's kernels
 (`DEVICES`) to see it fail on a broken fast path.
 """
 

@@ -3,7 +3,7 @@
 The sharded child is replaced by records built from the oracle (what a correct run returns), so
 that what is checked here is the command: which model the job holds, which plans it asks for, and
 the exit status, 1 when a plan asked for was refused (asked for and not checked) as for a check that
-checked nothing. The sharded runs themselves are the suite's property (tests/test_sharded_property.py).
+checked nothing. The sharded runs themselves are the suite's property (tests/scale/test_sharded_property.py).
 """
 
 from __future__ import annotations

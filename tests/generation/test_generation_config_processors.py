@@ -5,7 +5,7 @@ exponential_decay_length_penalty, suppress_tokens and begin_suppress_tokens, ren
 - The reference's processors (conformance/core/generation/processors.py) against transformers'
   own processor classes on the same rows, float64, bit for bit.
 - The device search (conformance/core/generation/device.py, pipeline.py) against the reference on
-  the synthetic logits of tests/test_device_search.py, ties included, in NumPy, torch and JAX,
+  the synthetic logits of tests/generation/test_device_search.py, ties included, in NumPy, torch and JAX,
   under greedy search, both beam rules and sampling.
 - Every backend's `generate` against transformers' `generate` itself on the ported Marian model
   (float64, padded sources), greedy and beam 4, each processor checked to change transformers'
@@ -216,7 +216,7 @@ def ngram_source() -> np.ndarray:
     return src
 
 
-# The random Marian model (tests/test_generate_hf.py) repeats 12, 26 and 23; each processor below
+# The random Marian model (tests/generation/test_generate_hf.py) repeats 12, 26 and 23; each processor below
 # changes transformers' own ids over its base (checked: `test_each_setting_changes_transformers_ids`).
 # (label, the source, transformers' base arguments, the processor's, as transformers names them)
 SETTINGS = [
@@ -318,7 +318,7 @@ def test_a_renormalized_row_with_every_id_banned_stays_banned():
 
 
 def bart_with(tmp_path, **generation):
-    """A tiny BART folder whose generation_config.json sets `generation` (tests/test_hf_families.py)."""
+    """A tiny BART folder whose generation_config.json sets `generation` (tests/convert/test_hf_families.py)."""
     from test_hf_families import build
 
     model = build("bart")

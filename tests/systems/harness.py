@@ -22,7 +22,7 @@ SOURCE_BAR = 1e-5
 # `.double()`, our NumPy oracle in float64), a correct port agrees to ~2e-15 (measured on every
 # system here), so a bar of 1e-9 sits over 1000x below the smallest wrong-epsilon effect and
 # 10^5 above the rounding. A system whose position term stays float32 in `.double()` needs its
-# own table handed over (see tests/test_convert_systems.py), or its ~7e-8 would count.
+# own table handed over (see tests/convert/test_source_systems.py), or its ~7e-8 would count.
 FLOAT64_BAR = 1e-9
 WRONG_EPSILONS = (1e-5, 1e-6, 1e-12)
 

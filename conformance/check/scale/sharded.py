@@ -101,7 +101,7 @@ ALL_MESHES = {"torch": ((4, 1), (2, 2), (1, 4)), "jax": ((8, 1), (4, 2), (2, 4))
 
 # The plans a run under `ci` without --mesh checks against the oracle: JAX's compiles are the cost
 # (four programs per plan, ~10 s of CPU each plan on a 1+1-layer model), and "fsdp+tp" places
-# every parameter by both of the other splits. tests/test_jax_shard.py runs every plan against the
+# every parameter by both of the other splits. tests/scale/test_jax_shard.py runs every plan against the
 # unsharded JAX model under `ci`; --mesh and the other profiles run every plan here.
 CI_PLANS = {"torch": PLANS, "jax": ("fsdp+tp",)}
 

@@ -21,7 +21,7 @@ backend without such pieces (onnxruntime, torch-compiled: whole graphs) is refus
         it: a bug still shows first where it lives, and a deep float32 stack is not blamed for
         the rounding it inherited.
     "own": the target's own output of the stage below, as an unstreamed call runs; the report is
-        then the unstreamed one, bit for bit, for NumPy and PyTorch (tests/test_stream.py); JAX's
+        then the unstreamed one, bit for bit, for NumPy and PyTorch (tests/scale/test_stream.py); JAX's
         differs in the last bits, where XLA fuses across the layers of a whole call (docs/scale.md).
 """
 

@@ -22,7 +22,7 @@ Inductor ~25 CPU-seconds per graph (a C++ compile), aot_eager ~6, eager ~2.
 `ROSETTA_TORCH_COMPILE` picks torch.compile's backend: `inductor` (the default, what
 `torch.compile` runs), `aot_eager` (Dynamo and AOTAutograd without code generation: the tracing
 and the functionalised backward, minus Inductor's kernels) or `eager` (Dynamo only). The project's
-own CI test (tests/test_suite_compiled.py) uses aot_eager for the whole suite and Inductor for the
+own CI test (tests/runtimes/test_torch_compiled.py) uses aot_eager for the whole suite and Inductor for the
 forward property's covering rows.
 
 A compiled function whose cache is full would silently run eagerly (torch's `recompile_limit`);

@@ -103,7 +103,7 @@ def kinds_for(config: ModelConfig, kinds: tuple[str, ...] = KINDS) -> tuple[str,
     correct float64 one 4e-12: the input's conditioning, not a bug, and no fixed tolerance tells
     them apart (measured, docs/tolerances.md). Nor where the config names LayerNorm's fast
     variance E[x^2] - E[x]^2 (Flax's): that form cancels by definition at |mean| / std of 300, and a
-    correct float32 backend computing it is off by 1.1e-2 (measured, tests/test_tolerance_law.py);
+    correct float32 backend computing it is off by 1.1e-2 (measured, tests/check/test_tolerance_law.py);
     the realistic properties look for a backend that computes the standard form that way."""
     return tuple(k for k in kinds if k != "offset"
                  or (config.norm_placement == "post" and config.layer_norm_form != "fast-variance"))
