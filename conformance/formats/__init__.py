@@ -111,8 +111,10 @@ def convert(src, dst, options: Options = Options(), progress: Progress | None = 
         failed = [v for v in verdicts if v.passed is False]
         if failed:
             raise VerificationError(path, f"not written: {failed[0].runtime}: {failed[0].divergence}", tuple(verdicts))
-    return Converted(said(src, dst, read, written, problems, verdicts), read.warnings + written.warnings + problems,
-                     verdicts)
+    unchecked = [] if any(v.passed or v.skipped for v in verdicts) else \
+        [f"{dst} was not verified: {next((v.says for v in verdicts if v.says), 'nothing checked it')}"]
+    return Converted(said(src, dst, read, written, problems, verdicts),
+                     read.warnings + written.warnings + problems + unchecked, verdicts)
 
 
 def verify_skipped() -> Verdict:
