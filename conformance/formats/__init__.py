@@ -104,10 +104,7 @@ def convert(src, dst, options: Options = Options(), progress: Progress | None = 
         if read.trial:
             progress("a trial forward pass (NumPy, 3 padded rows)")
             problems = rosetta.trial_run(read.config, read.params)
-        if options.verify:
-            verdicts = writer.verify(path, read, options, progress) + reader.verify_source(src, read, options, progress)
-        else:
-            verdicts = [verify_skipped()]
+        verdicts = checked(writer, reader, path, src, read, options, progress) if options.verify else [verify_skipped()]
         failed = [v for v in verdicts if v.passed is False]
         if failed:
             raise VerificationError(path, f"not written: {failed[0].runtime}: {failed[0].divergence}", tuple(verdicts))
@@ -115,6 +112,25 @@ def convert(src, dst, options: Options = Options(), progress: Progress | None = 
         [f"{dst} was not verified: {next((v.says for v in verdicts if v.says), 'nothing checked it')}"]
     return Converted(said(src, dst, read, written, problems, verdicts),
                      read.warnings + written.warnings + problems + unchecked, verdicts)
+
+
+def checked(writer: Format, reader: Format, path: Path, src: Path, read: Read, options: Options,
+            progress: Progress) -> list[Verdict]:
+    """The writer's check of what it wrote and the reader's of its source. A loader that refuses
+    or breaks on what was written fails the check, with what it said; a source that cannot be
+    run is said not to have been."""
+    from conformance.formats import verify
+
+    try:
+        verdicts = writer.verify(path, read, options, progress)
+    except Exception as exc:  # noqa: BLE001 - what was written could not be read back: that is the finding
+        verdicts = [verify.failed(f"{writer.name} loaded", f"what was written could not be read back: "
+                                  f"{type(exc).__name__}: {exc}")]
+    try:
+        verdicts += reader.verify_source(src, read, options, progress)
+    except Exception as exc:  # noqa: BLE001 - the source's own system failed to run it
+        verdicts.append(verify.not_run(f"{src} was not run by its own system: {type(exc).__name__}: {exc}"))
+    return verdicts
 
 
 def verify_skipped() -> Verdict:

@@ -7,8 +7,10 @@
     write    `--to dcp` / `--to orbax`: convert.sharded.write
     verify   the runtime that reads such a directory onto a mesh: `impl_torch.load_distributed`
              (torch.distributed.checkpoint) or `impl_jax.load_sharded` (Orbax) into a model whose
-             parameters are zeros; every parameter it then holds equal, bit for bit, to the
-             checkpoint's, and its logits the float64 oracle's within the stored dtype's tolerance
+             parameters are zeros; the loader refuses a stored config other than the model's, and
+             every parameter the model then holds must be the checkpoint's, bit for bit. A model
+             with the checkpoint's config and parameters is the checkpoint's model: its forward
+             pass would add time (a JAX compile), not evidence
 """
 
 from __future__ import annotations
@@ -76,15 +78,12 @@ def _zeros(params) -> dict[str, np.ndarray]:
     return {key: np.zeros_like(np.asarray(value)) for key, value in params.items()}
 
 
-def _checked(runtime: str, config, params, held: dict[str, np.ndarray], logits, dtype: str) -> verify.Verdict:
+def _checked(runtime: str, params, held: dict[str, np.ndarray]) -> verify.Verdict:
     differs = verify.params_differ(params, held)
     if differs:
         return verify.failed(runtime, differs)
-    expected = verify.oracle(config, params, *verify.probe(config))["logits"]
-    within, says = verify.logits_within(np.asarray(logits, dtype=np.float64), expected, dtype)
-    if not within:
-        return verify.failed(runtime, says)
-    return verify.passed(runtime, f"every parameter loaded bit for bit into a model of zeros, and its {says}")
+    return verify.passed(runtime, "its stored config is the checkpoint's, and every parameter loaded bit for bit into "
+                                  "a model of zeros")
 
 
 def _compute(params) -> str:
@@ -95,24 +94,18 @@ def _compute(params) -> str:
 def load_dcp(path: Path, config, params) -> verify.Verdict:
     runtime = "impl_torch.load_distributed (torch.distributed.checkpoint)"
     try:
-        import torch
-
         import impl_torch
+        from conformance.convert.arrays import as_numpy
     except ImportError as exc:
         return verify.not_run(f"the directory was not loaded: impl_torch cannot be imported ({exc})")
-    dtype = _compute(params)
     import warnings
 
-    model = impl_torch.Model(config, _zeros(params), dtype=dtype, param_dtype=verify.stored(params))
+    model = impl_torch.Model(config, _zeros(params), _compute(params), param_dtype=verify.stored(params))
     with warnings.catch_warnings():  # that one process reads every rank's shards is the point
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        impl_torch.load_distributed(model, path)
-    from conformance.convert.arrays import as_numpy
-
+        impl_torch.load_distributed(model, path)  # refuses a stored config other than the model's
     held = {key: as_numpy(value.detach(), key) for key, value in model.state_dict().items() if key in params}
-    with torch.no_grad():
-        logits = model(*verify.probe(config)).logits.detach().cpu().numpy()
-    return _checked(runtime, config, params, held, logits, dtype)
+    return _checked(runtime, params, held)
 
 
 def load_orbax(path: Path, config, params) -> verify.Verdict:
@@ -121,12 +114,9 @@ def load_orbax(path: Path, config, params) -> verify.Verdict:
         import impl_jax
     except ImportError as exc:
         return verify.not_run(f"the directory was not loaded: impl_jax cannot be imported ({exc})")
-    dtype = _compute(params)
-    model = impl_jax.Model(config, _zeros(params), dtype=dtype, param_dtype=verify.stored(params))
-    impl_jax.load_sharded(model, path)
-    held = {key: np.asarray(value) for key, value in model.params.items()}
-    logits = np.asarray(model(*verify.probe(config)).logits)
-    return _checked(runtime, config, params, held, logits, dtype)
+    model = impl_jax.Model(config, _zeros(params), _compute(params), param_dtype=verify.stored(params))
+    impl_jax.load_sharded(model, path)  # refuses a stored config other than the model's
+    return _checked(runtime, params, {key: np.asarray(value) for key, value in model.params.items()})
 
 
 FORMAT = ShardedDirectory()

@@ -164,6 +164,24 @@ def test_a_dropped_config_field_is_named(tutorial, capsys, monkeypatch):
     assert left(tutorial) == ["foreign.safetensors", "model.safetensors"]
 
 
+def test_a_file_its_loader_refuses_fails_the_check(tutorial, capsys, monkeypatch):
+    """Bytes damaged after the digest was taken: checkpoint.load refuses the file, and that refusal
+    is the failed check (exit 1, nothing left), not an error about the input (exit 2)."""
+    save = checkpoint.save
+
+    def damaged(path, config, params):
+        save(path, config, params)
+        data = bytearray(Path(path).read_bytes())
+        data[-3] ^= 0xFF
+        Path(path).write_bytes(bytes(data))
+
+    monkeypatch.setattr(checkpoint, "save", damaged)
+    status, _, err = run(capsys, "convert", tutorial / "foreign.safetensors", tutorial / "out.safetensors",
+                         *TUTORIAL_SETS)
+    assert status == 1 and "could not be read back" in err and "sha256 digest does not match" in err, err
+    assert left(tutorial) == ["foreign.safetensors", "model.safetensors"]
+
+
 def test_the_check_of_a_model_too_large_for_memory_reads_one_parameter_at_a_time(tutorial, capsys, monkeypatch):
     from conformance.formats import verify
 
