@@ -83,13 +83,21 @@ def run_model(model, runtime: str, layout, config, params, what: str) -> verify.
     expected = verify.oracle(config, params, src, tgt)["logits"]
     model = model.float()
     with torch.no_grad():
-        logits = model(input_ids=torch.from_numpy(src), attention_mask=torch.from_numpy(src != config.pad_id).long(),
-                       decoder_input_ids=torch.from_numpy(tgt)).logits.numpy()
+        logits = call(model, torch.from_numpy(src), torch.from_numpy(tgt), config.pad_id).logits.numpy()
     within, says = verify.logits_within(logits.astype(np.float64), expected, "float32")
     if within:
         return verify.passed(runtime, f"{what}: every parameter and switch read back as the checkpoint's, and its "
                                       f"float32 {says}")
     return verify.failed(runtime, f"{what}: {says}" + _first_tensor(model, layout, config, src, tgt))
+
+
+def call(model, src_ids, tgt_ids, pad_id: int):
+    """A seq2seq transformers model on token ids, as transformers' own users call it: the source's
+    attention_mask from the pad id, the decoder input as given (no decoder mask: the families'
+    `tgt_pad_mask` is "none"). A family whose inputs are not token ids (Whisper's log-mel
+    features) brings its own probe and call in its own format module, and reuses the loading and
+    the read back above."""
+    return model(input_ids=src_ids, attention_mask=(src_ids != pad_id).long(), decoder_input_ids=tgt_ids)
 
 
 def _first_tensor(model, layout, config, src, tgt) -> str:
@@ -99,12 +107,10 @@ def _first_tensor(model, layout, config, src, tgt) -> str:
     from conformance.check.foreign.side_by_side import compare
     from conformance.check.switches import switches_at
 
-    def run(m, s, t):
-        return m(input_ids=s, attention_mask=(s != config.pad_id).long(), decoder_input_ids=t)
-
     try:
         with torch.no_grad():
-            report = compare(model, layout, src, tgt, run=run, backends=(), dtype="float32")
+            report = compare(model, layout, src, tgt, run=lambda m, s, t: call(m, s, t, config.pad_id), backends=(),
+                             dtype="float32")
     except Exception as exc:  # noqa: BLE001 - a diagnosis that cannot run leaves the failure as it is
         return f"; the first diverging tensor could not be traced ({type(exc).__name__}: {exc})"
     first = report.first_divergence

@@ -53,6 +53,7 @@ def perturbed(params: dict, key: str) -> dict:
 @pytest.fixture
 def bart(tmp_path):
     """A rosetta checkpoint of a tiny BART (ReLU, which BART's config.json carries) with its generation note."""
+    pytest.importorskip("transformers", reason="the Hugging Face folders are checked by transformers itself")
     config = preset("hf-bart", **SIZES, activation="relu", pad_id=1,
                     notes={"generation": json.dumps({"decoder_start_token_id": 2, "eos_token_id": 2,
                                                      "pad_token_id": 1})})
@@ -112,6 +113,20 @@ def test_a_planted_hf_bart_config_fault_exits_1_naming_the_switch(bart, capsys, 
     status, printed, err = run(capsys, "convert", bart, bart.parent / "folder", "--to", "hf-bart")
     assert status == 1, err
     assert "activation='gelu' where the checkpoint has 'relu'" in err, err
+    assert left(bart.parent) == ["bart.safetensors"]
+
+
+def test_where_transformers_computes_otherwise_the_first_tensor_is_named(bart, capsys, monkeypatch):
+    """A transformers whose ReLU is another function (planted in its ACT2FN table): the folder's
+    weights and config read back as the checkpoint's, the logits part, and the layout's [taps]
+    find the first tensor where they do, with the switch acting there."""
+    from transformers import activations
+
+    monkeypatch.setitem(activations.ACT2FN, "relu", activations.ACT2CLS["gelu"])
+    status, printed, err = run(capsys, "convert", bart, bart.parent / "folder", "--to", "hf-bart")
+    assert status == 1, err
+    assert "the logits leave the float32 tolerance" in err, err
+    assert "first diverging tensor through the layout's taps: encoder.0.ffn" in err and "activation" in err, err
     assert left(bart.parent) == ["bart.safetensors"]
 
 
