@@ -45,7 +45,7 @@ import numpy as np
 
 from conformance.formats import ctranslate2, hf_folder, onnx, rosetta, sharded, state_dict
 from conformance.formats.base import Format, Options, Progress, Read, Written, parse_renames, parse_sets, staged
-from conformance.formats.verify import Verdict
+from conformance.formats.verify import Verdict, skipped
 
 FORMATS: tuple[Format, ...] = (
     rosetta.FORMAT,
@@ -104,7 +104,7 @@ def convert(src, dst, options: Options = Options(), progress: Progress | None = 
         if read.trial:
             progress("a trial forward pass (NumPy, 3 padded rows)")
             problems = rosetta.trial_run(read.config, read.params)
-        verdicts = checked(writer, reader, path, src, read, options, progress) if options.verify else [verify_skipped()]
+        verdicts = checked(writer, reader, path, src, read, options, progress) if options.verify else [skipped()]
         failed = [v for v in verdicts if v.passed is False]
         if failed:
             raise VerificationError(path, f"not written: {failed[0].runtime}: {failed[0].divergence}", tuple(verdicts))
@@ -131,12 +131,6 @@ def checked(writer: Format, reader: Format, path: Path, src: Path, read: Read, o
     except Exception as exc:  # noqa: BLE001 - the source's own system failed to run it
         verdicts.append(verify.not_run(f"{src} was not run by its own system: {type(exc).__name__}: {exc}"))
     return verdicts
-
-
-def verify_skipped() -> Verdict:
-    from conformance.formats.verify import skipped
-
-    return skipped()
 
 
 def said(src: Path, dst: Path, read: Read, written: Written, problems: list[str], verdicts: list[Verdict]) -> list[str]:
