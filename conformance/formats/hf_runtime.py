@@ -31,6 +31,9 @@ def run_folder(folder: Path, layout, config, params, what: str) -> verify.Verdic
     except ImportError as exc:
         return verify.not_run(f"{what} was not loaded: transformers with torch is not installed ({exc}); "
                               "pip install transformers 'rosetta-transformer[torch]'")
+    large = verify.too_large(config, params, what)
+    if large is not None:
+        return large
     cls = getattr(transformers, layout.hf.architectures[0], None)
     runtime = f"{verify.runtime_version('transformers')} {layout.hf.architectures[0]}.from_pretrained"
     if cls is None:

@@ -66,6 +66,9 @@ class OnnxGraphs(Format):
         except ImportError as exc:
             return [verify.not_run(f"the graphs were not loaded: ONNX Runtime is not installed ({exc}); pip install "
                                    "'rosetta-transformer[onnx]'")]
+        large = verify.too_large(read.config, read.params, "the written graphs")
+        if large is not None:
+            return [large]
         progress("checking the written graphs with ONNX Runtime")
         runtime = f"onnxruntime {onnxruntime.__version__} ({PROVIDER})"
         options_ = onnxruntime.SessionOptions()

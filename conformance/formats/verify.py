@@ -192,6 +192,14 @@ def itemsize(params: Mapping[str, Any]) -> int:
     return np.asarray(next(iter(params.values()))).dtype.itemsize
 
 
+def too_large(config: ModelConfig, params: Mapping[str, Any], what: str) -> Verdict | None:
+    """A `not_run` verdict when a runtime's own copy of the model (`what` loads it) would not fit
+    beside what is held: the check is not made rather than made to swap or be killed."""
+    fits, words = fits_in_memory(config, max(4, itemsize(params)), copies=2.0)
+    return None if fits else not_run(f"{what} was not loaded: its copy of the model would not fit in memory beside "
+                                     f"this one ({words})")
+
+
 def runtime_version(module: str) -> str:
     try:
         from importlib.metadata import version

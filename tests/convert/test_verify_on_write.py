@@ -157,6 +157,17 @@ def test_a_runtime_that_is_not_installed_is_said_and_the_output_written(bart, ca
     assert f"warning: {out} was not verified" in err, err
 
 
+def test_a_runtime_whose_copy_would_not_fit_is_not_run_and_says_so(bart, capsys, monkeypatch):
+    from conformance.formats import verify
+
+    monkeypatch.setattr(verify, "fits_in_memory", lambda *args, **kwargs: (False, "about 9 TiB needed, 1 GiB available"))
+    out = bart.parent / "folder"
+    status, printed, err = run(capsys, "convert", bart, out, "--to", "hf-bart")
+    assert status == 0 and (out / "model.safetensors").is_file(), err
+    assert "not verified: the written folder was not loaded: its copy of the model would not fit" in printed, printed
+    assert "9 TiB" in printed and f"warning: {out} was not verified" in err, err
+
+
 # -- a rosetta checkpoint in: our loader, bit for bit ----------------------------------------------
 
 

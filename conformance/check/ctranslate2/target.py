@@ -270,38 +270,28 @@ def write(ctranslate2, config: ModelConfig, params, out: Path, quantization: str
                              f"and torch ({exc}): pip install transformers 'rosetta-transformer[torch]'") from None
 
 
-# The longest output a check of a written model generates: enough for rows that end early and rows
-# that run to the limit, short enough that the oracle's float64 beam search stays cheap.
+# The longest output a check of a written model generates, and its searches: greedy only. Log p of
+# every target position already holds the whole computation; the greedy ids hold the decoder's
+# start and end as CTranslate2 runs them. A float64 beam search of 4 on a base-size model took 87 of
+# the check's 117 s (benchmarks/bench_convert_verify.py): `check` and `rosetta check` run beams.
 VERIFY_MAX_LEN = 16
+VERIFY_BEAMS = (1,)
 
 
 def verified(config: ModelConfig, params, model_dir: str | Path, layout: str | None = None,
              progress: Callable[[str], None] | None = None) -> CTranslate2Report:
     """The CTranslate2 model at `model_dir` (converted from `params`) beside the float64 oracle on
-    the padded probe batch (`fixed_batch`): score_batch log p per position and translate_batch ids,
-    greedy and beam 4, computed in float32 (`measure`: on float32 weights held to the float32 row
-    and equal ids; on quantized weights measured, not held)."""
+    the padded probe batch (`fixed_batch`): score_batch log p per position and translate_batch
+    greedy ids, computed in float32 (`measure`: on float32 weights held to the float32 row and equal
+    ids; on quantized weights measured, not held)."""
     from conformance.check.report import fixed_batch
 
     family = family_of(config, params, layout)
     start, eos = generation_ids(config)
     src, tgt = fixed_batch(config)
-    report = measure(config, params, Path(model_dir), Directory.read(model_dir), src, tgt, start=start, eos=eos,
-                     compute_types=("float32",), beams=BEAMS, max_len=min(config.max_len, VERIFY_MAX_LEN),
-                     device="cpu", source=f"the written model, converted through {family.layout}", progress=progress)
-    if report.pad_mass > LACKED_MASS:
-        # An id CTranslate2 lacks (Marian's pad) holds probability in our beam scores and none in
-        # CTranslate2's, which renormalizes over the ids it has: beams may then part where nothing
-        # is wrong. Greedy ids and log p stay held.
-        for row in report.rows:
-            row.unheld = tuple(sorted(set(row.unheld) | {b for b in row.agreement if b > 1}))
-        report.notes.append(f"the ids CTranslate2 lacks hold up to {report.pad_mass:.1e} of the oracle's probability "
-                            f"(> {LACKED_MASS:g}): beam ids measured, not held")
-    return report
-
-
-# The probability an id CTranslate2 lacks may hold in the oracle before beam ids are only measured.
-LACKED_MASS = 1e-4
+    return measure(config, params, Path(model_dir), Directory.read(model_dir), src, tgt, start=start, eos=eos,
+                   compute_types=("float32",), beams=VERIFY_BEAMS, max_len=min(config.max_len, VERIFY_MAX_LEN),
+                   device="cpu", source=f"the written model, converted through {family.layout}", progress=progress)
 
 
 def divergence(report: CTranslate2Report) -> str:
