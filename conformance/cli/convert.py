@@ -12,7 +12,8 @@ HELP = ("Convert a foreign checkpoint (.safetensors, .pt/.pth/.bin state dict, .
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("src", help="the foreign weights file, Orbax directory or Hugging Face model folder (never modified)")
-    parser.add_argument("dst", help="the rosetta checkpoint to write (.safetensors; written atomically)")
+    parser.add_argument("dst", help="the rosetta checkpoint to write (.safetensors; written beside it, checked, and "
+                                    "renamed into place only then)")
     parser.add_argument("--layout", metavar="NAME|FILE", help="a built-in layout (see `rosetta layouts`) or a layout TOML file; default: auto-detect")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="a ModelConfig field the tensors cannot tell or that your copy of the system changed, e.g. n_heads=8 (repeatable)")
