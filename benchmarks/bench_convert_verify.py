@@ -100,6 +100,12 @@ def in_process(src: Path, dst: Path, argv: list[str]) -> tuple[float, float]:
     from conformance import formats
 
     args = build_parser().parse_args(["convert", str(src), str(dst), *argv])
+    try:  # the ONNX export keeps the graphs of the last checkpoints it traced: each run pays its own
+        from conformance.check.onnx import export as onnx_export
+
+        onnx_export.EXPORTS.clear()
+    except ImportError:
+        pass
     checking = [0.0]
     originals = {}
     for cls in {type(f) for f in formats.FORMATS}:
