@@ -11,10 +11,13 @@
                           convert, and backends lazily.
     conformance/suite/    the hypothesis conformance suite and its pytest plugin
                           (`-p conformance.suite.pytest_plugin`). Imports core and check.
+    conformance/formats/  the formats `rosetta convert` reads and writes, one module each in one
+                          registry, each checking what it wrote with the runtime that reads it.
+                          Imports core, convert, check, and backends and runtimes lazily.
     conformance/cli/      the `rosetta` command line. May import everything above.
 
 Import direction (tests/test_architecture.py enforces it): core <- backends (impl_*) <- check <-
-suite <- cli, with convert beside the backends (it imports core only). This package's own names
+suite <- cli, with convert beside the backends (it imports core only) and formats beside the suite. This package's own names
 are the core's public surface, importable with only NumPy installed:
 
     from conformance import ModelConfig, checkpoint, preset, init_params

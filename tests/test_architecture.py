@@ -2,6 +2,7 @@
 
     core  <-  backends (impl_numpy, impl_torch, impl_jax)  <-  check  <-  suite  <-  cli
     core  <-  convert  <-  check                               (beside the backends)
+    check  <-  formats  <-  cli                                (beside the suite)
 
 No two modules import each other, however indirectly (a circle makes the import order decide what
 exists when), and nothing outside a backend imports one of its modules: a backend is used through
@@ -40,6 +41,9 @@ ALLOWED = {
                           "impl_jax"},
     "conformance.suite": {"conformance.core", "conformance.check", "conformance.suite",
                           "impl_numpy", "impl_torch", "impl_jax"},
+    # formats verify what they write with the oracle and the runtimes: above check, beside the suite.
+    "conformance.formats": {"conformance.core", "conformance.convert", "conformance.check", "conformance.formats",
+                            "impl_numpy", "impl_torch", "impl_jax"},
     "conformance.cli": {"conformance", "impl_numpy", "impl_torch", "impl_jax"},
 }
 # Third-party imports each room may make; None = any. The core is NumPy, ml_dtypes and the stdlib.

@@ -200,6 +200,9 @@ def run(args: argparse.Namespace) -> int:
         return run_ctranslate2(args)
     if is_onnx(args.factory) or Path(args.factory).is_dir():  # a folder is no MODULE:FACTORY: graphs, or an error
         return run_onnx(args)
+    if ":" not in args.factory:  # no MODULE:FACTORY, no model found there: a path that is not there
+        raise InputError("MODULE:FACTORY|GRAPHS", f"{args.factory}: no such file or directory (expected a CTranslate2 "
+                         "model directory, ONNX graphs, or MODULE:FACTORY naming your Python code)")
     if args.weights is None or args.layout is None:
         raise InputError("--layout" if args.weights else "WEIGHTS", "MODULE:FACTORY needs WEIGHTS and --layout "
                          "(only a folder of ONNX graphs may go without)")

@@ -241,7 +241,7 @@ def execute(plan: Plan, arrays: Mapping[str, np.ndarray], *, dtype: str | None =
 # -- Export ------------------------------------------------------------------------------------
 
 
-def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, Any]) -> None:
+def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, Any], *, advice: bool = True) -> None:
     """Refuse an export whose config the target system would compute differently.
 
     Every switch the system computes with (`system_switches`: ModelConfig's defaults, which an
@@ -250,6 +250,8 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
     keys the system loads that the export would lack (a shared or tied embedding, a missing bias).
     `free` switches are the user's to set in the target system. A system that computes with the position table it loads can hold any
     position term; one that rebuilds its table on load (`recomputed`, Marian) only its own.
+    `advice=False` leaves out how to say that a changed copy of the system matches (`--set`,
+    `position=...`): for a caller whose target takes no such word (CTranslate2's loaders).
     """
     check_overrides(target)
     # A transformers family reads some switches from its config.json, which an export of a folder
@@ -278,8 +280,9 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
         if name == "position" and layout.stores_positions() and config.position != expected[name]:
             raise ConfigError(name, f"the {layout.name} system recomputes its position tables as position="
                               f"{expected[name]!r} when it loads a model, so this config's position={config.position!r} "
-                              "would be replaced after a save and load, giving other logits (if your copy of that "
-                              "system was changed to keep its table, pass position=... to the export)")
+                              "would be replaced after a save and load, giving other logits" + (
+                                  " (if your copy of that system was changed to keep its table, pass position=... to "
+                                  "the export)" if advice else ""))
         if getattr(config, name) != expected[name]:
             wrong.append(name)
     if wrong:
@@ -290,9 +293,9 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
                           f"{', '.join(f'{n}={getattr(config, n)!r}' for n in wrong)}, so exported weights "
                           "would give other logits there"
                           + (f" (and the file would lack {listing(keys)}, which that system loads)" if keys else "")
-                          + "; if your copy of that system was changed to match, say so: "
-                          f"{' '.join(f'--set {n}={setting(getattr(config, n))}' for n in wrong)} "
-                          f"(the same keywords to export_state_dict in Python)")
+                          + ("; if your copy of that system was changed to match, say so: "
+                             f"{' '.join(f'--set {n}={setting(getattr(config, n))}' for n in wrong)} "
+                             f"(the same keywords to export_state_dict in Python)" if advice else ""))
 
 def system_switches(layout: Layout, target: Mapping[str, Any]) -> dict[str, Any]:
     """Every switch the system computes with: ModelConfig's defaults (what an import of its keys

@@ -15,6 +15,9 @@ the folder holds (the first found):
     model.safetensors                               one file
     model.safetensors.index.json + its shards       `weight_map` names the shard of every key
     pytorch_model.bin                               a state dict, through PyTorch's weights-only unpickler
+    pytorch_model.bin.index.json + its shards       the same, sharded (`pytorch_model-0000i-of-0000n.bin`), each
+                                                    shard through the same unpickler; `weight_map` names the
+                                                    shard of every key
     flax_model.msgpack                              what transformers <= 4.x wrote for Flax models, renamed
                                                     to PyTorch's names by transformers' own rule (below)
     flax_model.msgpack.index.json + its shards      the same, sharded: `weight_map` names the shard of every
@@ -73,13 +76,20 @@ def read_weights(folder: Path) -> dict[str, np.ndarray]:
         return _shards(folder, index, weight_map, lambda path: read_tensors(path)[1])
     if (folder / "pytorch_model.bin").is_file():
         return read_file(folder / "pytorch_model.bin")
+    bin_index = folder / "pytorch_model.bin.index.json"
+    if bin_index.is_file():  # each shard through the same weights-only unpickler as one file
+        weight_map = _json(bin_index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(bin_index, "has no weight_map of key -> shard file name")
+        return _shards(folder, bin_index, weight_map, read_file)
     if (folder / "flax_model.msgpack").is_file():
         return flax_to_torch_names(read_file(folder / "flax_model.msgpack"), folder / "flax_model.msgpack")
     flax_index = folder / "flax_model.msgpack.index.json"
     if flax_index.is_file():
         return flax_to_torch_names(_flax_shards(folder, flax_index), flax_index)
     raise CheckpointError(folder, "holds no weights this reader knows: model.safetensors, model.safetensors.index.json "
-                          "with its shards, pytorch_model.bin, or flax_model.msgpack (or its index with shards)")
+                          "with its shards, pytorch_model.bin, pytorch_model.bin.index.json with its shards, or "
+                          "flax_model.msgpack (or its index with shards)")
 
 
 def _flax_shards(folder: Path, index: Path) -> dict[str, np.ndarray]:
@@ -313,7 +323,8 @@ def write_folder(folder: Path, config: ModelConfig, state_dict: dict[str, np.nda
     (when there are generation settings) and model.safetensors (the layout's state dict, with the
     "pt" format mark transformers checks). Returns the warnings to show. Refuses a folder that exists.
     The folder is built in a hidden directory beside it and renamed into place once complete, so an
-    interrupted export leaves no folder."""
+    interrupted export leaves no folder. It does not load what it wrote: `conformance.formats`
+    (`rosetta convert --to hf-<family>`) checks it with transformers before it lands."""
     from conformance.core.checkpoint import atomic_directory, write_tensors
 
     layout = load_layout(layout)

@@ -270,10 +270,13 @@ def tensors(source: Source, dtype: str | None = None) -> Iterator[tuple[str, np.
 
 
 def to_safetensors(src: str | os.PathLike | Source, dst: str | os.PathLike, dtype: str | None = None,
-                   progress: Callable[[str], None] | None = None) -> tuple[ModelConfig, int]:
+                   progress: Callable[[str], None] | None = None,
+                   seen: Callable[[str, np.ndarray], None] | None = None) -> tuple[ModelConfig, int]:
     """Convert the DCP or Orbax directory `src` (or its opened `Source`) into the checkpoint
-    `dst`, one tensor at a time; `dtype` casts every parameter. Returns the config and the number
-    of values written."""
+    `dst`, one tensor at a time; `dtype` casts every parameter. `seen(name, value)` hears each
+    tensor as it is written (a digest of it, for a check of the file that does not read the
+    source twice). Returns the config and the number of values written. It does not check the
+    file it wrote: `conformance.formats` does."""
     source = src if isinstance(src, Source) else open_source(src)
     dtypes = {name: dtype or stored for name, (_, stored) in source.index.items()}
 
@@ -281,6 +284,8 @@ def to_safetensors(src: str | os.PathLike | Source, dst: str | os.PathLike, dtyp
         for count, (name, value) in enumerate(tensors(source, dtype), 1):
             if progress is not None:
                 progress(f"{count}/{len(dtypes)} {name}")
+            if seen is not None:
+                seen(name, value)
             yield name, value
 
     checkpoint.save_streamed(dst, source.config, dtypes, announced())
@@ -337,7 +342,9 @@ def write_orbax(dst: str | os.PathLike, config: ModelConfig, params: Mapping[str
 
 
 def write(dst: str | os.PathLike, kind_name: str, config: ModelConfig, params: Mapping[str, np.ndarray]) -> None:
-    """`write_dcp` or `write_orbax`, by the `--to` name."""
+    """`write_dcp` or `write_orbax`, by the `--to` name. Neither loads what it wrote:
+    `conformance.formats` (`rosetta convert --to dcp|orbax`) checks it with impl_torch.load_distributed
+    or impl_jax.load_sharded before it lands."""
     if kind_name not in KINDS:
         raise InputError("--to", f"unknown sharded checkpoint kind {kind_name!r}; the kinds are {', '.join(KINDS)}")
     (write_dcp if kind_name == "dcp" else write_orbax)(dst, config, params)

@@ -108,7 +108,8 @@ def read_orbax(path: Path) -> Any:
 
 def write_msgpack(path: Path, tree: Mapping) -> None:
     """`tree` as a Flax msgpack file (what `flax.serialization.from_bytes` reads), written
-    atomically: an interrupted write leaves the file that was there."""
+    atomically: an interrupted write leaves the file that was there. Not read back here:
+    `conformance.formats` checks what `rosetta convert` writes."""
     from flax import serialization
 
     from conformance.core.checkpoint import atomic_write
@@ -119,7 +120,8 @@ def write_msgpack(path: Path, tree: Mapping) -> None:
 def write_orbax(path: Path, tree: Mapping) -> None:
     """A new Orbax checkpoint directory holding `tree` (NumPy arrays), as `StandardCheckpointer`
     writes it, built in a hidden directory beside `path` and renamed into place once Orbax has
-    finished: an interrupted write leaves no directory."""
+    finished: an interrupted write leaves no directory. Not read back here: `conformance.formats`
+    checks what `rosetta convert` writes."""
     import orbax.checkpoint as ocp
 
     from conformance.core.checkpoint import atomic_directory

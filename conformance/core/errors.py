@@ -6,6 +6,7 @@
 | `InputError`      | a bad argument to a model call (ids, masks, dtype)  | the argument       |
 | `NaNLogitsError`  | NaN logits of a row a search still decodes         | "src_ids", step, row |
 | `CheckpointError` | a checkpoint file that cannot be trusted            | the file           |
+| `VerificationError` | a written output that failed its check (nothing left) | the destination  |
 | `TooLargeError`   | a config whose parameters cannot fit in memory      | the field          |
 
 `TooLargeError` is a `ConfigError` and also a `MemoryError`: it is raised before anything is
@@ -59,6 +60,17 @@ class CheckpointError(ValueError):
         self.path = os.fspath(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
+
+
+class VerificationError(CheckpointError):
+    """What a writer wrote did not pass its check before it was renamed into place (`conformance.formats`,
+    `conformance.check.ctranslate2.target.convert`), so nothing was left at `.path`. The message
+    names what ran the output and where it first parted from the float64 oracle; `.verdicts`
+    holds the checks made (the failed one among them). A `CheckpointError` on the destination."""
+
+    def __init__(self, path: str | os.PathLike, problem: str, verdicts: tuple = ()):
+        self.verdicts = tuple(verdicts)
+        super().__init__(path, problem)
 
 
 class TooLargeError(ConfigError, MemoryError):

@@ -2,7 +2,7 @@
 its `score_batch` and `translate_batch` compared with the float64 NumPy model.
 
     from conformance.check.ctranslate2 import target as ctranslate2_check
-    ctranslate2_check.convert(config, params, "model-ct2/")            # `rosetta convert --to ctranslate2`
+    ctranslate2_check.convert(config, params, "model-ct2/")            # `rosetta convert --to ctranslate2`, verified
     report = ctranslate2_check.check(config, params, src_ids, tgt_ids)  # every compute type
     print(report.table())
 
@@ -10,12 +10,16 @@ its `score_batch` and `translate_batch` compared with the float64 NumPy model.
     rosetta check [CHECKPOINT] --backends numpy,ctranslate2              # the table beside the tensor report
 
 The path is the one a user takes: the checkpoint is written as a Hugging Face folder of the first
-family in FAMILIES whose layout expresses it (Marian, T5, BART; `conformance.convert.hf_folder.write_folder`)
-and handed to `ctranslate2.converters.TransformersConverter`, which loads it with transformers'
-model class and CTranslate2's loader for that family. Only what the loader represents is converted
-(`representable`): one vocabulary for source and target; and CTranslate2's Marian loader drops
-the last vocabulary row as the `<pad>` transformers appended and starts the decoder from a zero
-embedding, so for Marian the pad id must be the last id and its embedding row zero.
+family in FAMILIES whose layout expresses it (Marian, T5, BART, mBART, Pegasus, M2M100/NLLB;
+`conformance.convert.hf_folder.write_folder`) and handed to `ctranslate2.converters.TransformersConverter`,
+which loads it with transformers' model class and CTranslate2's loader for that family. Only what
+the loader represents is converted (`representable`): one vocabulary for source and target;
+CTranslate2's Marian loader drops the last vocabulary row as the `<pad>` transformers appended and
+starts the decoder from a zero embedding, so for Marian the pad id must be the last id and its
+embedding row zero; mBART's loader starts the decoder from the end token, Pegasus's from the pad
+token; M2M100's positions are right for pad id 1 only. What a loader reads otherwise than
+transformers 5 writes it is corrected as data (`Family`). `convert` checks what it wrote before it
+is renamed into place (`verified`: CTranslate2 itself beside the float64 oracle).
 
 The oracle is the model as CTranslate2 runs it: the float64 model on the float32-rounded weights that
 CTranslate2 received, its log-softmax taken over CTranslate2's vocabulary (Marian's without the pad
@@ -47,6 +51,7 @@ from conformance.check.ctranslate2.compare import measure
 from conformance.check.ctranslate2.model import (BEAMS, COMPUTE_TYPES, Directory, checked_compute_types,
                                                  default_device, require)
 from conformance.check.ctranslate2.report import CTranslate2Report
+from conformance.check.switches import switches_at
 from conformance.core.config import ModelConfig
 from conformance.core.generation.note import generation_note
 from conformance.core.errors import ConfigError, InputError
@@ -55,27 +60,58 @@ from conformance.core.errors import ConfigError, InputError
 @dataclass(frozen=True)
 class Family:
     """What CTranslate2's loader for one Hugging Face family does to a model (its
-    ctranslate2/converters/transformers.py), as data: the layout the folder is written in, and
-    whether the loader drops the pad id's vocabulary row (MarianMTLoader: the `<pad>` transformers
-    appended, replaced by a decoder that starts from a zero embedding), and the config.json fields
-    the loader reads that transformers no longer writes, added to the folder's config.json."""
+    ctranslate2/converters/transformers.py), as data:
+
+    layout          the layout the folder is written in
+    drops_pad       the loader drops the pad id's vocabulary row (MarianMTLoader: the `<pad>`
+                    transformers appended, replaced by a decoder that starts from a zero embedding)
+    legacy_fields   config.json fields the loader reads that transformers no longer writes, added to
+                    the folder's config.json
+    loaded_config   (attribute, source) pairs set on the loaded model's config before the loader
+                    reads it: a field transformers' config class forces on load (T5Config always sets
+                    tie_word_embeddings true and keeps the real setting in scale_decoder_outputs, which
+                    the T5 loader does not read), set from the attribute that holds the real setting
+    start           which decoder start the loader can give: "note" (the note's own, through
+                    config.json), or the special token it always starts from ("eos", "pad")
+    pad_id          the one pad id the loader's positions are right for (None: any)
+    """
 
     layout: str
     drops_pad: bool = False
     legacy_fields: tuple[tuple[str, Any], ...] = ()
+    loaded_config: tuple[tuple[str, str], ...] = ()
+    start: str = "note"
+    pad_id: int | None = None
 
 
 # In the order tried for a checkpoint (`family_of`): each layout's export refuses what its family
-# cannot express (Marian's sinusoids, T5's relative bias and RMSNorm, BART's offset table).
-# CTranslate2 4.8.5's BartLoader reads BartConfig.normalize_before, a transformers 3 field that
-# transformers 5 neither sets nor writes (false for BART: post-LN; hf-bart's [hf.unsupported]).
-FAMILIES = (Family("hf-marian", drops_pad=True), Family("hf-t5"),
-            Family("hf-bart", legacy_fields=(("normalize_before", False),)))
+# cannot express (Marian's sinusoids, T5's relative bias and RMSNorm, BART's offset table, ...).
+# CTranslate2 4.8.5's BartLoader (and MBartLoader, PegasusLoader, which extend it) reads
+# BartConfig.normalize_before, a transformers 3 field that transformers 5 neither sets nor writes
+# (false for BART: post-LN; true for mBART and Pegasus: pre-LN), and Pegasus has no embedding
+# LayerNorm (normalize_embedding, which the loader takes as true when absent). Its T5Loader scales
+# the tied head by d_model**-0.5 when config.tie_word_embeddings is true, which transformers 5's
+# T5Config always sets (the real setting: scale_decoder_outputs), so T5 v1.1, Flan-T5 and mT5 would
+# be scaled. MBartLoader starts the decoder from the end token unless the config names
+# MBartTokenizer (then from a target prefix); PegasusLoader from the pad token. M2M100Loader takes
+# its sinusoid from row 2 (module.offset), which transformers' positions start at only for pad id 1.
+FAMILIES = (Family("hf-marian", drops_pad=True),
+            Family("hf-t5", loaded_config=(("tie_word_embeddings", "scale_decoder_outputs"),)),
+            Family("hf-bart", legacy_fields=(("normalize_before", False),)),
+            Family("hf-mbart", legacy_fields=(("normalize_before", True), ("tokenizer_class", "MBart50Tokenizer")),
+                   start="eos"),
+            Family("hf-pegasus", legacy_fields=(("normalize_before", True), ("normalize_embedding", False)),
+                   start="pad"),
+            Family("hf-m2m100", pad_id=1))
+
+NAMES = ("Marian", "T5", "BART", "mBART", "Pegasus", "M2M100/NLLB")  # FAMILIES', as their users name them
+
 
 def family_of(config: ModelConfig, params, layout: str | None = None) -> Family:
     """The family CTranslate2 converts this model as: the one named by `layout`, or else the first
     of FAMILIES whose layout's export expresses it; ConfigError with each family's reason if none does."""
-    from conformance.convert import export_state_dict, load_layout
+    from conformance.convert import load_layout
+    from conformance.convert.engine import check_exportable
 
     if layout is not None:
         for family in FAMILIES:
@@ -86,17 +122,20 @@ def family_of(config: ModelConfig, params, layout: str | None = None) -> Family:
     reasons, errors = [], []
     for family in FAMILIES:
         try:
-            export_state_dict(config, params, load_layout(family.layout))
+            check_exportable(config, load_layout(family.layout), {}, advice=False)
         except ConfigError as exc:
             reasons.append(f"{family.layout}: {exc}")
             errors.append(exc)
             continue
         return family
     fields = tuple(dict.fromkeys(f for exc in errors for f in exc.fields))
-    raise ConfigError(fields[0], "CTranslate2's loaders represent Marian, T5 and BART "
+    raise ConfigError(fields[0], f"CTranslate2's loaders represent {', '.join(NAMES)} "
                       f"({', '.join(f.layout for f in FAMILIES)}); no family CTranslate2 converts expresses this "
-                      "model, each for the reason given:\n  " + "\n  ".join(reasons), fields=fields)
-
+                      "model, each for the reason given:\n  " + "\n  ".join(reasons) + "\nCTranslate2 computes each "
+                      "family as transformers does, so a switch cannot be set at this export: a model with other "
+                      "switches is not one CTranslate2 runs. Its weights can still be checked in a system that has "
+                      "them: `rosetta check` on our backends, or `--to LAYOUT` for the system it was trained in",
+                      fields=fields)
 
 def representable(config: ModelConfig, params, family: Family = FAMILIES[0]) -> None:
     """Refuse, with the switch named, a model that CTranslate2's loader for `family` would change.
@@ -105,6 +144,17 @@ def representable(config: ModelConfig, params, family: Family = FAMILIES[0]) -> 
     if config.src_vocab_size != vocab:
         raise ConfigError("src_vocab_size", f"CTranslate2's {family.layout} loader registers one vocabulary for "
                           f"source and target; src_vocab_size {config.src_vocab_size} != tgt_vocab_size {vocab}")
+    if family.pad_id is not None and config.pad_id != family.pad_id:
+        raise ConfigError("pad_id", f"CTranslate2's {family.layout} loader takes the position table from row 2, "
+                          f"where transformers' positions start only for pad_id {family.pad_id} (they start at "
+                          f"pad_id + 1), so pad_id must be {family.pad_id}, got {config.pad_id}")
+    if family.start != "note":
+        start, eos = generation_ids(config)
+        want = {"eos": eos, "pad": config.pad_id}[family.start]
+        if start != want:
+            raise ConfigError("notes", f"CTranslate2's {family.layout} loader starts the decoder from the "
+                              f"{'end' if family.start == 'eos' else 'pad'} token ({want}); the checkpoint's note "
+                              f"starts it from {start}")
     if not family.drops_pad:
         return
     if config.pad_id != vocab - 1:
@@ -141,7 +191,9 @@ class _Vocabulary:
     def __init__(self, size: int, start_id: int, eos_id: int, pad_id: int):
         self.size = size
         self.eos_token = self.unk_token = str(eos_id)  # rosetta has no unknown token; every id is known
+        self.unk_token_id = eos_id
         self.bos_token, self.pad_token = str(start_id), str(pad_id)  # BART's and T5's loaders read them
+        self.special_tokens_map: dict[str, Any] = {}  # M2M100's loader adds its additional special tokens
 
     def get_vocab(self) -> dict[str, int]:
         return {str(i): i for i in range(self.size)}
@@ -151,13 +203,16 @@ class _Vocabulary:
 
 
 def convert(config: ModelConfig, params, dst: str | Path, quantization: str = "float32",
-            layout: str | None = None) -> Path:
+            layout: str | None = None, *, verify: bool = True) -> Path:
     """A new CTranslate2 model directory at `dst`, made whole or not at all, its weights stored in
-    `quantization` (one of COMPUTE_TYPES), through the folder of `layout` (default: `family_of`)."""
-    from conformance.convert import export_state_dict, load_layout
-    from conformance.convert.hf_folder import write_folder
+    `quantization` (one of COMPUTE_TYPES), through the folder of `layout` (default: `family_of`).
+
+    With `verify` (the default), CTranslate2 loads the model before it is renamed into place and
+    runs it beside the float64 oracle (`verify`): a held row that fails raises a
+    `VerificationError` naming where it parts, and nothing is left at `dst`. Quantized weights are
+    measured, not held (docs/deployment.md)."""
     from conformance.core.checkpoint import atomic_directory
-    from conformance.core.errors import CheckpointError
+    from conformance.core.errors import CheckpointError, VerificationError
 
     ctranslate2 = require()
     if not isinstance(quantization, str):
@@ -171,6 +226,21 @@ def convert(config: ModelConfig, params, dst: str | Path, quantization: str = "f
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
     family = family_of(config, params, layout)
     representable(config, params, family)
+    with atomic_directory(dst) as staged:
+        write(ctranslate2, config, params, staged, quantization, family)
+        if verify:
+            report = verified(config, params, staged, family.layout)
+            if report.checked and not report.passed:
+                raise VerificationError(dst, f"not written: {report.version} ran the written model beside the "
+                                        f"float64 oracle: {divergence(report)}", (report,))
+    return dst
+
+
+def write(ctranslate2, config: ModelConfig, params, out: Path, quantization: str, family: Family) -> None:
+    """CTranslate2's TransformersConverter on a Hugging Face folder of `family`, into `out` (which it makes)."""
+    from conformance.convert import export_state_dict, load_layout
+    from conformance.convert.hf_folder import write_folder
+
     start, eos = generation_ids(config)
     layout = load_layout(family.layout)
     weights = {key: np.asarray(value, np.float32) for key, value in params.items()}  # CTranslate2 stores <= float32
@@ -181,18 +251,55 @@ def convert(config: ModelConfig, params, dst: str | Path, quantization: str = "f
         def load_tokenizer(self, *args, **kwargs):
             return _Vocabulary(size, start, eos, config.pad_id)
 
-    with tempfile.TemporaryDirectory(prefix="rosetta-ct2-") as scratch, atomic_directory(dst) as staged:
+        def load_model(self, *args, **kwargs):
+            model = super().load_model(*args, **kwargs)
+            for name, source in family.loaded_config:
+                setattr(model.config, name, getattr(model.config, source))
+            return model
+
+    with tempfile.TemporaryDirectory(prefix="rosetta-ct2-") as scratch:
         folder = Path(scratch) / family.layout
         write_folder(folder, config, state, layout)
         if family.legacy_fields:
             hf = json.loads((folder / "config.json").read_text())
             (folder / "config.json").write_text(json.dumps({**hf, **dict(family.legacy_fields)}, indent=2))
         try:
-            Converter(str(folder)).convert(str(staged), quantization=quantization)
+            Converter(str(folder)).convert(str(out), quantization=quantization)
         except ImportError as exc:  # its loader imports transformers and torch only now
             raise InputError("ctranslate2", f"CTranslate2's converter loads the Hugging Face folder with transformers "
                              f"and torch ({exc}): pip install transformers 'rosetta-transformer[torch]'") from None
-    return dst
+
+
+# The longest output a check of a written model generates, and its searches: greedy only. Log p of
+# every target position already holds the whole computation; the greedy ids hold the decoder's
+# start and end as CTranslate2 runs them. A float64 beam search of 4 on a base-size model took 87 of
+# the check's 117 s (benchmarks/bench_convert_verify.py): `check` and `rosetta check` run beams.
+VERIFY_MAX_LEN = 16
+VERIFY_BEAMS = (1,)
+
+
+def verified(config: ModelConfig, params, model_dir: str | Path, layout: str | None = None,
+             progress: Callable[[str], None] | None = None) -> CTranslate2Report:
+    """The CTranslate2 model at `model_dir` (converted from `params`) beside the float64 oracle on
+    the padded probe batch (`fixed_batch`): score_batch log p per position and translate_batch
+    greedy ids, computed in float32 (`measure`: on float32 weights held to the float32 row and equal
+    ids; on quantized weights measured, not held)."""
+    from conformance.check.report import fixed_batch
+
+    family = family_of(config, params, layout)
+    start, eos = generation_ids(config)
+    src, tgt = fixed_batch(config)
+    return measure(config, params, Path(model_dir), Directory.read(model_dir), src, tgt, start=start, eos=eos,
+                   compute_types=("float32",), beams=VERIFY_BEAMS, max_len=min(config.max_len, VERIFY_MAX_LEN),
+                   device="cpu", source=f"the written model, converted through {family.layout}", progress=progress)
+
+
+def divergence(report: CTranslate2Report) -> str:
+    """Where the held row of a failed report first parts from the oracle, in words."""
+    row = next(r for r in report.rows if r.held is not None and not r.passed)
+    return (f"on 3 padded rows, {row.verdict().removeprefix('FAIL: ')} (largest |log p error| {row.max_error:.2e}); "
+            f"CTranslate2 exposes no intermediate tensor, so the first diverging quantity named is that log p, "
+            f"computed from the logits, where {', '.join(switches_at('logits'))} act")
 
 
 def check(config: ModelConfig, params, src_ids, tgt_ids, *, compute_types=None, beams=BEAMS,
@@ -220,7 +327,7 @@ def check(config: ModelConfig, params, src_ids, tgt_ids, *, compute_types=None, 
         folder = Path(model_dir) if model_dir is not None else Path(scratch) / "model"
         if not folder.exists():
             progress(f"converting to CTranslate2 through {family.layout}")
-            convert(config, params, folder, layout=family.layout)
+            convert(config, params, folder, layout=family.layout, verify=False)  # measured below
         return measure(config, params, folder, Directory.read(folder), src_ids, tgt_ids, start=start, eos=eos,
                        compute_types=compute_types, beams=beams, max_len=max_len, length_penalty=length_penalty,
                        device=device, source=f"converted from the checkpoint through {family.layout}",
@@ -228,7 +335,8 @@ def check(config: ModelConfig, params, src_ids, tgt_ids, *, compute_types=None, 
 
 
 # Per family: (pad id, start id, end id) as its released models have them (Marian's pad last).
-EXAMPLE_IDS = {"hf-marian": (31, 31, 0), "hf-t5": (0, 0, 1), "hf-bart": (1, 2, 2)}
+EXAMPLE_IDS = {"hf-marian": (31, 31, 0), "hf-t5": (0, 0, 1), "hf-bart": (1, 2, 2), "hf-mbart": (1, 2, 2),
+               "hf-pegasus": (0, 0, 1), "hf-m2m100": (1, 2, 2)}
 
 
 def example_model(seed: int = 0, layout: str = "hf-marian") -> tuple[ModelConfig, dict[str, np.ndarray]]:

@@ -1,6 +1,8 @@
 """impl_torch's model as two ONNX graphs, written by torch's own exporter (`torch.onnx.export`).
 
-    rosetta convert model.safetensors graphs/ --to onnx [--taps]      (docs/deployment.md)
+    rosetta convert model.safetensors graphs/ --to onnx [--taps]      (docs/deployment.md; checked in
+                                                                      ONNX Runtime before it lands:
+                                                                      conformance.formats.onnx)
 
     encoder.onnx   src_ids (B, S) int64, src_mask (B, S) bool
                    -> cross_key.{i}, cross_value.{i} (B, H, S, K) for each decoder layer i
@@ -147,6 +149,7 @@ class DecoderGraph(nn.Module):
 
 def export(model: Model, folder: str | os.PathLike, *, taps: bool = False) -> list[Path]:
     """Write `encoder.onnx` and `decoder.onnx` of `model` into the existing `folder`; returns their paths.
+    Not run here: `rosetta convert --to onnx` checks the graphs in ONNX Runtime before they land.
 
     Traced on a batch of 2 with a past of 2 positions; batch, source, target and past lengths are
     dynamic. The parameters are stored inside each file (no external data)."""

@@ -1,0 +1,125 @@
+"""transformers itself beside the float64 oracle: a Hugging Face folder loaded by its family's
+`from_pretrained` (eager attention, in the stored dtype), every parameter and switch it then holds
+read back through the layout (`conformance.convert.from_hf`), and its float32 logits on the padded
+probe with its attention_mask. Float32: transformers computes parts of a float64 model in float32
+(T5LayerNorm's variance, the sinusoid tables), so a float64 forward would part from the oracle by
+about 1e-7 where the port is right. Used by `hf_folder` (a written folder, a source folder) and by
+`state_dict` (a family's tensors written as a file).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from conformance.formats import verify
+
+
+def _torch_dtype(torch, name: str):
+    return {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+            "bfloat16": torch.bfloat16}[name]
+
+
+def run_folder(folder: Path, layout, config, params, what: str) -> verify.Verdict:
+    """`folder` loaded by transformers' `from_pretrained` and run beside the oracle on `params`
+    (see the module's docstring)."""
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        return verify.not_run(f"{what} was not loaded: transformers with torch is not installed ({exc}); "
+                              "pip install transformers 'rosetta-transformer[torch]'")
+    large = verify.too_large(config, params, what)
+    if large is not None:
+        return large
+    cls = getattr(transformers, layout.hf.architectures[0], None)
+    runtime = f"{verify.runtime_version('transformers')} {layout.hf.architectures[0]}.from_pretrained"
+    if cls is None:
+        return verify.not_run(f"{what} was not loaded: transformers {transformers.__version__} has no "
+                              f"{layout.hf.architectures[0]}")
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Loading weights: 100%" is not the conversion's to say
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, info = cls.from_pretrained(str(folder), dtype=_torch_dtype(torch, verify.stored(params)),
+                                              attn_implementation="eager", local_files_only=True,
+                                              output_loading_info=True)
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError) as exc:
+        if what != "the source folder":
+            return verify.failed(runtime, f"from_pretrained could not load it: {type(exc).__name__}: "
+                                          f"{str(exc).splitlines()[0] if str(exc) else ''}")
+        return verify.not_run(f"{what} was not run by transformers: from_pretrained could not load it "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    lost = list(info.get("missing_keys", ())) + [str(k) for k in info.get("mismatched_keys", ())]
+    if lost:
+        says = f"from_pretrained found no weights (or weights of another shape) for {', '.join(lost[:4])}" + (
+            f" and {len(lost) - 4} more" if len(lost) > 4 else "")
+        if what != "the source folder":
+            return verify.failed(runtime, says)
+        return verify.not_run(f"{what} was not run by transformers: {says}, which it would have initialized at random")
+    return run_model(model.eval(), runtime, layout, config, params, what)
+
+
+def run_model(model, runtime: str, layout, config, params, what: str) -> verify.Verdict:
+    """A loaded transformers model beside the oracle: its parameters and config read back through
+    the layout (`from_hf`), then its float32 logits on the probe."""
+    import torch
+
+    from conformance.convert import from_hf
+
+    try:
+        theirs_config, theirs = from_hf(model)
+    except (ValueError, TypeError) as exc:
+        return verify.failed(runtime, f"{what}, loaded, does not read back through layout {layout.name}: {exc}")
+    differs = verify.round_trip(config, params, theirs_config, theirs)
+    if differs:
+        return verify.failed(runtime, f"{what}, loaded: {differs}")
+    src, tgt = verify.probe(config)
+    expected = verify.oracle(config, params, src, tgt)["logits"]
+    model = model.float()
+    with torch.no_grad():
+        logits = call(model, torch.from_numpy(src), torch.from_numpy(tgt), config.pad_id).logits.numpy()
+    within, says = verify.logits_within(logits.astype(np.float64), expected, "float32")
+    if within:
+        return verify.passed(runtime, f"{what}: every parameter and switch read back as the checkpoint's, and its "
+                                      f"float32 {says}")
+    return verify.failed(runtime, f"{what}: {says}" + _first_tensor(model, layout, config, src, tgt))
+
+
+def call(model, src_ids, tgt_ids, pad_id: int):
+    """A seq2seq transformers model on token ids, as transformers' own users call it: the source's
+    attention_mask from the pad id, the decoder input as given (no decoder mask: the families'
+    `tgt_pad_mask` is "none"). A family whose inputs are not token ids (Whisper's log-mel
+    features) brings its own probe and call in its own format module, and reuses the loading and
+    the read back above."""
+    return model(input_ids=src_ids, attention_mask=(src_ids != pad_id).long(), decoder_input_ids=tgt_ids)
+
+
+def _first_tensor(model, layout, config, src, tgt) -> str:
+    """Where the model first parts from the oracle, through the layout's [taps] (conformance.compare)."""
+    import torch
+
+    from conformance.check.foreign.side_by_side import compare
+    from conformance.check.switches import switches_at
+
+    try:
+        with torch.no_grad():
+            report = compare(model, layout, src, tgt, run=lambda m, s, t: call(m, s, t, config.pad_id), backends=(),
+                             dtype="float32")
+    except Exception as exc:  # noqa: BLE001 - a diagnosis that cannot run leaves the failure as it is
+        return f"; the first diverging tensor could not be traced ({type(exc).__name__}: {exc})"
+    first = report.first_divergence
+    if first is None:
+        return ""
+    return f"; first diverging tensor through the layout's taps: {first} (switches acting there: " \
+           f"{', '.join(switches_at(first, config)) or 'none'})"
+
+
