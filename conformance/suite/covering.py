@@ -33,7 +33,7 @@ from conformance.suite.strategies import model_configs
 from conformance.suite.strategies.forward_cases import Case
 from conformance.suite.strategies.model_configs import switch_values
 from conformance.suite.strategies.generation import MODES, GenerationCase, as_mode
-from conformance.suite.strategies.ids import PADDING_PATTERNS
+from conformance.suite.strategies.ids import PADDING_PATTERNS, features
 from conformance.suite.strategies.realistic import LONG_MAX_LENS
 from conformance.suite.strategies.training import LABEL_SMOOTHINGS, TrainingCase
 from conformance.suite.strategies.weights import LN_GAINS, OFFSETS, OUTLIER_SIZES, QK_GAINS, Trained, kinds_for
@@ -110,7 +110,11 @@ def covering_cases(max_len: int | None = None, src_paddings: tuple[str, ...] = S
         if max_len is not None:
             config, length = config.replace(max_len=max_len), max_len
         rng = np.random.default_rng([24, i])
-        src = _batch(rng, config.src_vocab_size, config.pad_id, src_paddings, length)
+        if config.source == "features":  # no padding; frames for length - 1 positions, so that a
+            # front end that keeps every frame (stride 1) still fits the table, and shows as a shape
+            src = features(rng, len(src_paddings), config.n_mels, max(length - 1, 1))
+        else:
+            src = _batch(rng, config.src_vocab_size, config.pad_id, src_paddings, length)
         tgt = _batch(rng, config.tgt_vocab_size, config.pad_id, TGT_PADDINGS[:len(src_paddings)], length)
         out.append(Case(config=config, seed=2400 + i, scale=1.0, src_ids=src, tgt_ids=tgt))
     return tuple(out)
@@ -203,10 +207,14 @@ def padding_kind(row: np.ndarray, pad_id: int) -> str:
 
 
 def seen_values(case: Case) -> set[tuple[str, object]]:
-    """(switch, value) of everything a case exercises: its config's switches and its rows' padding."""
+    """(switch, value) of everything a case exercises: its config's switches and its rows' padding
+    (a features source's rows have none)."""
     config = case.config
     seen = {(name, getattr(config, name)) for name in switch_values()}
-    seen |= {("src padding", padding_kind(row, config.pad_id)) for row in case.src_ids}
+    if config.source == "features":
+        seen.add(("src padding", "none"))
+    else:
+        seen |= {("src padding", padding_kind(row, config.pad_id)) for row in case.src_ids}
     seen |= {("tgt padding", padding_kind(row, config.pad_id)) for row in case.tgt_ids}
     return seen
 

@@ -25,7 +25,7 @@ FILLS = (-math.inf, -1e9, -1e4, FLOAT32_MIN)
 
 # Sizes, not switches: the drawn examples vary them.
 SIZE_FIELDS = ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
-               "n_decoder_layers", "max_len")
+               "n_decoder_layers", "max_len", "n_mels", "max_source_len")
 NOT_SWITCHES = SIZE_FIELDS + ("notes",)
 # Numeric switches and their values: the defaults of PyTorch, Flax and BERT; every fill kind (NaN
 # rows, a finite fill, float16's and float32's edges); both pad ids.
@@ -49,7 +49,10 @@ NUMERIC_CHOICES = {
 # side (a compile per row and function), equal vocabularies (so that shared embeddings are
 # possible), an even d_model >= 4 (every sinusoid).
 BASE = ModelConfig(src_vocab_size=13, tgt_vocab_size=13, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
-                   n_decoder_layers=1, max_len=8)
+                   n_decoder_layers=1, max_len=8, n_mels=3)
+# A features source's sizes: a few mel channels, and an encoder as long as the decoder (0) or longer.
+N_MELS = (3, 5)
+MAX_SOURCE_LENS = (0, 16)
 
 
 def _string_candidates() -> list[str]:
@@ -122,17 +125,23 @@ def configs(draw, max_layers: int = 3, min_layers: int = 1, head_dims=(2, 4, 8, 
     heads = draw(st.integers(1, 4))
     low, high = d_models
     head_dim = draw(st.sampled_from(list(head_dims)).filter(lambda k: low <= heads * k <= high))
-    share = draw(st.booleans())
-    src_vocab = draw(vocabs)
-    d_model = heads * head_dim
     values = switch_values()
 
     def switch(name, options=None):
         return draw(values_of(options if options is not None else values[name]))
 
+    # A features source (Whisper's) has no source vocabulary or embedding to share: one vocabulary.
+    source = switch("source")
+    features = source == "features"
+    share = False if features else draw(st.booleans())
+    src_vocab = draw(vocabs)
+    d_model = heads * head_dim
     drawn = dict(
+        source=source,
+        n_mels=draw(st.sampled_from(N_MELS)) if features else ModelConfig.n_mels,
+        max_source_len=draw(st.sampled_from(MAX_SOURCE_LENS)) if features else 0,
         src_vocab_size=src_vocab,
-        tgt_vocab_size=src_vocab if share else draw(vocabs),
+        tgt_vocab_size=src_vocab if share or features else draw(vocabs),
         d_model=d_model,
         n_heads=heads,
         d_ff=draw(d_ffs),
