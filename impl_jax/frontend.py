@@ -44,6 +44,11 @@ def gelu(x: jax.Array) -> jax.Array:
     return 0.5 * x * (1 + jax.lax.erf(x * (1 / math.sqrt(2))))
 
 
+def out_length(length: int, stride: int) -> int:
+    """The frames a convolution of kernel 3 and padding 1 leaves of `length`: (L + 2 - 3) // s + 1."""
+    return (length + 2 * PADDING - KERNEL) // stride + 1
+
+
 def conv1d(x: jax.Array, weight: jax.Array, bias: jax.Array, stride: int) -> jax.Array:
     """conv(x, W, b, s)[t] = sum_k x[s t + k - 1] W[k] + b: x (B, L, C_in) time-major, W (3, C_in, C_out),
     zero padding of one frame each side; returns (B, L_out, C_out), L_out = (L - 1) // s + 1."""
@@ -72,6 +77,10 @@ class FrontEnd(nnx.Module):
     def __init__(self, params: Mapping[str, jax.Array], prefix: str):
         self.conv1 = Conv1d(params, f"{prefix}.conv1", stride=1)
         self.conv2 = Conv1d(params, f"{prefix}.conv2", stride=2)
+
+    def positions(self, frames: int) -> int:
+        """S, the encoder positions the front end gives for `frames` frames: frames / 2 for an even count."""
+        return out_length(out_length(frames, self.conv1.stride), self.conv2.stride)
 
     def __call__(self, features: jax.Array, dtype, out) -> jax.Array:
         """The front end's output (B, S, D) in `dtype`; `out.intermediates` gets each convolution's

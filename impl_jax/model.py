@@ -115,11 +115,15 @@ def encoder_self_mask(config: ModelConfig, src_mask):
     return src_mask
 
 
-def source_mask(config: ModelConfig, src_ids) -> np.ndarray | jax.Array:
+def source_mask(config: ModelConfig, src_ids, frontend=None) -> np.ndarray | jax.Array:
     """(B, 1, 1, S): source padding on the keys; a features source (B, n_mels, frames) has none,
-    so every one of its S = frames / 2 positions may be attended."""
+    so every one of its S = frames / 2 positions may be attended.
+
+    `frontend`: the model's front end, whose `positions(frames)` give S (None: frames / 2)."""
     if config.source == "features":
-        return np.ones((src_ids.shape[0], 1, 1, src_ids.shape[2] // 2), dtype=bool)
+        frames = src_ids.shape[2]
+        length = frames // 2 if frontend is None else frontend.positions(frames)
+        return np.ones((src_ids.shape[0], 1, 1, length), dtype=bool)
     return padding_mask(src_ids, config.pad_id)
 
 
@@ -860,7 +864,7 @@ class Model(nnx.Module):
         `_placement`, read after them where `encode` first read the parameters (so that a model
         traced by jit is still refused by the ids' check first)."""
         src_ids = self.source(src_ids)
-        derived = source_mask(self.config, src_ids)  # (B, 1, 1, S)
+        derived = source_mask(self.config, src_ids, self.encoder.frontend)  # (B, 1, 1, S)
         batch, src_len = derived.shape[0], derived.shape[-1]
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
         if src_mask is None:

@@ -43,10 +43,15 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1 + erf)
 
 
+def out_length(length: int, stride: int) -> int:
+    """The frames a convolution of kernel 3 and padding 1 leaves of `length`: (L + 2 - 3) // s + 1."""
+    return (length + 2 * PADDING - KERNEL) // stride + 1
+
+
 def conv1d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, stride: int) -> np.ndarray:
     """conv(x, W, b, s)[t] = sum_k x[s t + k - 1] W[k] + b: x (B, L, C_in) time-major, W (3, C_in, C_out),
     zero padding of one frame each side; returns (B, L_out, C_out), L_out = (L - 1) // s + 1."""
-    out_len = (x.shape[1] + 2 * PADDING - KERNEL) // stride + 1
+    out_len = out_length(x.shape[1], stride)
     padded = np.pad(x, ((0, 0), (PADDING, PADDING), (0, 0)))  # (B, L + 2, C_in)
     y = sum(padded[:, k:k + stride * (out_len - 1) + 1:stride] @ cast(weight[k], x.dtype)  # x[s t + k - 1] W[k]
             for k in range(KERNEL))  # (B, L_out, C_out)
@@ -74,6 +79,10 @@ class FrontEnd:
     def __init__(self, params: Mapping[str, np.ndarray], prefix: str):
         self.conv1 = Conv1d(params, f"{prefix}.conv1", stride=1)
         self.conv2 = Conv1d(params, f"{prefix}.conv2", stride=2)
+
+    def positions(self, frames: int) -> int:
+        """S, the encoder positions the front end gives for `frames` frames: frames / 2 for an even count."""
+        return out_length(out_length(frames, self.conv1.stride), self.conv2.stride)
 
     def __call__(self, features: np.ndarray, dtype, out, *, tape=None) -> np.ndarray:
         """The front end's output (B, S, D) in `dtype`; `out.intermediates` gets each convolution's

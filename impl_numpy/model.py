@@ -41,7 +41,7 @@ from conformance.core.positions import offset_buckets, position_table
 from impl_numpy import backward as backprop
 from impl_numpy import decode
 from impl_numpy.blocks import product_in_blocks
-from impl_numpy.frontend import FrontEnd
+from impl_numpy import frontend
 
 SUPPORTED_DTYPES = ("float32", "float64")
 
@@ -86,9 +86,13 @@ def encoder_self_mask(config: ModelConfig, src_mask):
     return src_mask
 
 
-def source_mask(config: ModelConfig, src_ids: np.ndarray) -> np.ndarray:
+def source_mask(config: ModelConfig, src_ids: np.ndarray, frontend=None) -> np.ndarray:
     """(B, 1, 1, S): source padding on the keys; a features source (B, n_mels, frames) has none,
-    so every one of its S = frames / 2 positions may be attended."""
+    so every one of its S = frames / 2 positions may be attended.
+
+    `frontend`: the model's front end, whose `positions(frames)` give S (None: frames / 2)."""
+    if config.source == "features" and frontend is not None:
+        return np.ones((src_ids.shape[0], 1, 1, frontend.positions(src_ids.shape[2])), dtype=bool)
     return np.asarray(source_real(config, np.asarray(src_ids)))[:, None, None, :]
 
 
@@ -484,7 +488,7 @@ class Encoder:
         self.config = config
         # The source's input: a token table, or a features source's front end (impl_numpy/frontend.py).
         self.embedding = Embedding(config, params, "encoder.embedding") if config.source == "ids" else None
-        self.frontend = FrontEnd(params, "encoder.frontend") if config.source == "features" else None
+        self.frontend = frontend.FrontEnd(params, "encoder.frontend") if config.source == "features" else None
         self.position = positions(config, params, "encoder.position", dtype, bidirectional=True, length=config.source_len)
         self.embedding_norm = LayerNorm(config, params, "encoder.embedding_norm") if config.embedding_norm else None
         self.layers = [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)]
@@ -694,7 +698,7 @@ class Model:
         `tape` (keyword-only): an `impl_numpy.backward.Tape` that keeps what the backward pass
         reads (`loss_and_grads` passes one); None, the default, keeps nothing."""
         src_ids = self.source(src_ids)
-        derived = source_mask(self.config, src_ids)  # (B, 1, 1, S)
+        derived = source_mask(self.config, src_ids, self.encoder.frontend)  # (B, 1, 1, S)
         batch, src_len = derived.shape[0], derived.shape[-1]
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
         if src_mask is None:

@@ -39,6 +39,11 @@ def gelu(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="none")
 
 
+def out_length(length: int, stride: int) -> int:
+    """The frames a convolution of kernel 3 and padding 1 leaves of `length`: (L + 2 - 3) // s + 1."""
+    return (length + 2 * PADDING - KERNEL) // stride + 1
+
+
 def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, stride: int) -> torch.Tensor:
     """conv(x, W, b, s)[t] = sum_k x[s t + k - 1] W[k] + b: x (B, L, C_in) time-major, W (3, C_in, C_out),
     zero padding of one frame each side; returns (B, L_out, C_out), L_out = (L - 1) // s + 1."""
@@ -72,6 +77,10 @@ class FrontEnd(nn.Module):
         super().__init__()
         self.conv1 = Conv1d(n_mels, d_model, dtype, stride=1)
         self.conv2 = Conv1d(d_model, d_model, dtype, stride=2)
+
+    def positions(self, frames: int) -> int:
+        """S, the encoder positions the front end gives for `frames` frames: frames / 2 for an even count."""
+        return out_length(out_length(frames, self.conv1.stride), self.conv2.stride)
 
     def forward(self, features: torch.Tensor, dtype: torch.dtype, out) -> torch.Tensor:
         """The front end's output (B, S, D) in `dtype`; `out.intermediates` gets each convolution's

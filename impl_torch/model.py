@@ -98,13 +98,16 @@ def encoder_self_mask(config: ModelConfig, src_mask):
     return src_mask
 
 
-def source_mask(config: ModelConfig, src_ids: torch.Tensor) -> torch.Tensor:
+def source_mask(config: ModelConfig, src_ids: torch.Tensor, frontend=None) -> torch.Tensor:
     """(B, 1, 1, S): source padding on the keys; a features source (B, n_mels, frames) has none,
-    so every one of its S = frames / 2 positions may be attended."""
+    so every one of its S = frames / 2 positions may be attended.
+
+    `frontend`: the model's front end, whose `positions(frames)` give S (None: frames / 2)."""
     src_ids = torch.as_tensor(src_ids)
     if config.source == "features":
         batch, _, frames = src_ids.shape
-        return torch.ones((batch, 1, 1, frames // 2), dtype=torch.bool, device=src_ids.device)
+        length = frames // 2 if frontend is None else frontend.positions(frames)
+        return torch.ones((batch, 1, 1, length), dtype=torch.bool, device=src_ids.device)
     return padding_mask(src_ids, config.pad_id)
 
 
@@ -929,7 +932,7 @@ class Model(nn.Module):
         the config's answer (NaN for a -inf fill); `loss_and_grads` passes 0.0, the training rule
         of docs/training.md (`scaled_dot_product_attention`)."""
         src_ids = self.source(src_ids)
-        derived = source_mask(self.config, src_ids)  # (B, 1, 1, S)
+        derived = source_mask(self.config, src_ids, self.encoder.frontend)  # (B, 1, 1, S)
         batch, src_len = derived.shape[0], derived.shape[-1]
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
         if src_mask is None:
