@@ -153,7 +153,16 @@ def run(args: argparse.Namespace) -> int:
         with warnings.catch_warnings(record=True) as caught, status:
             warnings.simplefilter("always", PaddingWarning)
             status(f"reading {src}")
-            if is_hf_folder(src):
+            from conformance.convert.bundles import convert_bundle, read_bundle
+
+            bundle = None if (is_hf_folder(src) or args.key or renames) else read_bundle(src)
+            if bundle is not None:  # a file that bundles its config (openai-whisper's {"dims", "model_state_dict"})
+                if args.layout is not None and load_layout_name(args.layout) != bundle[0].name:
+                    raise CheckpointError(src, f"holds the {bundle[0].checkpoint.config!r} and "
+                                          f"{bundle[0].checkpoint.weights!r} of a {bundle[0].name} checkpoint, "
+                                          f"not --layout {args.layout}")
+                result = convert_bundle(*bundle, dtype=args.dtype, **overrides)
+            elif is_hf_folder(src):
                 if (args.layout is not None and not _reads_folders(args.layout)) or args.key or renames:
                     raise CheckpointError(src, "a model folder converts with the layout its config.json's model_type "
                                           "names (hf-marian, hf-bart, ...), no --key and no --rename")
@@ -253,6 +262,13 @@ def resave(src: Path, dst: Path, args: argparse.Namespace) -> int:
     if not problems:
         print("  trial forward pass (NumPy, 3 padded rows): every logit finite")
     return 0
+
+
+def load_layout_name(layout_name: str) -> str:
+    """The name of a layout given on the command line (a built-in name or a TOML file)."""
+    from conformance.convert import load_layout
+
+    return load_layout(layout_name).name
 
 
 def _reads_folders(layout_name: str) -> bool:
@@ -439,6 +455,18 @@ def export(src: Path, dst: Path, layout_name: str, target: dict[str, Any], force
     if not dst.parent.is_dir() and str(dst.parent):
         raise CheckpointError(dst, f"directory {dst.parent} does not exist")
     folder = layout.hf is not None  # a directory is a Hugging Face model folder; for Flax, Orbax
+    if layout.checkpoint is not None and suffix in TORCH_SUFFIXES:  # openai-whisper's {"dims", "model_state_dict"}
+        from conformance.convert.bundles import write_bundle
+
+        check_destination(dst, force)
+        config, params = checkpoint.load(src)
+        if target:
+            raise CheckpointError(dst, f"a {layout.name} checkpoint states its own config: nothing to --set")
+        write_bundle(dst, config, params, layout)
+        print(f"{src} -> {dst} ({layout.name} checkpoint {{{layout.checkpoint.config!r}, {layout.checkpoint.weights!r}}}, "
+              "read back and checked)")
+        print(f"  config: {config.summary()}")
+        return 0
     if suffix in TORCH_SUFFIXES and layout.nested:
         raise CheckpointError(dst, f"a PyTorch state dict is flat, and the {layout.name} system's parameters are a "
                               "Flax tree: name the output *.msgpack, *.safetensors, or a new directory (Orbax)")
