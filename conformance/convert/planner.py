@@ -427,9 +427,11 @@ def build_config(layout, canonical, origin, layers, overrides, position, rows, n
                 raise ConfigError("position_offset", f"{offset}, but the stored position table has only {min(rows)} "
                                   "rows: position p reads row p + position_offset, so the table needs more")
             enc_rows, dec_rows = enc_rows - offset, dec_rows - offset
-        inferred["max_len"] = (dec_rows, TABLES[1])
         if overrides.get("source", values.get("source")) == "features":
+            inferred["max_len"] = (dec_rows, TABLES[1])
             inferred["max_source_len"] = (enc_rows, TABLES[0])
+        else:
+            inferred["max_len"] = (dec_rows, TABLES[0])  # the tables' rows are equal (recognise_positions)
     for fieldname, (value, ckey) in inferred.items():
         given = overrides.get(fieldname)
         if given is not None and given != value:

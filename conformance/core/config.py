@@ -83,7 +83,8 @@ class ModelConfig:
         max_source_len: the longest encoder sequence (frames / 2) and the rows of the encoder's
             position table (+ position_offset), for a features source whose encoder and decoder
             lengths differ (Whisper: max_source_positions 1500 beside max_target_positions 448);
-            0 means max_len. An ids source is bounded by max_len alone (0).
+            0 means max_len (and a value equal to max_len is stored as 0: one spelling per model).
+            An ids source is bounded by max_len alone (0).
 
     Layer structure:
         norm_placement: "post" is the paper's `x = LN(x + sublayer(x))` (section 5.4); "pre" is
@@ -252,6 +253,9 @@ class ModelConfig:
                     object.__setattr__(self, f.name, float(value))
                 except OverflowError:
                     raise ConfigError(f.name, f"{value} is too large for a float") from None
+        # One spelling for one model: an encoder as long as the decoder is max_source_len 0.
+        if self.max_source_len == self.max_len and isinstance(self.max_len, int) and not isinstance(self.max_len, bool):
+            object.__setattr__(self, "max_source_len", 0)
         self.validate()
 
     @property

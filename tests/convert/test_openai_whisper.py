@@ -87,7 +87,7 @@ def test_the_checkpoint_converts_with_no_layout_and_no_set(saved, tmp_path, caps
     assert "layout: openai-whisper" in printed and "'dims' entry" in printed
     config, params = checkpoint.load(out)
     assert (config.source, config.n_mels, config.max_source_len, config.max_len, config.d_ff) == ("features", 5, 4, 8, 64)
-    assert (config.pad_id, config.key_bias, config.mask_fill) == (EOT, False, -math.inf)
+    assert (config.pad_id, config.key_bias, config.freeze_pad_embedding) == (EOT, False, False)
     live, _ = from_openai_whisper(model)
     assert live.replace(notes={}) == config.replace(notes={})
 
