@@ -77,6 +77,9 @@ def family_of(config: ModelConfig, params, layout: str | None = None) -> Family:
     of FAMILIES whose layout's export expresses it; ConfigError with each family's reason if none does."""
     from conformance.convert import export_state_dict, load_layout
 
+    if config.source == "features":
+        raise ConfigError("source", "a features source (Whisper, faster-whisper's format) is not converted to "
+                                    "CTranslate2 yet (issue 54)")
     if layout is not None:
         for family in FAMILIES:
             if family.layout == layout:
