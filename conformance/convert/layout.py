@@ -50,6 +50,9 @@ documented for users in `docs/porting.md`; in short:
     decoder_input = "shift-right"        # the system embeds shift_right(targets) itself
     [hf]                                 # a transformers family: its config.json as data
     model_types = ["bart"]               # (conformance.convert.hf_config)
+    [checkpoint]                         # a file bundling its config with its weights
+    config = "dims"                      # (openai-whisper's; conformance.convert.checkpoint_table)
+    weights = "model_state_dict"
 
 `[taps]` serves `conformance.compare` (docs/porting.md): a tensor the system does not expose is
 left out, never guessed. See `Tap` for each field.
