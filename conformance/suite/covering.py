@@ -176,7 +176,11 @@ GENERATION_OPTIONS = {
 
 def covering_generation_cases() -> tuple[GenerationCase, ...]:
     """The covering cases as decoding examples: no all-padding source row (a source of padding only
-    has nothing to translate), the options in turn, bos and eos two real ids."""
+    has nothing to translate), the options in turn, bos and eos two real ids.
+
+    The first case (greedy) ends where a minimum length must hold it back: its end id is the
+    oracle's own first greedy choice on row 0, and min_length 3 bans it for the first two steps, so a
+    backend that does not apply min_length ends that row at once, whatever examples hypothesis draws."""
     out = []
     for i, case in enumerate(covering_cases(src_paddings=SRC_PADDINGS[:-1])):
         pad = case.config.pad_id
@@ -185,9 +189,23 @@ def covering_generation_cases() -> tuple[GenerationCase, ...]:
         # Every third case of each beam count decodes with Flax's rule, every third samples.
         options = as_mode(options, MODES[(i // 3) % 3], seed=i, temperature=(1.0, 0.5, 2.0)[i % 3],
                           top_k=(0, 3, 1)[(i // 2) % 3], top_p=(1.0, 0.9, 0.5)[(i // 4) % 3])
-        out.append(GenerationCase(case=case, max_len=min(6, case.config.max_len), bos_id=real[i % len(real)],
-                                  eos_id=real[(i + 1) % len(real)], options=options))
+        bos, eos = real[i % len(real)], real[(i + 1) % len(real)]
+        if i == 0 and dict(options)["num_beams"] == 1:  # the first start id whose greedy choice is another id
+            bos, first = next(((b, f) for b in real if (f := oracle_first_choice(case, b)) != b), (bos, bos))
+            if first != bos:
+                eos, options = first, options + (("min_length", 3),)
+        out.append(GenerationCase(case=case, max_len=min(6, case.config.max_len), bos_id=bos, eos_id=eos,
+                                  options=options))
     return tuple(out)
+
+
+def oracle_first_choice(case: Case, bos: int) -> int:
+    """The float64 oracle's greedy first token on the case's row 0 after `bos` (the pad id banned,
+    as every generation case bans it)."""
+    model = backends.build(backends.Target("numpy", "cpu", "float64"), case.config, case.params())
+    logits = np.array(model(case.src_ids[:1], np.full((1, 1), bos)).logits[0, -1])  # (V,)
+    logits[case.config.pad_id] = -np.inf
+    return int(np.argmax(logits))
 
 
 # -- What the properties ran -------------------------------------------------------------------
