@@ -113,21 +113,32 @@ def values_of(options) -> st.SearchStrategy:
     return st.sampled_from(options)
 
 
+# The switches the realistic strategies do not draw (`configs(fixed=MEASURED_ON)`): those added
+# after the trained-scale and long-sequence tolerances were measured (Whisper's features source
+# and key bias). The realistic properties meet their values in the covering rows; their drawn
+# examples stay those the tolerances were measured on (a new draw moves every later example).
+MEASURED_ON = {"source": "ids", "key_bias": True}
+
+
 @st.composite
 def configs(draw, max_layers: int = 3, min_layers: int = 1, head_dims=(2, 4, 8, 16), d_models=(8, 64),
             vocabs=st.integers(5, 64), d_ffs=st.sampled_from([8, 16, 32, 64, 128]),
-            max_lens=st.sampled_from(MAX_LENS), notes=None) -> ModelConfig:
+            max_lens=st.sampled_from(MAX_LENS), notes=None, fixed=None) -> ModelConfig:
     """Any valid config: every switch (`switch_values`) drawn independently, small sizes.
 
     The sizes are the suite's unless given: 1-4 heads of `head_dims` with d_model in `d_models`
     (inclusive), `min_layers`-`max_layers` layers a side, vocabularies from `vocabs`, d_ff from
-    `d_ffs`, max_len from `max_lens`. A switch added to ModelConfig is drawn too, after the others."""
+    `d_ffs`, max_len from `max_lens`. A switch added to ModelConfig is drawn too, after the others.
+    `fixed`: switches given, not drawn ({name: value})."""
     heads = draw(st.integers(1, 4))
     low, high = d_models
     head_dim = draw(st.sampled_from(list(head_dims)).filter(lambda k: low <= heads * k <= high))
     values = switch_values()
+    fixed = dict(fixed or {})
 
     def switch(name, options=None):
+        if name in fixed:
+            return fixed[name]
         return draw(values_of(options if options is not None else values[name]))
 
     # A features source (Whisper's) has no source vocabulary or embedding to share: one vocabulary.
@@ -185,6 +196,6 @@ def any_configs() -> st.SearchStrategy[ModelConfig]:
     return st.one_of(preset_configs(), configs())
 
 
-def small_configs() -> st.SearchStrategy[ModelConfig]:
+def small_configs(fixed=None) -> st.SearchStrategy[ModelConfig]:
     """`configs()` kept to d_model <= 32 and two layers a side: realistic numbers, small cost."""
-    return configs(max_layers=2).filter(lambda c: c.d_model <= 32)
+    return configs(max_layers=2, fixed=fixed).filter(lambda c: c.d_model <= 32)
