@@ -117,9 +117,11 @@ class Padding:
     def __init__(self, config: ModelConfig, buckets, *, src_len: int | None = None, tgt_len: int | None = None):
         self.active = buckets is not None
         self.pad_id = config.pad_id
+        self.features = config.source == "features"
         self.length = {"src": src_len, "tgt": tgt_len}
+        longest = {"src": config.source_len, "tgt": config.max_len}
         self.padded = self.length if not self.active else {
-            side: None if n is None else bucket_length(n, buckets, config.max_len) for side, n in self.length.items()}
+            side: None if n is None else bucket_length(n, buckets, longest[side]) for side, n in self.length.items()}
 
     def _pad(self, x, widths: dict[int, int], value) -> np.ndarray:
         x = np.asarray(x)
@@ -131,6 +133,16 @@ class Padding:
         if not self.active:
             return ids
         return self._pad(ids, {1: self.padded[side] - self.length[side]}, self.pad_id)
+
+    def source(self, src: np.ndarray) -> np.ndarray:
+        """The source padded up to its bucket: ids (`ids`), or a features source's frames (B, n_mels,
+        F) with zero frames up to twice the bucket. The convolutions pad with zero frames anyway, so
+        the real positions' values are unchanged; the added ones are cut off by `real` and `unpad`."""
+        if not self.features:
+            return self.ids(src, "src")
+        if not self.active:
+            return src
+        return self._pad(src, {2: 2 * (self.padded["src"] - self.length["src"])}, np.zeros((), src.dtype))
 
     def positions(self, x, side: str):
         """(B, L, ...) -> (B, L_bucket, ...), False/0 at the added positions (cut off by `unpad`)."""
@@ -176,6 +188,8 @@ class Padding:
             return jax.device_put(np.asarray(x)[index], device)
 
         def rows(name: str) -> int:  # queries, or positions: encoder tensors run over the source
+            if name == "encoder.conv1":  # a features source's first convolution: over its 2 S frames
+                return 2 * src
             return src if name.startswith("encoder") else tgt
 
         def columns(name: str) -> int:  # keys: the source for the encoder and cross-attention

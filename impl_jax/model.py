@@ -44,9 +44,11 @@ from conformance.core.inputs import (
     check_memory,
     check_same_batch,
     expected_mask_shapes,
+    host_features,
     host_ids,
     host_labels,
     host_mask,
+    source_real,
 )
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, send_in_order
@@ -54,6 +56,7 @@ from conformance.core.params import param_shapes
 from conformance.core.positions import offset_buckets, position_table
 from impl_jax import compiled, decode, host
 from impl_jax.blocks import product_in_blocks
+from impl_jax.frontend import FrontEnd
 from impl_jax.loss import cross_entropy
 from impl_jax.precision import check_precision, matmul_precision, model_precision, reduction_dtype
 
@@ -112,9 +115,21 @@ def encoder_self_mask(config: ModelConfig, src_mask):
     return src_mask
 
 
+def source_mask(config: ModelConfig, src_ids, frontend=None) -> np.ndarray | jax.Array:
+    """(B, 1, 1, S): source padding on the keys; a features source (B, n_mels, frames) has none,
+    so every one of its S = frames / 2 positions may be attended.
+
+    `frontend`: the model's front end, whose `positions(frames)` give S (None: frames / 2)."""
+    if config.source == "features":
+        frames = src_ids.shape[2]
+        length = frames // 2 if frontend is None else frontend.positions(frames)
+        return np.ones((src_ids.shape[0], 1, 1, length), dtype=bool)
+    return padding_mask(src_ids, config.pad_id)
+
+
 def make_masks(config: ModelConfig, src_ids, tgt_ids) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
     """The masks a model derives from its ids: src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)."""
-    return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
+    return source_mask(config, src_ids), target_mask(config, tgt_ids)
 
 
 # -- Positions ---------------------------------------------------------------------------------
@@ -134,12 +149,13 @@ class Positions(nnx.Module):
     tokens that are not the pad id are numbered, and a pad token gets no position term.
     """
 
-    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, dtype):
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, dtype, *, length: int):
+        # `length`: the stack's longest sequence (max_len; a features source's encoder: source_len)
         if config.position == "table":
             self.table = nnx.Param(params[f"{prefix}.table"])
         else:
             # Cast on the host from float64, once: the same rounding as the NumPy backend's table.
-            table = position_table(config)  # (max_len + offset, D) float64
+            table = position_table(config, length)  # (length + offset, D) float64
             self.table = Sinusoid(jnp.asarray(table.astype(dtype)))
         self.offset = config.position_offset
         self.pad_id = config.pad_id if config.position_ids == "non-pad" else None
@@ -166,6 +182,10 @@ class Positions(nnx.Module):
         term = cast(jax.lax.dynamic_slice_in_dim(self.table[...], self.offset + position, 1)[None, :, :], dtype)  # (1, 1, D)
         return term if self.pad_id is None else jnp.where((ids != self.pad_id)[..., None], term, 0).astype(dtype)
 
+    def span(self, length: int, dtype) -> jax.Array:
+        """The terms of positions 0 .. length - 1 of a source with no padding (a features source):
+        rows offset .. offset + length - 1, (1, L, D)."""
+        return cast(self.table[...][None, self.offset:self.offset + length, :], dtype)  # (1, L, D)
 
     def score_bias(self, query_len: int, key_len: int, dtype, *, first_query=0):
         """An absolute position term adds nothing to the attention scores: None."""
@@ -177,16 +197,20 @@ class RelativePositionBias(nnx.Module):
     row bucket(j - i) is added to every self-attention score of query i and key j in the stack
     (bidirectional in the encoder, causal in the decoder; `conformance.core.positions`)."""
 
-    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, *, bidirectional: bool):
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, *, bidirectional: bool,
+                 length: int):
         self.relative_bias = nnx.Param(params[f"{prefix}.relative_bias"])  # (buckets, H)
-        buckets = offset_buckets(config, bidirectional=bidirectional)  # (2 max_len - 1,): offset n at n + max_len - 1
+        buckets = offset_buckets(config, bidirectional=bidirectional, length=length)  # (2 L - 1,): n at n + L - 1
         self.buckets = Sinusoid(jnp.asarray(buckets, dtype=jnp.int32))
-        self.max_len = config.max_len
+        self.max_len = length
 
     def __call__(self, ids: jax.Array, dtype):
         return 0  # nothing is added to the embeddings
 
     def at(self, position, ids: jax.Array, dtype):
+        return 0
+
+    def span(self, length: int, dtype):
         return 0
 
     def score_bias(self, query_len: int, key_len: int, dtype, *, first_query=0) -> jax.Array:
@@ -198,11 +222,12 @@ class RelativePositionBias(nnx.Module):
         return cast(self.relative_bias[...][buckets], dtype).transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
 
 
-def positions(config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, dtype, *, bidirectional: bool):
+def positions(config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, dtype, *, bidirectional: bool,
+              length: int):
     """The stack's position term: `RelativePositionBias` for position "relative" (T5), else `Positions`."""
     if config.position == "relative":
-        return RelativePositionBias(config, params, prefix, bidirectional=bidirectional)
-    return Positions(config, params, prefix, dtype)
+        return RelativePositionBias(config, params, prefix, bidirectional=bidirectional, length=length)
+    return Positions(config, params, prefix, dtype, length=length)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
@@ -559,8 +584,10 @@ class Embedding(nnx.Module):
 class Encoder(nnx.Module):
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], dtype):
         self.config = config
-        self.embedding = Embedding(config, params, "encoder.embedding")
-        self.position = positions(config, params, "encoder.position", dtype, bidirectional=True)
+        # The source's input: a token table, or a features source's front end (impl_jax/frontend.py).
+        self.embedding = Embedding(config, params, "encoder.embedding") if config.source == "ids" else None
+        self.frontend = FrontEnd(params, "encoder.frontend") if config.source == "features" else None
+        self.position = positions(config, params, "encoder.position", dtype, bidirectional=True, length=config.source_len)
         self.embedding_norm = LayerNorm(config, params, "encoder.embedding_norm") if config.embedding_norm else None
         self.layers = nnx.List(
             [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)])
@@ -594,7 +621,7 @@ class Decoder(nnx.Module):
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], dtype):
         # With shared embeddings the decoder reads the encoder's table (see Model.decode).
         self.embedding = None if config.share_embeddings else Embedding(config, params, "decoder.embedding")
-        self.position = positions(config, params, "decoder.position", dtype, bidirectional=False)
+        self.position = positions(config, params, "decoder.position", dtype, bidirectional=False, length=config.max_len)
         self.embedding_norm = LayerNorm(config, params, "decoder.embedding_norm") if config.embedding_norm else None
         self.layers = nnx.List(
             [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)])
@@ -708,7 +735,7 @@ class Model(nnx.Module):
     @property
     def param_dtype(self) -> np.dtype:
         """The dtype the parameters are stored in (`dtype` is the one they are computed in)."""
-        return self.encoder.embedding.weight[...].dtype
+        return self.target_embedding.weight[...].dtype
 
     @property
     def device(self) -> jax.Device:
@@ -720,7 +747,7 @@ class Model(nnx.Module):
         each use: each read goes through Flax's variable and JAX's array properties (about twenty
         Python calls), and a forward used them seven times. A subclass that says where its calls
         run (impl_jax.shard.ShardedModel: the mesh) is asked its `device`."""
-        weight = self.encoder.embedding.weight[...]
+        weight = self.target_embedding.weight[...]
         device = next(iter(weight.devices())) if type(self).device is Model.device else self.device
         return device, weight.dtype
 
@@ -738,6 +765,17 @@ class Model(nnx.Module):
                                        "checked ids")
         ids = host_ids(argument, ids, vocab_size, self.config.max_len)
         return ids.astype(np.int32)  # in [0, vocab_size); int64 would need x64
+
+    def source(self, src_ids) -> np.ndarray:
+        """The source checked as a call checks it: ids (B, S) (`ids`), or a features source's
+        log-mel features (B, n_mels, frames) (`conformance.core.inputs.check_features`)."""
+        if self.config.source != "features":
+            return self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        if isinstance(src_ids, jax.core.Tracer):
+            raise InputError("src_ids", "is traced (the model was called inside jax.jit, vmap or similar); the checked "
+                                        "call runs on the host: use `model.traceable_forward` inside transforms")
+        # In the model's dtype, cast on the host: one rounding, as the NumPy front end's first step.
+        return host_features("src_ids", src_ids, self.config).astype(self.dtype)
 
     def _mask(self, argument: str, mask, expected, derived: np.ndarray) -> np.ndarray:
         return host_mask(argument, mask, expected, derived)  # a JAX mask is copied: its values are checked
@@ -764,6 +802,18 @@ class Model(nnx.Module):
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
         x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
+        return x if norm is None else norm(x)
+
+    def embed_source(self, src_ids: jax.Array, out: Encoded) -> jax.Array:
+        """The encoder's input (B, S, D): the source tokens' embeddings (`embed`), or a features
+        source through the front end (two convolutions, each followed by GELU; frontend.py)
+        plus the positions 0 .. S - 1 (no embedding scale: there is no token table), then `norm`
+        when the config has an embedding norm."""
+        if self.encoder.frontend is None:
+            return self.embed(src_ids, self.encoder.embedding, self.encoder.position, self.encoder.embedding_norm)
+        x = self.encoder.frontend(src_ids, self.dtype, out)  # (B, S, D)
+        x = x + self.encoder.position.span(x.shape[1], self.dtype)
+        norm = self.encoder.embedding_norm
         return x if norm is None else norm(x)
 
     @property
@@ -793,8 +843,8 @@ class Model(nnx.Module):
         argument committed to a device apart from a host array of its shape)."""
         src_ids, src_mask, dropout, placement = self._source(src_ids, src_mask, dropout)
         device = placement[0]
-        padding = host.Padding(self.config, self.buckets, src_len=src_ids.shape[1])
-        args = (padding.ids(src_ids, "src"), padding.mask(src_mask, keys="src"), padding.real("src"))
+        padding = host.Padding(self.config, self.buckets, src_len=src_mask.shape[-1])
+        args = (padding.source(src_ids), padding.mask(src_mask, keys="src"), padding.real("src"))
         static = {}
         if dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
             args += ({site: padding.positions(m, "src") for site, m in dropout.masks.items()},)
@@ -817,14 +867,14 @@ class Model(nnx.Module):
         """`encode`'s checks, in its order: the ids, dropout and mask as checked, and the
         `_placement`, read after them where `encode` first read the parameters (so that a model
         traced by jit is still refused by the ids' check first)."""
-        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
-        batch, src_len = src_ids.shape
+        src_ids = self.source(src_ids)
+        derived = source_mask(self.config, src_ids, self.encoder.frontend)  # (B, 1, 1, S)
+        batch, src_len = derived.shape[0], derived.shape[-1]
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
         if src_mask is None:
-            src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
+            src_mask = derived
         else:
             shapes = expected_mask_shapes(self.config, batch, src_len, 1)
-            derived = padding_mask(src_ids, self.config.pad_id)
             src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
         placement = self._placement()
         host.check_runnable(self.dtype, param_dtype=placement[1])
@@ -836,7 +886,7 @@ class Model(nnx.Module):
         `empty_rows` (static): attention's rule for a query with no key, 0.0 in the loss."""
         encoded = Encoded(memory=None, src_mask=src_mask)
         dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
-        x = self.embed(src_ids, self.encoder.embedding, self.encoder.position, self.encoder.embedding_norm)
+        x = self.embed_source(src_ids, encoded)
         encoded.intermediates["encoder.embeddings"] = x
         x = apply_dropout(x, dropout, "encoder.embeddings")
         encoded.memory = self.encoder(x, src_mask, encoded, src_real=src_real, dropout=dropout, empty_rows=empty_rows)
@@ -929,7 +979,7 @@ class Model(nnx.Module):
         with no key (`scaled_dot_product_attention`), None for the config's; the loss passes 0.0.
         """
         if src_mask is None:
-            src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
+            src_mask = source_mask(self.config, src_ids)  # (B, 1, 1, S)
         if tgt_mask is None:
             tgt_mask = target_mask(self.config, tgt_ids)  # (B, 1, T, T)
         cross_mask = self.cross_mask(src_mask)
@@ -972,11 +1022,11 @@ class Model(nnx.Module):
         `_decode` traced together): `encode`'s checks then `decode`'s, in their order, against the
         memory the encoder will give (B, S, D) in the model's dtype, then one dispatch."""
         src_ids, src_mask, src_dropout, (device, _) = self._source(src_ids, src_mask, dropout)
-        batch, src_len = src_ids.shape
+        batch, src_len = src_mask.shape[0], src_mask.shape[-1]
         tgt_ids, tgt_mask, tgt_dropout = self._target(tgt_ids, (batch, src_len, self.config.d_model), self.dtype,
                                                       tgt_mask, dropout)
         padding = host.Padding(self.config, self.buckets, src_len=src_len, tgt_len=tgt_ids.shape[1])
-        args = (padding.ids(src_ids, "src"), padding.mask(src_mask, keys="src"), padding.real("src"),
+        args = (padding.source(src_ids), padding.mask(src_mask, keys="src"), padding.real("src"),
                 padding.ids(tgt_ids, "tgt"), padding.mask(tgt_mask, queries="tgt", keys="tgt"), padding.real("tgt"))
         static = {}
         if src_dropout is not None:  # masks are arguments, the rate is static; off, the call is unchanged
@@ -1015,13 +1065,13 @@ class Model(nnx.Module):
     def _loss_args(self, src_ids, tgt_ids, labels, label_smoothing, dropout):
         """The host part of `loss_and_grads` (also the fused `impl_jax.train_step`'s): ids, labels,
         ε and dropout checked, masks built; returns the compiled part's arguments and statics."""
-        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        src_ids = self.source(src_ids)
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_same_batch(src_ids.shape, tgt_ids.shape)
         labels = host_labels(self.config, labels, tgt_ids.shape).astype(np.int32)
         check_labels_finite(self.config, src_ids, tgt_ids, labels)
         epsilon = np.asarray(check_label_smoothing(label_smoothing), reduction_dtype(self.dtype))
-        batch, src_len = src_ids.shape
+        batch, src_len = source_real(self.config, src_ids).shape
         encoder_drop = host_dropout(self.config, dropout, "encoder", batch, src_len)
         decoder_drop = host_dropout(self.config, dropout, "decoder", batch, tgt_ids.shape[1])
         host.check_runnable(self.dtype, param_dtype=self.param_dtype)

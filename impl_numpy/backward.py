@@ -344,6 +344,46 @@ def embed_backward(config, embedding, stack, prefix: str, name: str, ids: np.nda
     embedding_backward(embedding, name, ids, d_x, grads)
 
 
+def conv1d_backward(tape: Tape, conv, prefix: str, d_y: np.ndarray, grads: Grads) -> np.ndarray:
+    """y[t] = sum_k x[s t + k - 1] W[k] + b (impl_numpy/frontend.py)  ->  dW[k] = sum_t x[s t + k - 1]^T dy[t],
+    db = sum of dy, dx[s t + k - 1] += dy[t] W[k]^T (what reaches the zero padding frames is dropped)."""
+    x = tape[conv]  # (B, L, C_in)
+    kernel, c_in, c_out = conv.weight.shape
+    out_len, stride = d_y.shape[1], conv.stride
+    padded = np.pad(x, ((0, 0), (1, 1), (0, 0)))  # (B, L + 2, C_in)
+    d_padded = np.zeros_like(padded)
+    for k in range(kernel):
+        taps = np.s_[:, k:k + stride * (out_len - 1) + 1:stride]  # the frames s t + k - 1 (distinct within one k)
+        grads[f"{prefix}.weight"][k] += padded[taps].reshape(-1, c_in).T @ d_y.reshape(-1, c_out)  # (C_in, C_out)
+        d_padded[taps] += d_y @ conv.weight[k].astype(d_y.dtype, copy=False).T  # (B, L_out, C_in)
+    grads[f"{prefix}.bias"] += d_y.reshape(-1, c_out).sum(axis=0)
+    return d_padded[:, 1:-1]  # (B, L, C_in)
+
+
+def frontend_backward(tape: Tape, frontend, prefix: str, d_x: np.ndarray, grads: Grads) -> None:
+    """h1 = GELU(conv1(x)), h2 = GELU(conv2(h1)) (impl_numpy/frontend.py)  ->  back through GELU'
+    (the exact form's, `activation_backward`) and each convolution; the features get no gradient."""
+    d_hidden = activation_backward("gelu", tape[(frontend, "conv2")], d_x)  # (B, S, D)
+    d_x = conv1d_backward(tape, frontend.conv2, f"{prefix}.conv2", d_hidden, grads)  # (B, F, D)
+    d_hidden = activation_backward("gelu", tape[(frontend, "conv1")], d_x)  # (B, F, D)
+    conv1d_backward(tape, frontend.conv1, f"{prefix}.conv1", d_hidden, grads)
+
+
+def source_backward(config, encoder, src_ids: np.ndarray, d_x: np.ndarray, grads: Grads, tape: Tape) -> None:
+    """The encoder's input backwards: the source tokens' embeddings (`embed_backward`), or a features
+    source's x = FrontEnd(features) + P[offset .. offset + S - 1], then the embedding norm if there is one."""
+    if encoder.frontend is None:
+        embed_backward(config, encoder.embedding, encoder, "encoder", "encoder.embedding.weight", src_ids, d_x, grads,
+                       tape)
+        return
+    if encoder.embedding_norm is not None:
+        d_x = layer_norm_backward(tape, encoder.embedding_norm, "encoder.embedding_norm", d_x, grads)
+    if config.position == "table":  # every row reads positions 0 .. S - 1
+        offset = config.position_offset
+        grads["encoder.position.table"][offset:offset + d_x.shape[1]] += d_x.sum(axis=0)
+    frontend_backward(tape, encoder.frontend, "encoder.frontend", d_x, grads)
+
+
 def encoder_backward(tape: Tape, encoder, d_memory: np.ndarray, grads: Grads, dropout=None) -> np.ndarray:
     """The encoder stack backwards: the final norm, then the layers from the last to the first.
     Returns the gradient of the embeddings (B, S, D)."""
@@ -455,6 +495,5 @@ def loss_and_grads(model, src_ids: np.ndarray, tgt_ids: np.ndarray, labels: np.n
 
     # The embeddings: with shared embeddings both lookups add to encoder.embedding.weight.
     embed_backward(config, tgt_embedding, model.decoder, "decoder", tied_name(config), tgt_ids, d_y, grads, tape)
-    embed_backward(config, model.encoder.embedding, model.encoder, "encoder", "encoder.embedding.weight", src_ids, d_x,
-                   grads, tape)
+    source_backward(config, model.encoder, src_ids, d_x, grads, tape)
     return loss, {name: g.astype(model.param_dtype, copy=False) for name, g in grads.items()}

@@ -29,8 +29,10 @@ from conformance.core.inputs import (
     expected_mask_shapes,
     host_ids,
     check_labels_finite,
+    host_features,
     host_labels,
     host_mask,
+    source_real,
 )
 from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, record
@@ -39,6 +41,7 @@ from conformance.core.positions import offset_buckets, position_table
 from impl_numpy import backward as backprop
 from impl_numpy import decode
 from impl_numpy.blocks import product_in_blocks
+from impl_numpy import frontend
 
 SUPPORTED_DTYPES = ("float32", "float64")
 
@@ -83,9 +86,19 @@ def encoder_self_mask(config: ModelConfig, src_mask):
     return src_mask
 
 
+def source_mask(config: ModelConfig, src_ids: np.ndarray, frontend=None) -> np.ndarray:
+    """(B, 1, 1, S): source padding on the keys; a features source (B, n_mels, frames) has none,
+    so every one of its S = frames / 2 positions may be attended.
+
+    `frontend`: the model's front end, whose `positions(frames)` give S (None: frames / 2)."""
+    if config.source == "features" and frontend is not None:
+        return np.ones((src_ids.shape[0], 1, 1, frontend.positions(src_ids.shape[2])), dtype=bool)
+    return np.asarray(source_real(config, np.asarray(src_ids)))[:, None, None, :]
+
+
 def make_masks(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The masks a model derives from its ids: src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)."""
-    return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
+    return source_mask(config, src_ids), target_mask(config, tgt_ids)
 
 
 # -- Positions ---------------------------------------------------------------------------------
@@ -100,11 +113,12 @@ class Positions:
     tokens that are not the pad id are numbered, and a pad token gets no position term.
     """
 
-    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, dtype):
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, dtype, *, length: int):
+        # `length`: the stack's longest sequence (max_len; a features source's encoder: source_len)
         if config.position == "table":
             self.table = params[f"{prefix}.table"]
         else:
-            self.table = position_table(config).astype(dtype)
+            self.table = position_table(config, length).astype(dtype)
         self.offset = config.position_offset
         self.pad_id = config.pad_id if config.position_ids == "non-pad" else None
 
@@ -129,6 +143,10 @@ class Positions:
         term = cast(self.table[None, self.offset + position:self.offset + position + 1, :], dtype)  # (1, 1, D)
         return term if self.pad_id is None else np.where((ids != self.pad_id)[..., None], term, 0).astype(dtype)
 
+    def span(self, length: int, dtype) -> np.ndarray:
+        """The terms of positions 0 .. length - 1 of a source with no padding (a features source):
+        rows offset .. offset + length - 1, (1, L, D)."""
+        return cast(self.table[None, self.offset:self.offset + length, :], dtype)  # (1, L, D)
 
     def score_bias(self, query_len: int, key_len: int, dtype, *, first_query: int = 0, tape=None):
         """An absolute position term adds nothing to the attention scores: None."""
@@ -140,15 +158,19 @@ class RelativePositionBias:
     row bucket(j - i) is added to every self-attention score of query i and key j in the stack
     (bidirectional in the encoder, causal in the decoder; `conformance.core.positions`)."""
 
-    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, *, bidirectional: bool):
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, *, bidirectional: bool,
+                 length: int):
         self.relative_bias = params[f"{prefix}.relative_bias"]  # (buckets, H)
-        self.buckets = offset_buckets(config, bidirectional=bidirectional)  # (2 max_len - 1,): offset n at n + max_len - 1
-        self.max_len = config.max_len
+        self.buckets = offset_buckets(config, bidirectional=bidirectional, length=length)  # (2 L - 1,): n at n + L - 1
+        self.max_len = length
 
     def __call__(self, ids: np.ndarray, dtype):
         return 0  # nothing is added to the embeddings
 
     def at(self, position: int, ids: np.ndarray, dtype):
+        return 0
+
+    def span(self, length: int, dtype):
         return 0
 
     def score_bias(self, query_len: int, key_len: int, dtype, *, first_query: int = 0, tape=None) -> np.ndarray:
@@ -160,11 +182,12 @@ class RelativePositionBias:
         return cast(self.relative_bias[buckets], dtype).transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
 
 
-def positions(config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, dtype, *, bidirectional: bool):
+def positions(config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, dtype, *, bidirectional: bool,
+              length: int):
     """The stack's position term: `RelativePositionBias` for position "relative" (T5), else `Positions`."""
     if config.position == "relative":
-        return RelativePositionBias(config, params, prefix, bidirectional=bidirectional)
-    return Positions(config, params, prefix, dtype)
+        return RelativePositionBias(config, params, prefix, bidirectional=bidirectional, length=length)
+    return Positions(config, params, prefix, dtype, length=length)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
@@ -463,8 +486,10 @@ class Embedding:
 class Encoder:
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], dtype):
         self.config = config
-        self.embedding = Embedding(config, params, "encoder.embedding")
-        self.position = positions(config, params, "encoder.position", dtype, bidirectional=True)
+        # The source's input: a token table, or a features source's front end (impl_numpy/frontend.py).
+        self.embedding = Embedding(config, params, "encoder.embedding") if config.source == "ids" else None
+        self.frontend = frontend.FrontEnd(params, "encoder.frontend") if config.source == "features" else None
+        self.position = positions(config, params, "encoder.position", dtype, bidirectional=True, length=config.source_len)
         self.embedding_norm = LayerNorm(config, params, "encoder.embedding_norm") if config.embedding_norm else None
         self.layers = [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)]
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
@@ -495,7 +520,7 @@ class Decoder:
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], dtype):
         # With shared embeddings the decoder reads the encoder's table (see Model.decode).
         self.embedding = None if config.share_embeddings else Embedding(config, params, "decoder.embedding")
-        self.position = positions(config, params, "decoder.position", dtype, bidirectional=False)
+        self.position = positions(config, params, "decoder.position", dtype, bidirectional=False, length=config.max_len)
         self.embedding_norm = LayerNorm(config, params, "decoder.embedding_norm") if config.embedding_norm else None
         self.layers = [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)]
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
@@ -589,7 +614,7 @@ class Model:
     @property
     def param_dtype(self) -> np.dtype:
         """The dtype the parameters are stored in (`dtype` is the one they are computed in)."""
-        return self.encoder.embedding.weight.dtype
+        return self.target_embedding.weight.dtype
 
     @property
     def device(self) -> str:
@@ -608,6 +633,13 @@ class Model:
 
     def _ids(self, argument: str, ids, vocab_size: int) -> np.ndarray:
         return host_ids(argument, ids, vocab_size, self.config.max_len)
+
+    def source(self, src_ids) -> np.ndarray:
+        """The source checked as a call checks it: ids (B, S) (`ids`), or a features source's
+        log-mel features (B, n_mels, frames) (`conformance.core.inputs.check_features`)."""
+        if self.config.source == "features":
+            return host_features("src_ids", src_ids, self.config)
+        return self._ids("src_ids", src_ids, self.config.src_vocab_size)
 
     def _mask(self, argument: str, mask, expected, derived: np.ndarray) -> np.ndarray:
         return host_mask(argument, mask, expected, derived)
@@ -634,6 +666,19 @@ class Model:
         x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
         return x if norm is None else norm(x, tape=tape)
 
+    def embed_source(self, src_ids: np.ndarray, out: Encoded, *, tape=None) -> np.ndarray:
+        """The encoder's input (B, S, D): the source tokens' embeddings (`embed`), or a features
+        source through the front end (two convolutions, each followed by GELU; frontend.py)
+        plus the positions 0 .. S - 1 (no embedding scale: there is no token table), then `norm`
+        when the config has an embedding norm."""
+        if self.encoder.frontend is None:
+            return self.embed(src_ids, self.encoder.embedding, self.encoder.position, self.encoder.embedding_norm,
+                              tape=tape)
+        x = self.encoder.frontend(src_ids, self.dtype, out, tape=tape)  # (B, S, D)
+        x = x + self.encoder.position.span(x.shape[1], self.dtype)
+        norm = self.encoder.embedding_norm
+        return x if norm is None else norm(x, tape=tape)
+
     @property
     def target_embedding(self) -> Embedding:
         """The decoder's token table: the encoder's when the embeddings are shared (section 3.4)."""
@@ -655,18 +700,18 @@ class Model:
 
         `tape` (keyword-only): an `impl_numpy.backward.Tape` that keeps what the backward pass
         reads (`loss_and_grads` passes one); None, the default, keeps nothing."""
-        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
-        batch, src_len = src_ids.shape
+        src_ids = self.source(src_ids)
+        derived = source_mask(self.config, src_ids, self.encoder.frontend)  # (B, 1, 1, S)
+        batch, src_len = derived.shape[0], derived.shape[-1]
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
         if src_mask is None:
-            src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
+            src_mask = derived
         else:
             shapes = expected_mask_shapes(self.config, batch, src_len, 1)
-            derived = padding_mask(src_ids, self.config.pad_id)
             src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
         encoded = Encoded(memory=None, src_mask=src_mask, attention=record(sink if return_attention else None),
                           intermediates=record(sink))
-        x = self.embed(src_ids, self.encoder.embedding, self.encoder.position, self.encoder.embedding_norm, tape=tape)
+        x = self.embed_source(src_ids, encoded, tape=tape)
         encoded.intermediates["encoder.embeddings"] = x
         x = apply_dropout(x, dropout, "encoder.embeddings")
         encoded.memory = self.encoder(x, src_mask, encoded, dropout=dropout, tape=tape)
@@ -736,13 +781,13 @@ class Model:
         pass is written out by hand, layer by layer, in impl_numpy/backward.py. `dropout`: as for
         a call; the backward reads through the same masks.
         """
-        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        src_ids = self.source(src_ids)
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_same_batch(src_ids.shape, tgt_ids.shape)
         labels = host_labels(self.config, labels, tgt_ids.shape)
         check_labels_finite(self.config, src_ids, tgt_ids, labels)
         check_label_smoothing(label_smoothing)
-        batch, src_len = src_ids.shape
+        batch, src_len = source_real(self.config, src_ids).shape
         encoder_drop = host_dropout(self.config, dropout, "encoder", batch, src_len)
         decoder_drop = host_dropout(self.config, dropout, "decoder", batch, tgt_ids.shape[1])
         if dropout is not None:  # one Dropout with every site's checked host mask

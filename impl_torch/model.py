@@ -26,6 +26,7 @@ from torch import nn
 from conformance.core.config import ModelConfig
 from conformance.core.generation.search import DecoderCache
 from conformance.core.inputs import (
+    check_features,
     check_label_smoothing,
     check_labels_finite,
     check_ids,
@@ -34,6 +35,7 @@ from conformance.core.inputs import (
     check_memory,
     check_same_batch,
     expected_mask_shapes,
+    host_features,
     host_ids,
     host_labels,
     host_mask,
@@ -46,6 +48,7 @@ from impl_torch import decode, graphs
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 from impl_torch.blocks import product_in_blocks
 from impl_torch.compiling import eager_under_compile
+from impl_torch.frontend import FrontEnd
 from impl_torch.fused import kernel_fix_ups
 from impl_torch.precision import check_no_autocast
 from impl_torch.train import leaf_in, parameters_replaced
@@ -96,9 +99,22 @@ def encoder_self_mask(config: ModelConfig, src_mask):
     return src_mask
 
 
+def source_mask(config: ModelConfig, src_ids: torch.Tensor, frontend=None) -> torch.Tensor:
+    """(B, 1, 1, S): source padding on the keys; a features source (B, n_mels, frames) has none,
+    so every one of its S = frames / 2 positions may be attended.
+
+    `frontend`: the model's front end, whose `positions(frames)` give S (None: frames / 2)."""
+    src_ids = torch.as_tensor(src_ids)
+    if config.source == "features":
+        batch, _, frames = src_ids.shape
+        length = frames // 2 if frontend is None else frontend.positions(frames)
+        return torch.ones((batch, 1, 1, length), dtype=torch.bool, device=src_ids.device)
+    return padding_mask(src_ids, config.pad_id)
+
+
 def make_masks(config: ModelConfig, src_ids: torch.Tensor, tgt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The masks a model derives from its ids: src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)."""
-    return padding_mask(src_ids, config.pad_id), target_mask(config, tgt_ids)
+    return source_mask(config, src_ids), target_mask(config, tgt_ids)
 
 
 # -- Positions ---------------------------------------------------------------------------------
@@ -115,14 +131,16 @@ class Positions(nn.Module):
     the module but is not a parameter, so it never appears in `state_dict()`.
     """
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, *, length: int):
+        # `length`: the stack's longest sequence (max_len; a features source's encoder: source_len)
         super().__init__()
+        self.length = length
         if config.position == "table":
-            self.table = nn.Parameter(torch.empty(config.max_len + config.position_offset, config.d_model, dtype=dtype))
+            self.table = nn.Parameter(torch.empty(length + config.position_offset, config.d_model, dtype=dtype))
         else:
             # Cast on the host from float64, once (`to_torch`): the same rounding as the NumPy and
             # JAX tables; torch's own float64 -> float16 cast rounds twice, through float32.
-            table = position_table(config)  # (max_len + offset, D) float64
+            table = position_table(config, length)  # (length + offset, D) float64
             table = to_torch(table, dtype_name(dtype)).to(torch.get_default_device())
             self.register_buffer("table", table, persistent=False)
         self.offset = config.position_offset
@@ -154,6 +172,10 @@ class Positions(nn.Module):
         term = cast(self.table[None, self.offset + position:self.offset + position + 1, :], dtype)  # (1, 1, D)
         return term if self.pad_id is None else torch.where((ids != self.pad_id)[..., None], term, 0.0)
 
+    def span(self, length: int, dtype: torch.dtype) -> torch.Tensor:
+        """The terms of positions 0 .. length - 1 of a source with no padding (a features source):
+        rows offset .. offset + length - 1, (1, L, D)."""
+        return cast(self.table[None, self.offset:self.offset + length, :], dtype)  # (1, L, D)
 
     def score_bias(self, query_len: int, key_len: int, dtype: torch.dtype, *, first_query: int = 0):
         """An absolute position term adds nothing to the attention scores: None."""
@@ -165,12 +187,12 @@ class RelativePositionBias(nn.Module):
     row bucket(j - i) is added to every self-attention score of query i and key j in the stack
     (bidirectional in the encoder, causal in the decoder; `conformance.core.positions`)."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool, length: int):
         super().__init__()
         self.relative_bias = nn.Parameter(torch.empty(config.relative_buckets, config.n_heads, dtype=dtype))  # (buckets, H)
-        buckets = offset_buckets(config, bidirectional=bidirectional)  # (2 max_len - 1,): offset n at n + max_len - 1
+        buckets = offset_buckets(config, bidirectional=bidirectional, length=length)  # (2 L - 1,): n at n + L - 1
         self.register_buffer("buckets", torch.as_tensor(buckets).to(torch.get_default_device()), persistent=False)
-        self.max_len = config.max_len
+        self.max_len = length
 
     def extra_repr(self) -> str:
         return f"relative bias {tuple(self.relative_bias.shape)}"
@@ -181,6 +203,9 @@ class RelativePositionBias(nn.Module):
     def at(self, position: int, ids: torch.Tensor, dtype: torch.dtype):
         return 0
 
+    def span(self, length: int, dtype: torch.dtype):
+        return 0
+
     def score_bias(self, query_len: int, key_len: int, dtype: torch.dtype, *, first_query: int = 0) -> torch.Tensor:
         """(1, H, Tq, Tk): the bias of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1."""
         device = self.buckets.device
@@ -189,11 +214,11 @@ class RelativePositionBias(nn.Module):
         return cast(self.relative_bias[buckets], dtype).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
 
 
-def positions(config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool):
+def positions(config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool, length: int):
     """The stack's position term: `RelativePositionBias` for position "relative" (T5), else `Positions`."""
     if config.position == "relative":
-        return RelativePositionBias(config, dtype, bidirectional=bidirectional)
-    return Positions(config, dtype)
+        return RelativePositionBias(config, dtype, bidirectional=bidirectional, length=length)
+    return Positions(config, dtype, length=length)
 
 
 # -- Building blocks ---------------------------------------------------------------------------
@@ -398,7 +423,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         d, inner = config.d_model, config.inner_dim  # inner = H K: d_model unless d_head is set (T5's d_kv)
         self.q_proj = Linear(d, inner, config.qkv_bias, dtype)
-        self.k_proj = Linear(d, inner, config.qkv_bias, dtype)
+        self.k_proj = Linear(d, inner, config.qkv_bias and config.key_bias, dtype)  # Whisper's key has none
         self.v_proj = Linear(d, inner, config.qkv_bias, dtype)
         self.o_proj = Linear(inner, d, config.out_proj_bias, dtype)
         self.n_heads = config.n_heads
@@ -593,8 +618,10 @@ class Encoder(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
         self.config = config
-        self.embedding = Embedding(config, config.src_vocab_size, dtype)
-        self.position = positions(config, dtype, bidirectional=True)
+        # The source's input: a token table, or a features source's front end (impl_torch/frontend.py).
+        self.embedding = Embedding(config, config.src_vocab_size, dtype) if config.source == "ids" else None
+        self.frontend = FrontEnd(config.n_mels, config.d_model, dtype) if config.source == "features" else None
+        self.position = positions(config, dtype, bidirectional=True, length=config.source_len)
         self.embedding_norm = LayerNorm(config, dtype) if config.embedding_norm else None
         self.layers = nn.ModuleList(EncoderLayer(config, dtype) for _ in range(config.n_encoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_encoder_norm else None
@@ -630,7 +657,7 @@ class Decoder(nn.Module):
         # With shared embeddings the decoder reads the encoder's table (see Model.decode); it is
         # passed at call time, not registered here, so state_dict() holds it once.
         self.embedding = None if config.share_embeddings else Embedding(config, config.tgt_vocab_size, dtype)
-        self.position = positions(config, dtype, bidirectional=False)
+        self.position = positions(config, dtype, bidirectional=False, length=config.max_len)
         self.embedding_norm = LayerNorm(config, dtype) if config.embedding_norm else None
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.n_decoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_decoder_norm else None
@@ -782,24 +809,24 @@ class Model(nn.Module):
                 if not isinstance(position, Positions) or isinstance(position.table, nn.Parameter):
                     continue  # a stored table or T5's relative bias: parameters, recast as stored
                 if position.table.dtype != self._compute_dtype:
-                    table = position_table(self.config)
+                    table = position_table(self.config, position.length)
                     position.table = to_torch(table, dtype_name(self._compute_dtype)).to(position.table.device)
         return self
 
     @property
     def dtype(self) -> torch.dtype:
         """The compute dtype: the parameters' own, unless `param_dtype` fixed it at construction."""
-        return self.encoder.embedding.weight.dtype if self._compute_dtype is None else self._compute_dtype
+        return self.target_embedding.weight.dtype if self._compute_dtype is None else self._compute_dtype
 
     @property
     def param_dtype(self) -> torch.dtype:
         """The dtype the parameters are stored in (`dtype` is the one they are computed in)."""
-        return self.encoder.embedding.weight.dtype
+        return self.target_embedding.weight.dtype
 
     @property
     def device(self) -> torch.device:
         """The device the parameters (and so every computation) live on."""
-        return self.encoder.embedding.weight.device
+        return self.target_embedding.weight.device
 
     # Inputs ------------------------------------------------------------------------------------
     # Ids and masks are checked before any kernel indexes with them: on CUDA an out-of-range id
@@ -822,6 +849,20 @@ class Model(nn.Module):
         bounds = lambda: id_bounds(ids)  # noqa: E731
         check_ids(argument, ids.shape, dtype_name(ids.dtype), is_integer, bounds, vocab_size, self.config.max_len)
         return ids.to(device=self.device, dtype=torch.long)
+
+    @eager_under_compile
+    def source(self, src_ids) -> torch.Tensor:
+        """The source checked as a call checks it: ids (B, S) (`ids`), or a features source's
+        log-mel features (B, n_mels, frames) (`conformance.core.inputs.check_features`)."""
+        if self.config.source != "features":
+            return self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        check_no_autocast(self.device)
+        if not isinstance(src_ids, torch.Tensor):
+            return torch.tensor(host_features("src_ids", src_ids, self.config), device=self.device)
+        finite = lambda: bool(torch.isfinite(src_ids).all())  # noqa: E731 - one reduction, one sync
+        check_features("src_ids", src_ids.shape, dtype_name(src_ids.dtype), src_ids.is_floating_point(), finite,
+                       self.config)
+        return src_ids.to(self.device)
 
     @eager_under_compile
     def _mask(self, argument: str, mask, expected, derived: torch.Tensor) -> torch.Tensor:
@@ -856,6 +897,18 @@ class Model(nn.Module):
         x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
         return x if norm is None else norm(x)
 
+    def embed_source(self, src_ids: torch.Tensor, out: Encoded) -> torch.Tensor:
+        """The encoder's input (B, S, D): the source tokens' embeddings (`embed`), or a features
+        source through the front end (two convolutions, each followed by GELU; frontend.py)
+        plus the positions 0 .. S - 1 (no embedding scale: there is no token table), then `norm`
+        when the config has an embedding norm."""
+        if self.encoder.frontend is None:
+            return self.embed(src_ids, self.encoder.embedding, self.encoder.position, self.encoder.embedding_norm)
+        x = self.encoder.frontend(src_ids, self.dtype, out)  # (B, S, D)
+        x = x + self.encoder.position.span(x.shape[1], self.dtype)
+        norm = self.encoder.embedding_norm
+        return x if norm is None else norm(x)
+
     @property
     def target_embedding(self) -> Embedding:
         """The decoder's token table: the encoder's when the embeddings are shared (section 3.4)."""
@@ -882,20 +935,20 @@ class Model(nn.Module):
         `empty_rows` (keyword-only): None, the default, gives a query with no key to attend to
         the config's answer (NaN for a -inf fill); `loss_and_grads` passes 0.0, the training rule
         of docs/training.md (`scaled_dot_product_attention`)."""
-        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
-        batch, src_len = src_ids.shape
+        src_ids = self.source(src_ids)
+        derived = source_mask(self.config, src_ids, self.encoder.frontend)  # (B, 1, 1, S)
+        batch, src_len = derived.shape[0], derived.shape[-1]
         dropout = host_dropout(self.config, dropout, "encoder", batch, src_len)
         if src_mask is None:
-            src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
+            src_mask = derived
         else:
             shapes = expected_mask_shapes(self.config, batch, src_len, 1)
-            derived = padding_mask(src_ids, self.config.pad_id)
             src_mask = self._mask("src_mask", src_mask, shapes["src_mask"], derived)
         encoded = Encoded(memory=None, src_mask=src_mask, attention=record(sink if return_attention else None),
                           intermediates=record(sink))
         if dropout is not None:  # the checked host masks, on the model's device
             dropout = Dropout(dropout.rate, {site: torch.tensor(m, device=self.device) for site, m in dropout.masks.items()})
-        x = self.embed(src_ids, self.encoder.embedding, self.encoder.position, self.encoder.embedding_norm)
+        x = self.embed_source(src_ids, encoded)
         encoded.intermediates["encoder.embeddings"] = x
         x = apply_dropout(x, dropout, "encoder.embeddings")
         encoded.memory = self.encoder(x, src_mask, encoded, return_attention=return_attention, dropout=dropout,
@@ -982,7 +1035,7 @@ class Model(nn.Module):
         graph (impl_torch/graphs.py): the same kernels, the same numbers.
         """
         given = (src_ids, tgt_ids)  # NumPy ids are read on the host as given, not copied back from the device
-        src_ids = self._ids("src_ids", src_ids, self.config.src_vocab_size)
+        src_ids = self.source(src_ids)
         tgt_ids = self._ids("tgt_ids", tgt_ids, self.config.tgt_vocab_size)
         check_same_batch(src_ids.shape, tgt_ids.shape)
         labels = host_labels(self.config, to_numpy(labels), tuple(tgt_ids.shape))

@@ -18,3 +18,9 @@ def small(name: str = "default", **changes) -> ModelConfig:
 # is entirely padding for pad_id 0, so a -inf fill gives NaN rows that must propagate as in the oracle.
 SRC = np.array([[3, 4, 5, 1, 0, 0], [6, 7, 8, 9, 10, 1], [0, 0, 0, 0, 0, 0]])
 TGT = np.array([[2, 3, 4, 0, 0], [2, 1, 6, 7, 8], [2, 3, 0, 0, 0]])
+
+
+def features_like(config: ModelConfig, rows: int = 3, length: int = 6) -> np.ndarray:
+    """A features source's batch in place of SRC: (rows, n_mels, 2 length) seeded log-mel-like
+    values (a features source has no padding), `length` encoder positions."""
+    return np.random.default_rng(54).uniform(-1.0, 1.5, size=(rows, config.n_mels, 2 * length))

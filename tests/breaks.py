@@ -26,11 +26,11 @@ from conformance.check import backends
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def swapped_sinusoid(config):
+def swapped_sinusoid(config, length=None):
     """`position_table` with sin and cos exchanged: the even (or first-half) dims get cos, the others sin."""
     from conformance.core.positions import position_table
 
-    table = position_table(config)
+    table = position_table(config, length)
     rows, d_model = table.shape
     if config.position == "sinusoid-interleaved":
         return table.reshape(rows, d_model // 2, 2)[:, :, ::-1].reshape(rows, d_model).copy()
@@ -38,21 +38,34 @@ def swapped_sinusoid(config):
     return np.concatenate([table[:, half:], table[:, :half]], axis=1)
 
 
-def paper_timescales_for_t2t(config):
+def paper_timescales_for_t2t(config, length=None):
     """`position_table` with the t2t sinusoid built with the paper's timescales (spaced over D/2,
     not D/2 - 1)."""
     from conformance.core.positions import position_table, sinusoid_table
 
     if config.position != "sinusoid-t2t":
-        return position_table(config)
-    return sinusoid_table(config.max_len + config.position_offset, config.d_model, "sinusoid-split")
+        return position_table(config, length)
+    rows = (config.max_len if length is None else length) + config.position_offset
+    return sinusoid_table(rows, config.d_model, "sinusoid-split")
 
 
-def shifted_buckets(config, *, bidirectional):
+def encoder_sinusoid_halves_swapped(config, length=None):
+    """`position_table` of a features source (Whisper's) with its halves exchanged, `[cos | sin]`
+    for `[sin | cos]`: a port of Whisper's `sinusoids()` that concatenates them the other way round."""
+    from conformance.core.positions import position_table
+
+    table = position_table(config, length)
+    if config.source != "features":
+        return table
+    half = table.shape[1] // 2
+    return np.concatenate([table[:, half:], table[:, :half]], axis=1)
+
+
+def shifted_buckets(config, *, bidirectional, length=None):
     """T5's buckets per offset, read one offset off: offset n gets the bucket of n - 1."""
     from conformance.core.positions import offset_buckets
 
-    return np.roll(offset_buckets(config, bidirectional=bidirectional), 1)
+    return np.roll(offset_buckets(config, bidirectional=bidirectional, length=length), 1)
 
 
 @contextmanager
@@ -115,6 +128,23 @@ BREAKS = {
     )], {}),
     # T5's unscaled scores (Q K^T) divided by sqrt(K) as in the paper.
     "T5 scores scaled by 1/sqrt(K)": ("numpy", [("self.scaled = config.scale_scores", "self.scaled = True")], {}),
+    # Whisper's front end (impl_numpy/frontend.py), as ports get it wrong: the second convolution
+    # without its stride (every frame kept: S = frames, not frames / 2), the convolutions without
+    # their padding (two frames lost at each), and the encoder's sinusoid as [cos | sin].
+    "Whisper conv stride 1": ("numpy", [("frontend.py", 'self.conv2 = Conv1d(params, f"{prefix}.conv2", stride=2)',
+                                         'self.conv2 = Conv1d(params, f"{prefix}.conv2", stride=1)')], {}),
+    "Whisper conv padding 0": ("numpy", [("frontend.py", "PADDING = 1", "PADDING = 0")], {}),
+    "Whisper sinusoid halves swapped": ("numpy", [], {"position_table": encoder_sinusoid_halves_swapped}),
+    # Whisper's key projection has no bias (key_bias false). A bias added to the key alone changes
+    # nothing (q . b_k is the same for every key of a query, which the softmax cancels), so the bug
+    # that shows is the one a port makes when it loads the biases in order: the value's bias read
+    # into the key, the value left without one.
+    "Whisper key bias added (the value's bias read into the key)": ("numpy", [(
+        '        self.o_proj = Linear(params, f"{prefix}.o_proj")\n',
+        '        self.o_proj = Linear(params, f"{prefix}.o_proj")\n'
+        '        if self.k_proj.bias is None and self.v_proj.bias is not None:\n'
+        '            self.k_proj.bias, self.v_proj.bias = self.v_proj.bias, None\n',
+    )], {}),
     # TF32 switched on by the backend (a `full_precision` that sets it the wrong way round): it
     # changes float32 matmuls on a GPU only, so the runner checks the switches themselves, on
     # every device (`runner.precise`).
@@ -231,6 +261,13 @@ PROPERTY_BREAKS = {
         "backward.py",
         "    if model.final_logits_bias is not None and not model.frozen_logits_bias:",
         "    if model.final_logits_bias is not None:",
+    )], {})]),
+    # Whisper's front end backwards: a convolution's last kernel tap dropped from its gradient (its
+    # weight's and the input's), as a hand-written conv backward with an off-by-one loop gets it.
+    "conv1d gradient misses the last kernel tap": ("test_gradients", [("numpy", [(
+        "backward.py",
+        "    for k in range(kernel):\n        taps = np.s_",
+        "    for k in range(kernel - 1):\n        taps = np.s_",
     )], {})]),
     # T5's relative bias: the score gradient never reaches the bucket table.
     "relative bias gets no gradient": ("test_gradients", [("numpy", [(
@@ -401,7 +438,7 @@ def edited_module(name: str, module_name: str, path: Path, edits):
 
 
 # The files beside model.py a break may edit, and the name the model reads each under.
-SIDE_FILES = {"backward.py": "backprop", "decode.py": "decode"}
+SIDE_FILES = {"backward.py": "backprop", "decode.py": "decode", "frontend.py": "frontend"}
 # The core's device search (shared by the backends' decode rooms): an edit of it applies to a
 # private copy that the copied decode room imports instead (`broken_copy`).
 # file name in a break -> (its path, its module name)
@@ -460,14 +497,16 @@ def broken_copy(name: str, backend: str, edits, patches):
 # strategies alone miss it (checked by tests/suite/test_realistic_teeth.py either way).
 
 
-def float32_sinusoid(config):
+def float32_sinusoid(config, length=None):
     """`position_table` computed in float32 (as several tutorials do), returned as float64."""
-    return _sinusoid_in(np.float32, config.max_len + config.position_offset, config.d_model, config.position)
+    rows = (config.max_len if length is None else length) + config.position_offset
+    return _sinusoid_in(np.float32, rows, config.d_model, config.position)
 
 
-def float16_sinusoid(config):
+def float16_sinusoid(config, length=None):
     """`position_table` computed in float16, the dtype of a half-precision model."""
-    return _sinusoid_in(np.float16, config.max_len + config.position_offset, config.d_model, config.position)
+    rows = (config.max_len if length is None else length) + config.position_offset
+    return _sinusoid_in(np.float16, rows, config.d_model, config.position)
 
 
 def _sinusoid_in(dtype, max_len, d_model, form):

@@ -30,6 +30,7 @@ import numpy as np
 
 from conformance.check.compare import CHUNK, tensor_scale
 from conformance.core.config import ModelConfig
+from conformance.core.inputs import source_real
 from conformance.core.errors import InputError
 from conformance.core.output import forward_order
 from conformance.core.params import param_shapes, widened_at_use
@@ -191,7 +192,8 @@ def plan_batch(config: ModelConfig, params: Mapping[str, np.ndarray], dtypes: It
                src_ids: np.ndarray, tgt_ids: np.ndarray, budget: int | None = None, *, reread: bool = False) -> Plan:
     """The plan for checking `config` at `dtypes` on this (B, S) x (B, T) batch (`plan_check`)."""
     dtypes = list(dtypes)
-    needed = estimate(config, params, dtypes, src_ids.shape[0], src_ids.shape[1], tgt_ids.shape[1], reread=reread)
+    src_len = source_real(config, np.asarray(src_ids)).shape[1]  # a features source: frames / 2
+    needed = estimate(config, params, dtypes, src_ids.shape[0], src_len, tgt_ids.shape[1], reread=reread)
     return plan_check(needed, dtypes, budget)
 
 

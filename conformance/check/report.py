@@ -29,21 +29,30 @@ from conformance.check.tolerances import tolerance
 def fixed_batch(config: ModelConfig, seed: int = 0, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Three rows that exercise padding: none, trailing, and all but one token.
 
-    Source and target are 7 and 6 tokens long (at most `max_len`), or both `length` tokens.
+    Source and target are 7 and 6 tokens long (at most `max_len`), or both `length` tokens. A
+    features source (Whisper's) gets three rows of log-mel features instead (standard normal, about
+    the spread of Whisper's normalised log-mel), 2 x 7 frames (or 2 x `length`) for as many
+    encoder positions, which have no padding.
     """
-    if length is not None and not 1 <= length <= config.max_len:
-        raise InputError("length", f"must be between 1 and the config's max_len {config.max_len}, got {length}")
+    longest = min(config.max_len, config.source_len)
+    if length is not None and not 1 <= length <= longest:
+        raise InputError("length", f"must be between 1 and the config's max_len {longest}, got {length}")
     rng = np.random.default_rng(seed)
-    src_len, tgt_len = (length, length) if length is not None else (min(7, config.max_len), min(6, config.max_len))
+    src_len, tgt_len = (length, length) if length is not None else (min(7, config.source_len), min(6, config.max_len))
+    if config.source == "features":
+        features = rng.standard_normal((3, config.n_mels, 2 * src_len))  # (B, n_mels, frames)
+        tgt = ids_of(rng, config, config.tgt_vocab_size, tgt_len)
+        return features, tgt
+    return ids_of(rng, config, config.src_vocab_size, src_len), ids_of(rng, config, config.tgt_vocab_size, tgt_len)
 
-    def ids(vocab: int, length: int) -> np.ndarray:
-        choices = np.array([i for i in range(vocab) if i != config.pad_id])
-        rows = rng.choice(choices, size=(3, length))
-        rows[1, max(1, length - 2):] = config.pad_id
-        rows[2, 1:] = config.pad_id
-        return rows
 
-    return ids(config.src_vocab_size, src_len), ids(config.tgt_vocab_size, tgt_len)
+def ids_of(rng: np.random.Generator, config: ModelConfig, vocab: int, length: int) -> np.ndarray:
+    """(3, length) ids that are not pad_id, the second row padded from length - 2, the third from 1."""
+    choices = np.array([i for i in range(vocab) if i != config.pad_id])
+    rows = rng.choice(choices, size=(3, length))
+    rows[1, max(1, length - 2):] = config.pad_id
+    rows[2, 1:] = config.pad_id
+    return rows
 
 
 # A passing cell with a relative error this large (1%) is footnoted: it looks like a bug and is not.

@@ -12,7 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from conformance.cli.common import add_backend_argument
 
     parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
-    parser.add_argument("--src", required=True, help="source: digits for the toy model (trained on "
+    parser.add_argument("--src", required=True, help="source: a features source's log-mel .npy (B, n_mels, frames), "
+                        "or digits for the toy model (trained on "
                         f"{toy.MIN_DIGITS}-{toy.MAX_DIGITS} digits), or IDS ('5,6,7' or a .npy file)")
     parser.add_argument("--tgt", help="decoder input IDS; default: the start id followed by the model's own output, "
                         "decoded as `rosetta generate` does with the checkpoint's recorded settings, up to its end id "
@@ -73,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
     attention = {name: to_numpy(w) for name, w in output.attention.items()}
     row = args.row
     picture = io.BytesIO()
-    size = plot_attention(attention, labels(config, src[row]), labels(config, tgt[row]), picture,
+    # A features source's encoder positions are labelled by the frame each is centred on (f0, f2, ...).
+    src_labels = (labels(config, src[row]) if config.source == "ids"
+                  else [f"f{2 * s}" for s in range(src.shape[2] // 2)])
+    size = plot_attention(attention, src_labels, labels(config, tgt[row]), picture,
                           title=f"{args.checkpoint or 'built-in default'} ({args.backend})", row=row)
     write_outputs({"--out": (out_path, picture.getvalue())})
     print(f"wrote {out_path} ({size[0]}x{size[1]} px, {len(attention)} blocks x {config.n_heads} heads)")

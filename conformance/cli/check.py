@@ -22,6 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                            "log p and translate_batch ids per compute type; docs/deployment.md)")
     parser.add_argument("--devices", help="comma-separated subset of cpu,cuda,gpu (default: every device present; or $ROSETTA_DEVICES)")
     parser.add_argument("--dtypes", default="float32,float64", help="comma-separated dtypes to run (default: float32,float64)")
+    parser.add_argument("--src", metavar="FILE.npy|IDS",
+                        help="the source to check on instead of the built-in batch: ids ('1,2,3;4,5,0' or a .npy "
+                             "file), or for a features source (Whisper) a .npy float array (B, n_mels, frames)")
+    parser.add_argument("--tgt", metavar="IDS", help="the decoder input ids for --src (default: the built-in "
+                        "batch's target rows, as many as --src has)")
     parser.add_argument("--length", type=int, metavar="N",
                         help="source and target length of the fixed batch (default: 7 and 6 tokens)")
     parser.add_argument("--max-memory", metavar="SIZE",
@@ -66,13 +71,39 @@ def split_ctranslate2(option: str | None) -> tuple[str | None, bool]:
     return ",".join(n for n in names if n != CTRANSLATE2), True
 
 
+def batch_of(args: argparse.Namespace, config):
+    """The batch a check runs on: --src (and --tgt) when given, else the built-in one (`fixed_batch`:
+    three padded rows of ids, or of log-mel features for a features source)."""
+    import numpy as np
+
+    from conformance.check.report import fixed_batch
+    from conformance.cli.common import parse_ids, parse_source
+    from conformance.core.errors import InputError
+
+    if args.tgt and not args.src:
+        raise InputError("--tgt", "is the decoder input for --src: give --src too")
+    if not args.src:
+        return fixed_batch(config, length=args.length)
+    if args.length:
+        raise InputError("--length", "sets the built-in batch's length; --src gives its own")
+    src = parse_source(config, args.src)
+    if config.source == "features":  # its shape against the model, said for the flag that gave it
+        from conformance.core.inputs import host_features
+
+        host_features("--src", src, config)
+    if args.tgt:
+        return src, parse_ids(args.tgt, "--tgt")
+    built_in = fixed_batch(config)[1]  # (3, T) target rows, taken in turn for each source row
+    return src, built_in[np.arange(len(src)) % len(built_in)]
+
+
 def _run(args: argparse.Namespace) -> int:
     import sys
 
     from conformance.core import checkpoint
     from conformance.check.defaults import default_model
     from conformance.check.plan import parse_bytes, plan_batch
-    from conformance.check.report import fixed_batch, run_check
+    from conformance.check.report import run_check
     from conformance.cli.common import check_output
     from conformance.cli.progress import Status
     from conformance.core.errors import InputError
@@ -118,7 +149,7 @@ def _run(args: argparse.Namespace) -> int:
     # Whether CTranslate2 can hold this model, before the long run: if not, it is skipped with the
     # reason, as any target that cannot run here, and the rest runs.
     ctranslate2_devices = _ctranslate2_ready(config, params, args.devices) if args.ctranslate2 else None
-    src_ids, tgt_ids = fixed_batch(config, length=args.length)
+    src_ids, tgt_ids = batch_of(args, config)
     report = None
     if not args.ctranslate2 or args.backends:
         targets, skipped = _targets(args, dtypes, config)
@@ -247,7 +278,6 @@ def _run_streamed(args: argparse.Namespace, outputs: dict, dtypes: list[str]) ->
 
     from conformance.check import backends
     from conformance.check.defaults import default_model
-    from conformance.check.report import fixed_batch
     from conformance.check.scale.stream import Weights, refuse_unstreamable, run_streamed
 
     try:  # a backend that cannot run a layer at a time, before the checkpoint is hashed
@@ -261,7 +291,7 @@ def _run_streamed(args: argparse.Namespace, outputs: dict, dtypes: list[str]) ->
         config, params, source = default_model()
         weights = Weights.held(config, params)
     targets, skipped = _targets(args, dtypes, config)
-    src_ids, tgt_ids = fixed_batch(config, length=args.length)
+    src_ids, tgt_ids = batch_of(args, config)
 
     def progress(message: str) -> None:  # a line per stage, kept: a deep model's check takes a while
         print(f"rosetta check --stream: {message}", file=sys.stderr, flush=True)

@@ -85,16 +85,41 @@ def _load_ids(path: str, argument: str) -> np.ndarray:
 
 
 def parse_source(config: ModelConfig, text: str, argument: str = "--src") -> np.ndarray:
-    """Text for a model trained on the toy task ("3 1 4"), else IDS, rows of different lengths
+    """Text for a model trained on the toy task ("3 1 4"); a features source's log-mel features
+    (`load_features`: a .npy float array (B, n_mels, frames)); else IDS, rows of different lengths
     padded with the model's pad id (`source_form` says so)."""
     from conformance.check import toy
 
+    if config.source == "features":
+        return load_features(text, argument)
     if config.notes.get("task") == toy.TASK and not text.endswith(".npy") and "," not in text:
         try:
             return np.array([toy.encode_text(text)], dtype=np.int64)
         except ValueError as exc:
             raise InputError(argument, str(exc)) from None
     return parse_ids(text, argument, config.pad_id, pad=True)
+
+
+def load_features(path: str, argument: str) -> np.ndarray:
+    """A `.npy` file of log-mel features, a float array (B, n_mels, frames) as Whisper takes them
+    (`whisper.log_mel_spectrogram`, transformers' `WhisperFeatureExtractor`). Its shape against the
+    model (n_mels, an even number of frames, the encoder table's rows) is the model's own check."""
+    if not path.endswith(".npy"):
+        raise InputError(argument, f"a features source takes a .npy file of log-mel features (B, n_mels, frames), got "
+                         f"{_brief(path)}")
+    if not Path(path).is_file():
+        raise InputError(argument, f"no such file {path!r}")
+    with open(path, "rb") as f:
+        if not f.read(6).startswith(b"\x93NUMPY"):
+            raise InputError(argument, f"{path}: not a readable .npy file")
+    try:
+        features = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(argument, f"{path}: not a readable .npy file of floats ({type(exc).__name__}: {exc})") from None
+    if features.dtype.kind != "f" or features.ndim != 3:
+        raise InputError(argument, f"{path}: must hold log-mel features, a float array (B, n_mels, frames), got "
+                         f"{features.dtype} {features.shape}")
+    return features
 
 
 def source_form(config: ModelConfig, text: str, ids: np.ndarray) -> str | None:

@@ -15,7 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from conformance.cli.common import add_backend_argument
 
     parser.add_argument("checkpoint", nargs="?", help="a rosetta checkpoint (default: the built-in default model)")
-    parser.add_argument("--src", required=True, help="source: digits for the toy model ('3 1 4'; it was trained on "
+    parser.add_argument("--src", required=True, help="source: a features source's log-mel .npy (B, n_mels, frames), "
+                        "or digits for the toy model ('3 1 4'; it was trained on "
                         f"{toy.MIN_DIGITS}-{toy.MAX_DIGITS} digits, and warns outside that range), or IDS "
                         "('5,6,7;8,9,10' or a .npy file; shorter rows are padded with the checkpoint's pad id)")
     parser.add_argument("--max-len", type=int, default=None,

@@ -125,6 +125,17 @@ def run(args: argparse.Namespace) -> int:
         if hf.call:
             print(f"    called as {hf.describe_call(layout.base_switches().get('pad_id', 0))} (pad_id: the model's; "
                   "rosetta compare's default call, a one-graph ONNX export's inputs)")
+    if layout.checkpoint is not None:
+        table = layout.checkpoint
+        print(f"  checkpoint files ({{{table.config!r}: ..., {table.weights!r}: state dict}}, recognised by those two "
+              f"entries): {table.config!r} gives")
+        for spec in table.fields:
+            print(f"    {spec.hf:<26} -> {', '.join(spec.to)}")
+        if table.ffn_ratio is not None:
+            print(f"    d_ff is {table.ffn_ratio} x d_model")
+        if table.pad_ids:
+            rules = "; ".join(f"{pad} from {least} ids" for least, pad in table.pad_ids)
+            print(f"    pad_id by the vocabulary: {rules}")
     if layout.taps:
         options = ", ".join(f"{k} = {v!r}" for k, v in layout.tap_options.items())
         print(f"  taps (where the system computes each tensor, for rosetta compare; {options}):")

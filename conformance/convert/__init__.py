@@ -10,6 +10,7 @@
     from conformance.convert import from_hf, from_hf_folder, from_torch_nn_transformer
     config, params = from_hf(model)                          # Marian, BART, mBART, M2M100/NLLB, Pegasus, T5, mT5
     config, params = from_hf_folder("opus-mt-en-de/")        # a published folder: config.json read too
+    config, params = from_openai_whisper(model)              # a live whisper.model.Whisper (openai-whisper)
     config, params = from_torch_nn_transformer(model.transformer, model.src_tok_emb, model.tgt_tok_emb, model.generator)
 
 A layout is a TOML file (`conformance/convert/layouts/*.toml` for the built-in ones; see
@@ -43,6 +44,7 @@ from conformance.convert.hf_folder import from_hf_folder, is_hf_folder, read_wei
 from conformance.convert.readers import as_arrays, read_file
 from conformance.core.errors import CheckpointError
 from conformance.convert.sources import from_hf, from_hf_marian, from_torch_nn_transformer
+from conformance.convert.bundles import from_openai_whisper
 
 
 def read_state_dict(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarray]:
@@ -121,6 +123,7 @@ __all__ = [
     "from_hf",
     "from_hf_folder",
     "from_hf_marian",
+    "from_openai_whisper",
     "from_torch_nn_transformer",
     "import_state_dict",
     "load_layout",

@@ -333,8 +333,9 @@ def export_state_dict(config: ModelConfig, params: Mapping[str, Any], layout: La
     canonical = dict(arrays)
     if layout.stores_positions() and config.position != "table":
         dtype = next(iter(arrays.values())).dtype
-        table = position_table(config).astype(dtype)  # (max_len + position_offset, D)
-        canonical.update({name: table for name in TABLES})
+        # (length + position_offset, D): the encoder's length is a features source's source_len
+        canonical.update({name: position_table(config, length).astype(dtype)
+                          for name, length in zip(TABLES, (config.source_len, config.max_len))})
     plan = plan_keys(layout, canonical, config.to_dict())
     out = {fkey: backward(layout, entry, fkey, [canonical[c] for c in ckeys], ckeys, config.n_heads)
            for fkey, (entry, _, ckeys) in plan.items()}

@@ -205,8 +205,11 @@ class HFTable:
 
 def _value_of(config: ModelConfig, name: str) -> Any:
     """A ModelConfig field as a config.json states it: d_head 0 is ModelConfig's way of saying
-    d_model / n_heads, and a config.json says the size itself (T5's d_kv)."""
-    return config.head_dim if name == "d_head" else getattr(config, name)
+    d_model / n_heads, and a config.json says the size itself (T5's d_kv); max_source_len 0 says
+    max_len, and a config.json the encoder's length itself (Whisper's max_source_positions)."""
+    if name == "d_head":
+        return config.head_dim
+    return config.source_len if name == "max_source_len" else getattr(config, name)
 
 
 def _to_ours(spec: FieldSpec, target: str, raw: Any, where: str) -> Any:

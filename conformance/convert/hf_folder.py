@@ -126,14 +126,15 @@ def _shards(folder: Path, index: Path, where: dict[str, str], read) -> dict[str,
 def flax_to_torch_names(flat: dict[str, np.ndarray], path: Path) -> dict[str, np.ndarray]:
     """A transformers Flax model's flattened parameters under its PyTorch twin's names, by the rule
     transformers itself converts them with: a Dense `kernel` (d_in, d_out) is the Linear `weight`
-    transposed; a LayerNorm `scale` and an Embed `embedding` are the `weight`. Everything else
-    (biases, `final_logits_bias`) keeps its name."""
+    transposed, and a 1-D Conv `kernel` (3, C_in, C_out) (FlaxWhisper's front end) the Conv1d
+    `weight` (C_out, C_in, 3), every axis reversed by the same `.T`; a LayerNorm `scale` and an
+    Embed `embedding` are the `weight`. Everything else (biases, `final_logits_bias`) keeps its name."""
     out: dict[str, np.ndarray] = {}
     for key, value in flat.items():
         stem, _, leaf = key.rpartition(".")
         if leaf == "kernel":
-            if value.ndim != 2:
-                raise CheckpointError(path, f"{key} has shape {value.shape}; a Dense kernel is 2-D")
+            if value.ndim not in (2, 3):
+                raise CheckpointError(path, f"{key} has shape {value.shape}; a Dense kernel is 2-D, a 1-D Conv's 3-D")
             name, value = f"{stem}.weight", np.ascontiguousarray(value.T)
         elif leaf in ("scale", "embedding"):
             name = f"{stem}.weight"

@@ -50,6 +50,9 @@ documented for users in `docs/porting.md`; in short:
     decoder_input = "shift-right"        # the system embeds shift_right(targets) itself
     [hf]                                 # a transformers family: its config.json as data
     model_types = ["bart"]               # (conformance.convert.hf_config)
+    [checkpoint]                         # a file bundling its config with its weights
+    config = "dims"                      # (openai-whisper's; conformance.convert.checkpoint_table)
+    weights = "model_state_dict"
 
 `[taps]` serves `conformance.compare` (docs/porting.md): a tensor the system does not expose is
 left out, never guessed. See `Tap` for each field.
@@ -83,6 +86,7 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.convert.errors import KIND_WORDS, LayoutError
+from conformance.convert.checkpoint_table import CheckpointTable, parse_checkpoint_table
 from conformance.convert.hf_config import HFTable, parse_hf_table
 from conformance.convert.patterns import CAPTURE, Capture, Pattern, glob
 from conformance.core.params import param_shapes
@@ -92,12 +96,12 @@ LAYOUT_DIR = Path(__file__).parent / "layouts"
 
 # Sizes are read from tensor shapes (or given as overrides); every other field is a switch.
 SIZE_FIELDS = frozenset({"src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len",
-                         "n_encoder_layers", "n_decoder_layers", "d_head"})
+                         "n_encoder_layers", "n_decoder_layers", "d_head", "n_mels", "max_source_len"})
 SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {"notes"}
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
 
 _TOP_KEYS = {"name", "description", "extends", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys", "infer",
-             "nested", "taps", "hf", "detect"}
+             "nested", "taps", "hf", "detect", "checkpoint"}
 _ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed", "heads", "when"}
 # How a system stores a projection per head (Flax DenseGeneral): "out" is (d_in, H, K), merged
 # to (d_in, H*K); "in" is (H, K, d_out), merged to (H*K, d_out). Head h owns columns (rows)
@@ -308,6 +312,9 @@ class Layout:
     # [hf]: the Hugging Face family's config.json as data (conformance.convert.hf_config), for a
     # layout whose system is a transformers model; None for every other.
     hf: HFTable | None = None
+    # [checkpoint]: a checkpoint file that bundles the config with the weights (openai-whisper's
+    # {"dims", "model_state_dict"}; conformance.convert.checkpoint_table), or None.
+    checkpoint: CheckpointTable | None = None
     # Whether auto-detection (no --layout) may pick it. A system that saves exactly another's keys
     # (mT5 saves T5's) cannot be told by them: it is chosen by name, or by config.json's model_type.
     detect: bool = True
@@ -421,7 +428,8 @@ def _all_canonical_names() -> frozenset[str]:
         final_encoder_norm=True, final_decoder_norm=True, share_embeddings=False, tie_output=False,
         output_bias=True, final_logits_bias=True, ffn_glu=True, embedding_norm=True,
     )
-    return frozenset(param_shapes(config)) | frozenset(param_shapes(config.replace(position="relative")))
+    return (frozenset(param_shapes(config)) | frozenset(param_shapes(config.replace(position="relative")))
+            | frozenset(param_shapes(config.replace(source="features", src_vocab_size=config.tgt_vocab_size))))
 
 
 def _entry(text: str, spec: Any, where: str, known: set[str]) -> Entry:
@@ -592,6 +600,7 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
         infer.append(InferRule(rule["key"], sides[0], sides[1], rule.get("differs_from")))
     taps, tap_options = _taps(data.get("taps", {}), where)
     hf = parse_hf_table(data["hf"], where) if "hf" in data else None
+    bundle = parse_checkpoint_table(data["checkpoint"], where) if "checkpoint" in data else None
     detect = data.get("detect", True)
     if not isinstance(detect, bool):
         raise _fail(where, f"detect must be true or false, got {detect!r}")
@@ -599,15 +608,18 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
         name=name, description=str(data.get("description", "")), preset=preset, switches=dict(switches),
         matrices=matrices, free=frozenset(lists["free"]) | frozenset(lists["required"]),
         required=frozenset(lists["required"]), drop=tuple(lists["drop"]), entries=entries, path=path,
-        hints=dict(hints), infer=tuple(infer), nested=nested, taps=taps, tap_options=tap_options, hf=hf,
+        hints=dict(hints), infer=tuple(infer), nested=nested, taps=taps, tap_options=tap_options, hf=hf, checkpoint=bundle,
         detect=detect, _drop_regex=tuple(glob(d) for d in lists["drop"]),
     )
 
 
 # The canonical matrices, stored (d_in, d_out); everything else (embeddings, tables, vectors) has
-# one orientation only. A system that stores (d_out, d_in) needs each of these transposed.
+# one orientation only. A system that stores (d_out, d_in) needs each of these transposed. The
+# front end's convolution kernels are (3, C_in, C_out), which such a system (torch.nn.Conv1d)
+# stores (C_out, C_in, 3): every axis reversed, the same `.T`.
 _MATRIX_SUFFIXES = (".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight",
-                    ".linear1.weight", ".gate.weight", ".linear2.weight")
+                    ".linear1.weight", ".gate.weight", ".linear2.weight", "frontend.conv1.weight",
+                    "frontend.conv2.weight")
 
 
 def is_matrix(canonical_key: str) -> bool:

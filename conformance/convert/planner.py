@@ -358,6 +358,10 @@ def infer_sizes(canonical: dict) -> dict[str, tuple[int, str]]:
 
     read("src_vocab_size", "encoder.embedding.weight", 0)
     read("d_model", "encoder.embedding.weight", 1)
+    # A features source: no source table; its front end's kernel (3, n_mels, D) and the decoder's.
+    read("n_mels", "encoder.frontend.conv1.weight", 1)
+    read("d_model", "encoder.frontend.conv1.weight", 2)
+    read("src_vocab_size", "decoder.embedding.weight", 0)
     # Shared embeddings with a tied output and no bias leave only the shared table to tell it.
     for ckey, axis in (("decoder.embedding.weight", 0), ("output.weight", 1), ("output.bias", 0),
                        ("final_logits_bias", 0), ("encoder.embedding.weight", 0)):
@@ -441,14 +445,20 @@ def build_config(layout, canonical, origin, layers, overrides, position, rows, n
             raise ConfigError("n_heads", f"{origin[ckey]} has {inferred['n_heads'][0]} heads, but {heads[1]} stores {heads[0]}")
         values["n_heads"] = heads[0]
     if rows is not None:
-        # A table of max_len + position_offset rows: BART's first 2 are never read.
+        # A table of max_len + position_offset rows: BART's first 2 are never read. A features
+        # source's encoder table has max_source_len + position_offset (Whisper's 1500 beside 448).
+        enc_rows, dec_rows = rows
         offset = overrides.get("position_offset", values.get("position_offset", 0))
         if isinstance(offset, int) and not isinstance(offset, bool) and offset:
-            if rows <= offset:
-                raise ConfigError("position_offset", f"{offset}, but the stored position table has only {rows} rows: "
-                                  "position p reads row p + position_offset, so the table needs more")
-            rows -= offset
-        inferred["max_len"] = (rows, TABLES[0])
+            if min(rows) <= offset:
+                raise ConfigError("position_offset", f"{offset}, but the stored position table has only {min(rows)} "
+                                  "rows: position p reads row p + position_offset, so the table needs more")
+            enc_rows, dec_rows = enc_rows - offset, dec_rows - offset
+        if overrides.get("source", values.get("source")) == "features":
+            inferred["max_len"] = (dec_rows, TABLES[1])
+            inferred["max_source_len"] = (enc_rows, TABLES[0])
+        else:
+            inferred["max_len"] = (dec_rows, TABLES[0])  # the tables' rows are equal (recognise_positions)
     for fieldname, (value, ckey) in inferred.items():
         given = overrides.get(fieldname)
         if given is not None and given != value:

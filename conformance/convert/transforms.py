@@ -52,9 +52,11 @@ def forward(layout: Layout, entry: Entry, values: dict[str, str], key: str, x: n
     out = []
     for ckey, part in zip(targets, parts):
         if needs_transpose(layout, entry, ckey):
-            if part.ndim != 2:
-                raise TensorError(key, f"has shape {x.shape}; {ckey} is a matrix, so it must be 2-D")
-            part = part.T  # (d_out, d_in) -> (d_in, d_out)
+            rank = 3 if ".frontend." in ckey else 2
+            if part.ndim != rank:
+                raise TensorError(key, f"has shape {x.shape}; {ckey} is a {'convolution kernel' if rank == 3 else 'matrix'}, "
+                                  f"so it must be {rank}-D")
+            part = part.T  # (d_out, d_in) -> (d_in, d_out); a Conv1d's (C_out, C_in, 3) -> (3, C_in, C_out)
         out.append((ckey, part))
     return out
 
@@ -115,7 +117,8 @@ def _sinusoid_tolerance(rows: int, dtype: np.dtype) -> np.ndarray:
 
 
 def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides: Mapping[str, Any], decisions: list[str]):
-    """Decide what a stored position table becomes: (position, rows), or (None, None) if none.
+    """Decide what a stored position table becomes: (position, (encoder rows, decoder rows)), or
+    (None, None) if none (the rows differ only for a features source: Whisper's 1500 and 448).
 
     With `position` given: "table" keeps it; a sinusoid form is checked against the table (within
     the float32-computation tolerance above) and the table dropped. Otherwise a table that is
@@ -132,9 +135,12 @@ def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides
     for name, table in zip(TABLES, (enc, dec)):
         if table.ndim != 2:
             raise TensorError(origin[name], f"must be a (max_len, d_model) table after the layout's transforms, got shape {table.shape}")
-    if enc.shape != dec.shape:
-        raise TensorError(origin[TABLES[1]], f"has shape {dec.shape} but {origin[TABLES[0]]} has {enc.shape}; both stacks share max_len")
-    rows, width = enc.shape
+    features = overrides.get("source", layout.base_switches().get("source", "ids")) == "features"
+    if enc.shape[1] != dec.shape[1] or (enc.shape != dec.shape and not features):
+        raise TensorError(origin[TABLES[1]], f"has shape {dec.shape} but {origin[TABLES[0]]} has {enc.shape}; both stacks "
+                          "share max_len (only a features source's encoder has a length of its own, max_source_len)")
+    rows = (enc.shape[0], dec.shape[0])  # a features source's encoder table may be longer (Whisper: 1500 and 448)
+    width = enc.shape[1]
     wanted = overrides.get("position")
     if wanted is not None and wanted not in POSITIONS:
         raise ConfigError("position", f"unknown value {wanted!r}; expected one of {list(POSITIONS)}")
@@ -144,9 +150,9 @@ def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides
     if wanted is not None:
         if width % 2:
             raise ConfigError("position", f"a sinusoid needs an even d_model; the stored table is {width} wide")
-        exact = sinusoid_table(rows, width, wanted)
-        tol = _sinusoid_tolerance(rows, enc.dtype)
         for name, table in zip(TABLES, (enc, dec)):
+            exact = sinusoid_table(table.shape[0], width, wanted)
+            tol = _sinusoid_tolerance(table.shape[0], table.dtype)
             err = np.abs(table.astype(np.float64) - exact)
             bad = err > tol
             if bad.any():
@@ -160,8 +166,7 @@ def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides
     if width % 2 == 0:
         preferred = layout.base_switches().get("position")
         for form in sorted(SINUSOIDS, key=lambda f: f != preferred):
-            expected = sinusoid_table(rows, width, form).astype(enc.dtype)
-            if identical(enc, expected) and identical(dec, expected):
+            if all(identical(table, sinusoid_table(table.shape[0], width, form).astype(table.dtype)) for table in (enc, dec)):
                 for name in TABLES:
                     del canonical[name]
                 decisions.append(f"position: the stored table is exactly the {form} sinusoid; recognised and dropped")

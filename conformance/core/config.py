@@ -27,6 +27,7 @@ POSITION_IDS = ("arange", "non-pad")
 PAD_MASK_SIDES = ("keys", "queries", "both", "none")
 SRC_PAD_MASK_SIDES = ("keys", "both")
 ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu", "tanh")
+SOURCES = ("ids", "features")
 
 # The string fields and the values each may take.
 CHOICES = {
@@ -37,6 +38,7 @@ CHOICES = {
     "tgt_pad_mask": PAD_MASK_SIDES,
     "src_pad_mask": SRC_PAD_MASK_SIDES,
     "activation": ACTIVATIONS,
+    "source": SOURCES,
 }
 
 # float32's largest finite value. Scores are formed and filled in at least float32 in every
@@ -54,7 +56,8 @@ MAX_LEN_LIMIT = 65536
 # existed; every other field must be named by a stored config (see `from_dict(complete=True)`).
 ADDED_FIELDS = ("src_pad_mask", "scale_logits", "ffn_glu", "attention_temp", "position_offset", "position_ids",
                 "embedding_norm", "freeze_pad_embedding", "d_head", "scale_scores", "relative_buckets",
-                "relative_max_distance", "ffn_bias", "freeze_final_logits_bias")
+                "relative_max_distance", "ffn_bias", "freeze_final_logits_bias", "source", "n_mels", "max_source_len",
+                "key_bias")
 
 _SIZE_FIELDS = (
     "src_vocab_size",
@@ -80,6 +83,23 @@ class ModelConfig:
         n_encoder_layers, n_decoder_layers: stack depths (the paper's N; 0 is allowed, giving a
             model that is only embeddings, final norms and the output projection).
         max_len: the longest source or target sequence accepted; also the rows of a stored table.
+
+    Source:
+        source: "ids" (token ids, the paper's) or "features": log-mel features (B, n_mels, frames),
+            float, through Whisper's front end (`AudioEncoder.conv1/conv2` in openai-whisper,
+            `WhisperEncoder` in transformers): two 1-D convolutions of kernel 3 and padding 1, the
+            second with stride 2, each followed by exact GELU, giving (B, frames / 2, D), to which
+            the encoder's position term is added (no embedding scale: there is no token table). A
+            features source has no padding: its source mask attends every position unless a caller
+            narrows it (`src_mask`, over the S = frames / 2 positions); frames must be even.
+            There is no source vocabulary, so src_vocab_size must equal tgt_vocab_size, and no
+            source embedding to share.
+        n_mels: the feature channels of a features source (Whisper: 80; large-v3: 128).
+        max_source_len: the longest encoder sequence (frames / 2) and the rows of the encoder's
+            position table (+ position_offset), for a features source whose encoder and decoder
+            lengths differ (Whisper: max_source_positions 1500 beside max_target_positions 448);
+            0 means max_len (and a value equal to max_len is stored as 0: one spelling per model).
+            An ids source is bounded by max_len alone (0).
 
     Layer structure:
         norm_placement: "post" is the paper's `x = LN(x + sublayer(x))` (section 5.4); "pre" is
@@ -136,6 +156,10 @@ class ModelConfig:
         scale_scores: scores are Q K^T / sqrt(K) (the paper, section 3.2.1); False is T5's Q K^T,
             whose initialisation folds the scale into W_q.
         qkv_bias: the q, k and v projections have a bias.
+        key_bias: with qkv_bias, whether the key projection has one too; False is Whisper's
+            `key = Linear(n_state, n_state, bias=False)` beside biased query, value and output.
+            A key bias adds q . b_k to every score of a query, the same for all its keys, which
+            the softmax cancels: no output depends on it, so Whisper leaves it out.
         out_proj_bias: the attention output projection has a bias.
         mask_fill: the value written over masked scores before the softmax. `-inf` makes a row
             with every key masked NaN (0/0); a finite value (-1e9, -1e4, ...) makes it a uniform
@@ -190,6 +214,10 @@ class ModelConfig:
     n_decoder_layers: int = 2
     max_len: int = 64
 
+    source: str = "ids"
+    n_mels: int = 80
+    max_source_len: int = 0
+
     norm_placement: str = "post"
     final_encoder_norm: bool = False
     final_decoder_norm: bool = False
@@ -209,6 +237,7 @@ class ModelConfig:
 
     scale_scores: bool = True
     qkv_bias: bool = True
+    key_bias: bool = True
     out_proj_bias: bool = True
     attention_temp: float = 1.0
     mask_fill: float = -1e9
@@ -243,12 +272,20 @@ class ModelConfig:
                     object.__setattr__(self, f.name, float(value))
                 except OverflowError:
                     raise ConfigError(f.name, f"{value} is too large for a float") from None
+        # One spelling for one model: an encoder as long as the decoder is max_source_len 0.
+        if self.max_source_len == self.max_len and isinstance(self.max_len, int) and not isinstance(self.max_len, bool):
+            object.__setattr__(self, "max_source_len", 0)
         self.validate()
 
     @property
     def head_dim(self) -> int:
         """K, the size of one head: d_head, or d_model / n_heads (section 3.2.2)."""
         return self.d_head or self.d_model // self.n_heads
+
+    @property
+    def source_len(self) -> int:
+        """The longest encoder sequence and the encoder table's rows: max_source_len, or max_len."""
+        return self.max_source_len or self.max_len
 
     @property
     def inner_dim(self) -> int:
@@ -278,7 +315,14 @@ class ModelConfig:
                 "max_len", f"{self.max_len} exceeds the supported {MAX_LEN_LIMIT}: every backend precomputes a "
                            f"(max_len, d_model) position table"
             )
-        if self.position_offset < 0 or self.max_len + self.position_offset > MAX_LEN_LIMIT:
+        if self.n_mels <= 0:
+            raise ConfigError("n_mels", f"must be positive, got {self.n_mels}")
+        if self.max_source_len < 0 or self.max_source_len > MAX_LEN_LIMIT:
+            raise ConfigError("max_source_len", f"must lie in [0, {MAX_LEN_LIMIT}] (0: max_len), got {self.max_source_len}")
+        if self.max_source_len and self.source != "features":
+            raise ConfigError("max_source_len", f"{self.max_source_len}, but only a features source has a length of its "
+                                                f"own (an ids source is bounded by max_len): give 0")
+        if self.position_offset < 0 or max(self.max_len, self.source_len) + self.position_offset > MAX_LEN_LIMIT:
             raise ConfigError("position_offset", f"must be >= 0 with max_len + position_offset <= {MAX_LEN_LIMIT}, "
                                                  f"got {self.position_offset}")
         for name in ("n_encoder_layers", "n_decoder_layers"):
@@ -323,6 +367,12 @@ class ModelConfig:
                 f"{self.pad_id} is not a valid id for both vocabularies "
                 f"(src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.tgt_vocab_size})",
             )
+        if self.source == "features" and self.share_embeddings:
+            raise ConfigError("share_embeddings", "a features source has no token embedding to share with the decoder")
+        if self.source == "features" and self.src_vocab_size != self.tgt_vocab_size:
+            raise ConfigError("src_vocab_size", f"a features source has no source vocabulary: src_vocab_size is not used, "
+                                                f"and must equal tgt_vocab_size ({self.tgt_vocab_size}), got "
+                                                f"{self.src_vocab_size}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError(
                 "share_embeddings",

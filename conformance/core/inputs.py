@@ -55,14 +55,67 @@ def check_ids(
         raise InputError(argument, f"token id {high} out of range; ids must lie in [0, {vocab_size})")
 
 
+def check_features(argument: str, shape: Sequence[int], dtype: str, is_float: bool, finite: Callable[[], bool],
+                   config: ModelConfig) -> None:
+    """A features source must be a float array (B, n_mels, frames) with B >= 1 and an even number
+    of frames, 2 <= frames <= 2 * source_len (the second convolution halves it: S = frames / 2
+    positions, each reading a row of the encoder's position table), every value finite.
+
+    `finite()` is only called once the shape is known to be valid (on an accelerator it costs a sync)."""
+    legend = f"(B, n_mels={config.n_mels}, frames)"
+    if not is_float:
+        raise InputError(argument, f"a features source takes log-mel features {legend} with a floating dtype, got {dtype}")
+    if len(shape) != 3:
+        raise InputError(argument, f"expected features of shape {legend} of rank 3, got shape {tuple(shape)}")
+    batch, mels, frames = shape
+    if batch == 0:
+        raise InputError(argument, f"empty batch: shape {tuple(shape)} has B=0")
+    if mels != config.n_mels:
+        raise InputError(argument, f"expected features of shape {legend}, got {mels} mel channels in shape {tuple(shape)}")
+    if frames == 0:
+        raise InputError(argument, f"no frames: shape {tuple(shape)} has frames=0")
+    if frames % 2:
+        raise InputError(argument, f"frames={frames} is odd: the second convolution (stride 2) gives the encoder "
+                                   f"frames / 2 positions (Whisper: 3000 frames, 1500 positions), so frames must be even")
+    if frames // 2 > config.source_len:
+        raise InputError(argument, f"frames={frames} gives S={frames // 2} encoder positions, more than the "
+                                   f"{config.source_len} rows of the encoder's position table (max_source_len="
+                                   f"{config.source_len}): frames must be at most {2 * config.source_len}")
+    if not finite():
+        raise InputError(argument, "features must be finite: a NaN or infinite log-mel value makes every position of "
+                                   "its row NaN")
+
+
+def host_features(argument: str, features: Any, config: ModelConfig) -> np.ndarray:
+    """A features source read on the host and checked (`check_features`): a NumPy float array
+    (B, n_mels, frames), as given (the model casts it to its dtype)."""
+    try:
+        features = np.asarray(features)
+    except (ValueError, TypeError, OverflowError):
+        raise InputError(argument, "is not a rectangular array of log-mel features") from None
+    is_float = features.dtype.kind == "f" or features.dtype.name == "bfloat16"
+    finite = lambda: bool(np.isfinite(features.astype(np.float64)).all())  # noqa: E731
+    check_features(argument, features.shape, features.dtype.name, is_float, finite, config)
+    return features
+
+
+def source_real(config: ModelConfig, src: np.ndarray) -> np.ndarray:
+    """(B, S): where a source has a real position, from its host array: the ids that are not
+    pad_id, or every one of a features source's S = frames / 2 positions (it has no padding)."""
+    if config.source == "features":
+        return np.ones((src.shape[0], src.shape[2] // 2), dtype=bool)
+    return src != config.pad_id
+
+
 def check_memory(config: ModelConfig, shape: Sequence[int], dtype: str, model_dtype: str) -> None:
-    """`encoded.memory` given to `decode` must be (B, S, D) with 1 <= S <= max_len, in the model's
-    dtype: a memory from another model (or edited by hand) would otherwise fail deep inside a
-    matmul, or be silently promoted."""
+    """`encoded.memory` given to `decode` must be (B, S, D) with 1 <= S <= the source's longest
+    (max_len; a features source's source_len), in the model's dtype: a memory from another model
+    (or edited by hand) would otherwise fail deep inside a matmul, or be silently promoted."""
     shape = tuple(shape)
-    if len(shape) != 3 or shape[2] != config.d_model or not 1 <= shape[1] <= config.max_len:
+    if len(shape) != 3 or shape[2] != config.d_model or not 1 <= shape[1] <= config.source_len:
+        bound = "max_len" if config.source == "ids" else "source_len"
         raise InputError("encoded", f"memory must have shape (B, S, D={config.d_model}) with 1 <= S <= "
-                                    f"max_len={config.max_len}, got {shape}")
+                                    f"{bound}={config.source_len}, got {shape}")
     if dtype != model_dtype:
         raise InputError("encoded", f"memory has dtype {dtype}, the model computes in {model_dtype}")
 
@@ -242,7 +295,7 @@ def nan_positions(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray)
     batch, tgt_len = tgt_ids.shape
     if not np.isinf(config.mask_fill):
         return np.zeros((batch, tgt_len), dtype=bool)
-    src_real = src_ids != config.pad_id  # (B, S)
+    src_real = source_real(config, src_ids)  # (B, S)
     tgt_real = tgt_ids != config.pad_id  # (B, T)
     # Encoder self-attention: a query with no key (padding on the keys; on the queries too with "both").
     enc_empty = ~src_real.any(-1, keepdims=True) | (~src_real if config.src_pad_mask == "both" else False)  # (B, S)

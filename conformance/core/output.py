@@ -2,7 +2,7 @@
 
 Attention keys: `encoder.{i}.self`, `decoder.{i}.self`, `decoder.{i}.cross`, each `(B, H, Tq, Tk)`.
 Intermediate keys, in forward order:
-    encoder.embeddings, encoder.{i}.self_attn, encoder.{i}.ffn, encoder.output,
+    (a features source: encoder.conv1, encoder.conv2,) encoder.embeddings, encoder.{i}.self_attn, encoder.{i}.ffn, encoder.output,
     decoder.embeddings, decoder.{i}.self_attn, decoder.{i}.cross_attn, decoder.{i}.ffn,
     decoder.output
 where `*.self_attn`, `*.cross_attn` and `*.ffn` are the residual stream after that sublayer (and
@@ -76,8 +76,11 @@ class ModelOutput:
 
 
 def forward_order(config) -> list[str]:
-    """Every tensor a model call records, in the order the forward pass computes them."""
-    names = ["encoder.embeddings"]
+    """Every tensor a model call records, in the order the forward pass computes them: a features
+    source's front end first (each convolution after its GELU, `encoder.conv1` (B, F, D) and
+    `encoder.conv2` (B, S, D)), then the embeddings (after the position term)."""
+    names = ["encoder.conv1", "encoder.conv2"] if getattr(config, "source", "ids") == "features" else []
+    names += ["encoder.embeddings"]
     for i in range(config.n_encoder_layers):
         names += [f"encoder.{i}.self", f"encoder.{i}.self_attn", f"encoder.{i}.ffn"]
     names += ["encoder.output", "decoder.embeddings"]

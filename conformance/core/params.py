@@ -4,13 +4,15 @@ One flat, dot-separated key space serves every backend: the torch `state_dict()`
 Flax state and the checkpoint file all use exactly these names. Matrices are stored
 `(d_in, d_out)` so that the math reads `y = x @ W + b` as in the paper; embeddings are `(V, D)`.
 
-    encoder.embedding.weight                      (V_src, D)
-    encoder.position.table                        (max_len + position_offset, D)   position == "table"
+    encoder.embedding.weight                      (V_src, D)    source "ids"
+    encoder.frontend.conv1.{weight,bias}          (3, n_mels, D), (D,)   source "features": kernel (3, C_in, C_out)
+    encoder.frontend.conv2.{weight,bias}          (3, D, D), (D,)        source "features"
+    encoder.position.table                        (source_len + position_offset, D)   position == "table"
     encoder.position.relative_bias                (relative_buckets, H)   position == "relative"
     encoder.embedding_norm.{weight,bias}          (D,)          embedding_norm
     encoder.layers.{i}.self_attn.{q,k,v}_proj.weight    (D, H K)  (H K = D unless d_head is set)
     encoder.layers.{i}.self_attn.o_proj.weight          (H K, D)
-    encoder.layers.{i}.self_attn.{q,k,v}_proj.bias      (H K,)   qkv_bias
+    encoder.layers.{i}.self_attn.{q,k,v}_proj.bias      (H K,)   qkv_bias (k: and key_bias)
     encoder.layers.{i}.self_attn.o_proj.bias            (D,)     out_proj_bias
     encoder.layers.{i}.self_attn_norm.{weight,bias}     (D,)     (no bias: layer_norm_form "rms")
     encoder.layers.{i}.ffn.linear1.{weight,bias}        (D, F), (F,)    (biases: ffn_bias)
@@ -82,6 +84,8 @@ def _init_std(name: str, shape: Shape, config: ModelConfig) -> tuple[float, floa
         return 0.0, 0.2
     if leaf == "table":
         return 0.0, 0.5
+    if name.endswith(("conv1.weight", "conv2.weight")):  # (3, C_in, C_out): keeps the sum over 3 C_in at x's scale
+        return 0.0, (shape[0] * shape[1]) ** -0.5
     if leaf == "relative_bias":  # added to the scores: O(1), so that a wrong bucket is visible
         return 0.0, 1.0
     if name.endswith("q_proj.weight") and not config.scale_scores:

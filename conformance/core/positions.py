@@ -38,11 +38,13 @@ import math
 import numpy as np
 
 
-def position_table(config) -> np.ndarray:
-    """The `(max_len + position_offset, D)` float64 sinusoid a `ModelConfig` adds (position p
-    reads row p + position_offset); not for position == "table", which is a parameter."""
-    return sinusoid_table(config.max_len + config.position_offset, config.d_model, config.position,
-                          pad_id=config.pad_id)
+def position_table(config, length: int | None = None) -> np.ndarray:
+    """The `(length + position_offset, D)` float64 sinusoid a `ModelConfig` adds (position p
+    reads row p + position_offset); not for position == "table", which is a parameter. `length`:
+    the stack's longest sequence, max_len (the default) or, for a features source's encoder,
+    `config.source_len`."""
+    rows = (config.max_len if length is None else length) + config.position_offset
+    return sinusoid_table(rows, config.d_model, config.position, pad_id=config.pad_id)
 
 
 def sinusoid_table(max_len: int, d_model: int, form: str, *, pad_id: int | None = None) -> np.ndarray:
@@ -123,10 +125,11 @@ def relative_position_bucket(offset: np.ndarray, *, bidirectional: bool, buckets
     return bucket + np.where(distance < exact, distance, large)
 
 
-def offset_buckets(config, *, bidirectional: bool) -> np.ndarray:
-    """(2 max_len - 1,) int64: the bucket of every offset n = j - i a model of `config` can meet,
-    at index n + max_len - 1, so that the bucket of query i and key j is
-    `offset_buckets[j - i + max_len - 1]` in every backend (one gather, also for a cached step)."""
-    offsets = np.arange(-(config.max_len - 1), config.max_len)
+def offset_buckets(config, *, bidirectional: bool, length: int | None = None) -> np.ndarray:
+    """(2 L - 1,) int64 for L = `length` (default max_len): the bucket of every offset n = j - i a
+    stack of `config` can meet, at index n + L - 1, so that the bucket of query i and key j is
+    `offset_buckets[j - i + L - 1]` in every backend (one gather, also for a cached step)."""
+    length = config.max_len if length is None else length
+    offsets = np.arange(-(length - 1), length)
     return relative_position_bucket(offsets, bidirectional=bidirectional, buckets=config.relative_buckets,
                                     max_distance=config.relative_max_distance)

@@ -23,6 +23,20 @@ _T5: dict[str, Any] = dict(
     mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0,
 )
 
+# Whisper in transformers (modeling_whisper.py, WhisperForConditionalGeneration): log-mel features
+# through two convolutions with exact GELU (source "features"), pre-LN with final norms (eps 1e-5),
+# a key projection without bias beside biased query, value and output, stored position tables on
+# both stacks (the encoder's a frozen float32 sinusoid of max_source_positions rows, the decoder's
+# learned, max_target_positions rows), no embedding scale (its scale_embedding is never applied),
+# the output tied to the decoder's token table without a bias, masked scores at finfo.min, the
+# decoder causal only, `nn.Embedding(padding_idx=pad_token_id)`.
+_WHISPER: dict[str, Any] = dict(
+    source="features", norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True, layer_norm_eps=1e-5,
+    scale_embedding=False, position="table", qkv_bias=True, key_bias=False, out_proj_bias=True,
+    tie_output=True, output_bias=False, activation="gelu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none",
+    freeze_pad_embedding=True,
+)
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Vaswani et al. (2017): post-LN, shared source/target embedding tied to the output (3.4).
     "paper": dict(
@@ -169,6 +183,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         tgt_pad_mask="none", src_pad_mask="both", cross_attn_src_mask=True, pad_id=0,
         activation="relu", share_embeddings=True, tie_output=True, output_bias=False, scale_logits=True,
     ),
+    # Whisper in transformers (modeling_whisper.py, WhisperForConditionalGeneration): see _WHISPER.
+    "hf-whisper": _WHISPER,
+    # openai-whisper (whisper/model.py): the same logits (its -inf causal mask never meets an empty
+    # row), and a token embedding without padding_idx.
+    "openai-whisper": {**_WHISPER, "freeze_pad_embedding": False},
     # The built-in default for `rosetta check`: small, post-LN, with padding on both sides.
     "default": dict(
         src_vocab_size=24, tgt_vocab_size=24, d_model=32, n_heads=4, d_ff=64,

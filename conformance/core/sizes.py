@@ -31,7 +31,7 @@ def _attention_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
     shapes: dict[str, Shape] = {}
     for proj in ("q_proj", "k_proj", "v_proj"):
         shapes[f"{prefix}.{proj}.weight"] = (d, inner)
-        if config.qkv_bias:
+        if config.qkv_bias and (proj != "k_proj" or config.key_bias):
             shapes[f"{prefix}.{proj}.bias"] = (inner,)
     shapes[f"{prefix}.o_proj.weight"] = (inner, d)
     if config.out_proj_bias:
@@ -60,9 +60,15 @@ def _ffn_shapes(prefix: str, config: ModelConfig) -> dict[str, Shape]:
 def param_shapes(config: ModelConfig) -> dict[str, Shape]:
     """Every parameter name of `config` with its shape, in forward order."""
     d = config.d_model
-    shapes: dict[str, Shape] = {"encoder.embedding.weight": (config.src_vocab_size, d)}
+    if config.source == "features":  # Whisper's front end: two convolutions, kernels (3, C_in, C_out)
+        shapes: dict[str, Shape] = {"encoder.frontend.conv1.weight": (3, config.n_mels, d),
+                                    "encoder.frontend.conv1.bias": (d,),
+                                    "encoder.frontend.conv2.weight": (3, d, d),
+                                    "encoder.frontend.conv2.bias": (d,)}
+    else:
+        shapes = {"encoder.embedding.weight": (config.src_vocab_size, d)}
     if config.position == "table":
-        shapes["encoder.position.table"] = (config.max_len + config.position_offset, d)
+        shapes["encoder.position.table"] = (config.source_len + config.position_offset, d)
     elif config.position == "relative":
         shapes["encoder.position.relative_bias"] = (config.relative_buckets, config.n_heads)
     if config.embedding_norm:
@@ -106,7 +112,7 @@ def param_shapes(config: ModelConfig) -> dict[str, Shape]:
 # The fields a parameter's shape is made of. Each is measured against ModelConfig's default to
 # find the one that makes a config large (`blamed_field`).
 SIZE_FIELDS = ("n_encoder_layers", "n_decoder_layers", "d_model", "d_ff", "d_head", "src_vocab_size",
-               "tgt_vocab_size", "max_len", "relative_buckets")
+               "tgt_vocab_size", "max_len", "relative_buckets", "n_mels", "max_source_len")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 

@@ -13,6 +13,8 @@ The registry, in the order an input is recognised and an output chosen:
     ctranslate2  --to ctranslate2: a CTranslate2 model directory               written, verified
     hf_folder    a Hugging Face model folder (or a weights file in one);       read, written, verified
                  --to hf-<family> with no suffix
+    bundle       a PyTorch file bundling its config (openai-whisper's          read, written, verified
+                 {dims, model_state_dict}); --to openai-whisper OUT.pt
     state_dict   any other weights file or directory, through a layout;        read, written, verified
                  --to LAYOUT to a file (or an Orbax directory)
 
@@ -43,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.formats import ctranslate2, hf_folder, onnx, rosetta, sharded, state_dict
+from conformance.formats import bundle, ctranslate2, hf_folder, onnx, rosetta, sharded, state_dict
 from conformance.formats.base import Format, Options, Progress, Read, Written, parse_renames, parse_sets, staged
 from conformance.formats.verify import Verdict, skipped
 
@@ -53,6 +55,7 @@ FORMATS: tuple[Format, ...] = (
     onnx.FORMAT,
     ctranslate2.FORMAT,
     hf_folder.FORMAT,
+    bundle.FORMAT,  # a PyTorch file that bundles its config (openai-whisper's {dims, model_state_dict})
     state_dict.FORMAT,  # last: reads whatever no format above recognises, writes every other --to LAYOUT
 )
 

@@ -86,7 +86,7 @@ def run_model(model, runtime: str, layout, config, params, what: str) -> verify.
     expected = verify.oracle(config, params, src, tgt)["logits"]
     model = model.float()
     with torch.no_grad():
-        logits = call(model, torch.from_numpy(src), torch.from_numpy(tgt), config.pad_id).logits.numpy()
+        logits = call(model, torch.from_numpy(src), torch.from_numpy(tgt), config.pad_id, layout).logits.numpy()
     within, says = verify.logits_within(logits.astype(np.float64), expected, "float32")
     if within:
         return verify.passed(runtime, f"{what}: every parameter and switch read back as the checkpoint's, and its "
@@ -94,13 +94,13 @@ def run_model(model, runtime: str, layout, config, params, what: str) -> verify.
     return verify.failed(runtime, f"{what}: {says}" + _first_tensor(model, layout, config, src, tgt))
 
 
-def call(model, src_ids, tgt_ids, pad_id: int):
-    """A seq2seq transformers model on token ids, as transformers' own users call it: the source's
-    attention_mask from the pad id, the decoder input as given (no decoder mask: the families'
-    `tgt_pad_mask` is "none"). A family whose inputs are not token ids (Whisper's log-mel
-    features) brings its own probe and call in its own format module, and reuses the loading and
-    the read back above."""
-    return model(input_ids=src_ids, attention_mask=(src_ids != pad_id).long(), decoder_input_ids=tgt_ids)
+def call(model, src_ids, tgt_ids, pad_id: int, layout):
+    """A seq2seq transformers model on the probe, as its layout's `[hf.call]` says transformers' own
+    users call it: token ids with the source's attention_mask from the pad id (no decoder mask: the
+    families' `tgt_pad_mask` is "none"), or Whisper's log-mel features, in the model's dtype."""
+    if src_ids.is_floating_point():
+        src_ids = src_ids.to(next(model.parameters()).dtype)
+    return model(**layout.hf.call_arguments(src_ids, tgt_ids, pad_id))
 
 
 def _first_tensor(model, layout, config, src, tgt) -> str:
@@ -112,7 +112,7 @@ def _first_tensor(model, layout, config, src, tgt) -> str:
 
     try:
         with torch.no_grad():
-            report = compare(model, layout, src, tgt, run=lambda m, s, t: call(m, s, t, config.pad_id), backends=(),
+            report = compare(model, layout, src, tgt, run=lambda m, s, t: call(m, s, t, config.pad_id, layout), backends=(),
                              dtype="float32")
     except Exception as exc:  # noqa: BLE001 - a diagnosis that cannot run leaves the failure as it is
         return f"; the first diverging tensor could not be traced ({type(exc).__name__}: {exc})"

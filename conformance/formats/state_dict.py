@@ -154,9 +154,26 @@ def run_in_transformers(state, layout, read: Read, progress) -> verify.Verdict:
 def write_torch(dst: Path, state: dict[str, np.ndarray]) -> None:
     """A flat state dict as a PyTorch file of plain tensors (no module, no pickled class: what
     `torch.load(weights_only=True)` reads and `load_state_dict` takes), written atomically."""
+    from conformance.convert.arrays import as_torch
+
+    _torch_module(dst)
+    # copies: torch.save keeps whole storages
+    write_torch_object(dst, {key: as_torch(np.array(value)) for key, value in state.items()})
+
+
+def write_torch_object(dst: Path, obj) -> None:
+    """`obj` (tensors in dicts, plain numbers) as a PyTorch file, written atomically."""
     import io
 
     from conformance.core.checkpoint import atomic_write
+
+    torch = _torch_module(dst)
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write(dst, [buffer.getvalue()])
+
+
+def _torch_module(dst: Path):
     from conformance.core.errors import CheckpointError
 
     try:
@@ -164,12 +181,7 @@ def write_torch(dst: Path, state: dict[str, np.ndarray]) -> None:
     except ImportError:
         raise CheckpointError(dst, "writing a PyTorch file needs PyTorch (pip install torch); or name the output "
                               "*.safetensors, which torch reads with safetensors.torch.load_file") from None
-    from conformance.convert.arrays import as_torch
-
-    tensors = {key: as_torch(np.array(value)) for key, value in state.items()}  # copies: torch.save keeps whole storages
-    buffer = io.BytesIO()
-    torch.save(tensors, buffer)
-    atomic_write(dst, [buffer.getvalue()])
+    return torch
 
 
 FORMAT = StateDict()

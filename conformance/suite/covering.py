@@ -33,7 +33,7 @@ from conformance.suite.strategies import model_configs
 from conformance.suite.strategies.forward_cases import Case
 from conformance.suite.strategies.model_configs import switch_values
 from conformance.suite.strategies.generation import MODES, GenerationCase, as_mode
-from conformance.suite.strategies.ids import PADDING_PATTERNS
+from conformance.suite.strategies.ids import PADDING_PATTERNS, features
 from conformance.suite.strategies.realistic import LONG_MAX_LENS
 from conformance.suite.strategies.training import LABEL_SMOOTHINGS, TrainingCase
 from conformance.suite.strategies.weights import LN_GAINS, OFFSETS, OUTLIER_SIZES, QK_GAINS, Trained, kinds_for
@@ -115,7 +115,11 @@ def covering_cases(max_len: int | None = None, src_paddings: tuple[str, ...] = S
         if max_len is not None:
             config, length = config.replace(max_len=max_len), max_len
         rng = np.random.default_rng([24, i])
-        src = _batch(rng, config.src_vocab_size, config.pad_id, src_paddings, length)
+        if config.source == "features":  # no padding; frames for length - 1 positions, so that a
+            # front end that keeps every frame (stride 1) still fits the table, and shows as a shape
+            src = features(rng, len(src_paddings), config.n_mels, max(length - 1, 1))
+        else:
+            src = _batch(rng, config.src_vocab_size, config.pad_id, src_paddings, length)
         tgt = _batch(rng, config.tgt_vocab_size, config.pad_id, TGT_PADDINGS[:len(src_paddings)], length)
         out.append(Case(config=config, seed=2400 + i, scale=1.0, src_ids=src, tgt_ids=tgt))
     return tuple(out)
@@ -188,7 +192,12 @@ COVERING_PROCESSORS = (
 def covering_generation_cases() -> tuple[GenerationCase, ...]:
     """The covering cases as decoding examples: no all-padding source row (a source of padding only
     has nothing to translate), the options and the shipped processors (`COVERING_PROCESSORS`) in
-    turn, bos and eos two real ids."""
+    turn, bos and eos two real ids.
+
+    The first case (greedy) ends where a minimum length must hold it back: its end id is the
+    oracle's own first greedy choice on row 0, and min_length 3 bans it for the first two steps, so a
+    backend that does not apply min_length ends that row at once, whatever examples hypothesis draws.
+    That case takes no processor (one could change that first choice); the others take them in turn."""
     out = []
     for i, case in enumerate(covering_cases(src_paddings=SRC_PADDINGS[:-1])):
         pad = case.config.pad_id
@@ -197,12 +206,27 @@ def covering_generation_cases() -> tuple[GenerationCase, ...]:
         # Every third case of each beam count decodes with Flax's rule, every third samples.
         options = as_mode(options, MODES[(i // 3) % 3], seed=i, temperature=(1.0, 0.5, 2.0)[i % 3],
                           top_k=(0, 3, 1)[(i // 2) % 3], top_p=(1.0, 0.9, 0.5)[(i // 4) % 3])
-        ids = (real[(i + 2) % len(real)], real[(i + 3) % len(real)])
-        options += tuple((name, ids if value == "ids" else value)
-                         for name, value in COVERING_PROCESSORS[i % len(COVERING_PROCESSORS)].items())
-        out.append(GenerationCase(case=case, max_len=min(6, case.config.max_len), bos_id=real[i % len(real)],
-                                  eos_id=real[(i + 1) % len(real)], options=options))
+        bos, eos = real[i % len(real)], real[(i + 1) % len(real)]
+        if i == 0 and dict(options)["num_beams"] == 1:  # the first start id whose greedy choice is another id
+            bos, first = next(((b, f) for b in real if (f := oracle_first_choice(case, b)) != b), (bos, bos))
+            if first != bos:
+                eos, options = first, options + (("min_length", 3),)
+        if ("min_length", 3) not in options:
+            ids = (real[(i + 2) % len(real)], real[(i + 3) % len(real)])
+            options += tuple((name, ids if value == "ids" else value)
+                             for name, value in COVERING_PROCESSORS[i % len(COVERING_PROCESSORS)].items())
+        out.append(GenerationCase(case=case, max_len=min(6, case.config.max_len), bos_id=bos, eos_id=eos,
+                                  options=options))
     return tuple(out)
+
+
+def oracle_first_choice(case: Case, bos: int) -> int:
+    """The float64 oracle's greedy first token on the case's row 0 after `bos` (the pad id banned,
+    as every generation case bans it)."""
+    model = backends.build(backends.Target("numpy", "cpu", "float64"), case.config, case.params())
+    logits = np.array(model(case.src_ids[:1], np.full((1, 1), bos)).logits[0, -1])  # (V,)
+    logits[case.config.pad_id] = -np.inf
+    return int(np.argmax(logits))
 
 
 # -- What the properties ran -------------------------------------------------------------------
@@ -222,10 +246,14 @@ def padding_kind(row: np.ndarray, pad_id: int) -> str:
 
 
 def seen_values(case: Case) -> set[tuple[str, object]]:
-    """(switch, value) of everything a case exercises: its config's switches and its rows' padding."""
+    """(switch, value) of everything a case exercises: its config's switches and its rows' padding
+    (a features source's rows have none)."""
     config = case.config
     seen = {(name, getattr(config, name)) for name in switch_values()}
-    seen |= {("src padding", padding_kind(row, config.pad_id)) for row in case.src_ids}
+    if config.source == "features":
+        seen.add(("src padding", "none"))
+    else:
+        seen |= {("src padding", padding_kind(row, config.pad_id)) for row in case.src_ids}
     seen |= {("tgt padding", padding_kind(row, config.pad_id)) for row in case.tgt_ids}
     return seen
 

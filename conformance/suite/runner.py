@@ -94,7 +94,7 @@ LARGE_CACHED = 3
 def oracle(case: Case) -> dict[str, np.ndarray]:
     """The float64 NumPy result for a case (cached: several properties share examples)."""
     key = (case.config.to_json(), case.seed, case.scale, case.src_ids.tobytes(),
-           case.src_ids.shape, case.tgt_ids.tobytes(), case.tgt_ids.shape, case.trained)
+           case.src_ids.shape, case.tgt_ids.tobytes(), case.tgt_ids.shape, case.trained, case.src_ids.dtype.name)
     if result_bytes(case) >= LARGE_RESULT_BYTES:
         return _large_oracle_cached(*key)
     return _oracle_cached(*key)
@@ -103,7 +103,8 @@ def oracle(case: Case) -> dict[str, np.ndarray]:
 def result_bytes(case: Case) -> int:
     """The float64 bytes of a case's oracle result: attention maps, residual streams, logits."""
     c = case.config
-    (batch, s), t = case.src_ids.shape, case.tgt_ids.shape[1]
+    batch, t = case.tgt_ids.shape
+    s = case.src_ids.shape[2] // 2 if c.source == "features" else case.src_ids.shape[1]  # features: 2 S frames
     maps = c.n_encoder_layers * s * s + c.n_decoder_layers * (t * t + t * s)  # per row and head
     streams = (2 * c.n_encoder_layers + 2) * s + (3 * c.n_decoder_layers + 2) * t  # per row, of D
     return 8 * batch * (c.n_heads * maps + c.d_model * streams + t * c.tgt_vocab_size)
@@ -122,11 +123,12 @@ def clear_oracle_cache() -> None:
 
 
 @lru_cache(maxsize=256)
-def _oracle_cached(config_json, seed, scale, src_bytes, src_shape, tgt_bytes, tgt_shape, trained=None) -> dict[str, np.ndarray]:
+def _oracle_cached(config_json, seed, scale, src_bytes, src_shape, tgt_bytes, tgt_shape, trained=None,
+                   src_dtype="int64") -> dict[str, np.ndarray]:
     from conformance.core.config import ModelConfig
 
     case = Case(ModelConfig.from_json(config_json), seed, scale,
-                np.frombuffer(src_bytes, np.int64).reshape(src_shape),
+                np.frombuffer(src_bytes, src_dtype).reshape(src_shape),  # ids, or a features source's float64
                 np.frombuffer(tgt_bytes, np.int64).reshape(tgt_shape), trained)
     return run(ORACLE, case)
 

@@ -53,7 +53,8 @@ def sharded_configs(draw, data: int, model: int, relative: bool = True):
     split by heads); it is drawn only where `data` divides its buckets (JAX's "fsdp" splits them)."""
     import dataclasses
 
-    config = draw(configs(max_layers=1 if settings._current_profile == "ci" else 2))  # ci: compile time
+    # ci: compile time; ids only: a features source (Whisper's front end) is not sharded yet (issue 54)
+    config = draw(configs(max_layers=1 if settings._current_profile == "ci" else 2).filter(lambda c: c.source == "ids"))
     unit = data * model
     heads = model * draw(st.integers(1, 2))
     head_dim = 2 * data * draw(st.integers(1, 2))

@@ -5,8 +5,9 @@ order: the section headers, the top-level names, the methods of each class, the 
 parameters of every function and method, and the first paragraph of every docstring (where the
 equation lives). What differs for a framework's own reasons is on the allowlists below, each
 with its reason; anything else that differs is drift. The three decode rooms (`impl_*/decode.py`:
-the KV cache, the cached step, the search driver) and the blocked output products
-(`impl_*/blocks.py`) are compared the same way.
+the KV cache, the cached step, the search driver), the blocked output products
+(`impl_*/blocks.py`) and the features source's front end (`impl_*/frontend.py`) are compared the
+same way.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ SECTION = re.compile(r"^# -- (.+?) -+$", re.M)
 
 # Every file a backend splits by concern is held to the same rules as model.py.
 FILES = {"model.py": (IDIOM_NAMES, IDIOM_METHODS), "decode.py": (DECODE_IDIOM_NAMES, DECODE_IDIOM_METHODS),
-         "blocks.py": (BLOCKS_IDIOM_NAMES, {})}
+         "blocks.py": (BLOCKS_IDIOM_NAMES, {}),
+         "frontend.py": ({}, {"extra_repr": IDIOM_METHODS["extra_repr"]})}
 
 
 def source(backend: str, file: str = "model.py") -> str:
@@ -221,6 +223,15 @@ def test_blocks_drift_is_caught():
     problems = drift(skeleton(source(REFERENCE, "blocks.py"), REFERENCE), skeleton(broken_blocks, "torch"), "torch",
                      "blocks.py")
     assert any("top-level names differ" in p for p in problems), problems
+
+
+def test_frontend_drift_is_caught():
+    """The front ends are compared too: a changed stride in an equation's docstring is reported."""
+    text = source("jax", "frontend.py")
+    broken = text.replace("conv(x, W, b, s)[t] = sum_k x[s t + k - 1] W[k] + b", "conv(x, W, b, s)[t] = sum_k x[s t + k] W[k] + b")
+    assert broken != text
+    problems = drift(skeleton(source(REFERENCE, "frontend.py"), REFERENCE), skeleton(broken, "jax"), "jax", "frontend.py")
+    assert any("docstring of conv1d differs" in p for p in problems), problems
 
 
 def test_decode_drift_is_caught():

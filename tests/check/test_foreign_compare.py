@@ -87,6 +87,8 @@ ELSEWHERE = {
     "hf-t5": tuple(f"convert/test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[{family}]"
                    for family in ("t5", "t5-v1_1")),
     "hf-mt5": ("convert/test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[mt5]",),
+    "hf-whisper": ("convert/test_hf_whisper.py::test_compare_reads_a_live_whisper_with_its_config",),
+    "openai-whisper": ("convert/test_openai_whisper.py::test_compare_reads_a_live_whisper_with_its_dims",),
 }
 
 

@@ -56,6 +56,13 @@ FIRST_DIVERGENCE = {
     "embedding norm dropped": "encoder.embeddings",
     "relative-position bucket off by one": "encoder.0.self",
     "RMSNorm subtracts the mean": "encoder.0.self",  # pre-LN, as for the epsilon above
+    # Whisper's front end (a features source): a shape at the convolution that is wrong, the
+    # swapped sinusoid at the embeddings, and the value's bias moved into the key where the value
+    # lost it (the key's own bias changes no weight: encoder.0.self agrees).
+    "Whisper conv stride 1": "encoder.conv2",
+    "Whisper conv padding 0": "encoder.conv1",
+    "Whisper sinusoid halves swapped": "encoder.embeddings",
+    "Whisper key bias added (the value's bias read into the key)": "encoder.0.self_attn",
     "T5 scores scaled by 1/sqrt(K)": "encoder.0.self",
 }
 # Breaks that change no number on a CPU (TF32 acts on GPU matmuls only): the check refuses the run
@@ -77,6 +84,12 @@ SWITCHED_ON = {
     "relative-position bucket off by one": dict(position="relative", relative_buckets=8, relative_max_distance=20),
     "RMSNorm subtracts the mean": dict(layer_norm_form="rms"),
     "T5 scores scaled by 1/sqrt(K)": dict(scale_scores=False),
+    # (an encoder table of 16 rows: the broken front end's 14 positions still find a row each)
+    "Whisper conv stride 1": dict(source="features", n_mels=3, src_vocab_size=19, max_source_len=16),
+    "Whisper conv padding 0": dict(source="features", n_mels=3, src_vocab_size=19),
+    "Whisper sinusoid halves swapped": dict(source="features", n_mels=3, src_vocab_size=19, position="sinusoid-t2t"),
+    "Whisper key bias added (the value's bias read into the key)": dict(source="features", n_mels=3,
+                                                                        src_vocab_size=19, key_bias=False),
 }
 
 

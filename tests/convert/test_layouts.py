@@ -32,6 +32,7 @@ from conformance.convert import (
 from conformance.convert.trees import flatten
 from conformance.core.errors import ConfigError, InputError
 from conformance.core.positions import sinusoid_table
+from conformance.core.config import ModelConfig
 from conformance.core.presets import PRESETS
 
 LAYOUTS = builtin_layout_names()
@@ -47,11 +48,12 @@ def config_for(layout, position=None, **changes):
     """A config of `layout`'s system with small sizes, every free switch off its preset value."""
     values = dict(SIZES, **{k: FREE_VALUES[k] for k in layout.free})
     shared = layout.base_switches().get("share_embeddings", False)
-    values.update(src_vocab_size=21 if shared else 19, tgt_vocab_size=21)
+    one_vocabulary = shared or layout.base_switches().get("source") == "features"  # Whisper: no source vocabulary
+    values.update(src_vocab_size=21 if one_vocabulary else 19, tgt_vocab_size=21)
     if position:
         values["position"] = position
     values.update(changes)
-    return preset(layout.preset, **values)
+    return ModelConfig(**{**layout.base_switches(), **values})  # the preset and the layout's own [switches]
 
 
 def import_overrides(layout, config):

@@ -46,7 +46,8 @@ def cells(report) -> dict:
             for key, cell in report.cells.items()}
 
 
-@pytest.mark.parametrize("family", sorted(PRESETS))
+# A features source (Whisper) is not streamed yet: refused by name (below).
+@pytest.mark.parametrize("family", sorted(name for name in PRESETS if PRESETS[name].get("source") != "features"))
 def test_streamed_with_own_inputs_is_the_unstreamed_report_bit_for_bit(family):
     """NumPy and torch run each op as called: a layer at a time is the same arithmetic. (JAX is
     not held to this: XLA fuses across the layer boundaries of a whole call; docs/scale.md.)"""
@@ -59,6 +60,15 @@ def test_streamed_with_own_inputs_is_the_unstreamed_report_bit_for_bit(family):
     assert not streamed.errors and len(streamed.cells) == len(whole.cells) == len(whole.tensors) * len(targets)
     assert cells(streamed) == cells(whole)
     assert streamed.passed == whole.passed
+
+
+def test_a_features_source_is_not_streamed_yet_and_says_so():
+    config = preset("hf-whisper", **SMALL)
+    params = init_params(config, seed=3)
+    src, tgt = fixed_batch(config)
+    with pytest.raises(InputError, match="features source") as raised:
+        run_streamed(config, Weights.held(config, params), "whisper", [], {}, src, tgt)
+    assert raised.value.argument == "stream"
 
 
 def test_jax_streamed_from_a_checkpoint_agrees(saved):

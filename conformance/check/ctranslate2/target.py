@@ -113,6 +113,9 @@ def family_of(config: ModelConfig, params, layout: str | None = None) -> Family:
     from conformance.convert import load_layout
     from conformance.convert.engine import check_exportable
 
+    if config.source == "features":
+        raise ConfigError("source", "a features source (Whisper, faster-whisper's format) is not converted to "
+                                    "CTranslate2 yet (issue 54)")
     if layout is not None:
         for family in FAMILIES:
             if family.layout == layout:

@@ -78,11 +78,28 @@ def _dtype_of(state: dict[str, np.ndarray]) -> str:
 
 def told_by_model_config(model: Any, layout) -> dict[str, Any]:
     """The ModelConfig fields a transformers model's `model.config` gives through the layout's
-    `[hf]` table (empty for a layout without one, or a model without a transformers config)."""
+    `[hf]` table, or a bundled checkpoint's system gives through its `[checkpoint]` table from the
+    model's own config entry (openai-whisper's `model.dims`); empty for a layout with neither."""
+    import dataclasses
+
+    if layout.checkpoint is not None:
+        dims = getattr(model, layout.checkpoint.config, None)
+        if dims is not None:
+            entry = dataclasses.asdict(dims) if dataclasses.is_dataclass(dims) else dims
+            return layout.checkpoint.read(entry, f"{type(model).__name__}.{layout.checkpoint.config}")
     config = getattr(model, "config", None)
     if layout.hf is None or not hasattr(config, "to_dict"):
         return {}
     return layout.hf.read(config.to_dict(), f"{type(model).__name__}.config")
+
+
+def as_features(src) -> np.ndarray:
+    """A features source's batch: log-mel features, a float array (B, n_mels, frames), as float64."""
+    array = np.asarray(foreign.to_numpy_exact(src))
+    if array.dtype.kind != "f" or array.ndim != 3:
+        raise InputError("src_ids", f"must be log-mel features, a float array (B, n_mels, frames), got {array.dtype} "
+                                    f"{array.shape}")
+    return array.astype(np.float64)
 
 
 def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None = None, dtype: str = "float32",
@@ -164,7 +181,8 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
                                          progress=progress, **overrides)
 
     layout = load_layout(layout)
-    src_ids, tgt_ids = as_ids("src_ids", src_ids), as_ids("tgt_ids", tgt_ids)
+    features = layout.base_switches().get("source") == "features"  # Whisper: log-mel features (B, n_mels, frames)
+    src_ids, tgt_ids = as_features(src_ids) if features else as_ids("src_ids", src_ids), as_ids("tgt_ids", tgt_ids)
     if src_ids.shape[0] != tgt_ids.shape[0]:
         raise InputError("tgt_ids", f"has {tgt_ids.shape[0]} rows, src_ids {src_ids.shape[0]}")
     if grads and labels is None:
@@ -200,7 +218,7 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
     result = SideBySide(**{f: getattr(report, f) for f in Report.__dataclass_fields__}, layout=layout.name, yours=yours,
                         batch_axis=layout.tap_options["batch_axis"], told=told, told_by=f"{type(model).__name__}.config",
                         assumed=[line for line in conversion.decisions if "(the layout's default" in line],
-                        called=called, unmasked=not masked and bool((src_ids == config.pad_id).any()
+                        called=called, unmasked=not masked and bool((not features and (src_ids == config.pad_id).any())
                                                                     or (tgt_ids == config.pad_id).any()))
     result.targets = [yours, *result.targets]
 

@@ -196,6 +196,17 @@ def torch_ids(ids: np.ndarray):
     return torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
 
 
+def torch_source(model, src: np.ndarray):
+    """The source as the model takes it: ids (`torch_ids`), or a features source's log-mel features
+    in the dtype of the model's parameters (a float32 Whisper takes float32 features)."""
+    import torch
+
+    if np.asarray(src).dtype.kind != "f":
+        return torch_ids(src)
+    first = next((p for p in model.parameters() if p.is_floating_point()), None)
+    return torch.from_numpy(np.ascontiguousarray(src)).to(torch.float32 if first is None else first.dtype)
+
+
 def _run_torch(model, run, src_ids, tgt_ids, recorder: _Recorder):
     import torch
 
@@ -213,7 +224,7 @@ def _run_torch(model, run, src_ids, tgt_ids, recorder: _Recorder):
     grad_mode = torch.enable_grad() if any(isinstance(m, fused) for m in modules.values()) else torch.no_grad()
     try:
         with grad_mode:
-            logits = output_logits(run(model, torch_ids(src_ids), torch_ids(tgt_ids)))
+            logits = output_logits(run(model, torch_source(model, src_ids), torch_ids(tgt_ids)))
     finally:
         for handle in handles:
             handle.remove()

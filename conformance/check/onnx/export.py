@@ -207,6 +207,10 @@ def export_bytes(config, params, dtype: str = "float32", param_dtype=None, taps:
     param_dtype=...)` as `export` writes them, kept per (config, dtype, parameter dtype,
     parameters, taps, exporter) for the process: `rosetta convert --to onnx` and the
     `onnxruntime` target share them."""
+    if config.source == "features":
+        from conformance.core.errors import InputError
+
+        raise InputError("config", "a features source (Whisper's front end) has no ONNX export yet (issue 54)")
     dtype = str(dtype)
     key = (config.to_json(), dtype, str(param_dtype or dtype), params_digest(params), bool(taps), exporter())
     if key not in EXPORTS:

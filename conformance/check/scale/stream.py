@@ -241,6 +241,9 @@ def run_streamed(config: ModelConfig, weights: Weights, source: str, targets: li
     tensor)` each tensor of the report the oracle computes (its whole call's, bit for bit)."""
     if feed not in FEEDS:
         raise InputError("feed", f"must be one of {', '.join(FEEDS)}, got {feed!r}")
+    if config.source == "features":
+        raise InputError("stream", "a features source (Whisper's front end) is not run a layer at a time yet: check "
+                                   "it whole (rosetta check without --stream)")
     refuse_unstreamable([target.backend for target in targets])
     progress = progress or (lambda message: None)
     report = Report(config=config, source=source, targets=targets, tensors=forward_order(config),

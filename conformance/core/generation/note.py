@@ -133,6 +133,10 @@ UNAPPLIED_GENERATION = {
     "penalty_alpha": lambda v, f: v > 0,
     "stop_strings": lambda v, f: len(v) > 0,
     "num_return_sequences": lambda v, f: v > 1,
+    # Whisper's decoding rules (transformers' WhisperGenerationMixin; issue 54): the forced prompt
+    # and timestamps are not applied by `generate` yet.
+    "forced_decoder_ids": lambda v, f: len(v) > 0,
+    "return_timestamps": lambda v, f: v is True,
 }
 
 

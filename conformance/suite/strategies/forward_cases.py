@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from conformance.core.config import ModelConfig
 from conformance.core.params import init_params
 from conformance.suite.strategies.model_configs import any_configs
-from conformance.suite.strategies.ids import LENGTHS, token_ids
+from conformance.suite.strategies.ids import LENGTHS, sources, token_ids
 from conformance.suite.strategies.weights import Trained
 
 WEIGHT_SCALES = (0.5, 1.0, 2.0)
@@ -20,7 +20,8 @@ WEIGHT_SCALES = (0.5, 1.0, 2.0)
 @dataclass(frozen=True)
 class Case:
     """One conformance example: a config, its weights (by seed and scale, and the `Trained`
-    transformation when there is one) and a batch."""
+    transformation when there is one) and a batch. `src_ids` is the source, ids (B, S) or a
+    features source's log-mel features (B, n_mels, 2 S), float64."""
 
     config: ModelConfig
     seed: int
@@ -48,9 +49,9 @@ def cases(draw, config_strategy: st.SearchStrategy[ModelConfig] | None = None,
     config = draw(config_strategy if config_strategy is not None else any_configs())
     lengths = [n for n in LENGTHS if n <= config.max_len] + [config.max_len]
     batch = draw(st.integers(1, 4))
-    src_len = draw(st.sampled_from(lengths))
+    src_len = draw(st.sampled_from([n for n in LENGTHS if n <= config.source_len] + [config.source_len]))
     tgt_len = draw(st.sampled_from(lengths))
-    src = draw(token_ids(config.src_vocab_size, config.pad_id, batch, src_len, allow_empty_source_rows))
+    src = draw(sources(config, batch, src_len, allow_empty_source_rows))
     # The target always starts with a real token (a BOS), as every decoder input does.
     tgt = draw(token_ids(config.tgt_vocab_size, config.pad_id, batch, tgt_len, allow_empty_rows=False))
     seed = draw(st.integers(0, 2**16))

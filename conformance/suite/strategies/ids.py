@@ -1,4 +1,5 @@
-"""Token ids: padded batches, every row with a padding pattern of its own (`PADDING_PATTERNS`)."""
+"""Token ids: padded batches, every row with a padding pattern of its own (`PADDING_PATTERNS`);
+and a features source's log-mel batches (`features`), which have no padding."""
 
 from __future__ import annotations
 
@@ -41,3 +42,18 @@ def long_row(rng: np.random.Generator, vocab: int, pad_id: int, length: int, rea
 
 def anchor_ids(rng: np.random.Generator, vocab: int, pad_id: int, length: int, reals) -> np.ndarray:
     return np.concatenate([long_row(rng, vocab, pad_id, length, real) for real in reals])  # (len(reals), length)
+
+
+def features(rng: np.random.Generator, batch: int, n_mels: int, length: int) -> np.ndarray:
+    """(batch, n_mels, 2 length) float64 log-mel features for a features source of `length` encoder
+    positions: standard normal, about the spread of Whisper's normalised log-mel ((log10 + 4) / 4)."""
+    return rng.standard_normal((batch, n_mels, 2 * length))
+
+
+@st.composite
+def sources(draw, config, batch: int, length: int, allow_empty_rows: bool) -> np.ndarray:
+    """The source batch of a case: padded token ids (`token_ids`), or a features source's log-mel
+    features (B, n_mels, 2 length) from a drawn seed (`features`), whose rows have no padding."""
+    if config.source == "features":
+        return features(np.random.default_rng(draw(st.integers(0, 2**16))), batch, config.n_mels, length)
+    return draw(token_ids(config.src_vocab_size, config.pad_id, batch, length, allow_empty_rows))

@@ -41,10 +41,11 @@ def training_cases(draw, config_strategy: st.SearchStrategy[ModelConfig] | None 
     src = case.src_ids.copy()
     batch = src.shape[0]
     real = st.integers(0, config.tgt_vocab_size - 1).filter(lambda i: i != pad)
-    if (src[0] == pad).all():
-        src[0, 0] = draw(st.integers(0, config.src_vocab_size - 1).filter(lambda i: i != pad))
-    if batch >= 2 and draw(st.booleans()):
-        src[-1] = pad
+    if config.source == "ids":  # a features source has no padding to empty a row with
+        if (src[0] == pad).all():
+            src[0, 0] = draw(st.integers(0, config.src_vocab_size - 1).filter(lambda i: i != pad))
+        if batch >= 2 and draw(st.booleans()):
+            src[-1] = pad
     labels = np.full(case.tgt_ids.shape, pad, dtype=np.int64)
     # Where a -inf fill makes the logits NaN nothing may count (core.inputs.nan_positions; the
     # backends refuse such labels): the NaN batch elements and positions keep pad labels.

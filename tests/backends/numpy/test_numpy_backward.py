@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import impl_numpy
-from batches import SRC, TGT, small
+from batches import SRC, TGT, features_like, small
 from conformance import PRESETS, InputError, param_shapes
 from impl_numpy.backward import cross_entropy
 
@@ -60,6 +60,8 @@ def batch(config):
     NaN, so its labels are all pad (a fully padded label row)."""
     pad = config.pad_id
     src = np.where(SRC == 0, pad, np.where(SRC == pad, 11, SRC))
+    if config.source == "features":  # Whisper's: log-mel features, no padding (no row is NaN)
+        src = features_like(config, len(SRC), 4)
     tgt = np.where(TGT == 0, pad, np.where(TGT == pad, 12, TGT))
     labels = np.concatenate([tgt[:, 1:], np.full((len(tgt), 1), pad)], axis=1)
     labels[-1] = pad

@@ -34,7 +34,8 @@ def hostile_batch(config):
     """`fixed_batch`'s rows (no padding, trailing, all but one) plus a source row that is all
     padding: its queries have no key, so a -inf fill must give NaN and a finite fill a mean."""
     src, tgt = fixed_batch(config)
-    src = np.concatenate([src, np.full((1, src.shape[1]), config.pad_id)])
+    empty = src[:1] if config.source == "features" else np.full((1, src.shape[1]), config.pad_id)  # features: no padding
+    src = np.concatenate([src, empty])
     tgt = np.concatenate([tgt, tgt[:1]])
     return src, tgt
 
@@ -142,8 +143,8 @@ def test_default_params_and_dtype_follow_numpy():
 def swap_sin_and_cos(monkeypatch):
     original = impl_torch.model.position_table
 
-    def swapped(config):
-        table = original(config)
+    def swapped(config, length=None):
+        table = original(config, length)
         rows, d_model = table.shape
         if config.position == "sinusoid-interleaved":  # (L, D/2, [sin, cos]) -> (L, D/2, [cos, sin])
             return table.reshape(rows, d_model // 2, 2)[:, :, ::-1].reshape(rows, d_model)

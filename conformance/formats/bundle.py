@@ -1,0 +1,154 @@
+"""A checkpoint file that bundles its config with its weights: openai-whisper's
+`{"dims": asdict(ModelDimensions), "model_state_dict": state_dict}`, which `whisper.load_model(path)`
+reads (`conformance.convert.bundles`; a layout with a `[checkpoint]` table describes the file).
+
+    recognised  a PyTorch file (.pt/.pth/.bin) whose top level holds the two entries a layout's
+                `[checkpoint]` table names, read with torch's weights-only unpickler; never by its
+                key names
+    read        the sizes and the padding from its config entry, the tensors through the layout:
+                no --layout (or the file's own), no --set needed
+    write       `--to openai-whisper OUT.pt`: the file that system's loader reads
+    verify      the written file read back as it is read here (the config and every parameter,
+                bit for bit), then loaded by its system's own loader where it is installed
+                (openai-whisper: `whisper.load_model`) and run beside the float64 oracle on a full
+                window of features (its encoder takes no other length): logits within the float32
+                tolerance (its LayerNorms compute in float32 in every model). An input is run by
+                its own loader the same way before it is converted.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from conformance.formats import verify
+from conformance.formats.base import Format, Options, Read, Written, check_destination, check_export, conversion_read
+
+
+class Bundle(Format):
+    name = "bundled checkpoint"
+
+    def __init__(self):
+        self._seen: tuple[Path, tuple] | None = None  # the last file recognised, so that it is loaded once
+
+    def _bundle(self, path: Path):
+        from conformance.convert.bundles import read_bundle
+
+        if self._seen is None or self._seen[0] != path:
+            self._seen = (path, read_bundle(path))
+        return self._seen[1]
+
+    def recognises(self, path: Path) -> bool:
+        from conformance.convert.bundles import TORCH_SUFFIXES
+
+        return path.suffix.lower() in TORCH_SUFFIXES and path.is_file() and self._bundle(path) is not None
+
+    def check_input(self, src: Path, dst: Path, options: Options) -> None:
+        from conformance.convert import load_layout
+        from conformance.core.errors import CheckpointError, InputError
+
+        layout = self._bundle(src)[0]
+        given = options.given("key", "renames")
+        if given:
+            raise InputError(given[0], f"{src} is a {layout.name} checkpoint, which states its own config and "
+                             "weights: there is no entry to pick and nothing to rename")
+        if options.layout is not None and load_layout(options.layout).name != layout.name:
+            raise CheckpointError(src, f"holds the {layout.checkpoint.config!r} and {layout.checkpoint.weights!r} of a "
+                                  f"{layout.name} checkpoint, not --layout {options.layout}")
+        options.overrides()  # a bad --set is said before the file is converted
+
+    def read(self, src: Path, options: Options, progress) -> Read:
+        from conformance.convert.bundles import convert_bundle
+        from conformance.convert.engine import PaddingWarning
+        from conformance.core.generation.note import GenerationWarning
+
+        layout, obj, name = self._bundle(src)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PaddingWarning)
+            warnings.simplefilter("always", GenerationWarning)
+            progress(f"reading {src}")
+            result = convert_bundle(layout, obj, name, dtype=options.dtype, **options.overrides())
+        self._seen = None  # the loaded file is not kept once converted
+        return conversion_read(result, caught)
+
+    def verify_source(self, src: Path, read: Read, options: Options, progress) -> list:
+        return [run_own_loader(src, read.layout.name, read, "the source file", progress)]
+
+    def writes(self, options: Options, dst: Path) -> bool:
+        from conformance.convert import LayoutError, load_layout
+        from conformance.convert.bundles import TORCH_SUFFIXES
+
+        if options.to is None or dst.suffix.lower() not in TORCH_SUFFIXES:
+            return False
+        try:
+            return load_layout(options.to).checkpoint is not None
+        except LayoutError:
+            return False
+
+    def check_output(self, src: Path, dst: Path, options: Options) -> None:
+        from conformance.convert import load_layout
+        from conformance.core.errors import CheckpointError
+
+        check_export(src, dst, options)
+        if options.sets:
+            raise CheckpointError(dst, f"a {load_layout(options.to).name} checkpoint states its own config: nothing "
+                                  "to --set")
+        check_destination(dst, options.force)
+
+    def write(self, staged: Path, read: Read, options: Options, dst: Path) -> Written:
+        from conformance.convert import load_layout
+        from conformance.convert.bundles import bundle_of
+        from conformance.formats.state_dict import write_torch_object
+
+        layout = load_layout(options.to)
+        write_torch_object(staged, bundle_of(read.config, read.params, layout))
+        return Written(title=f"{layout.name} checkpoint {{{layout.checkpoint.config!r}, {layout.checkpoint.weights!r}}}")
+
+    def verify(self, staged: Path, read: Read, options: Options, progress) -> list:
+        from conformance.convert.bundles import convert_bundle, read_bundle
+
+        progress(f"reading {staged.name} back")
+        runtime = "read back as rosetta convert reads it"
+        found = read_bundle(staged)
+        if found is None:
+            return [verify.failed(runtime, f"{staged.name} is not recognised as a bundled checkpoint when read back")]
+        back = convert_bundle(found[0], found[1], staged.name, pad_id=read.config.pad_id)
+        differs = verify.round_trip(read.config, read.params, back.config, back.params)
+        if differs:
+            return [verify.failed(runtime, differs)]
+        return [verify.passed(runtime, "every parameter and its config as the checkpoint's, bit for bit"),
+                run_own_loader(staged, found[0].name, read, "the written file", progress)]
+
+
+def run_own_loader(path: Path, name: str, read: Read, what: str, progress) -> verify.Verdict:
+    """`path` loaded by its system's own loader and run beside the float64 oracle on `read`'s
+    parameters: openai-whisper's `whisper.load_model`, on the probe (`verify.probe`: a full window
+    of features, padded target rows). Other bundled systems, and a missing
+    openai-whisper, are said not to have been run."""
+    if name != "openai-whisper":
+        return verify.not_run(f"{what} was not loaded by {name}'s own loader: no check knows that system")
+    try:
+        import torch
+        import whisper
+    except ImportError as exc:
+        return verify.not_run(f"{what} was not loaded by openai-whisper: it is not installed ({exc}); "
+                              "pip install --no-deps openai-whisper (README)")
+    large = verify.too_large(read.config, read.params, what)
+    if large is not None:
+        return large
+    runtime = f"{verify.runtime_version('openai-whisper')} whisper.load_model"
+    progress(f"running {what} in {runtime}")
+    config = read.config
+    features, tgt = verify.probe(config)
+    try:
+        model = whisper.load_model(str(path), device="cpu")
+        with torch.no_grad():
+            logits = model(torch.tensor(features, dtype=torch.float32), torch.tensor(tgt)).float().numpy()
+    except Exception as exc:  # noqa: BLE001 - what openai-whisper says of the file is the finding
+        return verify.failed(runtime, f"it could not load or run {what}: {type(exc).__name__}: {exc}")
+    expected = verify.oracle(config, read.params, features, tgt)["logits"]
+    ok, says = verify.logits_within(logits, expected, "float32")
+    return verify.passed(runtime, says) if ok else verify.failed(runtime, says)
+
+
+FORMAT = Bundle()
