@@ -44,7 +44,7 @@ from conformance.check.compare import compare  # noqa: E402
 from conformance.check.tolerances import gradient_tolerance, tolerance  # noqa: E402
 from conformance.check.training import scaled_error  # noqa: E402
 from conformance.cli import main  # noqa: E402
-from conformance.convert import export_state_dict, from_hf, from_hf_folder, import_state_dict, load_layout  # noqa: E402
+from conformance.convert import AmbiguousLayoutError, export_state_dict, from_hf, from_hf_folder, import_state_dict, load_layout  # noqa: E402
 from conformance.core import checkpoint  # noqa: E402
 from conformance.core.errors import ConfigError  # noqa: E402
 from systems import randomize_  # noqa: E402
@@ -193,11 +193,17 @@ def test_a_bare_state_dict_tells_heads_head_size_buckets_ffn_and_tie():
     with float64_variance():
         reference = hf_logits(copy.deepcopy(model).double(), src, tgt)
     assert relative(ours64(config, params, src, tgt), reference) <= FLOAT64_LOGITS
-    # A saved copy of a tied head is a duplicate (transformers ties equal weights at load).
+    # A saved copy of a tied head is a duplicate (transformers ties equal weights at load). A tied
+    # head is where T5 and mT5 part: T5 v1.0 scales its input by d_model^-1/2, mT5 never does, and
+    # no key tells them apart, so auto-detection refuses, naming both and the switch; by name, it converts.
     tied = build("t5")
     state = {**tied.state_dict()}
     assert "lm_head.weight" in state
-    config, _ = import_state_dict(state, None, relative_max_distance=20, max_len=32)
+    with pytest.raises(AmbiguousLayoutError) as refused:
+        import_state_dict(state, None, relative_max_distance=20, max_len=32)
+    assert refused.value.names == ["hf-mt5", "hf-t5"] and "scale_logits" in str(refused.value), str(refused.value)
+    assert "--layout hf-t5" in str(refused.value) and "trial forward pass cannot catch" in str(refused.value)
+    config, _ = import_state_dict(state, "hf-t5", relative_max_distance=20, max_len=32)
     assert config.tie_output and config.scale_logits and config.activation == "relu" and not config.ffn_glu
 
 

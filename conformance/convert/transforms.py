@@ -166,5 +166,22 @@ def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides
                     del canonical[name]
                 decisions.append(f"position: the stored table is exactly the {form} sinusoid; recognised and dropped")
                 return form, rows
+    if not layout.computes_with_stored_positions():
+        # The system rebuilds its table when it loads a model (Marian): it only ever computes its
+        # own sinusoid, in float32 and widened. A table within float32 rounding of that sinusoid (a
+        # live model after `.double()`) is kept as it is, which is exactly what that model computes;
+        # any other table is a structure the system does not have (a learned table: another
+        # family's keys), refused by name rather than converted.
+        form = layout.base_switches().get("position")
+        if form in SINUSOIDS and width % 2 == 0:
+            exact = sinusoid_table(rows, width, form)
+            tol = _sinusoid_tolerance(rows, np.dtype(np.float32))
+            worst = max((float(np.max(np.abs(t.astype(np.float64) - exact) - tol)), name) for name, t in zip(TABLES, (enc, dec)))
+            if worst[0] > 0:
+                raise TensorError(origin[worst[1]], f"is not the {form} sinusoid that the {layout.name} system rebuilds when it "
+                                  f"loads a model (off by up to {worst[0]:.3g} beyond float32 rounding): a {layout.name} model "
+                                  "with a learned or other position table does not exist, so these weights are not one (the "
+                                  "keys fit, the structure does not); convert them with the layout of the system that "
+                                  f"wrote them, or, if your copy of {layout.name} keeps its table, --set position=table")
     decisions.append(f"position: kept the stored table ({origin[TABLES[0]]}) as position='table'")
     return "table", rows
