@@ -40,6 +40,9 @@ GENERATION = {
                   max_length=12),
     "m2m_100": dict(forced_bos_token_id=5, no_repeat_ngram_size=2, max_length=12),
     "pegasus": dict(forced_eos_token_id=1, max_length=12),
+    "plbart": dict(decoder_start_token_id=2, forced_bos_token_id=5, forced_eos_token_id=2, no_repeat_ngram_size=2,
+                   max_length=12),
+    "blenderbot": dict(forced_eos_token_id=2, no_repeat_ngram_size=3, max_length=12),
     "marian": dict(forced_eos_token_id=0, max_length=12),
 }
 EOS_BOOST = 2.0  # added to the end token's logit bias, where the family has one: rows end at varied steps
@@ -71,7 +74,21 @@ def hf_ids(name: str, model, config, src: np.ndarray, num_beams: int) -> np.ndar
     if start is None:
         start = model.generation_config.bos_token_id
     assert (out[:, 0] == start).all()
-    return out[:, 1:].numpy()
+    return after_eos_as_pad(out[:, 1:].numpy(), model.generation_config.eos_token_id, pad)
+
+
+def after_eos_as_pad(ids: np.ndarray, eos: int, pad: int) -> np.ndarray:
+    """transformers' beam search fills a row after its end token with `pad_token_id or eos_token_id`
+    (generation/utils.py, `output_fill_value`): a pad id of 0 (Pegasus, Blenderbot) is falsy there,
+    so it fills with the end token instead. What fills a finished row is no choice of the search;
+    `generate` fills with the pad id, so the filler is read as the pad id here, and every id up to
+    and including each row's end token is compared as it is."""
+    ids = ids.copy()
+    for row in ids:
+        ends = np.flatnonzero(row == eos)
+        if ends.size:
+            row[ends[0] + 1:] = pad
+    return ids
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
