@@ -540,6 +540,25 @@ class DecoderLayer(nnx.Module):
 # -- Encoder and decoder -----------------------------------------------------------------------
 
 
+def norm_of_sum(tokens: jax.Array, positions, norm) -> jax.Array:
+    """LN(E x s + P): the embedding norm on the scaled tokens plus the position term (BART's
+    `layernorm_embedding`), or E x s + P without one (section 3.4)."""
+    x = tokens + positions
+    return x if norm is None else norm(x)
+
+
+def sum_of_norm(tokens: jax.Array, positions, norm) -> jax.Array:
+    """LN(E x s) + P: the embedding norm on the scaled tokens alone, the position term added
+    after it (BlenderbotSmall's decoder, `decoder_embedding_norm = "tokens"`)."""
+    return norm(tokens) + positions
+
+
+def embedding_sum(config: ModelConfig, stack: str):
+    """How a stack combines its tokens, positions and embedding norm: `sum_of_norm` for a decoder
+    with `decoder_embedding_norm = "tokens"`, else `norm_of_sum`."""
+    return sum_of_norm if stack == "decoder" and config.decoder_embedding_norm == "tokens" else norm_of_sum
+
+
 class Embedding(nnx.Module):
     """A token lookup table (V, D). With `freeze_pad_embedding` the lookups of pad_id send its row
     no gradient (`nn.Embedding(padding_idx=pad_id)`); the forward is the same."""
@@ -562,6 +581,7 @@ class Encoder(nnx.Module):
         self.embedding = Embedding(config, params, "encoder.embedding")
         self.position = positions(config, params, "encoder.position", dtype, bidirectional=True)
         self.embedding_norm = LayerNorm(config, params, "encoder.embedding_norm") if config.embedding_norm else None
+        self.embedding_sum = embedding_sum(config, "encoder")
         self.layers = nnx.List(
             [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)])
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
@@ -596,6 +616,7 @@ class Decoder(nnx.Module):
         self.embedding = None if config.share_embeddings else Embedding(config, params, "decoder.embedding")
         self.position = positions(config, params, "decoder.position", dtype, bidirectional=False)
         self.embedding_norm = LayerNorm(config, params, "decoder.embedding_norm") if config.embedding_norm else None
+        self.embedding_sum = embedding_sum(config, "decoder")
         self.layers = nnx.List(
             [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)])
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
@@ -754,16 +775,19 @@ class Model(nnx.Module):
     # `encode` and `decode` check the inputs and build the masks on the host, pad to buckets if
     # asked, then run the compiled `_encode` / `_decode`.
 
-    def embed(self, ids: jax.Array, embedding: Embedding, position: Positions, norm=None, *, at=None) -> jax.Array:
+    def embed(self, ids: jax.Array, embedding: Embedding, position: Positions, norm=None, *, at=None,
+              combine=norm_of_sum) -> jax.Array:
         """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions,
         then `norm` when the config has an embedding norm (BART's `layernorm_embedding`).
 
-        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`."""
+        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`.
+        `combine` (keyword-only): the stack's `embedding_sum`, where its norm sits (`norm_of_sum`,
+        or BlenderbotSmall's decoder's `sum_of_norm`)."""
         x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
-        return x if norm is None else norm(x)
+        positions = position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype)
+        return combine(x, positions, norm)
 
     @property
     def target_embedding(self) -> Embedding:
@@ -900,7 +924,8 @@ class Model(nnx.Module):
         out = ModelOutput(logits=None)
 
         dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
-        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm)
+        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm,
+                       combine=self.decoder.embedding_sum)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
         y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real=tgt_real, src_real=src_real, dropout=dropout,

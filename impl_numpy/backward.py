@@ -335,10 +335,15 @@ def embedding_backward(embedding, name: str, ids: np.ndarray, d_x: np.ndarray, g
 def embed_backward(config, embedding, stack, prefix: str, name: str, ids: np.ndarray, d_x: np.ndarray,
                    grads: Grads, tape: Tape) -> None:
     """x = E[ids] * sqrt(D) (when scale_embedding) + P[rows], then the embedding norm if there is
-    one (sections 3.4 and 3.5; BART's `layernorm_embedding`)."""
-    if stack.embedding_norm is not None:
+    one (sections 3.4 and 3.5; BART's `layernorm_embedding`); or, where the stack norms the tokens
+    alone (`sum_of_norm`: BlenderbotSmall's decoder), x = LN(E[ids] * sqrt(D)) + P[rows]."""
+    if stack.embedding_sum.__name__ == "sum_of_norm":  # LN(E x s) + P: the positions see dx itself
+        positions_backward(config, stack.position, f"{prefix}.position", ids, d_x, grads)
         d_x = layer_norm_backward(tape, stack.embedding_norm, f"{prefix}.embedding_norm", d_x, grads)
-    positions_backward(config, stack.position, f"{prefix}.position", ids, d_x, grads)
+    else:  # LN(E x s + P), or E x s + P
+        if stack.embedding_norm is not None:
+            d_x = layer_norm_backward(tape, stack.embedding_norm, f"{prefix}.embedding_norm", d_x, grads)
+        positions_backward(config, stack.position, f"{prefix}.position", ids, d_x, grads)
     if config.scale_embedding:
         d_x = d_x * math.sqrt(config.d_model)
     embedding_backward(embedding, name, ids, d_x, grads)

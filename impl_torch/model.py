@@ -571,6 +571,25 @@ class DecoderLayer(nn.Module):
 # -- Encoder and decoder -----------------------------------------------------------------------
 
 
+def norm_of_sum(tokens: torch.Tensor, positions, norm) -> torch.Tensor:
+    """LN(E x s + P): the embedding norm on the scaled tokens plus the position term (BART's
+    `layernorm_embedding`), or E x s + P without one (section 3.4)."""
+    x = tokens + positions
+    return x if norm is None else norm(x)
+
+
+def sum_of_norm(tokens: torch.Tensor, positions, norm) -> torch.Tensor:
+    """LN(E x s) + P: the embedding norm on the scaled tokens alone, the position term added
+    after it (BlenderbotSmall's decoder, `decoder_embedding_norm = "tokens"`)."""
+    return norm(tokens) + positions
+
+
+def embedding_sum(config: ModelConfig, stack: str):
+    """How a stack combines its tokens, positions and embedding norm: `sum_of_norm` for a decoder
+    with `decoder_embedding_norm = "tokens"`, else `norm_of_sum`."""
+    return sum_of_norm if stack == "decoder" and config.decoder_embedding_norm == "tokens" else norm_of_sum
+
+
 class Embedding(nn.Module):
     """A token lookup table (V, D). With `freeze_pad_embedding` the lookups of pad_id send its row
     no gradient (`nn.Embedding(padding_idx=pad_id)`); the forward is the same."""
@@ -595,6 +614,7 @@ class Encoder(nn.Module):
         self.embedding = Embedding(config, config.src_vocab_size, dtype)
         self.position = positions(config, dtype, bidirectional=True)
         self.embedding_norm = LayerNorm(config, dtype) if config.embedding_norm else None
+        self.embedding_sum = embedding_sum(config, "encoder")
         self.layers = nn.ModuleList(EncoderLayer(config, dtype) for _ in range(config.n_encoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_encoder_norm else None
 
@@ -631,6 +651,7 @@ class Decoder(nn.Module):
         self.embedding = None if config.share_embeddings else Embedding(config, config.tgt_vocab_size, dtype)
         self.position = positions(config, dtype, bidirectional=False)
         self.embedding_norm = LayerNorm(config, dtype) if config.embedding_norm else None
+        self.embedding_sum = embedding_sum(config, "decoder")
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.n_decoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_decoder_norm else None
 
@@ -843,16 +864,18 @@ class Model(nn.Module):
     # Forward -----------------------------------------------------------------------------------
 
     def embed(self, ids: torch.Tensor, embedding: Embedding, position: Positions, norm=None, *,
-              at=None) -> torch.Tensor:
+              at=None, combine=norm_of_sum) -> torch.Tensor:
         """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions,
         then `norm` when the config has an embedding norm (BART's `layernorm_embedding`).
 
-        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`."""
+        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`.
+        `combine` (keyword-only): the stack's `embedding_sum`, where its norm sits (`norm_of_sum`,
+        or BlenderbotSmall's decoder's `sum_of_norm`)."""
         x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
-        return x if norm is None else norm(x)
+        positions = position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype)
+        return combine(x, positions, norm)
 
     @property
     def target_embedding(self) -> Embedding:
@@ -923,7 +946,8 @@ class Model(nn.Module):
 
         if dropout is not None:  # the checked host masks, on the model's device
             dropout = Dropout(dropout.rate, {site: torch.tensor(m, device=self.device) for site, m in dropout.masks.items()})
-        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm)
+        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm,
+                       combine=self.decoder.embedding_sum)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
         y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention=return_attention,

@@ -98,6 +98,11 @@ FAMILIES = {
                               forced_eos_token_id=2), start=1,
                          # BlenderbotConfig's default 3 is a rule rosetta's generate does not apply (it warns)
                          extra=dict(encoder_no_repeat_ngram_size=0)),
+    # BlenderbotSmall: BART's keys, a table from row 0, the decoder's embedding LayerNorm before
+    # the positions (decoder_embedding_norm = "tokens").
+    "blenderbot_small": Family("hf-blenderbot-small", "BlenderbotSmallConfig", "BlenderbotSmallForConditionalGeneration",
+                               dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+                                    forced_eos_token_id=2), start=1),
     "marian": Family("hf-marian", "MarianConfig", "MarianMTModel",
                      dict(pad_token_id=VOCAB - 1, eos_token_id=0, decoder_start_token_id=VOCAB - 1, forced_eos_token_id=0),
                      start=VOCAB - 1, frozen_positions=True, sinusoid=True,
@@ -187,6 +192,9 @@ EXPECTED = {  # what each family's converted config must say, beyond sizes
     "blenderbot": dict(norm_placement="pre", embedding_norm=False, position="table", position_offset=0,
                        activation="gelu", scale_embedding=False, final_logits_bias=True, final_encoder_norm=True,
                        final_decoder_norm=True),
+    "blenderbot_small": dict(norm_placement="post", embedding_norm=True, decoder_embedding_norm="tokens",
+                             position="table", position_offset=0, activation="gelu", scale_embedding=False,
+                             final_logits_bias=True, final_encoder_norm=False),
     "marian": dict(norm_placement="post", embedding_norm=False, position="sinusoid-split", activation="silu",
                    scale_embedding=True, final_logits_bias=True),
 }

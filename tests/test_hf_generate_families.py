@@ -43,6 +43,7 @@ GENERATION = {
     "plbart": dict(decoder_start_token_id=2, forced_bos_token_id=5, forced_eos_token_id=2, no_repeat_ngram_size=2,
                    max_length=12),
     "blenderbot": dict(forced_eos_token_id=2, no_repeat_ngram_size=3, max_length=12),
+    "blenderbot_small": dict(forced_eos_token_id=2, no_repeat_ngram_size=2, max_length=12),
     "marian": dict(forced_eos_token_id=0, max_length=12),
 }
 EOS_BOOST = 2.0  # added to the end token's logit bias, where the family has one: rows end at varied steps

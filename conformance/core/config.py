@@ -22,6 +22,7 @@ NORM_PLACEMENTS = ("post", "pre")
 LAYER_NORM_FORMS = ("standard", "std-eps", "fast-variance", "rms")
 POSITIONS = ("sinusoid-interleaved", "sinusoid-split", "sinusoid-t2t", "sinusoid-fairseq", "table", "relative")
 POSITION_IDS = ("arange", "non-pad")
+DECODER_EMBEDDING_NORMS = ("sum", "tokens")
 PAD_MASK_SIDES = ("keys", "queries", "both", "none")
 SRC_PAD_MASK_SIDES = ("keys", "both")
 ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu", "tanh")
@@ -41,7 +42,7 @@ MAX_LEN_LIMIT = 65536
 # existed; every other field must be named by a stored config (see `from_dict(complete=True)`).
 ADDED_FIELDS = ("src_pad_mask", "scale_logits", "ffn_glu", "attention_temp", "position_offset", "position_ids",
                 "embedding_norm", "freeze_pad_embedding", "d_head", "scale_scores", "relative_buckets",
-                "relative_max_distance", "ffn_bias")
+                "relative_max_distance", "ffn_bias", "decoder_embedding_norm")
 
 _SIZE_FIELDS = (
     "src_vocab_size",
@@ -112,6 +113,12 @@ class ModelConfig:
             row `t + position_offset` unless it is the pad id, as transformers' cached step does.
         embedding_norm: a LayerNorm on the embeddings plus positions, before the first layer (BART
             and mBART's `layernorm_embedding`), `{encoder,decoder}.embedding_norm` in each stack.
+        decoder_embedding_norm: what the decoder's embedding LayerNorm normalises: "sum", the
+            scaled tokens plus the position term, `LN(E x s + P)` (BART, mBART, and every
+            encoder); or "tokens", the scaled tokens alone, the position term added after it,
+            `LN(E x s) + P` (BlenderbotSmall's decoder: `BlenderbotSmallDecoder.forward` calls
+            `layernorm_embedding(inputs_embeds)` before adding the positions, while its encoder
+            norms the sum). "tokens" needs `embedding_norm`.
         share_embeddings: the decoder uses the encoder's token embedding (needs equal vocabs).
         tie_output: the output projection is the target embedding transposed (section 3.4).
         freeze_pad_embedding: training only: the row of `pad_id` in each token embedding gets no
@@ -185,6 +192,7 @@ class ModelConfig:
     position_offset: int = 0
     position_ids: str = "arange"
     embedding_norm: bool = False
+    decoder_embedding_norm: str = "sum"
     relative_buckets: int = 32
     relative_max_distance: int = 128
     share_embeddings: bool = False
@@ -284,6 +292,7 @@ class ModelConfig:
             "layer_norm_form": LAYER_NORM_FORMS,
             "position": POSITIONS,
             "position_ids": POSITION_IDS,
+            "decoder_embedding_norm": DECODER_EMBEDDING_NORMS,
             "tgt_pad_mask": PAD_MASK_SIDES,
             "src_pad_mask": SRC_PAD_MASK_SIDES,
             "activation": ACTIVATIONS,
@@ -293,6 +302,9 @@ class ModelConfig:
                 raise ConfigError(
                     name, f"unknown value {getattr(self, name)!r}; expected one of {list(allowed)}"
                 )
+        if self.decoder_embedding_norm == "tokens" and not self.embedding_norm:
+            raise ConfigError("decoder_embedding_norm", "'tokens' says where the decoder's embedding LayerNorm sits; "
+                                                        "without one (embedding_norm false) there is nothing to place")
         if self.position.startswith("sinusoid") and self.d_model % 2:
             raise ConfigError("d_model", f"a sinusoid needs an even d_model, got {self.d_model}")
         if self.position in ("sinusoid-t2t", "sinusoid-fairseq") and self.d_model < 4:
