@@ -104,7 +104,9 @@ def parse_renames(items: list[str]) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from conformance.core import checkpoint
-    from conformance.convert import convert_arrays, read_state_dict, rename_prefixes
+    from conformance.convert import convert_arrays, rename_prefixes
+    from conformance.convert.readers import read_source
+    from conformance.convert.system_files import convert_system_file
     from conformance.core.errors import InputError
     from conformance.cli.progress import Status
     from conformance.convert.engine import PaddingWarning
@@ -159,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
                                           "names (hf-marian, hf-bart, ...), no --key and no --rename")
                 result = convert_folder(src, dtype=args.dtype, layout=args.layout, **overrides)
             else:
-                arrays = read_state_dict(src, key=args.key)
+                arrays, system = read_source(src, key=args.key)  # system: a checkpoint with its own options
                 if renames:
                     try:
                         arrays = rename_prefixes(arrays, renames)
@@ -168,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
                 if beside is not None:
                     result = convert_folder(src.parent, dtype=args.dtype, weights=arrays, source_file=src.name,
                                             layout=args.layout, **overrides)
+                elif system is not None:
+                    system.arrays = arrays
+                    result = convert_system_file(system, layout=args.layout, dtype=args.dtype,
+                                                 notes={"source_file": src.name}, **overrides)
                 else:
                     result = convert_arrays(arrays, args.layout, dtype=args.dtype, notes={"source_file": src.name},
                                             **overrides)

@@ -50,6 +50,8 @@ documented for users in `docs/porting.md`; in short:
     decoder_input = "shift-right"        # the system embeds shift_right(targets) itself
     [hf]                                 # a transformers family: its config.json as data
     model_types = ["bart"]               # (conformance.convert.hf_config)
+    [checkpoint]                         # a training checkpoint with its own options (OpenNMT-py's
+    tensors = { model = "" }             # .pt): conformance.convert.system_files
 
 `[taps]` serves `conformance.compare` (docs/porting.md): a tensor the system does not expose is
 left out, never guessed. See `Tap` for each field.
@@ -58,7 +60,7 @@ A layout may start from another: `extends = "torch-nn-transformer"` (a built-in 
 path relative to this file) takes everything from it, and this file's tables and lists replace
 what they name: a `[keys]` entry replaces the base's entry for the same canonical key(s) (or the
 same foreign pattern), `[switches]` and `[hints]` entries replace the base's one by one, and
-`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]`, `nested`, `detect` and `[hf]` given here replace the base's whole;
+`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]`, `nested`, `detect`, `[hf]` and `[checkpoint]` given here replace the base's whole;
 `[taps]` entries (and options) replace the base's one by one.
 
     extends = "torch-nn-transformer"
@@ -97,7 +99,7 @@ SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
 
 _TOP_KEYS = {"name", "description", "extends", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys", "infer",
-             "nested", "taps", "hf", "detect"}
+             "nested", "taps", "hf", "detect", "checkpoint"}
 _ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed", "heads", "when"}
 # How a system stores a projection per head (Flax DenseGeneral): "out" is (d_in, H, K), merged
 # to (d_in, H*K); "in" is (H, K, d_out), merged to (H*K, d_out). Head h owns columns (rows)
@@ -308,6 +310,9 @@ class Layout:
     # [hf]: the Hugging Face family's config.json as data (conformance.convert.hf_config), for a
     # layout whose system is a transformers model; None for every other.
     hf: HFTable | None = None
+    # [checkpoint]: the training checkpoint the system writes, with its options, as data
+    # (conformance.convert.system_files); None for a system that saves a state dict only.
+    checkpoint: Any = None
     # Whether auto-detection (no --layout) may pick it. A system that saves exactly another's keys
     # (mT5 saves T5's) cannot be told by them: it is chosen by name, or by config.json's model_type.
     detect: bool = True
@@ -563,9 +568,12 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
             if entry.transpose is None and any(is_matrix(e) for t in entry.targets for e in t.examples()):
                 raise _fail(where, f"[keys] {entry.text!r} maps a matrix; say how the system stores matrices "
                             "with matrices = 'out-in' or 'in-out' (or transpose = true/false on the entry)")
-    aliases = {e.text for e in entries if e.kind == "alias"}
+    def together(a: Entry, b: Entry) -> bool:  # both can apply under one set of switches
+        return all(a.when[k] == b.when[k] for k in set(a.when) & set(b.when))
+
     for entry in entries:
-        if entry.kind == "alias" and entry.same_as.text in aliases:
+        if entry.kind == "alias" and any(other.kind == "alias" and other.text == entry.same_as.text and together(entry, other)
+                                         for other in entries):
             raise _fail(where, f"[keys] {entry.text!r} is an alias of another alias; point it at the stored key")
     nested = data.get("nested", False)
     if not isinstance(nested, bool):
@@ -592,6 +600,11 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
         infer.append(InferRule(rule["key"], sides[0], sides[1], rule.get("differs_from")))
     taps, tap_options = _taps(data.get("taps", {}), where)
     hf = parse_hf_table(data["hf"], where) if "hf" in data else None
+    checkpoint = None
+    if "checkpoint" in data:
+        from conformance.convert.system_files import parse_checkpoint_table
+
+        checkpoint = parse_checkpoint_table(data["checkpoint"], where)
     detect = data.get("detect", True)
     if not isinstance(detect, bool):
         raise _fail(where, f"detect must be true or false, got {detect!r}")
@@ -600,7 +613,7 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
         matrices=matrices, free=frozenset(lists["free"]) | frozenset(lists["required"]),
         required=frozenset(lists["required"]), drop=tuple(lists["drop"]), entries=entries, path=path,
         hints=dict(hints), infer=tuple(infer), nested=nested, taps=taps, tap_options=tap_options, hf=hf,
-        detect=detect, _drop_regex=tuple(glob(d) for d in lists["drop"]),
+        detect=detect, checkpoint=checkpoint, _drop_regex=tuple(glob(d) for d in lists["drop"]),
     )
 
 

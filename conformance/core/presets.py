@@ -168,6 +168,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         tgt_pad_mask="none", src_pad_mask="both", cross_attn_src_mask=True, pad_id=0,
         activation="relu", share_embeddings=True, tie_output=True, output_bias=False, scale_logits=True,
     ),
+    # OpenNMT-py 3.x's transformer (onmt/encoders/transformer.py, onmt/decoders/transformer.py) at
+    # its option defaults: pre-LN with a final LayerNorm on each stack (eps norm_eps 1e-6), no q/k/v/o
+    # biases (add_qkvbias false) and no feed-forward biases (add_ffnbias false), the embedding scaled
+    # by sqrt(d) inside PositionalEncoding and its sinusoid stored as a buffer, masked scores filled
+    # with -1e18, target padding masked on the keys AND causal, separate embeddings (each an
+    # nn.Embedding with the pad token's padding_idx) and a generator of its own with a bias; pad id 1
+    # ("<blank>" in its vocabularies).
+    "opennmt-py": dict(
+        norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True, layer_norm_eps=1e-6,
+        scale_embedding=True, position="table", qkv_bias=False, out_proj_bias=False, ffn_bias=False,
+        mask_fill=-1e18, tgt_pad_mask="keys", cross_attn_src_mask=True, pad_id=1, share_embeddings=False,
+        tie_output=False, output_bias=True, activation="relu", freeze_pad_embedding=True,
+    ),
     # The built-in default for `rosetta check`: small, post-LN, with padding on both sides.
     "default": dict(
         src_vocab_size=24, tgt_vocab_size=24, d_model=32, n_heads=4, d_ff=64,
