@@ -50,6 +50,8 @@ documented for users in `docs/porting.md`; in short:
     decoder_input = "shift-right"        # the system embeds shift_right(targets) itself
     [hf]                                 # a transformers family: its config.json as data
     model_types = ["bart"]               # (conformance.convert.hf_config)
+    [float32_islands]                    # parts computed in float32 in a float64 model, and the
+    T5LayerNorm = { tensors = ["encoder.{i}.self"], why = "..." }   # tensors where they first enter
     [checkpoint]                         # a training checkpoint with its own options (OpenNMT-py's
     tensors = { model = "" }             # .pt): conformance.convert.system_files
 
@@ -60,7 +62,7 @@ A layout may start from another: `extends = "torch-nn-transformer"` (a built-in 
 path relative to this file) takes everything from it, and this file's tables and lists replace
 what they name: a `[keys]` entry replaces the base's entry for the same canonical key(s) (or the
 same foreign pattern), `[switches]` and `[hints]` entries replace the base's one by one, and
-`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]`, `nested`, `detect`, `[hf]` and `[checkpoint]` given here replace the base's whole;
+`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]`, `nested`, `detect`, `[hf]`, `[checkpoint]` and `[float32_islands]` given here replace the base's whole;
 `[taps]` entries (and options) replace the base's one by one.
 
     extends = "torch-nn-transformer"
@@ -99,7 +101,7 @@ SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
 
 _TOP_KEYS = {"name", "description", "extends", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys", "infer",
-             "nested", "taps", "hf", "detect", "checkpoint"}
+             "nested", "taps", "hf", "detect", "checkpoint", "float32_islands"}
 _ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed", "heads", "when"}
 # How a system stores a projection per head (Flax DenseGeneral): "out" is (d_in, H, K), merged
 # to (d_in, H*K); "in" is (H, K, d_out), merged to (H*K, d_out). Head h owns columns (rows)
@@ -258,6 +260,42 @@ def _taps(table: Any, where: str) -> tuple[tuple[Tap, ...], dict[str, Any]]:
     return tuple(taps), options
 
 
+@dataclass(frozen=True)
+class Island:
+    """One `[float32_islands]` entry: a part the system computes in float32 even in a float64
+    model (transformers' T5LayerNorm variance, Marian's sinusoid table, OpenNMT-py's softmax), and
+    the canonical tensors (TAP_TENSORS names, `{i}` for every layer) where its rounding first
+    enters: those and every tensor after them in forward order may carry it. `conformance.compare`
+    in float64 labels such a tensor whose error sits at float32 rounding "float32 island in
+    NAME: expected" instead of a divergence."""
+
+    name: str
+    tensors: tuple[str, ...]
+    why: str
+
+    def first_index(self, order: list[str]) -> int | None:
+        """Where in `order` (the forward order's tensor names) the island first enters, or None."""
+        hits = [i for i, tensor in enumerate(order) for pattern in self.tensors
+                if re.fullmatch(re.escape(pattern).replace(r"\{i\}", r"\d+"), tensor)]
+        return min(hits) if hits else None
+
+
+def _islands(table: Any, where: str) -> tuple[Island, ...]:
+    if not isinstance(table, dict):
+        raise _fail(where, "[float32_islands] must be a table of name = { tensors = [...], why = \"...\" }")
+    out = []
+    for name, spec in table.items():
+        if not isinstance(spec, dict) or set(spec) != {"tensors", "why"} or not isinstance(spec["why"], str) \
+                or not isinstance(spec["tensors"], list) or not spec["tensors"]:
+            raise _fail(where, f"[float32_islands] {name!r} = {{ tensors = [canonical tensors], why = \"...\" }}; got {spec!r}")
+        bad = [t for t in spec["tensors"] if t not in TAP_TENSORS]
+        if bad:
+            raise _fail(where, f"[float32_islands] {name!r}: {bad} are not canonical tensors; expected some of "
+                               f"{', '.join(TAP_TENSORS)}")
+        out.append(Island(name, tuple(spec["tensors"]), spec["why"]))
+    return tuple(out)
+
+
 class InferRule(NamedTuple):
     """One `[[infer]]` rule: the switches `present` when the foreign `key` is there, else `absent`.
 
@@ -310,6 +348,8 @@ class Layout:
     # [hf]: the Hugging Face family's config.json as data (conformance.convert.hf_config), for a
     # layout whose system is a transformers model; None for every other.
     hf: HFTable | None = None
+    # [float32_islands]: parts the system computes in float32 even in a float64 model (Island).
+    islands: tuple["Island", ...] = ()
     # [checkpoint]: the training checkpoint the system writes, with its options, as data
     # (conformance.convert.system_files); None for a system that saves a state dict only.
     checkpoint: Any = None
@@ -600,6 +640,7 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
         infer.append(InferRule(rule["key"], sides[0], sides[1], rule.get("differs_from")))
     taps, tap_options = _taps(data.get("taps", {}), where)
     hf = parse_hf_table(data["hf"], where) if "hf" in data else None
+    islands = _islands(data.get("float32_islands", {}), where)
     checkpoint = None
     if "checkpoint" in data:
         from conformance.convert.system_files import parse_checkpoint_table
@@ -613,7 +654,7 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
         matrices=matrices, free=frozenset(lists["free"]) | frozenset(lists["required"]),
         required=frozenset(lists["required"]), drop=tuple(lists["drop"]), entries=entries, path=path,
         hints=dict(hints), infer=tuple(infer), nested=nested, taps=taps, tap_options=tap_options, hf=hf,
-        detect=detect, checkpoint=checkpoint, _drop_regex=tuple(glob(d) for d in lists["drop"]),
+        detect=detect, checkpoint=checkpoint, islands=islands, _drop_regex=tuple(glob(d) for d in lists["drop"]),
     )
 
 

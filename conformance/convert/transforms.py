@@ -110,7 +110,9 @@ def _sinusoid_tolerance(rows: int, dtype: np.dtype) -> np.ndarray:
     positions): at most 0.72 eps (1 + p), so 4 eps (1 + p) leaves a margin of 5. A learned table
     is off by O(0.1) everywhere, far outside this bound.
     """
-    eps = float(ml_dtypes.finfo(dtype).eps)
+    # A float64 table may hold a float32 computation widened (a tutorial's or Marian's model after
+    # `.double()`): its rounding is float32's, never less.
+    eps = max(float(ml_dtypes.finfo(dtype).eps), float(np.finfo(np.float32).eps))
     return 4 * eps * (1 + np.arange(rows, dtype=np.float64))[:, None]
 
 

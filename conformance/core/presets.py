@@ -111,6 +111,27 @@ PRESETS: dict[str, dict[str, Any]] = {
         final_logits_bias=True, activation="relu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0,
         freeze_pad_embedding=True,
     ),
+    # PLBart (modeling_plbart): BART's modules, the embedding scaled (PLBartConfig.scale_embedding).
+    "hf-plbart": dict(
+        norm_placement="post", embedding_norm=True, scale_embedding=True, position="table", position_offset=2,
+        share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True, activation="gelu",
+        mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=1, freeze_pad_embedding=True,
+    ),
+    # BlenderbotSmall (modeling_blenderbot_small): BART's modules, a learned table read from row 0,
+    # and the decoder's layernorm_embedding on the tokens before the positions are added.
+    "hf-blenderbot-small": dict(
+        norm_placement="post", embedding_norm=True, decoder_embedding_norm="tokens", scale_embedding=False,
+        position="table", position_offset=0, share_embeddings=True, tie_output=True, output_bias=False,
+        final_logits_bias=True, activation="gelu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0,
+        freeze_pad_embedding=True,
+    ),
+    # Blenderbot (modeling_blenderbot): Pegasus' modules with a learned table from row 0, GELU and
+    # no embedding scale (BlenderbotConfig's defaults).
+    "hf-blenderbot": dict(
+        norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True, scale_embedding=False,
+        position="table", share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True,
+        activation="gelu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0, freeze_pad_embedding=True,
+    ),
     # P9 T5 v1.0 (transformers modeling_t5; t5-small ... t5-11b): pre-LN with T5LayerNorm (RMSNorm
     # in float32, eps 1e-6, a scale and no bias) and a final norm on each stack; scores Q K^T
     # unscaled (T5 folds the scale into W_q's initialisation); no bias anywhere; heads of d_kv,

@@ -114,3 +114,15 @@ class Crafted:
 
     def __setstate__(self, state):
         Crafted.built = True  # would run on unpickling: it must never be reached
+
+
+def test_the_fixture_script_checked_the_taps_and_the_island_against_opennmt_py():
+    """make_opennmt_fixture.py ran `conformance.compare` on OpenNMT-py's own model (where
+    OpenNMT-py is installed): every tapped tensor agreed in float32, and in float64 every tensor
+    after the first attention sat at float32 rounding, labelled as the layout's island. Its reports
+    are kept beside the checkpoint; this reads what they recorded."""
+    float64 = (FIXTURE / "compare_float64.txt").read_text()
+    float32 = (FIXTURE / "compare_float32.txt").read_text()
+    assert float64.rstrip().endswith("result: ok") and float32.rstrip().endswith("result: ok")
+    assert "logits: float32 island in the attention softmax: expected" in float64
+    assert "not exposed" not in float64 and "not exposed" not in float32
