@@ -132,6 +132,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         position="table", share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True,
         activation="gelu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0, freeze_pad_embedding=True,
     ),
+    # FSMT (modeling_fsmt: fairseq's WMT19 transformers): post-LN without final norms or an embedding
+    # LayerNorm, fairseq's float32 sinusoid over non-pad tokens from pad_id + 1 (a frozen table the
+    # folder stores), separate source and target embeddings (their own vocabularies) and an untied
+    # output_projection without bias, ReLU, scaled embeddings; padding masked on the keys in both
+    # stacks (the decoder's start token is the end token, not the pad), finfo.min fills.
+    "hf-fsmt": dict(
+        norm_placement="post", scale_embedding=True, position="sinusoid-fairseq", position_offset=2,
+        position_ids="non-pad", share_embeddings=False, tie_output=False, output_bias=False, activation="relu",
+        mask_fill=FLOAT32_MIN, tgt_pad_mask="keys", pad_id=1, freeze_pad_embedding=True,
+    ),
     # P9 T5 v1.0 (transformers modeling_t5; t5-small ... t5-11b): pre-LN with T5LayerNorm (RMSNorm
     # in float32, eps 1e-6, a scale and no bias) and a final norm on each stack; scores Q K^T
     # unscaled (T5 folds the scale into W_q's initialisation); no bias anywhere; heads of d_kv,
