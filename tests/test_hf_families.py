@@ -384,7 +384,7 @@ def test_a_folder_whose_model_type_names_another_family_says_which(built, tmp_pa
         (copy_ / path.name).write_bytes(path.read_bytes())
     data = json.loads((copy_ / "config.json").read_text())
     (copy_ / "config.json").write_text(json.dumps({**data, "model_type": "mbart"}))
-    with pytest.raises(ConfigError, match="are those of layout hf-pegasus") as info:
+    with pytest.raises(ConfigError, match="are those of layout .*hf-pegasus") as info:
         from_hf_folder(copy_)
     assert info.value.field == "model_type"
 

@@ -7,7 +7,7 @@ read such a file in one table, and this module reads every such system by that t
 
     [checkpoint]
     tensors = { model = "", generator = "generator." }  # entries of tensors, and the prefix their keys take
-    options = "opt"                                     # the entry of the system's own options
+    options = "opt"                                     # the entry of the system's own options (dotted: "cfg.model")
     classes = ["argparse.Namespace"]                    # what the unpickler may build beyond tensors
     vocabularies = ["vocab.src", "vocab.tgt"]           # token lists (dotted paths into the file)
     [checkpoint.tokens]                                 # a ModelConfig field -> the token whose index
@@ -59,7 +59,15 @@ class CheckpointTable:
     unsupported: tuple[Unsupported, ...] = ()
 
     def fits(self, obj: Any) -> bool:
-        return isinstance(obj, Mapping) and all(e in obj for e in self.tensors) and self.options in obj
+        """Whether a loaded file holds every tensor entry and the options (a dotted path)."""
+        if not isinstance(obj, Mapping) or not all(e in obj for e in self.tensors):
+            return False
+        value: Any = obj
+        for part in self.options.split("."):
+            if not isinstance(value, Mapping) or part not in value:
+                return False
+            value = value[part]
+        return value is not None
 
 
 def parse_checkpoint_table(table: Any, where: str) -> CheckpointTable:
@@ -151,7 +159,7 @@ def system_file(obj: Any, file: Path) -> SystemFile | None:
                 arrays.update({prefix + key: value for key, value in as_arrays(tensors).items()})
             except TensorError as exc:
                 raise CheckpointError(file, f"entry {entry!r}: {exc}") from None
-        options = obj[table.options]
+        options = _entry(obj, table.options, file)
         values = vars(options) if isinstance(options, argparse.Namespace) else options
         if not isinstance(values, Mapping):
             raise CheckpointError(file, f"entry {table.options!r} holds no options")

@@ -137,6 +137,8 @@ def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides
     if enc.shape != dec.shape:
         raise TensorError(origin[TABLES[1]], f"has shape {dec.shape} but {origin[TABLES[0]]} has {enc.shape}; both stacks share max_len")
     rows, width = enc.shape
+    # fairseq's sinusoid zeroes the pad id's row (M2M100, FSMT): the id the config will have.
+    pad = overrides.get("pad_id", layout.base_switches().get("pad_id", 0))
     wanted = overrides.get("position")
     if wanted is not None and wanted not in POSITIONS:
         raise ConfigError("position", f"unknown value {wanted!r}; expected one of {list(POSITIONS)}")
@@ -146,7 +148,7 @@ def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides
     if wanted is not None:
         if width % 2:
             raise ConfigError("position", f"a sinusoid needs an even d_model; the stored table is {width} wide")
-        exact = sinusoid_table(rows, width, wanted)
+        exact = sinusoid_table(rows, width, wanted, pad_id=pad)
         tol = _sinusoid_tolerance(rows, enc.dtype)
         for name, table in zip(TABLES, (enc, dec)):
             err = np.abs(table.astype(np.float64) - exact)
@@ -161,8 +163,12 @@ def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides
         return wanted, rows
     if width % 2 == 0:
         preferred = layout.base_switches().get("position")
-        for form in sorted(SINUSOIDS, key=lambda f: f != preferred):
-            expected = sinusoid_table(rows, width, form).astype(enc.dtype)
+        # The layout's own sinusoid first (fairseq's too, where it is the system's: FSMT stores it),
+        # then the others.
+        forms = ([preferred] if isinstance(preferred, str) and preferred.startswith("sinusoid") else []) + \
+            [f for f in SINUSOIDS if f != preferred]
+        for form in forms:
+            expected = sinusoid_table(rows, width, form, pad_id=pad).astype(enc.dtype)
             if identical(enc, expected) and identical(dec, expected):
                 for name in TABLES:
                     del canonical[name]
@@ -176,7 +182,7 @@ def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides
         # family's keys), refused by name rather than converted.
         form = layout.base_switches().get("position")
         if form in SINUSOIDS and width % 2 == 0:
-            exact = sinusoid_table(rows, width, form)
+            exact = sinusoid_table(rows, width, form, pad_id=pad)
             tol = _sinusoid_tolerance(rows, np.dtype(np.float32))
             worst = max((float(np.max(np.abs(t.astype(np.float64) - exact) - tol)), name) for name, t in zip(TABLES, (enc, dec)))
             if worst[0] > 0:

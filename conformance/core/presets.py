@@ -142,6 +142,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         position_ids="non-pad", share_embeddings=False, tie_output=False, output_bias=False, activation="relu",
         mask_fill=FLOAT32_MIN, tgt_pad_mask="keys", pad_id=1, freeze_pad_embedding=True,
     ),
+    # fairseq's TransformerModel (fairseq/models/transformer), transformer_wmt_en_de and its kin at
+    # their defaults: FSMT's numerics (the WMT19 models were fairseq's), with fairseq's own masks:
+    # padding and the future filled with -inf (MultiheadAttention, future_mask).
+    "fairseq-transformer": dict(
+        norm_placement="post", scale_embedding=True, position="sinusoid-fairseq", position_offset=2,
+        position_ids="non-pad", share_embeddings=False, tie_output=False, output_bias=False, activation="relu",
+        mask_fill=float("-inf"), tgt_pad_mask="keys", pad_id=1, freeze_pad_embedding=True,
+    ),
     # P9 T5 v1.0 (transformers modeling_t5; t5-small ... t5-11b): pre-LN with T5LayerNorm (RMSNorm
     # in float32, eps 1e-6, a scale and no bias) and a final norm on each stack; scores Q K^T
     # unscaled (T5 folds the scale into W_q's initialisation); no bias anywhere; heads of d_kv,
