@@ -80,10 +80,16 @@ def positions_backward(config, position, prefix: str, ids: np.ndarray, d_x: np.n
 
 def score_bias_backward(tape: Tape, position, prefix: str, d_bias: list, grads: Grads) -> None:
     """bias[h, i, j] = R[bucket(j - i), h] added to every self-attention layer of the stack (T5)
-    ->  dR[b, h] = the sum, over the layers and over every (i, j) in bucket b, of d scores[h, i, j].
+    ->  dR[b, h] = the sum, over the layers and over every (i, j) in bucket b, of d scores[h, i, j];
+    with a table per layer (UMT5), each layer's dR_l gets its own layer's sum only.
     `d_bias` holds each layer's (H, Tq, Tk), summed over the batch; empty without a score bias."""
     if d_bias:
         buckets = tape[position]  # (Tq, Tk)
+        if type(position).__name__ == "RelativeBuckets":  # UMT5: each layer's own table (relative_bias_per_layer)
+            stack = prefix.split(".", 1)[0]
+            for i, d in enumerate(reversed(d_bias)):  # appended from the last layer to the first
+                np.add.at(grads[f"{stack}.layers.{i}.self_attn.relative_bias"], buckets, d.transpose(1, 2, 0))
+            return
         np.add.at(grads[f"{prefix}.relative_bias"], buckets, sum(d_bias).transpose(1, 2, 0))  # (Tq, Tk, H)
 
 

@@ -160,8 +160,35 @@ class RelativePositionBias:
         return cast(self.relative_bias[buckets], dtype).transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
 
 
+class RelativeBuckets:
+    """UMT5's relative positions: no term on the embeddings; the stack computes the bucket of every
+    (query, key) once (T5's `_relative_position_bucket`), and each self-attention layer reads them in
+    a table of its own (`relative_bias_per_layer`: `own_table_bias`)."""
+
+    def __init__(self, config: ModelConfig, *, bidirectional: bool):
+        self.buckets = offset_buckets(config, bidirectional=bidirectional)  # (2 max_len - 1,): offset n at n + max_len - 1
+        self.max_len = config.max_len
+
+    def __call__(self, ids: np.ndarray, dtype):
+        return 0  # nothing is added to the embeddings
+
+    def at(self, position: int, ids: np.ndarray, dtype):
+        return 0
+
+    def score_bias(self, query_len: int, key_len: int, dtype, *, first_query: int = 0, tape=None) -> np.ndarray:
+        """(Tq, Tk): the buckets of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1."""
+        query = first_query + np.arange(query_len)  # (Tq,)
+        buckets = self.buckets[np.arange(key_len)[None, :] - query[:, None] + self.max_len - 1]  # (Tq, Tk)
+        if tape is not None:
+            tape[self] = buckets
+        return buckets
+
+
 def positions(config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, dtype, *, bidirectional: bool):
-    """The stack's position term: `RelativePositionBias` for position "relative" (T5), else `Positions`."""
+    """The stack's position term: `RelativePositionBias` for position "relative" (T5), `RelativeBuckets`
+    with `relative_bias_per_layer` (UMT5), else `Positions`."""
+    if config.position == "relative" and config.relative_bias_per_layer:
+        return RelativeBuckets(config, bidirectional=bidirectional)
     if config.position == "relative":
         return RelativePositionBias(config, params, prefix, bidirectional=bidirectional)
     return Positions(config, params, prefix, dtype)
@@ -292,11 +319,22 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = T
     return weights @ v, weights  # (B, H, Tq, K)
 
 
+def passed_bias(attention, bias, dtype):
+    """The score bias as the stack computed it: T5's shared table read at the buckets, or None."""
+    return bias
+
+
+def own_table_bias(attention, buckets, dtype):
+    """UMT5: this attention's own (buckets, H) table read at the stack's buckets (Tq, Tk)."""
+    return cast(attention.relative_bias[buckets], dtype).transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
+
+
 class MultiHeadAttention:
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_o, head_h = Attention(Q W_q^h, K W_k^h, V W_v^h)
     (section 3.2.2). Head h owns columns h*K .. (h+1)*K - 1 of W_q, W_k and W_v."""
 
-    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, *,
+                 own_bias: bool = False):
         self.q_proj = Linear(params, f"{prefix}.q_proj")
         self.k_proj = Linear(params, f"{prefix}.k_proj")
         self.v_proj = Linear(params, f"{prefix}.v_proj")
@@ -306,6 +344,10 @@ class MultiHeadAttention:
         self.fill = config.mask_fill
         self.temperature = config.attention_temp
         self.scaled = config.scale_scores
+        # `own_bias` (UMT5's self-attention): a relative position table of its own, read at the
+        # stack's buckets; else the stack's score bias is used as passed.
+        self.relative_bias = params[f"{prefix}.relative_bias"] if own_bias else None
+        self.layer_bias = own_table_bias if own_bias else passed_bias
 
     def split_heads(self, x: np.ndarray) -> np.ndarray:
         batch, length, _ = x.shape
@@ -329,6 +371,7 @@ class MultiHeadAttention:
             k, v = self.keys_values(memory, tape=tape)  # (B, H, Tk, K) each
         else:
             k, v = cache.keys_values(self, memory)
+        bias = self.layer_bias(self, bias, q.dtype)  # (1, H, Tq, Tk), or None
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias)
         if tape is not None:
             tape[self] = (q, k, v, weights, mask, bias is not None)
@@ -386,7 +429,7 @@ def sublayer(x: np.ndarray, fn, norm: LayerNorm, pre_ln: bool, dropout=None, sit
 
 class EncoderLayer:
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
-        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn")
+        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn", own_bias=config.relative_bias_per_layer)
         self.self_attn_norm = LayerNorm(config, params, f"{prefix}.self_attn_norm")
         self.ffn = FeedForward(config, params, f"{prefix}.ffn")
         self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
@@ -413,7 +456,7 @@ class EncoderLayer:
 
 class DecoderLayer:
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
-        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn")
+        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn", own_bias=config.relative_bias_per_layer)
         self.self_attn_norm = LayerNorm(config, params, f"{prefix}.self_attn_norm")
         self.cross_attn = MultiHeadAttention(config, params, f"{prefix}.cross_attn")
         self.cross_attn_norm = LayerNorm(config, params, f"{prefix}.cross_attn_norm")

@@ -188,8 +188,35 @@ class RelativePositionBias(nn.Module):
         return cast(self.relative_bias[buckets], dtype).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
 
 
+class RelativeBuckets(nn.Module):
+    """UMT5's relative positions: no term on the embeddings; the stack computes the bucket of every
+    (query, key) once (T5's `_relative_position_bucket`), and each self-attention layer reads them in
+    a table of its own (`relative_bias_per_layer`: `own_table_bias`)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool):
+        super().__init__()
+        buckets = offset_buckets(config, bidirectional=bidirectional)  # (2 max_len - 1,): offset n at n + max_len - 1
+        self.register_buffer("buckets", torch.as_tensor(buckets).to(torch.get_default_device()), persistent=False)
+        self.max_len = config.max_len
+
+    def forward(self, ids: torch.Tensor, dtype: torch.dtype):
+        return 0  # nothing is added to the embeddings
+
+    def at(self, position: int, ids: torch.Tensor, dtype: torch.dtype):
+        return 0
+
+    def score_bias(self, query_len: int, key_len: int, dtype: torch.dtype, *, first_query: int = 0) -> torch.Tensor:
+        """(Tq, Tk): the buckets of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1."""
+        device = self.buckets.device
+        query = first_query + torch.arange(query_len, device=device)  # (Tq,)
+        return self.buckets[torch.arange(key_len, device=device)[None, :] - query[:, None] + self.max_len - 1]
+
+
 def positions(config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool):
-    """The stack's position term: `RelativePositionBias` for position "relative" (T5), else `Positions`."""
+    """The stack's position term: `RelativePositionBias` for position "relative" (T5), `RelativeBuckets`
+    with `relative_bias_per_layer` (UMT5), else `Positions`."""
+    if config.position == "relative" and config.relative_bias_per_layer:
+        return RelativeBuckets(config, dtype, bidirectional=bidirectional)
     if config.position == "relative":
         return RelativePositionBias(config, dtype, bidirectional=bidirectional)
     return Positions(config, dtype)
@@ -389,11 +416,21 @@ def fast_attention(q, k, v, mask, fill: float, *, scaled: bool = True, empty_row
     return heads if fix is None else torch.where(fix, fixed, heads)  # (B, H, Tq, K)
 
 
+def passed_bias(attention, bias, dtype: torch.dtype):
+    """The score bias as the stack computed it: T5's shared table read at the buckets, or None."""
+    return bias
+
+
+def own_table_bias(attention, buckets, dtype: torch.dtype) -> torch.Tensor:
+    """UMT5: this attention's own (buckets, H) table read at the stack's buckets (Tq, Tk)."""
+    return cast(attention.relative_bias[buckets], dtype).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_o, head_h = Attention(Q W_q^h, K W_k^h, V W_v^h)
     (section 3.2.2). Head h owns columns h*K .. (h+1)*K - 1 of W_q, W_k and W_v."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, *, own_bias: bool = False):
         super().__init__()
         d, inner = config.d_model, config.inner_dim  # inner = H K: d_model unless d_head is set (T5's d_kv)
         self.q_proj = Linear(d, inner, config.qkv_bias, dtype)
@@ -405,6 +442,10 @@ class MultiHeadAttention(nn.Module):
         self.fill = config.mask_fill
         self.temperature = config.attention_temp
         self.scaled = config.scale_scores
+        # `own_bias` (UMT5's self-attention): a relative position table of its own, read at the
+        # stack's buckets; else the stack's score bias is used as passed.
+        self.relative_bias = nn.Parameter(torch.empty(config.relative_buckets, config.n_heads, dtype=dtype)) if own_bias else None
+        self.layer_bias = own_table_bias if own_bias else passed_bias
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, mask_fill={self.fill:g}"
@@ -440,6 +481,7 @@ class MultiHeadAttention(nn.Module):
             k, v = self.keys_values(memory)  # (B, H, Tk, K) each
         else:
             k, v = cache.keys_values(self, memory)
+        bias = self.layer_bias(self, bias, torch.promote_types(q.dtype, torch.float32))  # (1, H, Tq, Tk), or None
         if return_attention or bias is not None:  # a score bias (T5) takes the explicit path
             heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias,
                                                           empty_rows=empty_rows)
@@ -506,7 +548,7 @@ def sublayer(x: torch.Tensor, fn, norm: LayerNorm, pre_ln: bool, dropout=None, s
 class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
-        self.self_attn = MultiHeadAttention(config, dtype)
+        self.self_attn = MultiHeadAttention(config, dtype, own_bias=config.relative_bias_per_layer)
         self.self_attn_norm = LayerNorm(config, dtype)
         self.ffn = FeedForward(config, dtype)
         self.ffn_norm = LayerNorm(config, dtype)
@@ -535,7 +577,7 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
-        self.self_attn = MultiHeadAttention(config, dtype)
+        self.self_attn = MultiHeadAttention(config, dtype, own_bias=config.relative_bias_per_layer)
         self.self_attn_norm = LayerNorm(config, dtype)
         self.cross_attn = MultiHeadAttention(config, dtype)
         self.cross_attn_norm = LayerNorm(config, dtype)

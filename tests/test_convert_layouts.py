@@ -134,6 +134,12 @@ def test_a_stored_sinusoid_is_written_from_the_shared_table():
 # -- Detection ---------------------------------------------------------------------------------
 
 
+def closest_of(error: NoMatchingLayoutError) -> list:
+    """The candidates tied for closest (the fewest missing and unexpected keys)."""
+    best = len(error.candidates[0][1]) + len(error.candidates[0][2])
+    return [c for c in error.candidates if len(c[1]) + len(c[2]) == best]
+
+
 @pytest.mark.parametrize("name", [name for name in LAYOUTS if load_layout(name).detect])  # hf-mt5: hf-t5's keys
 def test_a_near_miss_is_explained(name):
     layout = load_layout(name)
@@ -145,14 +151,14 @@ def test_a_near_miss_is_explained(name):
     short = {k: v for k, v in exported.items() if k != dropped}
     with pytest.raises(NoMatchingLayoutError) as info:
         detect_layout(short)
-    closest, missing, unexpected = info.value.candidates[0]
-    assert (closest, missing, unexpected) == (name, [dropped], [])
+    # Layouts with the same keys (hf-bart, hf-plbart, hf-blenderbot-small) tie for closest.
+    assert (name, [dropped], []) in closest_of(info.value), info.value.candidates[:3]
     assert dropped in str(info.value) and name in str(info.value)
 
     longer = {**exported, "extra.weight": np.zeros(3, np.float32)}
     with pytest.raises(NoMatchingLayoutError) as info:
         detect_layout(longer)
-    assert info.value.candidates[0] == (name, [], ["extra.weight"])
+    assert (name, [], ["extra.weight"]) in closest_of(info.value)
     with pytest.raises(KeyMismatchError, match="unexpected key.*extra.weight"):
         import_state_dict(longer, name, **import_overrides(layout, config))
 

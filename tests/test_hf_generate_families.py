@@ -120,7 +120,7 @@ def test_generate_with_no_ids_passed_gives_transformers_ids(name, backend, num_b
 # that the ids are decided by float64 scores on both sides.
 
 T5_GENERATION = {"t5": dict(max_length=12, no_repeat_ngram_size=2), "t5-v1_1": dict(max_length=12),
-                 "mt5": dict(max_length=12, no_repeat_ngram_size=2)}
+                 "mt5": dict(max_length=12, no_repeat_ngram_size=2), "umt5": dict(max_length=12, no_repeat_ngram_size=2)}
 
 
 @functools.cache
@@ -142,7 +142,7 @@ def converted_t5(name: str, tmp_dir: str):
 @pytest.mark.parametrize("backend", BACKEND_PARAMS)
 @pytest.mark.parametrize("name", list(T5_GENERATION))
 def test_t5_generate_with_no_ids_passed_gives_transformers_ids(name, backend, num_beams, tmp_path_factory):
-    from test_hf_t5 import PAD, batch as t5_batch, float64_variance
+    from test_hf_t5 import EOS, PAD, batch as t5_batch, float64_variance
 
     model, config, params = converted_t5(name, str(tmp_path_factory.getbasetemp()))
     src, _, _ = t5_batch()
@@ -151,7 +151,7 @@ def test_t5_generate_with_no_ids_passed_gives_transformers_ids(name, backend, nu
                                                      attention_mask=torch.from_numpy(src != PAD).long(),
                                                      num_beams=num_beams, do_sample=False)
     assert (out[:, 0] == 0).all()
-    expected = out[:, 1:].numpy()
+    expected = after_eos_as_pad(out[:, 1:].numpy(), EOS, PAD)
     target = backends.Target(backend, "cpu", "float64")
     with backends.full_precision(backend), backends.dtype_scope(target):
         ours = backends.build(target, config, {k: v.astype(np.float64) for k, v in params.items()})

@@ -38,6 +38,7 @@ transformers = pytest.importorskip("transformers", reason="the models are built 
 
 from transformers.models.mt5 import modeling_mt5  # noqa: E402
 from transformers.models.t5 import modeling_t5  # noqa: E402
+from transformers.models.umt5 import modeling_umt5  # noqa: E402
 
 import conformance  # noqa: E402
 from conformance.check.compare import compare  # noqa: E402
@@ -77,6 +78,11 @@ FAMILIES = {
     "mt5": Family("hf-mt5", "MT5Config", "MT5ForConditionalGeneration",
                   dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False), untie=True,
                   expected=dict(activation="gelu-tanh", ffn_glu=True, tie_output=False, scale_logits=False)),
+    # UMT5: a relative position table in every self-attention layer; the logits always scaled.
+    "umt5": Family("hf-umt5", "UMT5Config", "UMT5ForConditionalGeneration",
+                   dict(feed_forward_proj="gated-gelu", decoder_start_token_id=0), untie=True,
+                   expected=dict(activation="gelu-tanh", ffn_glu=True, tie_output=False, scale_logits=True,
+                                 relative_bias_per_layer=True)),
 }
 NAMES = list(FAMILIES)
 
@@ -132,7 +138,7 @@ def float64_variance():
         variance = wide.pow(2).mean(-1, keepdim=True)
         return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
-    saved = [(cls, cls.forward) for cls in (modeling_t5.T5LayerNorm, modeling_mt5.MT5LayerNorm)]
+    saved = [(cls, cls.forward) for cls in (modeling_t5.T5LayerNorm, modeling_mt5.MT5LayerNorm, modeling_umt5.UMT5LayerNorm)]
     try:
         for cls, _ in saved:
             cls.forward = forward
@@ -302,7 +308,7 @@ def test_export_folder_loads_in_transformers_with_the_same_logits(name, built, t
     for key in ("d_model", "d_kv", "num_heads", "d_ff", "relative_attention_num_buckets", "relative_attention_max_distance",
                 "layer_norm_epsilon", "dense_act_fn", "is_gated_act", "vocab_size", "pad_token_id"):
         assert getattr(loaded.config, key) == getattr(model.config, key), key
-    if name != "mt5":
+    if name not in ("mt5", "umt5"):  # mT5 never scales; UMT5 always does: neither config has the field
         assert loaded.config.scale_decoder_outputs == model.config.scale_decoder_outputs
 
 

@@ -11,7 +11,7 @@ from conformance.core.config import ModelConfig
 # count is listed beside them: the tensors cannot tell it, so it is given, and can be given wrong.
 # (d_head and the relative-position fields act only in some configs: `_ACTS_WHEN`.)
 _HEADS = ("n_heads", "d_head", "scale_scores", "attention_temp")
-_RELATIVE = ("relative_buckets", "relative_max_distance")  # a bias on self-attention's scores only
+_RELATIVE = ("relative_buckets", "relative_max_distance", "relative_bias_per_layer")  # a bias on self-attention's scores only
 SWITCHES_AT = {
     "embeddings": ("scale_embedding", "position", "position_offset", "position_ids", "embedding_norm",
                    "decoder_embedding_norm", "share_embeddings", "pad_id"),

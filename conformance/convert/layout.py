@@ -87,6 +87,7 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.convert.errors import KIND_WORDS, LayoutError
+from conformance.convert.checkpoint_table import parse_checkpoint_table
 from conformance.convert.hf_config import HFTable, parse_hf_table
 from conformance.convert.patterns import CAPTURE, Capture, Pattern, glob
 from conformance.core.params import param_shapes
@@ -460,13 +461,14 @@ def _canonical_pattern(text: Any, captures: Mapping[str, Capture], where: str, k
 @functools.lru_cache(maxsize=1)
 def _all_canonical_names() -> frozenset[str]:
     """Every canonical name with layer index 0, under configs that turn every parameter on (one
-    per position term that has parameters: a table, or a relative bias)."""
+    per position term that has parameters: a table, a relative bias, or one per layer)."""
     config = ModelConfig(
         n_encoder_layers=1, n_decoder_layers=1, position="table", qkv_bias=True, out_proj_bias=True,
         final_encoder_norm=True, final_decoder_norm=True, share_embeddings=False, tie_output=False,
         output_bias=True, final_logits_bias=True, ffn_glu=True, embedding_norm=True,
     )
-    return frozenset(param_shapes(config)) | frozenset(param_shapes(config.replace(position="relative")))
+    return (frozenset(param_shapes(config)) | frozenset(param_shapes(config.replace(position="relative")))
+            | frozenset(param_shapes(config.replace(position="relative", relative_bias_per_layer=True))))
 
 
 def _entry(text: str, spec: Any, where: str, known: set[str]) -> Entry:
@@ -643,8 +645,6 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
     islands = _islands(data.get("float32_islands", {}), where)
     checkpoint = None
     if "checkpoint" in data:
-        from conformance.convert.system_files import parse_checkpoint_table
-
         checkpoint = parse_checkpoint_table(data["checkpoint"], where)
     detect = data.get("detect", True)
     if not isinstance(detect, bool):

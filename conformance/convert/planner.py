@@ -402,8 +402,9 @@ def infer_sizes(canonical: dict) -> dict[str, tuple[int, str]]:
             read("d_ff", ckey, 1)
     # A learned relative position bias is (buckets, H): the one tensor whose shape names the heads.
     for stack in ("encoder", "decoder"):
-        read("relative_buckets", f"{stack}.position.relative_bias", 0)
-        read("n_heads", f"{stack}.position.relative_bias", 1)
+        for ckey in (f"{stack}.position.relative_bias", f"{stack}.layers.0.self_attn.relative_bias"):  # T5, UMT5
+            read("relative_buckets", ckey, 0)
+            read("n_heads", ckey, 1)
     return inferred
 
 

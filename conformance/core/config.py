@@ -42,7 +42,7 @@ MAX_LEN_LIMIT = 65536
 # existed; every other field must be named by a stored config (see `from_dict(complete=True)`).
 ADDED_FIELDS = ("src_pad_mask", "scale_logits", "ffn_glu", "attention_temp", "position_offset", "position_ids",
                 "embedding_norm", "freeze_pad_embedding", "d_head", "scale_scores", "relative_buckets",
-                "relative_max_distance", "ffn_bias", "decoder_embedding_norm")
+                "relative_max_distance", "ffn_bias", "decoder_embedding_norm", "relative_bias_per_layer")
 
 _SIZE_FIELDS = (
     "src_vocab_size",
@@ -103,6 +103,11 @@ class ModelConfig:
             T5's `_relative_position_bucket`, bidirectional in the encoder, causal in the
             decoder; exact up to a quarter (encoder) or half (decoder) of the buckets, then
             logarithmic up to relative_max_distance). Cross-attention has no bias.
+        relative_bias_per_layer: with position "relative", every self-attention layer has a bias
+            table of its own, `{encoder,decoder}.layers.{i}.self_attn.relative_bias` (UMT5:
+            `UMT5LayerSelfAttention` builds every layer's attention with
+            has_relative_attention_bias=True), instead of block 0's table serving the stack (T5).
+            The buckets are the same; only the table each layer reads differs.
         position_offset: position p reads row `p + position_offset` of the position table, whose
             first rows are never read: 2 in BART and mBART (`BartLearnedPositionalEmbedding.offset`)
             and in M2M100/NLLB (`padding_idx + 1`), 0 elsewhere.
@@ -195,6 +200,7 @@ class ModelConfig:
     decoder_embedding_norm: str = "sum"
     relative_buckets: int = 32
     relative_max_distance: int = 128
+    relative_bias_per_layer: bool = False
     share_embeddings: bool = False
     tie_output: bool = False
     freeze_pad_embedding: bool = False
@@ -302,6 +308,9 @@ class ModelConfig:
                 raise ConfigError(
                     name, f"unknown value {getattr(self, name)!r}; expected one of {list(allowed)}"
                 )
+        if self.relative_bias_per_layer and self.position != "relative":
+            raise ConfigError("relative_bias_per_layer", "says where the relative position bias tables live; it needs "
+                                                         f"position 'relative', not {self.position!r}")
         if self.decoder_embedding_norm == "tokens" and not self.embedding_norm:
             raise ConfigError("decoder_embedding_norm", "'tokens' says where the decoder's embedding LayerNorm sits; "
                                                         "without one (embedding_norm false) there is nothing to place")

@@ -163,6 +163,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "hf-t5-v1_1": {**_T5, "ffn_glu": True, "activation": "gelu-tanh", "tie_output": False, "scale_logits": False},
     # mT5 (modeling_mt5): T5 v1.1's numerics; MT5ForConditionalGeneration never scales the logits.
     "hf-mt5": {**_T5, "ffn_glu": True, "activation": "gelu-tanh", "tie_output": False, "scale_logits": False},
+    # UMT5 (modeling_umt5): T5 v1.1's numerics (gated GELU, untied head) with a relative position
+    # bias table in every self-attention layer, and the logits always scaled by d_model^-1/2
+    # (`if self.config.tie_word_embeddings`, which UMT5Config forces to True).
+    "hf-umt5": {**_T5, "relative_bias_per_layer": True, "ffn_glu": True, "activation": "gelu-tanh", "tie_output": False,
+                "scale_logits": True},
     # P4 The Annotated Transformer: pre-LN via SublayerConnection, its own (x-mean)/(std+eps)
     # LayerNorm with eps 1e-6, final norms on both stacks.
     "annotated-transformer": dict(

@@ -59,7 +59,7 @@ def labelled(report) -> dict[str, str]:
     return report.islands()
 
 
-@pytest.mark.parametrize("name", ["t5", "mt5"])
+@pytest.mark.parametrize("name", ["t5", "mt5", "umt5"])
 def test_t5_in_float64_is_right_with_its_layernorm_island_named(name):
     report = t5_report(name)
     assert report.ok and report.first_divergence is None, report.to_text()

@@ -63,7 +63,8 @@ def _string_candidates() -> list[str]:
 
 # Switch values that only exist beside another switch's value (the config refuses them alone):
 # drawn only where that value was drawn, and probed on the base config with it.
-REQUIRES = {("decoder_embedding_norm", "tokens"): {"embedding_norm": True}}
+REQUIRES = {("decoder_embedding_norm", "tokens"): {"embedding_norm": True},
+            ("relative_bias_per_layer", True): {"position": "relative"}}
 
 
 def _accepts(name: str, value) -> bool:
