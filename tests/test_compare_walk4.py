@@ -88,6 +88,15 @@ ELSEWHERE = {
     "hf-t5": tuple(f"test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[{family}]"
                    for family in ("t5", "t5-v1_1")),
     "hf-mt5": ("test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[mt5]",),
+    "hf-umt5": ("test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[umt5]",),
+    **{layout: (f"test_hf_families.py::test_taps_read_transformers_tensors_where_ours_computes_them[{family}]",)
+       for layout, family in (("hf-plbart", "plbart"), ("hf-blenderbot", "blenderbot"),
+                              ("hf-blenderbot-small", "blenderbot_small"))},
+    "hf-fsmt": ("convert/test_hf_fsmt.py::test_taps_read_transformers_tensors_where_ours_computes_them",),
+    # Run clean against the system itself where it is installed (the fixture scripts call
+    # conformance.compare there, every tap in float32 and float64); the tests read their records.
+    "opennmt-py": ("convert/test_opennmt_py.py::test_the_fixture_script_checked_the_taps_and_the_island_against_opennmt_py",),
+    "fairseq-transformer": ("convert/test_fairseq.py::test_the_fixture_script_checked_the_taps_and_the_island_against_fairseq",),
 }
 
 
@@ -114,6 +123,9 @@ def collected(node: str) -> bool:
 
     path, _, rest = node.partition("::")
     name, _, case = rest.partition("[")
+    folder = str(Path(__file__).resolve().parent / Path(path).parent)  # a room under tests/ (tests/convert/...)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     function = getattr(importlib.import_module(Path(path).stem), name, None)
     if not callable(function):
         return False

@@ -384,7 +384,7 @@ def test_float64_gradients_equal_transformers_autograd(name, built):
 # -- taps -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["t5", "t5-v1_1", "mt5"])
+@pytest.mark.parametrize("name", ["t5", "t5-v1_1", "mt5", "umt5"])
 def test_taps_read_transformers_tensors_where_ours_computes_them(name, built):
     """Every tapped tensor of the float64 model (eager attention, so that weights are returned)
     agrees with the float64 oracle: a tap at the wrong module would diverge."""

@@ -313,6 +313,9 @@ def _detect(keys: Iterable[str], overrides: Mapping[str, Any]) -> KeyCheck:
         except LayoutError as exc:  # the overrides ask for a structure this layout cannot store
             results.append((layout, [f"({exc.problem})"], []))
             continue
+        except ConfigError as exc:  # ... or a config its preset cannot have (UMT5's tables without relative positions)
+            results.append((layout, [f"({exc})"], []))
+            continue
         results.append((layout, check.missing, check.unexpected))
         checks[layout.name] = check
     exact = [layout for layout, missing, unexpected in results if not missing and not unexpected]

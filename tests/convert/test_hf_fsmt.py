@@ -184,3 +184,25 @@ def test_the_export_folder_loads_in_transformers_with_the_same_logits(built, tmp
     src, tgt, _ = batch()
     np.testing.assert_array_equal(hf_logits(loaded, src, tgt), hf_logits(model, src, tgt))
     assert loaded.config.src_vocab_size == SRC_VOCAB and loaded.config.tgt_vocab_size == TGT_VOCAB
+
+
+def test_taps_read_transformers_tensors_where_ours_computes_them(built):
+    """Every tapped tensor of transformers' float64 FSMT (its layers sequence-first, batch_axis 1)
+    agrees with the float64 oracle: the residual stream after each sublayer and the embeddings."""
+    import conformance
+
+    model, _, _, _ = built
+    model = copy.deepcopy(model).double()
+    src, tgt, _ = batch()
+    layout = load_layout("hf-fsmt")
+    told = layout.hf.read(model.config.to_dict(), "model.config")
+
+    def run(m, s, t):
+        return hf_forward(m, s, t)
+
+    with float64_fill():
+        report = conformance.compare(model, layout, src, tgt, run=run, dtype="float64", backends=(), **told)
+    assert report.ok, report.to_text()
+    compared = {t for (t, label), c in report.cells.items() if label == report.yours.label and c.comparison is not None}
+    assert {"encoder.embeddings", "encoder.1.ffn", "decoder.embeddings", "decoder.1.self_attn", "decoder.1.cross_attn",
+            "decoder.1.ffn", "logits"} <= compared, compared
