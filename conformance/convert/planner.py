@@ -313,7 +313,11 @@ def _detect(keys: Iterable[str], overrides: Mapping[str, Any]) -> KeyCheck:
         except LayoutError as exc:  # the overrides ask for a structure this layout cannot store
             results.append((layout, [f"({exc.problem})"], []))
             continue
-        except ConfigError as exc:  # ... or a config its preset cannot have (UMT5's tables without relative positions)
+        except ConfigError as exc:
+            if exc.field in overrides:  # a value no config may have (activation="swish"): the caller's to fix
+                raise
+            # the overrides ask for a config this layout's preset cannot have (UMT5's per-layer
+            # tables beside --set position=table): a layout that does not fit
             results.append((layout, [f"({exc})"], []))
             continue
         results.append((layout, check.missing, check.unexpected))
