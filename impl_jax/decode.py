@@ -158,7 +158,7 @@ def _decode_step(model, tgt_ids, cache: DecoderCache):
     self_mask = step_mask(config, cache.tgt_ids, t)  # (B, 1, 1, L)
     written = jnp.arange(cache.tgt_ids.shape[1]) <= t  # (L,): the positions that are keys so far
     y = model.embed(tgt_ids[:, None], model.target_embedding, model.decoder.position, model.decoder.embedding_norm,
-                    at=t)  # (B, 1, D)
+                    at=t, combine=model.decoder.embedding_sum)  # (B, 1, D)
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
     bias = model.decoder.position.score_bias(1, cache.tgt_ids.shape[1], reduction_dtype(y.dtype),
                                              first_query=t)  # (1, H, 1, L), or None

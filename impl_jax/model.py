@@ -222,9 +222,39 @@ class RelativePositionBias(nnx.Module):
         return cast(self.relative_bias[...][buckets], dtype).transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
 
 
+class RelativeBuckets(nnx.Module):
+    """UMT5's relative positions: no term on the embeddings; the stack computes the bucket of every
+    (query, key) once (T5's `_relative_position_bucket`), and each self-attention layer reads them in
+    a table of its own (`relative_bias_per_layer`: `own_table_bias`)."""
+
+    def __init__(self, config: ModelConfig, *, bidirectional: bool, length: int):
+        buckets = offset_buckets(config, bidirectional=bidirectional, length=length)  # (2 L - 1,): n at n + L - 1
+        self.buckets = Sinusoid(jnp.asarray(buckets, dtype=jnp.int32))
+        self.max_len = length
+
+    def __call__(self, ids: jax.Array, dtype):
+        return 0  # nothing is added to the embeddings
+
+    def at(self, position, ids: jax.Array, dtype):
+        return 0
+
+    def span(self, length: int, dtype):
+        return 0
+
+    def score_bias(self, query_len: int, key_len: int, dtype, *, first_query=0) -> jax.Array:
+        """(Tq, Tk): the buckets of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1.
+
+        `first_query` may be traced: a cached step's position."""
+        query = first_query + jnp.arange(query_len)  # (Tq,)
+        return self.buckets[...][jnp.arange(key_len)[None, :] - query[:, None] + self.max_len - 1]  # (Tq, Tk)
+
+
 def positions(config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, dtype, *, bidirectional: bool,
               length: int):
-    """The stack's position term: `RelativePositionBias` for position "relative" (T5), else `Positions`."""
+    """The stack's position term: `RelativePositionBias` for position "relative" (T5), `RelativeBuckets`
+    with `relative_bias_per_layer` (UMT5), else `Positions`."""
+    if config.position == "relative" and config.relative_bias_per_layer:
+        return RelativeBuckets(config, bidirectional=bidirectional, length=length)
     if config.position == "relative":
         return RelativePositionBias(config, params, prefix, bidirectional=bidirectional, length=length)
     return Positions(config, params, prefix, dtype, length=length)
@@ -407,11 +437,22 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = T
     return jnp.einsum("bhqk,bhkd->bhqd", weights, v, precision=matmul_precision()), weights  # (B, H, Tq, K)
 
 
+def passed_bias(attention, bias, dtype):
+    """The score bias as the stack computed it: T5's shared table read at the buckets, or None."""
+    return bias
+
+
+def own_table_bias(attention, buckets, dtype) -> jax.Array:
+    """UMT5: this attention's own (buckets, H) table read at the stack's buckets (Tq, Tk)."""
+    return cast(attention.relative_bias[...][buckets], dtype).transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
+
+
 class MultiHeadAttention(nnx.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_o, head_h = Attention(Q W_q^h, K W_k^h, V W_v^h)
     (section 3.2.2). Head h owns columns h*K .. (h+1)*K - 1 of W_q, W_k and W_v."""
 
-    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str):
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, *,
+                 own_bias: bool = False):
         self.q_proj = Linear(params, f"{prefix}.q_proj")
         self.k_proj = Linear(params, f"{prefix}.k_proj")
         self.v_proj = Linear(params, f"{prefix}.v_proj")
@@ -421,6 +462,10 @@ class MultiHeadAttention(nnx.Module):
         self.fill = config.mask_fill
         self.temperature = config.attention_temp
         self.scaled = config.scale_scores
+        # `own_bias` (UMT5's self-attention): a relative position table of its own, read at the
+        # stack's buckets; else the stack's score bias is used as passed.
+        self.relative_bias = nnx.Param(params[f"{prefix}.relative_bias"]) if own_bias else None
+        self.layer_bias = own_table_bias if own_bias else passed_bias
 
     def split_heads(self, x: jax.Array) -> jax.Array:
         batch, length, _ = x.shape
@@ -445,6 +490,7 @@ class MultiHeadAttention(nnx.Module):
             k, v = self.keys_values(memory)  # (B, H, Tk, K) each
         else:
             k, v = cache.keys_values(self, memory)
+        bias = self.layer_bias(self, bias, reduction_dtype(q.dtype))  # (1, H, Tq, Tk), or None
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias,
                                                       real_keys=real_keys, empty_rows=empty_rows)
         batch, _, length, _ = heads.shape
@@ -501,7 +547,7 @@ def sublayer(x: jax.Array, fn, norm: LayerNorm, pre_ln: bool, dropout=None, site
 
 class EncoderLayer(nnx.Module):
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str):
-        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn")
+        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn", own_bias=config.relative_bias_per_layer)
         self.self_attn_norm = LayerNorm(config, params, f"{prefix}.self_attn_norm")
         self.ffn = FeedForward(config, params, f"{prefix}.ffn")
         self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
@@ -528,7 +574,7 @@ class EncoderLayer(nnx.Module):
 
 class DecoderLayer(nnx.Module):
     def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str):
-        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn")
+        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn", own_bias=config.relative_bias_per_layer)
         self.self_attn_norm = LayerNorm(config, params, f"{prefix}.self_attn_norm")
         self.cross_attn = MultiHeadAttention(config, params, f"{prefix}.cross_attn")
         self.cross_attn_norm = LayerNorm(config, params, f"{prefix}.cross_attn_norm")
@@ -565,6 +611,25 @@ class DecoderLayer(nnx.Module):
 # -- Encoder and decoder -----------------------------------------------------------------------
 
 
+def norm_of_sum(tokens: jax.Array, positions, norm) -> jax.Array:
+    """LN(E x s + P): the embedding norm on the scaled tokens plus the position term (BART's
+    `layernorm_embedding`), or E x s + P without one (section 3.4)."""
+    x = tokens + positions
+    return x if norm is None else norm(x)
+
+
+def sum_of_norm(tokens: jax.Array, positions, norm) -> jax.Array:
+    """LN(E x s) + P: the embedding norm on the scaled tokens alone, the position term added
+    after it (BlenderbotSmall's decoder, `decoder_embedding_norm = "tokens"`)."""
+    return norm(tokens) + positions
+
+
+def embedding_sum(config: ModelConfig, stack: str):
+    """How a stack combines its tokens, positions and embedding norm: `sum_of_norm` for a decoder
+    with `decoder_embedding_norm = "tokens"`, else `norm_of_sum`."""
+    return sum_of_norm if stack == "decoder" and config.decoder_embedding_norm == "tokens" else norm_of_sum
+
+
 class Embedding(nnx.Module):
     """A token lookup table (V, D). With `freeze_pad_embedding` the lookups of pad_id send its row
     no gradient (`nn.Embedding(padding_idx=pad_id)`); the forward is the same."""
@@ -589,6 +654,7 @@ class Encoder(nnx.Module):
         self.frontend = FrontEnd(params, "encoder.frontend") if config.source == "features" else None
         self.position = positions(config, params, "encoder.position", dtype, bidirectional=True, length=config.source_len)
         self.embedding_norm = LayerNorm(config, params, "encoder.embedding_norm") if config.embedding_norm else None
+        self.embedding_sum = embedding_sum(config, "encoder")
         self.layers = nnx.List(
             [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)])
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
@@ -623,6 +689,7 @@ class Decoder(nnx.Module):
         self.embedding = None if config.share_embeddings else Embedding(config, params, "decoder.embedding")
         self.position = positions(config, params, "decoder.position", dtype, bidirectional=False, length=config.max_len)
         self.embedding_norm = LayerNorm(config, params, "decoder.embedding_norm") if config.embedding_norm else None
+        self.embedding_sum = embedding_sum(config, "decoder")
         self.layers = nnx.List(
             [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)])
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
@@ -793,16 +860,19 @@ class Model(nnx.Module):
     # `encode` and `decode` check the inputs and build the masks on the host, pad to buckets if
     # asked, then run the compiled `_encode` / `_decode`.
 
-    def embed(self, ids: jax.Array, embedding: Embedding, position: Positions, norm=None, *, at=None) -> jax.Array:
+    def embed(self, ids: jax.Array, embedding: Embedding, position: Positions, norm=None, *, at=None,
+              combine=norm_of_sum) -> jax.Array:
         """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions,
         then `norm` when the config has an embedding norm (BART's `layernorm_embedding`).
 
-        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`."""
+        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`.
+        `combine` (keyword-only): the stack's `embedding_sum`, where its norm sits (`norm_of_sum`,
+        or BlenderbotSmall's decoder's `sum_of_norm`)."""
         x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
-        return x if norm is None else norm(x)
+        positions = position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype)
+        return combine(x, positions, norm)
 
     def embed_source(self, src_ids: jax.Array, out: Encoded) -> jax.Array:
         """The encoder's input (B, S, D): the source tokens' embeddings (`embed`), or a features
@@ -954,7 +1024,8 @@ class Model(nnx.Module):
         out = ModelOutput(logits=None)
 
         dropout = None if dropout_masks is None else Dropout(dropout_rate, dropout_masks)
-        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm)
+        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm,
+                       combine=self.decoder.embedding_sum)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
         y = self.decoder(y, memory, tgt_mask, cross_mask, out, tgt_real=tgt_real, src_real=src_real, dropout=dropout,

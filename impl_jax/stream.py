@@ -160,7 +160,8 @@ def middle(stem: Model, x, inputs: Inputs):
 
 
 def _middle(stem: Model, x, tgt_ids):
-    y = stem.embed(tgt_ids, stem.target_embedding, stem.decoder.position, stem.decoder.embedding_norm)
+    y = stem.embed(tgt_ids, stem.target_embedding, stem.decoder.position, stem.decoder.embedding_norm,
+                   combine=stem.decoder.embedding_sum)
     return stem.encoder.finish(x), y
 
 

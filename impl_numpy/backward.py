@@ -80,10 +80,16 @@ def positions_backward(config, position, prefix: str, ids: np.ndarray, d_x: np.n
 
 def score_bias_backward(tape: Tape, position, prefix: str, d_bias: list, grads: Grads) -> None:
     """bias[h, i, j] = R[bucket(j - i), h] added to every self-attention layer of the stack (T5)
-    ->  dR[b, h] = the sum, over the layers and over every (i, j) in bucket b, of d scores[h, i, j].
+    ->  dR[b, h] = the sum, over the layers and over every (i, j) in bucket b, of d scores[h, i, j];
+    with a table per layer (UMT5), each layer's dR_l gets its own layer's sum only.
     `d_bias` holds each layer's (H, Tq, Tk), summed over the batch; empty without a score bias."""
     if d_bias:
         buckets = tape[position]  # (Tq, Tk)
+        if type(position).__name__ == "RelativeBuckets":  # UMT5: each layer's own table (relative_bias_per_layer)
+            stack = prefix.split(".", 1)[0]
+            for i, d in enumerate(reversed(d_bias)):  # appended from the last layer to the first
+                np.add.at(grads[f"{stack}.layers.{i}.self_attn.relative_bias"], buckets, d.transpose(1, 2, 0))
+            return
         np.add.at(grads[f"{prefix}.relative_bias"], buckets, sum(d_bias).transpose(1, 2, 0))  # (Tq, Tk, H)
 
 
@@ -335,10 +341,15 @@ def embedding_backward(embedding, name: str, ids: np.ndarray, d_x: np.ndarray, g
 def embed_backward(config, embedding, stack, prefix: str, name: str, ids: np.ndarray, d_x: np.ndarray,
                    grads: Grads, tape: Tape) -> None:
     """x = E[ids] * sqrt(D) (when scale_embedding) + P[rows], then the embedding norm if there is
-    one (sections 3.4 and 3.5; BART's `layernorm_embedding`)."""
-    if stack.embedding_norm is not None:
+    one (sections 3.4 and 3.5; BART's `layernorm_embedding`); or, where the stack norms the tokens
+    alone (`sum_of_norm`: BlenderbotSmall's decoder), x = LN(E[ids] * sqrt(D)) + P[rows]."""
+    if stack.embedding_sum.__name__ == "sum_of_norm":  # LN(E x s) + P: the positions see dx itself
+        positions_backward(config, stack.position, f"{prefix}.position", ids, d_x, grads)
         d_x = layer_norm_backward(tape, stack.embedding_norm, f"{prefix}.embedding_norm", d_x, grads)
-    positions_backward(config, stack.position, f"{prefix}.position", ids, d_x, grads)
+    else:  # LN(E x s + P), or E x s + P
+        if stack.embedding_norm is not None:
+            d_x = layer_norm_backward(tape, stack.embedding_norm, f"{prefix}.embedding_norm", d_x, grads)
+        positions_backward(config, stack.position, f"{prefix}.position", ids, d_x, grads)
     if config.scale_embedding:
         d_x = d_x * math.sqrt(config.d_model)
     embedding_backward(embedding, name, ids, d_x, grads)

@@ -124,7 +124,7 @@ def advance(model, tgt_ids: np.ndarray, cache: DecoderCache) -> np.ndarray:
     cache.tgt_ids[:, t] = tgt_ids[:, 0]
     self_mask = step_mask(config, cache.tgt_ids[:, :t + 1], t)  # (B, 1, 1, t + 1)
     y = model.embed(tgt_ids, model.target_embedding, model.decoder.position, model.decoder.embedding_norm,
-                    at=t)  # (B, 1, D)
+                    at=t, combine=model.decoder.embedding_sum)  # (B, 1, D)
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
     bias = model.decoder.position.score_bias(1, t + 1, model.dtype, first_query=t)  # (1, H, 1, t + 1), or None
     y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, bias=bias, cache=layer_caches(cache))

@@ -182,9 +182,39 @@ class RelativePositionBias:
         return cast(self.relative_bias[buckets], dtype).transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
 
 
+class RelativeBuckets:
+    """UMT5's relative positions: no term on the embeddings; the stack computes the bucket of every
+    (query, key) once (T5's `_relative_position_bucket`), and each self-attention layer reads them in
+    a table of its own (`relative_bias_per_layer`: `own_table_bias`)."""
+
+    def __init__(self, config: ModelConfig, *, bidirectional: bool, length: int):
+        self.buckets = offset_buckets(config, bidirectional=bidirectional, length=length)  # (2 L - 1,): n at n + L - 1
+        self.max_len = length
+
+    def __call__(self, ids: np.ndarray, dtype):
+        return 0  # nothing is added to the embeddings
+
+    def at(self, position: int, ids: np.ndarray, dtype):
+        return 0
+
+    def span(self, length: int, dtype):
+        return 0
+
+    def score_bias(self, query_len: int, key_len: int, dtype, *, first_query: int = 0, tape=None) -> np.ndarray:
+        """(Tq, Tk): the buckets of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1."""
+        query = first_query + np.arange(query_len)  # (Tq,)
+        buckets = self.buckets[np.arange(key_len)[None, :] - query[:, None] + self.max_len - 1]  # (Tq, Tk)
+        if tape is not None:
+            tape[self] = buckets
+        return buckets
+
+
 def positions(config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, dtype, *, bidirectional: bool,
               length: int):
-    """The stack's position term: `RelativePositionBias` for position "relative" (T5), else `Positions`."""
+    """The stack's position term: `RelativePositionBias` for position "relative" (T5), `RelativeBuckets`
+    with `relative_bias_per_layer` (UMT5), else `Positions`."""
+    if config.position == "relative" and config.relative_bias_per_layer:
+        return RelativeBuckets(config, bidirectional=bidirectional, length=length)
     if config.position == "relative":
         return RelativePositionBias(config, params, prefix, bidirectional=bidirectional, length=length)
     return Positions(config, params, prefix, dtype, length=length)
@@ -315,11 +345,22 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = T
     return weights @ v, weights  # (B, H, Tq, K)
 
 
+def passed_bias(attention, bias, dtype):
+    """The score bias as the stack computed it: T5's shared table read at the buckets, or None."""
+    return bias
+
+
+def own_table_bias(attention, buckets, dtype):
+    """UMT5: this attention's own (buckets, H) table read at the stack's buckets (Tq, Tk)."""
+    return cast(attention.relative_bias[buckets], dtype).transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
+
+
 class MultiHeadAttention:
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_o, head_h = Attention(Q W_q^h, K W_k^h, V W_v^h)
     (section 3.2.2). Head h owns columns h*K .. (h+1)*K - 1 of W_q, W_k and W_v."""
 
-    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
+    def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str, *,
+                 own_bias: bool = False):
         self.q_proj = Linear(params, f"{prefix}.q_proj")
         self.k_proj = Linear(params, f"{prefix}.k_proj")
         self.v_proj = Linear(params, f"{prefix}.v_proj")
@@ -329,6 +370,10 @@ class MultiHeadAttention:
         self.fill = config.mask_fill
         self.temperature = config.attention_temp
         self.scaled = config.scale_scores
+        # `own_bias` (UMT5's self-attention): a relative position table of its own, read at the
+        # stack's buckets; else the stack's score bias is used as passed.
+        self.relative_bias = params[f"{prefix}.relative_bias"] if own_bias else None
+        self.layer_bias = own_table_bias if own_bias else passed_bias
 
     def split_heads(self, x: np.ndarray) -> np.ndarray:
         batch, length, _ = x.shape
@@ -352,6 +397,7 @@ class MultiHeadAttention:
             k, v = self.keys_values(memory, tape=tape)  # (B, H, Tk, K) each
         else:
             k, v = cache.keys_values(self, memory)
+        bias = self.layer_bias(self, bias, q.dtype)  # (1, H, Tq, Tk), or None
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias)
         if tape is not None:
             tape[self] = (q, k, v, weights, mask, bias is not None)
@@ -409,7 +455,7 @@ def sublayer(x: np.ndarray, fn, norm: LayerNorm, pre_ln: bool, dropout=None, sit
 
 class EncoderLayer:
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
-        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn")
+        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn", own_bias=config.relative_bias_per_layer)
         self.self_attn_norm = LayerNorm(config, params, f"{prefix}.self_attn_norm")
         self.ffn = FeedForward(config, params, f"{prefix}.ffn")
         self.ffn_norm = LayerNorm(config, params, f"{prefix}.ffn_norm")
@@ -436,7 +482,7 @@ class EncoderLayer:
 
 class DecoderLayer:
     def __init__(self, config: ModelConfig, params: Mapping[str, np.ndarray], prefix: str):
-        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn")
+        self.self_attn = MultiHeadAttention(config, params, f"{prefix}.self_attn", own_bias=config.relative_bias_per_layer)
         self.self_attn_norm = LayerNorm(config, params, f"{prefix}.self_attn_norm")
         self.cross_attn = MultiHeadAttention(config, params, f"{prefix}.cross_attn")
         self.cross_attn_norm = LayerNorm(config, params, f"{prefix}.cross_attn_norm")
@@ -471,6 +517,25 @@ class DecoderLayer:
 # -- Encoder and decoder -----------------------------------------------------------------------
 
 
+def norm_of_sum(tokens: np.ndarray, positions, norm, *, tape=None) -> np.ndarray:
+    """LN(E x s + P): the embedding norm on the scaled tokens plus the position term (BART's
+    `layernorm_embedding`), or E x s + P without one (section 3.4)."""
+    x = tokens + positions
+    return x if norm is None else norm(x, tape=tape)
+
+
+def sum_of_norm(tokens: np.ndarray, positions, norm, *, tape=None) -> np.ndarray:
+    """LN(E x s) + P: the embedding norm on the scaled tokens alone, the position term added
+    after it (BlenderbotSmall's decoder, `decoder_embedding_norm = "tokens"`)."""
+    return norm(tokens, tape=tape) + positions
+
+
+def embedding_sum(config: ModelConfig, stack: str):
+    """How a stack combines its tokens, positions and embedding norm: `sum_of_norm` for a decoder
+    with `decoder_embedding_norm = "tokens"`, else `norm_of_sum`."""
+    return sum_of_norm if stack == "decoder" and config.decoder_embedding_norm == "tokens" else norm_of_sum
+
+
 class Embedding:
     """A token lookup table (V, D). With `freeze_pad_embedding` the lookups of pad_id send its row
     no gradient (`nn.Embedding(padding_idx=pad_id)`); the forward is the same."""
@@ -491,6 +556,7 @@ class Encoder:
         self.frontend = frontend.FrontEnd(params, "encoder.frontend") if config.source == "features" else None
         self.position = positions(config, params, "encoder.position", dtype, bidirectional=True, length=config.source_len)
         self.embedding_norm = LayerNorm(config, params, "encoder.embedding_norm") if config.embedding_norm else None
+        self.embedding_sum = embedding_sum(config, "encoder")
         self.layers = [EncoderLayer(config, params, f"encoder.layers.{i}") for i in range(config.n_encoder_layers)]
         self.norm = LayerNorm(config, params, "encoder.norm") if config.final_encoder_norm else None
 
@@ -522,6 +588,7 @@ class Decoder:
         self.embedding = None if config.share_embeddings else Embedding(config, params, "decoder.embedding")
         self.position = positions(config, params, "decoder.position", dtype, bidirectional=False, length=config.max_len)
         self.embedding_norm = LayerNorm(config, params, "decoder.embedding_norm") if config.embedding_norm else None
+        self.embedding_sum = embedding_sum(config, "decoder")
         self.layers = [DecoderLayer(config, params, f"decoder.layers.{i}") for i in range(config.n_decoder_layers)]
         self.norm = LayerNorm(config, params, "decoder.norm") if config.final_decoder_norm else None
 
@@ -655,16 +722,18 @@ class Model:
     # Forward -----------------------------------------------------------------------------------
 
     def embed(self, ids: np.ndarray, embedding: Embedding, position: Positions, norm=None, *, at=None,
-              tape=None) -> np.ndarray:
+              combine=norm_of_sum, tape=None) -> np.ndarray:
         """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions,
         then `norm` when the config has an embedding norm (BART's `layernorm_embedding`).
 
-        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`."""
+        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`.
+        `combine` (keyword-only): the stack's `embedding_sum`, where its norm sits (`norm_of_sum`,
+        or BlenderbotSmall's decoder's `sum_of_norm`)."""
         x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
-        return x if norm is None else norm(x, tape=tape)
+        positions = position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype)
+        return combine(x, positions, norm, tape=tape)
 
     def embed_source(self, src_ids: np.ndarray, out: Encoded, *, tape=None) -> np.ndarray:
         """The encoder's input (B, S, D): the source tokens' embeddings (`embed`), or a features
@@ -740,7 +809,8 @@ class Model:
         out = ModelOutput(logits=None, attention=record(sink if return_attention else None, encoded.attention),
                           intermediates=record(sink, encoded.intermediates))
 
-        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm, tape=tape)
+        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm,
+                       combine=self.decoder.embedding_sum, tape=tape)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
         y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, dropout=dropout, tape=tape)

@@ -113,7 +113,8 @@ def middle(stem: Model, x, inputs: Inputs):
     """(`encoder.output`, `decoder.embeddings`): `Encoder.finish` of x after the encoder's last
     layer, and the decoder's embeddings as `Model.decode` embeds."""
     memory = stem.encoder.finish(x)
-    y = stem.embed(inputs.tgt_ids, stem.target_embedding, stem.decoder.position, stem.decoder.embedding_norm)
+    y = stem.embed(inputs.tgt_ids, stem.target_embedding, stem.decoder.position, stem.decoder.embedding_norm,
+                   combine=stem.decoder.embedding_sum)
     return memory, y
 
 

@@ -200,7 +200,7 @@ def advance(model, tgt_ids: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
     # the mask, and fast_attention its test for queries without keys).
     self_mask = None if config.tgt_pad_mask == "none" else step_mask(config, cache.tgt_ids[:, :t + 1], t)
     y = model.embed(tgt_ids, model.target_embedding, model.decoder.position, model.decoder.embedding_norm,
-                    at=t)  # (B, 1, D)
+                    at=t, combine=model.decoder.embedding_sum)  # (B, 1, D)
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
     scores_dtype = torch.promote_types(y.dtype, torch.float32)  # model.scores_dtype (model.py imports this module)
     bias = model.decoder.position.score_bias(1, t + 1, scores_dtype, first_query=t)  # (1, H, 1, t + 1), or None

@@ -214,8 +214,38 @@ class RelativePositionBias(nn.Module):
         return cast(self.relative_bias[buckets], dtype).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
 
 
+class RelativeBuckets(nn.Module):
+    """UMT5's relative positions: no term on the embeddings; the stack computes the bucket of every
+    (query, key) once (T5's `_relative_position_bucket`), and each self-attention layer reads them in
+    a table of its own (`relative_bias_per_layer`: `own_table_bias`)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool, length: int):
+        super().__init__()
+        buckets = offset_buckets(config, bidirectional=bidirectional, length=length)  # (2 L - 1,): n at n + L - 1
+        self.register_buffer("buckets", torch.as_tensor(buckets).to(torch.get_default_device()), persistent=False)
+        self.max_len = length
+
+    def forward(self, ids: torch.Tensor, dtype: torch.dtype):
+        return 0  # nothing is added to the embeddings
+
+    def at(self, position: int, ids: torch.Tensor, dtype: torch.dtype):
+        return 0
+
+    def span(self, length: int, dtype: torch.dtype):
+        return 0
+
+    def score_bias(self, query_len: int, key_len: int, dtype: torch.dtype, *, first_query: int = 0) -> torch.Tensor:
+        """(Tq, Tk): the buckets of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1."""
+        device = self.buckets.device
+        query = first_query + torch.arange(query_len, device=device)  # (Tq,)
+        return self.buckets[torch.arange(key_len, device=device)[None, :] - query[:, None] + self.max_len - 1]
+
+
 def positions(config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool, length: int):
-    """The stack's position term: `RelativePositionBias` for position "relative" (T5), else `Positions`."""
+    """The stack's position term: `RelativePositionBias` for position "relative" (T5), `RelativeBuckets`
+    with `relative_bias_per_layer` (UMT5), else `Positions`."""
+    if config.position == "relative" and config.relative_bias_per_layer:
+        return RelativeBuckets(config, dtype, bidirectional=bidirectional, length=length)
     if config.position == "relative":
         return RelativePositionBias(config, dtype, bidirectional=bidirectional, length=length)
     return Positions(config, dtype, length=length)
@@ -415,11 +445,21 @@ def fast_attention(q, k, v, mask, fill: float, *, scaled: bool = True, empty_row
     return heads if fix is None else torch.where(fix, fixed, heads)  # (B, H, Tq, K)
 
 
+def passed_bias(attention, bias, dtype: torch.dtype):
+    """The score bias as the stack computed it: T5's shared table read at the buckets, or None."""
+    return bias
+
+
+def own_table_bias(attention, buckets, dtype: torch.dtype) -> torch.Tensor:
+    """UMT5: this attention's own (buckets, H) table read at the stack's buckets (Tq, Tk)."""
+    return cast(attention.relative_bias[buckets], dtype).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_o, head_h = Attention(Q W_q^h, K W_k^h, V W_v^h)
     (section 3.2.2). Head h owns columns h*K .. (h+1)*K - 1 of W_q, W_k and W_v."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, *, own_bias: bool = False):
         super().__init__()
         d, inner = config.d_model, config.inner_dim  # inner = H K: d_model unless d_head is set (T5's d_kv)
         self.q_proj = Linear(d, inner, config.qkv_bias, dtype)
@@ -431,6 +471,10 @@ class MultiHeadAttention(nn.Module):
         self.fill = config.mask_fill
         self.temperature = config.attention_temp
         self.scaled = config.scale_scores
+        # `own_bias` (UMT5's self-attention): a relative position table of its own, read at the
+        # stack's buckets; else the stack's score bias is used as passed.
+        self.relative_bias = nn.Parameter(torch.empty(config.relative_buckets, config.n_heads, dtype=dtype)) if own_bias else None
+        self.layer_bias = own_table_bias if own_bias else passed_bias
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, mask_fill={self.fill:g}"
@@ -466,6 +510,7 @@ class MultiHeadAttention(nn.Module):
             k, v = self.keys_values(memory)  # (B, H, Tk, K) each
         else:
             k, v = cache.keys_values(self, memory)
+        bias = self.layer_bias(self, bias, torch.promote_types(q.dtype, torch.float32))  # (1, H, Tq, Tk), or None
         if return_attention or bias is not None:  # a score bias (T5) takes the explicit path
             heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias,
                                                           empty_rows=empty_rows)
@@ -532,7 +577,7 @@ def sublayer(x: torch.Tensor, fn, norm: LayerNorm, pre_ln: bool, dropout=None, s
 class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
-        self.self_attn = MultiHeadAttention(config, dtype)
+        self.self_attn = MultiHeadAttention(config, dtype, own_bias=config.relative_bias_per_layer)
         self.self_attn_norm = LayerNorm(config, dtype)
         self.ffn = FeedForward(config, dtype)
         self.ffn_norm = LayerNorm(config, dtype)
@@ -561,7 +606,7 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype):
         super().__init__()
-        self.self_attn = MultiHeadAttention(config, dtype)
+        self.self_attn = MultiHeadAttention(config, dtype, own_bias=config.relative_bias_per_layer)
         self.self_attn_norm = LayerNorm(config, dtype)
         self.cross_attn = MultiHeadAttention(config, dtype)
         self.cross_attn_norm = LayerNorm(config, dtype)
@@ -597,6 +642,25 @@ class DecoderLayer(nn.Module):
 # -- Encoder and decoder -----------------------------------------------------------------------
 
 
+def norm_of_sum(tokens: torch.Tensor, positions, norm) -> torch.Tensor:
+    """LN(E x s + P): the embedding norm on the scaled tokens plus the position term (BART's
+    `layernorm_embedding`), or E x s + P without one (section 3.4)."""
+    x = tokens + positions
+    return x if norm is None else norm(x)
+
+
+def sum_of_norm(tokens: torch.Tensor, positions, norm) -> torch.Tensor:
+    """LN(E x s) + P: the embedding norm on the scaled tokens alone, the position term added
+    after it (BlenderbotSmall's decoder, `decoder_embedding_norm = "tokens"`)."""
+    return norm(tokens) + positions
+
+
+def embedding_sum(config: ModelConfig, stack: str):
+    """How a stack combines its tokens, positions and embedding norm: `sum_of_norm` for a decoder
+    with `decoder_embedding_norm = "tokens"`, else `norm_of_sum`."""
+    return sum_of_norm if stack == "decoder" and config.decoder_embedding_norm == "tokens" else norm_of_sum
+
+
 class Embedding(nn.Module):
     """A token lookup table (V, D). With `freeze_pad_embedding` the lookups of pad_id send its row
     no gradient (`nn.Embedding(padding_idx=pad_id)`); the forward is the same."""
@@ -623,6 +687,7 @@ class Encoder(nn.Module):
         self.frontend = FrontEnd(config.n_mels, config.d_model, dtype) if config.source == "features" else None
         self.position = positions(config, dtype, bidirectional=True, length=config.source_len)
         self.embedding_norm = LayerNorm(config, dtype) if config.embedding_norm else None
+        self.embedding_sum = embedding_sum(config, "encoder")
         self.layers = nn.ModuleList(EncoderLayer(config, dtype) for _ in range(config.n_encoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_encoder_norm else None
 
@@ -659,6 +724,7 @@ class Decoder(nn.Module):
         self.embedding = None if config.share_embeddings else Embedding(config, config.tgt_vocab_size, dtype)
         self.position = positions(config, dtype, bidirectional=False, length=config.max_len)
         self.embedding_norm = LayerNorm(config, dtype) if config.embedding_norm else None
+        self.embedding_sum = embedding_sum(config, "decoder")
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.n_decoder_layers))
         self.norm = LayerNorm(config, dtype) if config.final_decoder_norm else None
 
@@ -886,16 +952,18 @@ class Model(nn.Module):
     # Forward -----------------------------------------------------------------------------------
 
     def embed(self, ids: torch.Tensor, embedding: Embedding, position: Positions, norm=None, *,
-              at=None) -> torch.Tensor:
+              at=None, combine=norm_of_sum) -> torch.Tensor:
         """Token embedding, times sqrt(D) when the config says so (section 3.4), plus positions,
         then `norm` when the config has an embedding norm (BART's `layernorm_embedding`).
 
-        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`."""
+        The positions count from 0, or (`at`, a cached decoding step's one new token) from `at`.
+        `combine` (keyword-only): the stack's `embedding_sum`, where its norm sits (`norm_of_sum`,
+        or BlenderbotSmall's decoder's `sum_of_norm`)."""
         x = embedding(ids, self.dtype)  # (B, L, D)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        x = x + (position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype))
-        return x if norm is None else norm(x)
+        positions = position(ids, self.dtype) if at is None else position.at(at, ids, self.dtype)
+        return combine(x, positions, norm)
 
     def embed_source(self, src_ids: torch.Tensor, out: Encoded) -> torch.Tensor:
         """The encoder's input (B, S, D): the source tokens' embeddings (`embed`), or a features
@@ -980,7 +1048,8 @@ class Model(nn.Module):
 
         if dropout is not None:  # the checked host masks, on the model's device
             dropout = Dropout(dropout.rate, {site: torch.tensor(m, device=self.device) for site, m in dropout.masks.items()})
-        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm)
+        y = self.embed(tgt_ids, self.target_embedding, self.decoder.position, self.decoder.embedding_norm,
+                       combine=self.decoder.embedding_sum)
         out.intermediates["decoder.embeddings"] = y
         y = apply_dropout(y, dropout, "decoder.embeddings")
         y = self.decoder(y, encoded.memory, tgt_mask, cross_mask, out, return_attention=return_attention,

@@ -11,10 +11,10 @@ from conformance.core.config import ModelConfig
 # count is listed beside them: the tensors cannot tell it, so it is given, and can be given wrong.
 # (d_head and the relative-position fields act only in some configs: `_ACTS_WHEN`.)
 _HEADS = ("n_heads", "d_head", "scale_scores", "attention_temp")
-_RELATIVE = ("relative_buckets", "relative_max_distance")  # a bias on self-attention's scores only
+_RELATIVE = ("relative_buckets", "relative_max_distance", "relative_bias_per_layer")  # a bias on self-attention's scores only
 SWITCHES_AT = {
     "embeddings": ("scale_embedding", "position", "position_offset", "position_ids", "embedding_norm",
-                   "share_embeddings", "pad_id"),
+                   "decoder_embedding_norm", "share_embeddings", "pad_id"),
     "self": ("mask_fill", "src_pad_mask", "tgt_pad_mask", "pad_id", "qkv_bias", *_HEADS, *_RELATIVE),
     "cross": ("mask_fill", "cross_attn_src_mask", "pad_id", "qkv_bias", *_HEADS),
     "self_attn": ("layer_norm_eps", "layer_norm_form", "norm_placement", "mask_fill", "src_pad_mask", "tgt_pad_mask",
@@ -26,7 +26,7 @@ SWITCHES_AT = {
     "logits": ("tie_output", "output_bias", "final_logits_bias", "scale_logits"),
 }
 # Attention weights: the encoder's self-attention masks the source, the decoder's the target.
-_NOT_IN = {"encoder": ("tgt_pad_mask", "cross_attn_src_mask", "final_decoder_norm"),
+_NOT_IN = {"encoder": ("tgt_pad_mask", "cross_attn_src_mask", "final_decoder_norm", "decoder_embedding_norm"),
            "decoder": ("src_pad_mask", "final_encoder_norm")}
 
 # Fields that act only in some configs: d_head when it is set (0 is d_model / n_heads, which

@@ -156,7 +156,9 @@ def run(args: argparse.Namespace) -> int:
                 others = ", ".join(f"{n} ({len(m)} missing, {len(u)} unexpected)" for n, m, u in exc.candidates[1:3])
                 if others:
                     print(f"  next closest: {others}")
-            except (AmbiguousLayoutError, LayoutError) as exc:
+            except AmbiguousLayoutError as exc:  # every candidate and the line that picks it
+                print("\n".join(f"  layout: {line}" if i == 0 else f"  {line}" for i, line in enumerate(str(exc).splitlines())))
+            except LayoutError as exc:
                 first = str(exc).splitlines()
                 print(f"  layout: {first[0]}" + (f"\n  {first[1].strip()}" if len(first) > 1 else ""))
     _print_table({name: (np.shape(v), np.asarray(v).dtype.name) for name, v in tensors.items()})

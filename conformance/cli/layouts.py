@@ -125,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
         if hf.call:
             print(f"    called as {hf.describe_call(layout.base_switches().get('pad_id', 0))} (pad_id: the model's; "
                   "rosetta compare's default call, a one-graph ONNX export's inputs)")
-    if layout.checkpoint is not None:
-        table = layout.checkpoint
+    if layout.bundle is not None:
+        table = layout.bundle
         print(f"  checkpoint files ({{{table.config!r}: ..., {table.weights!r}: state dict}}, recognised by those two "
               f"entries): {table.config!r} gives")
         for spec in table.fields:

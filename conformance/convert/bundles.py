@@ -6,7 +6,7 @@
     write_bundle("out.pt", config, params)                # what whisper.load_model("out.pt") loads
     config, params = from_openai_whisper(model)           # a live whisper.model.Whisper
 
-A layout with a `[checkpoint]` table (`openai-whisper`; `conformance.convert.checkpoint_table`)
+A layout with a `[bundle]` table (`openai-whisper`; `conformance.convert.bundle_table`)
 describes such a file: the entry that holds the config, the entry that holds the state dict, and
 which config entry gives which ModelConfig field. A file is recognised by those two entries at its
 top level, never by its key names. It is read through PyTorch's weights-only unpickler (a dict of
@@ -31,16 +31,16 @@ TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
 
 def bundle_layouts() -> list[Layout]:
-    """The built-in layouts that describe a bundled checkpoint file (those with `[checkpoint]`)."""
-    return [layout for layout in builtin_layouts() if layout.checkpoint is not None]
+    """The built-in layouts that describe a bundled checkpoint file (those with `[bundle]`)."""
+    return [layout for layout in builtin_layouts() if layout.bundle is not None]
 
 
 def recognise(obj: Any) -> Layout | None:
-    """The layout whose `[checkpoint]` entries are `obj`'s (a loaded file's top level), or None."""
+    """The layout whose `[bundle]` entries are `obj`'s (a loaded file's top level), or None."""
     if not isinstance(obj, Mapping):
         return None
     for layout in bundle_layouts():
-        table = layout.checkpoint
+        table = layout.bundle
         if table.config in obj and table.weights in obj:
             return layout
     return None
@@ -68,7 +68,7 @@ def convert_bundle(layout: Layout | str, obj: Mapping[str, Any], source: str = "
     from conformance.convert.planner import merge_switches
 
     layout = load_layout(layout)
-    table = layout.checkpoint
+    table = layout.bundle
     where = f"{source}'s {table.config!r}"
     told = table.read(obj[table.config], where)
     weights = obj[table.weights]
@@ -77,7 +77,7 @@ def convert_bundle(layout: Layout | str, obj: Mapping[str, Any], source: str = "
     values = merge_switches(told, {}, overrides, f"{table.config!r} entry")
     notes = {"source": f"{layout.name} checkpoint", "source_file": source}
     result = convert_arrays(as_arrays(weights), layout, dtype=dtype, notes=notes, **values)
-    result.decisions.insert(1, f"sizes and padding read from its {table.config!r} entry ({layout.name}'s [checkpoint])")
+    result.decisions.insert(1, f"sizes and padding read from its {table.config!r} entry ({layout.name}'s [bundle])")
     return result
 
 
@@ -87,12 +87,12 @@ def bundle_of(config: ModelConfig, params: Mapping[str, np.ndarray], layout: Lay
     from conformance.convert.engine import export_state_dict
 
     layout = load_layout(layout)
-    if layout.checkpoint is None:
-        raise ConfigError("layout", f"layout {layout.name} has no [checkpoint] table: it describes no bundled file")
-    dims = layout.checkpoint.write(config, f"the {layout.name} system")
+    if layout.bundle is None:
+        raise ConfigError("layout", f"layout {layout.name} has no [bundle] table: it describes no bundled file")
+    dims = layout.bundle.write(config, f"the {layout.name} system")
     state = export_state_dict(config, params, layout)
-    return {layout.checkpoint.config: dims,
-            layout.checkpoint.weights: {key: as_torch(np.array(value)) for key, value in state.items()}}
+    return {layout.bundle.config: dims,
+            layout.bundle.weights: {key: as_torch(np.array(value)) for key, value in state.items()}}
 
 
 def write_bundle(path: str | Path, config: ModelConfig, params: Mapping[str, np.ndarray],

@@ -5,7 +5,7 @@
 | `LayoutError`          | a layout file that is not valid                             | the layout      |
 | `KeyMismatchError`     | a state dict whose keys do not fit the layout               | missing and unexpected keys |
 | `NoMatchingLayoutError`| auto-detection found no built-in layout that fits           | the closest layouts |
-| `AmbiguousLayoutError` | several built-in layouts fit exactly                        | those layouts   |
+| `AmbiguousLayoutError` | several built-in layouts fit, computing different models    | those layouts, what differs |
 | `TensorError`          | a tensor that a transform or the config cannot accept       | the foreign key |
 
 A config field that is missing or contradicts the tensors raises the project's `ConfigError`
@@ -99,11 +99,37 @@ class NoMatchingLayoutError(ValueError):
 
 
 class AmbiguousLayoutError(ValueError):
-    """More than one built-in layout matches the key set exactly."""
+    """More than one built-in layout fits the key set exactly, and they would compute different
+    models from it: auto-detection refuses to guess.
 
-    def __init__(self, names: Sequence[str]):
+    `.names` lists the candidates; `.candidates` holds `(name, description, {switch: value})` with
+    the switches whose values differ between them (what tells the systems apart, which no key
+    shows); `.detectable` the candidates auto-detection may pick on their own.
+    """
+
+    def __init__(self, names: Sequence[str], candidates: Sequence[tuple[str, str, dict[str, Any]]] = (),
+                 detectable: Sequence[str] | None = None):
         self.names = list(names)
-        super().__init__(f"the keys match several built-in layouts exactly ({', '.join(names)}); pass --layout NAME")
+        self.candidates = list(candidates)
+        self.detectable = list(self.names if detectable is None else detectable)
+        differing = sorted({switch for _, _, values in self.candidates for switch in values})
+        if differing:
+            lines = [f"the keys fit {len(self.names)} built-in layouts ({', '.join(self.names)}), which compute different "
+                     f"models from them ({', '.join(differing)} differ); nothing is guessed. Pick the system the file "
+                     "comes from:"]
+        else:
+            lines = [f"the keys fit only {', '.join(self.names)}, which auto-detection never picks on its own (its keys "
+                     "are another system's); pick it by name:"]
+        for name, description, values in self.candidates:
+            told = ", ".join(f"{switch}={setting(value)}" for switch, value in sorted(values.items()))
+            lines.append(f"  --layout {name}: {description}" + (f" ({told})" if told else ""))
+        if differing:
+            lines.append("  The key names cannot tell these systems apart, so a trial forward pass cannot catch a wrong "
+                         "pick either: each runs and gives finite logits, only other ones. A Hugging Face folder "
+                         "(config.json's model_type) needs no --layout.")
+        if not self.candidates:
+            lines = [f"the keys match several built-in layouts exactly ({', '.join(self.names)}); pass --layout NAME"]
+        super().__init__("\n".join(lines))
 
 
 class TensorError(ValueError):

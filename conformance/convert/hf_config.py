@@ -141,26 +141,7 @@ class HFTable:
 
         Raises ConfigError naming the field: an unsupported value, a value of the wrong type, an
         activation without a ModelConfig name, or two config fields that disagree."""
-        for rule in self.unsupported:
-            if rule.hf in hf and hf[rule.hf] != rule.value:
-                raise ConfigError(rule.field, f"{where} has {rule.hf}={hf[rule.hf]!r}: {rule.why}")
-        values: dict[str, Any] = {}
-        origin: dict[str, tuple[str, Any]] = {}
-        decided = {target for spec in self.fields if spec.wins and hf.get(spec.hf) is not None for target in spec.to}
-        for spec in self.fields:
-            raw = hf[spec.hf] if spec.hf in hf else spec.default
-            if raw is None and not spec.has_default:
-                continue
-            for target in spec.to:
-                if target in decided and not (spec.wins and hf.get(spec.hf) is not None):
-                    continue  # a winning field that the file has says it
-                value = _to_ours(spec, target, raw, where)
-                if target in values and values[target] != value:
-                    (a, va) = origin[target]
-                    raise ConfigError(target, f"{where}: {a}={va!r} and {spec.hf}={raw!r} both give {target}, which "
-                                      f"ModelConfig holds once")
-                values[target], origin[target] = value, (spec.hf, raw)
-        return values
+        return read_fields(self.fields, self.unsupported, hf, where)
 
     # -- ModelConfig -> config.json ------------------------------------------------------------
 
@@ -201,6 +182,33 @@ class HFTable:
     def generation_of(self, data: Mapping[str, Any]) -> dict[str, Any]:
         """The generation fields `data` (a generation_config.json, or a config.json) sets."""
         return {key: data[key] for key in self.generation if data.get(key) is not None}
+
+
+def read_fields(fields: tuple[FieldSpec, ...], unsupported: tuple[Unsupported, ...], hf: Mapping[str, Any],
+                where: str) -> dict[str, Any]:
+    """The ModelConfig fields a system's own settings give (`hf`: a parsed config.json, a live
+    model's config, or a training checkpoint's options), by `fields`, refusing what `unsupported`
+    names; see `HFTable.read`."""
+    for rule in unsupported:
+        if rule.hf in hf and hf[rule.hf] != rule.value:
+            raise ConfigError(rule.field, f"{where} has {rule.hf}={hf[rule.hf]!r}: {rule.why}")
+    values: dict[str, Any] = {}
+    origin: dict[str, tuple[str, Any]] = {}
+    decided = {target for spec in fields if spec.wins and hf.get(spec.hf) is not None for target in spec.to}
+    for spec in fields:
+        raw = hf[spec.hf] if spec.hf in hf else spec.default
+        if raw is None and not spec.has_default:
+            continue
+        for target in spec.to:
+            if target in decided and not (spec.wins and hf.get(spec.hf) is not None):
+                continue  # a winning field that the file has says it
+            value = _to_ours(spec, target, raw, where)
+            if target in values and values[target] != value:
+                (a, va) = origin[target]
+                raise ConfigError(target, f"{where}: {a}={va!r} and {spec.hf}={raw!r} both give {target}, which "
+                                  f"ModelConfig holds once")
+            values[target], origin[target] = value, (spec.hf, raw)
+    return values
 
 
 def _value_of(config: ModelConfig, name: str) -> Any:
@@ -271,22 +279,38 @@ def parse_hf_table(table: Any, where: str) -> HFTable:
     for name, given in raw_fields.items():
         for spec in given if isinstance(given, list) else [given]:
             specs.append(_field_spec(name, spec, where))
-    rules = []
-    for name, rule in table.get("unsupported", {}).items():
-        if not isinstance(rule, dict) or set(rule) - _UNSUPPORTED_KEYS or "value" not in rule \
-                or not isinstance(rule.get("why"), str) or not isinstance(rule.get("legacy", False), bool):
-            raise LayoutError(where, f"[hf.unsupported] {name} = {{ value = ..., why = \"...\" }} (field, legacy optional); "
-                              f"got {rule!r}")
-        blamed = rule.get("field", name)
-        if not isinstance(blamed, str) or not blamed:
-            raise LayoutError(where, f"[hf.unsupported] {name}: field must name the ModelConfig field it concerns")
-        rules.append(Unsupported(name, rule["value"], blamed, rule["why"], rule.get("legacy", False)))
+    rules = parse_unsupported(table.get("unsupported", {}), where, "[hf.unsupported]")
     call = table.get("call", {})
     if not isinstance(call, dict) or not all(isinstance(k, str) and v in CALL_VALUES for k, v in call.items()):
         raise LayoutError(where, f"[hf.call] maps a keyword of the model's forward to one of {sorted(CALL_VALUES)}; "
                           f"got {call!r}")
     return HFTable(lists["model_types"], lists["architectures"], lists["generation"], lists["special_ids"],
-                   tuple(specs), tuple(rules), dict(defaults), dict(call))
+                   tuple(specs), rules, dict(defaults), dict(call))
+
+
+def parse_unsupported(table: Any, where: str, title: str) -> tuple[Unsupported, ...]:
+    """A `[... .unsupported]` table: field = { value = ..., why = "...", field = ..., legacy = ... }."""
+    if not isinstance(table, dict):
+        raise LayoutError(where, f"{title} must be a table")
+    rules = []
+    for name, rule in table.items():
+        if not isinstance(rule, dict) or set(rule) - _UNSUPPORTED_KEYS or "value" not in rule \
+                or not isinstance(rule.get("why"), str) or not isinstance(rule.get("legacy", False), bool):
+            raise LayoutError(where, f"{title} {name} = {{ value = ..., why = \"...\" }} (field, legacy optional); "
+                              f"got {rule!r}")
+        blamed = rule.get("field", name)
+        if not isinstance(blamed, str) or not blamed:
+            raise LayoutError(where, f"{title} {name}: field must name the ModelConfig field it concerns")
+        rules.append(Unsupported(name, rule["value"], blamed, rule["why"], rule.get("legacy", False)))
+    return tuple(rules)
+
+
+def parse_fields(table: Any, where: str, title: str) -> tuple[FieldSpec, ...]:
+    """A `[... .fields]` table: field = { to = ..., default = ..., ... } (or a list of them)."""
+    if not isinstance(table, dict) or not table:
+        raise LayoutError(where, f"{title} must be a table of field = {{ to = ..., default = ... }}")
+    return tuple(_field_spec(name, spec, where) for name, given in table.items()
+                 for spec in (given if isinstance(given, list) else [given]))
 
 
 def _field_spec(name: str, spec: Any, where: str) -> FieldSpec:

@@ -280,21 +280,24 @@ def read_model_type(folder: Path) -> Any:
 
 
 def _other_family(folder: Path, chosen: Layout, arrays: dict) -> CheckpointError | None:
-    """When a folder's weights fit another family's keys exactly, its config.json names the wrong
-    model_type: say that, rather than list every key the chosen layout misses."""
+    """When a folder's weights fit other families' keys exactly, its config.json names the wrong
+    model_type: say that (naming every family they fit: Pegasus' keys are Blenderbot's), rather
+    than list every key the chosen layout misses."""
     from conformance.convert.planner import check_keys
 
+    fits = []
     for other in hf_layouts():
         if other.name != chosen.name:
             try:
-                fits = check_keys(other, arrays).exact
+                if check_keys(other, arrays).exact:
+                    fits.append(other)
             except ValueError:
-                fits = False
-            if fits:
-                return CheckpointError(folder / "config.json", f"says model_type {read_model_type(folder)!r} (layout "
-                                       f"{chosen.name}), but the weights are those of layout {other.name} (model_type "
-                                       f"{', '.join(other.hf.model_types)})")
-    return None
+                continue
+    if not fits:
+        return None
+    named = " or ".join(f"{o.name} (model_type {', '.join(o.hf.model_types)})" for o in fits)
+    return CheckpointError(folder / "config.json", f"says model_type {read_model_type(folder)!r} (layout "
+                           f"{chosen.name}), but the weights are those of layout {named}")
 
 
 def folder_files(config: ModelConfig, layout: Layout) -> tuple[dict[str, Any], dict[str, Any] | None, list[str]]:

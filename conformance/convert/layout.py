@@ -50,8 +50,12 @@ documented for users in `docs/porting.md`; in short:
     decoder_input = "shift-right"        # the system embeds shift_right(targets) itself
     [hf]                                 # a transformers family: its config.json as data
     model_types = ["bart"]               # (conformance.convert.hf_config)
-    [checkpoint]                         # a file bundling its config with its weights
-    config = "dims"                      # (openai-whisper's; conformance.convert.checkpoint_table)
+    [float32_islands]                    # parts computed in float32 in a float64 model, and the
+    T5LayerNorm = { tensors = ["encoder.{i}.self"], why = "..." }   # tensors where they first enter
+    [checkpoint]                         # a training checkpoint with its own options (OpenNMT-py's
+    tensors = { model = "" }             # .pt): conformance.convert.system_files
+    [bundle]                             # a file bundling its config with its weights
+    config = "dims"                      # (openai-whisper's; conformance.convert.bundle_table)
     weights = "model_state_dict"
 
 `[taps]` serves `conformance.compare` (docs/porting.md): a tensor the system does not expose is
@@ -61,7 +65,7 @@ A layout may start from another: `extends = "torch-nn-transformer"` (a built-in 
 path relative to this file) takes everything from it, and this file's tables and lists replace
 what they name: a `[keys]` entry replaces the base's entry for the same canonical key(s) (or the
 same foreign pattern), `[switches]` and `[hints]` entries replace the base's one by one, and
-`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]`, `nested`, `detect` and `[hf]` given here replace the base's whole;
+`free`, `required`, `drop`, `preset`, `matrices`, `[[infer]]`, `nested`, `detect`, `[hf]`, `[checkpoint]`, `[bundle]` and `[float32_islands]` given here replace the base's whole;
 `[taps]` entries (and options) replace the base's one by one.
 
     extends = "torch-nn-transformer"
@@ -86,7 +90,8 @@ import numpy as np
 
 from conformance.core.config import ModelConfig
 from conformance.convert.errors import KIND_WORDS, LayoutError
-from conformance.convert.checkpoint_table import CheckpointTable, parse_checkpoint_table
+from conformance.convert.bundle_table import BundleTable, parse_bundle_table
+from conformance.convert.checkpoint_table import parse_checkpoint_table
 from conformance.convert.hf_config import HFTable, parse_hf_table
 from conformance.convert.patterns import CAPTURE, Capture, Pattern, glob
 from conformance.core.params import param_shapes
@@ -101,7 +106,7 @@ SWITCH_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - SIZE_FIELDS - {
 _FIELD_TYPES = {f.name: f.type for f in fields(ModelConfig)}
 
 _TOP_KEYS = {"name", "description", "extends", "preset", "matrices", "free", "required", "drop", "hints", "switches", "keys", "infer",
-             "nested", "taps", "hf", "detect", "checkpoint"}
+             "nested", "taps", "hf", "detect", "checkpoint", "bundle", "float32_islands"}
 _ENTRY_KEYS = {"to", "split", "copy", "same_as", "axis", "squeeze", "transpose", "optional", "recomputed", "heads", "when"}
 # How a system stores a projection per head (Flax DenseGeneral): "out" is (d_in, H, K), merged
 # to (d_in, H*K); "in" is (H, K, d_out), merged to (H*K, d_out). Head h owns columns (rows)
@@ -260,6 +265,42 @@ def _taps(table: Any, where: str) -> tuple[tuple[Tap, ...], dict[str, Any]]:
     return tuple(taps), options
 
 
+@dataclass(frozen=True)
+class Island:
+    """One `[float32_islands]` entry: a part the system computes in float32 even in a float64
+    model (transformers' T5LayerNorm variance, Marian's sinusoid table, OpenNMT-py's softmax), and
+    the canonical tensors (TAP_TENSORS names, `{i}` for every layer) where its rounding first
+    enters: those and every tensor after them in forward order may carry it. `conformance.compare`
+    in float64 labels such a tensor whose error sits at float32 rounding "float32 island in
+    NAME: expected" instead of a divergence."""
+
+    name: str
+    tensors: tuple[str, ...]
+    why: str
+
+    def first_index(self, order: list[str]) -> int | None:
+        """Where in `order` (the forward order's tensor names) the island first enters, or None."""
+        hits = [i for i, tensor in enumerate(order) for pattern in self.tensors
+                if re.fullmatch(re.escape(pattern).replace(r"\{i\}", r"\d+"), tensor)]
+        return min(hits) if hits else None
+
+
+def _islands(table: Any, where: str) -> tuple[Island, ...]:
+    if not isinstance(table, dict):
+        raise _fail(where, "[float32_islands] must be a table of name = { tensors = [...], why = \"...\" }")
+    out = []
+    for name, spec in table.items():
+        if not isinstance(spec, dict) or set(spec) != {"tensors", "why"} or not isinstance(spec["why"], str) \
+                or not isinstance(spec["tensors"], list) or not spec["tensors"]:
+            raise _fail(where, f"[float32_islands] {name!r} = {{ tensors = [canonical tensors], why = \"...\" }}; got {spec!r}")
+        bad = [t for t in spec["tensors"] if t not in TAP_TENSORS]
+        if bad:
+            raise _fail(where, f"[float32_islands] {name!r}: {bad} are not canonical tensors; expected some of "
+                               f"{', '.join(TAP_TENSORS)}")
+        out.append(Island(name, tuple(spec["tensors"]), spec["why"]))
+    return tuple(out)
+
+
 class InferRule(NamedTuple):
     """One `[[infer]]` rule: the switches `present` when the foreign `key` is there, else `absent`.
 
@@ -312,9 +353,14 @@ class Layout:
     # [hf]: the Hugging Face family's config.json as data (conformance.convert.hf_config), for a
     # layout whose system is a transformers model; None for every other.
     hf: HFTable | None = None
-    # [checkpoint]: a checkpoint file that bundles the config with the weights (openai-whisper's
-    # {"dims", "model_state_dict"}; conformance.convert.checkpoint_table), or None.
-    checkpoint: CheckpointTable | None = None
+    # [float32_islands]: parts the system computes in float32 even in a float64 model (Island).
+    islands: tuple["Island", ...] = ()
+    # [checkpoint]: the training checkpoint the system writes, with its options, as data
+    # (conformance.convert.system_files); None for a system that saves a state dict only.
+    checkpoint: Any = None
+    # [bundle]: a checkpoint file that bundles the config with the weights (openai-whisper's
+    # {"dims", "model_state_dict"}; conformance.convert.bundle_table), or None.
+    bundle: BundleTable | None = None
     # Whether auto-detection (no --layout) may pick it. A system that saves exactly another's keys
     # (mT5 saves T5's) cannot be told by them: it is chosen by name, or by config.json's model_type.
     detect: bool = True
@@ -422,13 +468,14 @@ def _canonical_pattern(text: Any, captures: Mapping[str, Capture], where: str, k
 @functools.lru_cache(maxsize=1)
 def _all_canonical_names() -> frozenset[str]:
     """Every canonical name with layer index 0, under configs that turn every parameter on (one
-    per position term that has parameters: a table, or a relative bias)."""
+    per position term that has parameters: a table, a relative bias, or one per layer)."""
     config = ModelConfig(
         n_encoder_layers=1, n_decoder_layers=1, position="table", qkv_bias=True, out_proj_bias=True,
         final_encoder_norm=True, final_decoder_norm=True, share_embeddings=False, tie_output=False,
         output_bias=True, final_logits_bias=True, ffn_glu=True, embedding_norm=True,
     )
     return (frozenset(param_shapes(config)) | frozenset(param_shapes(config.replace(position="relative")))
+            | frozenset(param_shapes(config.replace(position="relative", relative_bias_per_layer=True)))
             | frozenset(param_shapes(config.replace(source="features", src_vocab_size=config.tgt_vocab_size))))
 
 
@@ -571,9 +618,12 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
             if entry.transpose is None and any(is_matrix(e) for t in entry.targets for e in t.examples()):
                 raise _fail(where, f"[keys] {entry.text!r} maps a matrix; say how the system stores matrices "
                             "with matrices = 'out-in' or 'in-out' (or transpose = true/false on the entry)")
-    aliases = {e.text for e in entries if e.kind == "alias"}
+    def together(a: Entry, b: Entry) -> bool:  # both can apply under one set of switches
+        return all(a.when[k] == b.when[k] for k in set(a.when) & set(b.when))
+
     for entry in entries:
-        if entry.kind == "alias" and entry.same_as.text in aliases:
+        if entry.kind == "alias" and any(other.kind == "alias" and other.text == entry.same_as.text and together(entry, other)
+                                         for other in entries):
             raise _fail(where, f"[keys] {entry.text!r} is an alias of another alias; point it at the stored key")
     nested = data.get("nested", False)
     if not isinstance(nested, bool):
@@ -600,7 +650,11 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
         infer.append(InferRule(rule["key"], sides[0], sides[1], rule.get("differs_from")))
     taps, tap_options = _taps(data.get("taps", {}), where)
     hf = parse_hf_table(data["hf"], where) if "hf" in data else None
-    bundle = parse_checkpoint_table(data["checkpoint"], where) if "checkpoint" in data else None
+    islands = _islands(data.get("float32_islands", {}), where)
+    checkpoint = None
+    if "checkpoint" in data:
+        checkpoint = parse_checkpoint_table(data["checkpoint"], where)
+    bundle = parse_bundle_table(data["bundle"], where) if "bundle" in data else None
     detect = data.get("detect", True)
     if not isinstance(detect, bool):
         raise _fail(where, f"detect must be true or false, got {detect!r}")
@@ -608,8 +662,8 @@ def parse_layout(data: Mapping[str, Any], name: str, path: Path | None = None) -
         name=name, description=str(data.get("description", "")), preset=preset, switches=dict(switches),
         matrices=matrices, free=frozenset(lists["free"]) | frozenset(lists["required"]),
         required=frozenset(lists["required"]), drop=tuple(lists["drop"]), entries=entries, path=path,
-        hints=dict(hints), infer=tuple(infer), nested=nested, taps=taps, tap_options=tap_options, hf=hf, checkpoint=bundle,
-        detect=detect, _drop_regex=tuple(glob(d) for d in lists["drop"]),
+        hints=dict(hints), infer=tuple(infer), nested=nested, taps=taps, tap_options=tap_options, hf=hf,
+        detect=detect, checkpoint=checkpoint, bundle=bundle, islands=islands, _drop_regex=tuple(glob(d) for d in lists["drop"]),
     )
 
 

@@ -267,39 +267,108 @@ def _summarise_missing(missing: list[str], plan, expected) -> str:
 
 
 def detect_layout(keys: Iterable[str], **overrides: Any) -> Layout:
-    """The one built-in layout whose key set matches `keys` exactly (of those that may be
-    detected: a layout with `detect = false` saves another system's keys, and is chosen by name).
+    """The one built-in layout whose key set matches `keys` exactly.
+
+    Every built-in layout whose keys fit is a candidate, those with `detect = false` (a system
+    that saves exactly another's keys: mT5 saves T5's) included. When the candidates would
+    compute the same model from these keys (the same switches: `implied_switches`), the one that
+    may be detected wins; when they would compute different models, no key tells which one the
+    file is, and neither can a trial forward pass (each runs, and gives finite logits: other
+    ones), so nothing is guessed: `AmbiguousLayoutError` lists the candidates, the switches
+    that differ between them and the `--layout` line that picks each.
 
     Raises `NoMatchingLayoutError` listing the closest layouts with their missing and unexpected
-    keys, or `AmbiguousLayoutError` when several match.
+    keys (and, where one switch would make a layout's keys fit, that structure by name), or
+    `AmbiguousLayoutError`.
     """
     return _detect(keys, overrides).layout
+
+
+def implied_switches(layout: Layout, keys, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Every switch an import of `keys` (names, or a mapping to tensors) with `layout` starts from:
+    ModelConfig's defaults, the layout's preset and `[switches]`, what its `[[infer]]` rules read
+    from the keys, then `overrides`; a stored position table as `position = "table"`. Two layouts
+    whose keys fit the same file and that give the same switches compute the same model."""
+    defaults = ModelConfig()
+    values = {name: getattr(defaults, name) for name in SWITCH_FIELDS}
+    values.update(layout.base_switches())
+    values.update(layout.inferred_switches(keys))
+    values.update({k: v for k, v in overrides.items() if k in SWITCH_FIELDS})
+    tables = [e for e in layout.entries if any(t.text.endswith("position.table") for t in e.targets)]
+    if any(e.source.match(key) is not None for e in tables for key in keys):
+        values["position"] = "table"
+    return values
+
+
+# Switches that decide which parameters exist, one flip of which may make a near-miss key set fit:
+# the structure a refusal names ("the keys of hf-pegasus with an embedding LayerNorm").
+_STRUCTURAL = ("embedding_norm", "final_encoder_norm", "final_decoder_norm", "qkv_bias", "out_proj_bias", "ffn_bias",
+               "output_bias", "final_logits_bias", "share_embeddings", "tie_output", "ffn_glu")
+
+
+def _structure_by_name(layout: Layout, keys: list[str], overrides: Mapping[str, Any]) -> str:
+    """When flipping one structural switch (or two of them together) makes the keys fit `layout`
+    exactly: that structure, named, which the layout's system does not have ('' otherwise)."""
+    base = implied_switches(layout, keys, overrides)
+    flips = [(name,) for name in _STRUCTURAL if name not in overrides and isinstance(base.get(name), bool)]
+    flips += [("final_encoder_norm", "final_decoder_norm")]
+    for names in flips:
+        if any(name in overrides for name in names):
+            continue
+        changed = {name: not base[name] for name in names}
+        try:
+            if check_keys(layout, keys, {**overrides, **changed}).exact:
+                told = ", ".join(f"{name}={setting(value)}" for name, value in changed.items())
+                sets = " ".join(f"--set {name}={setting(value)}" for name, value in changed.items())
+                return (f"these are the keys of {layout.name} with {told}, a structure the {layout.name} system does "
+                        f"not have: refused rather than converted as {layout.name}; if your copy of that system was "
+                        f"changed that way, say so: --layout {layout.name} {sets}")
+        except (LayoutError, ValueError):
+            continue
+    return ""
 
 
 def _detect(keys: Iterable[str], overrides: Mapping[str, Any]) -> KeyCheck:
     """`detect_layout`, returning the winner's `KeyCheck` so that an import need not match the
     keys against it a second time."""
+    given = keys if isinstance(keys, Mapping) else None  # tensors too: an [[infer]] rule may compare them
     keys = list(keys)
     results, checks = [], {}
     for layout in builtin_layouts():
-        if not layout.detect:
-            continue
         try:
             check = check_keys(layout, keys, overrides)
         except LayoutError as exc:  # the overrides ask for a structure this layout cannot store
             results.append((layout, [f"({exc.problem})"], []))
             continue
+        except ConfigError as exc:
+            if exc.field in overrides:  # a value no config may have (activation="swish"): the caller's to fix
+                raise
+            # the overrides ask for a config this layout's preset cannot have (UMT5's per-layer
+            # tables beside --set position=table): a layout that does not fit
+            results.append((layout, [f"({exc})"], []))
+            continue
         results.append((layout, check.missing, check.unexpected))
         checks[layout.name] = check
     exact = [layout for layout, missing, unexpected in results if not missing and not unexpected]
-    if len(exact) == 1:
-        return checks[exact[0].name]
     if exact:
-        raise AmbiguousLayoutError([layout.name for layout in exact])
-    results.sort(key=lambda r: (len(r[1]) + len(r[2]), r[0].name))
+        implied = {layout.name: implied_switches(layout, given if given is not None else keys, overrides)
+                   for layout in exact}
+        differing = sorted(name for name in SWITCH_FIELDS if len({repr(implied[l.name][name]) for l in exact}) > 1)
+        detectable = [layout for layout in exact if layout.detect]
+        if not differing and detectable:
+            return checks[detectable[0].name]
+        raise AmbiguousLayoutError([layout.name for layout in exact], [
+            (layout.name, layout.description, {name: implied[layout.name][name] for name in differing})
+            for layout in exact], detectable=[layout.name for layout in detectable])
+    results.sort(key=lambda r: (len(r[1]) + len(r[2]), not r[0].detect, r[0].name))
     structural = sorted({name for layout, _, _ in results for name in structural_overrides(layout, overrides)})
-    raise NoMatchingLayoutError([(layout.name, m, u) for layout, m, u in results], len(keys),
-                                note=overrides_note(structural, overrides))
+    notes = [overrides_note(structural, overrides)] if structural else []
+    for layout, missing, unexpected in results[:3]:
+        named = _structure_by_name(layout, keys, overrides)
+        if named:
+            notes.append(named)
+            break
+    raise NoMatchingLayoutError([(layout.name, m, u) for layout, m, u in results], len(keys), note="; ".join(notes))
 
 
 def plan_import(arrays: Mapping[str, Any], layout: Layout | str | None, overrides: Mapping[str, Any]) -> Plan:
@@ -371,8 +440,9 @@ def infer_sizes(canonical: dict) -> dict[str, tuple[int, str]]:
             read("d_ff", ckey, 1)
     # A learned relative position bias is (buckets, H): the one tensor whose shape names the heads.
     for stack in ("encoder", "decoder"):
-        read("relative_buckets", f"{stack}.position.relative_bias", 0)
-        read("n_heads", f"{stack}.position.relative_bias", 1)
+        for ckey in (f"{stack}.position.relative_bias", f"{stack}.layers.0.self_attn.relative_bias"):  # T5, UMT5
+            read("relative_buckets", ckey, 0)
+            read("n_heads", ckey, 1)
     return inferred
 
 

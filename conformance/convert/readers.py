@@ -131,13 +131,35 @@ def _torch_file(path: Path) -> Any:
             warnings.simplefilter("ignore")
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        needed, refused = _needed_classes(torch, path)
+        if needed and not refused:  # a training checkpoint whose layout names the classes it needs (system_files)
+            from conformance.convert.system_files import SAFE_CLASSES
+
+            with warnings.catch_warnings(), torch.serialization.safe_globals([SAFE_CLASSES[n] for n in needed]):
+                warnings.simplefilter("ignore")
+                return torch.load(path, map_location="cpu", weights_only=True)
+        named = f"it needs {', '.join(refused)}, which no layout allows" if refused else _reason(exc)
         raise CheckpointError(
             path,
             "refused: unpickling it needs more than tensors and plain containers, so it could run code "
-            f"({_reason(exc)}). Save a state dict (torch.save(model.state_dict(), path)) or a .safetensors file instead",
+            f"({named}). Save a state dict (torch.save(model.state_dict(), path)) or a .safetensors file instead",
         ) from None
     except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, KeyError, AttributeError) as exc:
         raise CheckpointError(path, f"not a readable PyTorch file: {type(exc).__name__}: {exc}") from None
+
+
+def _needed_classes(torch, path: Path) -> tuple[list[str], list[str]]:
+    """(the globals beyond tensors and containers that the file's pickle names, those of them no
+    built-in layout's `[checkpoint]` allows): the file is loaded, allowing exactly the first, only
+    when the second is empty (an OpenNMT-py checkpoint's argparse.Namespace). The pickle is
+    scanned, not run."""
+    from conformance.convert.system_files import allowed_classes
+
+    try:
+        names = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except Exception:  # noqa: BLE001 - a file this cannot scan is refused as before
+        return [], []
+    return sorted(names), sorted(names - allowed_classes())
 
 
 def _npz_file(path: Path) -> dict[str, np.ndarray]:
@@ -169,6 +191,12 @@ def _npz_file(path: Path) -> dict[str, np.ndarray]:
 
 
 def _tensor_dict(path: Path, obj: Any, key: str | None) -> dict[str, np.ndarray]:
+    if key is None:
+        from conformance.convert.system_files import system_file
+
+        system = system_file(obj, path)  # a training checkpoint with its options (OpenNMT-py's)
+        if system is not None:
+            return system.arrays
     if key is not None:
         if not isinstance(obj, Mapping) or key not in obj:
             found = sorted(map(str, obj)) if isinstance(obj, Mapping) else []
@@ -185,6 +213,19 @@ def _tensor_dict(path: Path, obj: Any, key: str | None) -> dict[str, np.ndarray]
         return as_arrays(obj)
     except TensorError as exc:
         raise CheckpointError(path, str(exc)) from None
+
+
+def read_source(path: str | os.PathLike, key: str | None = None):
+    """(every tensor by name, the `system_files.SystemFile` when the file is a training checkpoint
+    that carries its own options, else None): `read_file`, keeping what such a file says."""
+    path = Path(path)
+    if key is None and file_kind(path) == "torch":
+        from conformance.convert.system_files import system_file
+
+        obj = _torch_file(path)
+        system = system_file(obj, path)
+        return (system.arrays, system) if system is not None else (_tensor_dict(path, obj, key), None)
+    return read_file(path, key), None
 
 
 def read_file(path: str | os.PathLike, key: str | None = None) -> dict[str, np.ndarray]:

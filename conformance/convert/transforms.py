@@ -112,7 +112,9 @@ def _sinusoid_tolerance(rows: int, dtype: np.dtype) -> np.ndarray:
     positions): at most 0.72 eps (1 + p), so 4 eps (1 + p) leaves a margin of 5. A learned table
     is off by O(0.1) everywhere, far outside this bound.
     """
-    eps = float(ml_dtypes.finfo(dtype).eps)
+    # A float64 table may hold a float32 computation widened (a tutorial's or Marian's model after
+    # `.double()`): its rounding is float32's, never less.
+    eps = max(float(ml_dtypes.finfo(dtype).eps), float(np.finfo(np.float32).eps))
     return 4 * eps * (1 + np.arange(rows, dtype=np.float64))[:, None]
 
 
@@ -141,6 +143,8 @@ def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides
                           "share max_len (only a features source's encoder has a length of its own, max_source_len)")
     rows = (enc.shape[0], dec.shape[0])  # a features source's encoder table may be longer (Whisper: 1500 and 448)
     width = enc.shape[1]
+    # fairseq's sinusoid zeroes the pad id's row (M2M100, FSMT): the id the config will have.
+    pad = overrides.get("pad_id", layout.base_switches().get("pad_id", 0))
     wanted = overrides.get("position")
     if wanted is not None and wanted not in POSITIONS:
         raise ConfigError("position", f"unknown value {wanted!r}; expected one of {list(POSITIONS)}")
@@ -151,7 +155,7 @@ def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides
         if width % 2:
             raise ConfigError("position", f"a sinusoid needs an even d_model; the stored table is {width} wide")
         for name, table in zip(TABLES, (enc, dec)):
-            exact = sinusoid_table(table.shape[0], width, wanted)
+            exact = sinusoid_table(table.shape[0], width, wanted, pad_id=pad)
             tol = _sinusoid_tolerance(table.shape[0], table.dtype)
             err = np.abs(table.astype(np.float64) - exact)
             bad = err > tol
@@ -165,11 +169,33 @@ def recognise_positions(layout: Layout, canonical: dict, origin: dict, overrides
         return wanted, rows
     if width % 2 == 0:
         preferred = layout.base_switches().get("position")
-        for form in sorted(SINUSOIDS, key=lambda f: f != preferred):
-            if all(identical(table, sinusoid_table(table.shape[0], width, form).astype(table.dtype)) for table in (enc, dec)):
+        # The layout's own sinusoid first (fairseq's too, where it is the system's: FSMT stores it),
+        # then the others.
+        forms = ([preferred] if isinstance(preferred, str) and preferred.startswith("sinusoid") else []) + \
+            [f for f in SINUSOIDS if f != preferred]
+        for form in forms:
+            if all(identical(table, sinusoid_table(table.shape[0], width, form, pad_id=pad).astype(table.dtype))
+                   for table in (enc, dec)):
                 for name in TABLES:
                     del canonical[name]
                 decisions.append(f"position: the stored table is exactly the {form} sinusoid; recognised and dropped")
                 return form, rows
+    if not layout.computes_with_stored_positions():
+        # The system rebuilds its table when it loads a model (Marian): it only ever computes its
+        # own sinusoid, in float32 and widened. A table within float32 rounding of that sinusoid (a
+        # live model after `.double()`) is kept as it is, which is exactly what that model computes;
+        # any other table is a structure the system does not have (a learned table: another
+        # family's keys), refused by name rather than converted.
+        form = layout.base_switches().get("position")
+        if form in SINUSOIDS and width % 2 == 0:
+            worst = max((float(np.max(np.abs(t.astype(np.float64) - sinusoid_table(t.shape[0], width, form, pad_id=pad))
+                                       - _sinusoid_tolerance(t.shape[0], np.dtype(np.float32)))), name)
+                        for name, t in zip(TABLES, (enc, dec)))
+            if worst[0] > 0:
+                raise TensorError(origin[worst[1]], f"is not the {form} sinusoid that the {layout.name} system rebuilds when it "
+                                  f"loads a model (off by up to {worst[0]:.3g} beyond float32 rounding): a {layout.name} model "
+                                  "with a learned or other position table does not exist, so these weights are not one (the "
+                                  "keys fit, the structure does not); convert them with the layout of the system that "
+                                  f"wrote them, or, if your copy of {layout.name} keeps its table, --set position=table")
     decisions.append(f"position: kept the stored table ({origin[TABLES[0]]}) as position='table'")
     return "table", rows

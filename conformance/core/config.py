@@ -24,6 +24,7 @@ NORM_PLACEMENTS = ("post", "pre")
 LAYER_NORM_FORMS = ("standard", "std-eps", "fast-variance", "rms")
 POSITIONS = ("sinusoid-interleaved", "sinusoid-split", "sinusoid-t2t", "sinusoid-fairseq", "table", "relative")
 POSITION_IDS = ("arange", "non-pad")
+DECODER_EMBEDDING_NORMS = ("sum", "tokens")
 PAD_MASK_SIDES = ("keys", "queries", "both", "none")
 SRC_PAD_MASK_SIDES = ("keys", "both")
 ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu", "tanh")
@@ -35,6 +36,7 @@ CHOICES = {
     "layer_norm_form": LAYER_NORM_FORMS,
     "position": POSITIONS,
     "position_ids": POSITION_IDS,
+    "decoder_embedding_norm": DECODER_EMBEDDING_NORMS,
     "tgt_pad_mask": PAD_MASK_SIDES,
     "src_pad_mask": SRC_PAD_MASK_SIDES,
     "activation": ACTIVATIONS,
@@ -57,7 +59,7 @@ MAX_LEN_LIMIT = 65536
 ADDED_FIELDS = ("src_pad_mask", "scale_logits", "ffn_glu", "attention_temp", "position_offset", "position_ids",
                 "embedding_norm", "freeze_pad_embedding", "d_head", "scale_scores", "relative_buckets",
                 "relative_max_distance", "ffn_bias", "freeze_final_logits_bias", "source", "n_mels", "max_source_len",
-                "key_bias")
+                "key_bias", "decoder_embedding_norm", "relative_bias_per_layer")
 
 _SIZE_FIELDS = (
     "src_vocab_size",
@@ -135,6 +137,11 @@ class ModelConfig:
             T5's `_relative_position_bucket`, bidirectional in the encoder, causal in the
             decoder; exact up to a quarter (encoder) or half (decoder) of the buckets, then
             logarithmic up to relative_max_distance). Cross-attention has no bias.
+        relative_bias_per_layer: with position "relative", every self-attention layer has a bias
+            table of its own, `{encoder,decoder}.layers.{i}.self_attn.relative_bias` (UMT5:
+            `UMT5LayerSelfAttention` builds every layer's attention with
+            has_relative_attention_bias=True), instead of block 0's table serving the stack (T5).
+            The buckets are the same; only the table each layer reads differs.
         position_offset: position p reads row `p + position_offset` of the position table, whose
             first rows are never read: 2 in BART and mBART (`BartLearnedPositionalEmbedding.offset`)
             and in M2M100/NLLB (`padding_idx + 1`), 0 elsewhere.
@@ -145,6 +152,12 @@ class ModelConfig:
             row `t + position_offset` unless it is the pad id, as transformers' cached step does.
         embedding_norm: a LayerNorm on the embeddings plus positions, before the first layer (BART
             and mBART's `layernorm_embedding`), `{encoder,decoder}.embedding_norm` in each stack.
+        decoder_embedding_norm: what the decoder's embedding LayerNorm normalises: "sum", the
+            scaled tokens plus the position term, `LN(E x s + P)` (BART, mBART, and every
+            encoder); or "tokens", the scaled tokens alone, the position term added after it,
+            `LN(E x s) + P` (BlenderbotSmall's decoder: `BlenderbotSmallDecoder.forward` calls
+            `layernorm_embedding(inputs_embeds)` before adding the positions, while its encoder
+            norms the sum). "tokens" needs `embedding_norm`.
         share_embeddings: the decoder uses the encoder's token embedding (needs equal vocabs).
         tie_output: the output projection is the target embedding transposed (section 3.4).
         freeze_pad_embedding: training only: the row of `pad_id` in each token embedding gets no
@@ -229,8 +242,10 @@ class ModelConfig:
     position_offset: int = 0
     position_ids: str = "arange"
     embedding_norm: bool = False
+    decoder_embedding_norm: str = "sum"
     relative_buckets: int = 32
     relative_max_distance: int = 128
+    relative_bias_per_layer: bool = False
     share_embeddings: bool = False
     tie_output: bool = False
     freeze_pad_embedding: bool = False
@@ -345,6 +360,12 @@ class ModelConfig:
                 raise ConfigError(
                     name, f"unknown value {getattr(self, name)!r}; expected one of {list(allowed)}"
                 )
+        if self.relative_bias_per_layer and self.position != "relative":
+            raise ConfigError("relative_bias_per_layer", "says where the relative position bias tables live; it needs "
+                                                         f"position 'relative', not {self.position!r}")
+        if self.decoder_embedding_norm == "tokens" and not self.embedding_norm:
+            raise ConfigError("decoder_embedding_norm", "'tokens' says where the decoder's embedding LayerNorm sits; "
+                                                        "without one (embedding_norm false) there is nothing to place")
         if self.position.startswith("sinusoid") and self.d_model % 2:
             raise ConfigError("d_model", f"a sinusoid needs an even d_model, got {self.d_model}")
         if self.position in ("sinusoid-t2t", "sinusoid-fairseq") and self.d_model < 4:

@@ -9,6 +9,7 @@ Flax state and the checkpoint file all use exactly these names. Matrices are sto
     encoder.frontend.conv2.{weight,bias}          (3, D, D), (D,)        source "features"
     encoder.position.table                        (source_len + position_offset, D)   position == "table"
     encoder.position.relative_bias                (relative_buckets, H)   position == "relative"
+    encoder.layers.{i}.self_attn.relative_bias    (relative_buckets, H)   ... relative_bias_per_layer (instead)
     encoder.embedding_norm.{weight,bias}          (D,)          embedding_norm
     encoder.layers.{i}.self_attn.{q,k,v}_proj.weight    (D, H K)  (H K = D unless d_head is set)
     encoder.layers.{i}.self_attn.o_proj.weight          (H K, D)

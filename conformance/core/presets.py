@@ -126,6 +126,45 @@ PRESETS: dict[str, dict[str, Any]] = {
         final_logits_bias=True, activation="relu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0,
         freeze_pad_embedding=True, freeze_final_logits_bias=True,
     ),
+    # PLBart (modeling_plbart): BART's modules, the embedding scaled (PLBartConfig.scale_embedding).
+    "hf-plbart": dict(
+        norm_placement="post", embedding_norm=True, scale_embedding=True, position="table", position_offset=2,
+        share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True, activation="gelu",
+        mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=1, freeze_pad_embedding=True,
+    ),
+    # BlenderbotSmall (modeling_blenderbot_small): BART's modules, a learned table read from row 0,
+    # and the decoder's layernorm_embedding on the tokens before the positions are added.
+    "hf-blenderbot-small": dict(
+        norm_placement="post", embedding_norm=True, decoder_embedding_norm="tokens", scale_embedding=False,
+        position="table", position_offset=0, share_embeddings=True, tie_output=True, output_bias=False,
+        final_logits_bias=True, activation="gelu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0,
+        freeze_pad_embedding=True,
+    ),
+    # Blenderbot (modeling_blenderbot): Pegasus' modules with a learned table from row 0, GELU and
+    # no embedding scale (BlenderbotConfig's defaults).
+    "hf-blenderbot": dict(
+        norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True, scale_embedding=False,
+        position="table", share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True,
+        activation="gelu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0, freeze_pad_embedding=True,
+    ),
+    # FSMT (modeling_fsmt: fairseq's WMT19 transformers): post-LN without final norms or an embedding
+    # LayerNorm, fairseq's float32 sinusoid over non-pad tokens from pad_id + 1 (a frozen table the
+    # folder stores), separate source and target embeddings (their own vocabularies) and an untied
+    # output_projection without bias, ReLU, scaled embeddings; padding masked on the keys in both
+    # stacks (the decoder's start token is the end token, not the pad), finfo.min fills.
+    "hf-fsmt": dict(
+        norm_placement="post", scale_embedding=True, position="sinusoid-fairseq", position_offset=2,
+        position_ids="non-pad", share_embeddings=False, tie_output=False, output_bias=False, activation="relu",
+        mask_fill=FLOAT32_MIN, tgt_pad_mask="keys", pad_id=1, freeze_pad_embedding=True,
+    ),
+    # fairseq's TransformerModel (fairseq/models/transformer), transformer_wmt_en_de and its kin at
+    # their defaults: FSMT's numerics (the WMT19 models were fairseq's), with fairseq's own masks:
+    # padding and the future filled with -inf (MultiheadAttention, future_mask).
+    "fairseq-transformer": dict(
+        norm_placement="post", scale_embedding=True, position="sinusoid-fairseq", position_offset=2,
+        position_ids="non-pad", share_embeddings=False, tie_output=False, output_bias=False, activation="relu",
+        mask_fill=float("-inf"), tgt_pad_mask="keys", pad_id=1, freeze_pad_embedding=True,
+    ),
     # P9 T5 v1.0 (transformers modeling_t5; t5-small ... t5-11b): pre-LN with T5LayerNorm (RMSNorm
     # in float32, eps 1e-6, a scale and no bias) and a final norm on each stack; scores Q K^T
     # unscaled (T5 folds the scale into W_q's initialisation); no bias anywhere; heads of d_kv,
@@ -139,6 +178,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "hf-t5-v1_1": {**_T5, "ffn_glu": True, "activation": "gelu-tanh", "tie_output": False, "scale_logits": False},
     # mT5 (modeling_mt5): T5 v1.1's numerics; MT5ForConditionalGeneration never scales the logits.
     "hf-mt5": {**_T5, "ffn_glu": True, "activation": "gelu-tanh", "tie_output": False, "scale_logits": False},
+    # UMT5 (modeling_umt5): T5 v1.1's numerics (gated GELU, untied head) with a relative position
+    # bias table in every self-attention layer, and the logits always scaled by d_model^-1/2
+    # (`if self.config.tie_word_embeddings`, which UMT5Config forces to True).
+    "hf-umt5": {**_T5, "relative_bias_per_layer": True, "ffn_glu": True, "activation": "gelu-tanh", "tie_output": False,
+                "scale_logits": True},
     # P4 The Annotated Transformer: pre-LN via SublayerConnection, its own (x-mean)/(std+eps)
     # LayerNorm with eps 1e-6, final norms on both stacks.
     "annotated-transformer": dict(
@@ -188,6 +232,19 @@ PRESETS: dict[str, dict[str, Any]] = {
     # openai-whisper (whisper/model.py): the same logits (its -inf causal mask never meets an empty
     # row), and a token embedding without padding_idx.
     "openai-whisper": {**_WHISPER, "freeze_pad_embedding": False},
+    # OpenNMT-py 3.x's transformer (onmt/encoders/transformer.py, onmt/decoders/transformer.py) at
+    # its option defaults: pre-LN with a final LayerNorm on each stack (eps norm_eps 1e-6), no q/k/v/o
+    # biases (add_qkvbias false) and no feed-forward biases (add_ffnbias false), the embedding scaled
+    # by sqrt(d) inside PositionalEncoding and its sinusoid stored as a buffer, masked scores filled
+    # with -1e18, target padding masked on the keys AND causal, separate embeddings (each an
+    # nn.Embedding with the pad token's padding_idx) and a generator of its own with a bias; pad id 1
+    # ("<blank>" in its vocabularies).
+    "opennmt-py": dict(
+        norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True, layer_norm_eps=1e-6,
+        scale_embedding=True, position="table", qkv_bias=False, out_proj_bias=False, ffn_bias=False,
+        mask_fill=-1e18, tgt_pad_mask="keys", cross_attn_src_mask=True, pad_id=1, share_embeddings=False,
+        tie_output=False, output_bias=True, activation="relu", freeze_pad_embedding=True,
+    ),
     # The built-in default for `rosetta check`: small, post-LN, with padding on both sides.
     "default": dict(
         src_vocab_size=24, tgt_vocab_size=24, d_model=32, n_heads=4, d_ff=64,

@@ -69,13 +69,15 @@ def param_shapes(config: ModelConfig) -> dict[str, Shape]:
         shapes = {"encoder.embedding.weight": (config.src_vocab_size, d)}
     if config.position == "table":
         shapes["encoder.position.table"] = (config.source_len + config.position_offset, d)
-    elif config.position == "relative":
+    elif config.position == "relative" and not config.relative_bias_per_layer:
         shapes["encoder.position.relative_bias"] = (config.relative_buckets, config.n_heads)
     if config.embedding_norm:
         shapes |= _norm_shapes("encoder.embedding_norm", config)
     for i in range(config.n_encoder_layers):
         layer = f"encoder.layers.{i}"
         shapes |= _attention_shapes(f"{layer}.self_attn", config)
+        if config.relative_bias_per_layer:  # UMT5: a table in every self-attention
+            shapes[f"{layer}.self_attn.relative_bias"] = (config.relative_buckets, config.n_heads)
         shapes |= _norm_shapes(f"{layer}.self_attn_norm", config)
         shapes |= _ffn_shapes(f"{layer}.ffn", config)
         shapes |= _norm_shapes(f"{layer}.ffn_norm", config)
@@ -86,13 +88,15 @@ def param_shapes(config: ModelConfig) -> dict[str, Shape]:
         shapes["decoder.embedding.weight"] = (config.tgt_vocab_size, d)
     if config.position == "table":
         shapes["decoder.position.table"] = (config.max_len + config.position_offset, d)
-    elif config.position == "relative":
+    elif config.position == "relative" and not config.relative_bias_per_layer:
         shapes["decoder.position.relative_bias"] = (config.relative_buckets, config.n_heads)
     if config.embedding_norm:
         shapes |= _norm_shapes("decoder.embedding_norm", config)
     for i in range(config.n_decoder_layers):
         layer = f"decoder.layers.{i}"
         shapes |= _attention_shapes(f"{layer}.self_attn", config)
+        if config.relative_bias_per_layer:  # UMT5: a table in every self-attention
+            shapes[f"{layer}.self_attn.relative_bias"] = (config.relative_buckets, config.n_heads)
         shapes |= _norm_shapes(f"{layer}.self_attn_norm", config)
         shapes |= _attention_shapes(f"{layer}.cross_attn", config)
         shapes |= _norm_shapes(f"{layer}.cross_attn_norm", config)

@@ -1,9 +1,9 @@
 """A checkpoint file that bundles its config with its weights: openai-whisper's
 `{"dims": asdict(ModelDimensions), "model_state_dict": state_dict}`, which `whisper.load_model(path)`
-reads (`conformance.convert.bundles`; a layout with a `[checkpoint]` table describes the file).
+reads (`conformance.convert.bundles`; a layout with a `[bundle]` table describes the file).
 
     recognised  a PyTorch file (.pt/.pth/.bin) whose top level holds the two entries a layout's
-                `[checkpoint]` table names, read with torch's weights-only unpickler; never by its
+                `[bundle]` table names, read with torch's weights-only unpickler; never by its
                 key names
     read        the sizes and the padding from its config entry, the tensors through the layout:
                 no --layout (or the file's own), no --set needed
@@ -53,7 +53,7 @@ class Bundle(Format):
             raise InputError(given[0], f"{src} is a {layout.name} checkpoint, which states its own config and "
                              "weights: there is no entry to pick and nothing to rename")
         if options.layout is not None and load_layout(options.layout).name != layout.name:
-            raise CheckpointError(src, f"holds the {layout.checkpoint.config!r} and {layout.checkpoint.weights!r} of a "
+            raise CheckpointError(src, f"holds the {layout.bundle.config!r} and {layout.bundle.weights!r} of a "
                                   f"{layout.name} checkpoint, not --layout {options.layout}")
         options.overrides()  # a bad --set is said before the file is converted
 
@@ -81,7 +81,7 @@ class Bundle(Format):
         if options.to is None or dst.suffix.lower() not in TORCH_SUFFIXES:
             return False
         try:
-            return load_layout(options.to).checkpoint is not None
+            return load_layout(options.to).bundle is not None
         except LayoutError:
             return False
 
@@ -102,7 +102,7 @@ class Bundle(Format):
 
         layout = load_layout(options.to)
         write_torch_object(staged, bundle_of(read.config, read.params, layout))
-        return Written(title=f"{layout.name} checkpoint {{{layout.checkpoint.config!r}, {layout.checkpoint.weights!r}}}")
+        return Written(title=f"{layout.name} checkpoint {{{layout.bundle.config!r}, {layout.bundle.weights!r}}}")
 
     def verify(self, staged: Path, read: Read, options: Options, progress) -> list:
         from conformance.convert.bundles import convert_bundle, read_bundle

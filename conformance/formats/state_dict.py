@@ -3,7 +3,9 @@ metadata, `.pt`/`.pth`/`.bin`, `.npz`, Flax `.msgpack`), an Orbax directory or a
 Distributed Checkpoint (`conformance.convert.readers`), in the key space of a built-in layout or a
 layout file of the user's.
 
-    read     read_state_dict, --rename, then the layout (--layout, else the one whose keys fit)
+    read     read_source, --rename, then the layout (--layout, else the one whose keys fit); a
+             training checkpoint that carries its options (OpenNMT-py's, fairseq's: a layout's
+             [checkpoint] table) converts with the switches those options give
     write    `--to LAYOUT` to a file (a flat layout: .safetensors or .pt/.pth/.bin; a nested one:
              .msgpack or .safetensors) or, with no suffix, an Orbax directory (a nested layout)
     verify   the written output read back as `rosetta convert` reads it, through the layout, with
@@ -40,8 +42,10 @@ class StateDict(Format):
         options.overrides(), options.rename_map()  # a bad --set or --rename is said before the file is read
 
     def read(self, src: Path, options: Options, progress) -> Read:
-        from conformance.convert import convert_arrays, read_state_dict, rename_prefixes
+        from conformance.convert import convert_arrays, rename_prefixes
         from conformance.convert.engine import PaddingWarning
+        from conformance.convert.readers import read_source
+        from conformance.convert.system_files import convert_system_file
         from conformance.core.generation.note import GenerationWarning
         from conformance.core.errors import InputError
 
@@ -50,14 +54,20 @@ class StateDict(Format):
             warnings.simplefilter("always", PaddingWarning)
             warnings.simplefilter("always", GenerationWarning)
             progress(f"reading {src}")
-            arrays = read_state_dict(src, key=options.key)
+            # system: a training checkpoint that carries its own options (OpenNMT-py's, fairseq's)
+            arrays, system = read_source(src, key=options.key)
             if renames:
                 try:
                     arrays = rename_prefixes(arrays, renames)
                 except KeyError as exc:
                     raise InputError("--rename", exc.args[0]) from None
-            result = convert_arrays(arrays, options.layout, dtype=options.dtype, notes={"source_file": src.name},
-                                    **overrides)
+            if system is not None:
+                system.arrays = arrays
+                result = convert_system_file(system, layout=options.layout, dtype=options.dtype,
+                                             notes={"source_file": src.name}, **overrides)
+            else:
+                result = convert_arrays(arrays, options.layout, dtype=options.dtype, notes={"source_file": src.name},
+                                        **overrides)
         return conversion_read(result, caught)
 
     def verify_source(self, src: Path, read: Read, options: Options, progress) -> list:

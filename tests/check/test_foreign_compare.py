@@ -87,6 +87,15 @@ ELSEWHERE = {
     "hf-t5": tuple(f"convert/test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[{family}]"
                    for family in ("t5", "t5-v1_1")),
     "hf-mt5": ("convert/test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[mt5]",),
+    "hf-umt5": ("convert/test_hf_t5.py::test_taps_read_transformers_tensors_where_ours_computes_them[umt5]",),
+    **{layout: (f"convert/test_hf_families.py::test_taps_read_transformers_tensors_where_ours_computes_them[{family}]",)
+       for layout, family in (("hf-plbart", "plbart"), ("hf-blenderbot", "blenderbot"),
+                              ("hf-blenderbot-small", "blenderbot_small"))},
+    "hf-fsmt": ("convert/test_hf_fsmt.py::test_taps_read_transformers_tensors_where_ours_computes_them",),
+    # Run clean against the system itself where it is installed (the fixture scripts call
+    # conformance.compare there, every tap in float32 and float64); the tests read their records.
+    "opennmt-py": ("convert/test_opennmt_py.py::test_the_fixture_script_checked_the_taps_and_the_island_against_opennmt_py",),
+    "fairseq-transformer": ("convert/test_fairseq.py::test_the_fixture_script_checked_the_taps_and_the_island_against_fairseq",),
     "hf-whisper": ("convert/test_hf_whisper.py::test_compare_reads_a_live_whisper_with_its_config",),
     "openai-whisper": ("convert/test_openai_whisper.py::test_compare_reads_a_live_whisper_with_its_dims",),
 }

@@ -38,13 +38,14 @@ transformers = pytest.importorskip("transformers", reason="the models are built 
 
 from transformers.models.mt5 import modeling_mt5  # noqa: E402
 from transformers.models.t5 import modeling_t5  # noqa: E402
+from transformers.models.umt5 import modeling_umt5  # noqa: E402
 
 import conformance  # noqa: E402
 from conformance.check.compare import compare  # noqa: E402
 from conformance.check.tolerances import gradient_tolerance, tolerance  # noqa: E402
 from conformance.check.training import scaled_error  # noqa: E402
 from conformance.cli import main  # noqa: E402
-from conformance.convert import export_state_dict, from_hf, from_hf_folder, import_state_dict, load_layout  # noqa: E402
+from conformance.convert import AmbiguousLayoutError, export_state_dict, from_hf, from_hf_folder, import_state_dict, load_layout  # noqa: E402
 from conformance.core import checkpoint  # noqa: E402
 from conformance.core.errors import ConfigError  # noqa: E402
 from systems import randomize_  # noqa: E402
@@ -77,6 +78,11 @@ FAMILIES = {
     "mt5": Family("hf-mt5", "MT5Config", "MT5ForConditionalGeneration",
                   dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False), untie=True,
                   expected=dict(activation="gelu-tanh", ffn_glu=True, tie_output=False, scale_logits=False)),
+    # UMT5: a relative position table in every self-attention layer; the logits always scaled.
+    "umt5": Family("hf-umt5", "UMT5Config", "UMT5ForConditionalGeneration",
+                   dict(feed_forward_proj="gated-gelu", decoder_start_token_id=0), untie=True,
+                   expected=dict(activation="gelu-tanh", ffn_glu=True, tie_output=False, scale_logits=True,
+                                 relative_bias_per_layer=True)),
 }
 NAMES = list(FAMILIES)
 
@@ -132,7 +138,7 @@ def float64_variance():
         variance = wide.pow(2).mean(-1, keepdim=True)
         return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
-    saved = [(cls, cls.forward) for cls in (modeling_t5.T5LayerNorm, modeling_mt5.MT5LayerNorm)]
+    saved = [(cls, cls.forward) for cls in (modeling_t5.T5LayerNorm, modeling_mt5.MT5LayerNorm, modeling_umt5.UMT5LayerNorm)]
     try:
         for cls, _ in saved:
             cls.forward = forward
@@ -193,11 +199,17 @@ def test_a_bare_state_dict_tells_heads_head_size_buckets_ffn_and_tie():
     with float64_variance():
         reference = hf_logits(copy.deepcopy(model).double(), src, tgt)
     assert relative(ours64(config, params, src, tgt), reference) <= FLOAT64_LOGITS
-    # A saved copy of a tied head is a duplicate (transformers ties equal weights at load).
+    # A saved copy of a tied head is a duplicate (transformers ties equal weights at load). A tied
+    # head is where T5 and mT5 part: T5 v1.0 scales its input by d_model^-1/2, mT5 never does, and
+    # no key tells them apart, so auto-detection refuses, naming both and the switch; by name, it converts.
     tied = build("t5")
     state = {**tied.state_dict()}
     assert "lm_head.weight" in state
-    config, _ = import_state_dict(state, None, relative_max_distance=20, max_len=32)
+    with pytest.raises(AmbiguousLayoutError) as refused:
+        import_state_dict(state, None, relative_max_distance=20, max_len=32)
+    assert refused.value.names == ["hf-mt5", "hf-t5"] and "scale_logits" in str(refused.value), str(refused.value)
+    assert "--layout hf-t5" in str(refused.value) and "trial forward pass cannot catch" in str(refused.value)
+    config, _ = import_state_dict(state, "hf-t5", relative_max_distance=20, max_len=32)
     assert config.tie_output and config.scale_logits and config.activation == "relu" and not config.ffn_glu
 
 
@@ -296,7 +308,7 @@ def test_export_folder_loads_in_transformers_with_the_same_logits(name, built, t
     for key in ("d_model", "d_kv", "num_heads", "d_ff", "relative_attention_num_buckets", "relative_attention_max_distance",
                 "layer_norm_epsilon", "dense_act_fn", "is_gated_act", "vocab_size", "pad_token_id"):
         assert getattr(loaded.config, key) == getattr(model.config, key), key
-    if name != "mt5":
+    if name not in ("mt5", "umt5"):  # mT5 never scales; UMT5 always does: neither config has the field
         assert loaded.config.scale_decoder_outputs == model.config.scale_decoder_outputs
 
 
@@ -372,7 +384,7 @@ def test_float64_gradients_equal_transformers_autograd(name, built):
 # -- taps -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["t5", "t5-v1_1", "mt5"])
+@pytest.mark.parametrize("name", ["t5", "t5-v1_1", "mt5", "umt5"])
 def test_taps_read_transformers_tensors_where_ours_computes_them(name, built):
     """Every tapped tensor of the float64 model (eager attention, so that weights are returned)
     agrees with the float64 oracle: a tap at the wrong module would diverge."""

@@ -17,6 +17,7 @@ import pytest
 
 from conformance import init_params, preset
 from conformance.convert import (
+    AmbiguousLayoutError,
     KeyMismatchError,
     LayoutError,
     NoMatchingLayoutError,
@@ -85,6 +86,14 @@ def positions_of(layout):
     return forms + ["table"] if layout.computes_with_stored_positions() else forms
 
 
+def detected(keys):
+    """The layout auto-detection picks for `keys`, or its refusal (`AmbiguousLayoutError`)."""
+    try:
+        return detect_layout(keys).name
+    except AmbiguousLayoutError as exc:
+        return exc
+
+
 CASES = [(name, position) for layout in builtin_layouts() for name, position in
          [(layout.name, p) for p in positions_of(layout)]]
 
@@ -96,9 +105,16 @@ def test_export_then_import_is_bit_exact(name, position, dtype):
     config = config_for(layout, position)
     params = params_for(config, dtype)
     exported = exported_keys(layout, config, params)
-    # A layout that saves another system's keys (hf-mt5: T5's) is never auto-detected: by name.
-    assert detect_layout(exported).name == name if layout.detect else detect_layout(exported).name != name
-    back_config, back = import_state_dict(exported, None if layout.detect else name, **import_overrides(layout, config))
+    # Auto-detection names the layout, or refuses when the keys fit several systems that compute
+    # different models (hf-bart's keys are PLBart's and BlenderbotSmall's; hf-mt5's are hf-t5's).
+    # A layout that is never detected on its own (hf-mt5) may only lose to one computing the same.
+    found = detected(exported)
+    if isinstance(found, AmbiguousLayoutError):
+        assert name in found.names and found.candidates, str(found)
+    else:
+        assert found == name if layout.detect else found != name
+    back_config, back = import_state_dict(exported, name if isinstance(found, AmbiguousLayoutError) or not layout.detect
+                                          else None, **import_overrides(layout, config))
     assert back_config == config
     assert list(back) == list(params)
     for key, value in params.items():
@@ -120,6 +136,12 @@ def test_a_stored_sinusoid_is_written_from_the_shared_table():
 # -- Detection ---------------------------------------------------------------------------------
 
 
+def closest_of(error: NoMatchingLayoutError) -> list:
+    """The candidates tied for closest (the fewest missing and unexpected keys)."""
+    best = len(error.candidates[0][1]) + len(error.candidates[0][2])
+    return [c for c in error.candidates if len(c[1]) + len(c[2]) == best]
+
+
 @pytest.mark.parametrize("name", [name for name in LAYOUTS if load_layout(name).detect])  # hf-mt5: hf-t5's keys
 def test_a_near_miss_is_explained(name):
     layout = load_layout(name)
@@ -131,14 +153,14 @@ def test_a_near_miss_is_explained(name):
     short = {k: v for k, v in exported.items() if k != dropped}
     with pytest.raises(NoMatchingLayoutError) as info:
         detect_layout(short)
-    closest, missing, unexpected = info.value.candidates[0]
-    assert (closest, missing, unexpected) == (name, [dropped], [])
+    # Layouts with the same keys (hf-bart, hf-plbart, hf-blenderbot-small) tie for closest.
+    assert (name, [dropped], []) in closest_of(info.value), info.value.candidates[:3]
     assert dropped in str(info.value) and name in str(info.value)
 
     longer = {**exported, "extra.weight": np.zeros(3, np.float32)}
     with pytest.raises(NoMatchingLayoutError) as info:
         detect_layout(longer)
-    assert info.value.candidates[0] == (name, [], ["extra.weight"])
+    assert (name, [], ["extra.weight"]) in closest_of(info.value)
     with pytest.raises(KeyMismatchError, match="unexpected key.*extra.weight"):
         import_state_dict(longer, name, **import_overrides(layout, config))
 

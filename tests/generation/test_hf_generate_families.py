@@ -40,6 +40,10 @@ GENERATION = {
                   max_length=12),
     "m2m_100": dict(forced_bos_token_id=5, no_repeat_ngram_size=2, max_length=12),
     "pegasus": dict(forced_eos_token_id=1, max_length=12),
+    "plbart": dict(decoder_start_token_id=2, forced_bos_token_id=5, forced_eos_token_id=2, no_repeat_ngram_size=2,
+                   max_length=12),
+    "blenderbot": dict(forced_eos_token_id=2, no_repeat_ngram_size=3, max_length=12),
+    "blenderbot_small": dict(forced_eos_token_id=2, no_repeat_ngram_size=2, max_length=12),
     "marian": dict(forced_eos_token_id=0, max_length=12),
 }
 EOS_BOOST = 2.0  # added to the end token's logit bias, where the family has one: rows end at varied steps
@@ -71,7 +75,21 @@ def hf_ids(name: str, model, config, src: np.ndarray, num_beams: int) -> np.ndar
     if start is None:
         start = model.generation_config.bos_token_id
     assert (out[:, 0] == start).all()
-    return out[:, 1:].numpy()
+    return after_eos_as_pad(out[:, 1:].numpy(), model.generation_config.eos_token_id, pad)
+
+
+def after_eos_as_pad(ids: np.ndarray, eos: int, pad: int) -> np.ndarray:
+    """transformers' beam search fills a row after its end token with `pad_token_id or eos_token_id`
+    (generation/utils.py, `output_fill_value`): a pad id of 0 (Pegasus, Blenderbot) is falsy there,
+    so it fills with the end token instead. What fills a finished row is no choice of the search;
+    `generate` fills with the pad id, so the filler is read as the pad id here, and every id up to
+    and including each row's end token is compared as it is."""
+    ids = ids.copy()
+    for row in ids:
+        ends = np.flatnonzero(row == eos)
+        if ends.size:
+            row[ends[0] + 1:] = pad
+    return ids
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
@@ -102,7 +120,7 @@ def test_generate_with_no_ids_passed_gives_transformers_ids(name, backend, num_b
 # that the ids are decided by float64 scores on both sides.
 
 T5_GENERATION = {"t5": dict(max_length=12, no_repeat_ngram_size=2), "t5-v1_1": dict(max_length=12),
-                 "mt5": dict(max_length=12, no_repeat_ngram_size=2)}
+                 "mt5": dict(max_length=12, no_repeat_ngram_size=2), "umt5": dict(max_length=12, no_repeat_ngram_size=2)}
 
 
 @functools.cache
@@ -124,7 +142,7 @@ def converted_t5(name: str, tmp_dir: str):
 @pytest.mark.parametrize("backend", BACKEND_PARAMS)
 @pytest.mark.parametrize("name", list(T5_GENERATION))
 def test_t5_generate_with_no_ids_passed_gives_transformers_ids(name, backend, num_beams, tmp_path_factory):
-    from test_hf_t5 import PAD, batch as t5_batch, float64_variance
+    from test_hf_t5 import EOS, PAD, batch as t5_batch, float64_variance
 
     model, config, params = converted_t5(name, str(tmp_path_factory.getbasetemp()))
     src, _, _ = t5_batch()
@@ -133,7 +151,7 @@ def test_t5_generate_with_no_ids_passed_gives_transformers_ids(name, backend, nu
                                                      attention_mask=torch.from_numpy(src != PAD).long(),
                                                      num_beams=num_beams, do_sample=False)
     assert (out[:, 0] == 0).all()
-    expected = out[:, 1:].numpy()
+    expected = after_eos_as_pad(out[:, 1:].numpy(), EOS, PAD)
     target = backends.Target(backend, "cpu", "float64")
     with backends.full_precision(backend), backends.dtype_scope(target):
         ours = backends.build(target, config, {k: v.astype(np.float64) for k, v in params.items()})

@@ -90,6 +90,11 @@ class SideBySide(Report):
     def could_not_run(self) -> bool:
         return self.yours.label in self.errors
 
+    def islands(self) -> dict[str, str]:
+        """tensor -> the float32 island (the layout's `[float32_islands]` name) its error is put down to."""
+        return {tensor: cell.island for (tensor, label), cell in self.cells.items()
+                if label == self.yours.label and cell.island is not None}
+
     def unexposed(self) -> dict[str, str]:
         return {tensor: cell.unavailable for (tensor, label), cell in self.cells.items()
                 if label == self.yours.label and cell.unavailable is not None}
@@ -108,6 +113,14 @@ class SideBySide(Report):
         if unexposed:
             lines.append(f"not exposed by your model ({len(unexposed)} tensors; not compared, never guessed):")
             lines += [f"  {tensor}: {why}" for tensor, why in unexposed.items()]
+        islands = self.islands()
+        if islands:
+            from conformance.check.tolerances import ISLAND
+
+            lines.append(f"float32 islands ({len(islands)} tensors out of float64's tolerance, within float32 rounding "
+                         f"({ISLAND.atol:.2g} * scale) where your system computes a part in float32; expected, not a "
+                         "divergence):")
+            lines += [f"  {tensor}: float32 island in {name}: expected" for tensor, name in islands.items()]
         first = self.first_divergence
         if first:
             cell = self.cells[(first, self.yours.label)]
@@ -163,8 +176,8 @@ class SideBySide(Report):
             "layout": self.layout, "yours": self.yours.label, "first_divergence": self.first_divergence,
             "switches_at_divergence": list(switches_at(self.first_divergence, self.config)) if self.first_divergence
             else [],
-            "not_exposed": self.unexposed(), "ok": self.ok, "called_as": self.called or None,
-            "run_gave_no_padding_mask": self.unmasked, "assumed": list(self.assumed),
+            "not_exposed": self.unexposed(), "float32_islands": self.islands(), "ok": self.ok,
+            "called_as": self.called or None, "run_gave_no_padding_mask": self.unmasked, "assumed": list(self.assumed),
             "read_from_model_config": dict(self.told),
             "batch_axis_hint": self.swapped_axes(self.first_divergence) if self.first_divergence else None,
             "your_model_error": self.errors.get(self.yours.label), "your_traceback": self.failure or None,

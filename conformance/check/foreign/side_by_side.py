@@ -29,7 +29,7 @@ from conformance.check.report import Cell, Report, default_targets, run_check
 from conformance.check.foreign.grads import compare_grads
 from conformance.check.foreign.report import (YOURS, SideBySide, as_ids, backend_names, decoder_positions,
                                                    oracle_tensors, shift_right)
-from conformance.check.tolerances import tolerance
+from conformance.check.tolerances import ISLAND, tolerance
 from conformance.check.foreign.user_code import describe, user_traceback
 from conformance.core.errors import ConfigError, InputError
 from conformance.core.output import forward_order
@@ -78,15 +78,15 @@ def _dtype_of(state: dict[str, np.ndarray]) -> str:
 
 def told_by_model_config(model: Any, layout) -> dict[str, Any]:
     """The ModelConfig fields a transformers model's `model.config` gives through the layout's
-    `[hf]` table, or a bundled checkpoint's system gives through its `[checkpoint]` table from the
+    `[hf]` table, or a bundled checkpoint's system gives through its `[bundle]` table from the
     model's own config entry (openai-whisper's `model.dims`); empty for a layout with neither."""
     import dataclasses
 
-    if layout.checkpoint is not None:
-        dims = getattr(model, layout.checkpoint.config, None)
+    if layout.bundle is not None:
+        dims = getattr(model, layout.bundle.config, None)
         if dims is not None:
             entry = dataclasses.asdict(dims) if dataclasses.is_dataclass(dims) else dims
-            return layout.checkpoint.read(entry, f"{type(model).__name__}.{layout.checkpoint.config}")
+            return layout.bundle.read(entry, f"{type(model).__name__}.{layout.bundle.config}")
     config = getattr(model, "config", None)
     if layout.hf is None or not hasattr(config, "to_dict"):
         return {}
@@ -235,6 +235,7 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
         result.errors[yours.label] = describe(exc)
         result.failure = user_traceback(exc)
         return result
+    within_island: dict[str, bool] = {}  # tensor out of float64's tolerance -> within float32 rounding
     if captured is not None:
         if "logits" not in captured.values and "logits" not in captured.unavailable:
             captured.values["logits"] = captured.logits
@@ -243,17 +244,46 @@ def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None =
                 ours, theirs = oracle[tensor], captured.values[tensor]
                 if real is not None and tensor.startswith(("decoder.", "logits")):
                     ours, theirs = decoder_positions(ours, real, tensor), decoder_positions(theirs, real, tensor)
-                result.cells[(tensor, yours.label)] = Cell(comparison=compare_arrays(theirs, ours, tol))
+                comparison = compare_arrays(theirs, ours, tol)
+                if not comparison.passed and yours.dtype == "float64" and layout.islands:
+                    within_island[tensor] = compare_arrays(theirs, ours, ISLAND).passed
+                result.cells[(tensor, yours.label)] = Cell(comparison=comparison)
             else:
                 why = captured.unavailable.get(tensor) or foreign.not_applying(layout, tensor, config.to_dict()) or (
                     f"the layout {layout.name} has no tap for it")
                 result.cells[(tensor, yours.label)] = Cell(unavailable=why)
+
+        label_islands(result, layout, within_island)
 
     if grads:
         progress("gradients: your model's autograd and the oracle's backward pass")
         compare_grads(result, model, layout, config, params, run, src_ids, tgt_ids, ours_tgt,
                       as_ids("labels", labels), label_smoothing, export_state_dict)
     return result
+
+
+def label_islands(result: SideBySide, layout, within_island: dict[str, bool]) -> None:
+    """Label the user's float64 tensors that a declared float32 island explains (`Cell.island`).
+
+    An island of the layout (`[float32_islands]`) is at work when the first tensor the user's
+    model exposes at or after its entry (in forward order) is out of float64's tolerance and
+    within float32 rounding (`tolerances.ISLAND`) of the oracle: the float32 part rounded there.
+    From that tensor on, every tensor out of float64's tolerance and within that bound is put down
+    to it; one beyond it is a divergence. An island that does not show where it enters (the
+    converted model computes with the very table the user's model reads) labels nothing, so a
+    small real error after it (a LayerNorm epsilon) is still a divergence."""
+    order = result.tensors
+    exposed = [t for t in order if (cell := result.cells.get((t, result.yours.label))) is not None
+               and cell.comparison is not None]
+    for island in layout.islands:
+        first = island.first_index(order)
+        at = next((t for t in exposed if order.index(t) >= first), None) if first is not None else None
+        if at is None or not within_island.get(at):
+            continue
+        for tensor in exposed[exposed.index(at):]:
+            cell = result.cells[(tensor, result.yours.label)]
+            if within_island.get(tensor):
+                cell.island = island.name if cell.island is None else f"{cell.island}, {island.name}"
 
 
 def convert_yours(model: Any, layout, state: dict[str, np.ndarray], overrides: dict[str, Any]):

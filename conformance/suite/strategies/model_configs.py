@@ -68,10 +68,17 @@ def _string_candidates() -> list[str]:
     return found
 
 
+# Switch values that only exist beside another switch's value (the config refuses them alone):
+# drawn only where that value was drawn, and probed on the base config with it.
+REQUIRES = {("decoder_embedding_norm", "tokens"): {"embedding_norm": True},
+            ("relative_bias_per_layer", True): {"position": "relative"}}
+
+
 def _accepts(name: str, value) -> bool:
-    """Whether the config's validation accepts `value` for field `name` on the base config."""
+    """Whether the config's validation accepts `value` for field `name` on the base config (with
+    what `REQUIRES` says the value needs)."""
     try:
-        BASE.replace(**{name: value})
+        BASE.replace(**{**REQUIRES.get((name, value), {}), name: value})
     except ConfigError as exc:
         return exc.field != name
     return True
@@ -185,7 +192,10 @@ def configs(draw, max_layers: int = 3, min_layers: int = 1, head_dims=(2, 4, 8, 
         final_logits_bias=switch("final_logits_bias"),
         scale_logits=switch("scale_logits"),
     )
-    drawn |= {name: switch(name) for name in values if name not in drawn}  # switches added since
+    for name in values:  # switches added since, each value only beside what it requires
+        if name not in drawn:
+            drawn[name] = switch(name, [v for v in values[name]
+                                        if all(drawn.get(k) == w for k, w in REQUIRES.get((name, v), {}).items())])
     return ModelConfig(**drawn, **({} if notes is None else {"notes": notes}))
 
 

@@ -1,0 +1,112 @@
+"""A layout's `[bundle]` table: a checkpoint file that bundles its config with its weights, as data.
+
+openai-whisper saves `{"dims": asdict(ModelDimensions), "model_state_dict": state_dict}`, which
+`whisper.load_model(path)` reads. The layout that describes its keys says, in one table, which
+entry holds the config and which the state dict, which config entry gives which ModelConfig
+field (as `[hf.fields]` does for a config.json: `conformance.convert.hf_config.FieldSpec`), and
+what the system fixes that its config does not state:
+
+    [bundle]
+    config = "dims"                     # the entry holding the config: names -> numbers
+    weights = "model_state_dict"        # the entry holding the state dict
+    ffn_ratio = 4                       # d_ff = ffn_ratio * d_model (optional)
+    pad_id = [[51865, 50257], [0, 50256]]   # [least vocabulary, pad_id]: the first reached (optional)
+    [bundle.fields]
+    n_audio_state = { to = "d_model" }  # every entry is required (no default)
+
+`conformance.convert.bundles` recognises such a file by its two entries (never by its key names),
+reads it and writes it. Framework-free: JSON-like values in, ModelConfig field values out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from conformance.core.config import ModelConfig
+from conformance.core.errors import ConfigError
+from conformance.convert.errors import LayoutError
+from conformance.convert.hf_config import FieldSpec, _field_spec, _to_ours, _to_theirs, _value_of
+
+_TABLE_KEYS = {"config", "weights", "fields", "ffn_ratio", "pad_id"}
+
+
+@dataclass(frozen=True)
+class BundleTable:
+    config: str
+    weights: str
+    fields: tuple[FieldSpec, ...]
+    ffn_ratio: int | None = None
+    pad_ids: tuple[tuple[int, int], ...] = ()
+
+    def read(self, data: Mapping[str, Any], where: str) -> dict[str, Any]:
+        """The ModelConfig fields the file's config entry `data` gives (every entry required; two
+        entries giving one field must agree), with the padding its vocabulary implies."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(self.config, f"{where}: the {self.config!r} entry must map names to numbers, got "
+                              f"{type(data).__name__}")
+        values: dict[str, Any] = {}
+        origin: dict[str, str] = {}
+        for spec in self.fields:
+            if spec.hf not in data:
+                raise ConfigError(spec.to[0], f"{where}: the {self.config!r} entry has no {spec.hf!r}")
+            for target in spec.to:
+                value = _to_ours(spec, target, data[spec.hf], where)
+                if target in values and values[target] != value:
+                    raise ConfigError(target, f"{where}: {origin[target]}={values[target]!r} and {spec.hf}={value!r} "
+                                      f"both give {target}, which ModelConfig holds once")
+                values[target], origin[target] = value, spec.hf
+        if self.pad_ids and "tgt_vocab_size" in values:
+            values["pad_id"] = self.pad_id(values["tgt_vocab_size"], where)
+        return values
+
+    def pad_id(self, vocab: int, where: str) -> int:
+        """The padding id a vocabulary of `vocab` ids implies (the first [least vocabulary, id] reached)."""
+        for least, pad in self.pad_ids:
+            if vocab >= least:
+                if pad >= vocab:
+                    raise ConfigError("pad_id", f"{where}: a vocabulary of {vocab} ids has no id {pad}, the padding "
+                                      f"this system's tokenizer implies for it: give pad_id (--set pad_id=N)")
+                return pad
+        raise ConfigError("pad_id", f"{where}: no padding id is known for a vocabulary of {vocab}: give pad_id")
+
+    def write(self, config: ModelConfig, where: str) -> dict[str, int]:
+        """The config entry of `config`; refuses what the system cannot express (a d_ff other than
+        ffn_ratio * d_model, a pad_id other than the one its vocabulary implies)."""
+        if self.ffn_ratio is not None and config.d_ff != self.ffn_ratio * config.d_model:
+            raise ConfigError("d_ff", f"{where} has d_ff = {self.ffn_ratio} x d_model = {self.ffn_ratio * config.d_model}, "
+                              f"this config {config.d_ff}")
+        out: dict[str, int] = {}
+        for spec in self.fields:
+            out[spec.hf] = _to_theirs(spec, spec.to[0], _value_of(config, spec.to[0]))
+        back = self.read(out, where)
+        for name, value in back.items():
+            if _value_of(config, name) != value:
+                raise ConfigError(name, f"{where} gives {name}={value!r} for this config, which has "
+                                  f"{name}={getattr(config, name)!r}: that system cannot express it")
+        return out
+
+
+def parse_bundle_table(table: Any, where: str) -> BundleTable:
+    """Validate a layout's raw `[bundle]` table; `LayoutError` names the first problem."""
+    where = f"{where} [bundle]"
+    if not isinstance(table, dict):
+        raise LayoutError(where, "must be a table")
+    unknown = sorted(set(table) - _TABLE_KEYS)
+    if unknown:
+        raise LayoutError(where, f"unknown key(s) {unknown}; expected some of {sorted(_TABLE_KEYS)}")
+    for key in ("config", "weights"):
+        if not isinstance(table.get(key), str) or not table[key]:
+            raise LayoutError(where, f"{key} must name the file's entry that holds the {key}")
+    ratio = table.get("ffn_ratio")
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int) or ratio <= 0):
+        raise LayoutError(where, f"ffn_ratio must be a positive integer, got {ratio!r}")
+    pads = table.get("pad_id", [])
+    if not isinstance(pads, list) or not all(isinstance(p, list) and len(p) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in p) for p in pads):
+        raise LayoutError(where, f"pad_id must be a list of [least vocabulary, pad_id] pairs, got {pads!r}")
+    raw = table.get("fields")
+    if not isinstance(raw, dict) or not raw:
+        raise LayoutError(where, "[bundle.fields] must be a table of config entry = { to = ... }")
+    specs = tuple(_field_spec(name, spec, where) for name, spec in raw.items())
+    return BundleTable(table["config"], table["weights"], specs, ratio, tuple(tuple(p) for p in pads))
