@@ -255,7 +255,7 @@ _LOCK = threading.Lock()  # the training rooms' tables, across threads
 
 def checked_static_input(tensor: torch.Tensor) -> bool:
     """Whether `tensor` is a static input of the training graph this thread is recording now: ids
-    that `loss_and_grads` checked on the host before copying them there. The forward skips its own
+    (or a features source's features) that `loss_and_grads` checked on the host before copying them there. The forward skips its own
     check of them while recording (a check reads the ids on the host, which a capture forbids)."""
     return id(tensor) in getattr(_LOCAL, "recording", ())
 

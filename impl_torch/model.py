@@ -925,6 +925,8 @@ class Model(nn.Module):
         check_no_autocast(self.device)
         if not isinstance(src_ids, torch.Tensor):
             return torch.tensor(host_features("src_ids", src_ids, self.config), device=self.device)
+        if graphs.checked_static_input(src_ids):  # a training graph's input, checked before its recording
+            return src_ids
         finite = lambda: bool(torch.isfinite(src_ids).all())  # noqa: E731 - one reduction, one sync
         check_features("src_ids", src_ids.shape, dtype_name(src_ids.dtype), src_ids.is_floating_point(), finite,
                        self.config)

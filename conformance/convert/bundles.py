@@ -61,24 +61,19 @@ def read_bundle(path: str | Path) -> tuple[Layout, Mapping[str, Any], str] | Non
 
 def convert_bundle(layout: Layout | str, obj: Mapping[str, Any], source: str = "a checkpoint", *, dtype: str | None = None,
                    **overrides: Any):
-    """The `Conversion` of a bundled checkpoint (`obj`: the loaded file): every size and the
-    padding from its config entry, the tensors through the layout; `overrides` may add switches
-    but not contradict the file."""
-    from conformance.convert.engine import convert_arrays
-    from conformance.convert.planner import merge_switches
+    """The `Conversion` of a bundled checkpoint (`obj`: the loaded file, `layout`'s system's): every
+    size and the padding from its config entry, the tensors through the layout; `overrides` may add
+    switches but not contradict the file. The one reading of such a file,
+    `conformance.convert.system_files` (`rosetta convert` reads it so too)."""
+    from conformance.convert.system_files import bundle_file, convert_system_file
 
     layout = load_layout(layout)
-    table = layout.bundle
-    where = f"{source}'s {table.config!r}"
-    told = table.read(obj[table.config], where)
-    weights = obj[table.weights]
-    if not isinstance(weights, Mapping):
-        raise CheckpointError(source, f"its {table.weights!r} entry must be a state dict, got {type(weights).__name__}")
-    values = merge_switches(told, {}, overrides, f"{table.config!r} entry")
+    system = bundle_file(obj, Path(source))
+    if system is None or system.layout.name != layout.name:
+        raise CheckpointError(source, f"is not a {layout.name} checkpoint: its top level lacks the {layout.bundle.config!r} "
+                              f"and {layout.bundle.weights!r} entries")
     notes = {"source": f"{layout.name} checkpoint", "source_file": source}
-    result = convert_arrays(as_arrays(weights), layout, dtype=dtype, notes=notes, **values)
-    result.decisions.insert(1, f"sizes and padding read from its {table.config!r} entry ({layout.name}'s [bundle])")
-    return result
+    return convert_system_file(system, dtype=dtype, notes=notes, **overrides)
 
 
 def bundle_of(config: ModelConfig, params: Mapping[str, np.ndarray], layout: Layout | str = "openai-whisper") -> dict:

@@ -126,13 +126,13 @@ class HFTable:
         tokenizer's attention_mask."""
         given = {"src_ids": lambda: src_ids, "tgt_ids": lambda: tgt_ids,
                  "src_mask": lambda: (src_ids != pad_id) * 1, "tgt_mask": lambda: (tgt_ids != pad_id) * 1}
-        return {keyword: given[what]() for keyword, what in self.call.items()}
+        return {keyword: what if isinstance(what, bool) else given[what]() for keyword, what in self.call.items()}
 
     def describe_call(self, pad_id: int) -> str:
         """`model(input_ids=src_ids, attention_mask=(src_ids != 1), ...)`: the call, in words."""
         spelled = {"src_ids": "src_ids", "tgt_ids": "tgt_ids", "src_mask": f"(src_ids != {pad_id})",
                    "tgt_mask": f"(tgt_ids != {pad_id})"}
-        return "model(" + ", ".join(f"{k}={spelled[v]}" for k, v in self.call.items()) + ")"
+        return "model(" + ", ".join(f"{k}={v if isinstance(v, bool) else spelled[v]}" for k, v in self.call.items()) + ")"
 
     # -- config.json -> ModelConfig fields -----------------------------------------------------
 
@@ -281,9 +281,10 @@ def parse_hf_table(table: Any, where: str) -> HFTable:
             specs.append(_field_spec(name, spec, where))
     rules = parse_unsupported(table.get("unsupported", {}), where, "[hf.unsupported]")
     call = table.get("call", {})
-    if not isinstance(call, dict) or not all(isinstance(k, str) and v in CALL_VALUES for k, v in call.items()):
-        raise LayoutError(where, f"[hf.call] maps a keyword of the model's forward to one of {sorted(CALL_VALUES)}; "
-                          f"got {call!r}")
+    if not isinstance(call, dict) or not all(isinstance(k, str) and (isinstance(v, bool) or v in CALL_VALUES)
+                                             for k, v in call.items()):
+        raise LayoutError(where, f"[hf.call] maps a keyword of the model's forward to one of {sorted(CALL_VALUES)}, "
+                          f"or to true or false (passed as it is); got {call!r}")
     return HFTable(lists["model_types"], lists["architectures"], lists["generation"], lists["special_ids"],
                    tuple(specs), rules, dict(defaults), dict(call))
 

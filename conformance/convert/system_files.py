@@ -80,7 +80,8 @@ def _index(vocab: Any, token: str, name: str, file: Path) -> int:
 
 
 def system_file(obj: Any, file: Path) -> SystemFile | None:
-    """`obj` (a loaded PyTorch file) as a training checkpoint of a built-in layout, or None."""
+    """`obj` (a loaded PyTorch file) as a training checkpoint of a built-in layout (its
+    `[checkpoint]`), or a file bundling its config with its weights (`[bundle]`), or None."""
     from conformance.convert.layout import builtin_layouts
 
     for layout in builtin_layouts():
@@ -112,7 +113,24 @@ def system_file(obj: Any, file: Path) -> SystemFile | None:
             told[target] = next(iter(ids.values()))
         generation = {name: _index(vocabs[-1][1], token, vocabs[-1][0], file) for name, token in table.generation.items()}
         return SystemFile(layout, arrays, told, generation, where)
-    return None
+    return bundle_file(obj, file)
+
+
+def bundle_file(obj: Any, file: Path) -> SystemFile | None:
+    """`obj` as a checkpoint that bundles its config with its weights (a layout's `[bundle]`:
+    openai-whisper's {"dims", "model_state_dict"}; `conformance.convert.bundles`), or None."""
+    from conformance.convert.bundles import recognise
+    from conformance.convert.readers import as_arrays
+
+    layout = recognise(obj)
+    if layout is None:
+        return None
+    table = layout.bundle
+    where = f"{file.name}'s {table.config!r}"
+    weights = obj[table.weights]
+    if not isinstance(weights, Mapping):
+        raise CheckpointError(file, f"its {table.weights!r} entry must be a state dict, got {type(weights).__name__}")
+    return SystemFile(layout, as_arrays(weights), table.read(obj[table.config], where), {}, where)
 
 
 def convert_system_file(system: SystemFile, *, layout=None, dtype: str | None = None,
@@ -125,7 +143,9 @@ def convert_system_file(system: SystemFile, *, layout=None, dtype: str | None = 
     values = merge_switches(system.told, {}, overrides, system.where)
     chosen = system.layout if layout is None else layout
     result = convert_arrays(system.arrays, chosen, dtype=dtype, notes=notes, **values)
-    result.decisions.insert(1, f"switches read from {system.where} and its vocabularies (layout {system.layout.name}): "
+    vocabularies = system.layout.checkpoint is not None and system.layout.checkpoint.vocabularies
+    result.decisions.insert(1, f"switches read from {system.where}{' and its vocabularies' if vocabularies else ''} "
+                               f"(layout {system.layout.name}): "
                                + ", ".join(f"{k}={v!r}" for k, v in sorted(system.told.items())))
     if system.generation:
         result.config = result.config.replace(notes={**result.config.notes,

@@ -13,8 +13,9 @@ The registry, in the order an input is recognised and an output chosen:
     ctranslate2  --to ctranslate2: a CTranslate2 model directory               written, verified
     hf_folder    a Hugging Face model folder (or a weights file in one);       read, written, verified
                  --to hf-<family> with no suffix
-    bundle       a PyTorch file bundling its config (openai-whisper's          read, written, verified
-                 {dims, model_state_dict}); --to openai-whisper OUT.pt
+    bundle       --to openai-whisper OUT.pt: a PyTorch file bundling its       written, verified
+                 config (openai-whisper's {dims, model_state_dict}); read by
+                 state_dict, as every training checkpoint that states its options
     state_dict   any other weights file or directory, through a layout;        read, written, verified
                  --to LAYOUT to a file (or an Orbax directory)
 
@@ -55,7 +56,7 @@ FORMATS: tuple[Format, ...] = (
     onnx.FORMAT,
     ctranslate2.FORMAT,
     hf_folder.FORMAT,
-    bundle.FORMAT,  # a PyTorch file that bundles its config (openai-whisper's {dims, model_state_dict})
+    bundle.FORMAT,  # --to openai-whisper: a PyTorch file that bundles its config ({dims, model_state_dict})
     state_dict.FORMAT,  # last: reads whatever no format above recognises, writes every other --to LAYOUT
 )
 

@@ -2,11 +2,10 @@
 `{"dims": asdict(ModelDimensions), "model_state_dict": state_dict}`, which `whisper.load_model(path)`
 reads (`conformance.convert.bundles`; a layout with a `[bundle]` table describes the file).
 
-    recognised  a PyTorch file (.pt/.pth/.bin) whose top level holds the two entries a layout's
-                `[bundle]` table names, read with torch's weights-only unpickler; never by its
-                key names
-    read        the sizes and the padding from its config entry, the tensors through the layout:
-                no --layout (or the file's own), no --set needed
+    read        by `state_dict` (conformance.convert.readers.read_source: a PyTorch file whose top
+                level holds the two entries a layout's `[bundle]` names is read by that table,
+                never by its key names: the sizes and the padding from its config entry, no
+                --layout, no --set), which runs such a source in its own loader (`run_own_loader`)
     write       `--to openai-whisper OUT.pt`: the file that system's loader reads
     verify      the written file read back as it is read here (the config and every parameter,
                 bit for bit), then loaded by its system's own loader where it is installed
@@ -18,61 +17,14 @@ reads (`conformance.convert.bundles`; a layout with a `[bundle]` table describes
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 from conformance.formats import verify
-from conformance.formats.base import Format, Options, Read, Written, check_destination, check_export, conversion_read
+from conformance.formats.base import Format, Options, Read, Written, check_destination, check_export
 
 
 class Bundle(Format):
     name = "bundled checkpoint"
-
-    def __init__(self):
-        self._seen: tuple[Path, tuple] | None = None  # the last file recognised, so that it is loaded once
-
-    def _bundle(self, path: Path):
-        from conformance.convert.bundles import read_bundle
-
-        if self._seen is None or self._seen[0] != path:
-            self._seen = (path, read_bundle(path))
-        return self._seen[1]
-
-    def recognises(self, path: Path) -> bool:
-        from conformance.convert.bundles import TORCH_SUFFIXES
-
-        return path.suffix.lower() in TORCH_SUFFIXES and path.is_file() and self._bundle(path) is not None
-
-    def check_input(self, src: Path, dst: Path, options: Options) -> None:
-        from conformance.convert import load_layout
-        from conformance.core.errors import CheckpointError, InputError
-
-        layout = self._bundle(src)[0]
-        given = options.given("key", "renames")
-        if given:
-            raise InputError(given[0], f"{src} is a {layout.name} checkpoint, which states its own config and "
-                             "weights: there is no entry to pick and nothing to rename")
-        if options.layout is not None and load_layout(options.layout).name != layout.name:
-            raise CheckpointError(src, f"holds the {layout.bundle.config!r} and {layout.bundle.weights!r} of a "
-                                  f"{layout.name} checkpoint, not --layout {options.layout}")
-        options.overrides()  # a bad --set is said before the file is converted
-
-    def read(self, src: Path, options: Options, progress) -> Read:
-        from conformance.convert.bundles import convert_bundle
-        from conformance.convert.engine import PaddingWarning
-        from conformance.core.generation.note import GenerationWarning
-
-        layout, obj, name = self._bundle(src)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", PaddingWarning)
-            warnings.simplefilter("always", GenerationWarning)
-            progress(f"reading {src}")
-            result = convert_bundle(layout, obj, name, dtype=options.dtype, **options.overrides())
-        self._seen = None  # the loaded file is not kept once converted
-        return conversion_read(result, caught)
-
-    def verify_source(self, src: Path, read: Read, options: Options, progress) -> list:
-        return [run_own_loader(src, read.layout.name, read, "the source file", progress)]
 
     def writes(self, options: Options, dst: Path) -> bool:
         from conformance.convert import LayoutError, load_layout
@@ -105,19 +57,20 @@ class Bundle(Format):
         return Written(title=f"{layout.name} checkpoint {{{layout.bundle.config!r}, {layout.bundle.weights!r}}}")
 
     def verify(self, staged: Path, read: Read, options: Options, progress) -> list:
-        from conformance.convert.bundles import convert_bundle, read_bundle
+        from conformance.convert.readers import read_source
+        from conformance.convert.system_files import convert_system_file
 
         progress(f"reading {staged.name} back")
         runtime = "read back as rosetta convert reads it"
-        found = read_bundle(staged)
-        if found is None:
+        _, system = read_source(staged)
+        if system is None or system.layout.bundle is None:
             return [verify.failed(runtime, f"{staged.name} is not recognised as a bundled checkpoint when read back")]
-        back = convert_bundle(found[0], found[1], staged.name, pad_id=read.config.pad_id)
+        back = convert_system_file(system, pad_id=read.config.pad_id)
         differs = verify.round_trip(read.config, read.params, back.config, back.params)
         if differs:
             return [verify.failed(runtime, differs)]
         return [verify.passed(runtime, "every parameter and its config as the checkpoint's, bit for bit"),
-                run_own_loader(staged, found[0].name, read, "the written file", progress)]
+                run_own_loader(staged, system.layout.name, read, "the written file", progress)]
 
 
 def run_own_loader(path: Path, name: str, read: Read, what: str, progress) -> verify.Verdict:

@@ -552,7 +552,7 @@ def test_rosetta_compare_exit_codes_and_one_line_errors(tmp_path, capsys):
     for factory, words in ((f"{user}:nothing", "no attribute"),
                            (f"{user}:build_not_a_model", "returned dict: expected a torch.nn.Module"),
                            (f"{tmp_path / 'absent.py'}:build", "no such Python file"),
-                           ("user_model", "expected MODULE:FACTORY")):
+                           ("user_model", "no such file or directory (expected a CTranslate2 model directory, ONNX graphs, or MODULE:FACTORY")):
         code, out, err = rosetta(capsys, "compare", factory, str(weights), *common)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (factory, err)
     state = system("from-scratch").state_dict()

@@ -511,3 +511,15 @@ def test_the_package_imports_and_converts_without_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+def test_every_transformers_family_says_how_its_model_is_called():
+    """conformance.compare's default run, a one-graph ONNX export's inputs and the check of a
+    written folder all call a transformers model by its layout's [hf.call]: a family without one
+    is called with nothing (the check of every `--to hf-<family>` failed so)."""
+    from conformance.convert import builtin_layouts
+
+    families = [layout for layout in builtin_layouts() if layout.hf is not None]
+    assert len(families) >= 13
+    missing = [layout.name for layout in families if "decoder_input_ids" not in layout.hf.call]
+    assert not missing, f"layouts with [hf] and no [hf.call] decoder_input_ids: {missing}"

@@ -84,7 +84,7 @@ def test_the_checkpoint_converts_with_no_layout_and_no_set(saved, tmp_path, caps
     out = tmp_path / "tiny.safetensors"
     assert main(["convert", str(path), str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "layout: openai-whisper" in printed and "'dims' entry" in printed
+    assert "layout: openai-whisper" in printed and "switches read from tiny.pt's 'dims'" in printed
     config, params = checkpoint.load(out)
     assert (config.source, config.n_mels, config.max_source_len, config.max_len, config.d_ff) == ("features", 5, 4, 8, 64)
     assert (config.pad_id, config.key_bias, config.freeze_pad_embedding) == (EOT, False, False)

@@ -55,7 +55,7 @@ def default_run(model: Any, layout, pad_id: int) -> tuple[Callable, str, bool]:
         def run(model, src_ids, tgt_ids):
             return model(**hf.call_arguments(src_ids, tgt_ids, pad_id))
 
-        masked = any(what.endswith("_mask") for what in hf.call.values())
+        masked = any(isinstance(what, str) and what.endswith("_mask") for what in hf.call.values())
         return run, f"{hf.describe_call(pad_id)}, as the layout's [hf.call] says", masked
     return _default_run, "model(src_ids, tgt_ids) (no run= given): no padding mask", False
 

@@ -95,7 +95,9 @@ def feeds(graph: OneGraph, layout, pad_id: int, inputs: dict[str, str] | None) -
         if missing:
             raise InputError("inputs", f"gives nothing for the graph's input(s) {missing}")
         return dict(inputs), "as inputs= maps them"
-    call = dict(layout.hf.call) if layout is not None and layout.hf is not None else {}
+    # the call's tensors (a flag such as FSMT's use_cache=false is the live model's, no graph input)
+    call = {k: v for k, v in (layout.hf.call.items() if layout is not None and layout.hf is not None else ())
+            if not isinstance(v, bool)}
     if not call:
         raise InputError("inputs", f"{graph.where}: a one-graph export is fed by transformers' names, which the layout "
                                    f"{getattr(layout, 'name', '(none: a rosetta checkpoint)')} does not give ([hf.call]); "

@@ -110,7 +110,7 @@ def test_half_precision_sinusoid_is_the_float64_table_cast_once(target, form):
     config = preset("paper", max_len=512, d_model=512, position=form)
     expected = sinusoid_table(config.max_len, config.d_model, form).astype(
         ml_dtypes.bfloat16 if target == "bfloat16" else target)
-    table = impl_torch.model.Positions(config, getattr(torch, target)).table
+    table = impl_torch.model.Positions(config, getattr(torch, target), length=config.max_len).table
     assert table.dtype == getattr(torch, target)
     np.testing.assert_array_equal(impl_torch.to_numpy(table).view(np.uint16), expected.view(np.uint16))
 
