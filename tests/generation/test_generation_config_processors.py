@@ -25,9 +25,11 @@ import pytest
 
 from conformance import InputError
 from conformance.check import backends
+from conformance.check.tolerances import tolerance
 from conformance.core.generation import device as device_search
 from conformance.core.generation.device import NumpyOps, processor_data
 from conformance.core.generation.note import GenerationWarning, generation_note
+from conformance.core.generation.processors import decay_factor
 from conformance.core.generation.search import search, uniforms
 from conformance.core.generation.settings import resolve
 from conformance.core.presets import preset
@@ -84,6 +86,9 @@ PROCESSORS = [
     dict(encoder_repetition_penalty=1.6), dict(encoder_repetition_penalty=0.4),
     *(dict(encoder_no_repeat_ngram_size=n) for n in (1, 2, 3)),
     dict(exponential_decay_length_penalty=(1, 1.9)),
+    # multipliers beyond float32 from step 2 (1e30 ** 2) and beyond float64 from step 2 (1e200 ** 2): inf there
+    dict(exponential_decay_length_penalty=(0, 1e30)), dict(exponential_decay_length_penalty=(0, 1e200)),
+    dict(exponential_decay_length_penalty=(0, 1e200), renormalize_logits=True),  # a certain end, renormalized
     dict(suppress_tokens=(3, 6)),
     dict(begin_suppress_tokens=(3, EOS, 5)),
     dict(begin_suppress_tokens=(3, 4), forced_bos_id=4),  # the forced id banned a step later: step 1
@@ -170,7 +175,7 @@ def test_torch_device_search_applies_them_as_the_reference(kind):
 @pytest.mark.xdist_group("eager-jax-search")
 def test_jax_device_search_applies_them_as_the_reference():
     """Eager JAX, the data as arrays as the compiled search takes them. Every fifth setting (eager
-    JAX dispatches op by op: 62 s for every third here): 5 and the 14 processors share no factor,
+    JAX dispatches op by op: 62 s for every third here): 5 and the 17 processors share no factor,
     so every processor is run, under varied searches; NumPy and torch run them all."""
     jnp = pytest.importorskip("jax.numpy")
     import impl_jax
@@ -181,6 +186,76 @@ def test_jax_device_search_applies_them_as_the_reference():
         for max_len, settings in list(synthetic_settings())[::5]:
             got = device(Ops(None), settings, values, max_len, lambda name, value: jnp.asarray(value))
             same(got, reference(settings, values, max_len), settings)
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def float32_settings():
+    """`synthetic_settings` that a float32 search can follow: all but beam searches where the end
+    token may win and a decay's multiplier is finite in float64 but past float32 (there the
+    float64 search ranks hypotheses scored near 1e60, which float32 turns into a certain end: a
+    different search, not a rounding of the same one)."""
+    for max_len, settings in synthetic_settings():
+        decay = settings.get("exponential_decay_length_penalty")
+        past_float32 = decay is not None and decay_factor(decay, max_len - 1) > FLOAT32_MAX
+        beams = settings["num_beams"] > 1 or settings.get("beam_rule") == "flax"
+        if not (past_float32 and beams and EOS not in settings.get("banned_ids", ())):
+            yield max_len, settings
+
+
+def same_in_float32(got, expected, settings):
+    """The ids of the float64 reference; the scores within float32's tolerance (the table's
+    atol x max(1, |score|)) where the reference's fit float32 at all."""
+    (ids, scores), (ref_ids, ref_scores) = got, expected
+    assert ids.shape == ref_ids.shape and (ids == ref_ids).all(), (settings, ids, ref_ids)
+    assert not np.isnan(scores).any(), (settings, scores)
+    if np.all(np.abs(ref_scores) < FLOAT32_MAX):
+        atol = tolerance("float32").atol * np.maximum(1.0, np.abs(ref_scores))
+        assert np.all(np.abs(scores - ref_scores) <= atol), (settings, scores, ref_scores)
+
+
+def as_float32(name, value):
+    """The NumPy search's data in float32 (ints and masks as they are), as impl_numpy passes it."""
+    return value.astype(np.float32) if isinstance(value, np.ndarray) and value.dtype.kind == "f" else value
+
+
+def test_numpy_device_search_applies_them_in_float32():
+    """The float32 search on continuous logits (no near-ties) gives the reference's ids: a
+    decay whose multiplier overflows float32 is inf there, and the end token certain, not a NaN
+    on every other id."""
+    values = table("continuous")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no overflow nor NaN on the way
+        for max_len, settings in float32_settings():
+            same_in_float32(device(NumpyOps(), settings, values, max_len, as_float32),
+                            reference(settings, values, max_len), settings)
+
+
+def test_torch_device_search_applies_them_in_float32():
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    values = table("continuous")
+    for max_len, settings in float32_settings():
+        got = device(Ops("cpu"), settings, values, max_len,
+                     lambda name, value: value if isinstance(value, int) else torch.as_tensor(as_float32(name, value)),
+                     to_numpy=lambda a: a.cpu().numpy())
+        same_in_float32(got, reference(settings, values, max_len), settings)
+
+
+@pytest.mark.xdist_group("eager-jax-search")
+def test_jax_device_search_applies_the_overflowing_decays_in_float32():
+    """Eager JAX in float32, the decays whose multiplier overflows only (eager JAX is slow; NumPy
+    and torch run every setting)."""
+    jnp = pytest.importorskip("jax.numpy")
+    from impl_jax.decode import Ops
+
+    values = table("continuous")
+    for max_len, settings in float32_settings():
+        if settings.get("exponential_decay_length_penalty", (0, 1.0))[1] > 1e20:
+            got = device(Ops(None), settings, values, max_len, lambda name, value: jnp.asarray(as_float32(name, value)))
+            same_in_float32(got, reference(settings, values, max_len), settings)
 
 
 def test_the_synthetic_settings_reach_what_they_test():
@@ -276,6 +351,51 @@ def test_the_processors_give_the_ids_of_transformers(backend, num_beams):
         options = {OURS.get(name, name): value for name, value in {**base, **processor}.items()}
         ids = our_generate(backend, src(), config, params, num_beams=num_beams, **options)
         same_ids(ids, transformers_ids(label, num_beams), f"{backend}, num_beams={num_beams}, {label}")
+
+
+# A decay whose multiplier overflows float32 (1e5 ** 8 = 1e40): with the end token suppressed, the
+# search runs on past it (transformers adds +inf to the end token alone); with the end token
+# banned below 9 tokens, the end token wins at step 9, where its score is +inf (transformers) or
+# the end is certain (here).
+FLOAT32_DECAYS = [dict(exponential_decay_length_penalty=(0, 1e5), suppress_tokens=[0]),
+                  dict(exponential_decay_length_penalty=(0, 1e5), min_new_tokens=9)]
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_a_decay_past_float32_gives_the_float32_ids_of_transformers(backend):
+    import copy
+
+    model = copy.deepcopy(reference_model()).float()
+    model.generation_config.forced_eos_token_id = None
+    generation = model.generation_config
+    assert generation.eos_token_id == 0  # suppress_tokens=[0] above suppresses the end token
+    config, params = ported()
+    params = {name: np.asarray(value, np.float32) for name, value in params.items()}
+    target = backends.Target(backend, "cpu", "float32")
+    ours = backends.build(target, config, params)
+    for options in FLOAT32_DECAYS:
+        expected = hf_generate(model, source(), max_length=14, num_beams=1, **options)
+        plain = hf_generate(model, source(), max_length=14, num_beams=1,
+                            **{**options, "exponential_decay_length_penalty": None})
+        assert not np.array_equal(expected, plain) or "suppress_tokens" in options, options  # the decay bites
+        ids = to_numpy(ours.generate(source(), 13, generation.decoder_start_token_id, generation.eos_token_id,
+                                     forced_eos=False, **options)).astype(np.int64)
+        same_ids(ids, expected, f"{backend} float32, {options}")
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_a_decay_past_float64_gives_the_ids_of_transformers_not_an_overflow_error(backend):
+    """1e10 ** 31 is past float64: transformers computes the multiplier only at the steps it
+    reaches (the end token wins at once); the search's table of every step holds inf there."""
+    options = dict(exponential_decay_length_penalty=(0, 1e10))
+    expected = hf_generate(reference_model(), source(), max_length=40, num_beams=1, **options)
+    config, params = ported()
+    generation = reference_model().generation_config
+    target = backends.Target(backend, "cpu", "float64")
+    with backends.full_precision(backend), backends.dtype_scope(target):
+        ids = to_numpy(backends.build(target, config, params).generate(
+            source(), 39, generation.decoder_start_token_id, generation.eos_token_id, **options)).astype(np.int64)
+    same_ids(ids, expected, f"{backend}, {options}")
 
 
 @pytest.mark.parametrize("backend", BACKEND_PARAMS)
