@@ -547,6 +547,9 @@ BAD_OPTIONS = [
     (dict(begin_suppress_tokens=[-1]), "begin_suppress_tokens"),
     (dict(begin_suppress_tokens=[[1, 2]]), "begin_suppress_tokens"),
     (dict(renormalize_logits=1), "renormalize_logits"),
+    # a forced token suppressed: every id of its step -inf (transformers' GenerationConfig.validate refuses it)
+    (dict(forced_bos_id=4, suppress_tokens=[5, 4]), "suppress_tokens"),
+    (dict(forced_eos=True, suppress_tokens=[2]), "suppress_tokens"),
 ]
 
 
@@ -562,6 +565,52 @@ def test_bad_arguments_get_the_same_error_everywhere(backend):
             model.generate(src, **call)
         assert info.value.argument == argument, (options, info.value)
         assert str(info.value) == str(pytest.raises(InputError, oracle.generate, src, **call).value)
+
+
+def test_suppressing_a_forced_token_is_refused_as_transformers_refuses_it():
+    """transformers' GenerationConfig.validate raises a ValueError when suppress_tokens holds the
+    forced first (or end) token; `generate` raises the InputError on suppress_tokens, and runs
+    where transformers runs (the end token suppressed without forced_eos, another id forced)."""
+    generation = reference_model().generation_config
+    for hf_options, ours in [(dict(forced_bos_token_id=26), dict(forced_bos_id=26)),
+                             (dict(forced_eos_token_id=generation.eos_token_id), dict(forced_eos=True))]:
+        suppressed = [17, hf_options.get("forced_bos_token_id", generation.eos_token_id)]
+        with pytest.raises(ValueError, match="is also in `suppress_tokens`"):
+            hf_generate(reference_model(), source(), max_length=MAX_LENGTH, suppress_tokens=suppressed, **hf_options)
+        config, params = ported()
+        model = backends.build(backends.Target("numpy", "cpu", "float64"), config, params)
+        with pytest.raises(InputError, match="forcing a token while suppressing it") as info:
+            model.generate(source(), MAX_LENGTH - 1, suppress_tokens=suppressed, **ours)
+        assert info.value.argument == "suppress_tokens"
+    model.generate(source(), MAX_LENGTH - 1, suppress_tokens=[generation.eos_token_id], forced_eos=False)
+    model.generate(source(), MAX_LENGTH - 1, suppress_tokens=[26], forced_bos_id=12, forced_eos=False)
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_a_bad_value_from_the_generation_note_says_it_came_from_the_note(backend):
+    """The same InputError on the same argument as when passed, and the message says where the
+    value came from (the call passed nothing that is wrong)."""
+    note = dict(decoder_start_token_id=1, eos_token_id=2, max_length=6)
+    src = np.array([[3, 4, 5, 0], [6, 7, 0, 0]])
+    for recorded, argument in [(dict(suppress_tokens=[40]), "suppress_tokens"),
+                               (dict(begin_suppress_tokens=[13]), "begin_suppress_tokens"),
+                               (dict(suppress_tokens=[2], forced_eos_token_id=2), "suppress_tokens"),
+                               (dict(exponential_decay_length_penalty=[1, -2.0]), "exponential_decay_length_penalty"),
+                               (dict(early_stopping="sometimes", num_beams=2), "early_stopping"),
+                               (dict(min_new_tokens=-1), "min_new_tokens")]:
+        config = noted(preset("paper", **SIZES), **note, **recorded)
+        model = backends.build(backends.Target(backend, "cpu", "float32"), config, None)
+        with pytest.raises(InputError) as info:
+            model.generate(src)
+        assert info.value.argument == argument, (recorded, info.value)
+        assert "came from the checkpoint's \"generation\" note" in str(info.value), str(info.value)
+        oracle = backends.build(backends.Target("numpy", "cpu", "float32"), config, None)
+        assert str(info.value) == str(pytest.raises(InputError, oracle.generate, src).value)
+        explicit = {argument: recorded[argument]} if argument in recorded else {}
+        if explicit and argument != "early_stopping":  # the same value passed: the plain message
+            with pytest.raises(InputError) as passed:
+                model.generate(src, **explicit)
+            assert "generation\" note" not in str(passed.value), str(passed.value)
 
 
 def test_jax_compiles_one_search_for_every_penalty_and_token_list_of_one_shape():
@@ -600,6 +649,24 @@ def test_the_covering_rows_run_every_processor_under_every_search():
         resolve(gcase.case.config, gcase.max_len, gcase.bos_id, gcase.eos_id, **gcase.arguments())  # valid
     assert seen >= {(name, "flax") for name in names}, sorted(seen)
     assert {name for name, kind in seen if kind != "flax"} == set(names), sorted(seen)
+
+
+def test_the_drawn_processors_are_valid_arguments():
+    """The suite's processor draws never suppress the forced first token (refused, as transformers
+    refuses it), nor anything else `resolve` refuses: on a small vocabulary, where they overlap
+    often."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from conformance.suite.strategies.generation import processor_options
+
+    config = preset("paper", **{**SIZES, "tgt_vocab_size": 5, "src_vocab_size": 5})
+
+    @settings(max_examples=150, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.booleans().flatmap(lambda sampling: processor_options(5, config.pad_id, 1, 2, sampling=sampling)))
+    def valid(options):
+        resolve(config, 6, 1, 2, **dict(options))
+
+    valid()
 
 
 def test_source_ids_outside_the_target_vocabulary_are_left_alone():

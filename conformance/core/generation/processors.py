@@ -233,8 +233,8 @@ def exponential_decay(scores, tokens, step, p: Processors):
 
 
 def suppress(scores, tokens, step, p: Processors):
-    """SuppressTokensLogitsProcessor: -inf at every step, after the forced tokens (so it may ban
-    one of them)."""
+    """SuppressTokensLogitsProcessor: -inf at every step, after the forced tokens (suppressing a
+    forced one is refused, as transformers refuses it: `settings.check_forced_not_suppressed`)."""
     if p.suppress_tokens:
         scores[:, list(p.suppress_tokens)] = -np.inf
     return scores
