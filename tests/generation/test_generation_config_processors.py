@@ -420,6 +420,26 @@ def test_the_processors_from_the_generation_note_give_the_ids_of_transformers(ba
     same_ids(ids, expected, f"{backend}, from the note")
 
 
+def test_greedy_traces_the_gap_of_the_logits_its_arg_max_reads():
+    """The suite excuses a float32 parting at a near-tie of what the search chose on: greedy's
+    arg-max reads the processed logits, which a penalty or the decay ranks otherwise than the
+    processed log-probabilities (here a gap of 1e-9 between the logits, of ~0.7 between the
+    log-probabilities)."""
+    row = np.array([2.0, 1.0 + 1e-9, -5.0, -5.0, -5.0])  # (V,): the same logits at every step
+    cases = [  # (options, bos, eos, the step whose gap is 1e-9 between the processed logits)
+        (dict(repetition_penalty=2.0), 0, 4, 0),  # id 0 (the start token) 2.0 / 2 = 1.0
+        (dict(encoder_repetition_penalty=0.5, src_ids=np.array([[0, 3]])), 4, 3, 0),  # 2.0 x 0.5 = 1.0
+        (dict(exponential_decay_length_penalty=(0, 2.0)), 4, 2, 1),  # the end token at step 1: 2 x (1 + 5e-10)
+    ]
+    for options, bos, eos, step in cases:
+        logits = row.copy()
+        if "exponential_decay_length_penalty" in options:
+            logits[eos] = 1.0 + 5e-10
+        trace = []
+        search(lambda tokens, parents: np.tile(logits, (len(tokens), 1)), 1, 3, bos, eos, 3, trace=trace, **options)
+        np.testing.assert_allclose(trace[step]["gap"], [1e-9], rtol=1e-6, err_msg=str(options))
+
+
 def test_a_renormalized_row_with_every_id_banned_stays_banned():
     """transformers' LogitNormalization makes such a row NaN; here it stays -inf, as any row whose
     every id is banned (docs/decoding.md), in the reference and in every adapter."""
