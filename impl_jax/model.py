@@ -745,6 +745,18 @@ class Output(nnx.Module):
 # -- Model -------------------------------------------------------------------------------------
 
 
+def trained_bias(bias: jax.Array) -> jax.Array:
+    """BART's final_logits_bias trained (freeze_final_logits_bias off): its values, and a gradient."""
+    return bias
+
+
+def frozen_bias(bias: jax.Array) -> jax.Array:
+    """BART's final_logits_bias frozen, as transformers' buffer: its values, and no gradient.
+
+    Behind `jax.lax.stop_gradient`: its gradient is a zero one."""
+    return jax.lax.stop_gradient(bias)
+
+
 class Model(nnx.Module):
     """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
 
@@ -790,6 +802,7 @@ class Model(nnx.Module):
         self.output = Output(config, params)
         self.final_logits_bias = optional_param(params, "final_logits_bias")
         self.frozen_logits_bias = config.freeze_final_logits_bias  # a buffer in transformers: no gradient
+        self.logits_bias = frozen_bias if config.freeze_final_logits_bias else trained_bias
 
     @property
     def params(self) -> dict[str, jax.Array]:
@@ -895,10 +908,7 @@ class Model(nnx.Module):
         """The logits (B, T, V) of `decoder.output` y: the output layer, plus BART's `final_logits_bias`."""
         logits = self.output(y, self.target_embedding)  # (B, T, V)
         if self.final_logits_bias is not None:
-            bias = cast(self.final_logits_bias[...], logits.dtype)
-            if self.frozen_logits_bias:  # the same values; no gradient (a zero one)
-                bias = jax.lax.stop_gradient(bias)
-            logits = logits + bias
+            logits = logits + self.logits_bias(cast(self.final_logits_bias[...], logits.dtype))
         return logits
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None) -> Encoded:

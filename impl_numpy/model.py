@@ -645,6 +645,18 @@ class Output:
 # -- Model -------------------------------------------------------------------------------------
 
 
+def trained_bias(bias: np.ndarray) -> np.ndarray:
+    """BART's final_logits_bias trained (freeze_final_logits_bias off): its values, and a gradient."""
+    return bias
+
+
+def frozen_bias(bias: np.ndarray) -> np.ndarray:
+    """BART's final_logits_bias frozen, as transformers' buffer: its values, and no gradient.
+
+    NumPy has no autograd: impl_numpy/backward.py gives it none, reading `Model.frozen_logits_bias`."""
+    return bias
+
+
 class Model:
     """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
 
@@ -677,6 +689,7 @@ class Model:
         self.output = Output(config, params)
         self.final_logits_bias = params.get("final_logits_bias")
         self.frozen_logits_bias = config.freeze_final_logits_bias  # a buffer in transformers: read by backward.py
+        self.logits_bias = frozen_bias if config.freeze_final_logits_bias else trained_bias
 
     @property
     def param_dtype(self) -> np.dtype:
@@ -757,9 +770,7 @@ class Model:
         """The logits (B, T, V) of `decoder.output` y: the output layer, plus BART's `final_logits_bias`."""
         logits = self.output(y, self.target_embedding, tape=tape)  # (B, T, V)
         if self.final_logits_bias is not None:
-            bias = cast(self.final_logits_bias, logits.dtype)
-            # frozen (frozen_logits_bias): the same values; backward.py gives it no gradient
-            logits = logits + bias
+            logits = logits + self.logits_bias(cast(self.final_logits_bias, logits.dtype))
         return logits
 
     def encode(self, src_ids, src_mask=None, *, return_attention: bool = True, dropout=None, sink=None,

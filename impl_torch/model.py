@@ -790,6 +790,18 @@ class Output(nn.Module):
 # -- Model -------------------------------------------------------------------------------------
 
 
+def trained_bias(bias: torch.Tensor) -> torch.Tensor:
+    """BART's final_logits_bias trained (freeze_final_logits_bias off): its values, and a gradient."""
+    return bias
+
+
+def frozen_bias(bias: torch.Tensor) -> torch.Tensor:
+    """BART's final_logits_bias frozen, as transformers' buffer: its values, and no gradient.
+
+    Detached from autograd's graph: its gradient is a zero one."""
+    return bias.detach()
+
+
 class Model(nn.Module):
     """The whole encoder-decoder (figure 1 of the paper), configured by a `ModelConfig`.
 
@@ -853,6 +865,7 @@ class Model(nn.Module):
             self.output = Output(config, dtype)
             self.final_logits_bias = nn.Parameter(torch.empty(config.tgt_vocab_size, dtype=dtype)) if config.final_logits_bias else None
         self.frozen_logits_bias = config.freeze_final_logits_bias  # a buffer in transformers: no gradient
+        self.logits_bias = frozen_bias if config.freeze_final_logits_bias else trained_bias
         # A strict key-for-key copy: state_dict() names are the checkpoint's names. copy_ moves
         # each value to the device; each host array is let go of once copied, so that a cast copy
         # of the whole set and the model's never coexist (2x a float64 model's parameters).
@@ -991,9 +1004,7 @@ class Model(nn.Module):
         `decode.step_output_weight`)."""
         logits = self.output(y, self.target_embedding, weight=weight)  # (B, T, V)
         if self.final_logits_bias is not None:  # in place outside autograd's graph, as in `Output`
-            bias = cast(self.final_logits_bias, logits.dtype)
-            if self.frozen_logits_bias:  # the same values; no gradient (a zero one)
-                bias = bias.detach()
+            bias = self.logits_bias(cast(self.final_logits_bias, logits.dtype))
             logits = logits + bias if logits.requires_grad else logits.add_(bias)
         return logits
 

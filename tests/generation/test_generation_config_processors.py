@@ -25,9 +25,11 @@ import pytest
 
 from conformance import InputError
 from conformance.check import backends
+from conformance.check.tolerances import tolerance
 from conformance.core.generation import device as device_search
 from conformance.core.generation.device import NumpyOps, processor_data
 from conformance.core.generation.note import GenerationWarning, generation_note
+from conformance.core.generation.processors import decay_factor
 from conformance.core.generation.search import search, uniforms
 from conformance.core.generation.settings import resolve
 from conformance.core.presets import preset
@@ -84,6 +86,9 @@ PROCESSORS = [
     dict(encoder_repetition_penalty=1.6), dict(encoder_repetition_penalty=0.4),
     *(dict(encoder_no_repeat_ngram_size=n) for n in (1, 2, 3)),
     dict(exponential_decay_length_penalty=(1, 1.9)),
+    # multipliers beyond float32 from step 2 (1e30 ** 2) and beyond float64 from step 2 (1e200 ** 2): inf there
+    dict(exponential_decay_length_penalty=(0, 1e30)), dict(exponential_decay_length_penalty=(0, 1e200)),
+    dict(exponential_decay_length_penalty=(0, 1e200), renormalize_logits=True),  # a certain end, renormalized
     dict(suppress_tokens=(3, 6)),
     dict(begin_suppress_tokens=(3, EOS, 5)),
     dict(begin_suppress_tokens=(3, 4), forced_bos_id=4),  # the forced id banned a step later: step 1
@@ -170,7 +175,7 @@ def test_torch_device_search_applies_them_as_the_reference(kind):
 @pytest.mark.xdist_group("eager-jax-search")
 def test_jax_device_search_applies_them_as_the_reference():
     """Eager JAX, the data as arrays as the compiled search takes them. Every fifth setting (eager
-    JAX dispatches op by op: 62 s for every third here): 5 and the 14 processors share no factor,
+    JAX dispatches op by op: 62 s for every third here): 5 and the 17 processors share no factor,
     so every processor is run, under varied searches; NumPy and torch run them all."""
     jnp = pytest.importorskip("jax.numpy")
     import impl_jax
@@ -181,6 +186,78 @@ def test_jax_device_search_applies_them_as_the_reference():
         for max_len, settings in list(synthetic_settings())[::5]:
             got = device(Ops(None), settings, values, max_len, lambda name, value: jnp.asarray(value))
             same(got, reference(settings, values, max_len), settings)
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def float32_settings():
+    """`synthetic_settings` that a float32 search can follow: all but beam searches where the end
+    token may win and a decay's multiplier is finite in float64 but past float32 (there the
+    float64 search ranks hypotheses scored near 1e60, which float32 turns into a certain end: a
+    different search, not a rounding of the same one)."""
+    for max_len, settings in synthetic_settings():
+        decay = settings.get("exponential_decay_length_penalty")
+        past_float32 = decay is not None and decay_factor(decay, max_len - 1) > FLOAT32_MAX
+        beams = settings["num_beams"] > 1 or settings.get("beam_rule") == "flax"
+        if not (past_float32 and beams and EOS not in settings.get("banned_ids", ())):
+            yield max_len, settings
+
+
+def same_in_float32(got, expected, settings):
+    """The ids of the float64 reference; the scores within float32's tolerance (the table's
+    atol x max(1, |score|)) where the reference's fit float32 at all."""
+    (ids, scores), (ref_ids, ref_scores) = got, expected
+    assert ids.shape == ref_ids.shape and (ids == ref_ids).all(), (settings, ids, ref_ids)
+    assert not np.isnan(scores).any(), (settings, scores)
+    if np.all(np.abs(ref_scores) < FLOAT32_MAX):
+        atol = tolerance("float32").atol * np.maximum(1.0, np.abs(ref_scores))
+        assert np.all(np.abs(scores - ref_scores) <= atol), (settings, scores, ref_scores)
+
+
+def as_float32(name, value):
+    """The NumPy search's data in float32 (ints and masks as they are), as impl_numpy passes it."""
+    return value.astype(np.float32) if isinstance(value, np.ndarray) and value.dtype.kind == "f" else value
+
+
+def test_numpy_device_search_applies_them_in_float32():
+    """The float32 search on continuous logits (no near-ties) gives the reference's ids: a
+    decay whose multiplier overflows float32 is inf there, and the end token certain, not a NaN
+    on every other id."""
+    values = table("continuous")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no overflow nor NaN on the way
+        for max_len, settings in float32_settings():
+            same_in_float32(device(NumpyOps(), settings, values, max_len, as_float32),
+                            reference(settings, values, max_len), settings)
+
+
+def test_torch_device_search_applies_them_in_float32():
+    torch = pytest.importorskip("torch")
+    from impl_torch.decode import Ops
+
+    values = table("continuous")
+    for max_len, settings in float32_settings():
+        got = device(Ops("cpu"), settings, values, max_len,
+                     lambda name, value: value if isinstance(value, int) else torch.as_tensor(as_float32(name, value)),
+                     to_numpy=lambda a: a.cpu().numpy())
+        same_in_float32(got, reference(settings, values, max_len), settings)
+
+
+@pytest.mark.xdist_group("eager-jax-search")
+def test_jax_device_search_applies_the_overflowing_decays_in_float32():
+    """Eager JAX in float32, the decay whose multiplier overflows float32 only (eager JAX
+    dispatches op by op: about 15 s here, 36 s for all three overflowing ones; NumPy and torch run every
+    setting, and every backend's compiled search meets it in
+    `test_a_decay_past_float32_gives_the_float32_ids_of_transformers`)."""
+    jnp = pytest.importorskip("jax.numpy")
+    from impl_jax.decode import Ops
+
+    values = table("continuous")
+    for max_len, settings in float32_settings():
+        if settings == {**settings, "exponential_decay_length_penalty": (0, 1e30)}:
+            got = device(Ops(None), settings, values, max_len, lambda name, value: jnp.asarray(as_float32(name, value)))
+            same_in_float32(got, reference(settings, values, max_len), settings)
 
 
 def test_the_synthetic_settings_reach_what_they_test():
@@ -278,6 +355,51 @@ def test_the_processors_give_the_ids_of_transformers(backend, num_beams):
         same_ids(ids, transformers_ids(label, num_beams), f"{backend}, num_beams={num_beams}, {label}")
 
 
+# A decay whose multiplier overflows float32 (1e5 ** 8 = 1e40): with the end token suppressed, the
+# search runs on past it (transformers adds +inf to the end token alone); with the end token
+# banned below 9 tokens, the end token wins at step 9, where its score is +inf (transformers) or
+# the end is certain (here).
+FLOAT32_DECAYS = [dict(exponential_decay_length_penalty=(0, 1e5), suppress_tokens=[0]),
+                  dict(exponential_decay_length_penalty=(0, 1e5), min_new_tokens=9)]
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_a_decay_past_float32_gives_the_float32_ids_of_transformers(backend):
+    import copy
+
+    model = copy.deepcopy(reference_model()).float()
+    model.generation_config.forced_eos_token_id = None
+    generation = model.generation_config
+    assert generation.eos_token_id == 0  # suppress_tokens=[0] above suppresses the end token
+    config, params = ported()
+    params = {name: np.asarray(value, np.float32) for name, value in params.items()}
+    target = backends.Target(backend, "cpu", "float32")
+    ours = backends.build(target, config, params)
+    for options in FLOAT32_DECAYS:
+        expected = hf_generate(model, source(), max_length=14, num_beams=1, **options)
+        plain = hf_generate(model, source(), max_length=14, num_beams=1,
+                            **{**options, "exponential_decay_length_penalty": None})
+        assert not np.array_equal(expected, plain) or "suppress_tokens" in options, options  # the decay bites
+        ids = to_numpy(ours.generate(source(), 13, generation.decoder_start_token_id, generation.eos_token_id,
+                                     forced_eos=False, **options)).astype(np.int64)
+        same_ids(ids, expected, f"{backend} float32, {options}")
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_a_decay_past_float64_gives_the_ids_of_transformers_not_an_overflow_error(backend):
+    """1e10 ** 31 is past float64: transformers computes the multiplier only at the steps it
+    reaches (the end token wins at once); the search's table of every step holds inf there."""
+    options = dict(exponential_decay_length_penalty=(0, 1e10))
+    expected = hf_generate(reference_model(), source(), max_length=40, num_beams=1, **options)
+    config, params = ported()
+    generation = reference_model().generation_config
+    target = backends.Target(backend, "cpu", "float64")
+    with backends.full_precision(backend), backends.dtype_scope(target):
+        ids = to_numpy(backends.build(target, config, params).generate(
+            source(), 39, generation.decoder_start_token_id, generation.eos_token_id, **options)).astype(np.int64)
+    same_ids(ids, expected, f"{backend}, {options}")
+
+
 @pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_the_processors_from_the_generation_note_give_the_ids_of_transformers(backend):
     """A model whose generation_config sets them all: transformers applies it when generate gets
@@ -298,6 +420,26 @@ def test_the_processors_from_the_generation_note_give_the_ids_of_transformers(ba
     with backends.full_precision(backend), backends.dtype_scope(target):
         ids = to_numpy(backends.build(target, config, params).generate(source())).astype(np.int64)
     same_ids(ids, expected, f"{backend}, from the note")
+
+
+def test_greedy_traces_the_gap_of_the_logits_its_arg_max_reads():
+    """The suite excuses a float32 parting at a near-tie of what the search chose on: greedy's
+    arg-max reads the processed logits, which a penalty or the decay ranks otherwise than the
+    processed log-probabilities (here a gap of 1e-9 between the logits, of ~0.7 between the
+    log-probabilities)."""
+    row = np.array([2.0, 1.0 + 1e-9, -5.0, -5.0, -5.0])  # (V,): the same logits at every step
+    cases = [  # (options, bos, eos, the step whose gap is 1e-9 between the processed logits)
+        (dict(repetition_penalty=2.0), 0, 4, 0),  # id 0 (the start token) 2.0 / 2 = 1.0
+        (dict(encoder_repetition_penalty=0.5, src_ids=np.array([[0, 3]])), 4, 3, 0),  # 2.0 x 0.5 = 1.0
+        (dict(exponential_decay_length_penalty=(0, 2.0)), 4, 2, 1),  # the end token at step 1: 2 x (1 + 5e-10)
+    ]
+    for options, bos, eos, step in cases:
+        logits = row.copy()
+        if "exponential_decay_length_penalty" in options:
+            logits[eos] = 1.0 + 5e-10
+        trace = []
+        search(lambda tokens, parents: np.tile(logits, (len(tokens), 1)), 1, 3, bos, eos, 3, trace=trace, **options)
+        np.testing.assert_allclose(trace[step]["gap"], [1e-9], rtol=1e-6, err_msg=str(options))
 
 
 def test_a_renormalized_row_with_every_id_banned_stays_banned():
@@ -427,6 +569,9 @@ BAD_OPTIONS = [
     (dict(begin_suppress_tokens=[-1]), "begin_suppress_tokens"),
     (dict(begin_suppress_tokens=[[1, 2]]), "begin_suppress_tokens"),
     (dict(renormalize_logits=1), "renormalize_logits"),
+    # a forced token suppressed: every id of its step -inf (transformers' GenerationConfig.validate refuses it)
+    (dict(forced_bos_id=4, suppress_tokens=[5, 4]), "suppress_tokens"),
+    (dict(forced_eos=True, suppress_tokens=[2]), "suppress_tokens"),
 ]
 
 
@@ -442,6 +587,52 @@ def test_bad_arguments_get_the_same_error_everywhere(backend):
             model.generate(src, **call)
         assert info.value.argument == argument, (options, info.value)
         assert str(info.value) == str(pytest.raises(InputError, oracle.generate, src, **call).value)
+
+
+def test_suppressing_a_forced_token_is_refused_as_transformers_refuses_it():
+    """transformers' GenerationConfig.validate raises a ValueError when suppress_tokens holds the
+    forced first (or end) token; `generate` raises the InputError on suppress_tokens, and runs
+    where transformers runs (the end token suppressed without forced_eos, another id forced)."""
+    generation = reference_model().generation_config
+    for hf_options, ours in [(dict(forced_bos_token_id=26), dict(forced_bos_id=26)),
+                             (dict(forced_eos_token_id=generation.eos_token_id), dict(forced_eos=True))]:
+        suppressed = [17, hf_options.get("forced_bos_token_id", generation.eos_token_id)]
+        with pytest.raises(ValueError, match="is also in `suppress_tokens`"):
+            hf_generate(reference_model(), source(), max_length=MAX_LENGTH, suppress_tokens=suppressed, **hf_options)
+        config, params = ported()
+        model = backends.build(backends.Target("numpy", "cpu", "float64"), config, params)
+        with pytest.raises(InputError, match="forcing a token while suppressing it") as info:
+            model.generate(source(), MAX_LENGTH - 1, suppress_tokens=suppressed, **ours)
+        assert info.value.argument == "suppress_tokens"
+    model.generate(source(), MAX_LENGTH - 1, suppress_tokens=[generation.eos_token_id], forced_eos=False)
+    model.generate(source(), MAX_LENGTH - 1, suppress_tokens=[26], forced_bos_id=12, forced_eos=False)
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_a_bad_value_from_the_generation_note_says_it_came_from_the_note(backend):
+    """The same InputError on the same argument as when passed, and the message says where the
+    value came from (the call passed nothing that is wrong)."""
+    note = dict(decoder_start_token_id=1, eos_token_id=2, max_length=6)
+    src = np.array([[3, 4, 5, 0], [6, 7, 0, 0]])
+    for recorded, argument in [(dict(suppress_tokens=[40]), "suppress_tokens"),
+                               (dict(begin_suppress_tokens=[13]), "begin_suppress_tokens"),
+                               (dict(suppress_tokens=[2], forced_eos_token_id=2), "suppress_tokens"),
+                               (dict(exponential_decay_length_penalty=[1, -2.0]), "exponential_decay_length_penalty"),
+                               (dict(early_stopping="sometimes", num_beams=2), "early_stopping"),
+                               (dict(min_new_tokens=-1), "min_new_tokens")]:
+        config = noted(preset("paper", **SIZES), **note, **recorded)
+        model = backends.build(backends.Target(backend, "cpu", "float32"), config, None)
+        with pytest.raises(InputError) as info:
+            model.generate(src)
+        assert info.value.argument == argument, (recorded, info.value)
+        assert "came from the checkpoint's \"generation\" note" in str(info.value), str(info.value)
+        oracle = backends.build(backends.Target("numpy", "cpu", "float32"), config, None)
+        assert str(info.value) == str(pytest.raises(InputError, oracle.generate, src).value)
+        explicit = {argument: recorded[argument]} if argument in recorded else {}
+        if explicit and argument != "early_stopping":  # the same value passed: the plain message
+            with pytest.raises(InputError) as passed:
+                model.generate(src, **explicit)
+            assert "generation\" note" not in str(passed.value), str(passed.value)
 
 
 def test_jax_compiles_one_search_for_every_penalty_and_token_list_of_one_shape():
@@ -480,6 +671,24 @@ def test_the_covering_rows_run_every_processor_under_every_search():
         resolve(gcase.case.config, gcase.max_len, gcase.bos_id, gcase.eos_id, **gcase.arguments())  # valid
     assert seen >= {(name, "flax") for name in names}, sorted(seen)
     assert {name for name, kind in seen if kind != "flax"} == set(names), sorted(seen)
+
+
+def test_the_drawn_processors_are_valid_arguments():
+    """The suite's processor draws never suppress the forced first token (refused, as transformers
+    refuses it), nor anything else `resolve` refuses: on a small vocabulary, where they overlap
+    often."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from conformance.suite.strategies.generation import processor_options
+
+    config = preset("paper", **{**SIZES, "tgt_vocab_size": 5, "src_vocab_size": 5})
+
+    @settings(max_examples=150, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.booleans().flatmap(lambda sampling: processor_options(5, config.pad_id, 1, 2, sampling=sampling)))
+    def valid(options):
+        resolve(config, 6, 1, 2, **dict(options))
+
+    valid()
 
 
 def test_source_ids_outside_the_target_vocabulary_are_left_alone():

@@ -145,3 +145,61 @@ def test_a_t5_export_is_read_at_its_pre_ln_taps(tmp_path):
     bad = planted(tmp_path / "t5.onnx", tmp_path, "encoder.block.1.layer.0.layer_norm.weight", 0.2)
     report = conformance.compare(str(bad), None, src, tgt, weights=str(tmp_path / "t5"), backends=())
     assert report.first_divergence == "encoder.1.self", report.to_text()
+
+
+class Called(torch.nn.Module):
+    """A user's wrapper that calls the model with some of its keywords, the graph's inputs named
+    after them (TorchScript exporter, `input_names`)."""
+
+    def __init__(self, model, keywords: tuple[str, ...]):
+        super().__init__()
+        self.model, self.keywords = model, keywords
+
+    def forward(self, *args):
+        return self.model(**dict(zip(self.keywords, args))).logits
+
+
+def export_called(folder, keywords: tuple[str, ...], path):
+    model = transformers.BartForConditionalGeneration.from_pretrained(str(folder)).eval()
+    given = {"input_ids": SRC, "attention_mask": (SRC != PAD).astype(np.int64), "decoder_input_ids": TGT,
+             "decoder_attention_mask": (TGT != PAD).astype(np.int64)}
+    torch.onnx.export(Called(model, keywords), tuple(torch.from_numpy(given[k]) for k in keywords), str(path),
+                      dynamo=False, input_names=list(keywords), output_names=["logits"])
+    return path
+
+
+def test_a_graph_without_the_source_mask_is_told_the_run_gave_no_mask(exported, tmp_path):
+    """Fed by name, its padded rows part from the oracle (it masks nothing): the report says the
+    run gave it no padding mask, and how to give it one, before any switch; a batch without
+    source padding has nothing to say so about."""
+    folder, _ = exported
+    graph = export_called(folder, ("input_ids", "decoder_input_ids"), tmp_path / "no-mask.onnx")
+    report = conformance.compare(str(graph), None, SRC, TGT, weights=str(folder), backends=())
+    text = report.to_text()
+    assert report.first_divergence == "logits" and report.unmasked, text
+    assert "the run gave your model no padding mask" in text and "export the graph with the source mask" in text, text
+    assert report.to_json()["run_gave_no_padding_mask"] is True
+    full = np.where(SRC == PAD, 3, SRC)  # the graph's fixed shape, no source padding (the targets keep theirs)
+    unpadded = conformance.compare(str(graph), None, full, TGT, weights=str(folder), backends=())
+    assert not unpadded.unmasked, unpadded.to_text()
+    masked = conformance.compare(str(export_called(folder, ("input_ids", "attention_mask", "decoder_input_ids"),
+                                                   tmp_path / "masked.onnx")), None, SRC, TGT, weights=str(folder),
+                                 backends=())
+    assert not masked.unmasked and "no padding mask" not in masked.to_text(), masked.to_text()
+
+
+def test_a_graph_named_in_part_by_the_call_is_refused_not_fed_by_order(exported, tmp_path):
+    """input_ids, decoder_input_ids, decoder_attention_mask: as many as [hf.call]'s keywords, two
+    of them its names; fed by order, decoder_input_ids would get the source mask. Refused, naming
+    the input that is not a call keyword and inputs=; mapped with inputs=, it runs."""
+    folder, _ = exported
+    graph = export_called(folder, ("input_ids", "decoder_input_ids", "decoder_attention_mask"),
+                          tmp_path / "partial.onnx")
+    with pytest.raises(InputError, match=r"\['decoder_attention_mask'\] are not among the layout's \[hf.call\] names"
+                                         r".*inputs=") as info:
+        conformance.compare(str(graph), None, SRC, TGT, weights=str(folder), backends=())
+    assert info.value.argument == "inputs"
+    report = conformance.compare(str(graph), None, SRC, TGT, weights=str(folder), backends=(),
+                                 inputs={"input_ids": "src_ids", "decoder_input_ids": "tgt_ids",
+                                         "decoder_attention_mask": "tgt_mask"})
+    assert "as inputs= maps them" in report.note and report.unmasked, report.to_text()

@@ -46,6 +46,7 @@ class SideBySide(Report):
     # on a batch with padding (the default `model(src_ids, tgt_ids)`): said before any switch.
     called: str = ""
     unmasked: bool = False
+    unmasked_remedy: str = ""  # how to give it its mask, where not run= (an ONNX graph: export it with one)
     # The user's model could not run: its own frames of the traceback (`user_traceback`).
     failure: str = ""
     # With grads: the user's backward pass raised (the error, its frames), kept apart from a
@@ -134,8 +135,9 @@ class SideBySide(Report):
             if self.unmasked:
                 lines.append("  the run gave your model no padding mask, and the batch has padding: a model that masks "
                              "padding only when given a mask (an attention_mask, a key_padding_mask) parts from the "
-                             "oracle here for that alone; call it with its mask (run=, or rosetta compare --run NAME) "
-                             "before suspecting a switch")
+                             "oracle here for that alone; "
+                             + (self.unmasked_remedy or "call it with its mask (run=, or rosetta compare --run NAME)")
+                             + " before suspecting a switch")
             lines += [f"  switches that act there, as converted: {acting or '(none: look at the weights)'}",
                       f"  their values and origins for this layout: `rosetta layouts {self.layout}`; "
                       "if yours differ, convert with that switch set (--set NAME=VALUE, or NAME=VALUE here)"]

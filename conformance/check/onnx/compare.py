@@ -372,6 +372,11 @@ def compare_onnx(model: Any, layout: Any, src_ids, tgt_ids, *, weights=None, run
     result.targets = [yours, *result.targets]
     if feed is not None:
         result.note = single.describe_feed(feed, how, config.pad_id)
+        # A graph exported without the source mask masks no padding: said before any switch.
+        result.unmasked = "src_mask" not in feed.values() and bool((src_ids == config.pad_id).any())
+        result.unmasked_remedy = (f"export the graph with the source mask as an input (its inputs: {', '.join(feed)}; "
+                                  "torch.onnx.export(model, (input_ids, attention_mask, decoder_input_ids), ...)), "
+                                  "or compare it on a batch without source padding")
     elif not graphs.cached:
         result.note = ("cache not checked: the decoder graph has no use_cache_branch, so it ran on the whole prefix "
                        "only (optimum's decoder_with_past_model.onnx is not read; decoder_model_merged.onnx is)")

@@ -11,9 +11,13 @@ Inputs. By transformers' names, as the layout's `[hf.call]` says (input_ids: the
 attention_mask: 1 where a source id is not pad_id, decoder_input_ids: the decoder's input ids): the
 dynamo exporter (torch.onnx.export's default) names the inputs after the forward's arguments. The
 TorchScript exporter (`dynamo=False`) names them after its traced values (`input.1`,
-`attention_mask.1`, `input.15`); a graph whose inputs do not carry the call's names, but are as many
-as its keywords, is fed in the call's order, which is the forward's (and the order
-torch.onnx.export passes them in), and the report says so. `inputs=` (`--inputs` on the command
+`attention_mask.1`, `input.15`); a graph none of whose inputs carries a call's name, but with as
+many inputs as its keywords, is fed in the call's order, which is the forward's (and the order
+torch.onnx.export passes them in), and the report says so. A graph some of whose inputs carry the
+call's names and some not (`input_ids`, `decoder_input_ids`, `decoder_attention_mask`) is refused,
+naming the others: an order would feed a named input another's value. A graph without the source
+mask (`attention_mask`), run on a batch with source padding, gets the report's hint that the run
+gave it no padding mask. `inputs=` (`--inputs` on the command
 line) maps each graph input to what it is given instead: `{"input.1": "src_ids", ...}`, by the
 names of `conformance.convert.hf_config.CALL_VALUES`.
 
@@ -111,6 +115,14 @@ def feeds(graph: OneGraph, layout, pad_id: int, inputs: dict[str, str] | None) -
                                       "(encoder.onnx + decoder.onnx, or encoder_model.onnx + "
                                       "decoder_model_merged.onnx)")
         return {n: call[n] for n in names}, "by name, as the layout's [hf.call] says"
+    named = [n for n in names if n in call]
+    if named:  # some by name, some not: an order would feed the named ones something else
+        unmatched = [n for n in names if n not in call]
+        raise InputError("inputs", f"{graph.where}: the graph's input(s) {unmatched} are not among the layout's "
+                                   f"[hf.call] names ({', '.join(call)}), while {named} are; it is not fed by order "
+                                   f"(that would give a named input another's value): map every input with inputs= "
+                                   f"(--inputs NAME=src_ids,...), each to one of "
+                                   f"{', '.join(sorted(CALL_VALUES))}")
     if len(names) == len(call):
         return dict(zip(names, call.values())), ("in the order of the layout's [hf.call] (the forward's), the graph's "
                                                  "input names not being its")

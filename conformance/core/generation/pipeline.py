@@ -4,13 +4,15 @@
 (`conformance.core.generation.processors.PIPELINE`): the repetition penalties (`penalties`,
 `penalized_by`) first, then the bans (the source's n-grams among them) and the forced tokens
 (device.py), then the stages here that come after them (`LATE`: the end token's length penalty,
-the suppressed ids), and the renormalization last (device.py). What they read besides the scores
-is data (`data_of`), so that JAX compiles one program for every penalty, decay and token list of
-one shape; a stage whose data is absent is off.
+the suppressed ids, an end that penalty made certain), and the renormalization last
+(device.py). What they read besides the scores is data (`data_of`), so that JAX compiles one
+program for every penalty, decay and token list of one shape; a stage whose data is absent is
+off.
 
 A new processor is a function `(ops, rules, scores, step, data, eos_id) -> scores` in `LATE` at
-transformers' place for it (Whisper's timestamp rules go after the suppressions), with its data
-built by `data_of` and its reference twin in `processors.PIPELINE`.
+transformers' place for it (Whisper's timestamp rules go after the suppressions, before
+`certain_end`), with its data built by `data_of` and its reference twin in
+`processors.PIPELINE`.
 
 Framework-free (NumPy and the standard library): every function takes the adapter `ops`.
 """
@@ -36,6 +38,7 @@ def data_of(settings, as_array, src_ids=None, vocab_size: int | None = None) -> 
     encoder_seen         (N, V) bool: the ids of each decoder row's source, padding included
     encoder_ids          (N, S): each decoder row's source ids (encoder_no_repeat_ngram_size)
     decay                (max_len,): exponential_decay_length_penalty's multiplier of |s| per step
+                         (`processors.decay_factor`, inf past float64 or, cast, past the search dtype)
     suppress             (V,) bool: suppress_tokens
     begin_suppress       (V,) bool, and begin_step, an int: begin_suppress_tokens and their step
 
@@ -58,7 +61,8 @@ def data_of(settings, as_array, src_ids=None, vocab_size: int | None = None) -> 
             data["encoder_ids"] = as_array("encoder_ids", sources)
     if settings.exponential_decay_length_penalty is not None:
         decay = [decay_factor(settings.exponential_decay_length_penalty, step) for step in range(settings.max_len)]
-        data["decay"] = as_array("decay", np.array(decay, dtype=np.float64))
+        with np.errstate(over="ignore"):  # a multiplier beyond the search dtype is inf there, as in transformers
+            data["decay"] = as_array("decay", np.array(decay, dtype=np.float64))
     for name, ids in (("suppress", settings.suppress_tokens), ("begin_suppress", settings.begin_suppress_tokens)):
         if ids:
             mask = np.zeros(vocab_size, dtype=bool)
@@ -113,13 +117,18 @@ def at_step(ops, table, step):
 
 
 def exponential_decay(ops, rules, scores, step, data, eos_id):
-    """ExponentialDecayLengthPenalty as transformers adds it: a (N, V) penalty, |s| x decay[step]
-    at the end token where its score s is finite and 0 elsewhere, added to the scores."""
+    """ExponentialDecayLengthPenalty as transformers adds it: the end token's score s becomes
+    s + |s| x decay[step] where it is finite; every other id keeps its score. A multiplier past
+    the search dtype is inf there, and so is the end token's score (a 0 too, not 0 x inf = NaN):
+    `certain_end` then takes it (the reference's `processors.exponential_decay`)."""
     if "decay" not in data:
         return scores
     xp = ops.xp
-    at_eos = (ops.arange(scores.shape[-1]) == eos_id) & xp.isfinite(scores)  # (N, V)
-    return scores + xp.abs(xp.where(at_eos, scores, 0.0)) * at_step(ops, data["decay"], step)  # 0 elsewhere
+    gains = (ops.arange(scores.shape[-1]) == eos_id) & xp.isfinite(scores)  # (N, V)
+    multiplier = at_step(ops, data["decay"], step)
+    with np.errstate(over="ignore", invalid="ignore"):  # NumPy: the ids not taken may make inf or NaN
+        gained = xp.where(multiplier == np.inf, np.inf, scores + xp.abs(scores) * multiplier)
+    return xp.where(gains, gained, scores)
 
 
 def suppress(ops, rules, scores, step, data, eos_id):
@@ -136,8 +145,20 @@ def begin_suppress(ops, rules, scores, step, data, eos_id):
     return ops.where(step == data["begin_step"], ops.xp.where(data["begin_suppress"], -np.inf, scores), scores)
 
 
-# transformers' order after ForcedEOSTokenLogitsProcessor (renormalization follows them all).
-LATE = (exponential_decay, suppress, begin_suppress)
+def certain_end(ops, rules, scores, step, data, eos_id):
+    """The reference's `processors.certain_end`: a row whose end token the decay made +inf (no
+    suppression banned it) becomes the forced end's, 0 there and -inf elsewhere."""
+    if "decay" not in data:
+        return scores
+    xp = ops.xp
+    is_eos = ops.arange(scores.shape[-1]) == eos_id  # (V,)
+    certain = ops.reduce("any", is_eos & (scores == np.inf), axis=-1, keepdims=True)  # (N, 1)
+    return xp.where(certain, xp.where(is_eos, 0.0, -np.inf), scores)
+
+
+# transformers' order after ForcedEOSTokenLogitsProcessor, then ours (`certain_end`);
+# renormalization follows them all.
+LATE = (exponential_decay, suppress, begin_suppress, certain_end)
 
 
 def late(ops, rules, scores, step, data, eos_id):

@@ -16,6 +16,7 @@ Framework-free (NumPy and the standard library).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -204,25 +205,36 @@ def forced_eos(scores, tokens, step, p: Processors):
 
 def decay_factor(decay: tuple[int, float], step: int) -> float:
     """ExponentialDecayLengthPenalty's multiplier of |s| at `step`: factor ** (step - start) - 1
-    after the start step (transformers' cur_len > start + 1, the start token counted), else 0."""
+    after the start step (transformers' cur_len > start + 1, the start token counted), else 0.
+    Computed as transformers does (Python's float power), except that a power beyond float64 is
+    +inf where Python raises OverflowError (transformers' own pow raises there, if it gets so far)."""
     start, factor = decay
-    return factor ** (step - start) - 1 if step > start else 0.0
+    if step <= start:
+        return 0.0
+    try:
+        return factor ** (step - start) - 1
+    except OverflowError:  # factor > 1 (it is > 0): the power overflowed upwards
+        return math.inf
 
 
 def exponential_decay(scores, tokens, step, p: Processors):
     """ExponentialDecayLengthPenalty: the end token's score s gains |s| x `decay_factor`, where it
-    is finite (a banned end token stays banned)."""
+    is finite (a banned end token stays banned). Past the dtype that is +inf, as transformers'
+    float32 sum; with an infinite multiplier a score of 0 is +inf too, not |0| x inf = NaN
+    (`certain_end` then makes the row the forced end's, unless a suppression bans the end token)."""
     if p.exponential_decay_length_penalty is None or step <= p.exponential_decay_length_penalty[0]:
         return scores
     eos = scores[:, p.eos_id]
-    scores[:, p.eos_id] = eos + np.where(np.isfinite(eos), np.abs(eos) * decay_factor(
-        p.exponential_decay_length_penalty, step), 0.0)
+    multiplier = decay_factor(p.exponential_decay_length_penalty, step)
+    with np.errstate(over="ignore", invalid="ignore"):  # past the dtype: +inf; -inf + inf is not taken
+        gained = np.inf if math.isinf(multiplier) else eos + np.abs(eos) * multiplier
+    scores[:, p.eos_id] = np.where(np.isfinite(eos), gained, eos)
     return scores
 
 
 def suppress(scores, tokens, step, p: Processors):
-    """SuppressTokensLogitsProcessor: -inf at every step, after the forced tokens (so it may ban
-    one of them)."""
+    """SuppressTokensLogitsProcessor: -inf at every step, after the forced tokens (suppressing a
+    forced one is refused, as transformers refuses it: `settings.check_forced_not_suppressed`)."""
     if p.suppress_tokens:
         scores[:, list(p.suppress_tokens)] = -np.inf
     return scores
@@ -232,6 +244,19 @@ def begin_suppress(scores, tokens, step, p: Processors):
     """SuppressTokensAtBeginLogitsProcessor: -inf at `begin_suppress_step` only."""
     if p.begin_suppress_tokens and step == p.begin_suppress_step:
         scores[:, list(p.begin_suppress_tokens)] = -np.inf
+    return scores
+
+
+def certain_end(scores, tokens, step, p: Processors):
+    """Not transformers': a row whose end token the decay made +inf (and no suppression banned)
+    becomes the forced end's, 0 at the end token and -inf elsewhere: the limit of its
+    probability, so that greedy search chooses it as transformers' +inf does, while a
+    log-softmax, sampling's draw and beam search's sums stay finite (transformers' go NaN)."""
+    if p.exponential_decay_length_penalty is None:
+        return scores
+    certain = np.isposinf(scores[:, p.eos_id])  # (N,)
+    scores[certain] = -np.inf
+    scores[certain, p.eos_id] = 0.0
     return scores
 
 
@@ -246,10 +271,11 @@ def renormalize(scores, tokens, step, p: Processors):
         return np.where(banned, -np.inf, log_softmax(scores))
 
 
-# transformers' order (`_get_logits_processor`, 5.23); sampling's warpers come after these, but
-# before LogitNormalization there, where a log-softmax changes no probability drawn from.
+# transformers' order (`_get_logits_processor`, 5.23), and `certain_end`, ours, before the
+# renormalization; sampling's warpers come after these, but before LogitNormalization there,
+# where a log-softmax changes no probability drawn from.
 PIPELINE = (encoder_repetition, repetition, no_repeat_ngram, encoder_no_repeat_ngram, bad_words, minimum_length,
-            forced_bos, forced_eos, exponential_decay, suppress, begin_suppress, renormalize)
+            forced_bos, forced_eos, exponential_decay, suppress, begin_suppress, certain_end, renormalize)
 
 
 def processed(scores: np.ndarray, tokens: np.ndarray, step: int, processors: Processors) -> np.ndarray:

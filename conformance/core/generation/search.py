@@ -138,7 +138,8 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
 
     `trace`, a list, receives per step the closest call of each source row, for the conformance
     suite: {"gap": (B,), "scale": (B,)}, the smallest score difference between two candidates
-    whose order decided something (greedy: the best two tokens; beam search: neighbours among the
+    whose order decided something (greedy: the best two processed logits, which the arg-max
+    reads; beam search: neighbours among the
     ranked candidates and finished hypotheses; sampling: the distance between the uniform and the
     nearest edge of the cumulative distribution, or of top_k's and top_p's thresholds,
     `filter_gap`), and max(1, largest |logit|) of the row's beams (or sampled row).
@@ -204,9 +205,10 @@ def _greedy(step, batch, max_len, bos_id, eos_id, pad_id, length_penalty, form, 
         logits = np.array(as_numpy(step(tokens, None)), dtype=np.float64)  # (B, V)
         _check_finite(logits, ~done, i, mask_fill)
         log_probs = processed(log_softmax(logits), tokens, i, processors)
-        if trace is not None:
-            trace.append({"gap": np.where(done, np.inf, _neighbour_gap(log_probs, 1)), "scale": _scale(logits)})
+        scale = _scale(logits)
         logits = processed(logits, tokens, i, processors)
+        if trace is not None:  # the gap the choice reads: a penalty or the decay ranks logits and log-probs apart
+            trace.append({"gap": np.where(done, np.inf, _neighbour_gap(logits, 1)), "scale": scale})
         # The choice reads the logits, as Hugging Face's greedy search does (same argmax, fewer roundings).
         next_id = np.where(done, pad_id, logits.argmax(-1))  # (B,)
         summed += np.where(done, 0.0, log_probs[np.arange(batch), next_id])

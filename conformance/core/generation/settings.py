@@ -151,6 +151,21 @@ def check_penalties(repetition_penalty, encoder_repetition_penalty, encoder_no_r
     return out
 
 
+def check_forced_not_suppressed(suppress_tokens: tuple[int, ...], forced_bos_id: int | None, forced_eos: bool,
+                                eos_id: int) -> None:
+    """A forced token (the first, or the end at the last step) that suppress_tokens also bans
+    leaves every id of that step at -inf: refused, as transformers' GenerationConfig.validate
+    refuses it (a ValueError there; an InputError on suppress_tokens here)."""
+    for forced, what, advice in (
+            (forced_bos_id, "the forced first token (forced_bos_id)", "pass forced_bos_id=False"),
+            (eos_id if forced_eos else None, "the end token, which forced_eos forces at the last step",
+             "pass forced_eos=False (to keep the end token from coming early, use min_new_tokens)")):
+        if forced is not None and forced in suppress_tokens:
+            raise InputError("suppress_tokens", f"holds {forced}, {what}: forcing a token while suppressing it leaves "
+                                                f"every id of that step at -inf; remove it from suppress_tokens or "
+                                                f"{advice}")
+
+
 def _token_ids(name: str, value, vocab_size: int) -> tuple[int, ...]:
     """A sequence of target token ids (suppress_tokens, begin_suppress_tokens), in order, once each."""
     what = f"a sequence of target token ids in [0, {vocab_size})"
@@ -338,6 +353,7 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
                  encoder_no_repeat_ngram_size=encoder_no_repeat_ngram_size,
                  exponential_decay_length_penalty=exponential_decay_length_penalty, suppress_tokens=suppress_tokens,
                  begin_suppress_tokens=begin_suppress_tokens, renormalize_logits=renormalize_logits)
+    early_stopping_given = early_stopping
     if early_stopping is None:
         early_stopping = recorded.get("early_stopping", NOTE_DEFAULTS["early_stopping"]) if beam_rule == "hf" else False
     values = {}
@@ -348,6 +364,32 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
             where = "its \"generation\" note does not say it" if recorded else "it has no \"generation\" note"
             raise InputError(name, f"was not given and the checkpoint does not record it ({where}): pass it")
         values[name] = config.max_len if isinstance(value, str) and value == "config.max_len" else value
+    # The arguments whose value is the note's: a bad one says so (`from_note`).
+    noted = {name for name, value in given.items() if value is None and name in recorded}
+    noted |= {"early_stopping"} & set(recorded) if early_stopping_given is None and beam_rule == "hf" else set()
+    noted |= {"min_length", "min_new_tokens"} & set(recorded) if min_length is None and min_new_tokens is None else set()
+    try:
+        return _checked(config, values, recorded, early_stopping=early_stopping, use_cache=use_cache,
+                        length_penalty_form=length_penalty_form, min_length=min_length, min_new_tokens=min_new_tokens,
+                        return_scores=return_scores, beam_rule=beam_rule, num_return_sequences=num_return_sequences,
+                        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    except InputError as error:
+        if error.argument in noted:
+            raise from_note(error) from None
+        raise
+
+
+def from_note(error: InputError) -> InputError:
+    """`error`, saying that the bad value came from the checkpoint's "generation" note (Hugging
+    Face's generation_config.json, as the converter recorded it), not from the call."""
+    return InputError(error.argument, f"{error.problem} (the value came from the checkpoint's \"generation\" note, "
+                                      f"recorded when it was converted; pass {error.argument}=... to override it)")
+
+
+def _checked(config, values: dict, recorded: dict, *, early_stopping, use_cache, length_penalty_form, min_length,
+             min_new_tokens, return_scores, beam_rule, num_return_sequences, do_sample, temperature, top_k, top_p,
+             seed) -> Generation:
+    """`resolve`'s checks of the arguments, `values` those the note may give, already taken from it."""
     vocab = config.tgt_vocab_size
     values["max_len"] = _integer("max_len", values["max_len"], f"an int in [1, {config.max_len}] (the model's max_len)")
     if not 1 <= values["max_len"] <= config.max_len:
@@ -367,6 +409,7 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
     banned = tuple(dict.fromkeys(banned + one_token))  # in order, once each
     shortest, new_tokens = check_min_length(min_length, min_new_tokens, recorded)
     penalties = check_penalties(*(values[name] for name in PENALTY_ARGUMENTS), vocab)
+    check_forced_not_suppressed(penalties["suppress_tokens"], forced_bos, bool(values["forced_eos"]), values["eos_id"])
     beams = _integer("num_beams", values["num_beams"])
     if beams > 1 and vocab < 2:  # the best 2 x num_beams of num_beams x V candidates: V >= 2
         raise InputError("num_beams", f"beam search keeps the best 2 x num_beams of num_beams x V candidates, so it "

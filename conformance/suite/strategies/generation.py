@@ -99,8 +99,10 @@ def processor_options(draw, vocab: int, pad: int, bos: int, eos: int,
     ngram = draw(st.sampled_from([0, 2, 3]))
     if ngram:
         options += (("no_repeat_ngram_size", ngram),)
+    forced = ()
     if draw(st.booleans()):
-        options += (("forced_bos_id", draw(real.filter(lambda i: i != eos))),)
+        forced = (draw(real.filter(lambda i: i != eos)),)
+        options += (("forced_bos_id", forced[0]),)
     if draw(st.booleans()):
         half = max(1, (vocab - 1) // 2)
         after_start = draw(st.lists(real, min_size=half, max_size=half, unique=True))
@@ -109,17 +111,20 @@ def processor_options(draw, vocab: int, pad: int, bos: int, eos: int,
     shortest = draw(st.sampled_from([0, 3, 5]))
     if shortest:
         options += (("min_length", shortest),)
-    return options + draw(shipped_processors(vocab, pad, bans=not sampling))
+    return options + draw(shipped_processors(vocab, pad, bans=not sampling, forced=forced))
 
 
 @st.composite
-def shipped_processors(draw, vocab: int, pad: int, bans: bool = True) -> tuple[tuple[str, object], ...]:
+def shipped_processors(draw, vocab: int, pad: int, bans: bool = True,
+                       forced: tuple[int, ...] = ()) -> tuple[tuple[str, object], ...]:
     """transformers' processors that published generation configs set (issue 56), each on about
     half the time: a repetition penalty above or below 1 on the output's ids; one on the source's
     ids; no source n-gram of 1 or 2 tokens in the output; the end token's exponential length
     penalty from step 1 or 2; two suppressed ids (every step); two ids suppressed at the first
     step; and renormalized scores. Without `bans` (sampling, which has nothing to draw from once
-    every id is banned: docs/decoding.md) the three that ban ids are drawn and left out."""
+    every id is banned: docs/decoding.md) the three that ban ids are drawn and left out. The
+    suppressed ids avoid the `forced` ids (a forced token that is suppressed is refused, as
+    transformers refuses it)."""
     banning = ("encoder_no_repeat_ngram_size", "suppress_tokens", "begin_suppress_tokens")
     real = st.integers(0, vocab - 1).filter(lambda i: i != pad)
     options = ()
@@ -129,9 +134,10 @@ def shipped_processors(draw, vocab: int, pad: int, bans: bool = True) -> tuple[t
         value = draw(st.sampled_from(values))
         if value not in (None, 0, 1.0) and (bans or name not in banning):
             options += ((name, value),)
-    for name in ("suppress_tokens", "begin_suppress_tokens"):
+    for name, allowed in (("suppress_tokens", real.filter(lambda i: i not in forced)),
+                          ("begin_suppress_tokens", real)):
         if draw(st.booleans()):
-            ids = tuple(draw(st.lists(real, min_size=2, max_size=2, unique=True)))
+            ids = tuple(draw(st.lists(allowed, min_size=2, max_size=2, unique=True)))
             if bans:
                 options += ((name, ids),)
     if draw(st.booleans()):
