@@ -21,10 +21,12 @@ import conformance.suite
 from conformance.check.backends import Target
 from conformance.core import config as config_module
 from conformance.core.config import ModelConfig
+from conformance.core.errors import ConfigError
 from conformance.suite import covering
 from conformance.suite.strategies import model_configs as configs_module
 from conformance.suite.covering import coverage_problems, covering_cases, recording
 from conformance.suite.strategies import cases, with_examples
+from conformance.suite.strategies.ids import batch_width, padding_kinds
 
 import conformance.suite.test_masks as masks
 
@@ -81,17 +83,36 @@ def test_a_property_run_records_every_switch_value():
 
 
 @pytest.mark.parametrize("switch, value", [("activation", "gelu"), ("layer_norm_form", "std-eps"),
-                                           ("mask_fill", float("-inf")), ("src padding", "whole-row")])
+                                           ("mask_fill", float("-inf")), ("masked_scores", "added"),
+                                           ("empty_rows", "zeros"), ("src padding", "whole-row"),
+                                           ("src padding", "leading"), ("tgt padding", "interior"),
+                                           ("src width", "wider")])
 def test_a_property_that_misses_a_value_fails_naming_it(switch, value):
     """The masks property, given only the covering examples, with one value taken out (another value
-    of that switch in its place, or the whole-row padding row dropped), and no drawn ones."""
+    of that switch in its place, each row of a padding kind replaced by the batch's first row, or the
+    last position of each row made real), and no drawn ones."""
     def without(case):
-        if switch == "src padding":
-            return dataclasses.replace(case, src_ids=case.src_ids[:-1], tgt_ids=case.tgt_ids[:-1])
+        pad = case.config.pad_id
+        if switch in ("src padding", "tgt padding"):  # each row of that kind replaced by the first row
+            side = "src_ids" if switch == "src padding" else "tgt_ids"
+            ids = getattr(case, side).copy()
+            for r, row in enumerate(ids):
+                if value in padding_kinds(row, pad):
+                    ids[r] = ids[0]
+            return dataclasses.replace(case, **{side: ids})
+        if switch == "src width":  # a wider batch's first row given a real last token: as wide as its longest row
+            src = case.src_ids.copy()
+            if batch_width(src, pad) == "wider":
+                src[0, -1] = src[0, 0]
+            return dataclasses.replace(case, src_ids=src)
         if getattr(case.config, switch) != value:
             return case
-        other = next(v for v in configs_module.switch_values()[switch] if v != value)
-        return dataclasses.replace(case, config=case.config.replace(**{switch: other}))
+        for other in (v for v in configs_module.switch_values()[switch] if v != value):  # one this config takes
+            try:
+                return dataclasses.replace(case, config=case.config.replace(**{switch: other}))
+            except ConfigError:
+                continue
+        raise AssertionError(f"no other value of {switch} fits {case.config.summary()}")
 
     examples = [without(case) for case in covering_cases()]
     narrow = settings(phases=[Phase.explicit], database=None)(
