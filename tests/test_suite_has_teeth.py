@@ -45,7 +45,9 @@ def test_the_suite_catches(name):
             try:
                 with first_failure_only(prop):
                     prop(target=target)
-            except AssertionError as exc:
+            # A failed comparison; a broken copy's own error (a mask narrower than its scores fails
+            # to broadcast, as OpenNMT-py's does); several explicit examples failing apart at once.
+            except (AssertionError, ValueError, ExceptionGroup) as exc:
                 caught[label] = str(exc).splitlines()[0][:300]
     finally:
         backends.unregister_backend(registered)
