@@ -322,13 +322,13 @@ PROPERTY_BREAKS = {
         "device_search.py", "just_ended = ends & (ops.arange(keep) < beams)", "just_ended = ends",
     )], {})]),
     # Flax's stopping bound scores the best open beam at max_decode_len; a port that scores it at
-    # its current length (Hugging Face's early_stopping=False heuristic) stops too soon where a
+    # the length of the decoder's input so far (start token included) stops too soon where a
     # length penalty above 0 lets a long continuation overtake the finished ones late (issue 56).
-    # Planted in torch's and JAX's device search, where the ci profile missed it.
-    **{f"Flax's stopping bound at the open beam's current length ({backend})": ("test_search_rules", [(backend, [(
+    # Planted in torch's and JAX's device search, which the ci profile passed before it drew that case.
+    **{f"Flax's stopping bound at the decoder input's length ({backend})": ("test_search_rules", [(backend, [(
         "device_search.py",
         "best_open = penalized(ops, running_scores[:, :1], width, length_penalty, rules.form, dtype)  # (B, 1)",
-        "best_open = penalized(ops, running_scores[:, :1], length - 1, length_penalty, rules.form, dtype)  # (B, 1)",
+        "best_open = penalized(ops, running_scores[:, :1], length, length_penalty, rules.form, dtype)  # (B, 1)",
     )], {})]) for backend in ("torch", "jax")},
     "Flax's rule ends a hypothesis at max_len, as Hugging Face's does": ("test_search_rules", [("numpy", [(
         "device_search.py",

@@ -186,3 +186,41 @@ def test_half_precision_gradients_are_excused_only_what_their_domain_leaves_out(
             f"{gradients}[t] on torch/cpu/{dtype} missed activation='gelu'"]
     assert coverage_problems({(f"{gradients}[t]", "torch/cpu/float32"): seen}) == [
         f"{gradients}[t] on torch/cpu/float32 missed attention_temp=4.0, activation='relu'"]
+
+
+SEARCH_RULES = "conformance/suite/test_search_rules.py::test_device_search_follows_the_reference_rules"
+REALISTIC = "conformance/suite/test_forward_realistic.py::test_every_tensor_matches_the_oracle_at_trained_scale"
+
+
+def test_the_scripted_property_must_meet_a_late_overtake():
+    """The scripted-decoder property runs no model: what it must meet is Flax's late overtake
+    (issue 56), recorded from the reference's trace; a run without one fails by name."""
+    assert coverage_problems({(f"{SEARCH_RULES}[t]", "torch/cpu/float64"): set()}) == [
+        f"{SEARCH_RULES}[t] on torch/cpu/float64 missed scripted case='flax late overtake'"]
+    assert coverage_problems({(f"{SEARCH_RULES}[t]", "torch/cpu/float64"):
+                              {("scripted case", "flax late overtake")}}) == []
+
+
+def test_the_scripted_property_records_the_late_overtake_of_its_explicit_script():
+    import conformance.suite.test_search_rules as rules
+
+    prop = rules.test_device_search_follows_the_reference_rules
+    narrow = settings(phases=[Phase.explicit], database=None)(
+        with_examples([rules.late_overtake_script()], "script")(given(script=rules.scripts())(prop.hypothesis.inner_test)))
+    with recording("test_device_search_follows_the_reference_rules") as seen:
+        narrow(target=Target("numpy", "cpu", "float64"))
+    assert coverage_problems(seen) == [], seen
+
+
+def test_the_realistic_property_must_meet_every_layer_norm_form_with_large_mean_rows():
+    """Under ci the realistic property's covering rows give rows of a large mean to every LayerNorm
+    form (issue 56): its explicit examples hold them, and a run that missed one fails by name."""
+    import conformance.suite.test_forward_realistic as realistic
+
+    seen = set().union(*(covering.seen_values(case) for case in explicit_cases(
+        realistic.test_every_tensor_matches_the_oracle_at_trained_scale)))
+    assert {("large-mean rows", form) for form in covering.LARGE_MEAN_FORMS} <= seen
+    everything = {(name, value) for name, values in covering.expected_values(REALISTIC.split("::")[-1]).items()
+                  for value in values} - {("large-mean rows", "std-eps")}
+    assert coverage_problems({(f"{REALISTIC}[t]", "torch/cpu/float32"): everything}) == [
+        f"{REALISTIC}[t] on torch/cpu/float32 missed large-mean rows='std-eps'"]
