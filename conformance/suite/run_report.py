@@ -20,7 +20,8 @@ class ExampleCounter:
 
     def __init__(self, test):
         self.handle = getattr(test, "hypothesis", None)
-        self.counts = {"run": 0, "rejected": 0}
+        # None for a test hypothesis does not drive (it has no examples to count).
+        self.counts = {"run": 0, "rejected": 0} if getattr(self.handle, "inner_test", None) is not None else None
 
     def __enter__(self):
         inner = getattr(self.handle, "inner_test", None)
@@ -53,20 +54,19 @@ class ExampleCounter:
         return False
 
 
-def examples_table(examples: dict[tuple[str, str], dict[str, int]]) -> list[str]:
-    """A row per property, a column per target: `ran/rejected` (blank where it did not run)."""
+def examples_table(examples: dict[tuple[str, str], dict[str, int]], per_table: int = 8) -> list[str]:
+    """A row per property, a column per target (numbered, the targets named above each table):
+    `ran / rejected`, blank where the property did not run on that target."""
     labels = sorted({label for _, label in examples})
     names = sorted({name for name, _ in examples})
-    width = max(len(label) for label in labels)
-    short = {name: name.removeprefix("test_")[:44] for name in names}
     lines = []
-    for start in range(0, len(labels), 4):  # four targets a table, so that a row fits a terminal
-        chunk = labels[start:start + 4]
-        lines.append(f"  {'property':<44} " + " ".join(f"{label:>{width}}" for label in chunk))
+    for start in range(0, len(labels), per_table):  # a few targets a table, so that a row fits a terminal
+        chunk = list(enumerate(labels[start:start + per_table], start=start + 1))
+        lines.append("  " + "  ".join(f"[{n}] {label}" for n, label in chunk))
+        lines.append(f"  {'property':<44}" + "".join(f"{f'[{n}]':>10}" for n, _ in chunk))
         for name in names:
-            cells = [examples.get((name, label)) for label in chunk]
-            if not any(cells):
-                continue
-            lines.append(f"  {short[name]:<44} " + " ".join(
-                f"{'' if c is None else str(c['run']) + ' / ' + str(c['rejected']):>{width}}" for c in cells))
+            cells = [examples.get((name, label)) for _, label in chunk]
+            if any(cells):
+                lines.append(f"  {name.removeprefix('test_')[:44]:<44}" + "".join(
+                    f"{'' if c is None else str(c['run']) + ' / ' + str(c['rejected']):>10}" for c in cells))
     return lines

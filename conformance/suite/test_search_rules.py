@@ -28,7 +28,7 @@ too: not run again.
 Shapes are fixed: a compiling backend (JAX) compiles each of the seven searches once per dtype
 (under `ci`, float64 only).
 
-One script in four is drawn as a late overtake (`strategies.scripted.late_overtakes`): the case
+One script in six is drawn as a late overtake (`strategies.scripted.late_overtakes`): the case
 where Flax's stopping bound decides, a beam that stays open and, divided by a longer length,
 beats every finished hypothesis after a bound read at its own length would have stopped. Every
 profile runs one first (`late_overtake_script`), and the run records, from the reference's trace,

@@ -158,9 +158,11 @@ def conformance(factory: str, tmp_path: Path, *pytest_args: str) -> subprocess.C
     return done
 
 
-@pytest.mark.parametrize("factory", ["known", "known_in_a_file"])
-def test_an_acknowledged_difference_is_reported_apart_with_its_shrunk_example(factory, tmp_path):
-    done = conformance(factory, tmp_path)
+@pytest.mark.parametrize("factory, xdist", [("known", ()), ("known_in_a_file", ("-n", "1"))])
+def test_an_acknowledged_difference_is_reported_apart_with_its_shrunk_example(factory, xdist, tmp_path):
+    """In the adapter and in a file; in one process and under pytest-xdist, whose worker sends what
+    it acknowledged and counted to the controller that prints the report."""
+    done = conformance(factory, tmp_path, *xdist)
     assert done.returncode == 0, done.stdout[-3000:]
     section = done.stdout.split("acknowledged differences (not failures)")[1]
     assert "first difference at logits, acknowledged: logits when final_logits_bias=True" in section

@@ -123,8 +123,9 @@ END_FROM_ANY = st.sampled_from([0, 1, 2, MAX_LEN - 2, MAX_LEN - 1, MAX_LEN])
 # Length penalties above 0: a longer hypothesis's sum is divided by more, so a long continuation
 # can overtake the finished ones late (`late_overtakes`).
 OVERTAKING_PENALTIES = (1.0, 2.0, 0.6)
-# One script in four is a late overtake, on purpose (issue 56).
-SCRIPT_KINDS = ("drawn", "drawn", "drawn", "late overtake")
+# One script in six is a late overtake, on purpose (issue 56): more would leave the drawn kinds too
+# few stops to reach (tests/test_device_search.py counts them in 25 draws).
+SCRIPT_KINDS = ("drawn",) * 5 + ("late overtake",)
 
 
 @st.composite
@@ -178,7 +179,7 @@ def late_overtake(trace: list[dict], ids: np.ndarray) -> bool:
 @st.composite
 def scripts(draw) -> Script:
     """A scripted decoder over `BATCH` source rows, `MAX_LEN` steps and `VOCAB` ids, and a length
-    penalty (`LENGTH_PENALTIES`); one in four a late overtake (`late_overtakes`)."""
+    penalty (`LENGTH_PENALTIES`); one in six a late overtake (`late_overtakes`)."""
     if draw(st.sampled_from(SCRIPT_KINDS)) == "late overtake":
         return draw(late_overtakes())
     table = np.empty((BATCH, MAX_LEN, VOCAB, VOCAB))
