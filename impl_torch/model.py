@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conformance.core.config import ModelConfig
+from conformance.core.config import ModelConfig, inert_switches
 from conformance.core.decoding import DecoderCache
 from conformance.core.inputs import (
     check_label_smoothing,
@@ -427,6 +427,9 @@ class MultiHeadAttention(nn.Module):
         self.fill = config.mask_fill
         self.masked = masking(config)
         self.empty_rows = 0.0 if config.empty_rows == "zeros" else None  # None: the softmax of the filled row
+        # The fused kernel replaces masked scores: added ones go to it only where they compute the
+        # same (a -inf fill, empty rows of zeros), not where an empty row's gradient reaches q and k.
+        self.fused = self.masked is replace_masked or "masked_scores" in inert_switches(config)
         self.temperature = config.attention_temp
         self.scaled = config.scale_scores
 
@@ -466,9 +469,8 @@ class MultiHeadAttention(nn.Module):
         else:
             k, v = cache.keys_values(self, memory)
         empty_rows = self.empty_rows if self.empty_rows is not None else empty_rows if math.isinf(self.fill) else None
-        # A score bias (T5) takes the explicit path, and so do added scores: the kernel replaces
-        # masked scores, and an empty row's gradient through the added ones would be lost.
-        if return_attention or bias is not None or self.masked is add_to_masked:
+        # A score bias (T5) takes the explicit path, and so do added scores where they act (`fused`).
+        if return_attention or bias is not None or not self.fused:
             heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias,
                                                           masked=self.masked, empty_rows=empty_rows)
             weights = weights if return_attention else None

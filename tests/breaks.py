@@ -232,7 +232,7 @@ PROPERTY_BREAKS = {
     # gradient into q and k. The forward is the same (the kernel's uniform row), so only the
     # gradients show it (loss_and_grads runs without attention weights, through the kernel).
     "added scores through the fused kernel": ("test_gradients", [("torch", [(
-        "if return_attention or bias is not None or self.masked is add_to_masked:",
+        "if return_attention or bias is not None or not self.fused:",
         "if return_attention or bias is not None:",
     )], {})]),
     # The attention temperature scales the queries: their gradient must be scaled back.
