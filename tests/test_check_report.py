@@ -57,6 +57,7 @@ FIRST_DIVERGENCE = {
     "relative-position bucket off by one": "encoder.0.self",
     "RMSNorm subtracts the mean": "encoder.0.self",  # pre-LN, as for the epsilon above
     "T5 scores scaled by 1/sqrt(K)": "encoder.0.self",
+    "empty rows give the softmax, not zeros": "decoder.0.self",  # the padded target queries: zeros became NaN
 }
 # Breaks that change no number on a CPU (TF32 acts on GPU matmuls only): the check refuses the run
 # of that target instead, naming the switch, on every device.
@@ -77,6 +78,7 @@ SWITCHED_ON = {
     "relative-position bucket off by one": dict(position="relative", relative_buckets=8, relative_max_distance=20),
     "RMSNorm subtracts the mean": dict(layer_norm_form="rms"),
     "T5 scores scaled by 1/sqrt(K)": dict(scale_scores=False),
+    "empty rows give the softmax, not zeros": dict(empty_rows="zeros"),
 }
 
 

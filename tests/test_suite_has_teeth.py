@@ -18,7 +18,7 @@ import inspect
 
 import pytest
 
-from breaks import BREAKS, FLOAT32_PROPERTY_BREAKS, PROPERTY_BREAKS, broken_copy, first_failure_only
+from breaks import BREAKS, FLOAT32_PROPERTY_BREAKS, PADDING_BREAKS, PROPERTY_BREAKS, broken_copy, first_failure_only
 from conformance.check import backends
 from conformance.check.backends import Target
 
@@ -33,9 +33,9 @@ PROPERTIES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(BREAKS))
+@pytest.mark.parametrize("name", sorted({**BREAKS, **PADDING_BREAKS}))
 def test_the_suite_catches(name):
-    backend, edits, patches = BREAKS[name]
+    backend, edits, patches = {**BREAKS, **PADDING_BREAKS}[name]
     registered = broken_copy(name, backend, edits, patches)
     # float64, so that a small break (an epsilon) is far above the tolerance.
     target = Target(registered, "cpu", "float64")

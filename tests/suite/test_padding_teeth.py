@@ -1,5 +1,5 @@
 """The suite's padding draws have teeth (issue 58): OpenNMT-py's encoder mask, planted in a copy of
-the NumPy backend (`breaks.BREAKS["mask as wide as the longest row (OpenNMT-py)"]`: read from the
+the NumPy backend (`breaks.PADDING_BREAKS["mask as wide as the longest row (OpenNMT-py)"]`: read from the
 row lengths, as wide as the longest row), agrees with the oracle on the only batches the suite
 drew before, trailing padding in a batch as wide as its longest row, and fails on each kind the
 strategies draw now: left and interior padding, a batch wider than its longest row. The
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from breaks import BREAKS, broken_copy
+from breaks import PADDING_BREAKS, broken_copy
 from conformance.check import backends
 from conformance.check.backends import Target
 from conformance.core.presets import preset
@@ -36,7 +36,7 @@ BATCHES = {  # source batches (2, 5), pad id 0
 
 @pytest.fixture(scope="module")
 def planted():
-    backend, edits, patches = BREAKS[OPENNMT]
+    backend, edits, patches = PADDING_BREAKS[OPENNMT]
     name = broken_copy(OPENNMT, backend, edits, patches)
     yield Target(name, "cpu", "float64")
     backends.unregister_backend(name)
