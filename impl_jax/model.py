@@ -396,8 +396,25 @@ def softmax(scores: jax.Array) -> jax.Array:
     return jnp.where(empty, jnp.nan, e / e.sum(axis=-1, keepdims=True))
 
 
+def replace_masked(scores: jax.Array, mask, fill: float) -> jax.Array:
+    """s' = fill where masked, else s: a masked score becomes a constant (`masked_fill`, Flax)."""
+    return jnp.where(mask, scores, fill)
+
+
+def add_to_masked(scores: jax.Array, mask, fill: float) -> jax.Array:
+    """s' = s + fill where masked, else s: transformers' eager attention adds a mask of
+    finfo(dtype).min. The fill swamps the score (config.ADDED_FILL_LIMIT), so the value is the
+    fill's, but the score is still an input of the sum: the backward pass reaches it."""
+    return scores + jnp.where(mask, 0.0, fill).astype(scores.dtype)
+
+
+def masking(config: ModelConfig):
+    """How masked scores meet the fill: `replace_masked` or `add_to_masked` (config.masked_scores)."""
+    return add_to_masked if config.masked_scores == "added" else replace_masked
+
+
 def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = True, bias=None, real_keys=None,
-                                 empty_rows=None):
+                                 masked=replace_masked, empty_rows=None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(K) + bias) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
@@ -413,10 +430,14 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = T
     (a -inf score, even in a fully masked row, whose uniform average stays over the real keys),
     and their values are zeroed so that a NaN there cannot leak into real rows as 0 * NaN.
 
-    `empty_rows` (keyword-only; the loss passes 0.0, docs/training.md) gives a query with no
-    key to attend to weights `empty_rows` instead of the -inf fill's NaN, so that a NaN activation
-    cannot reach a weight gradient as 0 * NaN. (`softmax` already keeps exp away from that row,
-    and the gradient of a `where` selects, so no NaN enters the backward pass.)
+    `masked` (keyword-only): how a masked score meets the fill, `replace_masked` (the default) or
+    `add_to_masked` (config.masked_scores).
+
+    `empty_rows` (keyword-only; 0.0 for empty_rows "zeros", and in the loss for a -inf fill,
+    docs/training.md) gives a query with no key to attend to weights `empty_rows` instead of the
+    softmax of its filled row, so that a NaN activation cannot reach a weight gradient as
+    0 * NaN. (`softmax` already keeps exp away from a -inf row, and the gradient of a `where`
+    selects, so no NaN enters the backward pass.)
     """
     dtype = reduction_dtype(q.dtype)
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision=matmul_precision(),
@@ -426,13 +447,14 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = T
     if bias is not None:
         scores = scores + bias
     if mask is not None:
-        scores = jnp.where(mask, scores, fill)
+        scores = masked(scores, mask, fill)
     if real_keys is not None:
         scores = jnp.where(real_keys, scores, -jnp.inf)
         v = jnp.where(real_keys[:, None], v, 0)
     weights = softmax(scores).astype(q.dtype)  # (B, H, Tq, Tk)
-    if empty_rows is not None:
-        empty = scores.max(axis=-1, keepdims=True) == -jnp.inf  # (B, H, Tq, 1): queries without a key
+    if empty_rows is not None and mask is not None:
+        allowed = jnp.broadcast_to(mask, scores.shape) if real_keys is None else mask & real_keys  # (B, H, Tq, Tk)
+        empty = ~allowed.any(axis=-1, keepdims=True)  # (B, H, Tq, 1): queries without a key
         weights = jnp.where(empty, jnp.asarray(empty_rows, weights.dtype), weights)
     return jnp.einsum("bhqk,bhkd->bhqd", weights, v, precision=matmul_precision()), weights  # (B, H, Tq, K)
 
@@ -460,6 +482,8 @@ class MultiHeadAttention(nnx.Module):
         self.n_heads = config.n_heads
         self.head_dim = config.head_dim
         self.fill = config.mask_fill
+        self.masked = masking(config)
+        self.empty_rows = 0.0 if config.empty_rows == "zeros" else None  # None: the softmax of the filled row
         self.temperature = config.attention_temp
         self.scaled = config.scale_scores
         # `own_bias` (UMT5's self-attention): a relative position table of its own, read at the
@@ -484,15 +508,18 @@ class MultiHeadAttention(nnx.Module):
 
         `bias` (keyword-only): added to the scores, (1, H, Tq, Tk) (T5's relative position bias).
         `cache` (keyword-only; a cached decoding step, impl_jax/decode.py): where the keys and
-        values come from instead, `cache.keys_values(self, memory)`."""
+        values come from instead, `cache.keys_values(self, memory)`. `empty_rows`: the loss's rule
+        for a query with no key (0.0), which reaches the NaN rows of a -inf fill only (a finite
+        fill's are uniform); the config's own rule (empty_rows "zeros") comes first."""
         q = self.queries(x)  # (B, H, Tq, K)
         if cache is None:
             k, v = self.keys_values(memory)  # (B, H, Tk, K) each
         else:
             k, v = cache.keys_values(self, memory)
         bias = self.layer_bias(self, bias, reduction_dtype(q.dtype))  # (1, H, Tq, Tk), or None
+        empty_rows = self.empty_rows if self.empty_rows is not None else empty_rows if math.isinf(self.fill) else None
         heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias,
-                                                      real_keys=real_keys, empty_rows=empty_rows)
+                                                      real_keys=real_keys, masked=self.masked, empty_rows=empty_rows)
         batch, _, length, _ = heads.shape
         concat = heads.transpose(0, 2, 1, 3).reshape(batch, length, -1)  # (B, Tq, H K)
         return self.o_proj(concat), weights

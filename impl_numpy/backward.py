@@ -57,8 +57,29 @@ def alive(x: np.ndarray) -> np.ndarray:
 
 # -- Masks -------------------------------------------------------------------------------------
 # Masks are constants of the ids: nothing to differentiate. Where a mask replaces a score with the
-# fill value, the score has no influence on the output, so its gradient is dropped (`np.where` in
-# `scaled_dot_product_attention_backward`).
+# fill value, the score has no influence on the output, so its gradient is dropped
+# (`replace_masked_backward`); where the fill is added to it, the score is still an input of the
+# sum, and its gradient passes (`add_to_masked_backward`).
+
+
+def replace_masked_backward(d_scores: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """s' = fill where masked, else s  ->  ds = ds' where not masked, 0 where masked."""
+    # A masked score was replaced by the constant fill: it does not reach the output, so no
+    # gradient reaches it. (A row with every key masked and a finite fill is a uniform
+    # average: its softmax gradient is not 0 there, and must still be dropped.)
+    d_scores = np.where(mask, d_scores, 0)
+    return d_scores
+
+
+def add_to_masked_backward(d_scores: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """s' = s + fill where masked, else s  ->  ds = ds' everywhere. A masked score of a row with
+    an unmasked key has weight 0 (exp(fill - max) underflows), so its softmax gradient is 0; in a
+    row with every key masked the weights are uniform and the gradient is the softmax's."""
+    return d_scores
+
+
+# The backward of each way masked scores meet the fill (model.masking), by the forward's name.
+MASKED_BACKWARD = {"replace_masked": replace_masked_backward, "add_to_masked": add_to_masked_backward}
 
 
 # -- Positions ---------------------------------------------------------------------------------
@@ -181,7 +202,8 @@ def softmax_backward(weights: np.ndarray, d_weights: np.ndarray) -> np.ndarray:
     return weights * (d_weights - (weights * d_weights).sum(axis=-1, keepdims=True))
 
 
-def scaled_dot_product_attention_backward(q, k, v, weights, mask, d_out, *, scaled: bool = True):
+def scaled_dot_product_attention_backward(q, k, v, weights, mask, d_out, *, scaled: bool = True,
+                                           masked=replace_masked_backward):
     """out = a V, a = softmax(fill where masked, else s), s = Q K^T / sqrt(K) + bias  (section 3.2.1)  ->
 
         da = d_out V^T,  dV = a^T d_out,  ds = softmax'(da), 0 where masked,  dbias = ds,
@@ -189,15 +211,14 @@ def scaled_dot_product_attention_backward(q, k, v, weights, mask, d_out, *, scal
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); weights: (B, H, Tq, Tk); d_out: (B, H, Tq, K).
     Returns dq, dk, dv and ds (B, H, Tq, Tk), the gradient of a bias added to the scores.
+    `masked` (keyword-only): the backward of how masked scores met the fill (`MASKED_BACKWARD`).
+    A query with no key under empty_rows "zeros" has weights 0: nothing reaches q, k or v from it.
     """
     d_weights = d_out @ v.swapaxes(-1, -2)  # (B, H, Tq, Tk)
     d_v = weights.swapaxes(-1, -2) @ d_out  # (B, H, Tk, K)
     d_scores = softmax_backward(weights, d_weights)  # (B, H, Tq, Tk)
     if mask is not None:
-        # A masked score was replaced by the constant fill: it does not reach the output, so no
-        # gradient reaches it. (A row with every key masked and a finite fill is a uniform
-        # average: its softmax gradient is not 0 there, and must still be dropped.)
-        d_scores = np.where(mask, d_scores, 0)
+        d_scores = masked(d_scores, mask)
     d_bias = d_scores
     if scaled:
         d_scores = d_scores / math.sqrt(q.shape[-1])
@@ -221,7 +242,8 @@ def multi_head_attention_backward(tape: Tape, attn, prefix: str, d_out: np.ndarr
     # concat = heads transposed and reshaped, so its gradient splits back the same way.
     d_heads = attn.split_heads(d_concat)  # (B, H, Tq, K)
     d_q, d_k, d_v, d_scores = scaled_dot_product_attention_backward(
-        alive(q), alive(k), alive(v), alive(weights), mask, d_heads, scaled=attn.scaled)
+        alive(q), alive(k), alive(v), alive(weights), mask, d_heads, scaled=attn.scaled,
+        masked=MASKED_BACKWARD[attn.masked.__name__])
     if biased:
         d_bias.append(d_scores.sum(axis=0))  # (H, Tq, Tk)
     if attn.temperature != 1.0:

@@ -323,7 +323,25 @@ def softmax(scores: np.ndarray) -> np.ndarray:
         return e / e.sum(axis=-1, keepdims=True)
 
 
-def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = True, bias=None):
+def replace_masked(scores: np.ndarray, mask: np.ndarray, fill: float) -> np.ndarray:
+    """s' = fill where masked, else s: a masked score becomes a constant (`masked_fill`, Flax)."""
+    return np.where(mask, scores, fill)
+
+
+def add_to_masked(scores: np.ndarray, mask: np.ndarray, fill: float) -> np.ndarray:
+    """s' = s + fill where masked, else s: transformers' eager attention adds a mask of
+    finfo(dtype).min. The fill swamps the score (config.ADDED_FILL_LIMIT), so the value is the
+    fill's, but the score is still an input of the sum: the backward pass reaches it."""
+    return scores + np.where(mask, 0, fill).astype(scores.dtype)
+
+
+def masking(config: ModelConfig):
+    """How masked scores meet the fill: `replace_masked` or `add_to_masked` (config.masked_scores)."""
+    return add_to_masked if config.masked_scores == "added" else replace_masked
+
+
+def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = True, bias=None,
+                                 masked=replace_masked, empty_rows: float | None = None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(K) + bias) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
@@ -333,6 +351,10 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = T
     `scaled=False` (keyword-only) drops the 1 / sqrt(K) (T5: scores = Q K^T); `bias` (keyword-only),
     broadcastable to (B, H, Tq, Tk), is added to the scores before the mask (T5's relative
     position bias, `score_bias`).
+
+    `masked` (keyword-only): how a masked score meets the fill, `replace_masked` (the default) or
+    `add_to_masked` (config.masked_scores). `empty_rows` (keyword-only; 0.0 for empty_rows "zeros"):
+    the weights of a query with no key to attend to, instead of the softmax of its filled row.
     """
     scores = q @ k.swapaxes(-1, -2)  # (B, H, Tq, Tk)
     if scaled:
@@ -340,8 +362,11 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = T
     if bias is not None:
         scores = scores + bias
     if mask is not None:
-        scores = np.where(mask, scores, fill)
+        scores = masked(scores, mask, fill)
     weights = softmax(scores)  # (B, H, Tq, Tk)
+    if empty_rows is not None and mask is not None:
+        empty = ~np.broadcast_to(mask, scores.shape).any(axis=-1, keepdims=True)  # (B, H, Tq, 1): no key
+        weights = np.where(empty, empty_rows, weights).astype(weights.dtype)
     return weights @ v, weights  # (B, H, Tq, K)
 
 
@@ -368,6 +393,8 @@ class MultiHeadAttention:
         self.n_heads = config.n_heads
         self.head_dim = config.head_dim
         self.fill = config.mask_fill
+        self.masked = masking(config)
+        self.empty_rows = 0.0 if config.empty_rows == "zeros" else None  # None: the softmax of the filled row
         self.temperature = config.attention_temp
         self.scaled = config.scale_scores
         # `own_bias` (UMT5's self-attention): a relative position table of its own, read at the
@@ -398,7 +425,8 @@ class MultiHeadAttention:
         else:
             k, v = cache.keys_values(self, memory)
         bias = self.layer_bias(self, bias, q.dtype)  # (1, H, Tq, Tk), or None
-        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias,
+                                                      masked=self.masked, empty_rows=self.empty_rows)
         if tape is not None:
             tape[self] = (q, k, v, weights, mask, bias is not None)
         batch, _, length, _ = heads.shape

@@ -112,7 +112,8 @@ def cross_fix_ups(model, cache: DecoderCache) -> list[tuple]:
     rows: 7 ops per layer and step). Where nothing is to be replaced (no NaN value, no source row
     without keys: every source `generate` accepts), the replacement is dropped, after one host
     read for all layers, and a step's cross-attention is the kernel alone."""
-    fix_ups = [kernel_fix_ups(v, cache.cross_mask, model.config.mask_fill) for v in cache.cross_values]
+    fix_ups = [kernel_fix_ups(v, cache.cross_mask, model.config.mask_fill, layer.cross_attn.empty_rows)
+               for layer, v in zip(model.decoder.layers, cache.cross_values)]
     fixes = [fix.any() for _, fix, _ in fix_ups if fix is not None]  # none without a mask
     if not fixes or not torch.stack(fixes).any().item():
         fix_ups = [(mask, None, None) for mask, _, _ in fix_ups]

@@ -28,10 +28,10 @@ def kernel_fix_ups(v, mask, fill: float, empty_rows: float | None = None):
     empty = ~mask.any(dim=-1, keepdim=True)  # (B, H|1, Tq, 1): the queries without keys
     mask = mask | empty  # each such query attends everywhere in the kernel; replaced below
     fix = fix | empty  # (B, H, Tq, K)
-    if not math.isinf(fill):
-        fixed = mean  # a NaN column of v is NaN in `mean` too, so the mean serves both cases
-    elif empty_rows is None:
-        fixed = math.nan
-    else:  # weights `empty_rows` on every key: NaN in a NaN column of v, as `weights @ v` gives
+    if empty_rows is not None:  # weights `empty_rows` on every key: NaN in a NaN column of v, as `weights @ v` gives
         fixed = empty_rows * v.sum(dim=-2, keepdim=True)
+    elif not math.isinf(fill):
+        fixed = mean  # a NaN column of v is NaN in `mean` too, so the mean serves both cases
+    else:
+        fixed = math.nan
     return mask, fix, fixed

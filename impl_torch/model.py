@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conformance.core.config import ModelConfig
+from conformance.core.config import ModelConfig, inert_switches
 from conformance.core.generation.search import DecoderCache
 from conformance.core.inputs import (
     check_features,
@@ -378,8 +378,25 @@ def softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1)
 
 
+def replace_masked(scores: torch.Tensor, mask: torch.Tensor, fill: float) -> torch.Tensor:
+    """s' = fill where masked, else s: a masked score becomes a constant (`masked_fill`, Flax)."""
+    return torch.where(mask, scores, fill)
+
+
+def add_to_masked(scores: torch.Tensor, mask: torch.Tensor, fill: float) -> torch.Tensor:
+    """s' = s + fill where masked, else s: transformers' eager attention adds a mask of
+    finfo(dtype).min. The fill swamps the score (config.ADDED_FILL_LIMIT), so the value is the
+    fill's, but the score is still an input of the sum: the backward pass reaches it."""
+    return scores + torch.where(mask, 0.0, fill).to(scores.dtype)
+
+
+def masking(config: ModelConfig):
+    """How masked scores meet the fill: `replace_masked` or `add_to_masked` (config.masked_scores)."""
+    return add_to_masked if config.masked_scores == "added" else replace_masked
+
+
 def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = True, bias=None,
-                                 empty_rows: float | None = None):
+                                 masked=replace_masked, empty_rows: float | None = None):
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(K) + bias) V  (section 3.2.1).
 
     q: (B, H, Tq, K); k, v: (B, H, Tk, K); mask: boolean, broadcastable to (B, H, Tq, Tk), or
@@ -390,10 +407,14 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = T
     broadcastable to (B, H, Tq, Tk), is added to the scores before the mask (T5's relative
     position bias, `score_bias`).
 
-    `empty_rows` (keyword-only; the loss passes 0.0, docs/training.md) gives a query with no
-    key to attend to weights `empty_rows` instead of the -inf fill's NaN: the row is selected out
-    of the softmax (a double where, so that neither its value nor its gradient sees 0 / 0), and
-    a NaN there cannot reach a weight gradient as 0 * NaN. A finite fill is left as it is.
+    `masked` (keyword-only): how a masked score meets the fill, `replace_masked` (the default) or
+    `add_to_masked` (config.masked_scores).
+
+    `empty_rows` (keyword-only; 0.0 for empty_rows "zeros", and in the loss for a -inf fill,
+    docs/training.md) gives a query with no key to attend to weights `empty_rows` instead of the
+    softmax of its filled row: the row is selected out of the softmax (a double where, so that
+    neither its value nor its gradient sees 0 / 0), and a NaN there cannot reach a weight
+    gradient as 0 * NaN.
 
     The scores are formed, filled and normalised in at least float32, as fused kernels do:
     float16 cannot even hold a fill of -1e9 (its largest magnitude is 65504), and a bfloat16
@@ -407,8 +428,8 @@ def scaled_dot_product_attention(q, k, v, mask, fill: float, *, scaled: bool = T
     if bias is not None:
         scores = scores + bias
     if mask is not None:
-        scores = torch.where(mask, scores, fill)
-    if empty_rows is not None and mask is not None and math.isinf(fill):
+        scores = masked(scores, mask, fill)
+    if empty_rows is not None and mask is not None:
         empty = ~mask.any(dim=-1, keepdim=True)  # (B, H, Tq, 1): queries without a key
         weights = torch.where(empty, empty_rows, softmax(torch.where(empty, 0.0, scores))).to(v.dtype)
         return weights @ v, weights  # (B, H, Tq, K)
@@ -425,9 +446,10 @@ def fast_attention(q, k, v, mask, fill: float, *, scaled: bool = True, empty_row
     path (a finite fill's exp(fill - max) underflows to 0 there as well). Where the kernel and
     the config part ways, the config wins:
 
-    - a query with no key to attend to: the config says NaN (0 / 0) for a -inf fill (or, with
-      `empty_rows`, the loss's rule: weights `empty_rows` on every key) and, for a finite fill,
-      equal scores everywhere, i.e. the plain mean of v. The kernel never sees such a row: it is
+    - a query with no key to attend to: the config says NaN (0 / 0) for a -inf fill and, for a
+      finite fill, equal scores everywhere, i.e. the plain mean of v (or, with `empty_rows`,
+      weights `empty_rows` on every key: empty_rows "zeros", the loss's rule for a -inf fill).
+      The kernel never sees such a row: it is
       unmasked for the kernel (`mask | empty`), so no kernel's convention for it (0, NaN) and no
       0 / 0 in its backward pass can leak, and its result there is replaced;
     - a NaN value: `weights @ v` multiplies it by a masked key's weight 0 and gets NaN (IEEE),
@@ -469,6 +491,11 @@ class MultiHeadAttention(nn.Module):
         self.n_heads = config.n_heads
         self.head_dim = config.head_dim
         self.fill = config.mask_fill
+        self.masked = masking(config)
+        self.empty_rows = 0.0 if config.empty_rows == "zeros" else None  # None: the softmax of the filled row
+        # The fused kernel replaces masked scores: added ones go to it only where they compute the
+        # same (a -inf fill, empty rows of zeros), not where an empty row's gradient reaches q and k.
+        self.fused = self.masked is replace_masked or "masked_scores" in inert_switches(config)
         self.temperature = config.attention_temp
         self.scaled = config.scale_scores
         # `own_bias` (UMT5's self-attention): a relative position table of its own, read at the
@@ -502,8 +529,9 @@ class MultiHeadAttention(nn.Module):
         values come from instead, `cache.keys_values(self, memory)`.
 
         Returns the output (B, Tq, D) and the weights (B, H, Tq, Tk), or None for the weights
-        when they are not wanted (the fused kernel never forms them). `empty_rows`: as in
-        `scaled_dot_product_attention` (the loss passes 0.0).
+        when they are not wanted (the fused kernel never forms them). `empty_rows`: the loss's
+        rule for a query with no key (0.0), which reaches the NaN rows of a -inf fill only (a
+        finite fill's are uniform); the config's own rule (empty_rows "zeros") comes first.
         """
         q = self.queries(x)  # (B, H, Tq, K)
         if cache is None:
@@ -511,9 +539,11 @@ class MultiHeadAttention(nn.Module):
         else:
             k, v = cache.keys_values(self, memory)
         bias = self.layer_bias(self, bias, torch.promote_types(q.dtype, torch.float32))  # (1, H, Tq, Tk), or None
-        if return_attention or bias is not None:  # a score bias (T5) takes the explicit path
+        empty_rows = self.empty_rows if self.empty_rows is not None else empty_rows if math.isinf(self.fill) else None
+        # A score bias (T5) takes the explicit path, and so do added scores where they act (`fused`).
+        if return_attention or bias is not None or not self.fused:
             heads, weights = scaled_dot_product_attention(q, k, v, mask, self.fill, scaled=self.scaled, bias=bias,
-                                                          empty_rows=empty_rows)
+                                                          masked=self.masked, empty_rows=empty_rows)
             weights = weights if return_attention else None
         else:
             fix_ups = None if cache is None else cache.fix_ups  # known once per search: the cross-attention's

@@ -97,6 +97,10 @@ BREAKS = {
         "x = x.reshape(batch, length, self.head_dim, self.n_heads).swapaxes(2, 3)",
     )], {}),
     "mask fill changed": ("numpy", [("self.fill = config.mask_fill", "self.fill = -1e9")], {}),
+    # transformers' SDPA attention (empty_rows "zeros") ported as the eager one: a query with no
+    # key gets the softmax of its filled row (a uniform average, or NaN) instead of zeros.
+    "empty rows give the softmax, not zeros": ("numpy", [(
+        'self.empty_rows = 0.0 if config.empty_rows == "zeros" else None', "self.empty_rows = None")], {}),
     "t2t sinusoid with the paper's timescales": ("numpy", [], {"position_table": paper_timescales_for_t2t}),
     "source padding masked on the keys only": ("numpy", [('if config.src_pad_mask == "both" and src_mask is not None:',
                                                           "if False:")], {}),
@@ -154,6 +158,22 @@ BREAKS = {
         "        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink,\n",
         "        torch.backends.cuda.matmul.allow_tf32 = True\n"
         "        encoded = self.encode(src_ids, src_mask, return_attention=return_attention, dropout=dropout, sink=sink,\n",
+    )], {}),
+}
+
+
+# Classic breaks that only padding other than trailing shows: `rosetta check`'s fixed batch pads its
+# rows at the end, one row as wide as the batch, where they compute the right numbers; the suite
+# draws left, interior and wider-than-needed padding (issue 58). Same form as `BREAKS`.
+PADDING_BREAKS = {
+    # OpenNMT-py's encoder mask (`sequence_mask(lengths)`): read from the row lengths, as wide as the
+    # longest row. Left or interior padding is attended as if it were the row's end, and a batch
+    # padded wider than its longest row gets a mask narrower than its scores (a broadcasting error,
+    # or, when the longest row is one token, a silent broadcast over every key).
+    "mask as wide as the longest row (OpenNMT-py)": ("numpy", [(
+        "    return (ids != pad_id)[:, None, None, :]",
+        "    lengths = (ids != pad_id).sum(axis=1)  # (B,)\n"
+        "    return (np.arange(lengths.max())[None, :] < lengths[:, None])[:, None, None, :]",
     )], {}),
 }
 
@@ -237,6 +257,20 @@ PROPERTY_BREAKS = {
         "backward.py",
         "d_scores = np.where(mask, d_scores, 0)",
         "d_scores = d_scores",
+    )], {})]),
+    # transformers' eager attention adds its mask, and an empty row's gradient passes through the
+    # added scores into q and k: a port that drops it there as for a replaced score (`np.where`).
+    "added scores' gradient dropped as if replaced": ("test_gradients", [("numpy", [(
+        "backward.py",
+        '"add_to_masked": add_to_masked_backward}',
+        '"add_to_masked": replace_masked_backward}',
+    )], {})]),
+    # torch's fused kernel replaces masked scores: added ones sent through it lose an empty row's
+    # gradient into q and k. The forward is the same (the kernel's uniform row), so only the
+    # gradients show it (loss_and_grads runs without attention weights, through the kernel).
+    "added scores through the fused kernel": ("test_gradients", [("torch", [(
+        "if return_attention or bias is not None or not self.fused:",
+        "if return_attention or bias is not None:",
     )], {})]),
     # The attention temperature scales the queries: their gradient must be scaled back.
     "query gradient misses the attention temperature": ("test_gradients", [("numpy", [(
@@ -346,6 +380,15 @@ PROPERTY_BREAKS = {
     "endings below the best beams join Hugging Face's finished list": ("test_search_rules", [("numpy", [(
         "device.py", "just_ended = ends & (ops.arange(keep) < beams)", "just_ended = ends",
     )], {})]),
+    # Flax's stopping bound scores the best open beam at max_decode_len; a port that scores it at
+    # the length of the decoder's input so far (start token included) stops too soon where a
+    # length penalty above 0 lets a long continuation overtake the finished ones late (issue 56).
+    # Planted in torch's and JAX's device search, which the ci profile passed before it drew that case.
+    **{f"Flax's stopping bound at the decoder input's length ({backend})": ("test_search_rules", [(backend, [(
+        "device.py",
+        "best_open = penalized(ops, running_scores[:, :1], width, length_penalty, rules.form, dtype)  # (B, 1)",
+        "best_open = penalized(ops, running_scores[:, :1], length, length_penalty, rules.form, dtype)  # (B, 1)",
+    )], {})]) for backend in ("torch", "jax")},
     "Flax's rule ends a hypothesis at max_len, as Hugging Face's does": ("test_search_rules", [("numpy", [(
         "device.py",
         "ends = token == eos_id  # only the end token ends a hypothesis",
@@ -548,6 +591,13 @@ REALISTIC_BREAKS = {
     "LayerNorm variance as E[x^2] - E[x]^2": ("numpy", "float32", [(
         "var = (centered * centered).mean(axis=-1, keepdims=True)",
         "var = (x * x).mean(axis=-1, keepdims=True) - mean * mean",
+    )], {}, True),
+    # The Annotated Transformer's std + eps form, its unbiased variance by the expanded formula
+    # (sum x^2 - D mean^2) / (D - 1): the same cancellation, in torch's float32 statistics. The
+    # realistic property meets it on every form's covering row with large-mean rows (issue 56).
+    "std-eps LayerNorm statistics by the expanded formula (torch)": ("torch", "float32", [(
+        "std = torch.sqrt((centered * centered).sum(dim=-1, keepdim=True) / (x.shape[-1] - 1))",
+        "std = torch.sqrt(((x32 * x32).sum(dim=-1, keepdim=True) - x.shape[-1] * mean * mean) / (x.shape[-1] - 1))",
     )], {}, True),
     # exp(score) overflows float32 above 88.7.
     "softmax without the max shift": ("numpy", "float32", [(

@@ -23,7 +23,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from conformance.convert.layout import Layout, builtin_layouts, load_layout
-from conformance.convert.readers import as_arrays
 from conformance.core.config import ModelConfig
 from conformance.core.errors import CheckpointError, ConfigError
 
@@ -37,13 +36,9 @@ def bundle_layouts() -> list[Layout]:
 
 def recognise(obj: Any) -> Layout | None:
     """The layout whose `[bundle]` entries are `obj`'s (a loaded file's top level), or None."""
-    if not isinstance(obj, Mapping):
-        return None
-    for layout in bundle_layouts():
-        table = layout.bundle
-        if table.config in obj and table.weights in obj:
-            return layout
-    return None
+    from conformance.convert.system_files import bundle_layout
+
+    return bundle_layout(obj)
 
 
 def read_bundle(path: str | Path) -> tuple[Layout, Mapping[str, Any], str] | None:

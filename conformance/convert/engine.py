@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from conformance.core.config import ModelConfig
+from conformance.core.config import ModelConfig, computes_alike
 from conformance.core.params import nest_dotted
 from conformance.convert.errors import LayoutError, TensorError, listing, setting
 from conformance.convert.planner import Plan, alias_keys, build_config, defaulted_switches, plan_import, plan_keys
@@ -271,9 +271,18 @@ def check_exportable(config: ModelConfig, layout: Layout, target: Mapping[str, A
                               f"(with {key}) or {', '.join(f'{k}={v!r}' for k, v in absent.items())} (without it); this "
                               f"config's {', '.join(f'{k}={getattr(config, k)!r}' for k in present)} is neither")
     expected = system_switches(layout, target)
+    # The system's own config, where it is one: a switch that acts in neither (T5's relative
+    # buckets under a sinusoid) cannot make the logits differ, and is never named.
+    try:
+        system = config.replace(**{k: v for k, v in expected.items() if k != "position"})
+    except ConfigError:
+        system = None
     wrong = []
     for name in sorted(SWITCH_FIELDS):
         if name in layout.free or name in layout.inferred_names() or name in carried or name in TRAINING_ONLY:
+            continue
+        if computes_alike(config, name, expected[name]) and (
+                system is None or computes_alike(system, name, getattr(config, name))):
             continue
         if name == "position" and layout.computes_with_stored_positions():
             continue

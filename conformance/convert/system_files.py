@@ -116,13 +116,20 @@ def system_file(obj: Any, file: Path) -> SystemFile | None:
     return bundle_file(obj, file)
 
 
+def bundle_layout(obj: Any):
+    """The built-in layout whose `[bundle]` entries are `obj`'s top level (a loaded file), or None."""
+    from conformance.convert.layout import builtin_layouts
+
+    if not isinstance(obj, Mapping):
+        return None
+    return next((layout for layout in builtin_layouts() if layout.bundle is not None
+                 and layout.bundle.config in obj and layout.bundle.weights in obj), None)
+
+
 def bundle_file(obj: Any, file: Path) -> SystemFile | None:
     """`obj` as a checkpoint that bundles its config with its weights (a layout's `[bundle]`:
     openai-whisper's {"dims", "model_state_dict"}; `conformance.convert.bundles`), or None."""
-    from conformance.convert.bundles import recognise
-    from conformance.convert.readers import as_arrays
-
-    layout = recognise(obj)
+    layout = bundle_layout(obj)
     if layout is None:
         return None
     table = layout.bundle
@@ -130,7 +137,11 @@ def bundle_file(obj: Any, file: Path) -> SystemFile | None:
     weights = obj[table.weights]
     if not isinstance(weights, Mapping):
         raise CheckpointError(file, f"its {table.weights!r} entry must be a state dict, got {type(weights).__name__}")
-    return SystemFile(layout, as_arrays(weights), table.read(obj[table.config], where), {}, where)
+    try:
+        arrays = {str(key): as_numpy(value, str(key)) for key, value in weights.items()}
+    except TensorError as exc:
+        raise CheckpointError(file, f"entry {table.weights!r}: {exc}") from None
+    return SystemFile(layout, arrays, table.read(obj[table.config], where), {}, where)
 
 
 def convert_system_file(system: SystemFile, *, layout=None, dtype: str | None = None,

@@ -283,8 +283,9 @@ def host_labels(config: ModelConfig, labels: Any, tgt_shape: Sequence[int]) -> n
 def nan_positions(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray) -> np.ndarray:
     """Which logits (B, T) the forward pass gives as NaN, read from the ids alone (host arrays).
 
-    Only a `-inf` mask fill makes NaN (finite weights, no overflow): a query whose every key is
-    masked gets softmax(-inf, ..., -inf) = 0 / 0. From there NaN spreads by two rules. A residual,
+    Only a `-inf` mask fill makes NaN (finite weights, no overflow), and only with empty_rows
+    "softmax": a query whose every key is masked gets softmax(-inf, ..., -inf) = 0 / 0 (with
+    "zeros" it gets weights 0). From there NaN spreads by two rules. A residual,
     LayerNorm and the feed-forward keep a position's NaN at that position. And attention computes
     `weights @ V` over every key, masked ones included with weight 0, and 0 * NaN is NaN: one NaN
     key or value makes every query of that attention NaN. So, per batch element: after an encoder
@@ -293,7 +294,7 @@ def nan_positions(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.ndarray)
     memory position (or a query with no source key). Equal to `np.isnan(logits).any(-1)` of the
     NumPy oracle (tests/training/test_nan_positions.py)."""
     batch, tgt_len = tgt_ids.shape
-    if not np.isinf(config.mask_fill):
+    if not np.isinf(config.mask_fill) or config.empty_rows == "zeros":
         return np.zeros((batch, tgt_len), dtype=bool)
     src_real = source_real(config, src_ids)  # (B, S)
     tgt_real = tgt_ids != config.pad_id  # (B, T)
@@ -328,4 +329,5 @@ def check_labels_finite(config: ModelConfig, src_ids: np.ndarray, tgt_ids: np.nd
         b, t = (int(i) for i in bad[0])
         raise InputError("labels", f"{len(bad)} label(s) count where the logits are NaN, first at (row {b}, "
                                    f"position {t}): with mask_fill=-inf a query with no key to attend to is NaN, "
-                                   "and attention spreads it; give those labels pad_id, or use a finite mask_fill")
+                                   "and attention spreads it; give those labels pad_id, or use a finite mask_fill "
+                                   "(or empty_rows 'zeros')")

@@ -72,7 +72,7 @@ class StateDict(Format):
 
     def verify_source(self, src: Path, read: Read, options: Options, progress) -> list:
         if read.layout is not None and read.layout.bundle is not None:  # it names its system: openai-whisper's
-            from conformance.formats.bundle import run_own_loader
+            from conformance.formats.own_loader import run_own_loader
 
             return [run_own_loader(src, read.layout.name, read, "the source file", progress)]
         return [verify.not_run(f"the system that saved {src.name} was not run: a state dict names no system to load "

@@ -58,8 +58,12 @@ def assert_tensors_close(
     if missing:
         raise AssertionError(f"{target.label}{what} did not return {missing[:5]}")
     for name in order:
-        assert_close(got[name], expected[name], tol, tensor=name, backend=target.backend + qualifier,
-                     device=target.device, dtype=target.dtype, config=config, against=against)
+        try:
+            assert_close(got[name], expected[name], tol, tensor=name, backend=target.backend + qualifier,
+                         device=target.device, dtype=target.dtype, config=config, against=against)
+        except AssertionError as error:
+            error.tensor = name  # the first tensor that differs (conformance.suite.differences)
+            raise
 
 
 def assert_bitwise_equal(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], target: Target, what: str) -> None:
@@ -85,6 +89,10 @@ def processor_stretch(options: dict, max_len: int) -> float:
         start, factor = options["exponential_decay_length_penalty"]
         stretch *= max(1.0, factor ** max(max_len - 1 - start, 0))
     return stretch * (2.0 if options.get("renormalize_logits") else 1.0)
+class IdsDiffer(AssertionError):
+    """Generated ids that part from the oracle's beyond the allowance: the difference is at `ids`."""
+
+    tensor = "ids"
 
 
 def assert_ids_match(got: np.ndarray, expected: np.ndarray, trace: list[dict], target: Target, gcase) -> None:
@@ -123,7 +131,7 @@ def assert_ids_match(got: np.ndarray, expected: np.ndarray, trace: list[dict], t
     within = target.dtype != "float64" and closest <= allowed_at
     how = ", ".join(f"{k}={options[k]!r}" for k in ("num_beams", "beam_rule", "do_sample") if k in options)
     if not within:
-        raise AssertionError(
+        raise IdsDiffer(
             f"{target.label}: generate chose other ids than the float64 oracle at step {step}, row {row} "
             f"({how}): got {got[row].tolist()}, oracle {expected[row].tolist()}; the oracle's "
             f"closest score gap up to that step is {closest:.3g}"

@@ -38,6 +38,7 @@ import pytest
 from conformance.check import backends
 from conformance.check.backends import Target
 from conformance.core.params import PARAM_DTYPE_NAMES
+from conformance.suite import run_report
 from conformance.suite.adapter_targets import adapter_report, with_adapter_skips
 from conformance.suite.profiles import load_default_profile  # registers the profiles before hypothesis reads --hypothesis-profile
 
@@ -341,17 +342,30 @@ def pytest_runtest_call(item):
     # A property that may check nothing on a run (an SDPA kernel that refuses every example) says
     # so by a skip after its examples: its module's `watch_examples` wraps the run.
     watch = getattr(item.module, "watch_examples", None)
+    acknowledged_before = dict(_acknowledged())
+    counted = run_report.ExampleCounter(test)  # how many examples ran, and how many were rejected
+    found: list[str] = []
     try:
         names = () if watch is None else inspect.signature(watch).parameters
         arguments = {name: item.funcargs[name] for name in names if name in item.funcargs}
         watching = watch(**arguments) if watch is not None and len(arguments) == len(names) else contextlib.nullcontext()
-        with watching:
-            return (yield)
+        with watching, counted:
+            try:
+                return (yield)
+            except BaseException as error:  # an adapter's acknowledged differences are not failures
+                from conformance.suite.differences import settle
+
+                rest, found[:] = settle(error, target_of(item) or "", item.originalname)
+                if rest is None:
+                    return None
+                if rest is error:
+                    raise
+                raise rest from None
     finally:
         RECORDER.property = RECORDER.item = None
         if chosen is not None:
             test._hypothesis_internal_use_settings = chosen
-        report_to_controller(item, seconds_before)
+        report_to_controller(item, seconds_before, counted.counts, acknowledged_before, found)
 
 
 def _runner_timings() -> dict[str, float]:
@@ -361,17 +375,34 @@ def _runner_timings() -> dict[str, float]:
     return runner.TIMINGS if runner is not None else {}
 
 
-def report_to_controller(item, seconds_before: dict[str, float]) -> None:
+def _acknowledged() -> dict:
+    import sys
+
+    differences = sys.modules.get("conformance.suite.differences")
+    return differences.ACKNOWLEDGED if differences is not None else {}
+
+
+def report_to_controller(item, seconds_before: dict[str, float], counts: dict[str, int] | None = None,
+                         acknowledged_before: dict | None = None, found: list[str] = ()) -> None:
     """What an item's run learnt, on its call report (`user_properties`), which pytest-xdist sends
     from the worker that ran it to the controller that prints the summary: the seconds per target,
-    and for an adapter's target the tensors its model never returned."""
+    the examples it ran and rejected, and for an adapter's target the tensors its model never
+    returned, the differences it acknowledged (with their examples) and the first-diverging
+    tensors of the differences it did not."""
     seconds = {label: total - seconds_before.get(label, 0.0) for label, total in _runner_timings().items()}
     item.user_properties.append((SECONDS_KEY, {k: v for k, v in seconds.items() if v > 0}))
     label = target_of(item)
+    if counts is not None and label:
+        item.user_properties.append((EXAMPLES_KEY, (item.originalname, label, dict(counts))))
     target = getattr(getattr(item, "callspec", None), "params", {}).get("target")
     if label and isinstance(target, Target) and backends.is_adapter(target.backend):
         missing = backends.adapter_of(target.backend).not_exposed.get(label, set())
         item.user_properties.append((NOT_EXPOSED_KEY, (label, sorted(missing))))
+        new = {key: dict(entry) for key, entry in _acknowledged().items() if entry != (acknowledged_before or {}).get(key)}
+        if new:
+            item.user_properties.append((ACKNOWLEDGED_KEY, list(new.items())))
+        if found:
+            item.user_properties.append((FOUND_KEY, (label, item.originalname, list(found))))
 
 
 def pytest_runtest_logreport(report):
@@ -397,6 +428,14 @@ def pytest_runtest_logreport(report):
         if NOT_EXPOSED_KEY in carried:
             target_label, missing = carried[NOT_EXPOSED_KEY]
             NOT_EXPOSED.setdefault(target_label, set()).update(missing)
+        if EXAMPLES_KEY in carried and not report.skipped:  # a skipped item ran no example it counts
+            name, target_label, counts = carried[EXAMPLES_KEY]
+            EXAMPLES[name, target_label] = counts
+        for key, entry in carried.get(ACKNOWLEDGED_KEY, ()):
+            ACKNOWLEDGED[tuple(key)] = entry
+        if FOUND_KEY in carried:
+            target_label, name, tensors = carried[FOUND_KEY]
+            FOUND.setdefault((target_label, name), []).extend(tensors)
 
 
 def skip_reason(report) -> str:
@@ -470,6 +509,7 @@ def target_of(item) -> str | None:
 # and an adapter's unexposed tensors.
 PROPERTY_KEY, TARGET_KEY = "rosetta_property", "rosetta_target"
 SECONDS_KEY, NOT_EXPOSED_KEY = "rosetta_seconds", "rosetta_not_exposed"
+EXAMPLES_KEY, ACKNOWLEDGED_KEY, FOUND_KEY = "rosetta_examples", "rosetta_acknowledged", "rosetta_found"
 
 # target label -> {"passed": n, "failed": n, "skipped": n}, from the suite's items as they report.
 OUTCOMES: dict[str, dict[str, int]] = {}
@@ -479,6 +519,9 @@ RAN: list[str] = []
 SKIPPED_BECAUSE: dict[str, set[str]] = {}
 SECONDS: dict[str, float] = {}  # target label -> seconds of model build, compile and run
 NOT_EXPOSED: dict[str, set[str]] = {}  # an adapter's target label -> tensors its model never returned
+EXAMPLES: dict[tuple[str, str], dict[str, int]] = {}  # (property, target label) -> {"run": n, "rejected": n}
+ACKNOWLEDGED: dict[tuple, dict] = {}  # (target label, property, index) -> an adapter's acknowledged difference
+FOUND: dict[tuple[str, str], list[str]] = {}  # (adapter target label, property) -> first-diverging tensors
 
 
 def pytest_itemcollected(item):
@@ -490,14 +533,17 @@ def pytest_itemcollected(item):
 
 def results_table(timings: dict[str, float]) -> list[str]:
     """One table per device, a row per target: properties passed, failed and skipped, and the
-    target's seconds; pairs of targets in a table of their own."""
+    target's seconds; pairs of targets in a table of their own. The oracle (numpy/cpu/float64),
+    which every target is compared with and no property runs as a target, has its row too: its
+    seconds, no counts."""
     by_device: dict[str, list[str]] = {}
-    for label in sorted(OUTCOMES):
-        counts = OUTCOMES[label]
+    oracle = "/".join(ORACLE_TARGET)
+    for label in sorted(set(OUTCOMES) | ({oracle} & set(timings))):
+        counts = OUTCOMES.get(label, {})
         device = "pairs" if "~" in label else label.rsplit("/", 2)[1]  # an adapter's path may hold a "/"
-        by_device.setdefault(device, []).append(
-            f"  {label:<40} {counts.get('passed', 0):6} {counts.get('failed', 0):6} {counts.get('skipped', 0):7}"
-            + (f" {timings[label]:9.1f} s" if label in timings else ""))
+        row = (f"  {label + ' (the oracle)':<40} {'-':>6} {'-':>6} {'-':>7}" if label == oracle and label not in OUTCOMES
+               else f"  {label:<40} {counts.get('passed', 0):6} {counts.get('failed', 0):6} {counts.get('skipped', 0):7}")
+        by_device.setdefault(device, []).append(row + (f" {timings[label]:9.1f} s" if label in timings else ""))
     lines = []
     for device, rows in by_device.items():
         lines += [f"  {'target (' + device + ')':<40} {'passed':>6} {'failed':>6} {'skipped':>7} {'time':>11}", *rows]
@@ -528,11 +574,26 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
     if "gpu" in (backends.requested_devices() or ["gpu"]) and any("jax/gpu" in label for label in OUTCOMES):
         terminalreporter.write_line(f"  jax/gpu: {jax_gpu_determinism()}")
+    if EXAMPLES:
+        terminalreporter.section("rosetta conformance: examples per property and target (ran / rejected)")
+        for line in run_report.examples_table(EXAMPLES):
+            terminalreporter.write_line(line)
     adapter_lines = adapter_report(SKIPPED_BECAUSE, NOT_EXPOSED)
     if adapter_lines:
         terminalreporter.section("rosetta conformance: what the adapters do not offer (not counted as passed)")
         for line in adapter_lines:
             terminalreporter.write_line(line)
+    if ACKNOWLEDGED:
+        from conformance.suite.differences import acknowledged_lines
+
+        terminalreporter.section("rosetta conformance: acknowledged differences (not failures), each with its "
+                                 "smallest example")
+        for line in acknowledged_lines(ACKNOWLEDGED):
+            terminalreporter.write_line(line)
+    if FOUND:
+        terminalreporter.section("rosetta conformance: differences found on adapter targets (first-diverging tensors)")
+        for (label, name), tensors in sorted(FOUND.items()):
+            terminalreporter.write_line(f"  {label} {name}: {', '.join(dict.fromkeys(tensors))}")
     terminalreporter.section("rosetta conformance: time per target (model build, compile and run)")
     for label, seconds in sorted(SECONDS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"  {label:<28} {seconds:7.1f} s")

@@ -158,10 +158,13 @@ def for_target(target: Target, case):
     from conformance.core.errors import ConfigError
     from conformance.core.inputs import nan_positions
 
+    adapter = backends.adapter_of(target.backend)
+    if hasattr(case, "bos_id"):  # a GenerationCase: a search the adapter's generate runs (`searches`)
+        case = dataclasses.replace(case, options=as_search(case.options, adapter.searches, case.case.config))
     inner = getattr(case, "case", case)
     drawn = inner.config
     try:
-        config = backends.adapter_of(target.backend).conform(drawn)
+        config = adapter.conform(drawn)
     except ConfigError:
         reject()  # the drawn sizes admit none of the adapter's models (shared embeddings, two vocabularies)
     if config == drawn:
@@ -182,6 +185,57 @@ def for_target(target: Target, case):
     if (held.labels[~may_count] != config.pad_id).any() or not (held.labels[may_count] != config.pad_id).any():
         reject()  # training_cases' assumptions: labels only where the logits are finite, and one at least
     return held
+
+
+def search_of(options) -> str:
+    """The search a generation case's options run (`conformance.check.targets.adapter.SEARCHES`)."""
+    options = dict(options)
+    if options.get("do_sample"):
+        return "sample"
+    if options.get("beam_rule") == "flax":
+        return "flax"
+    if options.get("num_beams", 1) == 1:
+        return "greedy"
+    return "beam" if options.get("length_penalty_form", "hf") == "hf" else "beam-gnmt"
+
+
+def as_search(options: tuple, searches: tuple[str, ...], drawn) -> tuple:
+    """A generation case's options run by one of `searches`: its own search when it is one of them,
+    else one chosen by a hash of the drawn config (as a held switch is), the drawn beams (2 at
+    least for a beam search), penalty and stopping rule kept where the search has them, sampling's
+    warpers and the other beam rule dropped. The logits processors stay."""
+    search = search_of(options)
+    if search in searches:
+        return options
+    import zlib
+
+    chosen = searches[zlib.crc32(f"search {drawn.to_json()}".encode()) % len(searches)]
+    sampling = ("do_sample", "seed", "temperature", "top_k", "top_p", "num_return_sequences", "beam_rule")
+    kept = {k: v for k, v in options if k not in sampling}
+    beams = max(2, dict(options).get("num_return_sequences", 1), kept.get("num_beams", 1))
+    if chosen == "greedy":
+        kept["num_beams"] = 1
+    elif chosen == "sample":  # from a seed of the drawn config's hash, as many samples as there were beams
+        kept.pop("early_stopping", None)
+        kept.update(num_beams=1, do_sample=True, num_return_sequences=beams,
+                    seed=zlib.crc32(drawn.to_json().encode()) % 2**16)
+    elif chosen == "flax":
+        kept.pop("early_stopping", None)
+        kept.update(num_beams=beams, beam_rule="flax")
+    else:
+        kept.setdefault("early_stopping", False)
+        kept.update(num_beams=beams, length_penalty_form="hf" if chosen == "beam" else "gnmt")
+    return tuple(kept.items())
+
+
+def frozen_parameters(target: Target, config) -> set[str]:
+    """The canonical parameters of `config` an adapter target declares frozen (none for a backend)."""
+    if not backends.is_adapter(target.backend):
+        return set()
+    from conformance.core.params import param_shapes
+
+    adapter = backends.adapter_of(target.backend)
+    return {name for name in param_shapes(config) if adapter.is_frozen(name)}
 
 
 def pad_swap(drawn: int, held: int) -> Callable:

@@ -1,7 +1,8 @@
 """Property: a query with no key to attend to follows the config, not the kernel.
 
-`-inf` fill: the row is NaN (0 / 0), in exactly the oracle's positions, and the NaN spreads
-downstream exactly as in the oracle. Finite fill: the row is a uniform average over all keys.
+empty_rows "softmax" with a `-inf` fill: the row is NaN (0 / 0), in exactly the oracle's
+positions, and the NaN spreads downstream exactly as in the oracle. With a finite fill: the row
+is a uniform average over all keys. empty_rows "zeros": the row's weights are all 0.
 
 A features source has no padding: its last row is emptied by an explicit source mask instead
 (every one of its S positions masked), which the model reads exactly as a padded row's.
@@ -53,11 +54,14 @@ def test_fully_masked_rows_follow_the_fill(target, case):
             where = tuple(np.argwhere(nan_got != nan_expected)[0])
             raise AssertionError(
                 f"{target.label}: {name!r} has NaN where the oracle does not (or vice versa), first at {where}; "
-                f"mask_fill={case.config.mask_fill}; config {case.config.summary()}"
+                f"mask_fill={case.config.mask_fill}, empty_rows={case.config.empty_rows!r}; "
+                f"config {case.config.summary()}"
             )
     # Encoder self-attention rows of the empty source row: nothing to attend to.
     empty = got["encoder.0.self"][-1]  # (H, S, S)
-    if math.isinf(case.config.mask_fill):
+    if case.config.empty_rows == "zeros":
+        assert (empty == 0).all(), f"{target.label}: empty_rows 'zeros' must give zero weights, got {empty[0, 0]}"
+    elif math.isinf(case.config.mask_fill):
         assert np.isnan(empty).all(), f"{target.label}: -inf fill must give NaN rows, got {empty[0, 0]}"
     else:
         uniform = 1.0 / empty.shape[-1]

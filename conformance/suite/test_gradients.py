@@ -7,6 +7,10 @@ skipped with that reason. Below float64, examples whose ReLU inputs come within 
 tolerance of the kink are assumed away: there the two precisions may legitimately take
 different branches of the derivative (`runner.relu_kink_distance`).
 
+An adapter's frozen parameters (`build.frozen`, docs/own-backend.md: those its system never trains,
+as transformers never trains Marian's final_logits_bias) are skipped by name, and its model need
+not return them.
+
 Each example calls `loss_and_grads` three times on the same model, and every call must match:
 twice on its labels, then once on other labels at the same positions (`relabelled`, against its
 own oracle run). A backend may run a repeated step another way. impl_torch, on a CUDA device,
@@ -39,6 +43,7 @@ from conformance.check.tolerances import gradient_tolerance, tolerance
 from conformance.core.params import param_shapes
 from conformance.suite import runner
 from conformance.suite.covering import covering_training_cases
+from conformance.suite.differences import judged
 from conformance.check.tolerances import HALF, in_gradient_domain
 from conformance.suite.strategies import relabelled, shared_examples, training_cases, with_examples
 
@@ -64,7 +69,7 @@ def test_gradients_match_the_oracle(target, training):
             gradient_tolerance(target.dtype, target.device)
         except KeyError as unmeasured:  # a GPU's half-precision gradients: no row is invented for them
             pytest.skip(f"{target.label}: {unmeasured.args[0]}")
-    training = runner.for_target(target, training)  # an adapter's: held to the switches it declares
+    drawn, training = training, runner.for_target(target, training)  # an adapter's: held to its switches
     case = training.case
     assume(in_gradient_domain(target.dtype, case.config, case.scale))
     if target.dtype != "float64":
@@ -76,8 +81,9 @@ def test_gradients_match_the_oracle(target, training):
         warnings.filterwarnings("error", message="impl_torch: recording the training step")
         results = runner.gradients(target, training, training, other)
     calls = ("", " (a second call on the same model)", " (a third call on the same model, other labels)")
+    frozen = runner.frozen_parameters(target, case.config)  # an adapter's: never trained, not compared
     for call, got, want in zip(calls, results, (expected, expected, expected_other)):
-        missing = sorted(set(want) - set(got))
+        missing = sorted(set(want) - set(got) - frozen)
         if missing:
             raise AssertionError(f"{target.label}: loss_and_grads{call} did not return {missing[:5]}")
         extra = sorted(set(got) - set(want))
@@ -85,7 +91,14 @@ def test_gradients_match_the_oracle(target, training):
             raise AssertionError(f"{target.label}: loss_and_grads{call} returned gradients for unknown names "
                                  f"{extra[:5]}")
         for name in ["loss", *reversed(list(param_shapes(case.config)))]:
+            if name in frozen:
+                continue
             what = ("the loss" if name == "loss" else f"gradient {name}") + call
-            assert_close(got[name], want[name], tol, tensor=what, backend=target.backend, device=target.device,
-                         dtype=target.dtype,
-                         config=f"{case.config.summary()}; label_smoothing={training.label_smoothing}")
+            with judged(target, "test_gradients_match_the_oracle", drawn, case):  # an adapter's known differences
+                try:
+                    assert_close(got[name], want[name], tol, tensor=what, backend=target.backend, device=target.device,
+                                 dtype=target.dtype,
+                                 config=f"{case.config.summary()}; label_smoothing={training.label_smoothing}")
+                except AssertionError as error:
+                    error.tensor = name  # the first gradient that differs ("loss" for the loss)
+                    raise

@@ -27,6 +27,12 @@ too: not run again.
 
 Shapes are fixed: a compiling backend (JAX) compiles each of the seven searches once per dtype
 (under `ci`, float64 only).
+
+One script in six is drawn as a late overtake (`strategies.scripted.late_overtakes`): the case
+where Flax's stopping bound decides, a beam that stays open and, divided by a longer length,
+beats every finished hypothesis after a bound read at its own length would have stopped. Every
+profile runs one first (`late_overtake_script`), and the run records, from the reference's trace,
+that the case was met (`late_overtake`): test_coverage.py fails a target that passed without it.
 """
 
 from __future__ import annotations
@@ -42,7 +48,10 @@ from conformance.check.backends import Target
 from conformance.check.tolerances import tolerance
 from conformance.core.generation.search import log_softmax, penalty, search
 from conformance.suite import runner
-from conformance.suite.strategies.scripted import BATCH, BOS, EOS, MAX_LEN, PAD, VOCAB, Script, scripted_step, scripts
+from conformance.suite.covering import RECORDER
+from conformance.suite.strategies import with_examples
+from conformance.suite.strategies.scripted import (BATCH, BOS, EOS, MAX_LEN, PAD, VOCAB, Script, late_overtake,
+                                                   late_overtake_script, scripted_step, scripts)
 
 BEAMS = 3
 # Greedy search, Hugging Face's beam rule under each early_stopping and Flax's, and each length
@@ -62,18 +71,22 @@ EXAMPLES = 2 * settings().max_examples  # ci: 50 (a compiling backend: 3, pytest
 @pytest.mark.dtypes("float64", "float32")
 @pytest.mark.ci_compiling_dtypes("float64")
 @settings(max_examples=EXAMPLES)
+@with_examples([late_overtake_script()], "script")
 @given(script=scripts())
 def test_device_search_follows_the_reference_rules(target, script):
     search_steps = search_steps_of(target)
     dtype = "float64" if target.dtype == "float64" else "float32"
     table = script.table.astype(dtype)  # the decoder's logits, in the search dtype
     seen = Script(table=table.astype(np.float64), length_penalty=script.length_penalty)
+    RECORDER.note(target.label, ())  # the property ran here: test_coverage.py checks what it met
     for options in SEARCHES:
         options = dict(options, length_penalty=script.length_penalty, banned_ids=(PAD,))
         got = scripted_search(target, search_steps, table, options, dtype)
         trace: list[dict] = []
         expected = search(lambda tokens, parents: seen.logits(tokens), BATCH, MAX_LEN, BOS, EOS, PAD, trace=trace,
                           **options)
+        if options.get("beam_rule") == "flax" and late_overtake(trace, expected[0]):
+            RECORDER.note(target.label, {("scripted case", "flax late overtake")})
         assert_same_search(got, expected, trace, target, options, seen)
 
 

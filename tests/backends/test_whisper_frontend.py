@@ -167,3 +167,23 @@ def test_jax_buckets_pad_the_frames_without_changing_the_real_positions():
         assert np.asarray(bucketed.intermediates[name]).shape == np.asarray(value).shape, name
         np.testing.assert_allclose(np.asarray(bucketed.intermediates[name]), np.asarray(value), rtol=0, atol=1e-6)
     assert math.isfinite(float(np.asarray(bucketed.logits).sum()))
+
+
+@pytest.mark.parametrize("argument,value", [("encoder_repetition_penalty", 1.4), ("encoder_no_repeat_ngram_size", 2)])
+def test_the_processors_that_read_source_ids_are_refused_for_features(argument, value):
+    """transformers' two source processors read the source's token ids; log-mel features have
+    none: `generate` refuses them by name, the same from every backend, before any search (a
+    device search fed the features as ids failed with a broadcasting ValueError)."""
+    from conformance.check import backends
+
+    messages = {}
+    for backend in ("numpy", "torch", "jax"):
+        if backends.availability([backend])[backend]:
+            continue
+        _, model = build(backend)
+        with pytest.raises(InputError) as raised:
+            model.generate(features(frames=12), max_len=3, bos_id=1, eos_id=2, **{argument: value})
+        assert raised.value.argument == argument
+        messages[backend] = str(raised.value)
+    assert len(set(messages.values())) == 1, messages
+    assert "log-mel features" in next(iter(messages.values()))

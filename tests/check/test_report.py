@@ -64,6 +64,7 @@ FIRST_DIVERGENCE = {
     "Whisper sinusoid halves swapped": "encoder.embeddings",
     "Whisper key bias added (the value's bias read into the key)": "encoder.0.self_attn",
     "T5 scores scaled by 1/sqrt(K)": "encoder.0.self",
+    "empty rows give the softmax, not zeros": "decoder.0.self",  # the padded target queries: zeros became NaN
 }
 # Breaks that change no number on a CPU (TF32 acts on GPU matmuls only): the check refuses the run
 # of that target instead, naming the switch, on every device.
@@ -90,6 +91,7 @@ SWITCHED_ON = {
     "Whisper sinusoid halves swapped": dict(source="features", n_mels=3, src_vocab_size=19, position="sinusoid-t2t"),
     "Whisper key bias added (the value's bias read into the key)": dict(source="features", n_mels=3,
                                                                         src_vocab_size=19, key_bias=False),
+    "empty rows give the softmax, not zeros": dict(empty_rows="zeros"),
 }
 
 

@@ -5,7 +5,7 @@ fit one system but hold a structure it does not have are refused by name.
 Bare state dicts of PLBart and Blenderbot (and BlenderbotSmall) carry exactly BART's and Pegasus'
 keys: before, PLBart converted silently as hf-bart and Blenderbot as hf-pegasus, with other
 logits (the embedding scale, the activation). Named with --layout, each converts to the model its
-folder converts to (tests/test_hf_families.py holds those against transformers).
+folder converts to (tests/convert/test_hf_families.py holds those against transformers).
 """
 
 from __future__ import annotations

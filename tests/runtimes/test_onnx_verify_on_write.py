@@ -42,7 +42,7 @@ def run(capsys, *argv):
 
 @pytest.mark.parametrize("taps", [True, pytest.param(False, marks=thorough_only(
     "a second planted export, without taps (tens of seconds); the graphs without taps are checked in CI by "
-    "tests/test_onnx_compare.py's export, and a planted fault by the taps variant"))], ids=["taps", "no-taps"])
+    "tests/runtimes/test_onnx_compare.py's export, and a planted fault by the taps variant"))], ids=["taps", "no-taps"])
 def test_a_planted_export_fault_exits_1_names_the_divergence_and_leaves_nothing(saved, tmp_path, capsys, taps):
     out = tmp_path / "graphs"
     with planted_in_the_export("source mask input ignored"):

@@ -4,7 +4,8 @@
 
 The page says what the run finds: the forward property fails on a fully padded source row (the
 oracle's NaN under a `-inf` fill, nn.Transformer's finite numbers), and on nothing else; the
-attention weights are not exposed; generate and loss_and_grads are skipped by name.
+attention weights are not exposed; generate and loss_and_grads are skipped by name. And that
+`empty_rows = "zeros"` describes it: the same adapter holding it passes the forward property.
 """
 
 from __future__ import annotations
@@ -52,3 +53,20 @@ def test_the_walkthrough_runs_as_written(tmp_path):
         assert len(failures) == 1 and f"test_every_tensor_matches_the_oracle[{label}]" in failures[0], failures
         assert "NaN position(s) differ" in out
     assert {p.name for p in tmp_path.iterdir()} - {"__pycache__"} == {"rosetta_adapter.py", "seq2seq.py"}
+
+
+def test_the_walkthrough_adapter_holding_empty_rows_zeros_passes(tmp_path):
+    """What the page says describes nn.Transformer's fully masked rows: its adapter with
+    `"empty_rows": "zeros"` added to `build.switches` passes the forward property (float64)."""
+    from conformance.check import backends
+    from conformance.check.backends import Target
+
+    import conformance.suite.test_forward as forward
+
+    (adapter,) = blocks("python")
+    held = adapter + '\nbuild.switches = {**build.switches, "empty_rows": "zeros"}\n'
+    (tmp_path / "zeros_adapter.py").write_text(held)
+    shutil.copy(ROOT / "tests" / "systems" / "torch_tutorial.py", tmp_path / "seq2seq.py")
+    name = f"{tmp_path / 'zeros_adapter.py'}:build"
+    backends.register_adapter(name)
+    forward.test_every_tensor_matches_the_oracle(target=Target(name, "cpu", "float64"))

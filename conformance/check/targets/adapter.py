@@ -35,7 +35,21 @@ same one every time, so that each listed value runs), before the model and the o
 so that every example is a model the adapter can be. A held pad id swaps places with the drawn
 one in the example's ids, so padding stays padding (`conformance.suite.runner.for_target`).
 `switches_of(preset, free=...)` builds it from a system's preset. Sizes (d_model, heads, layers,
-vocabularies, max_len) are always drawn.
+vocabularies, max_len) are always drawn. Switches that move together are held as combinations:
+a tuple of fields as the key, the list of value tuples the model has as the value.
+
+    build.switches = {("qkv_bias", "out_proj_bias"): [(True, True), (False, False)],
+                      ("activation", "ffn_glu"): [("relu", False), ("silu", True)]}
+
+Three more optional attributes say what the model cannot be held to by a switch:
+
+    build.frozen = ("final_logits_bias",)          canonical parameters it never trains (fnmatch
+                                                   patterns): the gradient property skips them by name
+    build.searches = ("greedy", "beam")            the searches its own `generate` runs (`SEARCHES`):
+                                                   the generate property draws only those
+    build.known_differences = [dict(tensor=..., when={...}, condition=..., reason=...)]
+                                                   or a TOML file beside the adapter: differences
+                                                   acknowledged (`KnownDifference`), reported apart
 
 May import: the core and NumPy; the adapter's own module when it is asked for.
 """
@@ -43,6 +57,7 @@ May import: the core and NumPy; the adapter's own module when it is asked for.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import importlib
 import importlib.metadata
@@ -58,18 +73,14 @@ import numpy as np
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
 from conformance.core.output import ModelOutput, forward_order
+# The declarations' vocabulary and checks (re-exported here, the protocol's module).
+from conformance.check.targets.declarations import (CONDITIONS, PROBE, PROPERTY_NAMES, SEARCHES, SIZES,  # noqa: F401
+                                                    AdapterError, KnownDifference, canonical_gradients, refused)
 
 GROUP = "rosetta.backends"  # the entry-point group of installed adapters
 OPTIONAL = ("generate", "loss_and_grads")  # what an adapter may leave out
 REQUIRED = ("forward", "intermediates")
 DEFAULT_DTYPES = ("float32",)
-# ModelConfig fields that are sizes, always drawn: the rest are switches an adapter may hold.
-SIZES = frozenset({"src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers",
-                   "n_decoder_layers", "max_len", "notes"})
-
-
-class AdapterError(ValueError):
-    """An adapter asked for cannot be loaded or does not follow the protocol; says which and why."""
 
 
 def looks_like_adapter(name: str) -> bool:
@@ -149,12 +160,17 @@ def switches_of(preset_name: str, free: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def conform(config: ModelConfig, switches: dict[str, Any]) -> ModelConfig:
     """`config` with each held switch at a value the adapter's model has: the drawn one when it
-    is among them, else one of them chosen by the drawn config (`held_value`). ConfigError when the
-    result is not a valid config (say, shared embeddings held on over two vocabulary sizes)."""
+    is among them, else one of them chosen by the drawn config (`held_value`); a held combination
+    (a tuple of fields) likewise, all its fields at once. ConfigError when the result is not a
+    valid config (say, shared embeddings held on over two vocabulary sizes)."""
     changes = {}
     for name, allowed in switches.items():
         values = held_values(allowed)
-        if getattr(config, name) not in values:
+        if isinstance(name, tuple):  # a combination: the drawn one, or one of those listed
+            drawn = tuple(getattr(config, field) for field in name)
+            if drawn not in [tuple(v) for v in values]:
+                changes.update(zip(name, held_value(" ".join(name), config, values)))
+        elif getattr(config, name) not in values:
             changes[name] = held_value(name, config, values)
     return config.replace(**changes) if changes else config
 
@@ -172,42 +188,46 @@ def held_value(name: str, drawn: ModelConfig, values: tuple) -> Any:
     return values[zlib.crc32(f"{name} {drawn.to_json()}".encode()) % len(values)]
 
 
-# The small config an adapter's model is built on once, to see what it offers (its vocabularies
-# grown to hold a held pad id), and its held values are checked on (with vocabularies of any size).
-PROBE = ModelConfig(d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1, src_vocab_size=8,
-                    tgt_vocab_size=8, max_len=8)
-
-
-def refused(switch: str, value: Any) -> str | None:
-    """Why `ModelConfig` refuses `value` for `switch` (a value it never accepts, as a typo), or None.
-    A refusal that names another field is a value that needs other switches, not a bad one."""
-    from conformance.core.errors import ConfigError
-
-    try:
-        PROBE.replace(src_vocab_size=2**31 - 1, tgt_vocab_size=2**31 - 1, **{switch: value})
-    except ConfigError as exc:
-        return None if exc.field != switch else str(exc)
-    except (TypeError, ValueError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-class Adapter:
-    """A loaded adapter: its factory, the dtypes and switches it declares, and what it offers."""
-
-    def __init__(self, name: str, factory: Callable):
-        self.name, self.factory = name, factory
-        self.dtypes = tuple(getattr(factory, "dtypes", DEFAULT_DTYPES))
-        self.switches = dict(getattr(factory, "switches", {}))
-        bad = sorted(set(self.switches) - ({f.name for f in fields(ModelConfig)} - SIZES))
-        if bad:
-            raise AdapterError(f"{name}: switches {bad} are not ModelConfig switches (sizes are always drawn)")
-        for switch, allowed in self.switches.items():
-            for value in held_values(allowed):
+def check_switches(name: str, switches: dict) -> None:
+    """AdapterError naming the first held switch (or combination) no config can have: a field that
+    is no switch, one held twice, a combination of the wrong length, a value ModelConfig refuses."""
+    switch_names = {f.name for f in fields(ModelConfig)} - SIZES
+    held = [field for key in switches for field in (key if isinstance(key, tuple) else (key,))]
+    bad = sorted(set(held) - switch_names)
+    if bad:
+        raise AdapterError(f"{name}: switches {bad} are not ModelConfig switches (sizes are always drawn)")
+    twice = sorted({field for field in held if held.count(field) > 1})
+    if twice:
+        raise AdapterError(f"{name}: switches holds {twice} more than once (alone or in a combination): "
+                           "hold each field in one place")
+    for key, allowed in switches.items():
+        fields_ = key if isinstance(key, tuple) else (key,)
+        for combination in held_values(allowed):
+            values = tuple(combination) if isinstance(key, tuple) else (combination,)
+            if len(values) != len(fields_):
+                raise AdapterError(f"{name}: switches holds {fields_} to {combination!r}: a combination gives one "
+                                   f"value per field ({len(fields_)})")
+            for switch, value in zip(fields_, values):
                 problem = refused(switch, value)
                 if problem:
                     raise AdapterError(f"{name}: switches holds {switch} to {value!r}, which no config can have: "
                                        f"{problem}")
+
+
+class Adapter:
+    """A loaded adapter: its factory, the dtypes, switches, frozen parameters, searches and known
+    differences it declares, and what it offers."""
+
+    def __init__(self, name: str, factory: Callable):
+        from conformance.check.targets.declarations import frozen_patterns, known_differences, searches
+
+        self.name, self.factory = name, factory
+        self.dtypes = tuple(getattr(factory, "dtypes", DEFAULT_DTYPES))
+        self.switches = dict(getattr(factory, "switches", {}))
+        check_switches(name, self.switches)
+        self.frozen = frozen_patterns(name, getattr(factory, "frozen", ()))
+        self.searches = searches(name, getattr(factory, "searches", SEARCHES))
+        self.known = known_differences(name, factory, getattr(factory, "known_differences", ()))
         self._offers: tuple[str, ...] | None = None
         self.not_exposed: dict[str, set[str]] = {}  # target label -> tensors the oracle has and the model never gave
 
@@ -242,9 +262,18 @@ class Adapter:
 
     def describe(self) -> str:
         lacks = [m for m in OPTIONAL if m not in self.offers()]
-        held = ", ".join(f"{k}={v!r}" for k, v in self.switches.items()) or "none"
+        held = ", ".join(f"({', '.join(k)}) in {list(held_values(v))!r}" if isinstance(k, tuple) else f"{k}={v!r}"
+                         for k, v in self.switches.items()) or "none"
+        more = "".join([f"; frozen: {', '.join(self.frozen)}" if self.frozen else "",
+                        f"; searches: {', '.join(self.searches)}" if self.searches != SEARCHES else "",
+                        f"; {len(self.known)} known difference(s)" if self.known else ""])
         return (f"adapter {self.name}: offers {', '.join(self.offers())}"
-                + (f"; no {', no '.join(lacks)}" if lacks else "") + f"; dtypes {list(self.dtypes)}; switches held: {held}")
+                + (f"; no {', no '.join(lacks)}" if lacks else "") + f"; dtypes {list(self.dtypes)}; switches held: {held}"
+                + more)
+
+    def is_frozen(self, parameter: str) -> bool:
+        """Whether the adapter declared canonical parameter `parameter` frozen (never trained)."""
+        return any(fnmatch.fnmatchcase(parameter, pattern) for pattern in self.frozen)
 
     def backend(self) -> "AdapterBackend":
         return AdapterBackend(self)

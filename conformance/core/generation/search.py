@@ -142,7 +142,9 @@ def search(step: Callable[[np.ndarray, np.ndarray | None], Any], batch: int, max
     reads; beam search: neighbours among the
     ranked candidates and finished hypotheses; sampling: the distance between the uniform and the
     nearest edge of the cumulative distribution, or of top_k's and top_p's thresholds,
-    `filter_gap`), and max(1, largest |logit|) of the row's beams (or sampled row).
+    `filter_gap`), and max(1, largest |logit|) of the row's beams (or sampled row). Flax's rule
+    adds, per step that may stop, "worst" (B,), the worst finished slot (NEG while one is empty),
+    and "open_now" (B,), the best open beam scored at its own length, not at max_decode_len.
 
     `mask_fill`, the model's (None without one), picks the causes that NaN logits of an open row
     are blamed on (`nan_error`, raised as a `NaNLogitsError`).
@@ -455,6 +457,8 @@ def _beam_flax(step, batch, max_len, bos_id, eos_id, pad_id, num_beams, length_p
         # slot counts as NEG.
         best_open = live_scores[:, :1] / penalty(width, length_penalty, form)  # (B, 1)
         worst = np.where(flags, finished_scores.min(axis=1, keepdims=True), NEG)
+        if trace is not None:  # a bound at the open beam's own length (the suite's late-overtake check)
+            trace[-1].update(worst=worst[:, 0], open_now=live_scores[:, 0] / penalty(length - 1, length_penalty, form))
         if (worst > best_open).all():
             break
     # A row without a finished hypothesis returns its best open beam, scored by its plain sum.

@@ -409,6 +409,12 @@ def _checked(config, values: dict, recorded: dict, *, early_stopping, use_cache,
     banned = tuple(dict.fromkeys(banned + one_token))  # in order, once each
     shortest, new_tokens = check_min_length(min_length, min_new_tokens, recorded)
     penalties = check_penalties(*(values[name] for name in PENALTY_ARGUMENTS), vocab)
+    if getattr(config, "source", "ids") == "features":
+        for name, off in (("encoder_repetition_penalty", 1.0), ("encoder_no_repeat_ngram_size", 0)):
+            if penalties[name] != off:
+                raise InputError(name, f"reads the source's token ids, and this model's source is log-mel features "
+                                       f"(source='features'), which have none; got {penalties[name]!r}: leave it at "
+                                       f"{off!r}")
     check_forced_not_suppressed(penalties["suppress_tokens"], forced_bos, bool(values["forced_eos"]), values["eos_id"])
     beams = _integer("num_beams", values["num_beams"])
     if beams > 1 and vocab < 2:  # the best 2 x num_beams of num_beams x V candidates: V >= 2

@@ -79,13 +79,14 @@ def generation_cases(draw) -> GenerationCase:
     options = as_mode(options, draw(st.sampled_from(MODES)), draw(st.integers(0, 2 ** 16)),
                       draw(st.sampled_from([1.0, 0.5, 2.0])), draw(st.sampled_from([0, 1, 3])),
                       draw(st.sampled_from([1.0, 0.9, 0.5])))
-    options += draw(processor_options(vocab, pad, bos, eos, sampling=dict(options).get("do_sample", False)))
+    options += draw(processor_options(vocab, pad, bos, eos, sampling=dict(options).get("do_sample", False),
+                                      source_ids=config.source == "ids"))
     return GenerationCase(case=case, max_len=min(6, config.max_len), bos_id=bos, eos_id=eos, options=options)
 
 
 @st.composite
 def processor_options(draw, vocab: int, pad: int, bos: int, eos: int,
-                      sampling: bool = False) -> tuple[tuple[str, object], ...]:
+                      sampling: bool = False, source_ids: bool = True) -> tuple[tuple[str, object], ...]:
     """Hugging Face's logits processors, drawn after everything else (so that the configs and
     batches stay those of the other properties), none changing a shape the backends compile for:
     no_repeat_ngram_size 2 or 3 (two times in three: a random model repeats itself within 6 tokens
@@ -93,7 +94,8 @@ def processor_options(draw, vocab: int, pad: int, bos: int, eos: int,
     bite (one time in two): the start token followed by half the real ids (the first step loses
     them), plus one three-token word; a minimum length (two times in three) that bans the end
     token for the first 2 or 4 generated tokens (min_length 3 or 5: the start token counts); and
-    last the processors of shipped generation configs (`shipped_processors`)."""
+    last the processors of shipped generation configs (`shipped_processors`; those that read the
+    source's ids only where it has them: not a features source's)."""
     real = st.integers(0, vocab - 1).filter(lambda i: i != pad)
     options = ()
     ngram = draw(st.sampled_from([0, 2, 3]))
@@ -111,12 +113,16 @@ def processor_options(draw, vocab: int, pad: int, bos: int, eos: int,
     shortest = draw(st.sampled_from([0, 3, 5]))
     if shortest:
         options += (("min_length", shortest),)
-    return options + draw(shipped_processors(vocab, pad, bans=not sampling, forced=forced))
+    return options + draw(shipped_processors(vocab, pad, bans=not sampling, forced=forced, source_ids=source_ids))
+
+
+# The processors that read the source's token ids (a features source has none).
+SOURCE_READING = ("encoder_repetition_penalty", "encoder_no_repeat_ngram_size")
 
 
 @st.composite
-def shipped_processors(draw, vocab: int, pad: int, bans: bool = True,
-                       forced: tuple[int, ...] = ()) -> tuple[tuple[str, object], ...]:
+def shipped_processors(draw, vocab: int, pad: int, bans: bool = True, forced: tuple[int, ...] = (),
+                       source_ids: bool = True) -> tuple[tuple[str, object], ...]:
     """transformers' processors that published generation configs set (issue 56), each on about
     half the time: a repetition penalty above or below 1 on the output's ids; one on the source's
     ids; no source n-gram of 1 or 2 tokens in the output; the end token's exponential length
@@ -124,7 +130,8 @@ def shipped_processors(draw, vocab: int, pad: int, bans: bool = True,
     step; and renormalized scores. Without `bans` (sampling, which has nothing to draw from once
     every id is banned: docs/decoding.md) the three that ban ids are drawn and left out. The
     suppressed ids avoid the `forced` ids (a forced token that is suppressed is refused, as
-    transformers refuses it)."""
+    transformers refuses it). Without `source_ids` (a features source) the two that read the
+    source's ids are drawn and left out."""
     banning = ("encoder_no_repeat_ngram_size", "suppress_tokens", "begin_suppress_tokens")
     real = st.integers(0, vocab - 1).filter(lambda i: i != pad)
     options = ()
@@ -132,7 +139,7 @@ def shipped_processors(draw, vocab: int, pad: int, bans: bool = True,
                          ("encoder_no_repeat_ngram_size", [0, 0, 1, 2]),
                          ("exponential_decay_length_penalty", [None, (1, 1.5), (2, 2.0)])):
         value = draw(st.sampled_from(values))
-        if value not in (None, 0, 1.0) and (bans or name not in banning):
+        if value not in (None, 0, 1.0) and (bans or name not in banning) and (source_ids or name not in SOURCE_READING):
             options += ((name, value),)
     for name, allowed in (("suppress_tokens", real.filter(lambda i: i not in forced)),
                           ("begin_suppress_tokens", real)):

@@ -182,7 +182,10 @@ def configs(draw, max_layers: int = 3, min_layers: int = 1, head_dims=(2, 4, 8, 
         tie_output=switch("tie_output"),
         qkv_bias=switch("qkv_bias"),
         out_proj_bias=switch("out_proj_bias"),
-        mask_fill=switch("mask_fill"),
+        mask_fill=(fill := switch("mask_fill")),
+        # Added scores need a fill that swamps them (config.ADDED_FILL_LIMIT): -inf or float32's edge.
+        masked_scores=switch("masked_scores", [v for v in values["masked_scores"]
+                                               if v != "added" or fill <= config_module.ADDED_FILL_LIMIT]),
         tgt_pad_mask=switch("tgt_pad_mask"),
         src_pad_mask=switch("src_pad_mask"),
         cross_attn_src_mask=switch("cross_attn_src_mask"),

@@ -120,10 +120,68 @@ END_FROM_EARLY = st.sampled_from([0, 1, 2])
 END_FROM_ANY = st.sampled_from([0, 1, 2, MAX_LEN - 2, MAX_LEN - 1, MAX_LEN])
 
 
+# Length penalties above 0: a longer hypothesis's sum is divided by more, so a long continuation
+# can overtake the finished ones late (`late_overtakes`).
+OVERTAKING_PENALTIES = (1.0, 2.0, 0.6)
+# One script in six is a late overtake, on purpose (issue 56): more would leave the drawn kinds too
+# few stops to reach (tests/generation/test_device_search.py counts them in 25 draws).
+SCRIPT_KINDS = ("drawn",) * 5 + ("late overtake",)
+
+
+@st.composite
+def late_overtakes(draw) -> Script:
+    """The case where Flax's stopping bound decides (`device_search.flax_update`): in each row
+    three content tokens start level; two of them end at once (filling the finished slots with
+    sums of one token), the third's ending is better still, and it also goes on, a nat or so
+    worse, then confidently (log-probability ~0) until it ends late. Scored at its own length the
+    open beam is worse than every finished slot, so a bound read there stops the search; scored at
+    max_decode_len, as Flax's rule scores it, it may still win, and it does: divided by a longer
+    length, its sum beats the finished ones. Both rows (the stop is one for the batch) draw their
+    own tokens, margins and ending step; the penalty is one of `OVERTAKING_PENALTIES`."""
+    low = draw(st.sampled_from([-10.0, -6.0]))
+    table = np.full((BATCH, MAX_LEN, VOCAB, VOCAB), low)
+    for b in range(BATCH):
+        long, *ending = draw(st.permutations([3, 4, 5]))  # the content ids (PAD, BOS, EOS are 0-2)
+        worse = draw(st.sampled_from([1.0, 0.75, 0.5]))  # the long path's second step, below its ending
+        ends_at = draw(st.sampled_from([MAX_LEN - 1, MAX_LEN - 2, MAX_LEN - 3]))
+        table[b, 0, BOS, [long, *ending]] = 0.0
+        table[b, 1, ending, EOS] = 0.0
+        table[b, 1, long, EOS] = -draw(st.sampled_from([0.0, 0.25]))
+        table[b, 1, long, long] = -worse
+        table[b, 2:, long, long] = 0.0
+        table[b, ends_at, long, long], table[b, ends_at, long, EOS] = low, 0.0
+    return Script(table=table, length_penalty=draw(st.sampled_from(OVERTAKING_PENALTIES)))
+
+
+def late_overtake_script() -> Script:
+    """The late overtake every profile runs first (`late_overtakes` at its first values: ends at the
+    last step, penalty 1): a wrong stopping bound in Flax's rule is met whatever the draw."""
+    table = np.full((BATCH, MAX_LEN, VOCAB, VOCAB), -10.0)
+    table[:, 0, BOS, [3, 4, 5]] = 0.0
+    table[:, 1, [4, 5], EOS] = 0.0
+    table[:, 1, 3, EOS], table[:, 1, 3, 3] = 0.0, -1.0
+    table[:, 2:, 3, 3] = 0.0
+    table[:, MAX_LEN - 1, 3, 3], table[:, MAX_LEN - 1, 3, EOS] = -10.0, 0.0
+    return Script(table=table, length_penalty=1.0)
+
+
+def late_overtake(trace: list[dict], ids: np.ndarray) -> bool:
+    """Whether a Flax-rule search (its reference trace and ids) met a late overtake: at some step
+    every row's finished slots were filled and beat its best open beam scored at its own length
+    (where a bound read at that length stops), and a row's returned hypothesis ended later."""
+    lengths = np.where((ids == EOS).any(axis=1), np.argmax(ids == EOS, axis=1) + 1, ids.shape[1])
+    for s, record in enumerate(trace):
+        if "worst" in record and (record["worst"] > record["open_now"]).all():
+            return bool((lengths > s + 1).any())
+    return False
+
+
 @st.composite
 def scripts(draw) -> Script:
     """A scripted decoder over `BATCH` source rows, `MAX_LEN` steps and `VOCAB` ids, and a length
-    penalty (`LENGTH_PENALTIES`)."""
+    penalty (`LENGTH_PENALTIES`); one in six a late overtake (`late_overtakes`)."""
+    if draw(st.sampled_from(SCRIPT_KINDS)) == "late overtake":
+        return draw(late_overtakes())
     table = np.empty((BATCH, MAX_LEN, VOCAB, VOCAB))
     # Every row ends often, from an early step (the finished lists fill up and a search may stop
     # before max_len, which takes every row), or each row ends from its own step, or never.

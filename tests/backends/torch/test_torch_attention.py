@@ -196,9 +196,11 @@ def test_fast_path_equals_explicit_path_through_whole_models(case, dtype):
         assert_same(value, explicit[name], dtype, f"{name} (fast vs explicit; {case.config.summary()})")
     if case.config.source == "features":  # log-mel features have no padding: no empty row to check
         return
-    # The empty source row follows the fill in the explicit weights.
+    # The empty source row follows the config in the explicit weights: zeros, else the fill's row.
     empty = explicit["encoder.0.self"][-1]  # (H, S, S)
-    if math.isinf(case.config.mask_fill):
+    if case.config.empty_rows == "zeros":
+        assert torch.equal(empty, torch.zeros_like(empty))
+    elif math.isinf(case.config.mask_fill):
         assert empty.isnan().all()
     else:
         assert torch.equal(empty, torch.full_like(empty, 1 / empty.shape[-1]))
