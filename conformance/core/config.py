@@ -30,6 +30,16 @@ SRC_PAD_MASK_SIDES = ("keys", "both")
 ACTIVATIONS = ("relu", "gelu", "gelu-tanh", "silu", "tanh")
 SOURCES = ("ids", "features")
 
+MASKED_SCORES = ("replaced", "added")
+EMPTY_ROWS = ("softmax", "zeros")
+
+# An added fill must swamp the scores in every dtype: at |fill| >= 1e30 its unit in the last place
+# is 1.4e14 in float64 (7.6e22 in float32), so `score + fill` rounds to the fill itself for any
+# score below 7e13, and a row of masked scores is a row of equal values. A smaller fill keeps part
+# of each score (-1e9 + 3.2 is -999999996.8 in float64, -1e9 in float32): an empty row would then
+# weigh its keys by the scores in one dtype and evenly in another.
+ADDED_FILL_LIMIT = -1e30
+
 # The string fields and the values each may take.
 CHOICES = {
     "norm_placement": NORM_PLACEMENTS,
@@ -41,6 +51,8 @@ CHOICES = {
     "src_pad_mask": SRC_PAD_MASK_SIDES,
     "activation": ACTIVATIONS,
     "source": SOURCES,
+    "masked_scores": MASKED_SCORES,
+    "empty_rows": EMPTY_ROWS,
 }
 
 # float32's largest finite value. Scores are formed and filled in at least float32 in every
@@ -59,7 +71,8 @@ MAX_LEN_LIMIT = 65536
 ADDED_FIELDS = ("src_pad_mask", "scale_logits", "ffn_glu", "attention_temp", "position_offset", "position_ids",
                 "embedding_norm", "freeze_pad_embedding", "d_head", "scale_scores", "relative_buckets",
                 "relative_max_distance", "ffn_bias", "freeze_final_logits_bias", "source", "n_mels", "max_source_len",
-                "key_bias", "decoder_embedding_norm", "relative_bias_per_layer")
+                "key_bias", "decoder_embedding_norm", "relative_bias_per_layer", "masked_scores",
+                "empty_rows")
 
 _SIZE_FIELDS = (
     "src_vocab_size",
@@ -178,6 +191,19 @@ class ModelConfig:
             with every key masked NaN (0/0); a finite value (-1e9, -1e4, ...) makes it a uniform
             average over all keys. Softmax runs in at least float32, so fills such as -1e9 stay
             finite even for float16 models.
+        masked_scores: how the fill meets a masked score: "replaced", `where(mask, s, fill)` (the
+            paper's tutorials, `masked_fill`, Flax), or "added", `s + where(mask, 0, fill)`
+            (transformers' eager attention adds its mask of `finfo(dtype).min`). The forward is the
+            same wherever the fill swamps the scores (an added fill must be -inf or at most -1e30,
+            `ADDED_FILL_LIMIT`); the backward is not: a replaced score is a constant, so no
+            gradient reaches it, while an added one passes the softmax's gradient on. They part on
+            a query with every key masked and a finite fill: its weights are uniform, and their
+            gradient reaches q and k through the added scores only.
+        empty_rows: what a query with no key to attend to gives: "softmax", the softmax of its
+            filled row (NaN for a -inf fill, a uniform average of the values for a finite one), or
+            "zeros", weights of 0 on every key, so its attention output is 0 and nothing reaches
+            q, k or v from it (PyTorch's fused kernels and transformers' SDPA attention,
+            `nn.MultiheadAttention` with need_weights=False).
         tgt_pad_mask: where target padding is masked: "keys" `(B, 1, 1, T)` or "queries"
             `(B, 1, T, 1)`, combined by AND with the causal `(1, 1, T, T)`; or "none", causal
             only: Marian and BART start every decoder input with the pad id, so masking padding
@@ -212,7 +238,7 @@ class ModelConfig:
         final_logits_bias: a separate `final_logits_bias` vector added to the logits (Marian).
         freeze_final_logits_bias: training only: `final_logits_bias` gets no gradient (a zero
             one), as in transformers, where it is a registered buffer, not a parameter (Marian,
-            BART, mBART, Pegasus): an optimizer step leaves it as it is. The forward is unchanged.
+            BART, mBART, Pegasus, PLBart, Blenderbot, BlenderbotSmall): an optimizer step leaves it as it is. The forward is unchanged.
         scale_logits: divide `y W_out` by sqrt(D) before any bias (Flax `examples/wmt` with
             `logits_via_embedding`: "correctly normalize pre-softmax logits for this shared case").
     """
@@ -256,6 +282,8 @@ class ModelConfig:
     out_proj_bias: bool = True
     attention_temp: float = 1.0
     mask_fill: float = -1e9
+    masked_scores: str = "replaced"
+    empty_rows: str = "softmax"
     tgt_pad_mask: str = "keys"
     src_pad_mask: str = "keys"
     cross_attn_src_mask: bool = True
@@ -382,6 +410,12 @@ class ModelConfig:
                 "mask_fill", f"a finite fill must be representable in float32 (>= {-FLOAT32_MAX:.8g}), got "
                              f"{self.mask_fill}: scores are filled in at least float32, where it would become -inf"
             )
+        if self.masked_scores == "added" and ADDED_FILL_LIMIT < self.mask_fill:
+            raise ConfigError(
+                "mask_fill", f"masked_scores='added' needs a fill of -inf or at most {ADDED_FILL_LIMIT:g} (it must "
+                             f"swamp the scores in every dtype), got {self.mask_fill}: with a smaller one an empty "
+                             "row would weigh its keys by their scores in float64 and evenly in float32"
+            )
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             raise ConfigError(
                 "pad_id",
@@ -467,6 +501,54 @@ class ModelConfig:
             and getattr(self, f.name) != getattr(default, f.name)
         ]
         return " ".join([sizes, *switches])
+
+
+
+def inert_switches(config: ModelConfig) -> frozenset[str]:
+    """The switches whose value changes nothing `config` computes, forward or backward: any value
+    of one of them gives the same numbers, so a system that holds it otherwise does not differ
+    there (`conformance.convert.check_exportable`).
+
+        relative_buckets, relative_max_distance   unless position is "relative" (T5's bias only)
+        position_offset, position_ids             with position "relative": no position term is read
+        masked_scores                             with a -inf fill (s + -inf is -inf, as replaced) or
+                                                  empty_rows "zeros" (no gradient leaves an empty row,
+                                                  and a masked score elsewhere has weight 0 either way)
+        relative_bias_per_layer                   unless position is "relative"
+        decoder_embedding_norm                    without embedding_norm (no LayerNorm to place)
+        key_bias                                  without qkv_bias (no projection has a bias)
+        freeze_final_logits_bias                  without final_logits_bias (nothing to freeze)
+    """
+    inert = set()
+    if config.position == "relative":
+        inert |= {"position_offset", "position_ids"}
+    else:
+        inert |= {"relative_buckets", "relative_max_distance", "relative_bias_per_layer"}
+    if not config.embedding_norm:
+        inert.add("decoder_embedding_norm")
+    if not config.qkv_bias:
+        inert.add("key_bias")
+    if not config.final_logits_bias:
+        inert.add("freeze_final_logits_bias")
+    if math.isinf(config.mask_fill) or config.empty_rows == "zeros":
+        inert.add("masked_scores")
+    return frozenset(inert)
+
+
+def computes_alike(config: ModelConfig, name: str, value: Any) -> bool:
+    """Whether switch `name` at `value` computes what `config`'s own value does: the same value,
+    a switch inert in `config` and in `config` with that value (`inert_switches`), or a d_head
+    that gives the same head size (0 means d_model / n_heads)."""
+    if getattr(config, name) == value:
+        return True
+    if name == "d_head":
+        return not config.d_model % config.n_heads and (value or config.d_model // config.n_heads) == config.head_dim
+    if name not in inert_switches(config):
+        return False
+    try:
+        return name in inert_switches(config.replace(**{name: value}))
+    except ConfigError:
+        return False
 
 
 # -- The switch table of docs/porting.md ---------------------------------------------------------

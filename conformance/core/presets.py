@@ -131,6 +131,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         norm_placement="post", embedding_norm=True, scale_embedding=True, position="table", position_offset=2,
         share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True, activation="gelu",
         mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=1, freeze_pad_embedding=True,
+        freeze_final_logits_bias=True,
     ),
     # BlenderbotSmall (modeling_blenderbot_small): BART's modules, a learned table read from row 0,
     # and the decoder's layernorm_embedding on the tokens before the positions are added.
@@ -138,7 +139,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         norm_placement="post", embedding_norm=True, decoder_embedding_norm="tokens", scale_embedding=False,
         position="table", position_offset=0, share_embeddings=True, tie_output=True, output_bias=False,
         final_logits_bias=True, activation="gelu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0,
-        freeze_pad_embedding=True,
+        freeze_pad_embedding=True, freeze_final_logits_bias=True,
     ),
     # Blenderbot (modeling_blenderbot): Pegasus' modules with a learned table from row 0, GELU and
     # no embedding scale (BlenderbotConfig's defaults).
@@ -146,6 +147,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         norm_placement="pre", final_encoder_norm=True, final_decoder_norm=True, scale_embedding=False,
         position="table", share_embeddings=True, tie_output=True, output_bias=False, final_logits_bias=True,
         activation="gelu", mask_fill=FLOAT32_MIN, tgt_pad_mask="none", pad_id=0, freeze_pad_embedding=True,
+        freeze_final_logits_bias=True,
     ),
     # FSMT (modeling_fsmt: fairseq's WMT19 transformers): post-LN without final norms or an embedding
     # LayerNorm, fairseq's float32 sinusoid over non-pad tokens from pad_id + 1 (a frozen table the

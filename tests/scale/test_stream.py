@@ -192,7 +192,7 @@ def test_compare_streams_our_backends_beside_the_users_model():
 # preset that exercises each, the config changes it needs, the edit, the first tensor it breaks.
 GLUE_BREAKS = {
     "final_logits_bias dropped": ("hf-bart", {}, [(
-        "            logits = logits + cast(self.final_logits_bias, logits.dtype)\n        return",
+        "            logits = logits + self.logits_bias(cast(self.final_logits_bias, logits.dtype))\n        return",
         "            pass\n        return")], "logits"),
     "the decoder reads the encoder's table": ("hf-m2m100", {"share_embeddings": False, "tie_output": False}, [(
         "return self.encoder.embedding if self.config.share_embeddings else self.decoder.embedding",

@@ -1,4 +1,4 @@
-"""`final_logits_bias` is a registered buffer in transformers (Marian, BART, mBART, Pegasus), not
+"""`final_logits_bias` is a registered buffer in transformers (Marian, BART, mBART, Pegasus, PLBart, Blenderbot, BlenderbotSmall), not
 a parameter: fine-tuning never moves it. `ModelConfig.freeze_final_logits_bias`, set by the
 Hugging Face importers, gives it a zero gradient in every backend's `loss_and_grads`, so that our
 Adam leaves it as it is too (issue 56, item 4: before, it got the logits' gradient and moved).
@@ -87,5 +87,7 @@ def test_every_hf_family_with_the_bias_freezes_it():
     from conformance.core.presets import PRESETS
 
     with_bias = sorted(name for name, switches in PRESETS.items() if switches.get("final_logits_bias"))
-    assert with_bias == ["hf-bart", "hf-marian", "hf-mbart", "hf-pegasus"], with_bias
+    # transformers keeps the bias as a buffer (nn.Buffer / register_buffer) in every one of them
+    assert with_bias == ["hf-bart", "hf-blenderbot", "hf-blenderbot-small", "hf-marian", "hf-mbart", "hf-pegasus",
+                         "hf-plbart"], with_bias
     assert all(PRESETS[name].get("freeze_final_logits_bias") for name in with_bias)
