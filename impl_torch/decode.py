@@ -28,7 +28,7 @@ from conformance.core.decoding import DecoderCache, check_sources, uniforms
 from conformance.core.device_search import NumpyOps, newest, prefix, processor_data, rules_of, run, sampling_data
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
-from impl_torch import graphs
+from impl_torch import graphs, packed
 from impl_torch.arrays import to_numpy
 from impl_torch.fused import kernel_fix_ups
 
@@ -101,7 +101,10 @@ def start_cache(model, encoded: Encoded, length: int) -> DecoderCache:
         cache.cross_keys.append(k)
         cache.cross_values.append(v)
     cache.cross_fix_ups = cross_fix_ups(model, cache)
-    cache.output_weight = step_output_weight(model)
+    # On the CPU in float32, the step's products by oneDNN-packed weights (impl_torch/packed.py).
+    cache.step_decoder, cache.output_weight = packed.packed_step(model)
+    if cache.step_decoder is None:
+        cache.output_weight = step_output_weight(model)
     return cache
 
 
@@ -172,7 +175,8 @@ def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:
                         values=[rows_of(v, rows, cache.length) for v in cache.values],
                         cross_keys=cache.cross_keys, cross_values=cache.cross_values,
                         tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length,
-                        cross_fix_ups=cache.cross_fix_ups, output_weight=cache.output_weight)
+                        cross_fix_ups=cache.cross_fix_ups, output_weight=cache.output_weight,
+                        step_decoder=cache.step_decoder)
 
 
 # -- The step ----------------------------------------------------------------------------------
@@ -203,8 +207,9 @@ def advance(model, tgt_ids: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
     scores_dtype = torch.promote_types(y.dtype, torch.float32)  # model.scores_dtype (model.py imports this module)
     bias = model.decoder.position.score_bias(1, t + 1, scores_dtype, first_query=t)  # (1, H, 1, t + 1), or None
-    y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, bias=bias, return_attention=False,
-                      cache=layer_caches(cache))
+    decoder = model.decoder if cache.step_decoder is None else cache.step_decoder  # the same layers, packed products
+    y = decoder(y, None, self_mask, cache.cross_mask, scratch, bias=bias, return_attention=False,
+                cache=layer_caches(cache))
     logits = model.logits(y, weight=cache.output_weight)[:, 0]  # (B, V)
     cache.length = t + 1
     return logits
