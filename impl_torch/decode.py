@@ -86,20 +86,25 @@ def layer_caches(cache: DecoderCache) -> list[tuple[Written, Projected]]:
     return [(Written(cache, i), Projected(cache, i)) for i in range(len(cache.keys))]
 
 
-def start_cache(model, encoded: Encoded, length: int) -> DecoderCache:
-    """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
+def start_cache(model, encoded: Encoded, length: int, *, rows=None) -> DecoderCache:
+    """An empty cache for up to `length` positions against `encoded` (one row per decoder row).
+
+    `rows` (keyword-only; `generate`): (N,) the source row of each decoder row, where `encoded`
+    holds each source once: the memory's keys and values are projected once per source and then
+    repeated, instead of once per beam (a beam-4 search projected 4x the rows)."""
     config = model.config
-    batch = encoded.memory.shape[0]
-    shape = (batch, config.n_heads, length, config.head_dim)  # (B, H, L, K)
+    batch = encoded.memory.shape[0] if rows is None else rows.shape[0]
+    shape = (batch, config.n_heads, length, config.head_dim)  # (N, H, L, K)
+    src_mask = encoded.src_mask if rows is None else encoded.src_mask[rows]
     cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
                          tgt_ids=torch.full((batch, length), config.pad_id, dtype=torch.long, device=model.device),
-                         cross_mask=encoded.src_mask if config.cross_attn_src_mask else None)
+                         cross_mask=src_mask if config.cross_attn_src_mask else None)
     for layer in model.decoder.layers:
         cache.keys.append(torch.zeros(shape, dtype=model.dtype, device=model.device))
         cache.values.append(torch.zeros(shape, dtype=model.dtype, device=model.device))
         k, v = layer.cross_attn.keys_values(encoded.memory)  # (B, H, S, K)
-        cache.cross_keys.append(k)
-        cache.cross_values.append(v)
+        cache.cross_keys.append(k if rows is None else k[rows])  # (N, H, S, K)
+        cache.cross_values.append(v if rows is None else v[rows])
     cache.cross_fix_ups = cross_fix_ups(model, cache)
     # On the CPU in float32, the step's products by oneDNN-packed weights (impl_torch/packed.py).
     cache.step_decoder, cache.output_weight = packed.packed_step(model)
@@ -362,8 +367,13 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         check_sources(to_numpy(encoded.src_mask))  # a row of padding only is refused
         batch = encoded.memory.shape[0]
         rows = torch.arange(batch, device=model.device).repeat_interleave(settings.rows)  # (N,): per beam or sample
+        # On the CPU, the memory's keys and values are projected once per source, then repeated (a
+        # GPU's path, its CUDA graphs included, projects the repeated memory as it did: not run on one since).
+        once = settings.use_cache and settings.rows > 1 and model.device.type == "cpu"
+        cache = {"now": start_cache(model, encoded, settings.max_len, rows=rows) if once else None}
         encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-        cache = {"now": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
+        if settings.use_cache and not once:
+            cache["now"] = start_cache(model, encoded, settings.max_len)
         ops, dtype, rules = Ops(model.device), search_dtype(model), rules_of(settings)
         # This backend's own step without the id checks (they would read the ids back to the host
         # every step); a subclass's decode_step (torch.compile'd, say) is called as it is.
