@@ -94,11 +94,65 @@ class PackedLinear(nn.Module):
         return linear(x, self.packed, self.source.bias)
 
 
-def step_linears(decoder: nn.Module) -> list[nn.Module]:
-    """The `Linear`s a cached step runs: all of the decoder's but cross-attention's keys and values,
-    which `start_cache` projects once per source. A subclass of Linear is left as it is."""
+class Fused:
+    """Self-attention's q, k and v projections of one input as one product, x [W_q W_k W_v] +
+    [b_q b_k b_v]: the three are read from one packed weight, and each column's sum is the same
+    as in its own product (measured bit for bit, N = 8 and 32). The three `FusedPart`s that stand
+    in for q_proj, k_proj and v_proj ask it for their part; the product is taken once per input."""
+
+    def __init__(self, sources: list[nn.Module], packed: torch.Tensor):
+        self.sources, self.packed = sources, packed
+        self.width = sources[0].weight.shape[1]
+        self.bias = None
+        self.last = None  # (x, its three parts): the input the product was last taken of
+
+    def refresh(self) -> None:
+        """The biases concatenated again (each search: they are small, and a parameter like any other)."""
+        biases = [m.bias for m in self.sources]
+        present = [b for b in biases if b is not None]
+        self.bias = None if not present else torch.cat(
+            [(b if b is not None else present[0].new_zeros(self.width)).detach() for b in biases])
+        self.last = None
+
+    def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.last is None or self.last[0] is not x:
+            self.last = (x, linear(x, self.packed, self.bias).split(self.width, dim=-1))
+        return self.last[1]
+
+
+class FusedPart(nn.Module):
+    """q_proj, k_proj or v_proj (`index` 0, 1, 2) of a self-attention whose three are `Fused`."""
+
+    def __init__(self, fused: Fused, index: int):
+        super().__init__()
+        self.__dict__["fused"] = fused
+        self.index = index
+
+    def extra_repr(self) -> str:
+        return f"part {self.index} of a fused q/k/v product {tuple(self.fused.packed.shape)}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fused.parts(x)[self.index]
+
+
+def step_products(decoder: nn.Module) -> dict[int, list[nn.Module]]:
+    """The products a cached step takes, as the `Linear`s each reads: one per layer's self-attention
+    q, k and v together (keyed by the attention), one for every other Linear the step runs, keyed
+    by itself. Not cross-attention's keys and values, which `start_cache` projects once per
+    source. A subclass of Linear (whose forward may be another) is left as it is, and so is a
+    self-attention whose three are not all plain Linears."""
     skipped = {id(m) for layer in decoder.layers for m in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)}
-    return [m for m in decoder.modules() if is_linear(m) and id(m) not in skipped]
+    products = {}
+    for layer in decoder.layers:
+        attention = layer.self_attn
+        three = [attention.q_proj, attention.k_proj, attention.v_proj]
+        if all(is_linear(m) for m in three) and len({m.weight.shape for m in three}) == 1:
+            products[id(attention)] = three
+            skipped.update(map(id, three))
+    for m in decoder.modules():
+        if is_linear(m) and id(m) not in skipped:
+            products[id(m)] = [m]
+    return products
 
 
 def is_linear(module: nn.Module) -> bool:
@@ -135,34 +189,51 @@ class Packed:
     """A model's packed step: the decoder copy, W_out packed, and what each was packed from."""
 
     def __init__(self):
-        self.held: dict[int, tuple] = {}  # id(module) -> (parameter, snapshot, packed); the model: W_out's
+        # key -> (parameters, their snapshots, the packed weight): a product's key from
+        # `step_products`, W_out's the model's id
+        self.held: dict[int, tuple] = {}
         self.decoder = None
+        self.fused: list[Fused] = []
         self.tree = None  # the module tree the copy mirrors (ids)
 
     def refresh(self, model) -> None:
         """Packs again every weight whose parameter changed since it was packed (module docstring)."""
-        linears = step_linears(model.decoder)
-        wanted = {id(m): m.weight for m in linears}
-        wanted[id(model)] = stored_output(model)
+        products = step_products(model.decoder)
+        wanted = {key: [m.weight for m in linears] for key, linears in products.items()}
+        wanted[id(model)] = [stored_output(model)]
         changed = False
-        for key, parameter in wanted.items():
+        for key, parameters in wanted.items():
             held = self.held.get(key)
-            if held is None or not unchanged(held[0], held[1], parameter):
-                snapshot = parameter.detach().clone()
-                weight = snapshot.T if key == id(model) and model.config.tie_output else snapshot  # (d_in, d_out)
-                self.held[key] = (parameter, snapshot, pack(weight))
+            if held is None or len(held[0]) != len(parameters) or not all(
+                    unchanged(*old, now) for old, now in zip(zip(held[0], held[1]), parameters)):
+                snapshots = [p.detach().clone() for p in parameters]
+                if key == id(model):  # (d_in, d_out): the tied embedding (V, D) read transposed
+                    weight = snapshots[0].T if model.config.tie_output else snapshots[0]
+                else:
+                    weight = snapshots[0] if len(snapshots) == 1 else torch.cat(snapshots, dim=1)
+                self.held[key] = (parameters, snapshots, pack(weight))
                 changed = True
         for key in set(self.held) - set(wanted):
             del self.held[key]
         tree = tuple(map(id, model.decoder.modules()))
         if changed or tree != self.tree:
-            self.decoder = _copy_tree(model.decoder, {id(m): PackedLinear(m, self.held[id(m)][2]) for m in linears})
+            replaced, self.fused = {}, []
+            for key, linears in products.items():
+                if len(linears) == 1:
+                    replaced[key] = PackedLinear(linears[0], self.held[key][2])
+                else:
+                    fused = Fused(linears, self.held[key][2])
+                    replaced.update((id(m), FusedPart(fused, i)) for i, m in enumerate(linears))
+                    self.fused.append(fused)
+            self.decoder = _copy_tree(model.decoder, replaced)
             self.tree = tree
+        for fused in self.fused:
+            fused.refresh()
 
 
 def packable(model) -> bool:
     """Whether every weight the step would pack is a plain float32 CPU tensor (not a DTensor shard, say)."""
-    weights = [m.weight for m in step_linears(model.decoder)]
+    weights = [m.weight for linears in step_products(model.decoder).values() for m in linears]
     weights.append(stored_output(model))
     return all(type(w.detach()) is torch.Tensor and w.layout == torch.strided for w in weights)
 

@@ -67,12 +67,16 @@ def test_packed_steps_give_the_plain_steps_logits_and_ids(name, monkeypatch):
     for copy, own in zip(decoder.modules(), model.decoder.modules()):
         if isinstance(copy, packed.PackedLinear):
             assert type(own) is Linear and copy.source is own
+        elif isinstance(copy, packed.FusedPart):  # self-attention's q, k, v: one product
+            assert type(own) is Linear and copy.fused.sources[copy.index] is own
         else:
             assert type(copy) is type(own) and copy._parameters is own._parameters and copy._buffers is own._buffers
     cross = [m for layer in decoder.layers for m in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)]
     assert all(type(m) is Linear for m in cross)  # projected once per source by start_cache, unpacked
     linears = [m for m in model.decoder.modules() if type(m) is Linear]
-    assert sum(isinstance(m, packed.PackedLinear) for m in decoder.modules()) == len(linears) - len(cross)
+    swapped = [m for m in decoder.modules() if isinstance(m, (packed.PackedLinear, packed.FusedPart))]
+    assert len(swapped) == len(linears) - len(cross)
+    assert sum(isinstance(m, packed.FusedPart) for m in swapped) == 3 * config.n_decoder_layers
     for beams in (1, 3):
         monkeypatch.setattr(packed, "ENABLED", False)
         expected = to_numpy(model.generate(src, 8, 1, 2, num_beams=beams))
