@@ -40,6 +40,9 @@ Contenders (`--contenders`, comma-separated):
     ct2-int8    the same model quantized to int8 (int8_float16 on CUDA): not the same arithmetic,
                 reported apart, its ids compared all the same
     torch, jax, numpy   this project's backends
+    torch-int8  impl_torch with its encoder's and decoder's Linears quantised by torch.ao's dynamic
+                int8 quantisation (`generate_contenders.int8_linears`), the pair of ct2-int8: not the
+                float32 arithmetic, reported apart, its ids compared all the same (CPU only)
 
 Every contender's first call (its compile, where it has one) is timed and printed apart. Token ids
 follow Marian's released checkpoints: the pad id is the last (V - 1), with a zero embedding row, and
@@ -193,7 +196,7 @@ def agreement(out: dict, chosen: list[str], contender: str, name: str) -> str:
     return "same rows: " + ", ".join(parts)
 
 
-CONTENDERS = ("hf", "hf-static", "ct2", "ct2-int8", "torch", "jax", "numpy")
+CONTENDERS = ("hf", "hf-static", "ct2", "ct2-int8", "torch", "torch-int8", "jax", "numpy")
 
 
 def cache(args, sizes, config, params) -> None:

@@ -2,7 +2,8 @@
 
 A contender is one engine's `generate` on the same weights: transformers' (`hf`; `hf-static`, its
 static cache with the forward compiled by `generate`), CTranslate2's (`ct2`, `ct2-int8`) on a model
-converted from those weights, and this project's backends (`torch`, `jax`, `numpy`). All are built
+converted from those weights, and this project's backends (`torch`, `jax`, `numpy`; `torch-int8`, impl_torch
+with torch.ao's dynamic int8 quantisation of its Linears, `int8_linears`). All are built
 from one random float32 `MarianMTModel` (`marian`, seed 0) of the `BASE` or `QUICK` sizes, read into
 this project's config and parameters by `conformance.convert.from_hf_marian`, with Marian's ids
 (`ids`: the pad id last, the decoder starting from it, the end id `EOS`), the end and pad ids barred
@@ -150,9 +151,43 @@ def build(backend: str, config, params, device: str):
         import impl_torch
 
         return impl_torch.Model(config, params, "float32", device=device)
+    if backend == "torch-int8":
+        import impl_torch
+
+        return int8_linears(impl_torch.Model(config, params, "float32", device=device))
     import impl_jax
 
     return impl_jax.Model(config, params, "float32", device="gpu" if device == "cuda" else device)
+
+
+def int8_linears(model):
+    """`model` (an impl_torch.Model on the CPU) with every Linear of its encoder and decoder quantised
+    by torch.ao's dynamic quantisation (`torch.ao.quantization.quantize_dynamic`: int8 weights, one
+    scale per tensor; each call quantises its input and accumulates in int32); the embeddings and
+    W_out stay float32 (the steps multiply W_out packed for oneDNN, impl_torch/packed.py). The
+    benchmark's `torch-int8`: not the float32 arithmetic, reported beside CTranslate2's int8, never
+    a float32 default. (torch 2.13 warns that torch.ao.quantization is deprecated, for torchao.)"""
+    import warnings
+
+    import torch
+    from torch import nn
+
+    linears = {}  # each Linear of ours (W stored (d_in, d_out)) as an nn.Linear (W stored (d_out, d_in))
+    for name, module in model.named_modules():
+        if (type(module).__module__, type(module).__name__) == ("impl_torch.model", "Linear"):
+            dense = nn.Linear(*module.weight.shape, bias=module.bias is not None)
+            with torch.no_grad():
+                dense.weight.copy_(module.weight.T)
+                if module.bias is not None:
+                    dense.bias.copy_(module.bias)
+            linears[name.replace(".", "/")] = dense
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        quantized = torch.ao.quantization.quantize_dynamic(nn.ModuleDict(linears), {nn.Linear}, dtype=torch.qint8)
+    for key, module in quantized.items():
+        parent, _, child = key.replace("/", ".").rpartition(".")
+        setattr(model.get_submodule(parent), child, module)
+    return model
 
 
 def timed(function):
