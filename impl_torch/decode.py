@@ -99,17 +99,17 @@ def start_cache(model, encoded: Encoded, length: int, *, rows=None) -> DecoderCa
     cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
                          tgt_ids=torch.full((batch, length), config.pad_id, dtype=torch.long, device=model.device),
                          cross_mask=src_mask if config.cross_attn_src_mask else None)
-    for layer in model.decoder.layers:
+    # On the CPU in float32, the search's products by oneDNN-packed weights (impl_torch/packed.py).
+    cache.step_decoder, cache.output_weight = packed.packed_step(model)
+    if cache.output_weight is None:
+        cache.output_weight = step_output_weight(model)
+    for layer in (model.decoder if cache.step_decoder is None else cache.step_decoder).layers:
         cache.keys.append(torch.zeros(shape, dtype=model.dtype, device=model.device))
         cache.values.append(torch.zeros(shape, dtype=model.dtype, device=model.device))
         k, v = layer.cross_attn.keys_values(encoded.memory)  # (B, H, S, K)
         cache.cross_keys.append(k if rows is None else k[rows])  # (N, H, S, K)
         cache.cross_values.append(v if rows is None else v[rows])
     cache.cross_fix_ups = cross_fix_ups(model, cache)
-    # On the CPU in float32, the step's products by oneDNN-packed weights (impl_torch/packed.py).
-    cache.step_decoder, cache.output_weight = packed.packed_step(model)
-    if cache.step_decoder is None:
-        cache.output_weight = step_output_weight(model)
     return cache
 
 

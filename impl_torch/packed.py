@@ -1,33 +1,39 @@
-"""The cached decoding step's products on the CPU through oneDNN's prepacked float32 linear.
+"""A search's products on the CPU through oneDNN's prepacked float32 linear (issue 57).
 
 Why. A cached step multiplies a few rows (N = batch x beams) by every weight of the decoder and by
 W_out: base Marian streams about 150 MB of float32 weights per step, so a step costs what its GEMMs
 take to read them. torch's CPU products run MKL's sgemm, which on this project's AMD EPYC (AVX-512)
 read them at about half the speed of oneDNN's inner product on weights packed once into oneDNN's
 blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, then `torch.ops.mkldnn._linear_pointwise`,
-the pair Inductor's CPU freezing passes use). CTranslate2 runs the same oneDNN sgemm on that CPU.
+the pair Inductor's CPU freezing passes use). CTranslate2 runs oneDNN's sgemm on that CPU.
 Measured there (one thread, 6 layers' distinct weights, batch 8): the decoder's 48 products 14 ms
-with MKL against 7 ms packed, the output product 10-14 ms against 5 ms (docs/performance.md, issue 57).
+with MKL against 7 ms packed, the output product 10-14 ms against 5 ms (docs/performance.md).
+A oneDNN call costs about 15 us on the host against addmm's 4, which a product of base size repays
+many times over, and a tiny model does not (d_model 64: a greedy step 1 ms slower).
 
-What. `step_decoder(model)` is `model.decoder` copied as a tree of modules that shares every
-module's parameters and buffers, in which each `Linear` a cached step runs (self-attention's q, k,
-v, o; cross-attention's q, o; the feed-forward's) is a `PackedLinear`; its forward is the same
-code, `Decoder.forward` and the layers' own. `packed_step` hands it and W_out packed to `start_cache`. The products
-are float32 like MKL's, in another summation order: the logits equal the stored weights' to float
-rounding (tests/generation/test_packed_step.py), not bit for bit.
+What. `packed_step(model)` gives `start_cache` a copy of `model.decoder`, a tree of modules that
+shares every module's parameters and buffers, in which each `Linear` is a `PackedLinear`, or a
+`FusedPart` of a product taken once for a group of them (`Fused`: self-attention's q, k and v of
+the step's input; cross-attention's k and v of the memory, once per source); its forward is the
+same code, `Decoder.forward` and the layers' own. And W_out packed. The products are float32 like
+MKL's, in another summation order: the logits equal the stored weights' to float32 rounding
+(tests/generation/test_packed_step.py), not bit for bit; the fused groups give the same bits as
+their Linears packed one by one.
 
 Freshness. Packing base Marian's decoder and W_out takes about a tenth of a second, several steps,
-so the packed weights are kept with the model and reused by the next search. Each search first
-checks that every packed weight's parameter holds, bit for bit, the values it was packed from
-(against a snapshot: an in-place write through `.data` bumps no version counter, so the counters
-cannot tell), and packs again what changed: about a sixth of a step for base Marian. A parameter
-replaced by another tensor, or of another dtype, shape or device, is packed again too.
+so the packed weights are kept beside the model and reused by the next search. Each search first
+checks that every packed weight's parameter holds, byte for byte, what it was packed from (against
+a snapshot, by memcmp: an in-place write through `.data` bumps no version counter, so the
+counters cannot tell), and packs again what changed: about 11 ms for base Marian's 150 MB, one
+thread, about one step. A parameter replaced by another tensor, or of another dtype, shape or
+device, or a module replaced in the decoder, is packed again too. The snapshots and the packed
+copies hold twice those 150 MB; `release(model)` drops them.
 
 When. A float32 model on the CPU, parameters stored in float32, oneDNN present, outside autograd
 (a step recorded for a gradient multiplies the parameters, which the gradient reaches), no hook
 on the decoder's modules (the copy would not run it), and `ROSETTA_TORCH_PACKED_STEP` not 0/off.
 Otherwise, and on every other device (CUDA replays its own graphs, impl_torch/graphs.py), the
-step runs `model.decoder` and the stored W_out as before.
+search runs `model.decoder` and the stored W_out as before.
 """
 
 from __future__ import annotations
@@ -41,6 +47,11 @@ import torch
 from torch import nn
 
 ENABLED = os.environ.get("ROSETTA_TORCH_PACKED_STEP", "1").lower() not in ("0", "", "false", "no", "off")
+# The fewest weights a product packs: base Marian's smallest (512 x 512). A oneDNN call's host
+# cost is repaid by a product that streams from memory, not by small ones that stay in the caches:
+# with every product packed, a d_model 128 model's greedy step took 20% longer, a d_model 256
+# one's 10% less, base size's 25-30% less (V 8000, one thread).
+MIN_ELEMENTS = 512 * 512
 _LOCK = threading.Lock()  # one packing at a time per process: two searches starting together share it
 # model -> its `Packed`, beside the model rather than in it: a deepcopy, a pickle or `torch.save` of
 # the module never meets the packed (opaque) tensors, and they go with the model.
@@ -95,10 +106,10 @@ class PackedLinear(nn.Module):
 
 
 class Fused:
-    """Self-attention's q, k and v projections of one input as one product, x [W_q W_k W_v] +
-    [b_q b_k b_v]: the three are read from one packed weight, and each column's sum is the same
-    as in its own product (measured bit for bit, N = 8 and 32). The three `FusedPart`s that stand
-    in for q_proj, k_proj and v_proj ask it for their part; the product is taken once per input."""
+    """Projections of one input as one product, x [W_q W_k W_v] + [b_q b_k b_v] (self-attention's
+    three; cross-attention's k and v, of the memory): read from one packed weight, each column's
+    sum the same as in its own product (measured bit for bit, N = 8 and 32). The `FusedPart`s that
+    stand in for the Linears ask it for their part; the product is taken once per input."""
 
     def __init__(self, sources: list[nn.Module], packed: torch.Tensor):
         self.sources, self.packed = sources, packed
@@ -121,7 +132,7 @@ class Fused:
 
 
 class FusedPart(nn.Module):
-    """q_proj, k_proj or v_proj (`index` 0, 1, 2) of a self-attention whose three are `Fused`."""
+    """One Linear of a `Fused` group (`index`: its place in the group, q, k, v or k, v)."""
 
     def __init__(self, fused: Fused, index: int):
         super().__init__()
@@ -136,23 +147,22 @@ class FusedPart(nn.Module):
 
 
 def step_products(decoder: nn.Module) -> dict[int, list[nn.Module]]:
-    """The products a cached step takes, as the `Linear`s each reads: one per layer's self-attention
-    q, k and v together (keyed by the attention), one for every other Linear the step runs, keyed
-    by itself. Not cross-attention's keys and values, which `start_cache` projects once per
-    source. A subclass of Linear (whose forward may be another) is left as it is, and so is a
-    self-attention whose three are not all plain Linears."""
-    skipped = {id(m) for layer in decoder.layers for m in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)}
-    products = {}
+    """The products a search takes with the decoder's weights, as the `Linear`s each reads: per
+    layer, self-attention's q, k and v in one (keyed by the attention) and cross-attention's k and v
+    in one (`start_cache`, once per source); one for every other Linear, keyed by itself. A subclass
+    of Linear (whose forward may be another) is left as it is, and so is a group whose Linears are
+    not all plain ones of one shape."""
+    skipped, products = set(), {}
     for layer in decoder.layers:
-        attention = layer.self_attn
-        three = [attention.q_proj, attention.k_proj, attention.v_proj]
-        if all(is_linear(m) for m in three) and len({m.weight.shape for m in three}) == 1:
-            products[id(attention)] = three
-            skipped.update(map(id, three))
+        for attention, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj")), (layer.cross_attn, ("k_proj", "v_proj"))):
+            group = [getattr(attention, name) for name in names]
+            if all(is_linear(m) for m in group) and len({m.weight.shape for m in group}) == 1:
+                products[id(attention)] = group
+                skipped.update(map(id, group))
     for m in decoder.modules():
         if is_linear(m) and id(m) not in skipped:
             products[id(m)] = [m]
-    return products
+    return {key: group for key, group in products.items() if sum(m.weight.numel() for m in group) >= MIN_ELEMENTS}
 
 
 def is_linear(module: nn.Module) -> bool:
@@ -182,7 +192,35 @@ def unchanged(parameter: torch.Tensor, snapshot: torch.Tensor, now: torch.Tensor
     if now is not parameter or now.dtype != snapshot.dtype or now.shape != snapshot.shape \
             or now.device != snapshot.device:
         return False
-    return torch.equal(now.detach().view(torch.int32), snapshot.view(torch.int32))  # float32: 4 bytes
+    return same_bytes(now.detach(), snapshot)
+
+
+def _memcmp():
+    """The C library's memcmp, or None where ctypes cannot find it."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        library = ctypes.CDLL(ctypes.util.find_library("c") or None) if os.name != "nt" else ctypes.cdll.msvcrt
+        function = library.memcmp
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return function
+
+
+_MEMCMP = _memcmp()
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two CPU tensors of one dtype and shape hold the same bytes: memcmp over contiguous
+    memory (base Marian's 150 MB of step weights against their snapshots: 11 ms, one thread,
+    where `torch.equal` of int32 views took 29 ms), else `torch.equal` of integer views."""
+    if _MEMCMP is not None and a.is_contiguous() and b.is_contiguous():
+        return _MEMCMP(a.data_ptr(), b.data_ptr(), a.numel() * a.element_size()) == 0
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.view(bits), b.view(bits))
 
 
 class Packed:
@@ -200,7 +238,8 @@ class Packed:
         """Packs again every weight whose parameter changed since it was packed (module docstring)."""
         products = step_products(model.decoder)
         wanted = {key: [m.weight for m in linears] for key, linears in products.items()}
-        wanted[id(model)] = [stored_output(model)]
+        if stored_output(model).numel() >= MIN_ELEMENTS:
+            wanted[id(model)] = [stored_output(model)]
         changed = False
         for key, parameters in wanted.items():
             held = self.held.get(key)
@@ -232,15 +271,18 @@ class Packed:
 
 
 def packable(model) -> bool:
-    """Whether every weight the step would pack is a plain float32 CPU tensor (not a DTensor shard, say)."""
+    """Whether any product is large enough to pack (`MIN_ELEMENTS`), and every weight the search
+    would pack is a plain float32 CPU tensor (not a DTensor shard, say)."""
     weights = [m.weight for linears in step_products(model.decoder).values() for m in linears]
-    weights.append(stored_output(model))
-    return all(type(w.detach()) is torch.Tensor and w.layout == torch.strided for w in weights)
+    if stored_output(model).numel() >= MIN_ELEMENTS:
+        weights.append(stored_output(model))
+    return bool(weights) and all(type(w.detach()) is torch.Tensor and w.layout == torch.strided for w in weights)
 
 
-def packed_step(model) -> tuple[nn.Module, torch.Tensor] | tuple[None, None]:
-    """(the decoder copy a cached step runs, W_out packed) for this search, both up to date, or
-    (None, None) where the packed step does not apply (`available`)."""
+def packed_step(model) -> tuple[nn.Module | None, torch.Tensor | None]:
+    """(the decoder copy a search runs, W_out packed) for this search, both up to date; W_out None
+    where it is too small to pack, and (None, None) where packing does not apply (`available`,
+    `packable`)."""
     if not available(model) or not packable(model):
         if model.device.type != "cpu" or model.dtype != torch.float32:
             release(model)  # moved or recast: what was packed is of no further use
@@ -250,7 +292,8 @@ def packed_step(model) -> tuple[nn.Module, torch.Tensor] | tuple[None, None]:
         if held is None:
             held = _PACKED[model] = Packed()
         held.refresh(model)
-        return held.decoder, held.held[id(model)][2]
+        output = held.held.get(id(model))
+        return held.decoder, None if output is None else output[2]
 
 
 def release(model) -> None:

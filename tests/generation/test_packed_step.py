@@ -30,6 +30,12 @@ PRESETS = ("paper", "llmhub", "hf-marian", "hf-t5", "hf-t5-v1_1", "pre-ln-tutori
 SRC = np.array([[3, 4, 5, 6, 7, 8], [9, 10, 4, 3, 0, 0], [5, 5, 6, 0, 0, 0]])
 
 
+@pytest.fixture(autouse=True)
+def every_product_packed(monkeypatch):
+    """These models are tiny: every product packed all the same (packed.MIN_ELEMENTS is base Marian's)."""
+    monkeypatch.setattr(packed, "MIN_ELEMENTS", 0)
+
+
 def model_of(name: str, seed: int = 0, dtype: str = "float32"):
     config = preset(name, **SIZES)
     src = np.where(SRC == 0, config.pad_id, SRC)
@@ -71,12 +77,10 @@ def test_packed_steps_give_the_plain_steps_logits_and_ids(name, monkeypatch):
             assert type(own) is Linear and copy.fused.sources[copy.index] is own
         else:
             assert type(copy) is type(own) and copy._parameters is own._parameters and copy._buffers is own._buffers
-    cross = [m for layer in decoder.layers for m in (layer.cross_attn.k_proj, layer.cross_attn.v_proj)]
-    assert all(type(m) is Linear for m in cross)  # projected once per source by start_cache, unpacked
     linears = [m for m in model.decoder.modules() if type(m) is Linear]
     swapped = [m for m in decoder.modules() if isinstance(m, (packed.PackedLinear, packed.FusedPart))]
-    assert len(swapped) == len(linears) - len(cross)
-    assert sum(isinstance(m, packed.FusedPart) for m in swapped) == 3 * config.n_decoder_layers
+    assert len(swapped) == len(linears)  # self-attention's q, k, v and cross-attention's k, v fused
+    assert sum(isinstance(m, packed.FusedPart) for m in swapped) == 5 * config.n_decoder_layers
     for beams in (1, 3):
         monkeypatch.setattr(packed, "ENABLED", False)
         expected = to_numpy(model.generate(src, 8, 1, 2, num_beams=beams))
@@ -162,3 +166,30 @@ def test_a_model_with_packed_weights_still_copies_and_saves(tmp_path, monkeypatc
     torch.save(model, tmp_path / "model.pt")
     np.testing.assert_array_equal(to_numpy(clone.generate(src, 6, 1, 2)), expected)
     assert packed._PACKED[clone].decoder is not packed._PACKED[model].decoder
+
+
+def test_only_products_of_at_least_min_elements_are_packed(monkeypatch):
+    """Small products stay torch's (a oneDNN call's host cost is repaid only by products that stream
+    from memory): the copy packs those of at least `packed.MIN_ELEMENTS` weights and keeps the rest
+    as they are, W_out included, and the logits are the plain step's; at the default (base Marian's
+    512 x 512) a tiny model runs the plain step."""
+    model, src = model_of("paper")  # d_model 16, d_ff 24: q|k|v 768 weights, cross k|v 512, FFN 384, the rest 256
+    tokens = np.array([[1, 4, 5], [1, 6, 7], [1, 8, 9]])
+    expected = steps(model, src, tokens, False, monkeypatch)
+    monkeypatch.setattr(packed, "MIN_ELEMENTS", 384)
+    got = steps(model, src, tokens, True, monkeypatch)
+    assert_close(got, expected, tolerance("float32"), tensor="step logits", backend="torch", dtype="float32",
+                 config=model.config, against="the plain step")
+    with torch.inference_mode():
+        decoder, output = packed.packed_step(model)
+        cache = model.start_cache(model.encode(src, return_attention=False), 4)
+    assert output is None and not cache.output_weight.is_mkldnn  # W_out (13 x 16) the step's (D, V) copy
+    for layer in decoder.layers:
+        assert all(isinstance(m, packed.FusedPart) for m in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                                             layer.self_attn.v_proj, layer.cross_attn.k_proj,
+                                                             layer.cross_attn.v_proj))
+        assert isinstance(layer.ffn.linear1, packed.PackedLinear) and isinstance(layer.ffn.linear2, packed.PackedLinear)
+        assert all(type(m) is Linear for m in (layer.self_attn.o_proj, layer.cross_attn.q_proj, layer.cross_attn.o_proj))
+    monkeypatch.setattr(packed, "MIN_ELEMENTS", 512 * 512)
+    with torch.inference_mode():
+        assert model.start_cache(model.encode(src, return_attention=False), 4).step_decoder is None
