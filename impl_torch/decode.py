@@ -89,26 +89,28 @@ def layer_caches(cache: DecoderCache) -> list[tuple[Written, Projected]]:
 def start_cache(model, encoded: Encoded, length: int, *, rows=None) -> DecoderCache:
     """An empty cache for up to `length` positions against `encoded` (one row per decoder row).
 
-    `rows` (keyword-only; `generate`): (N,) the source row of each decoder row, where `encoded`
-    holds each source once: the memory's keys and values are projected once per source and then
-    repeated, instead of once per beam (a beam-4 search projected 4x the rows)."""
+    `rows` (keyword-only; `generate`): (N,) the source row of each decoder row, source-major, where
+    `encoded` holds each source once: the memory's keys and values are projected once per source
+    (a beam-4 search projected 4x the rows) and repeated, or, where the step's copy of the decoder
+    groups the beams (`packed.GroupedBeams`), kept once per source with the source mask."""
     config = model.config
+    # On the CPU in float32, the search's products by oneDNN-packed weights (impl_torch/packed.py),
+    # and its cross-attentions read the memory's keys and values once per source (packed.GroupedBeams).
+    step_decoder, output_weight = packed.packed_step(model)
+    repeat = rows is not None and not packed.groups_beams(step_decoder)
     batch = encoded.memory.shape[0] if rows is None else rows.shape[0]
     shape = (batch, config.n_heads, length, config.head_dim)  # (N, H, L, K)
-    src_mask = encoded.src_mask if rows is None else encoded.src_mask[rows]
+    src_mask = encoded.src_mask[rows] if repeat else encoded.src_mask
     cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
                          tgt_ids=torch.full((batch, length), config.pad_id, dtype=torch.long, device=model.device),
-                         cross_mask=src_mask if config.cross_attn_src_mask else None)
-    # On the CPU in float32, the search's products by oneDNN-packed weights (impl_torch/packed.py).
-    cache.step_decoder, cache.output_weight = packed.packed_step(model)
-    if cache.output_weight is None:
-        cache.output_weight = step_output_weight(model)
-    for layer in (model.decoder if cache.step_decoder is None else cache.step_decoder).layers:
+                         cross_mask=src_mask if config.cross_attn_src_mask else None, step_decoder=step_decoder,
+                         output_weight=step_output_weight(model) if output_weight is None else output_weight)
+    for layer in (model.decoder if step_decoder is None else step_decoder).layers:
         cache.keys.append(torch.zeros(shape, dtype=model.dtype, device=model.device))
         cache.values.append(torch.zeros(shape, dtype=model.dtype, device=model.device))
         k, v = layer.cross_attn.keys_values(encoded.memory)  # (B, H, S, K)
-        cache.cross_keys.append(k if rows is None else k[rows])  # (N, H, S, K)
-        cache.cross_values.append(v if rows is None else v[rows])
+        cache.cross_keys.append(k[rows] if repeat else k)  # (N, H, S, K), or (B, H, S, K) grouped
+        cache.cross_values.append(v[rows] if repeat else v)
     cache.cross_fix_ups = cross_fix_ups(model, cache)
     return cache
 

@@ -73,10 +73,13 @@ def test_packed_steps_give_the_plain_steps_logits_and_ids(name, monkeypatch):
     for copy, own in zip(decoder.modules(), model.decoder.modules()):
         if isinstance(copy, packed.PackedLinear):
             assert type(own) is Linear and copy.source is own
-        elif isinstance(copy, packed.FusedPart):  # self-attention's q, k, v: one product
+        elif isinstance(copy, packed.FusedPart):  # self-attention's q, k, v, cross-attention's k, v: one product
             assert type(own) is Linear and copy.fused.sources[copy.index] is own
-        else:
-            assert type(copy) is type(own) and copy._parameters is own._parameters and copy._buffers is own._buffers
+        else:  # a cross-attention reads the memory once per source for all its beams (GroupedBeams)
+            kind = (packed.GroupedBeams, type(own)) if any(own is layer.cross_attn for layer in model.decoder.layers) \
+                else (type(own),)
+            assert type(copy).__bases__ == kind if len(kind) == 2 else type(copy) is kind[0], (type(copy), kind)
+            assert copy._parameters is own._parameters and copy._buffers is own._buffers
     linears = [m for m in model.decoder.modules() if type(m) is Linear]
     swapped = [m for m in decoder.modules() if isinstance(m, (packed.PackedLinear, packed.FusedPart))]
     assert len(swapped) == len(linears)  # self-attention's q, k, v and cross-attention's k, v fused
@@ -193,3 +196,28 @@ def test_only_products_of_at_least_min_elements_are_packed(monkeypatch):
     monkeypatch.setattr(packed, "MIN_ELEMENTS", 512 * 512)
     with torch.inference_mode():
         assert model.start_cache(model.encode(src, return_attention=False), 4).step_decoder is None
+
+
+@pytest.mark.parametrize("name", ["paper", "from-scratch", "hf-t5"])
+def test_a_sources_beams_read_its_memory_once(name, monkeypatch):
+    """With the packed copy, `start_cache(..., rows=...)` (generate's beams, source-major) keeps the
+    memory's keys, values and mask once per source, and each cross-attention takes a source's beams
+    as its queries (packed.GroupedBeams): the steps' logits are those of the plain step over keys
+    and values repeated per beam, for beams that differ."""
+    from impl_torch import decode
+
+    model, src = model_of(name)
+    beams = 3
+    rows = torch.arange(src.shape[0]).repeat_interleave(beams)
+    tokens = np.random.default_rng(2).integers(0, model.config.tgt_vocab_size, size=(len(rows), 4))
+    logits = {}
+    for enabled in (True, False):
+        monkeypatch.setattr(packed, "ENABLED", enabled)
+        with torch.inference_mode():
+            cache = decode.start_cache(model, model.encode(src, return_attention=False), 4, rows=rows)
+            expected_rows = src.shape[0] if enabled else len(rows)
+            assert cache.cross_keys[0].shape[0] == cache.cross_values[-1].shape[0] == expected_rows
+            assert cache.cross_mask is None or cache.cross_mask.shape[0] == expected_rows
+            logits[enabled] = np.stack([to_numpy(model.decode_step(tokens[:, t], cache)) for t in range(4)])
+    assert_close(logits[True], logits[False], tolerance("float32"), tensor="step logits, beams grouped",
+                 backend="torch", dtype="float32", config=model.config, against="keys and values repeated per beam")
