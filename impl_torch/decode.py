@@ -174,7 +174,7 @@ def reorder_cache(model, cache: DecoderCache, rows, *, into: DecoderCache | None
         # `index_select` of the written prefix: gathering the whole buffer by advanced indexing took
         # about 9x as long at half the length (0.9 ms against 0.1 ms, (32, 8, 64, 64) float32, this
         # CPU), a tenth of a base-size beam-4 step.
-        out = torch.empty_like(buffer) if out is None else out
+        out = buffer.new_empty((rows.shape[0],) + buffer.shape[1:]) if out is None else out  # (N, H, L, K)
         if buffer.requires_grad and torch.is_grad_enabled():  # out= takes no part in autograd
             out[:, :, :length] = buffer[:, :, :length].index_select(0, rows)
         else:
@@ -380,14 +380,21 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         # On the CPU, the memory's keys and values are projected once per source, then repeated (a
         # GPU's path, its CUDA graphs included, projects the repeated memory as it did: not run on one since).
         once = settings.use_cache and settings.rows > 1 and model.device.type == "cpu"
-        cache = {"now": start_cache(model, encoded, settings.max_len, rows=rows) if once else None}
-        encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-        if settings.use_cache and not once:
-            cache["now"] = start_cache(model, encoded, settings.max_len)
         ops, dtype, rules = Ops(model.device), search_dtype(model), rules_of(settings)
         # This backend's own step without the id checks (they would read the ids back to the host
         # every step); a subclass's decode_step (torch.compile'd, say) is called as it is.
         own = getattr(type(model).decode_step, "__module__", None) == __name__.rsplit(".", 1)[0] + ".model"
+        # Beam search's first step on one row per source where the packed copy reads a source's
+        # memory once for all its beams (packed.GroupedBeams): every beam holds the start token
+        # then, so a source's rows have the same logits (CTranslate2 on the CPU does the same); the
+        # first reorder then reads the cache by source. A 32-row step of base Marian is 8 rows' 4x.
+        alone = once and own and rules.beams and packed.will_group_beams(model)
+        cache = {"now": start_cache(model, encoded, settings.max_len, rows=None if alone else rows) if once else None}
+        if alone and not packed.groups_beams(cache["now"].step_decoder):  # packing did not apply after all
+            alone, cache["now"] = False, start_cache(model, encoded, settings.max_len, rows=rows)
+        encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
+        if settings.use_cache and not once:
+            cache["now"] = start_cache(model, encoded, settings.max_len)
         # On a GPU, the same step replayed from CUDA graphs once its shapes recur (impl_torch/graphs.py).
         room = graphs.room_for(model, cache["now"], advance) if settings.use_cache and own else None
 
@@ -400,9 +407,13 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
             if settings.num_beams > 1 and i > 0:
                 # On the CPU, the cache before the last is read no more: its buffers take this reorder's rows.
                 spare = cache.get("spare") if model.device.type == "cpu" else None
-                cache["now"], cache["spare"] = reorder_cache(model, cache["now"], state["parents"], into=spare), \
-                    cache["now"]
+                first = alone and i == 1  # the cache holds one row per source: a parent's row is its source's
+                parents = state["parents"] // settings.num_beams if first else state["parents"]
+                cache["now"], cache["spare"] = reorder_cache(model, cache["now"], parents, into=spare), \
+                    None if first else cache["now"]
             ids = newest(ops, rules, state)
+            if alone and i == 0:  # (B, V) of beam 0's rows, each source's row for all its beams
+                return advance(model, ids[::settings.num_beams], cache["now"]).repeat_interleave(settings.num_beams, 0)
             return advance(model, ids, cache["now"]) if own else model.decode_step(ids, cache["now"])  # (N, V)
 
         ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size,

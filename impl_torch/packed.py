@@ -227,6 +227,11 @@ def groups_beams(decoder: nn.Module | None) -> bool:
     return decoder is not None and all(isinstance(layer.cross_attn, GroupedBeams) for layer in decoder.layers)
 
 
+def will_group_beams(model) -> bool:
+    """Whether a search of `model` started now would run a copy that `groups_beams`."""
+    return available(model) and packable(model) and all(is_attention(layer.cross_attn) for layer in model.decoder.layers)
+
+
 def stored_output(model) -> torch.Tensor:
     """W_out's parameter: `output.weight` (D, V), or the tied embedding (V, D)."""
     return model.target_embedding.weight if model.config.tie_output else model.output.weight
