@@ -14,7 +14,8 @@ Where it runs: `InWorker` (the default) starts the contender in its own spawned 
 which builds its own copy of the same weights and its own model and times each call itself, as each
 engine runs when deployed; CTranslate2's worker loads the model the parent converted and never imports
 torch. `InProcess` (`--same-process`) builds it in the benchmark's own process beside the others, the
-earlier arrangement (each call after the same rest). Both answer `run(num_beams)` with (ids, seconds), and `close()`.
+earlier arrangement (each call after the same rest). Both answer `run(num_beams)` with (ids, seconds,
+CPU seconds of the contender's process, `timed_cpu`), and `close()`.
 
 Why a process each: measured on 2026-11-28 (2-core Xeon, torch 2.13 CPU, ctranslate2 4.8.5,
 `--threads 2`): in one process, once a CTranslate2 Translator had run (and while it lived), torch's
@@ -197,6 +198,13 @@ def timed(function):
     return result, time.perf_counter() - started
 
 
+def timed_cpu(function):
+    """(result as a host array, seconds, this process's CPU seconds, every thread's), as `timed`."""
+    cpu = time.process_time()
+    result, seconds = timed(function)
+    return result, seconds, time.process_time() - cpu
+
+
 def decoder(contender: str, args, sizes: dict, src: np.ndarray, hf_model, config, params, folder,
             threads: int | None = None):
     """`contender`'s decode of `src` as a function of the beam count, or the reason there is none.
@@ -227,8 +235,8 @@ class InProcess:
         self.contender = contender
         self.decode, self.reason = decoder(contender, args, sizes, src, hf_model, config, params, folder)
 
-    def run(self, num_beams: int) -> tuple[np.ndarray, float]:
-        return timed(lambda: self.decode(num_beams))
+    def run(self, num_beams: int) -> tuple[np.ndarray, float, float]:
+        return timed_cpu(lambda: self.decode(num_beams))
 
     def close(self, now: bool = False) -> None:
         self.decode = None  # a Translator's threads end with it
@@ -272,7 +280,7 @@ def worker(connection, contender: str, sizes: dict, args, src: np.ndarray, folde
                 return
             if num_beams is None:
                 return
-            connection.send(("ran",) + timed(lambda: decode(num_beams)))
+            connection.send(("ran",) + timed_cpu(lambda: decode(num_beams)))
     except Exception:
         connection.send(("error", traceback.format_exc()))
 
@@ -295,13 +303,13 @@ class InWorker:
         stamp(f"{self.contender} (process {self.process.pid}) {note}, {time.perf_counter() - self.started:.1f} s "
               "after its start")
 
-    def run(self, num_beams: int) -> tuple[np.ndarray, float]:
+    def run(self, num_beams: int) -> tuple[np.ndarray, float, float]:
         try:
             self.connection.send(num_beams)
         except OSError:  # a worker that has ended: `receive` says how
             pass
-        _, result, seconds = self.receive(f"a call with {num_beams} beams")
-        return result, seconds
+        _, result, seconds, cpu = self.receive(f"a call with {num_beams} beams")
+        return result, seconds, cpu
 
     def receive(self, what: str):
         import signal
