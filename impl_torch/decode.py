@@ -389,12 +389,13 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         # then, so a source's rows have the same logits (CTranslate2 on the CPU does the same); the
         # first reorder then reads the cache by source. A 32-row step of base Marian is 8 rows' 4x.
         alone = once and own and rules.beams and packed.will_group_beams(model)
-        cache = {"now": start_cache(model, encoded, settings.max_len, rows=None if alone else rows) if once else None}
-        if alone and not packed.groups_beams(cache["now"].step_decoder):  # packing did not apply after all
-            alone, cache["now"] = False, start_cache(model, encoded, settings.max_len, rows=rows)
-        encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-        if settings.use_cache and not once:
-            cache["now"] = start_cache(model, encoded, settings.max_len)
+        if once:
+            cache = {"now": start_cache(model, encoded, settings.max_len, rows=None if alone else rows)}
+            if alone and not packed.groups_beams(cache["now"].step_decoder):  # packing did not apply after all
+                alone, cache["now"] = False, start_cache(model, encoded, settings.max_len, rows=rows)
+        else:
+            encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
+            cache = {"now": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
         # On a GPU, the same step replayed from CUDA graphs once its shapes recur (impl_torch/graphs.py).
         room = graphs.room_for(model, cache["now"], advance) if settings.use_cache and own else None
 
