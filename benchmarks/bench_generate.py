@@ -21,6 +21,12 @@ on the shared machine affects all alike), the median of the repeats reported wit
 transformers' time. JAX is compiled first (one call per setting), its compile time printed apart.
 The ids are compared with transformers' (float32: a near-tie could flip one; reported, not hidden).
 
+Beside each wall time, the CPU time of the contender's process during the call (every thread's,
+`timed_cpu`), with its own ratio column: on a machine that other work shares, a call's wall time
+includes the time its threads waited for a core, its CPU time does not. With one thread the CPU time
+is the call's work; with two it also counts the time an OpenMP runtime's idle threads spin (both
+torch's and CTranslate2's do), and with `--same-process` every contender's threads in the process.
+
 Each contender runs in its own spawned process by default, `--same-process` builds every contender
 in this one process (the earlier arrangement, plus the rest below); why, with the OpenMP interference measured on
 2026-11-28: `generate_contenders`' docstring. The table's header says which arrangement ran. Either
@@ -40,6 +46,9 @@ Contenders (`--contenders`, comma-separated):
     ct2-int8    the same model quantized to int8 (int8_float16 on CUDA): not the same arithmetic,
                 reported apart, its ids compared all the same
     torch, jax, numpy   this project's backends
+    torch-int8  impl_torch with its encoder's and decoder's Linears quantised by torch.ao's dynamic
+                int8 quantisation (`generate_contenders.int8_linears`), the pair of ct2-int8: not the
+                float32 arithmetic, reported apart, its ids compared all the same (CPU only)
 
 Every contender's first call (its compile, where it has one) is timed and printed apart. Token ids
 follow Marian's released checkpoints: the pad id is the last (V - 1), with a zero embedding row, and
@@ -64,11 +73,11 @@ import numpy as np
 # The contenders and where they run, re-exported: tests and ops_per_step.py import them from here.
 from generate_contenders import (BASE, EOS, QUICK, InProcess, InWorker, build, ct2_compute_type, ct2_generate,
                                  ct2_translator, ct2_unavailable, decoder, hf_generate, ids, marian, stamp,
-                                 timed, worker)
+                                 timed, timed_cpu, worker)
 
 __all__ = ["BASE", "EOS", "QUICK", "InProcess", "InWorker", "build", "ct2_compute_type", "ct2_generate",
            "ct2_translator", "ct2_unavailable", "decoder", "hf_generate", "ids", "marian", "stamp", "timed",
-           "worker", "SETTLE", "CONTENDERS", "machine", "speed", "schedule", "agreement", "cache", "main"]
+           "timed_cpu", "worker", "SETTLE", "CONTENDERS", "machine", "speed", "schedule", "agreement", "cache", "main"]
 
 # Seconds of rest before each timed call: the OpenMP threads of the contender that ran last spin on
 # after its call (torch's libgomp, about 20-30 ms measured here), and a call started at once shares
@@ -122,7 +131,7 @@ def speed(args, sizes, hf_model, config, params) -> None:
                 contenders[contender].ready()
         skipped = {c: contenders[c].reason for c in chosen if contenders[c].reason}
         chosen = [c for c in chosen if c not in skipped]
-        first, times, out = schedule(args, chosen, settings, contenders)
+        first, times, cpu, out = schedule(args, chosen, settings, contenders)
         failed = False
     finally:
         for contender in contenders.values():
@@ -135,33 +144,35 @@ def speed(args, sizes, hf_model, config, params) -> None:
           f"float16), {args.device}; {arrangement}; median of {args.repeats} interleaved repeats; load average "
           f"{os.getloadavg()[0]:.2f}; ratios are medians of per-repeat ratios to {reference}")
     print(f"{'setting':<8} {'contender':<10} {'seconds':>8} {'tok/s':>8} {'x ' + reference:>12} {'x hf':>7} "
-          f"{'first call s':>13}  ids")
+          f"{'cpu s':>7} {'cpu x ' + reference:>12} {'first call s':>13}  ids")
     for name, _ in settings:
         for contender in chosen:
             seconds = statistics.median(times[contender, name])
 
-            def ratio(to):
+            def ratio(to, table=times):
                 if to not in chosen:
                     return "-"
-                return f"{statistics.median(a / b for a, b in zip(times[contender, name], times[to, name])):.2f}x"
+                return f"{statistics.median(a / b for a, b in zip(table[contender, name], table[to, name])):.2f}x"
 
             print(f"{name:<8} {contender:<10} {seconds:>8.3f} {n_tokens / seconds:>8.1f} {ratio(reference):>12} "
-                  f"{ratio('hf'):>7} {first[contender, name]:>13.1f}  {agreement(out, chosen, contender, name)}")
+                  f"{ratio('hf'):>7} {statistics.median(cpu[contender, name]):>7.3f} {ratio(reference, cpu):>12} "
+                  f"{first[contender, name]:>13.1f}  {agreement(out, chosen, contender, name)}")
     for contender, reason in skipped.items():
         print(f"{contender:<10} skipped: {reason}")
-    print("\ntargets (issue 44): impl_torch greedy and beam 4 <= 1.0x CTranslate2 float32 (CPU) and <= 1.0x "
-          "transformers' compiled static-cache generate (GPU)")
+    print("\ntargets (issues 44, 57): impl_torch greedy and beam 4 <= 1.0x CTranslate2 float32 (CPU, at --threads 1 "
+          "and 2, ids equal) and <= 1.0x transformers' compiled static-cache generate (GPU)")
 
 
 def schedule(args, chosen: list[str], settings, contenders: dict):
-    """First calls (timed apart), second untimed calls, then the interleaved repeats: (first, times, ids)."""
+    """First calls (timed apart), second untimed calls, then the interleaved repeats: (first, times,
+    CPU times, ids)."""
     # The first call of each contender and setting, timed apart: the compile of JAX and of the
     # compiled transformers step, and every contender's allocation and kernel selection.
     first = {}
     for name, beams in settings:
         for contender in chosen:
             time.sleep(SETTLE)
-            _, first[contender, name] = contenders[contender].run(beams)
+            _, first[contender, name], _ = contenders[contender].run(beams)
             stamp(f"first call {contender} {name}: {first[contender, name]:.1f} s")
     # A second untimed call: impl_torch on CUDA records its CUDA graphs on the second call of a shape
     # (impl_torch/graphs.py), transformers' reduce-overhead records its own then.
@@ -169,16 +180,18 @@ def schedule(args, chosen: list[str], settings, contenders: dict):
         for contender in chosen:
             contenders[contender].run(beams)
     times = {(c, name): [] for c in chosen for name, _ in settings}
+    cpu = {(c, name): [] for c in chosen for name, _ in settings}
     out = {}
     for r in range(args.repeats):
         for name, beams in settings:
             order = chosen[r % len(chosen):] + chosen[: r % len(chosen)]
             for contender in order:
                 time.sleep(SETTLE)
-                out[contender, name], seconds = contenders[contender].run(beams)
+                out[contender, name], seconds, cpu_seconds = contenders[contender].run(beams)
                 times[contender, name].append(seconds)
+                cpu[contender, name].append(cpu_seconds)
             stamp(f"repeat {r + 1}, {name}: " + ", ".join(f"{c} {times[c, name][-1]:.3f} s" for c in chosen))
-    return first, times, out
+    return first, times, cpu, out
 
 
 def agreement(out: dict, chosen: list[str], contender: str, name: str) -> str:
@@ -193,7 +206,7 @@ def agreement(out: dict, chosen: list[str], contender: str, name: str) -> str:
     return "same rows: " + ", ".join(parts)
 
 
-CONTENDERS = ("hf", "hf-static", "ct2", "ct2-int8", "torch", "jax", "numpy")
+CONTENDERS = ("hf", "hf-static", "ct2", "ct2-int8", "torch", "torch-int8", "jax", "numpy")
 
 
 def cache(args, sizes, config, params) -> None:

@@ -2,7 +2,8 @@
 
 A contender is one engine's `generate` on the same weights: transformers' (`hf`; `hf-static`, its
 static cache with the forward compiled by `generate`), CTranslate2's (`ct2`, `ct2-int8`) on a model
-converted from those weights, and this project's backends (`torch`, `jax`, `numpy`). All are built
+converted from those weights, and this project's backends (`torch`, `jax`, `numpy`; `torch-int8`, impl_torch
+with torch.ao's dynamic int8 quantisation of its Linears, `int8_linears`). All are built
 from one random float32 `MarianMTModel` (`marian`, seed 0) of the `BASE` or `QUICK` sizes, read into
 this project's config and parameters by `conformance.convert.from_hf_marian`, with Marian's ids
 (`ids`: the pad id last, the decoder starting from it, the end id `EOS`), the end and pad ids barred
@@ -13,7 +14,8 @@ Where it runs: `InWorker` (the default) starts the contender in its own spawned 
 which builds its own copy of the same weights and its own model and times each call itself, as each
 engine runs when deployed; CTranslate2's worker loads the model the parent converted and never imports
 torch. `InProcess` (`--same-process`) builds it in the benchmark's own process beside the others, the
-earlier arrangement (each call after the same rest). Both answer `run(num_beams)` with (ids, seconds), and `close()`.
+earlier arrangement (each call after the same rest). Both answer `run(num_beams)` with (ids, seconds,
+CPU seconds of the contender's process, `timed_cpu`), and `close()`.
 
 Why a process each: measured on 2026-11-28 (2-core Xeon, torch 2.13 CPU, ctranslate2 4.8.5,
 `--threads 2`): in one process, once a CTranslate2 Translator had run (and while it lived), torch's
@@ -150,9 +152,43 @@ def build(backend: str, config, params, device: str):
         import impl_torch
 
         return impl_torch.Model(config, params, "float32", device=device)
+    if backend == "torch-int8":
+        import impl_torch
+
+        return int8_linears(impl_torch.Model(config, params, "float32", device=device))
     import impl_jax
 
     return impl_jax.Model(config, params, "float32", device="gpu" if device == "cuda" else device)
+
+
+def int8_linears(model):
+    """`model` (an impl_torch.Model on the CPU) with every Linear of its encoder and decoder quantised
+    by torch.ao's dynamic quantisation (`torch.ao.quantization.quantize_dynamic`: int8 weights, one
+    scale per tensor; each call quantises its input and accumulates in int32); the embeddings and
+    W_out stay float32 (the steps multiply W_out packed for oneDNN, impl_torch/packed.py). The
+    benchmark's `torch-int8`: not the float32 arithmetic, reported beside CTranslate2's int8, never
+    a float32 default. (torch 2.13 warns that torch.ao.quantization is deprecated, for torchao.)"""
+    import warnings
+
+    import torch
+    from torch import nn
+
+    linears = {}  # each Linear of ours (W stored (d_in, d_out)) as an nn.Linear (W stored (d_out, d_in))
+    for name, module in model.named_modules():
+        if (type(module).__module__, type(module).__name__) == ("impl_torch.model", "Linear"):
+            dense = nn.Linear(*module.weight.shape, bias=module.bias is not None)
+            with torch.no_grad():
+                dense.weight.copy_(module.weight.T)
+                if module.bias is not None:
+                    dense.bias.copy_(module.bias)
+            linears[name.replace(".", "/")] = dense
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        quantized = torch.ao.quantization.quantize_dynamic(nn.ModuleDict(linears), {nn.Linear}, dtype=torch.qint8)
+    for key, module in quantized.items():
+        parent, _, child = key.replace("/", ".").rpartition(".")
+        setattr(model.get_submodule(parent), child, module)
+    return model
 
 
 def timed(function):
@@ -160,6 +196,13 @@ def timed(function):
     started = time.perf_counter()
     result = to_numpy(function())  # a host copy: torch's and JAX's queues drained
     return result, time.perf_counter() - started
+
+
+def timed_cpu(function):
+    """(result as a host array, seconds, this process's CPU seconds, every thread's), as `timed`."""
+    cpu = time.process_time()
+    result, seconds = timed(function)
+    return result, seconds, time.process_time() - cpu
 
 
 def decoder(contender: str, args, sizes: dict, src: np.ndarray, hf_model, config, params, folder,
@@ -192,8 +235,8 @@ class InProcess:
         self.contender = contender
         self.decode, self.reason = decoder(contender, args, sizes, src, hf_model, config, params, folder)
 
-    def run(self, num_beams: int) -> tuple[np.ndarray, float]:
-        return timed(lambda: self.decode(num_beams))
+    def run(self, num_beams: int) -> tuple[np.ndarray, float, float]:
+        return timed_cpu(lambda: self.decode(num_beams))
 
     def close(self, now: bool = False) -> None:
         self.decode = None  # a Translator's threads end with it
@@ -237,7 +280,7 @@ def worker(connection, contender: str, sizes: dict, args, src: np.ndarray, folde
                 return
             if num_beams is None:
                 return
-            connection.send(("ran",) + timed(lambda: decode(num_beams)))
+            connection.send(("ran",) + timed_cpu(lambda: decode(num_beams)))
     except Exception:
         connection.send(("error", traceback.format_exc()))
 
@@ -260,13 +303,13 @@ class InWorker:
         stamp(f"{self.contender} (process {self.process.pid}) {note}, {time.perf_counter() - self.started:.1f} s "
               "after its start")
 
-    def run(self, num_beams: int) -> tuple[np.ndarray, float]:
+    def run(self, num_beams: int) -> tuple[np.ndarray, float, float]:
         try:
             self.connection.send(num_beams)
         except OSError:  # a worker that has ended: `receive` says how
             pass
-        _, result, seconds = self.receive(f"a call with {num_beams} beams")
-        return result, seconds
+        _, result, seconds, cpu = self.receive(f"a call with {num_beams} beams")
+        return result, seconds, cpu
 
     def receive(self, what: str):
         import signal

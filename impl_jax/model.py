@@ -66,7 +66,7 @@ SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 for _result, _fields in ((ModelOutput, ["logits", "attention", "intermediates"]),
                          (Encoded, ["memory", "src_mask", "attention", "intermediates"]),
                          (DecoderCache, ["keys", "values", "cross_keys", "cross_values", "tgt_ids", "cross_mask",
-                                         "length", "cross_fix_ups", "output_weight"])):
+                                         "length", "cross_fix_ups", "output_weight", "step_decoder"])):
     try:
         jax.tree_util.register_dataclass(_result, data_fields=_fields, meta_fields=[])
     except ValueError:  # already registered (by another JAX user of conformance.core.output)

@@ -29,7 +29,7 @@ from conformance.core.generation.settings import check_sources
 from conformance.core.generation.device import NumpyOps, newest, prefix, processor_data, rules_of, run, sampling_data
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
-from impl_torch import graphs
+from impl_torch import graphs, packed
 from impl_torch.arrays import to_numpy
 from impl_torch.fused import kernel_fix_ups
 
@@ -87,22 +87,32 @@ def layer_caches(cache: DecoderCache) -> list[tuple[Written, Projected]]:
     return [(Written(cache, i), Projected(cache, i)) for i in range(len(cache.keys))]
 
 
-def start_cache(model, encoded: Encoded, length: int) -> DecoderCache:
-    """An empty cache for up to `length` positions against `encoded` (one row per decoder row)."""
+def start_cache(model, encoded: Encoded, length: int, *, rows=None) -> DecoderCache:
+    """An empty cache for up to `length` positions against `encoded` (one row per decoder row).
+
+    `rows` (keyword-only; `generate`): (N,) the source row of each decoder row, source-major, where
+    `encoded` holds each source once: the memory's keys and values are projected once per source
+    (a beam-4 search projected 4x the rows) and repeated, or, where the step's copy of the decoder
+    groups the beams (`packed.GroupedBeams`), kept once per source with the source mask."""
     config = model.config
-    batch = encoded.memory.shape[0]
-    shape = (batch, config.n_heads, length, config.head_dim)  # (B, H, L, K)
+    # On the CPU in float32, the search's products by oneDNN-packed weights (impl_torch/packed.py),
+    # and its cross-attentions read the memory's keys and values once per source (packed.GroupedBeams).
+    step_decoder, output_weight = packed.packed_step(model)
+    repeat = rows is not None and not packed.groups_beams(step_decoder)
+    batch = encoded.memory.shape[0] if rows is None else rows.shape[0]
+    shape = (batch, config.n_heads, length, config.head_dim)  # (N, H, L, K)
+    src_mask = encoded.src_mask[rows] if repeat else encoded.src_mask
     cache = DecoderCache(keys=[], values=[], cross_keys=[], cross_values=[],
                          tgt_ids=torch.full((batch, length), config.pad_id, dtype=torch.long, device=model.device),
-                         cross_mask=encoded.src_mask if config.cross_attn_src_mask else None)
-    for layer in model.decoder.layers:
+                         cross_mask=src_mask if config.cross_attn_src_mask else None, step_decoder=step_decoder,
+                         output_weight=step_output_weight(model) if output_weight is None else output_weight)
+    for layer in (model.decoder if step_decoder is None else step_decoder).layers:
         cache.keys.append(torch.zeros(shape, dtype=model.dtype, device=model.device))
         cache.values.append(torch.zeros(shape, dtype=model.dtype, device=model.device))
         k, v = layer.cross_attn.keys_values(encoded.memory)  # (B, H, S, K)
-        cache.cross_keys.append(k)
-        cache.cross_values.append(v)
+        cache.cross_keys.append(k[rows] if repeat else k)  # (N, H, S, K), or (B, H, S, K) grouped
+        cache.cross_values.append(v[rows] if repeat else v)
     cache.cross_fix_ups = cross_fix_ups(model, cache)
-    cache.output_weight = step_output_weight(model)
     return cache
 
 
@@ -150,17 +160,23 @@ def step_output_weight(model):
     return weight.detach().T.contiguous()  # (D, V)
 
 
-def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:
-    """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i."""
+def reorder_cache(model, cache: DecoderCache, rows, *, into: DecoderCache | None = None) -> DecoderCache:
+    """The cache of the rows `rows` (N,), in that order: beam search continues row rows[i] in row i.
+
+    `into` (keyword-only; `generate`): a cache of the same shapes that nothing reads any more (the
+    one before `cache`), whose buffers receive the rows instead of new ones. On the CPU a new
+    buffer's pages are mapped as they are first written, and a step writes into every one of them:
+    12 fresh (32, 8, 65, 64) buffers took 12 ms a step to reorder, written over, 4 ms (base size,
+    beam 4, position 32, one thread)."""
     rows = torch.as_tensor(rows, device=model.device)
 
-    def rows_of(buffer: torch.Tensor, rows: torch.Tensor, length: int) -> torch.Tensor:
+    def rows_of(buffer: torch.Tensor, rows: torch.Tensor, length: int, out: torch.Tensor | None) -> torch.Tensor:
         # buffer[rows] (N, H, L, K) where it was written, positions < `length`; the positions after
         # are left unwritten, since a step writes position `length` before any query reads it. One
         # `index_select` of the written prefix: gathering the whole buffer by advanced indexing took
         # about 9x as long at half the length (0.9 ms against 0.1 ms, (32, 8, 64, 64) float32, this
         # CPU), a tenth of a base-size beam-4 step.
-        out = torch.empty_like(buffer)
+        out = buffer.new_empty((rows.shape[0],) + buffer.shape[1:]) if out is None else out  # (N, H, L, K)
         if buffer.requires_grad and torch.is_grad_enabled():  # out= takes no part in autograd
             out[:, :, :length] = buffer[:, :, :length].index_select(0, rows)
         else:
@@ -170,11 +186,14 @@ def reorder_cache(model, cache: DecoderCache, rows) -> DecoderCache:
     # One reorder per buffer (2 x layers ops). Buffers stacked into one (2, layers, N, H, L, K)
     # tensor would take one index_select, along axis 2, but on this CPU that was 7x slower (39 ms
     # against 5.7 ms for all 12 buffers, (32, 8, 65, 64) float32 with 40 positions written).
-    return DecoderCache(keys=[rows_of(k, rows, cache.length) for k in cache.keys],
-                        values=[rows_of(v, rows, cache.length) for v in cache.values],
+    spare_keys = [None] * len(cache.keys) if into is None else into.keys
+    spare_values = [None] * len(cache.values) if into is None else into.values
+    return DecoderCache(keys=[rows_of(k, rows, cache.length, out) for k, out in zip(cache.keys, spare_keys)],
+                        values=[rows_of(v, rows, cache.length, out) for v, out in zip(cache.values, spare_values)],
                         cross_keys=cache.cross_keys, cross_values=cache.cross_values,
                         tgt_ids=cache.tgt_ids[rows], cross_mask=cache.cross_mask, length=cache.length,
-                        cross_fix_ups=cache.cross_fix_ups, output_weight=cache.output_weight)
+                        cross_fix_ups=cache.cross_fix_ups, output_weight=cache.output_weight,
+                        step_decoder=cache.step_decoder)
 
 
 # -- The step ----------------------------------------------------------------------------------
@@ -205,8 +224,9 @@ def advance(model, tgt_ids: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
     scratch = ModelOutput(logits=None)  # what the layers record, dropped
     scores_dtype = torch.promote_types(y.dtype, torch.float32)  # model.scores_dtype (model.py imports this module)
     bias = model.decoder.position.score_bias(1, t + 1, scores_dtype, first_query=t)  # (1, H, 1, t + 1), or None
-    y = model.decoder(y, None, self_mask, cache.cross_mask, scratch, bias=bias, return_attention=False,
-                      cache=layer_caches(cache))
+    decoder = model.decoder if cache.step_decoder is None else cache.step_decoder  # the same layers, packed products
+    y = decoder(y, None, self_mask, cache.cross_mask, scratch, bias=bias, return_attention=False,
+                cache=layer_caches(cache))
     logits = model.logits(y, weight=cache.output_weight)[:, 0]  # (B, V)
     cache.length = t + 1
     return logits
@@ -359,12 +379,25 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         check_sources(to_numpy(encoded.src_mask))  # a row of padding only is refused
         batch = encoded.memory.shape[0]
         rows = torch.arange(batch, device=model.device).repeat_interleave(settings.rows)  # (N,): per beam or sample
-        encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
-        cache = {"now": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
+        # On the CPU, the memory's keys and values are projected once per source, then repeated (a
+        # GPU's path, its CUDA graphs included, projects the repeated memory as it did: not run on one since).
+        once = settings.use_cache and settings.rows > 1 and model.device.type == "cpu"
         ops, dtype, rules = Ops(model.device), search_dtype(model), rules_of(settings)
         # This backend's own step without the id checks (they would read the ids back to the host
         # every step); a subclass's decode_step (torch.compile'd, say) is called as it is.
         own = getattr(type(model).decode_step, "__module__", None) == __name__.rsplit(".", 1)[0] + ".model"
+        # Beam search's first step on one row per source where the packed copy reads a source's
+        # memory once for all its beams (packed.GroupedBeams): every beam holds the start token
+        # then, so a source's rows have the same logits (CTranslate2 on the CPU does the same); the
+        # first reorder then reads the cache by source. A 32-row step of base Marian is 8 rows' 4x.
+        alone = once and own and rules.beams and packed.will_group_beams(model)
+        if once:
+            cache = {"now": start_cache(model, encoded, settings.max_len, rows=None if alone else rows)}
+            if alone and not packed.groups_beams(cache["now"].step_decoder):  # packing did not apply after all
+                alone, cache["now"] = False, start_cache(model, encoded, settings.max_len, rows=rows)
+        else:
+            encoded = Encoded(memory=encoded.memory[rows], src_mask=encoded.src_mask[rows])
+            cache = {"now": start_cache(model, encoded, settings.max_len) if settings.use_cache else None}
         # On a GPU, the same step replayed from CUDA graphs once its shapes recur (impl_torch/graphs.py).
         room = graphs.room_for(model, cache["now"], advance) if settings.use_cache and own else None
 
@@ -375,8 +408,15 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
                 return room.step(i, newest(ops, rules, state), state["parents"] if settings.num_beams > 1 and i > 0
                                  else None)
             if settings.num_beams > 1 and i > 0:
-                cache["now"] = reorder_cache(model, cache["now"], state["parents"])
+                # On the CPU, the cache before the last is read no more: its buffers take this reorder's rows.
+                spare = cache.get("spare") if model.device.type == "cpu" else None
+                first = alone and i == 1  # the cache holds one row per source: a parent's row is its source's
+                parents = state["parents"] // settings.num_beams if first else state["parents"]
+                cache["now"], cache["spare"] = reorder_cache(model, cache["now"], parents, into=spare), \
+                    None if first else cache["now"]
             ids = newest(ops, rules, state)
+            if alone and i == 0:  # (B, V) of beam 0's rows, each source's row for all its beams
+                return advance(model, ids[::settings.num_beams], cache["now"]).repeat_interleave(settings.num_beams, 0)
             return advance(model, ids, cache["now"]) if own else model.decode_step(ids, cache["now"])  # (N, V)
 
         source = to_numpy(torch.as_tensor(src_ids)) if settings.reads_source else None  # as given, padding included

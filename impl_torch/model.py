@@ -44,7 +44,7 @@ from conformance.core.dropout import Dropout, host_dropout
 from conformance.core.output import Encoded, ModelOutput, record
 from conformance.core.params import param_shapes, prepare_params
 from conformance.core.positions import offset_buckets, position_table
-from impl_torch import decode, graphs
+from impl_torch import decode, graphs, packed
 from impl_torch.arrays import dtype_name, id_bounds, resolve_device, to_numpy, to_torch
 from impl_torch.blocks import product_in_blocks
 from impl_torch.compiling import eager_under_compile
@@ -800,12 +800,16 @@ class Output(nn.Module):
 
     def forward(self, y: torch.Tensor, tied_embedding: Embedding, *, weight=None) -> torch.Tensor:
         # W_out as stored: `output.weight` (D, V), or the tied embedding (V, D); or `weight`, a
-        # (D, V) copy a cached step multiplies instead (decode.step_output_weight)
+        # (D, V) copy a cached step multiplies instead (decode.step_output_weight) or its oneDNN-packed
+        # W_out (impl_torch/packed.py)
         if weight is not None:
             vocab_axis = 1
         else:
             weight, vocab_axis = (tied_embedding.weight, 0) if self.weight is None else (self.weight, 1)
-        logits = product_in_blocks(y, weight, vocab_axis, cast)  # (B, T, V)
+        if weight.is_mkldnn:
+            logits = packed.product(y, weight)  # (B, T, V)
+        else:
+            logits = product_in_blocks(y, weight, vocab_axis, cast)  # (B, T, V)
         # Outside autograd's graph the scale and the bias are applied in place: at V = 32000 each
         # fresh result would be another copy of the largest tensor of the forward pass.
         if self.scale_logits:

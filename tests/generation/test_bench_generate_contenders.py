@@ -83,3 +83,34 @@ def test_the_benchmark_runs_each_contender_in_its_own_process_and_gathers_their_
     expected = {("greedy", "torch"): "same rows: 2/2 ct2", ("greedy", "ct2"): "same rows: 2/2 torch",
                 ("beam 4", "torch"): "same rows: 2/2 ct2", ("beam 4", "ct2"): "same rows: 2/2 torch"}
     assert rows == expected, done.stdout
+
+
+def test_the_int8_contender_quantises_every_linear_and_decodes_every_step(bench):
+    """`torch-int8` (issue 57): every Linear of the encoder and decoder is torch.ao's dynamic int8
+    Linear holding the float32 weight's transpose (quantised), the rest of the model is float32, and
+    its generate runs every step without a barred id; its ids are reported, not held to float32's."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    import impl_torch
+    from conformance.convert import from_hf_marian
+
+    sizes = bench.QUICK
+    config, params = from_hf_marian(bench.marian(sizes, "cpu"))
+    reference = impl_torch.Model(config, params, "float32")
+    model = bench.build("torch-int8", config, params, "cpu")
+    from impl_torch.model import Linear
+
+    ours = {n: m for n, m in reference.named_modules() if type(m) is Linear}
+    quantised = {n: m for n, m in model.named_modules() if isinstance(m, DynamicLinear)}
+    assert ours and quantised.keys() == ours.keys()
+    assert not any(type(m) is Linear for m in model.modules())
+    for name, module in quantised.items():
+        weight = module.weight().dequantize()
+        scale = module.weight().q_scale()
+        assert torch.allclose(weight, ours[name].weight.T, atol=scale), name  # within one quantisation step
+    assert model.dtype == torch.float32 and model.target_embedding.weight.dtype == torch.float32
+    pad, bos, eos = bench.ids(sizes)
+    src = np.random.default_rng(0).integers(2, pad, size=(4, 9))
+    for beams in (1, 4):
+        got = np.asarray(model.generate(src, NEW_TOKENS, bos, eos, num_beams=beams, banned_ids=[eos, pad]))
+        assert got.shape == (4, NEW_TOKENS) and not np.isin(got, [pad, eos]).any(), got

@@ -54,8 +54,12 @@ class DecoderCache:
                                cross-attention, which does not change between steps (impl_torch:
                                its fused kernel's mask and fix-ups), or None
     output_weight:             W_out (D, V) in the layout a backend's step multiplies fastest, when
-                               that is not how it is stored (impl_torch on the CPU: the tied
-                               embedding transposed once per search), or None for the stored one
+                               that is not how it is stored (impl_torch on the CPU: packed for
+                               oneDNN in float32, impl_torch/packed.py; else the tied embedding
+                               transposed once per search), or None for the stored one
+    step_decoder:              the decoder modules a backend's cached step runs when they are not the
+                               model's own (impl_torch on the CPU: the same layers with oneDNN-packed
+                               products, impl_torch/packed.py), or None
     """
 
     keys: list[Any]
@@ -67,6 +71,7 @@ class DecoderCache:
     length: Any = 0
     cross_fix_ups: Any = None
     output_weight: Any = None
+    step_decoder: Any = None
 
 
 def penalty(length, length_penalty: float, form: str):
