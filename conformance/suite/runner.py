@@ -146,7 +146,7 @@ def for_target(target: Target, case):
     switches the adapter declares (`adapter.conform`). A held pad id swaps places with the drawn
     one in every id (source, target, labels, start and end tokens, the ids in the options), so that
     padding stays padding and no real token becomes the pad id. The example is rejected when the
-    held config is no valid config or breaks what its strategy assumed (a first decoding step
+    held config is no valid config, reads another source (token ids where features were drawn), or breaks what its strategy assumed (a first decoding step
     that is NaN, a label where the held config's logits are NaN). A property that compares an
     adapter with the oracle runs both on this case."""
     if not backends.is_adapter(target.backend):
@@ -169,6 +169,8 @@ def for_target(target: Target, case):
         reject()  # the drawn sizes admit none of the adapter's models (shared embeddings, two vocabularies)
     if config == drawn:
         return case
+    if config.source != drawn.source:
+        reject()  # the drawn source (token ids or log-mel features) is not one the adapter's model reads
     swap = pad_swap(drawn.pad_id, config.pad_id)
     inner = dataclasses.replace(inner, config=config, src_ids=swap(inner.src_ids), tgt_ids=swap(inner.tgt_ids))
     if not hasattr(case, "case"):

@@ -57,18 +57,26 @@ class Marian:
         return {**captured.values, "logits": captured.logits}
 
     def generate(self, src_ids, max_len, bos_id, eos_id, *, num_beams=1, length_penalty=1.0, early_stopping=False,
-                 no_repeat_ngram_size=0, forced_bos_id=None, bad_words_ids=(), min_length=0, banned_ids=(),
-                 **_):
-        """transformers' own search: greedy, or beam search with its rule (`searches` below)."""
+                 no_repeat_ngram_size=0, forced_bos_id=None, forced_eos=False, bad_words_ids=(), min_length=0,
+                 min_new_tokens=None, banned_ids=(), length_penalty_form="hf", **processors):
+        """transformers' own search: greedy, or beam search with its rule (`searches` below), with the
+        suite's logits processors passed on by their transformers names (`PROCESSORS`); any other
+        option is refused, never dropped."""
+        unknown = sorted(set(processors) - set(PROCESSORS))
+        if unknown or (length_penalty_form != "hf" and num_beams > 1):
+            raise TypeError(f"MarianMTModel.generate has no {unknown or ['length_penalty_form=' + length_penalty_form]}")
         src = torch.from_numpy(src_ids)
         bad = [list(word) for word in bad_words_ids] + [[i] for i in banned_ids]
+        passed = {name: (list(value) if isinstance(value, tuple) and name.endswith("tokens") else value)
+                  for name, value in processors.items() if value is not None}
         with torch.no_grad():
             out = self.model.generate(
                 input_ids=src, attention_mask=(src != self.config.pad_id).long(), decoder_start_token_id=bos_id,
                 eos_token_id=eos_id, pad_token_id=self.config.pad_id, max_length=max_len + 1, num_beams=num_beams,
                 length_penalty=length_penalty, early_stopping=early_stopping, do_sample=False,
                 no_repeat_ngram_size=no_repeat_ngram_size or None, forced_bos_token_id=forced_bos_id,
-                bad_words_ids=bad or None, min_length=min_length, num_return_sequences=1)
+                forced_eos_token_id=eos_id if forced_eos else None, bad_words_ids=bad or None,
+                min_length=min_length, min_new_tokens=min_new_tokens, num_return_sequences=1, **passed)
         return out[:, 1:].numpy()  # the start token left out, as rosetta's generate returns the ids
 
     def loss_and_grads(self, src_ids, tgt_ids, labels, *, label_smoothing=0.0):
@@ -129,6 +137,9 @@ SWITCHES = {"eager": {**PRESET, "activation": tuple(ACTIVATIONS), "mask_fill": F
 # transformers' generate: greedy search and beam search with its rule (no Flax rule, no GNMT
 # penalty, and its sampling draws from its own generator, not from rosetta's seeds).
 SEARCHES = ("greedy", "beam")
+# The logits processors rosetta's generate takes that transformers' takes by the same name and meaning.
+PROCESSORS = ("repetition_penalty", "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",
+              "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "renormalize_logits")
 # Marian's final_logits_bias is a buffer: transformers never trains it (rosetta's freeze switches
 # hold the pad embedding row; this one is the adapter's to declare).
 FROZEN = ("final_logits_bias",)
