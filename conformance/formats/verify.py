@@ -127,18 +127,19 @@ def logits_within(actual, expected: np.ndarray, dtype: str, device: str = "cpu")
 
 
 def config_differs(ours: ModelConfig, theirs: ModelConfig) -> list[str]:
-    """The fields that change what the model computes and differ (notes and training-only switches do not)."""
-    import dataclasses
-
+    """The fields that change what the model computes and differ, at the values they act with
+    (`ModelConfig.canonical`: d_head 0 is d_model / n_heads); notes and training-only switches do
+    not count."""
     from conformance.convert.engine import TRAINING_ONLY
 
+    mine_all, other_all = ours.canonical(), theirs.canonical()
     out = []
-    for f in dataclasses.fields(ModelConfig):
-        if f.name == "notes" or f.name in TRAINING_ONLY:
+    for name, mine in mine_all.items():
+        if name in TRAINING_ONLY:
             continue
-        mine, other = getattr(ours, f.name), getattr(theirs, f.name)
+        other = other_all[name]
         if repr(mine) != repr(other):  # repr: NaN equals NaN
-            out.append(f"{f.name}={other!r} where the checkpoint has {mine!r}")
+            out.append(f"{name}={other!r} where the checkpoint has {mine!r}")
     return out
 
 

@@ -130,6 +130,24 @@ def test_where_transformers_computes_otherwise_the_first_tensor_is_named(bart, c
     assert left(bart.parent) == ["bart.safetensors"]
 
 
+@pytest.mark.parametrize("family, out", [("hf-t5", "folder"), ("hf-whisper", "out.safetensors")])
+def test_a_size_spelled_as_its_default_reads_back_as_the_same_model(tmp_path, capsys, family, out):
+    """T5's d_head 0 (d_model / n_heads) reads back from config.json's d_kv as 4; Whisper's
+    max_source_len 0 (max_len) as the encoder table's 16 rows. One model spelled two ways is not
+    a divergence."""
+    pytest.importorskip("transformers", reason="the written models are checked by transformers itself")
+    sizes = dict(SIZES, d_model=16, n_heads=4, d_ff=16, max_len=16)
+    if family == "hf-whisper":
+        sizes.update(src_vocab_size=19, n_mels=8)
+    config = preset(family, **sizes)
+    assert config.d_head == 0 and config.max_source_len == 0
+    path = tmp_path / "model.safetensors"
+    checkpoint.save(path, config, init_params(config, seed=1, dtype=np.float32))
+    status, printed, err = run(capsys, "convert", path, tmp_path / out, "--to", family)
+    assert status == 0, err
+    assert "verified: transformers" in printed, printed
+
+
 def test_an_import_of_a_folder_runs_the_folder_in_transformers(bart, capsys, monkeypatch):
     """A fault planted in the folder reader (one tensor read wrong) writes a checkpoint that is
     consistent with itself; transformers running the source folder is what catches it."""
