@@ -172,7 +172,38 @@ def test_a_runtime_that_is_not_installed_is_said_and_the_output_written(bart, ca
     status, printed, err = run(capsys, "convert", bart, out, "--to", "hf-bart")
     assert status == 0 and (out / "model.safetensors").is_file(), err
     assert "not verified: the written folder was not loaded: transformers with torch is not installed" in printed
-    assert f"warning: {out} was not verified" in err, err
+    assert f"warning: {out}: not verified: the written folder was not loaded: transformers with" in err, err
+
+
+def test_a_source_whose_runtime_is_missing_is_said_on_stdout_and_stderr(bart, capsys, monkeypatch):
+    """The written checkpoint is checked by our loader, but the source folder's own system is not
+    installed: the output lands, and that the source was not run is said on both streams."""
+    assert run(capsys, "convert", bart, bart.parent / "folder", "--to", "hf-bart")[0] == 0
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    out = bart.parent / "back.safetensors"
+    status, printed, err = run(capsys, "convert", bart.parent / "folder", out)
+    assert status == 0 and out.is_file(), err
+    assert "verified: checkpoint.load" in printed, printed
+    assert "not verified: the source folder was not loaded: transformers with torch is not installed" in printed
+    assert f"warning: {out}: not verified: the source folder was not loaded: transformers with torch" in err, err
+
+
+def test_a_source_whose_runtime_raises_fails_the_check(bart, capsys, monkeypatch):
+    """transformers installed, and raising while it runs the source folder: the one check that
+    could catch a config.json read wrong did not vouch for it, so nothing is written (exit 1)."""
+    from conformance.formats import hf_runtime
+
+    assert run(capsys, "convert", bart, bart.parent / "folder", "--to", "hf-bart")[0] == 0
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("planted: the forward pass broke")
+
+    monkeypatch.setattr(hf_runtime, "call", raising)
+    out = bart.parent / "back.safetensors"
+    status, printed, err = run(capsys, "convert", bart.parent / "folder", out)
+    assert status == 1 and printed == "", err
+    assert "not written: the source's own system, running folder: it raised RuntimeError: planted" in err, err
+    assert left(bart.parent) == ["bart.safetensors", "folder"]
 
 
 def test_a_runtime_whose_copy_would_not_fit_is_not_run_and_says_so(bart, capsys, monkeypatch):
@@ -183,7 +214,7 @@ def test_a_runtime_whose_copy_would_not_fit_is_not_run_and_says_so(bart, capsys,
     status, printed, err = run(capsys, "convert", bart, out, "--to", "hf-bart")
     assert status == 0 and (out / "model.safetensors").is_file(), err
     assert "not verified: the written folder was not loaded: its copy of the model would not fit" in printed, printed
-    assert "9 TiB" in printed and f"warning: {out} was not verified" in err, err
+    assert "9 TiB" in printed and f"warning: {out}: not verified: the written folder was not loaded" in err, err
 
 
 # -- a rosetta checkpoint in: our loader, bit for bit ----------------------------------------------
@@ -246,6 +277,7 @@ def test_no_verify_writes_and_says_so(tutorial, capsys):
     assert status == 0 and out.is_file(), err
     assert "not verified: --no-verify skipped the check of what was written" in printed
     assert "verified:" not in printed.replace("not verified:", "")
+    assert f"warning: {out}: not verified: --no-verify skipped the check" in err, err
 
 
 def test_a_bare_state_dict_says_its_system_was_not_run(tutorial, capsys):
@@ -253,6 +285,7 @@ def test_a_bare_state_dict_says_its_system_was_not_run(tutorial, capsys):
                                *TUTORIAL_SETS)
     assert status == 0 and "verified: checkpoint.load" in printed, err
     assert "not verified: the system that saved foreign.safetensors was not run" in printed, printed
+    assert "not verified: the system that saved foreign.safetensors was not run" in err, err
 
 
 # -- a tutorial's state dict out: read back through its layout -------------------------------------
