@@ -143,6 +143,18 @@ def config_differs(ours: ModelConfig, theirs: ModelConfig) -> list[str]:
     return out
 
 
+def reference_cast(value, dtype: str | None) -> np.ndarray:
+    """`value` in `dtype` (None: as it is) by NumPy's `astype` alone, round to nearest even
+    (ml_dtypes' for bfloat16): what a check holds a conversion's cast to. Written apart from
+    `conformance.convert.engine.cast` on purpose, so that a fault there cannot agree with itself."""
+    value = np.asarray(value)
+    if dtype is None:
+        return value
+    import ml_dtypes
+
+    return value.astype(np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype))
+
+
 def params_differ(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> str | None:
     """The first parameter (in the checkpoint's order) missing, extra, or not equal bit for bit
     (in the checkpoint's dtype) in `theirs`; None when every one is."""

@@ -324,13 +324,64 @@ def test_a_planted_sharded_writer_fault_is_found_by_the_loader_that_reads_it(tut
     assert status == 0 and f"verified: {runtime}" in printed, err
     back = tutorial / f"{kind}.safetensors"
     status, printed, err = run(capsys, "convert", tutorial / kind, back)
-    assert status == 0 and "bit for bit as the source's, by digest" in printed, err
+    assert status == 0 and "bit for bit as the source's, read again and cast apart from the conversion" in printed, err
     write = {"dcp": sharded.write_dcp, "orbax": sharded.write_orbax}[kind]
     monkeypatch.setattr(sharded, f"write_{kind}", lambda dst, config, params: write(dst, config,
                                                                                      perturbed(params, PERTURBED)))
     status, printed, err = run(capsys, "convert", tutorial / "model.safetensors", tutorial / "planted", "--to", kind)
     assert status == 1 and f"{runtime}" in err and f"parameter {PERTURBED} differs" in err, err
     assert not (tutorial / "planted").exists() and not [p for p in tutorial.iterdir() if p.name.startswith(".")]
+
+
+def planted_cast(monkeypatch):
+    """convert.engine.cast scaling one parameter by 1.5: the conversion's cast, wrong."""
+    from conformance.convert import engine
+
+    cast = engine.cast
+
+    def wrong(value, dtype, key):
+        out = cast(value, dtype, key)
+        return out * np.asarray(1.5, out.dtype) if key == PERTURBED else out
+
+    monkeypatch.setattr(engine, "cast", wrong)
+
+
+@pytest.mark.parametrize("kind", ["dcp", "orbax"])
+@pytest.mark.parametrize("fault", ["reader", "cast"])
+def test_a_sharded_import_is_held_to_the_directory_read_again(tutorial, capsys, monkeypatch, kind, fault):
+    """The import writes what its reader read and its cast cast: checked against those alone, a
+    fault in either would agree with itself. The directory read again by its own library and cast
+    by NumPy is what finds it."""
+    from conformance.convert import sharded
+
+    if kind == "orbax":
+        pytest.importorskip("orbax.checkpoint")
+    assert run(capsys, "convert", tutorial / "model.safetensors", tutorial / kind, "--to", kind)[0] == 0
+    flags = []
+    if fault == "reader":
+        source = sharded.DcpSource if kind == "dcp" else sharded.OrbaxSource
+        read = source.read
+        monkeypatch.setattr(source, "read", lambda self, name: read(self, name) + np.float32(0.5) if name == PERTURBED
+                            else read(self, name))
+    else:
+        planted_cast(monkeypatch)
+        flags = ["--dtype", "float64"]
+    back = tutorial / "back.safetensors"
+    status, printed, err = run(capsys, "convert", tutorial / kind, back, *flags)
+    assert status == 1, err
+    assert f"checkpoint.load: against the source, read again: parameter {PERTURBED} differs" in err, err
+    assert not back.exists() and not [p for p in tutorial.iterdir() if p.name.startswith(".")]
+
+
+def test_a_re_save_with_a_cast_is_held_to_the_source_file_cast_apart(tutorial, capsys, monkeypatch):
+    out = tutorial / "half.safetensors"
+    status, printed, err = run(capsys, "convert", tutorial / "model.safetensors", out, "--dtype", "float16")
+    assert status == 0 and "as the source's, read again and cast apart from the conversion" in printed, err
+    out.unlink()
+    planted_cast(monkeypatch)
+    status, printed, err = run(capsys, "convert", tutorial / "model.safetensors", out, "--dtype", "float16")
+    assert status == 1 and f"against the source, read again: parameter {PERTURBED} differs" in err, err
+    assert left(tutorial) == ["foreign.safetensors", "model.safetensors"]
 
 
 # -- Ctrl-C: nothing left, and the rerun needs no --force (issue 56 item 6) ------------------------
