@@ -1,7 +1,7 @@
 """transformers itself beside the float64 oracle: a Hugging Face folder loaded by its family's
 `from_pretrained` (eager attention, in the stored dtype), every parameter and switch it then holds
-read back through the layout (`conformance.convert.from_hf`), and its float32 logits on the padded
-probe with its attention_mask. Float32: transformers computes parts of a float64 model in float32
+read back through the layout (`conformance.convert.from_hf`), and its float32 logits on the probes
+(`verify.probes`: the padded rows, and a row as long as the model takes) with its attention_mask. Float32: transformers computes parts of a float64 model in float32
 (T5LayerNorm's variance, the sinusoid tables), so a float64 forward would part from the oracle by
 about 1e-7 where the port is right. Used by `hf_folder` (a written folder, a source folder) and by
 `state_dict` (a family's tensors written as a file).
@@ -12,7 +12,6 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import numpy as np
 
 from conformance.formats import verify
 
@@ -81,16 +80,17 @@ def run_model(model, runtime: str, layout, config, params, what: str) -> verify.
     differs = verify.round_trip(config, params, theirs_config, theirs)
     if differs:
         return verify.failed(runtime, f"{what}, loaded: {differs}")
-    src, tgt = verify.probe(config)
-    expected = verify.oracle(config, params, src, tgt)["logits"]
     model = model.float()
-    with torch.no_grad():
-        logits = call(model, torch.from_numpy(src), torch.from_numpy(tgt), config.pad_id, layout).logits.numpy()
-    within, says = verify.logits_within(logits.astype(np.float64), expected, "float32")
+
+    def logits(src, tgt):
+        with torch.no_grad():
+            return call(model, torch.from_numpy(src), torch.from_numpy(tgt), config.pad_id, layout).logits.numpy()
+
+    within, says, where = verify.logits_on_probes(config, params, logits, "float32")
     if within:
         return verify.passed(runtime, f"{what}: every parameter and switch read back as the checkpoint's, and its "
                                       f"float32 {says}")
-    return verify.failed(runtime, f"{what}: {says}" + _first_tensor(model, layout, config, src, tgt))
+    return verify.failed(runtime, f"{what}: {says}" + _first_tensor(model, layout, config, *where))
 
 
 def call(model, src_ids, tgt_ids, pad_id: int, layout):
