@@ -63,12 +63,14 @@ def run_folder(folder: Path, layout, config, params, what: str) -> verify.Verdic
         if what != "the source folder":
             return verify.failed(runtime, says)
         return verify.not_run(f"{what} was not run by transformers: {says}, which it would have initialized at random")
-    return run_model(model.eval(), runtime, layout, config, params, what)
+    written = None if what == "the source folder" else folder / "config.json"
+    return run_model(model.eval(), runtime, layout, config, params, what, written)
 
 
-def run_model(model, runtime: str, layout, config, params, what: str) -> verify.Verdict:
+def run_model(model, runtime: str, layout, config, params, what: str, written: Path | None = None) -> verify.Verdict:
     """A loaded transformers model beside the oracle: its parameters and config read back through
-    the layout (`from_hf`), then its float32 logits on the probe."""
+    the layout (`from_hf`), its generation settings (`generation_differs`; with `written`, the
+    config.json this conversion wrote, its special ids too), then its float32 logits on the probes."""
     import torch
 
     from conformance.convert import from_hf
@@ -77,7 +79,8 @@ def run_model(model, runtime: str, layout, config, params, what: str) -> verify.
         theirs_config, theirs = from_hf(model)
     except (ValueError, TypeError) as exc:
         return verify.failed(runtime, f"{what}, loaded, does not read back through layout {layout.name}: {exc}")
-    differs = verify.round_trip(config, params, theirs_config, theirs)
+    differs = verify.round_trip(config, params, theirs_config, theirs) or \
+        generation_differs(layout, config, theirs_config, written)
     if differs:
         return verify.failed(runtime, f"{what}, loaded: {differs}")
     model = model.float()
@@ -91,6 +94,41 @@ def run_model(model, runtime: str, layout, config, params, what: str) -> verify.
         return verify.passed(runtime, f"{what}: every parameter and switch read back as the checkpoint's, and its "
                                       f"float32 {says}")
     return verify.failed(runtime, f"{what}: {says}" + _first_tensor(model, layout, config, *where))
+
+
+def generation_settings(layout, config) -> dict:
+    """The generation fields (`layout.hf.generation`) a checkpoint's note records, completed as
+    an export completes them (`hf_folder.folder_files`: the family's `[hf.generation_defaults]`,
+    the pad id): what transformers' `generate` should find in a folder of this checkpoint."""
+    import json
+
+    recorded = json.loads(config.notes["generation"]) if config.notes.get("generation") else {}
+    implied = {"pad_token_id": config.pad_id,
+               **{name: getattr(config, field) for name, field in layout.hf.generation_defaults.items()}}
+    return {key: recorded.get(key, implied.get(key)) for key in layout.hf.generation
+            if recorded.get(key, implied.get(key)) is not None}
+
+
+def generation_differs(layout, ours, theirs, written: Path | None = None) -> str | None:
+    """Where the generation settings transformers loaded (`from_hf`'s note: the model's
+    generation_config, which its `generate` applies) are not the checkpoint's, each side completed
+    the same way (`generation_settings`); with `written` (a config.json this conversion wrote),
+    also where its special ids (`layout.hf.special_ids`, read by tools that read config.json: the
+    CTranslate2 converter, pipelines) are not. None when every one is."""
+    import json
+
+    mine, other = generation_settings(layout, ours), generation_settings(layout, theirs)
+    for key in layout.hf.generation:
+        if repr(mine.get(key)) != repr(other.get(key)):
+            return (f"read back, its generation settings (generation_config) say {key}={other.get(key)!r} where the "
+                    f"checkpoint's note has {mine.get(key)!r}")
+    if written is not None:
+        stated = json.loads(written.read_text())
+        for key in layout.hf.special_ids:
+            if repr(stated.get(key)) != repr(mine.get(key)):
+                return (f"config.json says {key}={stated.get(key)!r} where the checkpoint's note has "
+                        f"{mine.get(key)!r}")
+    return None
 
 
 def call(model, src_ids, tgt_ids, pad_id: int, layout):

@@ -116,6 +116,31 @@ def test_a_planted_hf_bart_config_fault_exits_1_naming_the_switch(bart, capsys, 
     assert left(bart.parent) == ["bart.safetensors"]
 
 
+@pytest.mark.parametrize("where, key, said", [
+    ("generation_config.json", "eos_token_id",
+     "its generation settings (generation_config) say eos_token_id=5 where the checkpoint's note has 2"),
+    ("config.json", "decoder_start_token_id", "config.json says decoder_start_token_id=5 where the checkpoint's note has 2"),
+], ids=["generation_config", "config.json"])
+def test_a_planted_generation_setting_exits_1_naming_it(bart, capsys, monkeypatch, where, key, said):
+    """A folder whose logits are right but whose generate would start (or stop) on another token:
+    transformers' generate reads generation_config.json, CTranslate2's converter and pipelines
+    read config.json's special ids; both are held to the checkpoint's generation note."""
+    from conformance.convert import hf_folder
+
+    folder_files = hf_folder.folder_files
+
+    def planted(config, layout):
+        hf, generation, warnings = folder_files(config, layout)
+        (generation if where == "generation_config.json" else hf)[key] = 5
+        return hf, generation, warnings
+
+    monkeypatch.setattr(hf_folder, "folder_files", planted)
+    status, printed, err = run(capsys, "convert", bart, bart.parent / "folder", "--to", "hf-bart")
+    assert status == 1 and printed == "", err
+    assert "not written" in err and said in err, err
+    assert left(bart.parent) == ["bart.safetensors"]
+
+
 def test_where_transformers_computes_otherwise_the_first_tensor_is_named(bart, capsys, monkeypatch):
     """A transformers whose ReLU is another function (planted in its ACT2FN table): the folder's
     weights and config read back as the checkpoint's, the logits part, and the layout's [taps]
