@@ -9,6 +9,9 @@ about 1e-7 where the port is right. Used by `hf_folder` (a written folder, a sou
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import warnings
 from pathlib import Path
 
@@ -23,7 +26,55 @@ def _torch_dtype(torch, name: str):
 
 def run_folder(folder: Path, layout, config, params, what: str) -> verify.Verdict:
     """`folder` loaded by transformers' `from_pretrained` and run beside the oracle on `params`
-    (see the module's docstring)."""
+    (see the module's docstring). What transformers says while it loads and runs the folder (its
+    logger's warnings, a Python warning from its forward) is part of the verdict, said once in the
+    verdict's line, never printed raw on the user's stderr in transformers' own voice."""
+    said: list[str] = []
+    with _transformers_said(said):
+        verdict = _run_folder(folder, layout, config, params, what)
+    if not said:
+        return verdict
+    heard = "; ".join(dict.fromkeys(said))
+    if verdict.passed:
+        return dataclasses.replace(verdict, says=f"{verdict.says}; transformers warned on loading or running it: {heard}")
+    if verdict.passed is False:
+        return dataclasses.replace(verdict, divergence=f"{verdict.divergence} (transformers warned: {heard})")
+    return dataclasses.replace(verdict, says=f"{verdict.says} (transformers warned: {heard})")
+
+
+@contextlib.contextmanager
+def _transformers_said(said: list[str]):
+    """Collect into `said` the warnings transformers' logger emits (in place of its own handler on
+    stderr) and the Python warnings raised meanwhile, other than from_pretrained's own (ignored
+    there: loading a folder it wrote is the point). Leaves the logger as it found it."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage().strip())
+
+    logger = hf_logging.get_logger("transformers")
+    collect = Collect(level=logging.WARNING)
+    handlers = [h for h in logger.handlers]
+    for h in handlers:
+        logger.removeHandler(h)
+    logger.addHandler(collect)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+        said.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+    finally:
+        logger.removeHandler(collect)
+        for h in handlers:
+            logger.addHandler(h)
+
+
+def _run_folder(folder: Path, layout, config, params, what: str) -> verify.Verdict:
     try:
         import torch
         import transformers

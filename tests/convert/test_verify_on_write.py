@@ -155,6 +155,24 @@ def test_where_transformers_computes_otherwise_the_first_tensor_is_named(bart, c
     assert left(bart.parent) == ["bart.safetensors"]
 
 
+def test_what_transformers_warns_while_it_checks_is_said_in_the_verdict_not_raw(tmp_path, capfd):
+    """A Whisper folder written with no generation note: transformers fills config.json's absent
+    special ids with WhisperConfig's defaults (50256, out of this vocabulary) and its logger warns
+    so while from_pretrained loads it. That is said once, in the verdict's line, not printed in
+    transformers' own voice on stderr (capfd: its handler writes to the stderr it was made with)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.warning_once.cache_clear()  # another test in this process may have had it said
+    config = preset("hf-whisper", **{**SIZES, "d_ff": 32}, pad_id=3, max_source_len=8, n_mels=8)
+    checkpoint.save(tmp_path / "w.safetensors", config, init_params(config, seed=1, dtype=np.float32))
+    status = main(["convert", str(tmp_path / "w.safetensors"), str(tmp_path / "folder"), "--to", "hf-whisper"])
+    printed, err = capfd.readouterr()
+    assert status == 0, err
+    assert "[transformers]" not in err and "must be `None` or an integer" not in err, err
+    assert "verified: transformers" in printed, printed
+    assert "transformers warned on loading or running it: Model config: bos_token_id must be `None`" in printed, printed
+
+
 @pytest.mark.parametrize("family, out", [("hf-t5", "folder"), ("hf-whisper", "out.safetensors")])
 def test_a_size_spelled_as_its_default_reads_back_as_the_same_model(tmp_path, capsys, family, out):
     """T5's d_head 0 (d_model / n_heads) reads back from config.json's d_kv as 4; Whisper's
