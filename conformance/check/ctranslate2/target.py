@@ -271,6 +271,16 @@ def write(ctranslate2, config: ModelConfig, params, out: Path, quantization: str
         except ImportError as exc:  # its loader imports transformers and torch only now
             raise InputError("ctranslate2", f"CTranslate2's converter loads the Hugging Face folder with transformers "
                              f"and torch ({exc}): pip install transformers 'rosetta-transformer[torch]'") from None
+        except (ValueError, NotImplementedError, RuntimeError, KeyError, TypeError, AttributeError, OSError) as exc:
+            # The converter's own refusals (a configuration or option it has no conversion for) and
+            # its crashes: named as what refused, on which family's folder, not a traceback.
+            from conformance.core.errors import CheckpointError
+
+            said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise CheckpointError(out, f"CTranslate2 {getattr(ctranslate2, '__version__', '')}'s TransformersConverter "
+                                  f"could not convert the {family.layout} folder of this checkpoint "
+                                  f"({quantization} weights): {type(exc).__name__}"
+                                  f"{': ' + said if said else ''}") from None
 
 
 # The longest output a check of a written model generates, and its searches: greedy only. Log p of
