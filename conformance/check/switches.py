@@ -35,6 +35,16 @@ _ACTS_WHEN = {"d_head": lambda config: config.d_head != 0,
               **{name: lambda config: config.position == "relative" for name in _RELATIVE}}
 
 
+# Switches whose effect differs from one position to the next: where the first positions agree
+# and a later one parts, one of these (or a position table's later rows) is what differs.
+BY_POSITION = ("position", "position_offset", "position_ids", *_RELATIVE)
+
+
+def switches_by_position(config: ModelConfig | None = None) -> tuple[str, ...]:
+    """BY_POSITION, those that act in `config` when given."""
+    return tuple(s for s in BY_POSITION if config is None or s not in _ACTS_WHEN or _ACTS_WHEN[s](config))
+
+
 def switches_at(tensor: str, config: ModelConfig | None = None) -> tuple[str, ...]:
     """The ModelConfig switches that act where `tensor` is computed: for `config` when given
     (those that act in it), else every one that can."""

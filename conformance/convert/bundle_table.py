@@ -60,13 +60,16 @@ class BundleTable:
             values["pad_id"] = self.pad_id(values["tgt_vocab_size"], where)
         return values
 
-    def pad_id(self, vocab: int, where: str) -> int:
-        """The padding id a vocabulary of `vocab` ids implies (the first [least vocabulary, id] reached)."""
+    def pad_id(self, vocab: int, where: str,
+               advice: str = "give pad_id (--set pad_id=N)") -> int:
+        """The padding id a vocabulary of `vocab` ids implies (the first [least vocabulary, id] reached).
+        `advice` ends the refusal of a vocabulary without that id: reading a file, the pad_id to give;
+        writing one (`write`), that the file cannot hold such a vocabulary."""
         for least, pad in self.pad_ids:
             if vocab >= least:
                 if pad >= vocab:
                     raise ConfigError("pad_id", f"{where}: a vocabulary of {vocab} ids has no id {pad}, the padding "
-                                      f"this system's tokenizer implies for it: give pad_id (--set pad_id=N)")
+                                      f"this system's tokenizer implies for it: {advice}")
                 return pad
         raise ConfigError("pad_id", f"{where}: no padding id is known for a vocabulary of {vocab}: give pad_id")
 
@@ -76,6 +79,12 @@ class BundleTable:
         if self.ffn_ratio is not None and config.d_ff != self.ffn_ratio * config.d_model:
             raise ConfigError("d_ff", f"{where} has d_ff = {self.ffn_ratio} x d_model = {self.ffn_ratio * config.d_model}, "
                               f"this config {config.d_ff}")
+        if self.pad_ids:
+            # The file holds no pad_id: the system's tokenizer implies it from the vocabulary, so a
+            # vocabulary without that id cannot be written as one (no --set can add it).
+            self.pad_id(config.tgt_vocab_size, where, advice=(
+                "its file holds no pad_id of its own, so a checkpoint of this vocabulary cannot be written as one "
+                "(nothing to --set): keep it a rosetta checkpoint"))
         out: dict[str, int] = {}
         for spec in self.fields:
             out[spec.hf] = _to_theirs(spec, spec.to[0], _value_of(config, spec.to[0]))

@@ -102,7 +102,7 @@ def write_bundle(path: str | Path, config: ModelConfig, params: Mapping[str, np.
     if found is None:
         raise CheckpointError(path, "was written, but is not recognised when read back")
     back = convert_bundle(found[0], found[1], path.name, pad_id=config.pad_id)
-    same_config = back.config.replace(notes={}) == config.replace(notes={})
+    same_config = back.config.canonical() == config.canonical()
     if not same_config or any(not np.array_equal(back.params[k], np.asarray(v)) for k, v in params.items()):
         raise CheckpointError(path, "was written, but reading it back gives another model")
 

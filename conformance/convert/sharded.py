@@ -115,7 +115,7 @@ def _restricted_unpickler():
     return MetadataUnpickler
 
 
-def _safe_reader(path: Path):
+def safe_reader(path: Path):
     """DCP's `FileSystemReader` with its `.metadata` unpickled under `_METADATA_GLOBALS`."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
@@ -153,7 +153,7 @@ class DcpSource(Source):
         self.config = (checkpoint.stored_config(path, config_file.read_text(), DCP_CONFIG_FILE)
                        if config_file.is_file() else None)
         try:
-            metadata = _safe_reader(path).read_metadata()
+            metadata = safe_reader(path).read_metadata()
         except Exception as exc:  # noqa: BLE001 - a damaged, foreign or hostile .metadata
             raise CheckpointError(path, f"its {DCP_METADATA} is not readable DCP metadata: {type(exc).__name__}: {exc}") from None
         if not isinstance(metadata, Metadata):
@@ -190,7 +190,7 @@ class DcpSource(Source):
         one = {key: torch.empty(shape, dtype=getattr(torch, dtype))}
         with warnings.catch_warnings():  # one process reading every rank's shards is the point
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-            dcp.load(one, storage_reader=_safe_reader(self.path), no_dist=True)
+            dcp.load(one, storage_reader=safe_reader(self.path), no_dist=True)
         return as_numpy(one[key], name)
 
 
@@ -270,13 +270,11 @@ def tensors(source: Source, dtype: str | None = None) -> Iterator[tuple[str, np.
 
 
 def to_safetensors(src: str | os.PathLike | Source, dst: str | os.PathLike, dtype: str | None = None,
-                   progress: Callable[[str], None] | None = None,
-                   seen: Callable[[str, np.ndarray], None] | None = None) -> tuple[ModelConfig, int]:
+                   progress: Callable[[str], None] | None = None) -> tuple[ModelConfig, int]:
     """Convert the DCP or Orbax directory `src` (or its opened `Source`) into the checkpoint
-    `dst`, one tensor at a time; `dtype` casts every parameter. `seen(name, value)` hears each
-    tensor as it is written (a digest of it, for a check of the file that does not read the
-    source twice). Returns the config and the number of values written. It does not check the
-    file it wrote: `conformance.formats` does."""
+    `dst`, one tensor at a time; `dtype` casts every parameter. Returns the config and the
+    number of values written. It does not check the file it wrote: `conformance.formats` does,
+    against the directory read again apart from this path (`conformance.formats.sharded.reread`)."""
     source = src if isinstance(src, Source) else open_source(src)
     dtypes = {name: dtype or stored for name, (_, stored) in source.index.items()}
 
@@ -284,8 +282,6 @@ def to_safetensors(src: str | os.PathLike | Source, dst: str | os.PathLike, dtyp
         for count, (name, value) in enumerate(tensors(source, dtype), 1):
             if progress is not None:
                 progress(f"{count}/{len(dtypes)} {name}")
-            if seen is not None:
-                seen(name, value)
             yield name, value
 
     checkpoint.save_streamed(dst, source.config, dtypes, announced())

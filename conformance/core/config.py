@@ -335,6 +335,18 @@ class ModelConfig:
         """H * K, the width of the concatenated heads (d_model unless d_head says otherwise)."""
         return self.n_heads * self.head_dim
 
+    def canonical(self) -> dict[str, Any]:
+        """Every field that decides what the model computes (all but `notes`), at the value it acts
+        with: `d_head` as `head_dim` (0 means d_model / n_heads) and `max_source_len` as
+        `source_len` (0 means max_len). Two configs of one model have equal `canonical()` however
+        they spell it (T5's d_kv read back as 64 where a preset said 0); compare these, never the
+        fields as written. The values are valid ModelConfig arguments: a max_source_len equal to
+        max_len is stored as 0 again."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "notes"}
+        out["d_head"] = self.head_dim
+        out["max_source_len"] = self.source_len
+        return out
+
     def validate(self) -> None:
         """Raise `ConfigError` (a `ValueError`) naming the first field that is not valid."""
         for f in fields(self):

@@ -112,8 +112,7 @@ def convert(src, dst, options: Options = Options(), progress: Progress | None = 
         failed = [v for v in verdicts if v.passed is False]
         if failed:
             raise VerificationError(path, f"not written: {failed[0].runtime}: {failed[0].divergence}", tuple(verdicts))
-    unchecked = [] if any(v.passed or v.skipped for v in verdicts) else \
-        [f"{dst} was not verified: {next((v.says for v in verdicts if v.says), 'nothing checked it')}"]
+    unchecked = [f"{dst}: {verdict.line().strip()}" for verdict in verdicts if verdict.passed is None]
     return Converted(said(src, dst, read, written, problems, verdicts),
                      read.warnings + written.warnings + problems + unchecked, verdicts)
 
@@ -121,8 +120,10 @@ def convert(src, dst, options: Options = Options(), progress: Progress | None = 
 def checked(writer: Format, reader: Format, path: Path, src: Path, read: Read, options: Options,
             progress: Progress) -> list[Verdict]:
     """The writer's check of what it wrote and the reader's of its source. A loader that refuses
-    or breaks on what was written fails the check, with what it said; a source that cannot be
-    run is said not to have been."""
+    or breaks on what was written fails the check, with what it said. So does a source's own
+    system that is installed and raises while running the source: the conversion read it, so its
+    system should run it, and a check that crashes has not vouched for anything (`--no-verify`
+    skips it). Only a system that is not installed here leaves the source unchecked, and says so."""
     from conformance.formats import verify
 
     try:
@@ -132,8 +133,11 @@ def checked(writer: Format, reader: Format, path: Path, src: Path, read: Read, o
                                   f"{type(exc).__name__}: {exc}")]
     try:
         verdicts += reader.verify_source(src, read, options, progress)
-    except Exception as exc:  # noqa: BLE001 - the source's own system failed to run it
-        verdicts.append(verify.not_run(f"{src} was not run by its own system: {type(exc).__name__}: {exc}"))
+    except ImportError as exc:  # the runtime is missing: nothing ran, and the output says so
+        verdicts.append(verify.not_run(f"{src} was not run by its own system: it is not installed here ({exc})"))
+    except Exception as exc:  # noqa: BLE001 - the runtime raised: that is a finding, not an excuse
+        verdicts.append(verify.failed(f"the source's own system, running {src.name}",
+                                      f"it raised {type(exc).__name__}: {exc} (--no-verify skips this check)"))
     return verdicts
 
 

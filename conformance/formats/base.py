@@ -134,7 +134,10 @@ class Read:
     trial: bool = False
     layout: Any = None
     total: int | None = None  # the values written, when known only once written (a streamed source)
-    digests: dict[str, str] = field(default_factory=dict)  # a streamed source's tensors as written, by name
+    # Each parameter as the source holds it, read again apart from the path that wrote it (its own
+    # library, a reference cast): what the written file is checked against, where the conversion's
+    # own parameters would only check the writer against its own input (a re-save, a sharded import).
+    reference: Callable[[str], Any] | None = None
 
 
 @dataclass

@@ -4,8 +4,8 @@ docs/deployment.md).
 
     write    target.write: the family's folder, TransformersConverter, --quantization
     verify   CTranslate2 loads the written directory (`target.verified`): score_batch log p per
-             target position and translate_batch greedy ids beside the float64 oracle on the padded
-             probe; float32 weights are held to the float32 row and equal ids, quantized weights are
+             target position and translate_batch greedy ids beside the float64 oracle on the probes
+             (the padded rows, and a row as long as the model takes); float32 weights are held to the float32 row and equal ids, quantized weights are
              measured and printed, not held (said so). Beam search is `rosetta check`'s to compare
 """
 
@@ -54,20 +54,23 @@ class CTranslate2Directory(Format):
         if large is not None:
             return [large]
         progress("checking the written model with CTranslate2")
-        report = target.verified(read.config, read.params, staged, progress=progress)
+        reports = target.verified(read.config, read.params, staged, progress=progress)
+        what, report = reports[-1]
         runtime = f"{report.version} (score_batch, translate_batch)"
+        names = " and ".join(name for name, _ in reports)
         if not report.checked:
-            row = report.rows[0] if report.rows else None
-            measured = (f"largest |log p error| {row.max_error:.1e}, greedy ids equal: "
-                        f"{', '.join(f'{share:.0%}' for share in row.agreement.values())}") if row else ""
+            rows = [r.rows[0] for _, r in reports if r.rows]
+            measured = (f"largest |log p error| {max(r.max_error for r in rows):.1e}, greedy ids equal: "
+                        f"{', '.join(f'{share:.0%}' for r in rows for share in r.agreement.values())}") if rows else ""
             return [verify.not_run(f"weights stored as {'+'.join(report.weight_dtypes)}: CTranslate2 ran the written "
-                                   f"model beside the float64 oracle on {verify.PROBE}, measured, not held ({measured}); "
+                                   f"model beside the float64 oracle on {names}, measured, not held ({measured}); "
                                    "only float32 weights have a tolerance (docs/deployment.md)")]
         if not report.passed:
-            return [verify.failed(runtime, target.divergence(report))]
-        row = next(r for r in report.rows if r.held is not None)
-        return [verify.passed(runtime, f"log p within {row.limit:.1e} of the float64 oracle on {verify.PROBE} "
-                                       f"(largest {row.max_error:.1e}), greedy ids equal")]
+            return [verify.failed(runtime, target.divergence(report, what, read.config))]
+        rows = [next(r for r in each.rows if r.held is not None) for _, each in reports]
+        limits = " and ".join(f"{r.limit:.1e}" for r in rows)
+        return [verify.passed(runtime, f"log p within {limits} of the float64 oracle on {names} (largest "
+                                       f"{max(r.max_error for r in rows):.1e}), greedy ids equal")]
 
 
 FORMAT = CTranslate2Directory()

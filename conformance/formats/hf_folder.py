@@ -16,8 +16,9 @@
                    the folder is read back through the layout instead, and the output says so
     verify_source  an import of a folder: the folder itself run by transformers beside the oracle
                    on the converted parameters, the same way; this is what catches a config.json
-                   read wrong. Where transformers cannot load the folder (Flax weights, which
-                   transformers 5 does not read) it says so.
+                   read wrong. A folder of Flax weights only, which transformers 5 does not
+                   read, is said not to have been run; one that transformers refuses or that
+                   raises while it runs fails the check, as a written one would.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from pathlib import Path
 from conformance.formats import verify
 from conformance.formats.base import Format, Options, Read, Written, check_export, conversion_read
 from conformance.formats.hf_runtime import run_folder
+
+# The weights files transformers' from_pretrained reads (a Flax folder's msgpack it does not, since 5.0).
+TORCH_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def _reads_folders(layout_name: str) -> bool:
@@ -137,6 +141,9 @@ class HFFolder(Format):
         if not is_hf_folder(src):
             return [verify.not_run(f"the folder beside {src.name} was not run by transformers: the file was converted "
                                    "on its own, and the folder's other files may hold other weights")]
+        if not any((src / name).is_file() for name in TORCH_WEIGHTS):
+            return [verify.not_run(f"{src} was not run by transformers: it holds Flax weights only, which "
+                                   "transformers 5 does not read")]
         progress(f"running {src} with transformers beside the converted model")
         return [run_folder(src, read.layout, read.config, read.params, "the source folder")]
 

@@ -1,7 +1,7 @@
 """transformers itself beside the float64 oracle: a Hugging Face folder loaded by its family's
 `from_pretrained` (eager attention, in the stored dtype), every parameter and switch it then holds
-read back through the layout (`conformance.convert.from_hf`), and its float32 logits on the padded
-probe with its attention_mask. Float32: transformers computes parts of a float64 model in float32
+read back through the layout (`conformance.convert.from_hf`), and its float32 logits on the probes
+(`verify.probes`: the padded rows, and a row as long as the model takes) with its attention_mask. Float32: transformers computes parts of a float64 model in float32
 (T5LayerNorm's variance, the sinusoid tables), so a float64 forward would part from the oracle by
 about 1e-7 where the port is right. Used by `hf_folder` (a written folder, a source folder) and by
 `state_dict` (a family's tensors written as a file).
@@ -9,10 +9,12 @@ about 1e-7 where the port is right. Used by `hf_folder` (a written folder, a sou
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import warnings
 from pathlib import Path
 
-import numpy as np
 
 from conformance.formats import verify
 
@@ -24,7 +26,55 @@ def _torch_dtype(torch, name: str):
 
 def run_folder(folder: Path, layout, config, params, what: str) -> verify.Verdict:
     """`folder` loaded by transformers' `from_pretrained` and run beside the oracle on `params`
-    (see the module's docstring)."""
+    (see the module's docstring). What transformers says while it loads and runs the folder (its
+    logger's warnings, a Python warning from its forward) is part of the verdict, said once in the
+    verdict's line, never printed raw on the user's stderr in transformers' own voice."""
+    said: list[str] = []
+    with _transformers_said(said):
+        verdict = _run_folder(folder, layout, config, params, what)
+    if not said:
+        return verdict
+    heard = "; ".join(dict.fromkeys(said))
+    if verdict.passed:
+        return dataclasses.replace(verdict, says=f"{verdict.says}; transformers warned on loading or running it: {heard}")
+    if verdict.passed is False:
+        return dataclasses.replace(verdict, divergence=f"{verdict.divergence} (transformers warned: {heard})")
+    return dataclasses.replace(verdict, says=f"{verdict.says} (transformers warned: {heard})")
+
+
+@contextlib.contextmanager
+def _transformers_said(said: list[str]):
+    """Collect into `said` the warnings transformers' logger emits (in place of its own handler on
+    stderr) and the Python warnings raised meanwhile, other than from_pretrained's own (ignored
+    there: loading a folder it wrote is the point). Leaves the logger as it found it."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage().strip())
+
+    logger = hf_logging.get_logger("transformers")
+    collect = Collect(level=logging.WARNING)
+    handlers = [h for h in logger.handlers]
+    for h in handlers:
+        logger.removeHandler(h)
+    logger.addHandler(collect)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+        said.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+    finally:
+        logger.removeHandler(collect)
+        for h in handlers:
+            logger.addHandler(h)
+
+
+def _run_folder(folder: Path, layout, config, params, what: str) -> verify.Verdict:
     try:
         import torch
         import transformers
@@ -50,11 +100,10 @@ def run_folder(folder: Path, layout, config, params, what: str) -> verify.Verdic
                                               attn_implementation="eager", local_files_only=True,
                                               output_loading_info=True)
     except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError) as exc:
-        if what != "the source folder":
-            return verify.failed(runtime, f"from_pretrained could not load it: {type(exc).__name__}: "
-                                          f"{str(exc).splitlines()[0] if str(exc) else ''}")
-        return verify.not_run(f"{what} was not run by transformers: from_pretrained could not load it "
-                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+        # A folder that was read (or written) here and that its own system refuses is a finding,
+        # the source's as much as the output's: a check that crashed vouched for nothing.
+        return verify.failed(runtime, f"from_pretrained could not load {what}: {type(exc).__name__}: "
+                                      f"{str(exc).splitlines()[0] if str(exc) else ''}")
     finally:
         if bar:
             hf_logging.enable_progress_bar()
@@ -65,12 +114,14 @@ def run_folder(folder: Path, layout, config, params, what: str) -> verify.Verdic
         if what != "the source folder":
             return verify.failed(runtime, says)
         return verify.not_run(f"{what} was not run by transformers: {says}, which it would have initialized at random")
-    return run_model(model.eval(), runtime, layout, config, params, what)
+    written = None if what == "the source folder" else folder / "config.json"
+    return run_model(model.eval(), runtime, layout, config, params, what, written)
 
 
-def run_model(model, runtime: str, layout, config, params, what: str) -> verify.Verdict:
+def run_model(model, runtime: str, layout, config, params, what: str, written: Path | None = None) -> verify.Verdict:
     """A loaded transformers model beside the oracle: its parameters and config read back through
-    the layout (`from_hf`), then its float32 logits on the probe."""
+    the layout (`from_hf`), its generation settings (`generation_differs`; with `written`, the
+    config.json this conversion wrote, its special ids too), then its float32 logits on the probes."""
     import torch
 
     from conformance.convert import from_hf
@@ -79,19 +130,56 @@ def run_model(model, runtime: str, layout, config, params, what: str) -> verify.
         theirs_config, theirs = from_hf(model)
     except (ValueError, TypeError) as exc:
         return verify.failed(runtime, f"{what}, loaded, does not read back through layout {layout.name}: {exc}")
-    differs = verify.round_trip(config, params, theirs_config, theirs)
+    differs = verify.round_trip(config, params, theirs_config, theirs) or \
+        generation_differs(layout, config, theirs_config, written)
     if differs:
         return verify.failed(runtime, f"{what}, loaded: {differs}")
-    src, tgt = verify.probe(config)
-    expected = verify.oracle(config, params, src, tgt)["logits"]
     model = model.float()
-    with torch.no_grad():
-        logits = call(model, torch.from_numpy(src), torch.from_numpy(tgt), config.pad_id, layout).logits.numpy()
-    within, says = verify.logits_within(logits.astype(np.float64), expected, "float32")
+
+    def logits(src, tgt):
+        with torch.no_grad():
+            return call(model, torch.from_numpy(src), torch.from_numpy(tgt), config.pad_id, layout).logits.numpy()
+
+    within, says, where = verify.logits_on_probes(config, params, logits, "float32")
     if within:
         return verify.passed(runtime, f"{what}: every parameter and switch read back as the checkpoint's, and its "
                                       f"float32 {says}")
-    return verify.failed(runtime, f"{what}: {says}" + _first_tensor(model, layout, config, src, tgt))
+    return verify.failed(runtime, f"{what}: {says}" + _first_tensor(model, layout, config, *where))
+
+
+def generation_settings(layout, config) -> dict:
+    """The generation fields (`layout.hf.generation`) a checkpoint's note records, completed as
+    an export completes them (`hf_folder.folder_files`: the family's `[hf.generation_defaults]`,
+    the pad id): what transformers' `generate` should find in a folder of this checkpoint."""
+    import json
+
+    recorded = json.loads(config.notes["generation"]) if config.notes.get("generation") else {}
+    implied = {"pad_token_id": config.pad_id,
+               **{name: getattr(config, field) for name, field in layout.hf.generation_defaults.items()}}
+    return {key: recorded.get(key, implied.get(key)) for key in layout.hf.generation
+            if recorded.get(key, implied.get(key)) is not None}
+
+
+def generation_differs(layout, ours, theirs, written: Path | None = None) -> str | None:
+    """Where the generation settings transformers loaded (`from_hf`'s note: the model's
+    generation_config, which its `generate` applies) are not the checkpoint's, each side completed
+    the same way (`generation_settings`); with `written` (a config.json this conversion wrote),
+    also where its special ids (`layout.hf.special_ids`, read by tools that read config.json: the
+    CTranslate2 converter, pipelines) are not. None when every one is."""
+    import json
+
+    mine, other = generation_settings(layout, ours), generation_settings(layout, theirs)
+    for key in layout.hf.generation:
+        if repr(mine.get(key)) != repr(other.get(key)):
+            return (f"read back, its generation settings (generation_config) say {key}={other.get(key)!r} where the "
+                    f"checkpoint's note has {mine.get(key)!r}")
+    if written is not None:
+        stated = json.loads(written.read_text())
+        for key in layout.hf.special_ids:
+            if repr(stated.get(key)) != repr(mine.get(key)):
+                return (f"config.json says {key}={stated.get(key)!r} where the checkpoint's note has "
+                        f"{mine.get(key)!r}")
+    return None
 
 
 def call(model, src_ids, tgt_ids, pad_id: int, layout):

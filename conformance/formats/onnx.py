@@ -4,7 +4,8 @@ torch's exporter (`conformance.check.onnx.export`; docs/deployment.md).
     write    export_bytes in float32, with --taps every tensor `rosetta check` compares as outputs
     verify   ONNX Runtime (CPU execution provider) loads the written files and runs them as the
              `onnxruntime` target does (the decoder on the whole prefix, then again with half of it
-             as its cache): the logits, and with --taps every tensor, beside the float64 oracle
+             as its cache) on the probes (`verify.probes`: the padded rows, and a row as long as the
+             model takes): the logits, and with --taps every tensor, beside the float64 oracle
              within the float32 tolerance; without taps the first diverging tensor cannot be named,
              and the failure says how to find it
 """
@@ -76,21 +77,23 @@ class OnnxGraphs(Format):
         sessions = [onnxruntime.InferenceSession(str(staged / name), options_, providers=[PROVIDER])
                     for name in (onnx_export.ENCODER_FILE, onnx_export.DECODER_FILE)]
         config = read.config
-        src, tgt = verify.probe(config)
-        expected = verify.oracle(config, read.params, src, tgt)
-        with np.errstate(all="ignore"):
-            out = Model.of_sessions(config, *sessions)(src, tgt)
-        del sessions
-        actual = {**(out.attention or {}), **out.intermediates, "logits": out.logits}
-        first = verify.first_tensor(actual, expected, config, "float32")
-        if first is None:
-            tensors = "every tensor" if options.taps else "the logits"
-            return [verify.passed(runtime, f"{tensors} of the written graphs (the decoder run whole, then cached) within "
-                                           f"the float32 tolerance of the float64 oracle on {verify.PROBE}")]
-        if not options.taps:
-            first += ("; the graphs have no taps, so no earlier tensor can be named: `rosetta check CHECKPOINT "
-                      "--backends numpy,onnxruntime` exports them with taps and names the first")
-        return [verify.failed(runtime, first)]
+        model = Model.of_sessions(config, *sessions)
+        batches = verify.probes(config)
+        for what, src, tgt in batches:
+            expected = verify.oracle(config, read.params, src, tgt)
+            with np.errstate(all="ignore"):
+                out = model(src, tgt)
+            actual = {**(out.attention or {}), **out.intermediates, "logits": out.logits}
+            first = verify.first_tensor(actual, expected, config, "float32")
+            if first is None:
+                continue
+            if not options.taps:
+                first += ("; the graphs have no taps, so no earlier tensor can be named: `rosetta check CHECKPOINT "
+                          "--backends numpy,onnxruntime` exports them with taps and names the first")
+            return [verify.failed(runtime, f"on {what}, {first}")]
+        tensors = "every tensor" if options.taps else "the logits"
+        return [verify.passed(runtime, f"{tensors} of the written graphs (the decoder run whole, then cached) within "
+                                       f"the float32 tolerance of the float64 oracle on {verify.probe_names(batches)}")]
 
 
 FORMAT = OnnxGraphs()

@@ -6,8 +6,12 @@
     verify   the written file loaded again as every backend loads it (`checkpoint.load`: header,
              digest, config), its config and every parameter equal to the conversion's, bit for
              bit. A streamed import (a sharded directory), and a model that does not fit in
-             memory a second time, are read back one parameter at a time and compared with the
-             source's. A model read back equal is the same model in every backend; the trial
+             memory a second time, are read back one parameter at a time. Where the conversion's
+             parameters are only the writer's input (a re-save, cast or not; a sharded import),
+             every parameter is also held to the source's, read again apart from the path that
+             wrote it (safetensors alone; the directory's own library) and cast by
+             `verify.reference_cast`: a fault in the reader or in the cast cannot agree with
+             itself. A model read back equal is the same model in every backend; the trial
              forward pass (NumPy, in the stored dtype) then runs it.
 """
 
@@ -69,20 +73,19 @@ class RosettaCheckpoint(Format):
         if options.to is not None:
             return Read(config, params)
         stored = verify.stored(params)
-        if options.dtype and options.dtype != stored:
+        casting = options.dtype is not None and options.dtype != stored
+        if casting:
             params = {key: cast(value, options.dtype, key) for key, value in params.items()}
-        said = f"cast {stored} -> {options.dtype}" if options.dtype and options.dtype != stored else \
-            f"re-saved as stored ({stored})"
-        return Read(config, params, lines=[f"a rosetta checkpoint: {said}"], counts=True, trial=True)
+        said = f"cast {stored} -> {options.dtype}" if casting else f"re-saved as stored ({stored})"
+        return Read(config, params, lines=[f"a rosetta checkpoint: {said}"], counts=True, trial=True,
+                    reference=reread_file(src, options.dtype if casting else None))
 
     def write(self, staged: Path, read: Read, options: Options, dst: Path) -> Written:
         from conformance.convert import sharded
         from conformance.core import checkpoint
 
-        if read.params is None:  # a sharded directory, one tensor at a time, each one's digest kept for the check
-            read.digests = {}
-            config, read.total = sharded.to_safetensors(
-                read.source, staged, options.dtype, seen=lambda name, value: read.digests.update({name: digest(value)}))
+        if read.params is None:  # a sharded directory, one tensor at a time
+            config, read.total = sharded.to_safetensors(read.source, staged, options.dtype)
             return Written()
         checkpoint.save(staged, read.config, read.params)
         return Written()
@@ -94,28 +97,32 @@ class RosettaCheckpoint(Format):
         fits, words = verify.fits_in_memory(read.config, verify.itemsize(read.params), copies=1.2)
         if not fits:
             return [verify_streamed(staged, read, reason=words)]
-        return [verify_whole(staged, read.config, read.params)]
+        return [verify_whole(staged, read.config, read.params, read.reference)]
 
 
-def verify_whole(path: Path, config, params) -> verify.Verdict:
+def verify_whole(path: Path, config, params, reference=None) -> verify.Verdict:
     """The file loaded as every backend loads it (`checkpoint.load`: header, digest, config); its
-    config and every parameter the conversion's, bit for bit. A model is its config and its
-    parameters: read back equal, it is the same model in every backend (the trial forward pass
-    runs it)."""
+    config and every parameter the conversion's, bit for bit, and the source's (`reference`:
+    each parameter read again apart from the write path) where given. A model is its config and
+    its parameters: read back equal, it is the same model in every backend (the trial forward
+    pass runs it)."""
     from conformance.core import checkpoint
 
     loaded_config, loaded = checkpoint.load(path)
     differs = verify.round_trip(config, params, loaded_config, loaded)
+    if differs is None and reference is not None:
+        differs = _against_source(loaded, reference)
     if differs:
         return verify.failed(LOADER, differs)
-    return verify.passed(LOADER, "read back (digest, config, and every parameter bit for bit)")
+    also = " and as the source's, read again and cast apart from the conversion" if reference is not None else ""
+    return verify.passed(LOADER, f"read back (digest, config, and every parameter bit for bit as the conversion's{also})")
 
 
 def verify_streamed(path: Path, read: Read, reason: str = "") -> verify.Verdict:
     """A model checked without holding it twice: the written file's header, digest and config
     (`stream.Weights.open`, 16 MiB at a time), then each parameter read alone from it (a memory
-    map) and compared with the conversion's: the parameters held, or, for a sharded directory
-    read one tensor at a time, the digest of each tensor as it was read and written."""
+    map) and compared with the conversion's, where it holds them, and with the source's, read
+    again one tensor at a time apart from the path that wrote it (`read.reference`)."""
     from safetensors import safe_open
 
     from conformance.check.scale.stream import Weights
@@ -128,26 +135,42 @@ def verify_streamed(path: Path, read: Read, reason: str = "") -> verify.Verdict:
     with safe_open(str(path), framework="numpy") as f:
         for name in param_shapes(read.config):
             value = f.get_tensor(name)
+            different = None
             if read.params is not None:
                 different = verify.params_differ({name: read.params[name]}, {name: value})
-            elif read.digests.get(name) != digest(value):
-                different = f"parameter {name} is not the tensor read from the source (its digest differs)"
-            else:
-                different = None
+            if different is None and read.reference is not None:
+                different = _against_source({name: value}, read.reference)
             if different:
                 return verify.failed(LOADER, different)
-    what = "the source's, by digest" if read.params is None else "the conversion's"
+    held = [whose for whose, given in ((" the conversion's", read.params is not None),
+                                      (" the source's, read again and cast apart from the conversion",
+                                       read.reference is not None)) if given]
+    what = " and".join(held)
     why = f"; {reason}" if reason else ""
     return verify.passed(LOADER, f"read back one parameter at a time (digest, config, and every parameter bit for "
-                                 f"bit as {what}{why})")
+                                 f"bit as{what}{why})")
 
 
-def digest(value) -> str:
-    """A tensor's dtype, shape and bytes, hashed: the same digest is the same tensor, bit for bit."""
-    import hashlib
+def _against_source(written, reference) -> str | None:
+    """The first parameter of `written` that is not the source's (`reference(name)`), said so."""
+    for name, value in written.items():
+        different = verify.params_differ({name: reference(name)}, {name: value})
+        if different:
+            return f"against the source, read again: {different.replace('the checkpoint', 'the source')}"
+    return None
 
-    value = np.ascontiguousarray(np.asarray(value))
-    return hashlib.sha256(f"{value.dtype.str} {value.shape}".encode() + value.tobytes()).hexdigest()
+
+def reread_file(src: Path, dtype: str | None):
+    """Each parameter of the rosetta checkpoint `src` as the file holds it, read again with
+    safetensors alone (not `checkpoint.load`, which read it for the conversion) and cast to
+    `dtype` by `verify.reference_cast` (not the conversion's cast)."""
+    from safetensors import safe_open
+
+    def reference(name: str):
+        with safe_open(str(src), framework="numpy") as f:
+            return verify.reference_cast(f.get_tensor(name), dtype)
+
+    return reference
 
 
 def trial_run(config, params) -> list[str]:

@@ -4,6 +4,8 @@
 
     read     a directory one tensor at a time (its config stored beside the tensors); the rosetta
              writer streams it into the safetensors file and checks it one tensor at a time
+             against the directory read again by its own library (`reread`: torch DCP's load,
+             Orbax's restore, of one tensor, apart from the reader and the cast that wrote it)
     write    `--to dcp` / `--to orbax`: convert.sharded.write
     verify   the runtime that reads such a directory onto a mesh: `impl_torch.load_distributed`
              (torch.distributed.checkpoint) or `impl_jax.load_sharded` (Orbax) into a model whose
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +62,8 @@ class ShardedDirectory(Format):
         progress(f"reading {src} one tensor at a time")
         what = 'PyTorch Distributed Checkpoint' if sharded.kind(src) == 'dcp' else 'rosetta Orbax checkpoint'
         line = f"a {what}, read one tensor at a time" + (f", cast to {options.dtype}" if options.dtype else "")
-        return Read(source.config, None, source=source, lines=[line], counts=True)
+        return Read(source.config, None, source=source, lines=[line], counts=True,
+                    reference=reread(source, options.dtype))
 
     def write(self, staged: Path, read: Read, options: Options, dst: Path) -> Written:
         from conformance.convert import sharded
@@ -71,6 +75,46 @@ class ShardedDirectory(Format):
     def verify(self, staged: Path, read: Read, options: Options, progress) -> list:
         progress(f"checking the written directory with {'impl_torch.load_distributed' if options.to == 'dcp' else 'impl_jax.load_sharded'}")
         return [(load_dcp if options.to == "dcp" else load_orbax)(staged, read.config, read.params)]
+
+
+def reread(source, dtype: str | None):
+    """Each parameter of the rosetta directory that `source` (a `conformance.convert.sharded.Source`)
+    opened, as the directory holds it: read again, one tensor at a time, by the directory's own
+    library (torch.distributed.checkpoint's `load`, Orbax's partial `restore`) into a tensor of
+    zeros, apart from `Source.read` and `convert.engine.cast`, which wrote the checkpoint, and cast
+    to `dtype` by `verify.reference_cast`. The shapes and dtypes are the directory's metadata."""
+    from conformance.convert import sharded
+
+    path, index = source.path, source.index
+
+    def from_dcp(name: str):
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        from conformance.convert.arrays import as_numpy
+
+        shape, stored = index[name]
+        one = {name: torch.zeros(shape, dtype=getattr(torch, stored))}
+        with warnings.catch_warnings():  # one process reading every rank's shards is the point
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+            dcp.load(one, storage_reader=sharded.safe_reader(path), no_dist=True)
+        return verify.reference_cast(as_numpy(one[name], name), dtype)
+
+    def from_orbax(name: str):
+        import jax
+        import orbax.checkpoint as ocp
+
+        from conformance.core.checkpoint import ORBAX_ITEMS
+        from conformance.core.params import flatten_dotted, nest_dotted
+
+        shape, stored = index[name]
+        restored = ocp.PyTreeCheckpointer().restore(
+            path.resolve() / ORBAX_ITEMS[0], args=ocp.args.PyTreeRestore(
+                item=nest_dotted({name: jax.ShapeDtypeStruct(shape, np.dtype(stored))}),
+                restore_args=nest_dotted({name: ocp.RestoreArgs(restore_type=np.ndarray)}), partial_restore=True))
+        return verify.reference_cast(np.array(flatten_dotted(restored)[name]), dtype)
+
+    return from_dcp if sharded.kind(path) == "dcp" else from_orbax
 
 
 def _zeros(params) -> dict[str, np.ndarray]:
@@ -98,8 +142,6 @@ def load_dcp(path: Path, config, params) -> verify.Verdict:
         from conformance.convert.arrays import as_numpy
     except ImportError as exc:
         return verify.not_run(f"the directory was not loaded: impl_torch cannot be imported ({exc})")
-    import warnings
-
     model = impl_torch.Model(config, _zeros(params), _compute(params), param_dtype=verify.stored(params))
     with warnings.catch_warnings():  # that one process reads every rank's shards is the point
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")

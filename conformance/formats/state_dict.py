@@ -17,7 +17,6 @@ layout file of the user's.
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
@@ -131,7 +130,8 @@ class StateDict(Format):
         # switches the user sets (free, required), those a family's config.json would carry,
         # and those of the changed copy (--set).
         carried = {name for spec in layout.hf.fields for name in spec.to} if layout.hf else set()
-        told = {name: getattr(config, name) for name in SIZE_FIELDS | layout.free | layout.required | carried}
+        acts = config.canonical()  # d_head and max_source_len as the tensors give them, not as 0
+        told = {name: acts[name] for name in SIZE_FIELDS | layout.free | layout.required | carried}
         told.update(options.overrides())
         try:
             state = read_state_dict(staged)

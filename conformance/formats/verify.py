@@ -1,8 +1,11 @@
 """The check every format makes of what it wrote, before it is renamed into place.
 
-The probe is `conformance.check.report.fixed_batch`: three rows, padded three ways (none,
-trailing, all but one token). The oracle is the float64 NumPy model on the parameters the
-conversion holds in memory, as `rosetta check` runs it. What runs the output is the system that
+The probes are two batches (`probes`): `conformance.check.report.fixed_batch`'s three rows,
+padded three ways (none, trailing, all but one token), and one row as long as the model takes
+(min(max_len, source_len), at most LONGEST tokens), which reads the positions a short row never
+reaches: a position table's later rows, the relative buckets of distant positions. The oracle is
+the float64 NumPy model on the parameters the conversion holds in memory, as `rosetta check`
+runs it. What runs the output is the system that
 will read it (transformers, ONNX Runtime, CTranslate2, torch DCP, Orbax, our own loader); its
 result is compared with the oracle's at the tolerance of the dtype it computes in
 (`conformance.check.tolerances`). Where it exposes every tensor, the first one out of tolerance
@@ -23,6 +26,10 @@ import numpy as np
 from conformance.core.config import ModelConfig
 
 PROBE = "3 padded rows"
+# The long probe's cap, in tokens: a row of max_len tokens costs the oracle (float64) and the
+# runtime that much more on a model of 1024 positions; 128 reach every row of the tables the
+# tests' and most small models have, and a base-size model's first 128.
+LONGEST = 128
 
 
 @dataclass(frozen=True)
@@ -64,15 +71,76 @@ def skipped() -> Verdict:
 
 
 def probe(config: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
-    """The padded batch every check runs: `fixed_batch`'s three rows. A features source (Whisper's)
-    gets a whole window of standard-normal features, 2 x max_source_len frames: openai-whisper's
-    and transformers' encoders take no other length."""
+    """The padded batch: `fixed_batch`'s three rows. A features source (Whisper's) gets a whole
+    window of standard-normal features, 2 x max_source_len frames: openai-whisper's and
+    transformers' encoders take no other length."""
     from conformance.check.report import fixed_batch
 
     src, tgt = fixed_batch(config)
     if config.source == "features":
         src = np.random.default_rng(0).standard_normal((3, config.n_mels, 2 * config.source_len))
     return src, tgt
+
+
+def long_row(config: ModelConfig, source: int | None = None, target: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One row with no padding, `source` and `target` tokens long (default: as long as the model
+    takes, min(max_len, source_len), at most LONGEST): every position a runtime computes up to
+    there is read. A features source gets its whole window, as in `probe`."""
+    from conformance.check.report import ids_of
+
+    longest = min(config.max_len, config.source_len, LONGEST)
+    source, target = source or longest, target or longest
+    rng = np.random.default_rng(1)
+    tgt = ids_of(rng, config, config.tgt_vocab_size, target)[:1]
+    if config.source == "features":
+        return rng.standard_normal((1, config.n_mels, 2 * config.source_len)), tgt
+    return ids_of(rng, config, config.src_vocab_size, source)[:1], tgt
+
+
+def probes(config: ModelConfig, source: int | None = None,
+           target: int | None = None) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """The batches every runtime check runs, as (what to call it, src, tgt): `probe`'s padded rows,
+    and `long_row` (with its lengths; lower them for a runtime that adds tokens of its own) when it
+    reaches further than they do. Two batches, not one padded to the long row: the three short rows
+    would cost as much as three long ones."""
+    src, tgt = probe(config)
+    rows = long_row(config, source, target)
+    out = [(PROBE, src, tgt)]
+    if rows[1].shape[1] > tgt.shape[1] or (config.source != "features" and rows[0].shape[1] > src.shape[1]):
+        out.append((f"a row of {long_words(config, *rows)}", *rows))
+    return out
+
+
+def long_words(config: ModelConfig, src, tgt) -> str:
+    if config.source == "features":
+        return f"{tgt.shape[1]} target tokens"
+    same = src.shape[1] == tgt.shape[1]
+    return f"{src.shape[1]} tokens" if same else f"{src.shape[1]} source and {tgt.shape[1]} target tokens"
+
+
+def probe_names(batches) -> str:
+    return " and ".join(what for what, _, _ in batches)
+
+
+def logits_on_probes(config: ModelConfig, params: Mapping[str, Any], run, dtype: str,
+                     batches=None) -> tuple[bool, str, tuple[np.ndarray, np.ndarray] | None]:
+    """`run(src, tgt)` -> logits (an array), beside the oracle's on every probe (`probes`) within
+    `dtype`'s tolerance: (within on all, what to say, the (src, tgt) where it first was not)."""
+    from conformance.check.compare import compare
+    from conformance.check.tolerances import tolerance
+
+    batches = probes(config) if batches is None else batches
+    largest = 0.0
+    for what, src, tgt in batches:
+        expected = oracle(config, params, src, tgt)["logits"]
+        actual = np.asarray(run(src, tgt), dtype=np.float64)
+        within, says = logits_within(actual, expected, dtype, probe=what)
+        if not within:
+            return False, says, (src, tgt)
+        largest = max(largest, compare(actual, expected, tolerance(dtype, "cpu")).max_abs)
+    tol = tolerance(dtype, "cpu")
+    return True, (f"logits within {tol.atol:.0e} x scale of the float64 oracle on {probe_names(batches)} (max abs "
+                  f"error {largest:.1e})"), None
 
 
 def stored(params: Mapping[str, Any]) -> str:
@@ -112,34 +180,48 @@ def first_tensor(actual: Mapping[str, Any], expected: Mapping[str, np.ndarray], 
     return None
 
 
-def logits_within(actual, expected: np.ndarray, dtype: str, device: str = "cpu") -> tuple[bool, str]:
-    """(within the tolerance, what to say) for logits alone (a runtime without taps)."""
+def logits_within(actual, expected: np.ndarray, dtype: str, device: str = "cpu", probe: str = PROBE) -> tuple[bool, str]:
+    """(within the tolerance, what to say) for logits alone (a runtime without taps) on `probe`."""
     from conformance.check.compare import compare
     from conformance.check.tolerances import tolerance
 
     tol = tolerance(dtype, device)
     result = compare(actual, expected, tol)
     if result.passed:
-        return True, (f"logits within {tol.atol:.0e} x scale of the float64 oracle on {PROBE} (max abs error "
+        return True, (f"logits within {tol.atol:.0e} x scale of the float64 oracle on {probe} (max abs error "
                       f"{result.max_abs:.1e})")
     where = result.first_violation_at or result.first_nan_mismatch_at or result.max_abs_at
-    return False, f"the logits leave the {dtype} tolerance first at (row, position, id) {where}: {result.describe()}"
+    return False, (f"on {probe}, the logits leave the {dtype} tolerance first at (row, position, id) {where}: "
+                   f"{result.describe()}")
 
 
 def config_differs(ours: ModelConfig, theirs: ModelConfig) -> list[str]:
-    """The fields that change what the model computes and differ (notes and training-only switches do not)."""
-    import dataclasses
-
+    """The fields that change what the model computes and differ, at the values they act with
+    (`ModelConfig.canonical`: d_head 0 is d_model / n_heads); notes and training-only switches do
+    not count."""
     from conformance.convert.engine import TRAINING_ONLY
 
+    mine_all, other_all = ours.canonical(), theirs.canonical()
     out = []
-    for f in dataclasses.fields(ModelConfig):
-        if f.name == "notes" or f.name in TRAINING_ONLY:
+    for name, mine in mine_all.items():
+        if name in TRAINING_ONLY:
             continue
-        mine, other = getattr(ours, f.name), getattr(theirs, f.name)
+        other = other_all[name]
         if repr(mine) != repr(other):  # repr: NaN equals NaN
-            out.append(f"{f.name}={other!r} where the checkpoint has {mine!r}")
+            out.append(f"{name}={other!r} where the checkpoint has {mine!r}")
     return out
+
+
+def reference_cast(value, dtype: str | None) -> np.ndarray:
+    """`value` in `dtype` (None: as it is) by NumPy's `astype` alone, round to nearest even
+    (ml_dtypes' for bfloat16): what a check holds a conversion's cast to. Written apart from
+    `conformance.convert.engine.cast` on purpose, so that a fault there cannot agree with itself."""
+    value = np.asarray(value)
+    if dtype is None:
+        return value
+    import ml_dtypes
+
+    return value.astype(np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype))
 
 
 def params_differ(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> str | None:

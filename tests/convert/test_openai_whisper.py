@@ -151,6 +151,22 @@ def test_an_export_the_system_cannot_express_is_refused(saved, tmp_path, capsys)
     assert "pad_id" in capsys.readouterr().err
 
 
+def test_a_vocabulary_without_the_tokenizers_padding_is_refused_without_advising_a_set(tmp_path, capsys):
+    """openai-whisper's file holds no pad_id (its tokenizer's end of text, 50256 below 51865 ids):
+    a 64-id vocabulary cannot be written as one, and `--set pad_id`, which the file's format
+    refuses, is not the way out the refusal names."""
+    from conformance import init_params, preset
+
+    config = preset("hf-whisper", src_vocab_size=64, tgt_vocab_size=64, pad_id=3, d_model=16, n_heads=2, d_ff=64,
+                    n_encoder_layers=1, n_decoder_layers=1, max_len=12, max_source_len=8, n_mels=8)
+    checkpoint.save(tmp_path / "w.safetensors", config, init_params(config, seed=5, dtype=np.float32))
+    assert main(["convert", str(tmp_path / "w.safetensors"), str(tmp_path / "w.pt"), "--to", "openai-whisper"]) == 2
+    err = capsys.readouterr().err
+    assert "a vocabulary of 64 ids has no id 50256" in err and "cannot be written as one" in err, err
+    assert "--set pad_id" not in err, err
+    assert not (tmp_path / "w.pt").exists()
+
+
 def test_compare_reads_a_live_whisper_with_its_dims(saved):
     import conformance
 

@@ -274,7 +274,7 @@ def test_each_rank_writes_only_its_own_shards(folder, torch_record):
     each, stored in the two ranks' own files: nobody gathered the model to write it."""
     from conformance.convert import sharded
 
-    metadata = sharded._safe_reader(folder / "dcp-fsdp").read_metadata()
+    metadata = sharded.safe_reader(folder / "dcp-fsdp").read_metadata()
     files: dict = {}
     for index, where in metadata.storage_data.items():
         files.setdefault(index.fqn, {})[tuple(index.offset)] = where.relative_path

@@ -116,6 +116,31 @@ def test_a_planted_hf_bart_config_fault_exits_1_naming_the_switch(bart, capsys, 
     assert left(bart.parent) == ["bart.safetensors"]
 
 
+@pytest.mark.parametrize("where, key, said", [
+    ("generation_config.json", "eos_token_id",
+     "its generation settings (generation_config) say eos_token_id=5 where the checkpoint's note has 2"),
+    ("config.json", "decoder_start_token_id", "config.json says decoder_start_token_id=5 where the checkpoint's note has 2"),
+], ids=["generation_config", "config.json"])
+def test_a_planted_generation_setting_exits_1_naming_it(bart, capsys, monkeypatch, where, key, said):
+    """A folder whose logits are right but whose generate would start (or stop) on another token:
+    transformers' generate reads generation_config.json, CTranslate2's converter and pipelines
+    read config.json's special ids; both are held to the checkpoint's generation note."""
+    from conformance.convert import hf_folder
+
+    folder_files = hf_folder.folder_files
+
+    def planted(config, layout):
+        hf, generation, warnings = folder_files(config, layout)
+        (generation if where == "generation_config.json" else hf)[key] = 5
+        return hf, generation, warnings
+
+    monkeypatch.setattr(hf_folder, "folder_files", planted)
+    status, printed, err = run(capsys, "convert", bart, bart.parent / "folder", "--to", "hf-bart")
+    assert status == 1 and printed == "", err
+    assert "not written" in err and said in err, err
+    assert left(bart.parent) == ["bart.safetensors"]
+
+
 def test_where_transformers_computes_otherwise_the_first_tensor_is_named(bart, capsys, monkeypatch):
     """A transformers whose ReLU is another function (planted in its ACT2FN table): the folder's
     weights and config read back as the checkpoint's, the logits part, and the layout's [taps]
@@ -128,6 +153,42 @@ def test_where_transformers_computes_otherwise_the_first_tensor_is_named(bart, c
     assert "the logits leave the float32 tolerance" in err, err
     assert "first diverging tensor through the layout's taps: encoder.0.ffn" in err and "activation" in err, err
     assert left(bart.parent) == ["bart.safetensors"]
+
+
+def test_what_transformers_warns_while_it_checks_is_said_in_the_verdict_not_raw(tmp_path, capfd):
+    """A Whisper folder written with no generation note: transformers fills config.json's absent
+    special ids with WhisperConfig's defaults (50256, out of this vocabulary) and its logger warns
+    so while from_pretrained loads it. That is said once, in the verdict's line, not printed in
+    transformers' own voice on stderr (capfd: its handler writes to the stderr it was made with)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.warning_once.cache_clear()  # another test in this process may have had it said
+    config = preset("hf-whisper", **{**SIZES, "d_ff": 32}, pad_id=3, max_source_len=8, n_mels=8)
+    checkpoint.save(tmp_path / "w.safetensors", config, init_params(config, seed=1, dtype=np.float32))
+    status = main(["convert", str(tmp_path / "w.safetensors"), str(tmp_path / "folder"), "--to", "hf-whisper"])
+    printed, err = capfd.readouterr()
+    assert status == 0, err
+    assert "[transformers]" not in err and "must be `None` or an integer" not in err, err
+    assert "verified: transformers" in printed, printed
+    assert "transformers warned on loading or running it: Model config: bos_token_id must be `None`" in printed, printed
+
+
+@pytest.mark.parametrize("family, out", [("hf-t5", "folder"), ("hf-whisper", "out.safetensors")])
+def test_a_size_spelled_as_its_default_reads_back_as_the_same_model(tmp_path, capsys, family, out):
+    """T5's d_head 0 (d_model / n_heads) reads back from config.json's d_kv as 4; Whisper's
+    max_source_len 0 (max_len) as the encoder table's 16 rows. One model spelled two ways is not
+    a divergence."""
+    pytest.importorskip("transformers", reason="the written models are checked by transformers itself")
+    sizes = dict(SIZES, d_model=16, n_heads=4, d_ff=16, max_len=16)
+    if family == "hf-whisper":
+        sizes.update(src_vocab_size=19, n_mels=8)
+    config = preset(family, **sizes)
+    assert config.d_head == 0 and config.max_source_len == 0
+    path = tmp_path / "model.safetensors"
+    checkpoint.save(path, config, init_params(config, seed=1, dtype=np.float32))
+    status, printed, err = run(capsys, "convert", path, tmp_path / out, "--to", family)
+    assert status == 0, err
+    assert "verified: transformers" in printed, printed
 
 
 def test_an_import_of_a_folder_runs_the_folder_in_transformers(bart, capsys, monkeypatch):
@@ -154,7 +215,38 @@ def test_a_runtime_that_is_not_installed_is_said_and_the_output_written(bart, ca
     status, printed, err = run(capsys, "convert", bart, out, "--to", "hf-bart")
     assert status == 0 and (out / "model.safetensors").is_file(), err
     assert "not verified: the written folder was not loaded: transformers with torch is not installed" in printed
-    assert f"warning: {out} was not verified" in err, err
+    assert f"warning: {out}: not verified: the written folder was not loaded: transformers with" in err, err
+
+
+def test_a_source_whose_runtime_is_missing_is_said_on_stdout_and_stderr(bart, capsys, monkeypatch):
+    """The written checkpoint is checked by our loader, but the source folder's own system is not
+    installed: the output lands, and that the source was not run is said on both streams."""
+    assert run(capsys, "convert", bart, bart.parent / "folder", "--to", "hf-bart")[0] == 0
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    out = bart.parent / "back.safetensors"
+    status, printed, err = run(capsys, "convert", bart.parent / "folder", out)
+    assert status == 0 and out.is_file(), err
+    assert "verified: checkpoint.load" in printed, printed
+    assert "not verified: the source folder was not loaded: transformers with torch is not installed" in printed
+    assert f"warning: {out}: not verified: the source folder was not loaded: transformers with torch" in err, err
+
+
+def test_a_source_whose_runtime_raises_fails_the_check(bart, capsys, monkeypatch):
+    """transformers installed, and raising while it runs the source folder: the one check that
+    could catch a config.json read wrong did not vouch for it, so nothing is written (exit 1)."""
+    from conformance.formats import hf_runtime
+
+    assert run(capsys, "convert", bart, bart.parent / "folder", "--to", "hf-bart")[0] == 0
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("planted: the forward pass broke")
+
+    monkeypatch.setattr(hf_runtime, "call", raising)
+    out = bart.parent / "back.safetensors"
+    status, printed, err = run(capsys, "convert", bart.parent / "folder", out)
+    assert status == 1 and printed == "", err
+    assert "not written: the source's own system, running folder: it raised RuntimeError: planted" in err, err
+    assert left(bart.parent) == ["bart.safetensors", "folder"]
 
 
 def test_a_runtime_whose_copy_would_not_fit_is_not_run_and_says_so(bart, capsys, monkeypatch):
@@ -165,7 +257,7 @@ def test_a_runtime_whose_copy_would_not_fit_is_not_run_and_says_so(bart, capsys,
     status, printed, err = run(capsys, "convert", bart, out, "--to", "hf-bart")
     assert status == 0 and (out / "model.safetensors").is_file(), err
     assert "not verified: the written folder was not loaded: its copy of the model would not fit" in printed, printed
-    assert "9 TiB" in printed and f"warning: {out} was not verified" in err, err
+    assert "9 TiB" in printed and f"warning: {out}: not verified: the written folder was not loaded" in err, err
 
 
 # -- a rosetta checkpoint in: our loader, bit for bit ----------------------------------------------
@@ -228,6 +320,7 @@ def test_no_verify_writes_and_says_so(tutorial, capsys):
     assert status == 0 and out.is_file(), err
     assert "not verified: --no-verify skipped the check of what was written" in printed
     assert "verified:" not in printed.replace("not verified:", "")
+    assert f"warning: {out}: not verified: --no-verify skipped the check" in err, err
 
 
 def test_a_bare_state_dict_says_its_system_was_not_run(tutorial, capsys):
@@ -235,6 +328,7 @@ def test_a_bare_state_dict_says_its_system_was_not_run(tutorial, capsys):
                                *TUTORIAL_SETS)
     assert status == 0 and "verified: checkpoint.load" in printed, err
     assert "not verified: the system that saved foreign.safetensors was not run" in printed, printed
+    assert "not verified: the system that saved foreign.safetensors was not run" in err, err
 
 
 # -- a tutorial's state dict out: read back through its layout -------------------------------------
@@ -273,13 +367,64 @@ def test_a_planted_sharded_writer_fault_is_found_by_the_loader_that_reads_it(tut
     assert status == 0 and f"verified: {runtime}" in printed, err
     back = tutorial / f"{kind}.safetensors"
     status, printed, err = run(capsys, "convert", tutorial / kind, back)
-    assert status == 0 and "bit for bit as the source's, by digest" in printed, err
+    assert status == 0 and "bit for bit as the source's, read again and cast apart from the conversion" in printed, err
     write = {"dcp": sharded.write_dcp, "orbax": sharded.write_orbax}[kind]
     monkeypatch.setattr(sharded, f"write_{kind}", lambda dst, config, params: write(dst, config,
                                                                                      perturbed(params, PERTURBED)))
     status, printed, err = run(capsys, "convert", tutorial / "model.safetensors", tutorial / "planted", "--to", kind)
     assert status == 1 and f"{runtime}" in err and f"parameter {PERTURBED} differs" in err, err
     assert not (tutorial / "planted").exists() and not [p for p in tutorial.iterdir() if p.name.startswith(".")]
+
+
+def planted_cast(monkeypatch):
+    """convert.engine.cast scaling one parameter by 1.5: the conversion's cast, wrong."""
+    from conformance.convert import engine
+
+    cast = engine.cast
+
+    def wrong(value, dtype, key):
+        out = cast(value, dtype, key)
+        return out * np.asarray(1.5, out.dtype) if key == PERTURBED else out
+
+    monkeypatch.setattr(engine, "cast", wrong)
+
+
+@pytest.mark.parametrize("kind", ["dcp", "orbax"])
+@pytest.mark.parametrize("fault", ["reader", "cast"])
+def test_a_sharded_import_is_held_to_the_directory_read_again(tutorial, capsys, monkeypatch, kind, fault):
+    """The import writes what its reader read and its cast cast: checked against those alone, a
+    fault in either would agree with itself. The directory read again by its own library and cast
+    by NumPy is what finds it."""
+    from conformance.convert import sharded
+
+    if kind == "orbax":
+        pytest.importorskip("orbax.checkpoint")
+    assert run(capsys, "convert", tutorial / "model.safetensors", tutorial / kind, "--to", kind)[0] == 0
+    flags = []
+    if fault == "reader":
+        source = sharded.DcpSource if kind == "dcp" else sharded.OrbaxSource
+        read = source.read
+        monkeypatch.setattr(source, "read", lambda self, name: read(self, name) + np.float32(0.5) if name == PERTURBED
+                            else read(self, name))
+    else:
+        planted_cast(monkeypatch)
+        flags = ["--dtype", "float64"]
+    back = tutorial / "back.safetensors"
+    status, printed, err = run(capsys, "convert", tutorial / kind, back, *flags)
+    assert status == 1, err
+    assert f"checkpoint.load: against the source, read again: parameter {PERTURBED} differs" in err, err
+    assert not back.exists() and not [p for p in tutorial.iterdir() if p.name.startswith(".")]
+
+
+def test_a_re_save_with_a_cast_is_held_to_the_source_file_cast_apart(tutorial, capsys, monkeypatch):
+    out = tutorial / "half.safetensors"
+    status, printed, err = run(capsys, "convert", tutorial / "model.safetensors", out, "--dtype", "float16")
+    assert status == 0 and "as the source's, read again and cast apart from the conversion" in printed, err
+    out.unlink()
+    planted_cast(monkeypatch)
+    status, printed, err = run(capsys, "convert", tutorial / "model.safetensors", out, "--dtype", "float16")
+    assert status == 1 and f"against the source, read again: parameter {PERTURBED} differs" in err, err
+    assert left(tutorial) == ["foreign.safetensors", "model.safetensors"]
 
 
 # -- Ctrl-C: nothing left, and the rerun needs no --force (issue 56 item 6) ------------------------

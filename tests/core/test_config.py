@@ -215,3 +215,17 @@ def test_t2t_sinusoid_needs_four_dims():
 def test_unknown_src_pad_mask_is_named():
     with pytest.raises(ConfigError, match="src_pad_mask"):
         ModelConfig(src_pad_mask="queries")
+
+
+def test_canonical_compares_a_model_however_its_derived_sizes_are_spelled():
+    """d_head 0 is d_model / n_heads and max_source_len 0 is max_len: spelled either way it is one
+    model, and `canonical()` says so; a size that differs in effect still differs."""
+    zero = ModelConfig(d_model=16, n_heads=4, d_head=0)
+    assert zero.canonical() == ModelConfig(d_model=16, n_heads=4, d_head=4).canonical()
+    assert zero.canonical()["d_head"] == 4 and "notes" not in zero.canonical()
+    assert zero.canonical() != ModelConfig(d_model=16, n_heads=4, d_head=8).canonical()
+    whisper = dict(source="features", src_vocab_size=32, tgt_vocab_size=32, max_len=16)
+    assert ModelConfig(**whisper, max_source_len=0).canonical()["max_source_len"] == 16
+    assert ModelConfig(**whisper, max_source_len=0).canonical() != ModelConfig(**whisper, max_source_len=8).canonical()
+    # the values are valid arguments: the model they build is the same one
+    assert ModelConfig(**ModelConfig(**whisper).canonical()).canonical() == ModelConfig(**whisper).canonical()

@@ -183,6 +183,28 @@ def test_a_planted_writer_fault_exits_1_with_nothing_written(tmp_path, capsys, m
     assert status == 0 and "not verified: --no-verify" in printed and (tmp_path / "ct2" / "model.bin").is_file()
 
 
+def test_a_converter_that_refuses_is_a_typed_error_naming_it_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """CTranslate2's converter raising (planted: the ValueError its loaders raise for a
+    configuration they have no conversion for) is a CheckpointError that names the converter, the
+    family's folder and its message; the exit is 2 with nothing written, nor a scratch folder."""
+    import ctranslate2
+
+    config, params = ctranslate2_check.example_model(seed=0)
+    path = tmp_path / "marian.safetensors"
+    checkpoint.save(path, config, params)
+
+    def refuses(self, *args, **kwargs):
+        raise ValueError("No conversion is registered for the model configuration PlantedConfig")
+
+    monkeypatch.setattr(ctranslate2.converters.TransformersConverter, "load_model", refuses)
+    status, printed, err = run(capsys, "convert", path, tmp_path / "ct2", "--to", "ctranslate2")
+    assert status == 2 and printed == "", err
+    assert "TransformersConverter could not convert the hf-marian folder" in err, err
+    assert "ValueError: No conversion is registered for the model configuration PlantedConfig" in err, err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["marian.safetensors"]
+
+
 def test_quantized_weights_are_measured_and_said_not_held(tmp_path, capsys):
     config, params = ctranslate2_check.example_model(seed=0)
     path = tmp_path / "marian.safetensors"

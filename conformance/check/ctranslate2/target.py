@@ -232,10 +232,10 @@ def convert(config: ModelConfig, params, dst: str | Path, quantization: str = "f
     with atomic_directory(dst) as staged:
         write(ctranslate2, config, params, staged, quantization, family)
         if verify:
-            report = verified(config, params, staged, family.layout)
+            what, report = verified(config, params, staged, family.layout)[-1]
             if report.checked and not report.passed:
                 raise VerificationError(dst, f"not written: {report.version} ran the written model beside the "
-                                        f"float64 oracle: {divergence(report)}", (report,))
+                                        f"float64 oracle: {divergence(report, what, config)}", (report,))
     return dst
 
 
@@ -271,6 +271,16 @@ def write(ctranslate2, config: ModelConfig, params, out: Path, quantization: str
         except ImportError as exc:  # its loader imports transformers and torch only now
             raise InputError("ctranslate2", f"CTranslate2's converter loads the Hugging Face folder with transformers "
                              f"and torch ({exc}): pip install transformers 'rosetta-transformer[torch]'") from None
+        except (ValueError, NotImplementedError, RuntimeError, KeyError, TypeError, AttributeError, OSError) as exc:
+            # The converter's own refusals (a configuration or option it has no conversion for) and
+            # its crashes: named as what refused, on which family's folder, not a traceback.
+            from conformance.core.errors import CheckpointError
+
+            said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise CheckpointError(out, f"CTranslate2 {getattr(ctranslate2, '__version__', '')}'s TransformersConverter "
+                                  f"could not convert the {family.layout} folder of this checkpoint "
+                                  f"({quantization} weights): {type(exc).__name__}"
+                                  f"{': ' + said if said else ''}") from None
 
 
 # The longest output a check of a written model generates, and its searches: greedy only. Log p of
@@ -282,27 +292,54 @@ VERIFY_BEAMS = (1,)
 
 
 def verified(config: ModelConfig, params, model_dir: str | Path, layout: str | None = None,
-             progress: Callable[[str], None] | None = None) -> CTranslate2Report:
+             progress: Callable[[str], None] | None = None) -> list[tuple[str, CTranslate2Report]]:
     """The CTranslate2 model at `model_dir` (converted from `params`) beside the float64 oracle on
-    the padded probe batch (`fixed_batch`): score_batch log p per position and translate_batch
-    greedy ids, computed in float32 (`measure`: on float32 weights held to the float32 row and equal
-    ids; on quantized weights measured, not held)."""
-    from conformance.check.report import fixed_batch
+    each probe (`conformance.formats.verify.probes`: the padded rows, then a row as long as the
+    model takes, less the start token CTranslate2's decoder reads first and the tokens it adds to
+    each source): score_batch log p per position and translate_batch greedy ids, computed in
+    float32 (`measure`: on float32 weights held to the float32 row and equal ids; on quantized
+    weights measured, not held). Returns (the probe's name, its report) for each probe run, up to
+    the first that failed."""
+    from conformance.formats.verify import probes
 
     family = family_of(config, params, layout)
     start, eos = generation_ids(config)
-    src, tgt = fixed_batch(config)
-    return measure(config, params, Path(model_dir), Directory.read(model_dir), src, tgt, start=start, eos=eos,
-                   compute_types=("float32",), beams=VERIFY_BEAMS, max_len=min(config.max_len, VERIFY_MAX_LEN),
-                   device="cpu", source=f"the written model, converted through {family.layout}", progress=progress)
+    directory = Directory.read(model_dir)
+    added = sum(bool(directory.config.get(f"add_source_{side}")) for side in ("bos", "eos"))
+    reports = []
+    for what, src, tgt in probes(config, source=max(1, config.source_len - added), target=max(1, config.max_len - 1)):
+        report = measure(config, params, Path(model_dir), directory, src, tgt, start=start, eos=eos,
+                         compute_types=("float32",), beams=VERIFY_BEAMS, max_len=min(config.max_len, VERIFY_MAX_LEN),
+                         device="cpu", source=f"the written model, converted through {family.layout}",
+                         progress=progress)
+        reports.append((what, report))
+        if report.checked and not report.passed:
+            break
+    return reports
 
 
-def divergence(report: CTranslate2Report) -> str:
-    """Where the held row of a failed report first parts from the oracle, in words."""
+def divergence(report: CTranslate2Report, probe: str = "3 padded rows", config: ModelConfig | None = None) -> str:
+    """Where the held row of a failed report first parts from the oracle, in words, with what acts
+    there. CTranslate2 exposes no tensor but log p: where position 0 parts, everything before the
+    logits may (the logits' own switches named); where the first positions agree and a later one
+    parts, what acts by position does (the position switches, a position table's later rows);
+    where every log p agrees and the greedy ids part, the search's start and end ids do."""
+    from conformance.check.switches import switches_by_position
+
     row = next(r for r in report.rows if r.held is not None and not r.passed)
-    return (f"on 3 padded rows, {row.verdict().removeprefix('FAIL: ')} (largest |log p error| {row.max_error:.2e}); "
-            f"CTranslate2 exposes no intermediate tensor, so the first diverging quantity named is that log p, "
-            f"computed from the logits, where {', '.join(switches_at('logits'))} act")
+    beyond = np.flatnonzero(~(row.position_error <= row.limit))
+    if not beyond.size:
+        acting = ("the ids parted where every log p agrees: the decoder's start and end ids (the checkpoint's note "
+                  "'generation') act there")
+    elif beyond[0] > 0:
+        acting = (f"positions 0-{beyond[0] - 1} agree, so what acts by position differs: "
+                  f"{', '.join(switches_by_position(config)) or 'the position term'}, or a position table's rows from "
+                  f"{beyond[0]}")
+    else:
+        acting = (f"it parts at the first position, where every switch has acted; those at the logits: "
+                  f"{', '.join(switches_at('logits', config))}")
+    return (f"on {probe}, {row.verdict().removeprefix('FAIL: ')} (largest |log p error| {row.max_error:.2e}); "
+            f"CTranslate2 exposes no intermediate tensor, so the first diverging quantity named is log p; {acting}")
 
 
 def check(config: ModelConfig, params, src_ids, tgt_ids, *, compute_types=None, beams=BEAMS,
