@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -76,8 +77,19 @@ def convert_bundle(layout: Layout | str, obj: Mapping[str, Any], source: str = "
         raise CheckpointError(source, f"its {table.weights!r} entry must be a state dict, got {type(weights).__name__}")
     values = merge_switches(told, {}, overrides, f"{table.config!r} entry")
     notes = {"source": f"{layout.name} checkpoint", "source_file": source}
+    generation = table.generation_note(obj[table.config])
+    if generation is not None:
+        notes["generation"] = json.dumps(generation, sort_keys=True)
     result = convert_arrays(as_arrays(weights), layout, dtype=dtype, notes=notes, **values)
     result.decisions.insert(1, f"sizes and padding read from its {table.config!r} entry ({layout.name}'s [checkpoint])")
+    if generation is not None:
+        kind = "multilingual" if generation["is_multilingual"] else "English-only"
+        result.decisions.insert(2, f"generation: the decoding settings of {layout.name}'s decode, from its n_vocab "
+                                   f"({obj[table.config]['n_vocab']}: {kind} special ids) and its DecodingOptions' "
+                                   "defaults ([checkpoint.generation]), in the \"generation\" note (docs/whisper.md)")
+    elif table.generation is not None:
+        result.decisions.insert(2, f"generation: no note: {layout.name}'s tokenizer numbers no special ids for "
+                                   f"n_vocab={obj[table.config].get('n_vocab')!r}; pass bos_id and eos_id to generate")
     return result
 
 
