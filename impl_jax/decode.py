@@ -231,6 +231,19 @@ class Ops(NumpyOps):
         rows = jnp.arange(index.shape[0])[:, None]  # (N, 1)
         return jnp.zeros((index.shape[0], size), dtype=jnp.bool_).at[rows, index].set(True)
 
+    def cond(self, condition, if_true, if_false):
+        if isinstance(condition, (bool, np.bool_)):
+            return if_true() if condition else if_false()
+        # One branch runs (a forced prompt step is a few writes; the search's step is the rest). The
+        # two return the same state; their leaves are made alike (strong types, the same dtypes).
+        true_out, false_out = jax.eval_shape(if_true), jax.eval_shape(if_false)
+        dtypes = jax.tree_util.tree_map(lambda a, b: jnp.promote_types(a.dtype, b.dtype), true_out, false_out)
+
+        def alike(function):
+            return lambda: jax.tree_util.tree_map(lambda x, dtype: jnp.asarray(x, dtype=dtype), function(), dtypes)
+
+        return jax.lax.cond(condition, alike(if_true), alike(if_false))
+
 
 def search_dtype(model):
     """The dtype the search scores in: float64 for a float64 model, else float32 (as Hugging Face

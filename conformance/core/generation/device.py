@@ -116,7 +116,8 @@ class NumpyOps:
     `accumulate(owned, other)`: owned + other. `owned` says the search made that array itself in
     this step (a log-softmax), so an adapter may write the result into it; these two default to
     the functional `where` and `+`, which an adapter may replace by in-place writes of the same
-    values."""
+    values. `cond(condition, if_true, if_false)`: the result of one of the two functions (the
+    forced prompt's steps or the search's)."""
 
     xp = np
     int_dtype = np.int64
@@ -172,6 +173,11 @@ class NumpyOps:
 
     def accumulate(self, owned, other):
         return owned + other
+
+    def cond(self, condition, if_true, if_false):
+        """if_true() where `condition` holds, else if_false(): a Python branch here; a traced
+        condition runs one of the two on the device (JAX's lax.cond)."""
+        return if_true() if condition else if_false()
 
 
 # -- Shared rules -------------------------------------------------------------------------------
@@ -928,13 +934,8 @@ def update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_id, leng
             return beam_update(ops, rules, state, logits, banned, eos_id, length_penalty, data)
         return greedy_update(ops, rules, state, logits, banned, eos_id, pad_id, sampling, scores, data)
 
-    if data is not None and "prefix" in data:
-        in_prompt = step < data["prompt_len"]
-        if isinstance(in_prompt, (bool, np.bool_)):  # the eager drivers: one of the two
-            new = prompt_update(ops, rules, state, logits, data) if in_prompt else searched()
-        else:  # traced: both, and the one the step calls for (the prompt's is a few writes)
-            forced, chosen = prompt_update(ops, rules, state, logits, data), searched()
-            new = {name: ops.where(in_prompt, forced[name], chosen[name]) for name in chosen}
+    if data is not None and "prefix" in data:  # the eager drivers' Python branch, JAX's lax.cond
+        new = ops.cond(step < data["prompt_len"], lambda: prompt_update(ops, rules, state, logits, data), searched)
     else:
         new = searched()
     if records:
