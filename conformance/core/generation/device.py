@@ -834,8 +834,6 @@ def prompt_token(ops, data, position, logits):
     the best language id by the raw logits (first of equals)."""
     xp = ops.xp
     forced = read_column(ops, data["prefix"][None, :], position)  # (1,)
-    if "languages" not in data:
-        return ops.full((logits.shape[0],), 0, ops.int_dtype) + forced
     detected = ops.cast(ops.argmax(xp.where(data["languages"], logits, -np.inf)), ops.int_dtype)  # (N,)
     return xp.where(forced < 0, detected, forced)
 

@@ -45,7 +45,7 @@ def data_of(settings, as_array, src_ids=None, vocab_size: int | None = None) -> 
                          (`timestamp_rules`; max_initial V when unbounded)
     prefix               (max_len,) int: the forced prompt, -1 where detected, then -1 padding;
                          prompt_len, an int: its length; languages (V,) bool: what a -1 is chosen
-                         among (only where one is)
+                         among (all False where the prompt has none)
     no_speech_id         an int: the id whose probability at the first step is returned
 
     Only those whose processor is on; `src_ids` (B, S) and `vocab_size` are needed by some."""
@@ -88,10 +88,9 @@ def data_of(settings, as_array, src_ids=None, vocab_size: int | None = None) -> 
         table = np.full(settings.max_len, -1, dtype=np.int64)
         table[:prompt] = [-1 if token is None else token for token in settings.prefix]
         data["prefix"], data["prompt_len"] = as_array("prefix", table), as_array("prompt_len", prompt)
-        if None in settings.prefix:
-            languages = np.zeros(vocab_size, dtype=bool)
-            languages[list(settings.language_ids)] = True
-            data["languages"] = as_array("languages", languages)
+        languages = np.zeros(vocab_size, dtype=bool)  # all False without a None: one program either way
+        languages[list(settings.language_ids)] = True
+        data["languages"] = as_array("languages", languages)
     if settings.return_no_speech_prob:
         data["no_speech_id"] = as_array("no_speech_id", settings.no_timestamps_id - 1)
     return data
