@@ -34,8 +34,9 @@ import numpy as np
 from conformance.core.config import ModelConfig
 from conformance.core.generation.search import DecoderCache, search, uniforms
 from conformance.core.generation.settings import check_sources
-from conformance.core.generation.device import (NumpyOps, Rules, counter, nan_error, newest, processor_data, result,
-                                            rules_of, sampling_data, start, update)
+from conformance.core.generation.device import (NumpyOps, Rules, counter, nan_error, newest, processor_data,
+                                                prompt_of, recorded_no_speech, result, rules_of, sampling_data, start,
+                                                update, with_records)
 from conformance.core.errors import InputError
 from conformance.core.inputs import check_generate
 from conformance.core.output import Encoded, ModelOutput
@@ -230,6 +231,19 @@ class Ops(NumpyOps):
         rows = jnp.arange(index.shape[0])[:, None]  # (N, 1)
         return jnp.zeros((index.shape[0], size), dtype=jnp.bool_).at[rows, index].set(True)
 
+    def cond(self, condition, if_true, if_false):
+        if isinstance(condition, (bool, np.bool_)):
+            return if_true() if condition else if_false()
+        # One branch runs (a forced prompt step is a few writes; the search's step is the rest). The
+        # two return the same state; their leaves are made alike (strong types, the same dtypes).
+        true_out, false_out = jax.eval_shape(if_true), jax.eval_shape(if_false)
+        dtypes = jax.tree_util.tree_map(lambda a, b: jnp.promote_types(a.dtype, b.dtype), true_out, false_out)
+
+        def alike(function):
+            return lambda: jax.tree_util.tree_map(lambda x, dtype: jnp.asarray(x, dtype=dtype), function(), dtypes)
+
+        return jax.lax.cond(condition, alike(if_true), alike(if_false))
+
 
 def search_dtype(model):
     """The dtype the search scores in: float64 for a float64 model, else float32 (as Hugging Face
@@ -261,6 +275,7 @@ def _loop(rules: Rules, dtype, rows: int, decoder, reorder, carry, ids, banned, 
     ops = Ops(None)
     bos_id, eos_id, pad_id = ids[0], ids[1], ids[2]
     state = start(ops, rules, rows // rules.num_beams if rules.beams else rows, bos_id, pad_id, dtype)
+    state = with_records(ops, state, data, rows, dtype)
     state[counter(rules)] = jnp.asarray(state[counter(rules)], dtype=jnp.int32)
     state["bad"] = jnp.asarray(-1, dtype=jnp.int32)
 
@@ -310,12 +325,13 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         def reference_step(tokens: np.ndarray, parents) -> jax.Array:
             return model.decode(tokens, encoded, return_attention=False).logits[:, -1]  # (N, V)
 
-        ids, scores = search(reference_step, batch, settings.max_len, settings.bos_id, settings.eos_id,
-                             model.config.pad_id, **settings.search_options(), as_numpy=np.asarray,
-                             mask_fill=model.config.mask_fill, src_ids=np.asarray(src_ids))
-        ids = jax.device_put(ids.astype(np.int32), model.device)  # int64 would need x64
-        scores = scores if jax.config.jax_enable_x64 else scores.astype(np.float32)
-        return (ids, jax.device_put(scores, model.device)) if settings.return_scores else ids
+        found = search(reference_step, batch, settings.max_len, settings.bos_id, settings.eos_id,
+                       model.config.pad_id, **settings.search_options(), as_numpy=np.asarray,
+                       mask_fill=model.config.mask_fill, src_ids=np.asarray(src_ids))
+        ids = jax.device_put(found[0].astype(np.int32), model.device)  # int64 would need x64
+        floats = [x if jax.config.jax_enable_x64 else x.astype(np.float32) for x in found[1:]]
+        scores, no_speech = (jax.device_put(x, model.device) for x in (floats + [np.zeros(0)])[:2])
+        return settings.returned(ids, scores, no_speech)
     host.check_runnable(model.dtype, param_dtype=model.param_dtype)
     ops, dtype, rules = Ops(model.device), search_dtype(model), rules_of(settings)
     cross_mask = encoded.src_mask if model.config.cross_attn_src_mask else None
@@ -324,16 +340,17 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         return compiled.call(model, _search, (encoded.memory, cross_mask, *search_data), model.device, rules=rules)
 
     source = np.asarray(src_ids) if settings.reads_source else None  # the ids as given, padding included
-    ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size, dtype,
-                         mask_fill=model.config.mask_fill, src_ids=source)
-    return (ids, scores) if settings.return_scores else ids
+    ids, scores, no_speech = driven(ops, rules, step, batch, settings, model.config.pad_id,
+                                    model.config.tgt_vocab_size, dtype, mask_fill=model.config.mask_fill, src_ids=source)
+    return settings.returned(ids, scores, no_speech)
 
 
 def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype, mask_fill=None,
            src_ids=None):
-    """(ids, scores) of the device search that `step` runs, on the banned mask, sampling's
-    uniforms and the processors' data built from `settings` (a `decoding.Generation`) and the
-    source ids `src_ids` (B, S) on the host (read by the encoder's processors; None without them).
+    """(ids, scores, each source row's no-speech probability or None) of the device search that
+    `step` runs, on the banned mask, sampling's uniforms and the processors' data built from
+    `settings` (a `decoding.Generation`) and the source ids `src_ids` (B, S) on the host (read by
+    the encoder's processors; None without them).
 
     Here `step(ids, banned, length_penalty, sampling, data) -> (state,)` is the whole compiled
     search (the (bos, eos, pad) ids, the banned mask (V,), the length penalty, sampling's and the
@@ -360,8 +377,9 @@ def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int,
     def read(*arrays) -> list:
         return [int(x) for x in jax.device_get(arrays)]
 
-    return result(ops, rules, state, jnp.asarray(settings.length_penalty, dtype=dtype), count, dtype, read,
-                  settings.num_return_sequences)
+    found = result(ops, rules, state, jnp.asarray(settings.length_penalty, dtype=dtype), count, dtype, read,
+                   settings.num_return_sequences, prompt_of(data))
+    return (*found, recorded_no_speech(rules, state, settings.num_return_sequences))
 
 
 def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int, settings, dtype: str = "float64",
@@ -376,7 +394,7 @@ def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int
     the device as data. `settings`: a `decoding.Generation` (`conformance.core.generation.settings.resolve`);
     `dtype` the search dtype's name; `src_ids` (batch, S), the source ids the encoder's processors
     read. The suite drives it with a scripted decoder (conformance/suite/test_search_rules.py);
-    `generate` runs the same driver (`driven`).
+    `generate` runs the same driver (`driven`). Returns (ids, scores).
 
     Here `device` is "cpu", "gpu" or a jax.Device (default: JAX's default device), float64 needs
     x64 on (`impl_jax.enable_x64`), and the search is one compiled `lax.while_loop` (`_loop`, as
@@ -389,4 +407,4 @@ def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int
         placed = jax.device_put((step_data, *search_data), device)
         return (_search_steps(*placed, step=step, rows=rows, rules=rules),)
 
-    return driven(Ops(device), rules, program, batch, settings, pad_id, vocab_size, dtype, src_ids=src_ids)
+    return driven(Ops(device), rules, program, batch, settings, pad_id, vocab_size, dtype, src_ids=src_ids)[:2]

@@ -1252,7 +1252,9 @@ class Model(nnx.Module):
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  repetition_penalty: float | None = None, encoder_repetition_penalty: float | None = None,
                  encoder_no_repeat_ngram_size: int | None = None, exponential_decay_length_penalty=None,
-                 suppress_tokens=None, begin_suppress_tokens=None, renormalize_logits: bool | None = None):
+                 suppress_tokens=None, begin_suppress_tokens=None, renormalize_logits: bool | None = None,
+                 prefix=None, return_timestamps: bool | None = None, max_initial_timestamp_index: int | None = None,
+                 return_no_speech_prob: bool = False, patience: float | None = None):
         """Greedy (num_beams=1), beam search or sampling: the best sequences per row after `bos_id`.
 
         Returns (B * num_return_sequences, n) ids with n <= max_len, `pad_id` after a row's `eos_id`
@@ -1273,6 +1275,13 @@ class Model(nnx.Module):
         `exponential_decay_length_penalty` ((start, factor); False: none), `suppress_tokens`,
         `begin_suppress_tokens`, `renormalize_logits` (docs/decoding.md, "What is scored").
         `early_stopping` (beam_rule="hf"): the note's, else False.
+
+        Whisper's decoding (docs/whisper.md): `prefix`, ids the decoder reads after bos_id before
+        anything is chosen (a None: the detected language), which begin the returned rows (the
+        note's forced prompt when None); `return_timestamps` and `max_initial_timestamp_index`,
+        the timestamp rules; `return_no_speech_prob`, each source row's probability of the
+        no-speech id at bos_id's position (B,), returned after the ids (and scores);
+        beam_rule="openai" with `patience`, openai-whisper's beam search.
         """
         return decode.generate(self, src_ids, max_len, bos_id, eos_id, num_beams=num_beams,
                                length_penalty=length_penalty, early_stopping=early_stopping, use_cache=use_cache,
@@ -1287,4 +1296,7 @@ class Model(nnx.Module):
                                encoder_no_repeat_ngram_size=encoder_no_repeat_ngram_size,
                                exponential_decay_length_penalty=exponential_decay_length_penalty,
                                suppress_tokens=suppress_tokens, begin_suppress_tokens=begin_suppress_tokens,
-                               renormalize_logits=renormalize_logits)
+                               renormalize_logits=renormalize_logits, prefix=prefix,
+                               return_timestamps=return_timestamps,
+                               max_initial_timestamp_index=max_initial_timestamp_index,
+                               return_no_speech_prob=return_no_speech_prob, patience=patience)

@@ -171,17 +171,17 @@ def generate(model, src_ids, max_len=None, bos_id=None, eos_id=None, **options):
         return advance(model, newest(ops, rules, state), cache["now"])  # (N, V)
 
     source = np.asarray(src_ids) if settings.reads_source else None  # the ids as given, padding included
-    ids, scores = driven(ops, rules, step, batch, settings, model.config.pad_id, model.config.tgt_vocab_size, dtype,
-                         mask_fill=model.config.mask_fill, src_ids=source)
-    ids = ids.astype(np.int64)
-    return (ids, scores) if settings.return_scores else ids
+    ids, scores, no_speech = driven(ops, rules, step, batch, settings, model.config.pad_id,
+                                    model.config.tgt_vocab_size, dtype, mask_fill=model.config.mask_fill, src_ids=source)
+    return settings.returned(ids.astype(np.int64), scores, no_speech)
 
 
 def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int, dtype, mask_fill=None,
            src_ids=None):
-    """(ids, scores) of the device search that `step` runs, on the banned mask, sampling's
-    uniforms and the processors' data built from `settings` (a `decoding.Generation`) and the
-    source ids `src_ids` (B, S) on the host (read by the encoder's processors; None without them).
+    """(ids, scores, each source row's no-speech probability or None) of the device search that
+    `step` runs, on the banned mask, sampling's uniforms and the processors' data built from
+    `settings` (a `decoding.Generation`) and the source ids `src_ids` (B, S) on the host (read by
+    the encoder's processors; None without them).
 
     Here `step(state, i) -> logits (N, V)` is the decoder's, and `device_search.run` drives the
     steps from a Python loop, with one small host read per step; `mask_fill`, the model's, names
@@ -194,9 +194,11 @@ def driven(ops, rules, step, batch: int, settings, pad_id: int, vocab_size: int,
     # The forced first id, min length, bad-word table, penalties (in the search dtype), ...
     data = processor_data(settings, lambda name, value: value.astype(dtype) if np.asarray(value).dtype.kind == "f"
                           else value, src_ids, vocab_size)
-    return run(ops, rules, step, batch, settings.bos_id, settings.eos_id, pad_id, banned_mask, settings.length_penalty,
-               dtype, lambda *arrays: [a.item() for a in arrays], settings.num_return_sequences, sampling,
-               settings.return_scores, data, mask_fill)
+    records: dict = {}
+    ids, scores = run(ops, rules, step, batch, settings.bos_id, settings.eos_id, pad_id, banned_mask,
+                      settings.length_penalty, dtype, lambda *arrays: [a.item() for a in arrays],
+                      settings.num_return_sequences, sampling, settings.return_scores, data, mask_fill, records)
+    return ids, scores, records.get("no_speech_prob")
 
 
 def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int, settings, dtype: str = "float64",
@@ -211,10 +213,10 @@ def search_steps(step, step_data: dict, batch: int, vocab_size: int, pad_id: int
     the device as data. `settings`: a `decoding.Generation` (`conformance.core.generation.settings.resolve`);
     `dtype` the search dtype's name; `src_ids` (batch, S), the source ids the encoder's processors
     read. The suite drives it with a scripted decoder (conformance/suite/test_search_rules.py);
-    `generate` runs the same driver (`driven`).
+    `generate` runs the same driver (`driven`). Returns (ids, scores).
 
     Here `device` is the host (NumPy has no other)."""
     ops, rules, dtype = Ops(device), rules_of(settings), np.dtype(dtype).type
     data = {name: np.asarray(value) for name, value in step_data.items()}
     return driven(ops, rules, lambda state, i: step(data, newest(ops, rules, state), i), batch, settings, pad_id,
-                  vocab_size, dtype, src_ids=src_ids)
+                  vocab_size, dtype, src_ids=src_ids)[:2]

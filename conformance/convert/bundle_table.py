@@ -13,6 +13,8 @@ what the system fixes that its config does not state:
     pad_id = [[51865, 50257], [0, 50256]]   # [least vocabulary, pad_id]: the first reached (optional)
     [bundle.fields]
     n_audio_state = { to = "d_model" }  # every entry is required (no default)
+    [bundle.generation]                 # optional: the tokenizer's ids and the decoding defaults
+    multilingual_vocab = 51865          # (openai-whisper's; `BundleTable.generation_note`)
 
 `conformance.convert.bundles` recognises such a file by its two entries (never by its key names),
 reads it and writes it. Framework-free: JSON-like values in, ModelConfig field values out.
@@ -28,7 +30,11 @@ from conformance.core.errors import ConfigError
 from conformance.convert.errors import LayoutError
 from conformance.convert.hf_config import FieldSpec, _field_spec, _to_ours, _to_theirs, _value_of
 
-_TABLE_KEYS = {"config", "weights", "fields", "ffn_ratio", "pad_id"}
+_TABLE_KEYS = {"config", "weights", "fields", "ffn_ratio", "pad_id", "generation"}
+
+# What a [bundle.generation] table holds (openai-whisper's tokenizer and DecodingOptions).
+_GENERATION_KEYS = {"multilingual_vocab", "end_of_text", "language_base", "after_languages", "languages", "blank",
+                    "non_speech", "timestamps", "max_initial_timestamp", "chunk_length"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class BundleTable:
     fields: tuple[FieldSpec, ...]
     ffn_ratio: int | None = None
     pad_ids: tuple[tuple[int, int], ...] = ()
+    generation: dict | None = None
 
     def read(self, data: Mapping[str, Any], where: str) -> dict[str, Any]:
         """The ModelConfig fields the file's config entry `data` gives (every entry required; two
@@ -72,6 +79,42 @@ class BundleTable:
                                       f"this system's tokenizer implies for it: {advice}")
                 return pad
         raise ConfigError("pad_id", f"{where}: no padding id is known for a vocabulary of {vocab}: give pad_id")
+
+    def generation_note(self, data: Mapping[str, Any]) -> dict | None:
+        """The decoding settings of the system's `decode` for a file whose config entry is `data`,
+        under transformers' generation_config.json names (the checkpoint's "generation" note), from
+        the `[bundle.generation]` table: openai-whisper's tokenizer's special ids, which follow
+        from n_vocab as `get_tokenizer(model.is_multilingual, num_languages=model.num_languages)`
+        numbers them, and `DecodingOptions`' defaults (language detected, "transcribe",
+        timestamps, suppress_tokens "-1", suppress_blank, max_initial_timestamp 1.0 s, sample_len
+        n_text_ctx // 2). None without the table, or for a vocabulary its tokenizer cannot number
+        (more languages than it has, or none)."""
+        table = self.generation
+        if table is None:
+            return None
+        vocab, audio, text = (int(data[name]) for name in ("n_vocab", "n_audio_ctx", "n_text_ctx"))
+        multilingual = vocab >= table["multilingual_vocab"]
+        count = vocab - table["language_base"] - int(multilingual)  # Whisper.num_languages
+        if not 1 <= count <= len(table["languages"]):
+            return None
+        eot = table["end_of_text"]["multilingual" if multilingual else "english"]
+        sot = eot + 1
+        first = sot + 1 + count  # after the start of transcript and the languages
+        special = {name: first + i for i, name in enumerate(table["after_languages"])}
+        suppress = set(table["non_speech"]["multilingual" if multilingual else "english"])
+        suppress |= {special["transcribe"], special["translate"], sot, special["startofprev"], special["startoflm"],
+                     special["nospeech"]}
+        note = {"decoder_start_token_id": sot, "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot,
+                "is_multilingual": multilingual, "no_timestamps_token_id": special["notimestamps"],
+                "prev_sot_token_id": special["startofprev"], "suppress_tokens": sorted(suppress),
+                "begin_suppress_tokens": list(table["blank"]) + [eot], "return_timestamps": bool(table["timestamps"]),
+                "max_initial_timestamp_index": round(table["max_initial_timestamp"] / (table["chunk_length"] / audio)),
+                "max_new_tokens": text // 2, "forced_decoder_ids": []}
+        if multilingual:  # the language detected, then the task (an English-only prompt is the start alone)
+            note["lang_to_id"] = {f"<|{code}|>": sot + 1 + i for i, code in enumerate(table["languages"][:count])}
+            note["task_to_id"] = {"transcribe": special["transcribe"], "translate": special["translate"]}
+            note["forced_decoder_ids"] = [[1, None], [2, special["transcribe"]]]
+        return note
 
     def write(self, config: ModelConfig, where: str) -> dict[str, int]:
         """The config entry of `config`; refuses what the system cannot express (a d_ff other than
@@ -118,4 +161,12 @@ def parse_bundle_table(table: Any, where: str) -> BundleTable:
     if not isinstance(raw, dict) or not raw:
         raise LayoutError(where, "[bundle.fields] must be a table of config entry = { to = ... }")
     specs = tuple(_field_spec(name, spec, where) for name, spec in raw.items())
-    return BundleTable(table["config"], table["weights"], specs, ratio, tuple(tuple(p) for p in pads))
+    generation = table.get("generation")
+    if generation is not None:
+        if not isinstance(generation, dict):
+            raise LayoutError(where, "[bundle.generation] must be a table")
+        wrong = sorted(set(generation) ^ _GENERATION_KEYS)
+        if wrong:
+            raise LayoutError(where, f"[bundle.generation] must have exactly the keys {sorted(_GENERATION_KEYS)}; "
+                                     f"these differ: {wrong}")
+    return BundleTable(table["config"], table["weights"], specs, ratio, tuple(tuple(p) for p in pads), generation)

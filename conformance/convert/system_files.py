@@ -53,13 +53,15 @@ def allowed_classes() -> set[str]:
 class SystemFile:
     """A training checkpoint read by its layout's `[checkpoint]` table: every tensor under the
     layout's keys, the ModelConfig fields the options and vocabularies give (`told`), the
-    generation note's ids, and what was read from where (`sources`, for the decisions)."""
+    generation note's ids, and what was read from where (`sources`, for the decisions), with what
+    the generation note was read from (`generation_from`, said in the decisions)."""
 
     layout: Any
     arrays: dict[str, np.ndarray]
     told: dict[str, Any]
     generation: dict[str, Any]
     where: str
+    generation_from: str = ""
 
 
 def _entry(obj: Mapping, path: str, file: Path) -> Any:
@@ -112,7 +114,8 @@ def system_file(obj: Any, file: Path) -> SystemFile | None:
                 raise ConfigError(target, f"{file.name}: the token {token!r} has ids {ids}; ModelConfig has one {target}")
             told[target] = next(iter(ids.values()))
         generation = {name: _index(vocabs[-1][1], token, vocabs[-1][0], file) for name, token in table.generation.items()}
-        return SystemFile(layout, arrays, told, generation, where)
+        return SystemFile(layout, arrays, told, generation, where,
+                          "read from the target vocabulary" if generation else "")
     return bundle_file(obj, file)
 
 
@@ -141,7 +144,17 @@ def bundle_file(obj: Any, file: Path) -> SystemFile | None:
         arrays = {str(key): as_numpy(value, str(key)) for key, value in weights.items()}
     except TensorError as exc:
         raise CheckpointError(file, f"entry {table.weights!r}: {exc}") from None
-    return SystemFile(layout, arrays, table.read(obj[table.config], where), {}, where)
+    generation = table.generation_note(obj[table.config]) or {}
+    if generation:
+        kind = "multilingual" if generation["is_multilingual"] else "English-only"
+        origin = (f"the decoding settings of {layout.name}'s decode, from its n_vocab ({obj[table.config]['n_vocab']}: "
+                  f"{kind} special ids) and its DecodingOptions' defaults ([bundle.generation]; docs/whisper.md)")
+    elif table.generation is not None:
+        origin = (f"no note: {layout.name}'s tokenizer numbers no special ids for n_vocab="
+                  f"{obj[table.config].get('n_vocab')!r}; pass bos_id and eos_id to generate")
+    else:
+        origin = ""
+    return SystemFile(layout, arrays, table.read(obj[table.config], where), generation, where, origin)
 
 
 def convert_system_file(system: SystemFile, *, layout=None, dtype: str | None = None,
@@ -161,6 +174,11 @@ def convert_system_file(system: SystemFile, *, layout=None, dtype: str | None = 
     if system.generation:
         result.config = result.config.replace(notes={**result.config.notes,
                                                      "generation": json.dumps(system.generation, sort_keys=True)})
-        result.decisions.append("generation: " + ", ".join(f"{k}={v}" for k, v in sorted(system.generation.items()))
-                                + " (read from the target vocabulary)")
+        if system.layout.bundle is not None:  # a whole decode's settings: said by where they come from
+            result.decisions.append(f"generation: {system.generation_from}, in the \"generation\" note")
+        else:
+            result.decisions.append("generation: " + ", ".join(f"{k}={v}" for k, v in sorted(system.generation.items()))
+                                    + f" ({system.generation_from})")
+    elif system.generation_from:  # a bundle whose tokenizer numbers no special ids for its vocabulary
+        result.decisions.append(f"generation: {system.generation_from}")
     return result

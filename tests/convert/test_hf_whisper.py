@@ -30,9 +30,6 @@ from systems.harness import BACKEND_PARAMS, run_backend  # noqa: E402
 
 import impl_numpy  # noqa: E402
 
-# Whisper's generation settings (suppress_tokens, the forced prompt) are not applied by generate
-# yet, and a conversion says so in a warning: not what these tests look at.
-pytestmark = pytest.mark.filterwarnings("ignore::conformance.core.generation.note.GenerationWarning")
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAX_FIXTURE = ROOT / "tests" / "fixtures" / "hf_flax" / "whisper"

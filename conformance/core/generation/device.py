@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from conformance.core.generation.pipeline import VALUE_KEYS, data_of, late, penalized_by, penalties
+from conformance.core.generation.pipeline import (VALUE_KEYS, data_of, late, penalized_by, penalties,
+                                                  read_column)
 from conformance.core.generation.search import NEG, nan_error  # nan_error: the reference's, for every driver
 
 State = dict[str, Any]
@@ -56,6 +57,11 @@ class Rules:
                       windows compared)
     encoder_no_repeat_ngram_size:  n of the source's n-gram rule, 0 for off (the same)
     renormalize:      a log-softmax after every other processor (renormalize_logits)
+    candidates:       rule "openai": the finished hypotheses a row waits for,
+                      round(num_beams x patience) (the shape of its finished list)
+
+    Whisper's forced prompt, timestamp rules and no-speech probability are data
+    (`pipeline.data_of`): one program serves every prompt, timestamp range and bound.
     """
 
     max_len: int
@@ -68,21 +74,22 @@ class Rules:
     no_repeat_ngram_size: int = 0
     encoder_no_repeat_ngram_size: int = 0
     renormalize: bool = False
+    candidates: int = 0
 
     @property
     def kind(self) -> str:
-        """Which search: "sample", "flax" (Flax's beam rule, any number of beams), "beam"
-        (Hugging Face's) or "greedy"."""
+        """Which search: "sample", "flax" (Flax's beam rule, any number of beams), "openai"
+        (openai-whisper's), "beam" (Hugging Face's) or "greedy"."""
         if self.do_sample:
             return "sample"
-        if self.rule == "flax":
-            return "flax"
+        if self.rule in ("flax", "openai"):
+            return self.rule
         return "beam" if self.num_beams > 1 else "greedy"
 
     @property
     def beams(self) -> bool:
         """Whether the state is a beam search's (running and finished hypotheses per row)."""
-        return self.kind in ("beam", "flax")
+        return self.kind in ("beam", "flax", "openai")
 
     @property
     def never(self) -> bool:
@@ -109,7 +116,8 @@ class NumpyOps:
     `accumulate(owned, other)`: owned + other. `owned` says the search made that array itself in
     this step (a log-softmax), so an adapter may write the result into it; these two default to
     the functional `where` and `+`, which an adapter may replace by in-place writes of the same
-    values."""
+    values. `cond(condition, if_true, if_false)`: the result of one of the two functions (the
+    forced prompt's steps or the search's)."""
 
     xp = np
     int_dtype = np.int64
@@ -166,6 +174,11 @@ class NumpyOps:
     def accumulate(self, owned, other):
         return owned + other
 
+    def cond(self, condition, if_true, if_false):
+        """if_true() where `condition` holds, else if_false(): a Python branch here; a traced
+        condition runs one of the two on the device (JAX's lax.cond)."""
+        return if_true() if condition else if_false()
+
 
 # -- Shared rules -------------------------------------------------------------------------------
 
@@ -196,14 +209,15 @@ def log_softmax(ops, logits):
 
 
 def processed(ops, rules: Rules, scores, step, banned, eos_id, forced_bos=None, owned: bool = False, data=None,
-              seen=()):
+              seen=(), tokens=None):
     """Hugging Face's logits processors in its order (the reference's `processed`): the
     repetition penalties `seen` (`pipeline.penalties`, worked out once a step); `banned` (V,) or
     (N, V) bool (`bans`: banned ids, repeated n-grams of the output or the source, bad words, the
     end token below the minimum length) gets -inf; with a `forced_bos` id, at the first step every
     other id gets -inf and it 0; with forced_eos, at the last step every id but eos gets -inf, eos
-    0; then `pipeline.late` (the end token's decay, the suppressed ids, from `data`) and, with
-    rules.renormalize, a log-softmax. `owned`: scores is the step's own array (`ops.ban`)."""
+    0; then `pipeline.late` (the end token's decay, the suppressed ids, Whisper's timestamp rules
+    over the decoder input buffer `tokens` (N, W), from `data`) and, with rules.renormalize, a
+    log-softmax. `owned`: scores is the step's own array (`ops.ban`)."""
     xp = ops.xp
     if seen:  # a penalty (the step's own array from here on)
         scores, owned = penalized_by(ops, scores, seen), True
@@ -215,7 +229,7 @@ def processed(ops, rules: Rules, scores, step, banned, eos_id, forced_bos=None, 
         last = step == rules.max_len - 1
         is_eos = ops.arange(scores.shape[-1]) == eos_id
         scores = ops.where(last, xp.where(is_eos, 0.0, xp.full_like(scores, -np.inf)), scores)
-    scores = late(ops, rules, scores, step, data, eos_id)
+    scores = late(ops, rules, scores, step, data, eos_id, tokens)
     return renormalized(ops, scores) if rules.renormalize else scores
 
 
@@ -267,14 +281,6 @@ def write_column(ops, array, column, values):
     return ops.xp.where(ops.arange(array.shape[-1]) == column, values[..., None], array)
 
 
-def read_column(ops, array, column):
-    """array[..., column] for a column that may be traced: a masked sum over the last axis."""
-    if isinstance(column, int):  # the eager drivers' Python step
-        return array[..., column]
-    picked = ops.reduce("sum", ops.xp.where(ops.arange(array.shape[-1]) == column, array, 0), axis=-1)
-    return ops.cast(picked, array.dtype)  # a sum may widen the integers (JAX with x64)
-
-
 # -- The processors that read the tokens --------------------------------------------------------
 
 
@@ -301,9 +307,11 @@ def processor_data(settings, as_array, src_ids=None, vocab_size: int | None = No
 
 def min_steps(settings) -> int:
     """The first step at which the end token may be chosen: the reference's `Processors.bans_eos`
-    (the end token is banned at step s while s + 1 < min_length or s < min_new_tokens) as one
-    number, max(min_length - 1, min_new_tokens); 0 when neither rule bites."""
-    return max(settings.min_length - 1, settings.min_new_tokens, 0)
+    (the end token is banned at step s while s + 1 < min_length or s - P < min_new_tokens, P the
+    forced prompt's length) as one number, max(min_length - 1, min_new_tokens + P); 0 when
+    neither rule bites."""
+    new_tokens = settings.min_new_tokens + settings.prompt_len if settings.min_new_tokens else 0
+    return max(settings.min_length - 1, new_tokens, 0)
 
 
 def bad_words_table(words) -> tuple[np.ndarray, np.ndarray]:
@@ -421,7 +429,8 @@ def greedy_update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_i
     seen = penalties(ops, state["tokens"], i + 1, data, vocab)  # the penalties: once, for logits and scores
     banned = bans(ops, rules, state["tokens"], i + 1, banned, data, eos_id)
     forced_bos = None if data is None else data.get("forced_bos")
-    processed_logits = processed(ops, rules, logits, i, banned, eos_id, forced_bos, data=data, seen=seen)
+    processed_logits = processed(ops, rules, logits, i, banned, eos_id, forced_bos, data=data, seen=seen,
+                                 tokens=state["tokens"])
     if sampling is None:
         chosen = ops.argmax(processed_logits)  # (B,): the logits' arg-max, as HF
     else:
@@ -430,7 +439,7 @@ def greedy_update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_i
     next_id = xp.where(done, pad_id, chosen)
     if scores and whole_row(rules, data):  # the processed log-probability of each chosen id, from its row
         row = processed(ops, rules, log_softmax(ops, logits), i, banned, eos_id, forced_bos, owned=True, data=data,
-                        seen=seen)
+                        seen=seen, tokens=state["tokens"])
         summed = summed + xp.where(done, 0.0, ops.take(row, next_id[:, None])[:, 0])
     elif scores:  # the processed log-probability of each chosen id
         picked = ops.take(log_softmax(ops, logits), next_id[:, None])[:, 0]
@@ -549,7 +558,7 @@ def expand(ops, rules: Rules, state: State, logits, banned, eos_id, data=None):
     forced_bos = None if data is None else data.get("forced_bos")
     # The log-softmax is this step's own array, and so is every array `processed` returns from it.
     log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id, forced_bos, owned=True,
-                          data=data, seen=seen)
+                          data=data, seen=seen, tokens=tokens)
     totals = xp.reshape(ops.accumulate(xp.reshape(log_probs, (batch, beams, vocab)), running_scores[:, :, None]),
                         (batch, beams * vocab))
     candidate_scores, candidates = ops.top_k(totals, 2 * beams)  # (B, 2 x beams)
@@ -579,7 +588,8 @@ def beam_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_
     # Endings among the best `beams` candidates join the finished list, scored with the penalty,
     # unless the row is full (early_stopping=True) or can no longer improve.
     is_finished, improvable = state["is_finished"], state["improvable"]
-    scored = penalized(ops, candidate_scores, length, length_penalty, rules.form, dtype)
+    prompt = prompt_of(data)  # the lengths count after the forced prompt
+    scored = penalized(ops, candidate_scores, length - prompt, length_penalty, rules.form, dtype)
     full = ops.reduce("all", is_finished, axis=1) & rules.stop_when_full
     just_ended = ends & (ops.arange(keep) < beams)
     scored = scored + xp.where(full | ~improvable, NEG, 0.0)[:, None] + xp.where(~just_ended, NEG, 0.0)
@@ -593,7 +603,7 @@ def beam_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_
     length = length + 1
     # The length an open beam's best score is guessed at (docs/decoding.md, step 5).
     guess = ops.where(length_penalty > 0, rules.max_len, length - 1) if rules.never else length - 1
-    best_open = penalized(ops, running_scores[:, 0], guess, length_penalty, rules.form, dtype)  # (B,)
+    best_open = penalized(ops, running_scores[:, 0], guess - prompt, length_penalty, rules.form, dtype)  # (B,)
     worst = xp.where(is_finished, ops.reduce("min", finished_scores, axis=1, keepdims=True), NEG)
     improvable = improvable & ops.reduce("any", best_open[:, None] > worst, axis=1)
     stop = (~ops.reduce("any", improvable)) | (ops.reduce("all", is_finished) & rules.stop_when_full) \
@@ -651,7 +661,9 @@ def flax_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_
                          (batch * beams,))
 
     # Every ending among the 2 x beams candidates competes for the finished set.
-    scored = penalized(ops, candidate_scores, length, length_penalty, rules.form, dtype) + xp.where(ends, 0.0, NEG)
+    prompt = prompt_of(data)  # the lengths count after the forced prompt
+    scored = penalized(ops, candidate_scores, length - prompt, length_penalty, rules.form, dtype) + xp.where(ends, 0.0,
+                                                                                                             NEG)
     merged = ops.concat([state["finished_scores"], scored])
     finished_scores, best = ops.top_k(merged, beams)
     finished = ops.take(ops.concat([state["finished"], sequences]), best)
@@ -662,7 +674,7 @@ def flax_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_
     length = length + 1
     # No row can improve: its best open beam, scored at max_decode_len, does not beat the worst
     # finished slot (an empty slot counts as NEG), in every row.
-    best_open = penalized(ops, running_scores[:, :1], width, length_penalty, rules.form, dtype)  # (B, 1)
+    best_open = penalized(ops, running_scores[:, :1], width - prompt, length_penalty, rules.form, dtype)  # (B, 1)
     worst = xp.where(is_finished, ops.reduce("min", finished_scores, axis=1, keepdims=True), NEG)
     stop = (length > rules.max_len) | ops.reduce("all", worst > best_open) | (bad >= 0)
     return {"running": running, "running_scores": running_scores, "finished": finished,
@@ -686,6 +698,187 @@ def flax_result(ops, state: State, width: int):
     return ids[:, 1:1 + width], xp.where(some, state["finished_scores"][:, 0], state["running_scores"][:, 0])
 
 
+# -- openai-whisper's beam rule -------------------------------------------------------------------
+# whisper/decoding.py's BeamSearchDecoder and MaximumLikelihoodRanker: the reference's `_beam_openai`.
+
+
+def openai_start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype) -> State:
+    """The state before the first step: one open beam per row (openai's `beams` copies of it are
+    one proposal each), the others at -inf; an empty finished list of `rules.candidates` slots."""
+    xp = ops.xp
+    beams, width, most = rules.num_beams, rules.max_len + 1, rules.candidates
+    running = ops.full((batch, beams, width), pad_id, ops.int_dtype)  # (B, beams, 1 + max_len)
+    running = write_column(ops, running, 0, ops.full((batch, beams), bos_id, ops.int_dtype))
+    finished = ops.full((batch, most, width), pad_id, ops.int_dtype)  # (B, C, 1 + max_len)
+    return {"running": running,
+            "running_scores": xp.where(ops.arange(beams) == 0, 0.0, -np.inf) + ops.full((batch, beams), 0.0, dtype),
+            "finished": finished, "finished_scores": ops.full((batch, most), -np.inf, dtype),
+            "finished_lengths": ops.full((batch, most), 0, ops.int_dtype),
+            "count": ops.full((batch,), 0, ops.int_dtype),
+            "parents": ops.arange(batch * beams), "length": 1, "stop": xp.asarray(False), "bad": xp.asarray(-1)}
+
+
+def slots(ops, chosen, rank, count: int):
+    """For each of `count` slots, the candidate whose `rank` (B, M) is that slot's number among
+    those `chosen` (B, M) bool: (which (B, count), the first candidate where none is; filled
+    (B, count) bool)."""
+    match = chosen[:, None, :] & (rank[:, None, :] == ops.arange(count)[None, :, None])  # (B, count, M)
+    return ops.argmax(ops.cast(match, ops.int_dtype)), ops.reduce("any", match, axis=-1)
+
+
+def openai_update(ops, rules: Rules, state: State, logits, banned, eos_id, length_penalty, data=None) -> State:
+    """One step of the reference's `_beam_openai` loop, on the device: each beam's num_beams + 1
+    best ids by the log-softmax of the processed logits, all B x beams x (beams + 1) proposals of
+    a row ranked (ties in proposal order), the first num_beams that do not end kept open, the
+    endings reached before them appended to the finished list while it has room."""
+    xp = ops.xp
+    running, sums, length = state["running"], state["running_scores"], state["length"]
+    batch, beams = sums.shape
+    proposals, most = beams * (beams + 1), rules.candidates
+    vocab = logits.shape[-1]
+    bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
+    tokens = xp.reshape(running, (batch * beams, running.shape[-1]))  # (N, W)
+    seen = penalties(ops, tokens, length, data, vocab)
+    banned = bans(ops, rules, tokens, length, banned, data, eos_id)
+    forced_bos = None if data is None else data.get("forced_bos")
+    scores = processed(ops, rules, logits, length - 1, banned, eos_id, forced_bos, data=data, seen=seen, tokens=tokens)
+    values, picked = ops.top_k(renormalized(ops, scores), beams + 1)  # (N, beams + 1): each beam's proposals
+    totals = xp.reshape(xp.reshape(sums, (batch * beams, 1)) + values, (batch, proposals))  # (B, M)
+    ranked, order = ops.top_k(totals, proposals)  # best first; ties in proposal order
+    token = ops.take(xp.reshape(picked, (batch, proposals))[:, :, None], order)[:, :, 0]  # (B, M)
+    parent_beam = order // (beams + 1)  # (B, M)
+    sequences = write_column(ops, ops.take(running, parent_beam), length, token)  # (B, M, W)
+    live = ranked > -np.inf  # a proposal scored -inf is none
+    ends = token == eos_id
+    continuing = live & ~ends
+    as_int = ops.cast(continuing, ops.int_dtype)
+    before = ops.cumsum(as_int) - as_int  # (B, M): continuing proposals ranked above each
+    kept = continuing & (before < beams)
+    ended = live & ends & (before < beams)  # the endings the walk reaches
+
+    which, filled = slots(ops, kept, before, beams)  # (B, beams): the row's open beams
+    running = ops.take(sequences, which)
+    running_scores = xp.where(filled, ops.take(ranked[:, :, None], which)[:, :, 0], -np.inf)
+    parents = xp.reshape(ops.arange(batch)[:, None] * beams + ops.take(parent_beam[:, :, None], which)[:, :, 0],
+                         (batch * beams,))
+
+    count = state["count"]
+    as_int = ops.cast(ended, ops.int_dtype)
+    position = count[:, None] + ops.cumsum(as_int) - as_int  # (B, M): the slot each ending would take
+    joins = ended & (position < most)
+    which, filled = slots(ops, joins, position, most)  # (B, C)
+    finished = xp.where(filled[:, :, None], ops.take(sequences, which), state["finished"])
+    finished_scores = xp.where(filled, ops.take(ranked[:, :, None], which)[:, :, 0], state["finished_scores"])
+    finished_lengths = xp.where(filled, length, state["finished_lengths"])
+    count = count + ops.reduce("sum", ops.cast(joins, ops.int_dtype), axis=1)
+
+    length = length + 1
+    stop = ops.reduce("all", count >= most) | (length - 1 >= rules.max_len) | (bad >= 0)
+    return {"running": running, "running_scores": running_scores, "finished": finished,
+            "finished_scores": finished_scores, "finished_lengths": finished_lengths,
+            "count": ops.cast(count, ops.int_dtype), "parents": parents, "length": length, "stop": stop, "bad": bad}
+
+
+def openai_ranked(ops, rules: Rules, state: State, length_penalty, dtype, prompt=0):
+    """Each row's hypotheses as openai's ranker reads them, (B, C + beams): its finished list in
+    the order it filled, then, while it holds fewer than num_beams, its open beams best first;
+    each scored sum / penalty(length), the length the tokens after the prompt without the end
+    token (at least 1), -inf where a slot holds none. Returns (scores, sequences (B, C + beams,
+    W), lengths after the start token (B, C + beams))."""
+    xp = ops.xp
+    sums = state["running_scores"]
+    batch, beams = sums.shape
+    most = rules.candidates
+    count = state["count"][:, None]  # (B, 1)
+    open_scores, open_order = ops.top_k(sums, beams)  # (B, beams): best first
+    open_take = (count + ops.arange(beams) < beams) & (open_scores > -np.inf)
+    open_length = state["length"] - 1  # their tokens after the start token
+    finished_take = ops.arange(most) < count  # (B, C)
+    generated = ops.concat([state["finished_lengths"] - 1, ops.full((batch, beams), 0, ops.int_dtype) + open_length])
+    generated = generated - prompt
+    generated = xp.where(generated < 1, 1, generated)
+    summed = ops.concat([state["finished_scores"], open_scores])  # (B, C + beams)
+    scores = xp.where(ops.concat([finished_take, open_take]), penalized(ops, summed, generated, length_penalty,
+                                                                         rules.form, dtype), -np.inf)
+    sequences = ops.concat([state["finished"], ops.take(state["running"], open_order)])
+    lengths = ops.concat([state["finished_lengths"], ops.full((batch, beams), 0, ops.int_dtype) + open_length])
+    return scores, sequences, lengths
+
+
+def openai_width(ops, rules: Rules, state: State, length_penalty, dtype, prompt=0):
+    """How many generated tokens the result holds (a 0-d array): the longest chosen hypothesis."""
+    scores, _, lengths = openai_ranked(ops, rules, state, length_penalty, dtype, prompt)
+    _, best = ops.top_k(scores, 1)  # (B, 1): the first best
+    return ops.reduce("max", ops.take(lengths[:, :, None], best)[:, :, 0])
+
+
+def openai_result(ops, rules: Rules, state: State, length_penalty, dtype, width: int, prompt=0):
+    """(ids (B, width), scores (B,)): each row's first best hypothesis after the start token."""
+    scores, sequences, _ = openai_ranked(ops, rules, state, length_penalty, dtype, prompt)
+    best_scores, best = ops.top_k(scores, 1)  # (B, 1)
+    return ops.take(sequences, best)[:, 0, 1:1 + width], best_scores[:, 0]
+
+
+# -- The forced prompt and the no-speech probability --------------------------------------------
+# Whisper's start of transcript: the decoder reads the prompt one step at a time, before the
+# search chooses anything (the reference's `search._prompt`); the rules' own state is untouched.
+
+
+def prompt_of(data) -> Any:
+    """The forced prompt's length (data "prompt_len"), 0 without one."""
+    return 0 if data is None or "prompt_len" not in data else data["prompt_len"]
+
+
+def prompt_token(ops, data, position, logits):
+    """The prompt's id at `position` for every row (N,): the prefix table's, or where it holds -1
+    the best language id by the raw logits (first of equals)."""
+    xp = ops.xp
+    forced = read_column(ops, data["prefix"][None, :], position)  # (1,)
+    detected = ops.cast(ops.argmax(xp.where(data["languages"], logits, -np.inf)), ops.int_dtype)  # (N,)
+    return xp.where(forced < 0, detected, forced)
+
+
+def prompt_update(ops, rules: Rules, state: State, logits, data) -> State:
+    """One step of the forced prompt: every row appends the prompt's next id; nothing is scored,
+    no row ends, beams keep their places (the cache follows the identity)."""
+    if not rules.beams:
+        i = state["step"]
+        bad = first_nan_row(ops, logits, ~state["done"], state["bad"])
+        tokens = write_column(ops, state["tokens"], i + 1, prompt_token(ops, data, i, logits))
+        return {**state, "tokens": tokens, "step": i + 1, "stop": (bad >= 0) | (i + 1 >= rules.max_len), "bad": bad}
+    xp = ops.xp
+    length = state["length"]
+    batch, beams = state["running_scores"].shape
+    bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
+    token = xp.reshape(prompt_token(ops, data, length - 1, logits), (batch, beams))
+    return {**state, "running": write_column(ops, state["running"], length, token), "length": length + 1,
+            "parents": ops.arange(batch * beams), "stop": (bad >= 0) | False, "bad": bad}
+
+
+def step_index(rules: Rules, state: State):
+    """The step about to be taken (the decoder input holds step + 1 tokens)."""
+    return state["length"] - 1 if rules.beams else state["step"]
+
+
+def with_records(ops, state: State, data, rows: int, dtype) -> State:
+    """The state with what the search records besides its ids: "no_speech" (N,), the no-speech
+    id's probability at the first step, where data asks for it."""
+    if data is not None and "no_speech_id" in data:
+        state = {**state, "no_speech": ops.full((rows,), 0.0, dtype)}
+    return state
+
+
+def no_speech(ops, state: State, logits, step, data):
+    """state's "no_speech", the first step's softmax at data's no-speech id (N,) at step 0."""
+    xp = ops.xp
+    first = step == 0
+    if first is False:
+        return state["no_speech"]
+    probs = xp.exp(log_softmax(ops, logits))  # (N, V)
+    picked = ops.take(probs, ops.full((logits.shape[0], 1), 0, ops.int_dtype) + data["no_speech_id"])[:, 0]
+    return ops.where(first, picked, state["no_speech"])
+
+
 # -- The eager driver ----------------------------------------------------------------------------
 
 
@@ -695,7 +888,8 @@ def rules_of(settings) -> Rules:
                  form=settings.length_penalty_form, forced_eos=settings.forced_eos, rule=settings.beam_rule,
                  do_sample=settings.do_sample, no_repeat_ngram_size=settings.no_repeat_ngram_size,
                  encoder_no_repeat_ngram_size=settings.encoder_no_repeat_ngram_size,
-                 renormalize=settings.renormalize_logits)
+                 renormalize=settings.renormalize_logits,
+                 candidates=round(settings.num_beams * settings.patience) if settings.beam_rule == "openai" else 0)
 
 
 def newest(ops, rules: Rules, state: State):
@@ -713,6 +907,8 @@ def prefix(ops, rules: Rules, state: State, step: int):
 
 def start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype, returned: int = 1) -> State:
     """The state before the first step; `batch` source rows (sampling: `returned` rows each)."""
+    if rules.kind == "openai":
+        return openai_start(ops, rules, batch, bos_id, pad_id, dtype)
     if rules.beams:
         return beam_start(ops, rules, batch, bos_id, pad_id, dtype)
     return greedy_start(ops, rules, batch * returned if rules.do_sample else batch, bos_id, pad_id, dtype)
@@ -720,12 +916,29 @@ def start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype, returned: int = 
 
 def update(ops, rules: Rules, state: State, logits, banned, eos_id, pad_id, length_penalty, sampling=None,
            scores: bool = True, data=None) -> State:
-    """One step of the search `rules` choose (`scores`: see `greedy_update`; `data`: `processor_data`)."""
-    if rules.kind == "flax":
-        return flax_update(ops, rules, state, logits, banned, eos_id, length_penalty, data)
-    if rules.kind == "beam":
-        return beam_update(ops, rules, state, logits, banned, eos_id, length_penalty, data)
-    return greedy_update(ops, rules, state, logits, banned, eos_id, pad_id, sampling, scores, data)
+    """One step of the search `rules` choose (`scores`: see `greedy_update`; `data`:
+    `processor_data`), or of the forced prompt while it lasts (`prompt_update`); the no-speech
+    probability recorded at the first step (`with_records`)."""
+    records = {name: state[name] for name in ("no_speech",) if name in state}
+    state = {name: value for name, value in state.items() if name not in records}
+    step = step_index(rules, state)
+
+    def searched() -> State:
+        if rules.kind == "flax":
+            return flax_update(ops, rules, state, logits, banned, eos_id, length_penalty, data)
+        if rules.kind == "openai":
+            return openai_update(ops, rules, state, logits, banned, eos_id, length_penalty, data)
+        if rules.kind == "beam":
+            return beam_update(ops, rules, state, logits, banned, eos_id, length_penalty, data)
+        return greedy_update(ops, rules, state, logits, banned, eos_id, pad_id, sampling, scores, data)
+
+    if data is not None and "prefix" in data:  # the eager drivers' Python branch, JAX's lax.cond
+        new = ops.cond(step < data["prompt_len"], lambda: prompt_update(ops, rules, state, logits, data), searched)
+    else:
+        new = searched()
+    if records:
+        new["no_speech"] = no_speech(ops, records, logits, step, data)
+    return new
 
 
 def counter(rules: Rules) -> str:
@@ -735,9 +948,11 @@ def counter(rules: Rules) -> str:
 
 
 def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: int, banned, length_penalty,
-        dtype, read, returned: int = 1, sampling=None, scores: bool = True, data=None, mask_fill=None):
+        dtype, read, returned: int = 1, sampling=None, scores: bool = True, data=None, mask_fill=None,
+        records: dict | None = None):
     """The search with a Python loop around the device's steps (NumPy, torch). Returns the ids
-    (B x returned, n) and scores (B x returned,) in the backend's arrays.
+    (B x returned, n) and scores (B x returned,) in the backend's arrays; `records`, a dict,
+    receives "no_speech_prob", each source row's no-speech probability (B,), where data asks for it.
 
     step(state, i) -> logits (N, V): the decoder's next-token logits at step i (the driver reads
         `newest`/`prefix` and, for beam search after the first step, reorders its cache by
@@ -748,9 +963,12 @@ def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: i
     scores: False when the caller drops the scores (greedy search and sampling then skip the
         log-softmax, and the scores returned are None);
     data: `processor_data` (the forced first id, the minimum length, the bad-word table), or None;
-    mask_fill: the model's, which NaN logits are blamed by (`decoding.nan_error`; None: no model).
+    mask_fill: the model's, which NaN logits are blamed by (`decoding.nan_error`; None: no model);
+    records: a dict for what the search records besides its ids (`with_records`), or None.
     """
     state = start(ops, rules, batch, bos_id, pad_id, dtype, returned)
+    rows = batch * (rules.num_beams if rules.beams else returned if rules.do_sample else 1)
+    state = with_records(ops, state, data, rows, dtype)
     steps = 0
     for i in range(rules.max_len):
         logits = ops.cast(step(state, i), dtype)
@@ -761,13 +979,25 @@ def run(ops, rules: Rules, step, batch: int, bos_id: int, eos_id: int, pad_id: i
             raise nan_error(i, bad, mask_fill)
         if stop:
             break
-    ids, found = result(ops, rules, state, length_penalty, steps, dtype, read, returned)
+    ids, found = result(ops, rules, state, length_penalty, steps, dtype, read, returned, prompt_of(data))
+    if records is not None and "no_speech" in state:
+        records["no_speech_prob"] = recorded_no_speech(rules, state, returned)
     return ids, found if scores or rules.beams else None
 
 
-def result(ops, rules: Rules, state: State, length_penalty, steps: int, dtype, read, returned: int = 1):
+def recorded_no_speech(rules: Rules, state: State, returned: int = 1):
+    """Each source row's no-speech probability (B,) (its first decoder row's), or None."""
+    if "no_speech" not in state:
+        return None
+    return state["no_speech"][::rules.num_beams if rules.beams else returned if rules.do_sample else 1]
+
+
+def result(ops, rules: Rules, state: State, length_penalty, steps: int, dtype, read, returned: int = 1, prompt=0):
     """(ids, scores) of a search that stopped after `steps` steps; `read` fetches the result's
     width (one more small host read for beam search)."""
+    if rules.kind == "openai":
+        (width,) = read(openai_width(ops, rules, state, length_penalty, dtype, prompt))
+        return openai_result(ops, rules, state, length_penalty, dtype, int(width), prompt)
     if rules.kind == "flax":
         (width,) = read(flax_width(ops, state))
         return flax_result(ops, state, int(width))

@@ -72,6 +72,9 @@ def generation_note(config) -> dict:
         out["max_len"] = min(int(recorded["max_length"]) - 1, config.max_len)
     else:  # neither: transformers' default number of new tokens
         out["max_len"] = hf_default_max_len(config)
+    if is_whisper_note(recorded):
+        out.update(whisper_note(recorded))
+        out["max_len"] = whisper_max_len(config, recorded, len(out["prefix"]))
     if recorded.get("forced_eos_token_id") is not None and recorded.get("forced_eos_token_id") == eos:
         out["forced_eos"] = True
     words = [words for words in recorded.get("bad_words_ids") or [] if isinstance(words, list) and words]
@@ -82,6 +85,102 @@ def generation_note(config) -> dict:
     if longer:
         out["bad_words_ids"] = longer
     return out
+
+
+# -- Whisper's note (transformers' WhisperGenerationMixin, openai-whisper's DecodingTask) ----------
+
+
+def is_whisper_note(recorded: dict) -> bool:
+    """Whether a generation note is Whisper's: it records the no-timestamps id or a forced prompt
+    (transformers 5 reads forced_decoder_ids for Whisper only)."""
+    return recorded.get("no_timestamps_token_id") is not None or recorded.get("forced_decoder_ids") is not None
+
+
+def whisper_note(recorded: dict) -> dict:
+    """A Whisper note's `generate` arguments: `prefix` (the forced prompt after the start token,
+    `whisper_prompt` with the note's own return_timestamps), `return_timestamps`,
+    `no_timestamps_token_id`, `max_initial_timestamp_index` (None: no bound), `language_ids`
+    (lang_to_id's ids: what a free language slot of the prompt is chosen among) and
+    `whisper_lengths` (the note's max_new_tokens and max_length, for `whisper_max_len`)."""
+    timestamps = recorded.get("return_timestamps") is True
+    languages = recorded.get("lang_to_id") or {}
+    out = {"return_timestamps": timestamps, "prefix": whisper_prompt(recorded, timestamps),
+           "prefixes": {flag: whisper_prompt(recorded, flag) for flag in (False, True)},
+           "language_ids": tuple(sorted(int(i) for i in languages.values()))}
+    for name in ("no_timestamps_token_id", "max_initial_timestamp_index"):
+        if recorded.get(name) is not None:
+            out[name] = recorded[name]
+    out["whisper_lengths"] = {name: recorded.get(name) for name in ("max_new_tokens", "max_length")}
+    return out
+
+
+def whisper_prompt(recorded: dict, timestamps: bool) -> tuple:
+    """The forced prompt after the start token that transformers' Whisper `generate` builds from a
+    generation config (`WhisperGenerationMixin._retrieve_init_tokens`, 5.23), None where the
+    language is left to detection (`lang_to_id` recorded and no language forced):
+
+    - `forced_decoder_ids` [[1, a], [2, b], ...] give a, b, ... in order (a list that does not
+      start at index 1 is ignored, as transformers ignores it; a gap is refused);
+    - a recorded `language` ("en" or "<|en|>", read through lang_to_id) replaces the first, and
+      adds "transcribe" when no task id is there; a recorded `task` is appended (transformers'
+      `replace_or_add` result is dropped, so the task id is added, not replaced);
+    - the no-timestamps id is appended without timestamps, or dropped from the end with them;
+    - a free language slot without lang_to_id is dropped (transformers drops None tokens)."""
+    from conformance.core.errors import ConfigError
+
+    forced = [list(pair) for pair in recorded.get("forced_decoder_ids") or []]
+    language, task = recorded.get("language"), recorded.get("task")
+    lang_to_id = recorded.get("lang_to_id") or {}
+    task_to_id = recorded.get("task_to_id") or {}
+    prompt: list = []
+    if task is None and language is None and forced and forced[0][0] == 1:
+        index = 1
+        while forced and forced[0][0] == index:
+            prompt.append(forced.pop(0)[1])
+            index += 1
+        if forced:
+            raise ConfigError("notes", f"the \"generation\" note's forced_decoder_ids has no entry for every index "
+                                       f"from 1 to {forced[0][0] - 1}: {recorded['forced_decoder_ids']!r} is not "
+                                       "Whisper's prompt pattern (transformers refuses it too)")
+    undefined = not prompt or prompt[0] is None
+    if language is not None:
+        key = language if language in lang_to_id else f"<|{language}|>"
+        if key not in lang_to_id:
+            raise ConfigError("notes", f"the \"generation\" note's language {language!r} is not in its lang_to_id")
+        prompt[:1] = [lang_to_id[key]]
+    elif lang_to_id and undefined:
+        prompt[:1] = [None]  # detected at the first step (`generate`'s prefix: docs/whisper.md)
+    if task is not None:
+        if task not in task_to_id:
+            raise ConfigError("notes", f"the \"generation\" note's task {task!r} is not in its task_to_id")
+        prompt.append(task_to_id[task])
+    elif language is not None and task_to_id and not any(t in prompt for t in task_to_id.values()):
+        prompt.append(task_to_id["transcribe"])
+    no_timestamps = recorded.get("no_timestamps_token_id")
+    if no_timestamps is not None:
+        if not timestamps and (not prompt or prompt[-1] != no_timestamps):
+            prompt.append(no_timestamps)
+        elif timestamps and prompt and prompt[-1] == no_timestamps:
+            prompt.pop()
+    if not lang_to_id:
+        prompt = [token for token in prompt if token is not None]
+    return tuple(prompt)
+
+
+def whisper_max_len(config, recorded: dict, prompt_len: int) -> int:
+    """The tokens after the start token (the prompt's `prompt_len` included) that transformers'
+    Whisper `generate` makes under a note's lengths (`_set_max_new_tokens_and_length`): its
+    max_new_tokens after the prompt; else max_length plus the prompt and start token (at most
+    max_target_positions // 2 - 1 of them counted), the whole at most max_target_positions (our
+    max_len) long; neither: transformers' default of 20 new tokens after the prompt."""
+    positions = config.max_len
+    if recorded.get("max_new_tokens") is not None:
+        total = 1 + prompt_len + int(recorded["max_new_tokens"])
+    elif recorded.get("max_length") is not None:
+        total = int(recorded["max_length"]) + min(positions // 2 - 1, 1 + prompt_len)
+    else:
+        total = 1 + prompt_len + HF_DEFAULT_NEW_TOKENS
+    return max(1, min(total, positions) - 1)
 
 
 class GenerationWarning(UserWarning):
@@ -133,10 +232,11 @@ UNAPPLIED_GENERATION = {
     "penalty_alpha": lambda v, f: v > 0,
     "stop_strings": lambda v, f: len(v) > 0,
     "num_return_sequences": lambda v, f: v > 1,
-    # Whisper's decoding rules (transformers' WhisperGenerationMixin; issue 54): the forced prompt
-    # and timestamps are not applied by `generate` yet.
-    "forced_decoder_ids": lambda v, f: len(v) > 0,
-    "return_timestamps": lambda v, f: v is True,
+    # Whisper's temperature fallback (transformers' `generate_with_fallback`, openai-whisper's
+    # `transcribe`): a threshold recorded makes transformers decode a row again, or skip it.
+    "no_speech_threshold": lambda v, f: True,
+    "logprob_threshold": lambda v, f: True,
+    "compression_ratio_threshold": lambda v, f: True,
 }
 
 

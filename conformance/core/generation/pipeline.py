@@ -9,10 +9,11 @@ the suppressed ids, an end that penalty made certain), and the renormalization l
 program for every penalty, decay and token list of one shape; a stage whose data is absent is
 off.
 
-A new processor is a function `(ops, rules, scores, step, data, eos_id) -> scores` in `LATE` at
-transformers' place for it (Whisper's timestamp rules go after the suppressions, before
-`certain_end`), with its data built by `data_of` and its reference twin in
-`processors.PIPELINE`.
+A new processor is a function `(ops, rules, scores, step, data, eos_id, tokens) -> scores` in
+`LATE` at transformers' place for it (Whisper's timestamp rules, `timestamp_rules`, come after
+the suppressions, before `certain_end`), with its data built by `data_of` and its reference twin
+in `processors.PIPELINE`. `data_of` also carries the forced prompt (`prefix`, read by the device
+search's prompt steps) and the no-speech id.
 
 Framework-free (NumPy and the standard library): every function takes the adapter `ops`.
 """
@@ -24,9 +25,10 @@ import numpy as np
 from conformance.core.errors import InputError
 from conformance.core.generation.processors import decay_factor
 
+
 # data_of's keys that change the scores other than by a ban of the whole (V,) mask: greedy search
 # then reads its chosen ids' scores from the whole processed row (device.whole_row).
-VALUE_KEYS = ("repetition_penalty", "encoder_penalty", "decay", "suppress", "begin_suppress")
+VALUE_KEYS = ("repetition_penalty", "encoder_penalty", "decay", "suppress", "begin_suppress", "timestamp_begin")
 
 
 def data_of(settings, as_array, src_ids=None, vocab_size: int | None = None) -> dict:
@@ -41,6 +43,12 @@ def data_of(settings, as_array, src_ids=None, vocab_size: int | None = None) -> 
                          (`processors.decay_factor`, inf past float64 or, cast, past the search dtype)
     suppress             (V,) bool: suppress_tokens
     begin_suppress       (V,) bool, and begin_step, an int: begin_suppress_tokens and their step
+    timestamp_begin, no_timestamps, max_initial, sample_begin   ints: Whisper's timestamp rules
+                         (`timestamp_rules`; max_initial V when unbounded)
+    prefix               (max_len,) int: the forced prompt, -1 where detected, then -1 padding;
+                         prompt_len, an int: its length; languages (V,) bool: what a -1 is chosen
+                         among (all False where the prompt has none)
+    no_speech_id         an int: the id whose probability at the first step is returned
 
     Only those whose processor is on; `src_ids` (B, S) and `vocab_size` are needed by some."""
     data = {}
@@ -59,8 +67,10 @@ def data_of(settings, as_array, src_ids=None, vocab_size: int | None = None) -> 
             data["encoder_seen"] = as_array("encoder_seen", seen)
         if settings.encoder_no_repeat_ngram_size:
             data["encoder_ids"] = as_array("encoder_ids", sources)
-    if settings.exponential_decay_length_penalty is not None:
-        decay = [decay_factor(settings.exponential_decay_length_penalty, step) for step in range(settings.max_len)]
+    prompt = settings.prompt_len
+    if settings.exponential_decay_length_penalty is not None:  # counted after the prompt, as transformers counts
+        decay = [decay_factor(settings.exponential_decay_length_penalty, step - prompt)
+                 for step in range(settings.max_len)]
         with np.errstate(over="ignore"):  # a multiplier beyond the search dtype is inf there, as in transformers
             data["decay"] = as_array("decay", np.array(decay, dtype=np.float64))
     for name, ids in (("suppress", settings.suppress_tokens), ("begin_suppress", settings.begin_suppress_tokens)):
@@ -70,6 +80,22 @@ def data_of(settings, as_array, src_ids=None, vocab_size: int | None = None) -> 
             data[name] = as_array(name, mask)
     if settings.begin_suppress_tokens:
         data["begin_step"] = as_array("begin_step", settings.begin_suppress_step)
+    if settings.return_timestamps:
+        for name, value in (("timestamp_begin", settings.no_timestamps_id + 1),
+                            ("no_timestamps", settings.no_timestamps_id),
+                            ("max_initial", vocab_size if settings.max_initial_timestamp_index is None
+                             else settings.max_initial_timestamp_index),
+                            ("sample_begin", 1 + prompt)):
+            data[name] = as_array(name, int(value))
+    if settings.prefix:
+        table = np.full(settings.max_len, -1, dtype=np.int64)
+        table[:prompt] = [-1 if token is None else token for token in settings.prefix]
+        data["prefix"], data["prompt_len"] = as_array("prefix", table), as_array("prompt_len", prompt)
+        languages = np.zeros(vocab_size, dtype=bool)  # all False without a None: one program either way
+        languages[list(settings.language_ids)] = True
+        data["languages"] = as_array("languages", languages)
+    if settings.return_no_speech_prob:
+        data["no_speech_id"] = as_array("no_speech_id", settings.no_timestamps_id - 1)
     return data
 
 
@@ -109,6 +135,14 @@ def penalized_by(ops, scores, seen: list):
 # -- After the forced tokens ---------------------------------------------------------------------
 
 
+def read_column(ops, array, column):
+    """array[..., column] for a column that may be traced: a masked sum over the last axis."""
+    if isinstance(column, int):  # the eager drivers' Python step
+        return array[..., column]
+    picked = ops.reduce("sum", ops.xp.where(ops.arange(array.shape[-1]) == column, array, 0), axis=-1)
+    return ops.cast(picked, array.dtype)  # a sum may widen the integers (JAX with x64)
+
+
 def at_step(ops, table, step):
     """table[step] of a (max_len,) table, for a step that may be traced (then an exact masked sum)."""
     if isinstance(step, int):
@@ -116,7 +150,7 @@ def at_step(ops, table, step):
     return ops.reduce("sum", ops.xp.where(ops.arange(table.shape[0]) == step, table, 0.0))
 
 
-def exponential_decay(ops, rules, scores, step, data, eos_id):
+def exponential_decay(ops, rules, scores, step, data, eos_id, tokens=None):
     """ExponentialDecayLengthPenalty as transformers adds it: the end token's score s becomes
     s + |s| x decay[step] where it is finite; every other id keeps its score. A multiplier past
     the search dtype is inf there, and so is the end token's score (a 0 too, not 0 x inf = NaN):
@@ -131,21 +165,21 @@ def exponential_decay(ops, rules, scores, step, data, eos_id):
     return xp.where(gains, gained, scores)
 
 
-def suppress(ops, rules, scores, step, data, eos_id):
+def suppress(ops, rules, scores, step, data, eos_id, tokens=None):
     """SuppressTokensLogitsProcessor: -inf at every step, after the forced tokens."""
     if "suppress" not in data:
         return scores
     return ops.xp.where(data["suppress"], -np.inf, scores)
 
 
-def begin_suppress(ops, rules, scores, step, data, eos_id):
+def begin_suppress(ops, rules, scores, step, data, eos_id, tokens=None):
     """SuppressTokensAtBeginLogitsProcessor: -inf at data's begin_step only."""
     if "begin_suppress" not in data:
         return scores
     return ops.where(step == data["begin_step"], ops.xp.where(data["begin_suppress"], -np.inf, scores), scores)
 
 
-def certain_end(ops, rules, scores, step, data, eos_id):
+def certain_end(ops, rules, scores, step, data, eos_id, tokens=None):
     """The reference's `processors.certain_end`: a row whose end token the decay made +inf (no
     suppression banned it) becomes the forced end's, 0 there and -inf elsewhere."""
     if "decay" not in data:
@@ -156,14 +190,61 @@ def certain_end(ops, rules, scores, step, data, eos_id):
     return xp.where(certain, xp.where(is_eos, 0.0, -np.inf), scores)
 
 
-# transformers' order after ForcedEOSTokenLogitsProcessor, then ours (`certain_end`);
+def logsumexp(ops, x):
+    """The reference's `processors.logsumexp` over the last axis: shifted by the row's max, -inf
+    for a row of -inf."""
+    xp = ops.xp
+    top = ops.reduce("max", x, axis=-1, keepdims=True)  # (N, 1)
+    top = xp.where(xp.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):  # NumPy: log(0) = -inf, a row of -inf
+        return (top + xp.log(ops.reduce("sum", xp.exp(x - top), axis=-1, keepdims=True)))[:, 0]
+
+
+def timestamp_rules(ops, rules, scores, step, data, eos_id, tokens=None):
+    """Whisper's timestamp rules, the reference's `processors.timestamp_rules`, over the decoder
+    input buffer tokens (N, W) whose first step + 1 columns are written, the generated ones from
+    column data["sample_begin"] on: <|notimestamps|> banned; after two timestamps in a row (or one
+    opening the output) no timestamp, after text and a timestamp no id below the end id; no
+    timestamp below the last one (+ 1 unless it opened a pair); the first generated token a
+    timestamp at most max_initial after the first; and where the timestamps' logsumexp beats
+    every other id, every id below the first timestamp banned."""
+    if "timestamp_begin" not in data:
+        return scores
+    xp = ops.xp
+    begin, first_column = data["timestamp_begin"], data["sample_begin"]
+    ids = ops.arange(scores.shape[-1])  # (V,)
+    stamp_ids = ids >= begin  # (V,)
+    scores = xp.where(ids == data["no_timestamps"], -np.inf, scores)
+    length = step + 1  # the written columns
+    count = length - first_column  # tokens generated so far
+    last_was = (count >= 1) & (read_column(ops, tokens, length - 1) >= begin)  # (N,)
+    before_last = read_column(ops, tokens, length - 2)  # (N,): a column read only where count >= 2
+    penultimate_was = (count < 2) | (before_last >= begin)  # (N,)
+    scores = xp.where((last_was & penultimate_was)[:, None] & stamp_ids, -np.inf, scores)  # text next
+    scores = xp.where((last_was & ~penultimate_was)[:, None] & (ids < eos_id), -np.inf, scores)  # no text next
+    columns = ops.arange(tokens.shape[1])  # (W,)
+    is_stamp = (tokens >= begin) & (columns >= first_column) & (columns < length)  # (N, W)
+    last_column = ops.reduce("max", xp.where(is_stamp, columns, -1), axis=-1)  # (N,): -1 without one
+    last_stamp = ops.take(tokens, xp.where(last_column < 0, 0, last_column)[:, None])[:, 0]  # (N,)
+    lowest = xp.where(last_was & ~penultimate_was, last_stamp, last_stamp + 1)  # (N,)
+    below = (last_column >= 0)[:, None] & stamp_ids & (ids < lowest[:, None])  # (N, V)
+    scores = xp.where(below, -np.inf, scores)
+    initial = (ids < begin) | (ids > begin + data["max_initial"])  # (V,): barred from the first token
+    scores = ops.where(count == 0, xp.where(initial, -np.inf, scores), scores)
+    stamps = logsumexp(ops, xp.where(stamp_ids, scores, -np.inf))  # (N,)
+    best_other = ops.reduce("max", xp.where(stamp_ids, -np.inf, scores), axis=-1)  # (N,)
+    return xp.where((stamps > best_other)[:, None] & ~stamp_ids, -np.inf, scores)
+
+
+# transformers' order after ForcedEOSTokenLogitsProcessor, then Whisper's, then ours (`certain_end`);
 # renormalization follows them all.
-LATE = (exponential_decay, suppress, begin_suppress, certain_end)
+LATE = (exponential_decay, suppress, begin_suppress, timestamp_rules, certain_end)
 
 
-def late(ops, rules, scores, step, data, eos_id):
-    """The stages of `LATE` in order (device.processed then renormalizes, rules.renormalize)."""
+def late(ops, rules, scores, step, data, eos_id, tokens=None):
+    """The stages of `LATE` in order (device.processed then renormalizes, rules.renormalize);
+    tokens (N, W) is the decoder input buffer, for the stages that read it."""
     if data:
         for stage in LATE:
-            scores = stage(ops, rules, scores, step, data, eos_id)
+            scores = stage(ops, rules, scores, step, data, eos_id, tokens)
     return scores

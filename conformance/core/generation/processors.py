@@ -8,8 +8,9 @@ the suppressed tokens and the renormalization. `processed` applies them in trans
 (`conformance.core.generation.device`) applies the same rules as array operations.
 
 Each processor is one function `(scores, tokens, step, processors) -> scores` that leaves the
-scores alone when its settings are off; a new one (Whisper's timestamp rules, say) is a field of
-`Processors` and a function in `PIPELINE` at transformers' place for it.
+scores alone when its settings are off; a new one is a field of `Processors` and a function in
+`PIPELINE` at transformers' place for it (Whisper's timestamp rules, `timestamp_rules`, come
+after the suppressions).
 
 Framework-free (NumPy and the standard library).
 """
@@ -20,6 +21,23 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Timestamps:
+    """Whisper's timestamp rules' ids (openai-whisper's ApplyTimestampRules, transformers'
+    WhisperTimeStampLogitsProcessor; docs/whisper.md).
+
+    begin:          the first timestamp id (<|0.00|>): no_timestamps + 1; every id from it on is one
+    no_timestamps:  <|notimestamps|>, banned at every step
+    max_initial:    the first timestamp is at most begin + max_initial (None: no bound)
+    sample_begin:   the first generated column of the decoder input: 1 + the forced prompt's length
+    """
+
+    begin: int
+    no_timestamps: int
+    max_initial: int | None
+    sample_begin: int
 
 
 @dataclass(frozen=True)
@@ -50,8 +68,12 @@ class Processors:
                            gains |s| (factor ** (step - start) - 1) where it is finite; None off
     suppress_tokens:       ids banned at every step, after the forced tokens
     begin_suppress_tokens: ids banned at step `begin_suppress_step`, after the forced tokens
-    begin_suppress_step:   0, or 1 where a first token is forced (transformers' begin_index)
+    begin_suppress_step:   0, 1 where a first token is forced, or the forced prompt's length
+                           (transformers' begin_index)
+    timestamps:            Whisper's timestamp rules (`Timestamps`), or None
     renormalize_logits:    a log-softmax of the scores after every other processor
+    prompt_len:            the forced prompt's length: min_new_tokens and the decay count the
+                           tokens after it, as transformers counts after its decoder prompt
     """
 
     max_len: int
@@ -71,12 +93,14 @@ class Processors:
     suppress_tokens: tuple[int, ...] = ()
     begin_suppress_tokens: tuple[int, ...] = ()
     begin_suppress_step: int = 0
+    timestamps: Timestamps | None = None
     renormalize_logits: bool = False
+    prompt_len: int = 0
 
     def bans_eos(self, step: int) -> bool:
         """Whether the minimum length bans the end token at `step` (the decoder input holds
-        step + 1 tokens, the start token first: step generated)."""
-        return step + 1 < self.min_length or step < self.min_new_tokens
+        step + 1 tokens, the start token first: step generated, the prompt's among them)."""
+        return step + 1 < self.min_length or step - self.prompt_len < self.min_new_tokens
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -222,6 +246,7 @@ def exponential_decay(scores, tokens, step, p: Processors):
     is finite (a banned end token stays banned). Past the dtype that is +inf, as transformers'
     float32 sum; with an infinite multiplier a score of 0 is +inf too, not |0| x inf = NaN
     (`certain_end` then makes the row the forced end's, unless a suppression bans the end token)."""
+    step -= p.prompt_len  # transformers counts from its decoder prompt's end
     if p.exponential_decay_length_penalty is None or step <= p.exponential_decay_length_penalty[0]:
         return scores
     eos = scores[:, p.eos_id]
@@ -245,6 +270,57 @@ def begin_suppress(scores, tokens, step, p: Processors):
     if p.begin_suppress_tokens and step == p.begin_suppress_step:
         scores[:, list(p.begin_suppress_tokens)] = -np.inf
     return scores
+
+
+def logsumexp(x: np.ndarray) -> np.ndarray:
+    """log(sum(exp(x))) over the last axis, shifted by the row's max; -inf for a row of -inf."""
+    top = x.max(axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):  # log(0) = -inf: a row of -inf
+        return (top + np.log(np.exp(x - top).sum(axis=-1, keepdims=True)))[..., 0]
+
+
+def timestamp_rules(scores, tokens, step, p: Processors):
+    """Whisper's timestamp rules (openai-whisper's ApplyTimestampRules, transformers'
+    WhisperTimeStampLogitsProcessor, which copies it), over each row's generated tokens (those
+    after the start token and the forced prompt):
+
+    1. <|notimestamps|> gets -inf;
+    2. timestamps come in pairs: after two timestamps in a row (or one opening the output) no
+       timestamp may follow, after a text token and a timestamp no text token (ids below the end
+       id) may;
+    3. they never decrease: the timestamps below the last one get -inf, and below the last one + 1
+       unless it opened a pair (a segment is never empty);
+    4. the first generated token is a timestamp (every id below `begin` gets -inf) and at most
+       begin + max_initial;
+    5. where the timestamps' total probability beats every other single id's, every id below
+       `begin` gets -inf. The comparison reads the scores themselves, logsumexp(timestamps) >
+       max(other ids): both sides of openai's and transformers' comparison of log-probabilities
+       carry the same normaliser."""
+    t = p.timestamps
+    if t is None:
+        return scores
+    scores[:, t.no_timestamps] = -np.inf
+    for k, row in enumerate(tokens.tolist()):
+        generated = row[t.sample_begin:]
+        last_was = len(generated) >= 1 and generated[-1] >= t.begin
+        penultimate_was = len(generated) < 2 or generated[-2] >= t.begin
+        if last_was:
+            if penultimate_was:  # has to be text
+                scores[k, t.begin:] = -np.inf
+            else:  # the pair's closing timestamp, or the end
+                scores[k, :p.eos_id] = -np.inf
+        stamps = [token for token in generated if token >= t.begin]
+        if stamps:
+            lowest = stamps[-1] if last_was and not penultimate_was else stamps[-1] + 1
+            scores[k, t.begin:lowest] = -np.inf
+    if tokens.shape[1] == t.sample_begin:  # the first generated token
+        scores[:, :t.begin] = -np.inf
+        if t.max_initial is not None:
+            scores[:, t.begin + t.max_initial + 1:] = -np.inf
+    is_stamp = np.arange(scores.shape[-1]) >= t.begin  # (V,)
+    forced = logsumexp(np.where(is_stamp, scores, -np.inf)) > np.where(is_stamp, -np.inf, scores).max(axis=-1)
+    scores[forced, :t.begin] = -np.inf
 
 
 def certain_end(scores, tokens, step, p: Processors):
@@ -273,9 +349,12 @@ def renormalize(scores, tokens, step, p: Processors):
 
 # transformers' order (`_get_logits_processor`, 5.23), and `certain_end`, ours, before the
 # renormalization; sampling's warpers come after these, but before LogitNormalization there,
-# where a log-softmax changes no probability drawn from.
+# where a log-softmax changes no probability drawn from. Whisper's (transformers'
+# WhisperGenerationMixin) come after these, in the order begin_suppress, suppress, timestamps: the
+# two suppressions commute.
 PIPELINE = (encoder_repetition, repetition, no_repeat_ngram, encoder_no_repeat_ngram, bad_words, minimum_length,
-            forced_bos, forced_eos, exponential_decay, suppress, begin_suppress, certain_end, renormalize)
+            forced_bos, forced_eos, exponential_decay, suppress, begin_suppress, timestamp_rules, certain_end,
+            renormalize)
 
 
 def processed(scores: np.ndarray, tokens: np.ndarray, step: int, processors: Processors) -> np.ndarray:
@@ -284,8 +363,9 @@ def processed(scores: np.ndarray, tokens: np.ndarray, step: int, processors: Pro
     bad words and, below the minimum length, the end token get -inf; at the first step every id
     but the forced first token gets -inf and that token 0 (`forced_bos_token_id`); at the last step
     every id but the end token gets -inf and the end token 0 (`forced_eos_token_id`, so it wins
-    over the minimum length); the end token's length penalty; the suppressed ids get -inf; and a
-    log-softmax last when renormalize_logits. `scores` may be written in place."""
+    over the minimum length); the end token's length penalty; the suppressed ids get -inf;
+    Whisper's timestamp rules (`timestamp_rules`); and a log-softmax last when
+    renormalize_logits. `scores` may be written in place."""
     for processor in PIPELINE:
         scores = processor(scores, tokens, step, processors)
     return scores

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from conformance.core.errors import InputError
-from conformance.core.generation.note import generation_note, warn_unapplied
+from conformance.core.generation.note import generation_note, warn_unapplied, whisper_max_len
 
 
 EARLY_STOPPING = (True, False, "never")
@@ -25,11 +25,12 @@ EARLY_STOPPING = (True, False, "never")
 LENGTH_PENALTY_FORMS = ("hf", "gnmt")
 
 
-BEAM_RULES = ("hf", "flax")
+BEAM_RULES = ("hf", "flax", "openai")
 
 
-# The penalty each beam rule uses when `length_penalty_form` is not given.
-RULE_PENALTY_FORMS = {"hf": "hf", "flax": "gnmt"}
+# The penalty each beam rule uses when `length_penalty_form` is not given (openai-whisper's
+# `length_penalty=None` is a plain division by the length: "hf" with alpha 1).
+RULE_PENALTY_FORMS = {"hf": "hf", "flax": "gnmt", "openai": "hf"}
 
 
 def _integer(name: str, value, what: str = "an int") -> int:
@@ -243,6 +244,95 @@ def split_bad_words(words, eos_id: int) -> tuple[tuple[int, ...], tuple[tuple[in
 
 
 
+def check_whisper(recorded: dict, prefix, return_timestamps, max_initial_timestamp_index, return_no_speech_prob,
+                  vocab_size: int, eos_id: int, pad_id: int, forced_bos_id) -> dict:
+    """Whisper's decoding options (transformers' WhisperGenerationMixin, openai-whisper's
+    DecodingTask), each given, else from the note (`recorded`, `generation_note`'s):
+
+    prefix             the forced prompt after the start token: target ids, None where the step's
+                       best language id (of the note's lang_to_id) is taken (detection); not the
+                       end or pad id. Not given: the note's Whisper prompt (`note.whisper_prompt`
+                       under this call's return_timestamps), else none.
+    return_timestamps  True or False: the timestamp rules; they need the note's
+                       no_timestamps_token_id (the timestamps are the ids after it), and a prefix
+                       that does not end with it.
+    max_initial_timestamp_index  an int >= 0, or None for no bound on the first timestamp.
+    return_no_speech_prob  True or False: the probability of the no-speech id (the no-timestamps
+                       id - 1) at the start token's position, returned with the ids.
+
+    A prefix and a forced first token (forced_bos_id) both force the first token: refused
+    together."""
+    whisper = "prefixes" in recorded  # a Whisper note (`note.whisper_note`)
+    timestamps = _flag("return_timestamps", recorded.get("return_timestamps", False) if return_timestamps is None
+                       else return_timestamps)
+    no_speech = _flag("return_no_speech_prob", return_no_speech_prob)
+    no_timestamps = recorded.get("no_timestamps_token_id")
+    what = f"target token ids in [0, {vocab_size})"
+    if no_timestamps is not None:
+        no_timestamps = _integer("notes", no_timestamps, "an int")
+    if (timestamps or no_speech) and no_timestamps is None:
+        name = "return_timestamps" if timestamps else "return_no_speech_prob"
+        raise InputError(name, "needs the checkpoint's no_timestamps_token_id (a Whisper generation note: the "
+                               "timestamps are the ids after it, the no-speech id the one before it); this "
+                               "checkpoint records none")
+    if timestamps and not 0 <= no_timestamps < vocab_size - 1:
+        raise InputError("return_timestamps", f"the note's no_timestamps_token_id {no_timestamps} leaves no timestamp "
+                                              f"id below the vocabulary's {vocab_size}")
+    if no_speech and not 1 <= no_timestamps <= vocab_size:
+        raise InputError("return_no_speech_prob", f"the note's no_timestamps_token_id {no_timestamps} puts the "
+                                                  f"no-speech id outside the vocabulary of {vocab_size}")
+    if prefix is None:
+        prefix = recorded["prefixes"][timestamps] if whisper else ()
+    elif isinstance(prefix, (str, bytes)) or getattr(prefix, "shape", None) == ():
+        raise InputError("prefix", f"must be a sequence of {what} (None: the detected language), got {prefix!r}")
+    try:
+        prefix = tuple(prefix)
+    except TypeError:
+        raise InputError("prefix", f"must be a sequence of {what} (None: the detected language), got "
+                                   f"{prefix!r}") from None
+    prefix = tuple(None if token is None else _integer("prefix", token, f"a sequence of {what}") for token in prefix)
+    for token in prefix:
+        if token is not None and not 0 <= token < vocab_size:
+            raise InputError("prefix", f"must hold {what}, got {list(prefix)!r}")
+        if token is not None and token in (eos_id, pad_id):
+            raise InputError("prefix", f"holds the {'end' if token == eos_id else 'pad'} id {token}: a forced "
+                                       "prompt is read by the decoder, not ended or masked")
+    languages = tuple(recorded.get("language_ids", ()))
+    if None in prefix and not languages:
+        raise InputError("prefix", "has None, a language to detect, but the checkpoint's note records no lang_to_id "
+                                   "to choose among: give the language id")
+    if timestamps and prefix and prefix[-1] == no_timestamps:
+        raise InputError("prefix", f"ends with the no-timestamps id {no_timestamps}, which asks for no timestamps, "
+                                   "and return_timestamps=True: drop one")
+    if prefix and forced_bos_id is not None:
+        raise InputError("forced_bos_id", f"forces the first token, and so does prefix={list(prefix)!r}: give one")
+    initial = recorded.get("max_initial_timestamp_index") if max_initial_timestamp_index is None \
+        else max_initial_timestamp_index
+    if initial is not None and initial is not False:
+        initial = _count("max_initial_timestamp_index", initial)
+    else:
+        initial = None
+    return {"prefix": prefix, "language_ids": languages if None in prefix else (), "return_timestamps": timestamps,
+            "no_timestamps_id": no_timestamps, "max_initial_timestamp_index": initial,
+            "return_no_speech_prob": no_speech}
+
+
+def check_patience(patience, beam_rule: str, num_beams: int) -> float:
+    """openai-whisper's beam search patience (arXiv:2204.05424): the search ends once
+    round(num_beams x patience) hypotheses have finished in every row. A number > 0 (None: 1.0),
+    for beam_rule="openai" only."""
+    if patience is None:
+        return 1.0
+    if beam_rule != "openai":
+        raise InputError("patience", f"applies to beam_rule=\"openai\" (openai-whisper's beam search), got "
+                                     f"beam_rule={beam_rule!r}")
+    value = _number("patience", patience)
+    if value <= 0 or round(num_beams * value) < 1:
+        raise InputError("patience", f"must be a number > 0 with round(num_beams x patience) >= 1 finished "
+                                     f"hypotheses to wait for, got {patience!r} with num_beams={num_beams}")
+    return value
+
+
 # The arguments a checkpoint's "generation" note may give (Hugging Face's generation_config.json,
 # read by `generation_note`) and the value each takes when neither the caller nor the note does;
 # None means there is no default: the caller must pass it.
@@ -296,6 +386,13 @@ class Generation:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    prefix: tuple[int | None, ...] = ()  # forced after the start token (None: the detected language)
+    language_ids: tuple[int, ...] = ()  # what a None of the prefix is chosen among (the note's lang_to_id)
+    return_timestamps: bool = False  # Whisper's timestamp rules
+    no_timestamps_id: int | None = None  # the note's no_timestamps_token_id: timestamps follow it
+    max_initial_timestamp_index: int | None = None  # the first timestamp's bound (None: none)
+    return_no_speech_prob: bool = False  # P(no-speech id) at the start token's position, returned
+    patience: float = 1.0  # beam_rule="openai": wait for round(num_beams x patience) finished
 
     @property
     def rows(self) -> int:
@@ -303,9 +400,17 @@ class Generation:
         return self.num_return_sequences if self.do_sample else self.num_beams
 
     @property
+    def prompt_len(self) -> int:
+        """The forced prompt's length (`prefix`): the steps before the search chooses."""
+        return len(self.prefix)
+
+    @property
     def begin_suppress_step(self) -> int:
-        """The step at which `begin_suppress_tokens` are banned: the first generated token, or the
-        second when a first token is forced (transformers' begin_index, `_get_logits_processor`)."""
+        """The step at which `begin_suppress_tokens` are banned: the first generated token, the
+        second when a first token is forced (transformers' begin_index, `_get_logits_processor`),
+        or the first after a forced prompt (Whisper's begin_index, the prompt's length)."""
+        if self.prefix:
+            return self.prompt_len
         return 0 if self.forced_bos_id is None else 1
 
     @property
@@ -319,7 +424,18 @@ class Generation:
             "num_beams", "length_penalty", "early_stopping", "length_penalty_form", "forced_eos", "banned_ids",
             "bad_words_ids", "no_repeat_ngram_size", "forced_bos_id", "min_length", "min_new_tokens",
             *PENALTY_ARGUMENTS, "beam_rule", "num_return_sequences", "do_sample", "temperature", "top_k", "top_p",
-            "seed")}
+            "seed", *WHISPER_ARGUMENTS)}
+
+    def returned(self, ids, scores, no_speech):
+        """What `generate` returns: the ids, with their scores (return_scores) and each source row's
+        no-speech probability (return_no_speech_prob) after them, in that order."""
+        out = (ids,) + ((scores,) if self.return_scores else ()) + ((no_speech,) if self.return_no_speech_prob else ())
+        return out[0] if len(out) == 1 else out
+
+
+# Whisper's options (`check_whisper`, `check_patience`), as `search` takes them.
+WHISPER_ARGUMENTS = ("prefix", "language_ids", "return_timestamps", "no_timestamps_id", "max_initial_timestamp_index",
+                     "return_no_speech_prob", "patience")
 
 
 def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, length_penalty=None,
@@ -328,7 +444,8 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
             return_scores=False, beam_rule="hf", num_return_sequences=1, do_sample=False, temperature=None, top_k=None,
             top_p=None, seed=None, repetition_penalty=None, encoder_repetition_penalty=None,
             encoder_no_repeat_ngram_size=None, exponential_decay_length_penalty=None, suppress_tokens=None,
-            begin_suppress_tokens=None, renormalize_logits=None) -> Generation:
+            begin_suppress_tokens=None, renormalize_logits=None, prefix=None, return_timestamps=None,
+            max_initial_timestamp_index=None, return_no_speech_prob=False, patience=None) -> Generation:
     """`generate`'s arguments as a checked `Generation`. An argument left at None takes the
     checkpoint's generation note (`generation_note`), as transformers applies a model's
     generation_config, else its plain default (`NOTE_DEFAULTS`); explicit arguments win. bos_id
@@ -336,9 +453,12 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
     bad_words_ids replaces the note's whole list, its one-token words (banned_ids) included, as
     transformers' argument replaces generation_config's; forced_bos_id=False turns off a forced
     first token the note records. The note's early_stopping applies to beam_rule="hf" only (the
-    flax rule has its own stopping rule); min_length and min_new_tokens: `check_min_length`; the
-    penalties, suppressions and renormalization (`check_penalties`) as the others:
-    exponential_decay_length_penalty=False, suppress_tokens=() and the like turn off the note's.
+    flax and openai rules have their own stopping rules); min_length and min_new_tokens:
+    `check_min_length`; the penalties, suppressions and renormalization (`check_penalties`) as
+    the others: exponential_decay_length_penalty=False, suppress_tokens=() and the like turn off
+    the note's. Whisper's prompt, timestamps and no-speech probability: `check_whisper` (a
+    Whisper note's max_len counts after its prompt, `note.whisper_max_len`); openai-whisper's
+    beam search, beam_rule="openai" with `patience`: `check_patience`.
 
     A note that records settings transformers applies and `generate` does not is named in a
     `GenerationWarning` at every call (`warn_unapplied`)."""
@@ -372,7 +492,10 @@ def resolve(config, max_len=None, bos_id=None, eos_id=None, *, num_beams=None, l
         return _checked(config, values, recorded, early_stopping=early_stopping, use_cache=use_cache,
                         length_penalty_form=length_penalty_form, min_length=min_length, min_new_tokens=min_new_tokens,
                         return_scores=return_scores, beam_rule=beam_rule, num_return_sequences=num_return_sequences,
-                        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+                        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                        max_len_given=max_len is not None, prefix=prefix, return_timestamps=return_timestamps,
+                        max_initial_timestamp_index=max_initial_timestamp_index,
+                        return_no_speech_prob=return_no_speech_prob, patience=patience)
     except InputError as error:
         if error.argument in noted:
             raise from_note(error) from None
@@ -388,13 +511,11 @@ def from_note(error: InputError) -> InputError:
 
 def _checked(config, values: dict, recorded: dict, *, early_stopping, use_cache, length_penalty_form, min_length,
              min_new_tokens, return_scores, beam_rule, num_return_sequences, do_sample, temperature, top_k, top_p,
-             seed) -> Generation:
-    """`resolve`'s checks of the arguments, `values` those the note may give, already taken from it."""
+             seed, max_len_given, prefix, return_timestamps, max_initial_timestamp_index, return_no_speech_prob,
+             patience) -> Generation:
+    """`resolve`'s checks of the arguments, `values` those the note may give, already taken from it
+    (`max_len_given`: whether the call gave max_len)."""
     vocab = config.tgt_vocab_size
-    values["max_len"] = _integer("max_len", values["max_len"], f"an int in [1, {config.max_len}] (the model's max_len)")
-    if not 1 <= values["max_len"] <= config.max_len:
-        raise InputError("max_len", f"must be an int in [1, {config.max_len}] (the model's max_len), "
-                                    f"got {values['max_len']!r}")
     for name in ("bos_id", "eos_id"):
         values[name] = _integer(name, values[name], f"a target token id in [0, {vocab})")
         if not 0 <= values[name] < vocab:
@@ -406,6 +527,17 @@ def _checked(config, values: dict, recorded: dict, *, early_stopping, use_cache,
                           values["forced_eos"], values["banned_ids"], return_scores, vocab)
     forced_bos, ngram, one_token, words = check_processors(values["forced_bos_id"], values["no_repeat_ngram_size"],
                                                            values["bad_words_ids"], vocab, values["eos_id"])
+    whisper = check_whisper(recorded, prefix, return_timestamps, max_initial_timestamp_index, return_no_speech_prob,
+                            vocab, values["eos_id"], config.pad_id, forced_bos)
+    if not max_len_given and "whisper_lengths" in recorded:  # counted after this call's prompt
+        values["max_len"] = whisper_max_len(config, recorded["whisper_lengths"], len(whisper["prefix"]))
+    values["max_len"] = _integer("max_len", values["max_len"], f"an int in [1, {config.max_len}] (the model's max_len)")
+    if not 1 <= values["max_len"] <= config.max_len:
+        raise InputError("max_len", f"must be an int in [1, {config.max_len}] (the model's max_len), "
+                                    f"got {values['max_len']!r}")
+    if values["max_len"] <= len(whisper["prefix"]):
+        raise InputError("max_len", f"counts the forced prefix's {len(whisper['prefix'])} tokens, so it must be more "
+                                    f"than that to generate any, got {values['max_len']!r}")
     banned = tuple(dict.fromkeys(banned + one_token))  # in order, once each
     shortest, new_tokens = check_min_length(min_length, min_new_tokens, recorded)
     penalties = check_penalties(*(values[name] for name in PENALTY_ARGUMENTS), vocab)
@@ -422,26 +554,31 @@ def _checked(config, values: dict, recorded: dict, *, early_stopping, use_cache,
                                       f"needs a target vocabulary of at least 2 ids; this model's has {vocab}; got "
                                       f"num_beams={beams}")
     sampling = check_sampling(do_sample, temperature, top_k, top_p, seed, beams, beam_rule)
+    patience = check_patience(patience, beam_rule, beams)
     count = _integer("num_return_sequences", num_return_sequences, "an int >= 1")
     if count < 1:
         raise InputError("num_return_sequences", f"must be an int >= 1, got {count!r}")
     if not sampling["do_sample"]:
         most, why = ((1, "the flax rule returns each row's best hypothesis, as Flax's beam_search callers take it")
                      if beam_rule == "flax" else
+                     (1, "the openai rule returns each row's best hypothesis, as openai-whisper's decode does")
+                     if beam_rule == "openai" else
                      (1, "greedy search has one sequence per row (use num_beams or do_sample)") if beams == 1 else
                      (beams, f"beam search keeps {beams} beams"))
         if count > most:
             raise InputError("num_return_sequences", f"must be at most {most}: {why}; got {count!r}")
-    if beam_rule == "flax" and early_stopping is not False:
-        raise InputError("early_stopping", "applies to beam_rule=\"hf\" only: the flax rule stops as Flax's "
-                                           f"beam_search does (docs/decoding.md), got {early_stopping!r}")
+    if beam_rule in ("flax", "openai") and early_stopping is not False:
+        raise InputError("early_stopping", f"applies to beam_rule=\"hf\" only: the {beam_rule} rule stops as "
+                                           f"{'Flax' if beam_rule == 'flax' else 'openai-whisper'}'s beam search "
+                                           f"does (docs/decoding.md), got {early_stopping!r}")
     _check_pad_clash(config, values["bos_id"])
     return Generation(max_len=values["max_len"], bos_id=values["bos_id"], eos_id=values["eos_id"], num_beams=beams,
                       length_penalty=float(values["length_penalty"]), early_stopping=early_stopping,
                       use_cache=bool(use_cache), length_penalty_form=form, forced_eos=bool(values["forced_eos"]),
                       banned_ids=banned, bad_words_ids=words, no_repeat_ngram_size=ngram, forced_bos_id=forced_bos,
                       min_length=shortest, min_new_tokens=new_tokens, return_scores=bool(return_scores),
-                      beam_rule=beam_rule, num_return_sequences=count, **penalties, **sampling)
+                      beam_rule=beam_rule, num_return_sequences=count, patience=patience, **penalties, **sampling,
+                      **whisper)
 
 
 def check_sampling(do_sample, temperature, top_k, top_p, seed, num_beams: int, beam_rule: str) -> dict:
