@@ -46,7 +46,8 @@ def run_folder(folder: Path, layout, config, params, what: str) -> verify.Verdic
 def _transformers_said(said: list[str]):
     """Collect into `said` the warnings transformers' logger emits (in place of its own handler on
     stderr) and the Python warnings raised meanwhile, other than from_pretrained's own (ignored
-    there: loading a folder it wrote is the point). Leaves the logger as it found it."""
+    there: loading a folder it wrote is the point) and rosetta's own (raised again after). Leaves
+    the logger as it found it."""
     try:
         from transformers.utils import logging as hf_logging
     except ImportError:
@@ -67,7 +68,10 @@ def _transformers_said(said: list[str]):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             yield
-        said.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+        ours = [w for w in caught if w.category.__module__.startswith("conformance.")]
+        said.extend(f"{w.category.__name__}: {w.message}" for w in caught if w not in ours)
+        for w in ours:  # rosetta's own (a note's unapplied settings): raised again, to its own handling
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     finally:
         logger.removeHandler(collect)
         for h in handlers:

@@ -297,7 +297,7 @@ def covering_generation_cases() -> tuple[GenerationCase, ...]:
     oracle's own first greedy choice on row 0, and min_length 3 bans it for the first two steps, so a
     backend that does not apply min_length ends that row at once, whatever examples hypothesis draws.
     That case takes no processor (one could change that first choice); the others take them in turn."""
-    out = []
+    out, carried = [], []
     for i, case in enumerate(covering_cases(src_paddings=SRC_PADDINGS[:-1])):
         pad = case.config.pad_id
         real = [t for t in range(case.config.tgt_vocab_size) if t != pad]
@@ -317,12 +317,36 @@ def covering_generation_cases() -> tuple[GenerationCase, ...]:
                 eos, options = first, options + (("min_length", 3),)
         if ("min_length", 3) not in options:
             ids = (real[(i + 2) % len(real)], real[(i + 3) % len(real)])
-            options += tuple((name, ids if value == "ids" else value)
-                             for name, value in COVERING_PROCESSORS[i % len(COVERING_PROCESSORS)].items()
+            chosen = COVERING_PROCESSORS[i % len(COVERING_PROCESSORS)].items()
+            options += tuple((name, ids if value == "ids" else value) for name, value in chosen
                              if case.config.source == "ids" or name not in SOURCE_READING)
+            if case.config.source != "ids":  # a features source has no ids for these to read
+                carried += [(_search(options), name, value) for name, value in chosen if name in SOURCE_READING]
         out.append(GenerationCase(case=case, max_len=min(6, case.config.max_len), bos_id=bos, eos_id=eos,
                                   options=options))
-    return tuple(out)
+    return tuple(with_carried(out, carried))
+
+
+def _search(options) -> str:
+    """The search a case's options run: flax, sample, greedy or beam."""
+    options = dict(options)
+    if options.get("beam_rule") == "flax":
+        return "flax"
+    return "sample" if options.get("do_sample") else "greedy" if options.get("num_beams", 1) == 1 else "beam"
+
+
+def with_carried(cases: list[GenerationCase], carried: list) -> list[GenerationCase]:
+    """`cases` with each source-reading processor a features case could not take, (search, name,
+    value), added to the first case of the same search over token ids that lacks it (not the
+    minimum-length case), so that every processor still meets every search."""
+    for search, name, value in carried:
+        for k, gcase in enumerate(cases):
+            options = dict(gcase.options)
+            if (gcase.case.config.source == "ids" and _search(gcase.options) == search and name not in options
+                    and options.get("min_length") != 3):
+                cases[k] = dataclasses.replace(gcase, options=gcase.options + ((name, value),))
+                break
+    return cases
 
 
 def oracle_first_choice(case: Case, bos: int) -> int:

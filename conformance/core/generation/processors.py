@@ -321,6 +321,7 @@ def timestamp_rules(scores, tokens, step, p: Processors):
     is_stamp = np.arange(scores.shape[-1]) >= t.begin  # (V,)
     forced = logsumexp(np.where(is_stamp, scores, -np.inf)) > np.where(is_stamp, -np.inf, scores).max(axis=-1)
     scores[forced, :t.begin] = -np.inf
+    return scores
 
 
 def certain_end(scores, tokens, step, p: Processors):
