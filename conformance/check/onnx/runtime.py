@@ -29,6 +29,10 @@ The suite builds a model per example, and an export takes seconds: the two graph
 (forward, encode-decode, determinism, the pairs) pay for one export, and so does a `rosetta
 convert --to onnx --taps` of the same checkpoint in the same process.
 
+A features source (Whisper's) is fed to the encoder graph as `src_features` (B, n_mels, frames),
+with no mask (its window has no padding); the decoder graph gets a source mask of all S = frames / 2
+positions.
+
 Float32 only, on the CPU execution provider: the exporter traces the model in its own dtype.
 """
 
