@@ -693,8 +693,8 @@ def last_position_masked(right):
     taken for padding, as a port that counts positions with `frames // 2 - 1` leaves it."""
     import torch
 
-    def mask(model, src_features):
-        whole = right(model, src_features)  # (B, 1, 1, S), all True
+    def mask(x):
+        whole = right(x)  # (B, 1, 1, S), all True
         return whole & (torch.arange(whole.shape[-1]) < whole.shape[-1] - 1)
     return mask
 

@@ -52,9 +52,8 @@ import numpy as np
 from conformance.check import backends as backend_registry
 from conformance.check.compare import compare as compare_arrays
 from conformance.check.report import Cell, Report, default_targets, run_check
-from conformance.check.foreign.report import (YOURS, SideBySide, as_ids, backend_names, oracle_tensors,
-                                                   shift_right)
-from conformance.check.foreign.side_by_side import as_features
+from conformance.check.foreign.report import (YOURS, SideBySide, as_features, as_ids, backend_names,
+                                                   oracle_tensors, shift_right)
 from conformance.check.tolerances import tolerance
 from conformance.check.onnx.single import ONE_GRAPH, OneGraph
 from conformance.check.weights import oracle_weights

@@ -101,17 +101,14 @@ class FeaturesEncoderGraph(EncoderGraph):
     positions). No mask: the window has no padding, every one of its S = F / 2 positions is attended."""
 
     def forward(self, src_features: torch.Tensor):
-        model = self.model
         out = ModelOutput(logits=None, attention=Taps(), intermediates=Taps())
-        mask = features_mask(model, src_features)  # (B, 1, 1, S), all True
-        return self.encoded(model.embed_source(src_features, out), mask, out)
+        x = self.model.embed_source(src_features, out)  # (B, S, D)
+        return self.encoded(x, features_mask(x), out)
 
 
-def features_mask(model: Model, src_features: torch.Tensor) -> torch.Tensor:
-    """(B, 1, 1, S) all True for features (B, n_mels, F): `impl_torch.source_mask` of a features source."""
-    from impl_torch.model import source_mask as model_source_mask
-
-    return model_source_mask(model.config, src_features, model.encoder.frontend)
+def features_mask(x: torch.Tensor) -> torch.Tensor:
+    """(B, 1, 1, S) all True for the front end's output x (B, S, D): a features source has no padding."""
+    return torch.ones((x.shape[0], 1, 1, x.shape[1]), dtype=torch.bool, device=x.device)
 
 
 class PastAndNew:
