@@ -6,7 +6,10 @@ docs/deployment.md).
     verify   CTranslate2 loads the written directory (`target.verified`): score_batch log p per
              target position and translate_batch greedy ids beside the float64 oracle on the padded
              probe; float32 weights are held to the float32 row and equal ids, quantized weights are
-             measured and printed, not held (said so). Beam search is `rosetta check`'s to compare
+             measured and printed, not held (said so). Beam search is `rosetta check`'s to compare.
+             A features source (Whisper): WhisperLoader, a `ctranslate2.models.Whisper`, its
+             encode output and each greedy step's logits from Whisper's prompt beside the oracle
+             on a whole window (`conformance.check.ctranslate2.whisper`)
 """
 
 from __future__ import annotations
@@ -49,16 +52,18 @@ class CTranslate2Directory(Format):
 
     def verify(self, staged: Path, read: Read, options: Options, progress) -> list:
         from conformance.check.ctranslate2 import target
+        from conformance.check.ctranslate2.report import WhisperRow
 
         large = verify.too_large(read.config, read.params, "the written model")
         if large is not None:
             return [large]
         progress("checking the written model with CTranslate2")
         report = target.verified(read.config, read.params, staged, progress=progress)
-        runtime = f"{report.version} (score_batch, translate_batch)"
+        runtime = f"{report.version} ({report.calls})"
         if not report.checked:
             row = report.rows[0] if report.rows else None
-            measured = (f"largest |log p error| {row.max_error:.1e}, greedy ids equal: "
+            measured = (f"largest |{'logits' if isinstance(row, WhisperRow) else 'log p'} error| {row.max_error:.1e}, "
+                        "greedy ids equal: "
                         f"{', '.join(f'{share:.0%}' for share in row.agreement.values())}") if row else ""
             return [verify.not_run(f"weights stored as {'+'.join(report.weight_dtypes)}: CTranslate2 ran the written "
                                    f"model beside the float64 oracle on {verify.PROBE}, measured, not held ({measured}); "
@@ -66,6 +71,11 @@ class CTranslate2Directory(Format):
         if not report.passed:
             return [verify.failed(runtime, target.divergence(report))]
         row = next(r for r in report.rows if r.held is not None)
+        if isinstance(row, WhisperRow):
+            return [verify.passed(runtime, f"the encoder output within {row.encoder_limit:.1e} (largest "
+                                           f"{row.encoder_error:.1e}) and each step's logits within {row.limit:.1e} "
+                                           f"(largest {row.max_error:.1e}) of the float64 oracle on a whole window of "
+                                           f"3 rows, greedy ids from the prompt {report.prompt} equal")]
         return [verify.passed(runtime, f"log p within {row.limit:.1e} of the float64 oracle on {verify.PROBE} "
                                        f"(largest {row.max_error:.1e}), greedy ids equal")]
 
