@@ -5,6 +5,8 @@ download one.
     python docs/whisper_tiny.py whisper-tiny/            # config.json, generation_config.json,
                                                           # model.safetensors, tokenizer.json, ...
     python docs/whisper_tiny.py other/ --seed 1           # another model of the same shape
+    python docs/whisper_tiny.py tuned/ --fine-tune-decoder   # the seed's model, its decoder moved on
+                                                          # (a fine-tune with the encoder frozen)
 
 transformers builds the model (d_model 16, 2 + 2 layers, 8 mel bins, a 16-frame window, 16 decoder
 positions); every weight, norm and bias is then jittered off its initialisation (the encoder's
@@ -41,8 +43,9 @@ GENERATION = dict(decoder_start_token_id=46, bos_token_id=45, eos_token_id=45, p
                   max_initial_timestamp_index=4, forced_decoder_ids=[[1, None], [2, 50]])
 
 
-def build(seed: int = 0):
-    """The jittered transformers model (float32, eval)."""
+def build(seed: int = 0, fine_tune_decoder: bool = False):
+    """The jittered transformers model (float32, eval); `fine_tune_decoder`: then every decoder
+    weight moved on by 0.05 / sqrt(fan-in) N(0, 1) (a generator of seed + 1), the encoder as it was."""
     import torch
     import transformers
 
@@ -56,6 +59,10 @@ def build(seed: int = 0):
             noise = torch.randn(p.shape, generator=generator)
             p.add_(0.2 * noise if p.ndim == 1 else 1.5 * noise / math.sqrt(max(1, p[0].numel())))
         model.model.decoder.embed_tokens.weight[GENERATION["eos_token_id"]] *= 2.0
+        if fine_tune_decoder:
+            generator = torch.Generator().manual_seed(seed + 1)
+            for name, p in model.model.decoder.named_parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=generator) / math.sqrt(max(1, p[0].numel())))
     return model
 
 
@@ -72,14 +79,14 @@ def tokenizer():
                                    additional_special_tokens=SPECIAL[1:])
 
 
-def write(folder: str | Path, seed: int = 0) -> Path:
-    """The model, its generation config and its tokenizer, saved into the new folder `folder`."""
+def write(folder: str | Path, seed: int = 0, fine_tune_decoder: bool = False) -> Path:
+    """The model (`build`), its generation config and its tokenizer, saved into the new folder `folder`."""
     import transformers
 
     folder = Path(folder)
     if folder.exists():
         raise SystemExit(f"{folder} exists: name a new folder")
-    model = build(seed)
+    model = build(seed, fine_tune_decoder)
     model.generation_config = transformers.GenerationConfig(**GENERATION)
     model.save_pretrained(folder)
     tokenizer().save_pretrained(folder)
@@ -90,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", help="the new folder to write")
     parser.add_argument("--seed", type=int, default=0, help="the model's seed (default 0)")
+    parser.add_argument("--fine-tune-decoder", action="store_true",
+                        help="move the decoder's weights on, the encoder's as they were (a fine-tune with the encoder "
+                             "frozen)")
     args = parser.parse_args(argv)
-    print(f"wrote {write(args.folder, args.seed)}")
+    print(f"wrote {write(args.folder, args.seed, args.fine_tune_decoder)}")
     return 0
 
 
