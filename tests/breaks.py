@@ -738,6 +738,24 @@ ONNX_EXPORT_BREAKS = {
 }
 
 
+def last_position_masked(right):
+    """A features source's encoder mask with its last position False: the window's last frames
+    taken for padding, as a port that counts positions with `frames // 2 - 1` leaves it."""
+    import torch
+
+    def mask(x):
+        whole = right(x)  # (B, 1, 1, S), all True
+        return whole & (torch.arange(whole.shape[-1]) < whole.shape[-1] - 1)
+    return mask
+
+
+# The same, for a features source's encoder graph (Whisper's): kept apart, as ONNX_EXPORT_BREAKS's
+# are planted in an ids model's export by tests/runtimes/test_onnx.py.
+WHISPER_EXPORT_BREAKS = {
+    "features mask drops the last position": ("features_mask", last_position_masked, "encoder.0.self"),
+}
+
+
 # (name, the function it replaces) -> the replacement planted, made once: the export cache keys
 # on the functions themselves (onnx_export.exporter), so a break planted again reuses its graphs.
 _PLANTED: dict[tuple, object] = {}
@@ -745,10 +763,10 @@ _PLANTED: dict[tuple, object] = {}
 
 @contextmanager
 def planted_in_the_export(name: str):
-    """`ONNX_EXPORT_BREAKS[name]` planted in conformance.check.onnx.export for the duration."""
+    """`ONNX_EXPORT_BREAKS[name]` (or WHISPER_EXPORT_BREAKS') planted in conformance.check.onnx.export for the duration."""
     from conformance.check.onnx import export as onnx_export
 
-    attribute, make, _ = ONNX_EXPORT_BREAKS[name]
+    attribute, make, _ = {**ONNX_EXPORT_BREAKS, **WHISPER_EXPORT_BREAKS}[name]
     assert hasattr(onnx_export, attribute), f"break {name!r}: conformance/check/onnx/export.py has no {attribute!r}"
     right = getattr(onnx_export, attribute)
     setattr(onnx_export, attribute, _PLANTED.setdefault((name, right), make(right)))

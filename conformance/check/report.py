@@ -46,6 +46,16 @@ def fixed_batch(config: ModelConfig, seed: int = 0, length: int | None = None) -
     return ids_of(rng, config, config.src_vocab_size, src_len), ids_of(rng, config, config.tgt_vocab_size, tgt_len)
 
 
+def window_batch(config: ModelConfig, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """`fixed_batch`, with a features source's rows a whole window: 2 x max_source_len frames of
+    standard-normal features, the only length openai-whisper's and transformers' encoders (and the
+    graphs optimum exports from them) take. What a check of another system's copy of a model feeds it."""
+    src, tgt = fixed_batch(config, seed)
+    if config.source == "features":
+        src = np.random.default_rng(seed).standard_normal((3, config.n_mels, 2 * config.source_len))
+    return src, tgt
+
+
 def ids_of(rng: np.random.Generator, config: ModelConfig, vocab: int, length: int) -> np.ndarray:
     """(3, length) ids that are not pad_id, the second row padded from length - 2, the third from 1."""
     choices = np.array([i for i in range(vocab) if i != config.pad_id])

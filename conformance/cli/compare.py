@@ -297,7 +297,7 @@ def run_onnx(args: argparse.Namespace) -> int:
     from conformance.check.onnx.compare import compare_onnx, load_graphs
     from conformance.check.onnx.single import OneGraph
     from conformance.check.weights import oracle_weights
-    from conformance.check.report import fixed_batch
+    from conformance.check.report import window_batch
     from conformance.cli.common import parse_ids
     from conformance.cli.convert import parse_sets
     from conformance.cli.progress import Status
@@ -316,11 +316,11 @@ def run_onnx(args: argparse.Namespace) -> int:
         oracle = oracle_weights(args.weights, args.factory, args.layout, overrides)
         inputs = parse_inputs(args.inputs) if args.inputs else None
         if args.src:
-            src, tgt = parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")
+            src, tgt = parse_source_arg(oracle[0], args.src), parse_ids(args.tgt, "--tgt")
         elif isinstance(graphs, OneGraph):  # a graph exported for fixed shapes gets its padded batch at them
             src, tgt = single.default_batch(graphs, oracle[0], oracle[2], inputs)
         else:
-            src, tgt = fixed_batch(oracle[0])
+            src, tgt = window_batch(oracle[0])  # a features source: a whole window, as optimum's graphs take
         backends = [] if (args.backends or "").strip() == "none" else args.backends
         report = compare_onnx(graphs, args.layout, src, tgt, weights=args.weights, dtype=args.dtype,
                               backends=backends, progress=status, oracle=oracle, inputs=inputs, **overrides)
@@ -335,7 +335,7 @@ def run_ctranslate2(args: argparse.Namespace) -> int:
     from conformance.check.ctranslate2.compare import compare_ctranslate2
     from conformance.check.ctranslate2.model import default_device, require
     from conformance.check.weights import oracle_weights
-    from conformance.check.report import fixed_batch
+    from conformance.check.report import window_batch
     from conformance.cli.common import parse_ids, write_outputs
     from conformance.cli.convert import parse_sets
     from conformance.cli.progress import Status
@@ -357,7 +357,8 @@ def run_ctranslate2(args: argparse.Namespace) -> int:
     with Status("rosetta compare") as status:
         status(f"reading {args.weights}")
         oracle = oracle_weights(args.weights, None, args.layout, overrides)
-        src, tgt = (parse_ids(args.src, "--src"), parse_ids(args.tgt, "--tgt")) if args.src else fixed_batch(oracle[0])
+        src, tgt = ((parse_source_arg(oracle[0], args.src), parse_ids(args.tgt, "--tgt")) if args.src
+                    else window_batch(oracle[0]))
         report = compare_ctranslate2(args.factory, args.layout, src, tgt, weights=args.weights,
                                      device=default_device(), progress=status, oracle=oracle)
     print(report.to_text())
@@ -365,6 +366,13 @@ def run_ctranslate2(args: argparse.Namespace) -> int:
         write_outputs({"--json": (json_path, (json.dumps(report.to_json(), indent=2) + "\n").encode())})
         print(f"wrote {json_path} (the report as JSON)")
     return 0 if report.passed else 1
+
+
+def parse_source_arg(config, text: str):
+    """--src against the weights' model: ids, or a features source's .npy of log-mel features."""
+    from conformance.cli.common import load_features, parse_ids
+
+    return load_features(text, "--src") if config.source == "features" else parse_ids(text, "--src")
 
 
 def parse_inputs(text: str) -> dict[str, str]:

@@ -150,8 +150,9 @@ class Entry:
 
 # -- Taps ---------------------------------------------------------------------------------------
 
-# The canonical tensors a tap may name (conformance.core.output.forward_order, `{i}` for a layer).
-TAP_TENSORS = ("encoder.embeddings", "encoder.{i}.self", "encoder.{i}.self_attn", "encoder.{i}.ffn", "encoder.output",
+# The canonical tensors a tap may name (conformance.core.output.forward_order, `{i}` for a layer;
+# a features source's front end first, each convolution after its GELU, time-major (B, F|S, D)).
+TAP_TENSORS = ("encoder.conv1", "encoder.conv2", "encoder.embeddings", "encoder.{i}.self", "encoder.{i}.self_attn", "encoder.{i}.ffn", "encoder.output",
                "decoder.embeddings", "decoder.{i}.self", "decoder.{i}.self_attn", "decoder.{i}.cross",
                "decoder.{i}.cross_attn", "decoder.{i}.ffn", "decoder.output", "logits")
 _TAP_FIELDS = {"module", "input", "output", "attribute", "call", "when"}

@@ -72,14 +72,11 @@ def skipped() -> Verdict:
 
 def probe(config: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
     """The padded batch: `fixed_batch`'s three rows. A features source (Whisper's) gets a whole
-    window of standard-normal features, 2 x max_source_len frames: openai-whisper's and
-    transformers' encoders take no other length."""
-    from conformance.check.report import fixed_batch
+    window of standard-normal features, 2 x max_source_len frames (`window_batch`): openai-whisper's
+    and transformers' encoders take no other length."""
+    from conformance.check.report import window_batch
 
-    src, tgt = fixed_batch(config)
-    if config.source == "features":
-        src = np.random.default_rng(0).standard_normal((3, config.n_mels, 2 * config.source_len))
-    return src, tgt
+    return window_batch(config)
 
 
 def long_row(config: ModelConfig, source: int | None = None, target: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -267,7 +267,10 @@ def compare_ctranslate2(model: Any, layout: Any, src_ids, tgt_ids, *, weights=No
                         backends: Any = None, grads: bool = False, progress: Callable[[str], None] | None = None,
                         oracle: tuple[ModelConfig, dict, Any] | None = None, **overrides: Any) -> CTranslate2Report:
     """The user's CTranslate2 model beside the oracle run on `weights` (read through `layout`);
-    see the module's docstring. `run`, `backends` and `grads` do not apply (CTranslate2 runs by
+    see the module's docstring. A Whisper model (a directory of WhisperSpec, or a
+    `ctranslate2.models.Whisper` with model_dir=) beside Whisper weights is measured by
+    `ctranslate2_whisper.measure`: `src_ids` are log-mel features, `tgt_ids` are not read (both
+    searches start from Whisper's prompt), greedy only. `run`, `backends` and `grads` do not apply (CTranslate2 runs by
     tokens, exposes no tensors for our backends' table, has no backward pass): refused. `oracle`:
     the (config, params, layout) of `weights.oracle_weights`, read already. `overrides`:
     ModelConfig fields for reading `weights` (as `rosetta compare --set`); any other keyword is refused."""
@@ -290,7 +293,7 @@ def compare_ctranslate2(model: Any, layout: Any, src_ids, tgt_ids, *, weights=No
     progress = progress or (lambda message: None)
     translator = None if isinstance(model, (str, os.PathLike)) else model
     if translator is not None and model_dir is None:
-        raise InputError("model_dir", "a ctranslate2.Translator does not say which directory it was loaded from: "
+        raise InputError("model_dir", "a ctranslate2.Translator (or models.Whisper) does not say which directory it was loaded from: "
                                       "pass model_dir= (its vocabulary and config.json map ids to tokens)")
     if translator is None and model_dir is not None:
         raise InputError("model_dir", f"names the directory a Translator was loaded from; {model} is a directory "
@@ -303,6 +306,23 @@ def compare_ctranslate2(model: Any, layout: Any, src_ids, tgt_ids, *, weights=No
         progress(f"reading {weights}")
         oracle = oracle_weights(weights, None, layout, overrides)
     config, params, layout = oracle
+    source = f"{model_dir or model} against {weights or 'the given weights'}" + (
+        f" through layout {layout.name}" if layout is not None else "")
+    if config.source == "features" or directory.whisper:  # Whisper: encode, and generate from its prompt
+        from conformance.check.ctranslate2 import whisper
+
+        if config.source != "features" or not directory.whisper:
+            raise InputError("model", f"{directory.path} is a {directory.spec or 'CTranslate2'} model and the weights "
+                             f"have a{'' if config.source == 'features' else 'n'} {config.source} source: a "
+                             "Whisper model (WhisperSpec) is compared with Whisper weights (a features source) only")
+        if beams != BEAMS:
+            raise InputError("beams", "a Whisper model is compared greedy only (beam search with openai's patience is "
+                                      "not compared yet): leave beams= out")
+        if length_penalty != 1.0:
+            raise InputError("length_penalty", "applies to beam search, which a Whisper model is not compared with")
+        return whisper.measure(config, params, translator or directory.path, directory, src_ids,
+                               compute_types=compute_types, max_len=max_len, device=device, source=source,
+                               progress=progress)
     note = generation_note(config)
     notes = []
     # The start: the weights' own (as transformers starts), else CTranslate2's.
@@ -325,8 +345,6 @@ def compare_ctranslate2(model: Any, layout: Any, src_ids, tgt_ids, *, weights=No
                      f"the weights from {start}")
     if theirs_eos is not None and theirs_eos != eos:
         notes.append(f"CTranslate2 ends at id {theirs_eos} (config.json eos_token), the weights at {eos}")
-    source = f"{model_dir or model} against {weights or 'the given weights'}" + (
-        f" through layout {layout.name}" if layout is not None else "")
     return measure(config, params, translator or directory.path, directory, src_ids, tgt_ids, start=int(start),
                    eos=int(eos), compute_types=compute_types, beams=beams, max_len=max_len,
                    length_penalty=length_penalty, device=device, source=source, notes=notes, progress=progress)

@@ -36,7 +36,8 @@ COMPUTE_TYPES = ("float32", "int8", "int8_float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
 BEAMS = (1, 4)
 HELD = "float32"  # the compute type held to a tolerance; the rest are measured
-VOCABULARY_FILES = ("shared_vocabulary", "source_vocabulary", "target_vocabulary")
+VOCABULARY_FILES = ("shared_vocabulary", "source_vocabulary", "target_vocabulary", "vocabulary")
+WHISPER_SPEC = "WhisperSpec"  # model.bin's spec name for a Whisper model (a LanguageModelSpec: one vocabulary.json)
 # model.bin's element types, by the id it stores (ctranslate2/specs/model_spec.py `_dtype_to_type_id`,
 # include/ctranslate2/types.h), and the one binary version read (the one CTranslate2 4.8.5 writes).
 MODEL_BIN_DTYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")
@@ -77,9 +78,9 @@ def intra_threads(config, device: str) -> int:
 
 
 def is_ctranslate2(model: Any) -> bool:
-    """Whether `model` is a CTranslate2 model for `compare_ctranslate2`: a `ctranslate2.Translator`,
-    or a directory holding model.bin and config.json."""
-    if type(model).__name__ == "Translator" and type(model).__module__.startswith("ctranslate2"):
+    """Whether `model` is a CTranslate2 model for `compare_ctranslate2`: a `ctranslate2.Translator`
+    or `ctranslate2.models.Whisper`, or a directory holding model.bin and config.json."""
+    if type(model).__name__ in ("Translator", "Whisper") and type(model).__module__.startswith("ctranslate2"):
         return True
     if not isinstance(model, (str, os.PathLike)):
         return False
@@ -180,6 +181,12 @@ class Directory:
     config: dict[str, Any]
     weight_dtypes: tuple[str, ...]
     zero_start: bool
+    spec: str = ""  # model.bin's spec name: "TransformerSpec", WHISPER_SPEC, ...
+
+    @property
+    def whisper(self) -> bool:
+        """A Whisper model (`ctranslate2.models.Whisper`), not a Translator's."""
+        return self.spec == WHISPER_SPEC
 
     @classmethod
     def read(cls, path: str | Path) -> Directory:
@@ -191,19 +198,20 @@ class Directory:
             for suffix in (".json", ".txt"):
                 if (path / f"{name}{suffix}").is_file():
                     found.setdefault(name, path / f"{name}{suffix}")
-        if "shared_vocabulary" in found:
-            source = target = Vocabulary.read(found["shared_vocabulary"])
+        if "shared_vocabulary" in found or "vocabulary" in found:  # a Translator's shared one, or Whisper's
+            source = target = Vocabulary.read(found.get("shared_vocabulary", found.get("vocabulary")))
         elif {"source_vocabulary", "target_vocabulary"} <= set(found):
             source, target = Vocabulary.read(found["source_vocabulary"]), Vocabulary.read(found["target_vocabulary"])
         else:
             raise InputError("model", f"{path}: no vocabulary: expected shared_vocabulary.json, or "
-                                      "source_vocabulary.json and target_vocabulary.json")
+                                      "source_vocabulary.json and target_vocabulary.json (a Whisper model's: "
+                                      "vocabulary.json)")
         try:
             config = json.loads((path / "config.json").read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise InputError("model", f"{path / 'config.json'}: not JSON ({exc})") from None
-        dtypes, zero_start = read_header(path / "model.bin")
-        return cls(path, source, target, config, dtypes, zero_start)
+        dtypes, zero_start, spec = read_header(path / "model.bin")
+        return cls(path, source, target, config, dtypes, zero_start, spec)
 
     def token_id(self, key: str, vocabulary: Vocabulary) -> int | None:
         """The id of config.json's special token `key` (None when it names none, or a token the
@@ -220,9 +228,10 @@ class Directory:
         return self.source.row_of[token]
 
 
-def read_header(path: Path) -> tuple[tuple[str, ...], bool]:
-    """(the dtypes of model.bin's weight matrices, its decoder's start_from_zero_embedding), read
-    from the variables' headers; their data is skipped (the layout of `ModelSpec._serialize`)."""
+def read_header(path: Path) -> tuple[tuple[str, ...], bool, str]:
+    """(the dtypes of model.bin's weight matrices, its decoder's start_from_zero_embedding, the
+    spec's name), read from the variables' headers; their data is skipped (the layout of
+    `ModelSpec._serialize`)."""
     with open(path, "rb") as f:
         def read(fmt: str):
             size = struct.calcsize(fmt)
@@ -242,7 +251,8 @@ def read_header(path: Path) -> tuple[tuple[str, ...], bool]:
         if version != MODEL_BIN_VERSION:
             raise InputError("model", f"{path}: binary version {version}; compare reads version {MODEL_BIN_VERSION}, "
                                       "the version CTranslate2 4.8.5 writes (convert the model again with it)")
-        string(), read("<I")  # the spec's name and revision
+        spec = string()
+        read("<I")  # the spec's revision
         dtypes, zero_start = set(), False
         for _ in range(read("<I")):
             name = string()
@@ -258,4 +268,4 @@ def read_header(path: Path) -> tuple[tuple[str, ...], bool]:
             if len(shape) == 2 and name.endswith("/weight"):
                 dtypes.add(dtype)
             f.seek(size, os.SEEK_CUR)
-    return tuple(sorted(dtypes)), zero_start
+    return tuple(sorted(dtypes)), zero_start, spec

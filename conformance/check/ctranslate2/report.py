@@ -109,6 +109,7 @@ class CTranslate2Report:
     weight_dtypes: tuple[str, ...] = ("float32",)  # model.bin's weight matrices
     notes: list[str] = field(default_factory=list)
     search: list[str] = field(default_factory=list)  # how the two searches were lined up, setting by setting
+    calls = "score_batch, translate_batch"  # what CTranslate2 ran (a class attribute: not a field)
 
     @property
     def checked(self) -> bool:
@@ -153,3 +154,92 @@ class CTranslate2Report:
                 "checked": self.checked, "weight_dtypes": list(self.weight_dtypes), "max_len": self.max_len,
                 "pad_mass": self.pad_mass, "banned": list(self.banned), "skipped": self.skipped,
                 "search": self.search, "notes": self.notes, "compute_types": [row.to_json() for row in self.rows]}
+
+
+@dataclass
+class WhisperRow(ComputeTypeResult):
+    """One compute type of a Whisper model against the oracle (`ctranslate2_whisper.measure`):
+    `position_error[k]`, the largest |logits error| at generated step k (teacher-forced on
+    CTranslate2's own ids); the encoder's output error; the no-speech probability's (None: not
+    compared); greedy ids in `agreement[1]`. Held, every error is within atol * its own scale."""
+
+    encoder_error: float = 0.0
+    encoder_scale: float = 1.0
+    no_speech_error: float | None = None
+
+    @property
+    def encoder_limit(self) -> float | None:
+        return None if self.held is None else self.held.atol * self.encoder_scale
+
+    @property
+    def passed(self) -> bool | None:
+        if self.held is None:
+            return None
+        no_speech = self.no_speech_error is None or self.no_speech_error <= self.held.atol
+        return bool(self.encoder_error <= self.encoder_limit) and no_speech and bool(super().passed)
+
+    def verdict(self) -> str:
+        if self.held is None:
+            return "measured"
+        if self.passed:
+            return f"ok (encoder <= {self.encoder_limit:.1e}, logits <= {self.limit:.1e}, greedy ids equal)"
+        problems = []
+        if not self.encoder_error <= self.encoder_limit:  # NaN too
+            problems.append(f"the encoder output beyond {self.encoder_limit:.1e} ({self.encoder_error:.1e})")
+        beyond = np.flatnonzero(~(self.position_error <= self.limit))
+        if beyond.size:
+            k = int(beyond[0])
+            problems.append(f"logits beyond {self.limit:.1e} from generated position {k} "
+                            f"({self.position_error[k]:.1e} there)")
+        if self.no_speech_error is not None and not self.no_speech_error <= self.held.atol:
+            problems.append(f"the no-speech probability beyond {self.held.atol:.1e} ({self.no_speech_error:.1e})")
+        if self.agreement.get(1, 1.0) != 1.0:
+            problems.append(f"greedy ids part at generated position {self.first_split[1]}")
+        return "FAIL: " + "; ".join(problems)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "encoder_max_abs": self.encoder_error, "encoder_limit": self.encoder_limit,
+                "no_speech_max_abs": self.no_speech_error, "logits_max_abs": self.max_error}
+
+
+@dataclass
+class WhisperReport(CTranslate2Report):
+    """A Whisper model's report: a row per compute type (`WhisperRow`), the prompt both searches
+    started from, and `max_len` the tokens generated after it."""
+
+    prompt: list[int] = field(default_factory=list)
+    calls = "encode, generate"
+
+    def batch_note(self) -> str:
+        return f"the features, greedy from the prompt {self.prompt}"
+
+    def table(self) -> str:
+        lines = ["| compute type | encoder output, max abs error | logits, max abs error | per generated position | "
+                 "no-speech probability | greedy ids equal, first split | verdict |", "|" + "---|" * 7]
+        for row in self.rows:
+            per = " ".join(f"{e:.1e}" for e in row.position_error)
+            speech = "-" if row.no_speech_error is None else f"{row.no_speech_error:.1e}"
+            split = "-" if row.first_split.get(1) is None else row.first_split[1]
+            lines.append(f"| {row.compute_type} | {row.encoder_error:.2e} | {row.max_error:.2e} | {per} | {speech} | "
+                         f"{row.agreement.get(1, 0.0):.0%}, {split} | {row.verdict()} |")
+        for compute_type, why in self.skipped.items():
+            lines.append(f"| {compute_type} | not run: {why} |")
+        lines.append(f"({self.version} on {self.device}; oracle: NumPy float64; weights stored as "
+                     f"{'+'.join(self.weight_dtypes)}; prompt {self.prompt}; {self.max_len} tokens after it at most)")
+        if self.search:
+            lines.append("(search aligned: " + "; ".join(self.search) + ")")
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+    def to_text(self) -> str:
+        held = (f"{HELD} on {HELD} weights is held to |error| <= atol * max(1, max |oracle|) for the encoder output "
+                f"and each step's logits (atol {tolerance(HELD, self.device).atol:.0e}, the tolerance table's {HELD} "
+                "row), the no-speech probability within atol, and greedy ids equal to ours; the rest are measured")
+        return "\n".join([f"ctranslate2 (Whisper): {self.source}" if self.source else "ctranslate2 (Whisper)",
+                          "Whisper.encode's output against the oracle's encoder output; Whisper.generate's greedy ids "
+                          "and each step's logits against the oracle on the same prefix", f"verdict: {held}", "",
+                          self.table(), "",
+                          f"ctranslate2: {'ok' if self.passed else 'FAIL' if self.checked else 'nothing held'}"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "model": "whisper", "prompt": list(self.prompt)}

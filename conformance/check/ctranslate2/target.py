@@ -50,7 +50,7 @@ import numpy as np
 from conformance.check.ctranslate2.compare import measure
 from conformance.check.ctranslate2.model import (BEAMS, COMPUTE_TYPES, Directory, checked_compute_types,
                                                  default_device, require)
-from conformance.check.ctranslate2.report import CTranslate2Report
+from conformance.check.ctranslate2.report import CTranslate2Report, WhisperReport
 from conformance.check.switches import switches_at
 from conformance.core.config import ModelConfig
 from conformance.core.generation.note import generation_note
@@ -74,6 +74,8 @@ class Family:
     start           which decoder start the loader can give: "note" (the note's own, through
                     config.json), or the special token it always starts from ("eos", "pad")
     pad_id          the one pad id the loader's positions are right for (None: any)
+    kind            "translator" (a `ctranslate2.Translator`), or "whisper" (`ctranslate2.models.Whisper`:
+                    WhisperLoader, its vocabulary spelled as Whisper's tokenizer spells it)
     """
 
     layout: str
@@ -82,6 +84,7 @@ class Family:
     loaded_config: tuple[tuple[str, str], ...] = ()
     start: str = "note"
     pad_id: int | None = None
+    kind: str = "translator"  # the CTranslate2 class that runs it: "translator", or "whisper" (models.Whisper)
 
 
 # In the order tried for a checkpoint (`family_of`): each layout's export refuses what its family
@@ -106,6 +109,10 @@ FAMILIES = (Family("hf-marian", drops_pad=True),
 
 NAMES = ("Marian", "T5", "BART", "mBART", "Pegasus", "M2M100/NLLB")  # FAMILIES', as their users name them
 
+# A features source, through WhisperLoader: a `ctranslate2.models.Whisper` (faster-whisper's engine),
+# not a Translator, measured by `ctranslate2_whisper` (encode, generate from Whisper's prompt).
+WHISPER = Family("hf-whisper", kind="whisper")
+
 
 def family_of(config: ModelConfig, params, layout: str | None = None) -> Family:
     """The family CTranslate2 converts this model as: the one named by `layout`, or else the first
@@ -113,9 +120,12 @@ def family_of(config: ModelConfig, params, layout: str | None = None) -> Family:
     from conformance.convert import load_layout
     from conformance.convert.engine import check_exportable
 
-    if config.source == "features":
-        raise ConfigError("source", "a features source (Whisper, faster-whisper's format) is not converted to "
-                                    "CTranslate2 yet (issue 54)")
+    if config.source == "features" or layout == WHISPER.layout:  # Whisper: faster-whisper's format
+        if config.source != "features" or layout not in (None, WHISPER.layout):
+            raise InputError("layout", f"CTranslate2 converts a features source (Whisper) through {WHISPER.layout} "
+                             f"and an ids source through {[f.layout for f in FAMILIES]}; got layout {layout!r} for a "
+                             f"{config.source} source")
+        return WHISPER
     if layout is not None:
         for family in FAMILIES:
             if family.layout == layout:
@@ -142,7 +152,13 @@ def family_of(config: ModelConfig, params, layout: str | None = None) -> Family:
 
 def representable(config: ModelConfig, params, family: Family = FAMILIES[0]) -> None:
     """Refuse, with the switch named, a model that CTranslate2's loader for `family` would change.
-    The family's export refuses what the family itself cannot express (position, norm placement, ...)."""
+    The family's export refuses what the family itself cannot express (position, norm placement, ...).
+    Whisper: the note names Whisper's prompt, laid out as CTranslate2 reads it (`ctranslate2_whisper`)."""
+    if family.kind == "whisper":
+        from conformance.check.ctranslate2 import whisper
+
+        whisper.representable(config, whisper.prompt_of(config))
+        return
     vocab = config.tgt_vocab_size
     if config.src_vocab_size != vocab:
         raise ConfigError("src_vocab_size", f"CTranslate2's {family.layout} loader registers one vocabulary for "
@@ -189,20 +205,24 @@ def generation_ids(config: ModelConfig) -> tuple[int, int]:
 class _Vocabulary:
     """What `TransformersConverter` reads from a tokenizer: token `i` is spelled `str(i)`, so a
     CTranslate2 token maps back to its id exactly, with no tokenizer files in the folder. For
-    Marian the pad id (the last) is left out: its loader drops its weights rows."""
+    Marian the pad id (the last) is left out: its loader drops its weights rows. Whisper's
+    special tokens are spelled as its tokenizer spells them (`tokens`, `ctranslate2_whisper.tokens`):
+    CTranslate2 finds them by their spelling."""
 
-    def __init__(self, size: int, start_id: int, eos_id: int, pad_id: int):
+    def __init__(self, size: int, start_id: int, eos_id: int, pad_id: int, tokens: list[str] | None = None):
+        self.tokens = tokens  # Whisper's, spelled as its tokenizer spells them; else "i" for id i
         self.size = size
-        self.eos_token = self.unk_token = str(eos_id)  # rosetta has no unknown token; every id is known
+        self.eos_token = self.unk_token = self.convert_ids_to_tokens(eos_id)  # rosetta has no unknown token
         self.unk_token_id = eos_id
-        self.bos_token, self.pad_token = str(start_id), str(pad_id)  # BART's and T5's loaders read them
+        self.bos_token = self.convert_ids_to_tokens(start_id)  # BART's and T5's loaders read them
+        self.pad_token = self.convert_ids_to_tokens(pad_id)
         self.special_tokens_map: dict[str, Any] = {}  # M2M100's loader adds its additional special tokens
 
     def get_vocab(self) -> dict[str, int]:
-        return {str(i): i for i in range(self.size)}
+        return {self.convert_ids_to_tokens(i): i for i in range(self.size)}
 
     def convert_ids_to_tokens(self, i: int) -> str:
-        return str(i)
+        return str(i) if self.tokens is None else self.tokens[i]
 
 
 def convert(config: ModelConfig, params, dst: str | Path, quantization: str = "float32",
@@ -249,10 +269,15 @@ def write(ctranslate2, config: ModelConfig, params, out: Path, quantization: str
     weights = {key: np.asarray(value, np.float32) for key, value in params.items()}  # CTranslate2 stores <= float32
     state = export_state_dict(config, weights, layout)
     size = config.tgt_vocab_size - (1 if family.drops_pad else 0)
+    spelled = None
+    if family.kind == "whisper":  # CTranslate2 finds Whisper's special tokens by their spelling
+        from conformance.check.ctranslate2 import whisper
+
+        spelled = whisper.tokens(config)
 
     class Converter(ctranslate2.converters.TransformersConverter):
         def load_tokenizer(self, *args, **kwargs):
-            return _Vocabulary(size, start, eos, config.pad_id)
+            return _Vocabulary(size, start, eos, config.pad_id, spelled)
 
         def load_model(self, *args, **kwargs):
             model = super().load_model(*args, **kwargs)
@@ -296,13 +321,22 @@ def verified(config: ModelConfig, params, model_dir: str | Path, layout: str | N
     """The CTranslate2 model at `model_dir` (converted from `params`) beside the float64 oracle on
     each probe (`conformance.formats.verify.probes`: the padded rows, then a row as long as the
     model takes, less the start token CTranslate2's decoder reads first and the tokens it adds to
-    each source): score_batch log p per position and translate_batch greedy ids, computed in
+    each source; a Whisper model: a whole window of features, greedy from Whisper's prompt): score_batch log p per position and translate_batch greedy ids, computed in
     float32 (`measure`: on float32 weights held to the float32 row and equal ids; on quantized
     weights measured, not held). Returns (the probe's name, its report) for each probe run, up to
     the first that failed."""
+    from conformance.check.report import window_batch
     from conformance.formats.verify import probes
 
     family = family_of(config, params, layout)
+    if family.kind == "whisper":  # a whole window of features, greedy from Whisper's prompt
+        from conformance.check.ctranslate2 import whisper
+
+        prompt = whisper.prompt_of(config)
+        return [("a whole window of features", whisper.measure(
+            config, params, Path(model_dir), Directory.read(model_dir), window_batch(config)[0], prompt=prompt,
+            compute_types=("float32",), max_len=min(whisper.new_tokens(config, prompt, None), VERIFY_MAX_LEN),
+            device="cpu", source=f"the written model, converted through {family.layout}", progress=progress))]
     start, eos = generation_ids(config)
     directory = Directory.read(model_dir)
     added = sum(bool(directory.config.get(f"add_source_{side}")) for side in ("bos", "eos"))
@@ -326,6 +360,10 @@ def divergence(report: CTranslate2Report, probe: str = "3 padded rows", config: 
     where every log p agrees and the greedy ids part, the search's start and end ids do."""
     from conformance.check.switches import switches_by_position
 
+    if isinstance(report, WhisperReport):
+        from conformance.check.ctranslate2 import whisper
+
+        return whisper.divergence(report)
     row = next(r for r in report.rows if r.held is not None and not r.passed)
     beyond = np.flatnonzero(~(row.position_error <= row.limit))
     if not beyond.size:
@@ -356,7 +394,10 @@ def check(config: ModelConfig, params, src_ids, tgt_ids, *, compute_types=None, 
     hypotheses end, `patience=1`, transformers' `early_stopping=True`, given to ours). `compute_types`:
     default COMPUTE_TYPES. `layout`: the family converted
     as (default: `family_of`). The report (`ctranslate2_compare.measure`) holds float32 to the
-    tolerance table and equal ids, and measures the rest."""
+    tolerance table and equal ids, and measures the rest. A features source (Whisper) is measured by
+    `ctranslate2_whisper.measure` on `src_ids`, its log-mel features: the encoder's output, and the
+    greedy ids and each step's logits from Whisper's prompt (`tgt_ids` and `beams` are not read;
+    `max_len`: the tokens generated after the prompt)."""
     require()
     compute_types = checked_compute_types(COMPUTE_TYPES if compute_types is None else compute_types)
     family = family_of(config, params, layout)
@@ -368,10 +409,15 @@ def check(config: ModelConfig, params, src_ids, tgt_ids, *, compute_types=None, 
         if not folder.exists():
             progress(f"converting to CTranslate2 through {family.layout}")
             convert(config, params, folder, layout=family.layout, verify=False)  # measured below
+        source = f"converted from the checkpoint through {family.layout}"
+        if family.kind == "whisper":  # the features, greedy from Whisper's prompt (tgt_ids not read)
+            from conformance.check.ctranslate2 import whisper
+
+            return whisper.measure(config, params, folder, Directory.read(folder), src_ids, compute_types=compute_types,
+                                   max_len=max_len, device=device, source=source, progress=progress)
         return measure(config, params, folder, Directory.read(folder), src_ids, tgt_ids, start=start, eos=eos,
                        compute_types=compute_types, beams=beams, max_len=max_len, length_penalty=length_penalty,
-                       device=device, source=f"converted from the checkpoint through {family.layout}",
-                       progress=progress)
+                       device=device, source=source, progress=progress)
 
 
 # Per family: (pad id, start id, end id) as its released models have them (Marian's pad last).

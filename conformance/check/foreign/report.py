@@ -241,6 +241,15 @@ def as_ids(name: str, ids) -> np.ndarray:
     return array.astype(np.int64)
 
 
+def as_features(src) -> np.ndarray:
+    """A features source's batch: log-mel features, a float array (B, n_mels, frames), as float64."""
+    array = np.asarray(foreign.to_numpy_exact(src))
+    if array.dtype.kind != "f" or array.ndim != 3:
+        raise InputError("src_ids", f"must be log-mel features, a float array (B, n_mels, frames), got {array.dtype} "
+                                    f"{array.shape}")
+    return array.astype(np.float64)
+
+
 def shift_right(tgt_ids: np.ndarray) -> np.ndarray:
     """A 0 in front, the last id dropped: what a shift-right system embeds for `tgt_ids`."""
     return np.pad(tgt_ids, ((0, 0), (1, 0)))[:, :-1]

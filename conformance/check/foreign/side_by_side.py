@@ -27,8 +27,8 @@ from conformance.check.foreign import taps as foreign
 from conformance.check.compare import compare as compare_arrays
 from conformance.check.report import Cell, Report, default_targets, run_check
 from conformance.check.foreign.grads import compare_grads
-from conformance.check.foreign.report import (YOURS, SideBySide, as_ids, backend_names, decoder_positions,
-                                                   oracle_tensors, shift_right)
+from conformance.check.foreign.report import (YOURS, SideBySide, as_features, as_ids, backend_names,
+                                                   decoder_positions, oracle_tensors, shift_right)
 from conformance.check.tolerances import ISLAND, tolerance
 from conformance.check.foreign.user_code import describe, user_traceback
 from conformance.core.errors import ConfigError, InputError
@@ -91,15 +91,6 @@ def told_by_model_config(model: Any, layout) -> dict[str, Any]:
     if layout.hf is None or not hasattr(config, "to_dict"):
         return {}
     return layout.hf.read(config.to_dict(), f"{type(model).__name__}.config")
-
-
-def as_features(src) -> np.ndarray:
-    """A features source's batch: log-mel features, a float array (B, n_mels, frames), as float64."""
-    array = np.asarray(foreign.to_numpy_exact(src))
-    if array.dtype.kind != "f" or array.ndim != 3:
-        raise InputError("src_ids", f"must be log-mel features, a float array (B, n_mels, frames), got {array.dtype} "
-                                    f"{array.shape}")
-    return array.astype(np.float64)
 
 
 def compare(model: Any, layout: Any, src_ids, tgt_ids, *, run: Callable | None = None, dtype: str = "float32",

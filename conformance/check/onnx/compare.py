@@ -52,8 +52,8 @@ import numpy as np
 from conformance.check import backends as backend_registry
 from conformance.check.compare import compare as compare_arrays
 from conformance.check.report import Cell, Report, default_targets, run_check
-from conformance.check.foreign.report import (YOURS, SideBySide, as_ids, backend_names, oracle_tensors,
-                                                   shift_right)
+from conformance.check.foreign.report import (YOURS, SideBySide, as_features, as_ids, backend_names,
+                                                   oracle_tensors, shift_right)
 from conformance.check.tolerances import tolerance
 from conformance.check.onnx.single import ONE_GRAPH, OneGraph
 from conformance.check.weights import oracle_weights
@@ -255,14 +255,19 @@ def run_optimum(graphs: Graphs, config: ModelConfig, src_ids, tgt_ids, taps: tup
 
     encoder = _session(with_outputs(graphs.encoder, list(taps[0])))
     decoder = _session(with_outputs(graphs.decoder, list(taps[1])))
-    mask = (src_ids != config.pad_id).astype(np.int64)  # (B, S)
-    values = _run(encoder, {"input_ids": src_ids, "attention_mask": mask})
+    inputs = {i.name: i for i in decoder.get_inputs()}
+    dtype = element_dtype("model", "encoder_hidden_states", inputs["encoder_hidden_states"].type)
+    if config.source == "features":  # Whisper's encoder: input_features (B, n_mels, F), no mask (no padding)
+        values = _run(encoder, {"input_features": np.asarray(src_ids, dtype)})
+        fixed = {}
+    else:
+        mask = (src_ids != config.pad_id).astype(np.int64)  # (B, S)
+        values = _run(encoder, {"input_ids": src_ids, "attention_mask": mask})
+        fixed = {"encoder_attention_mask": mask}
     memory = values.pop("last_hidden_state")  # (B, S, D)
     values["encoder.output"] = memory
-    inputs = {i.name: i for i in decoder.get_inputs()}
     batch, length = tgt_ids.shape
-    dtype = element_dtype("model", "encoder_hidden_states", inputs["encoder_hidden_states"].type)
-    fixed = {"encoder_hidden_states": memory, "encoder_attention_mask": mask}
+    fixed["encoder_hidden_states"] = memory
     past = {name: np.zeros((batch, config.n_heads, 1 if name.endswith(("encoder.key", "encoder.value")) else 0,
                             config.head_dim), dtype)
             for name in inputs if name.startswith("past_key_values.")}
@@ -333,9 +338,7 @@ def compare_onnx(model: Any, layout: Any, src_ids, tgt_ids, *, weights=None, run
     if grads:
         raise InputError("grads", "ONNX graphs have no backward pass to compare")
     progress = progress or (lambda message: None)
-    src_ids, tgt_ids = as_ids("src_ids", src_ids), as_ids("tgt_ids", tgt_ids)
-    if src_ids.shape[0] != tgt_ids.shape[0]:
-        raise InputError("tgt_ids", f"has {tgt_ids.shape[0]} rows, src_ids {src_ids.shape[0]}")
+    tgt_ids = as_ids("tgt_ids", tgt_ids)
     progress("reading the graphs")
     graphs = load_graphs(model)
     if inputs is not None and graphs.convention != ONE_GRAPH:
@@ -346,6 +349,10 @@ def compare_onnx(model: Any, layout: Any, src_ids, tgt_ids, *, weights=None, run
         oracle = oracle_weights(weights, model if not isinstance(model, (tuple, list, Graphs, OneGraph)) else None,
                                 layout, overrides)
     config, params, layout = oracle
+    # The source as the weights' model takes it: ids, or a features source's log-mel features.
+    src_ids = as_features(src_ids) if config.source == "features" else as_ids("src_ids", src_ids)
+    if src_ids.shape[0] != tgt_ids.shape[0]:
+        raise InputError("tgt_ids", f"has {tgt_ids.shape[0]} rows, src_ids {src_ids.shape[0]}")
     feed = None
     if graphs.convention == ONE_GRAPH:
         from conformance.check.onnx import single

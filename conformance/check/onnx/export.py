@@ -6,9 +6,13 @@
 
     encoder.onnx   src_ids (B, S) int64, src_mask (B, S) bool
                    -> cross_key.{i}, cross_value.{i} (B, H, S, K) for each decoder layer i
+                   a features source (Whisper's): src_features (B, n_mels, 2 S) float, no mask
+                   (its window has no padding: every one of the S positions is attended)
     decoder.onnx   tgt_ids (B, L) int64: the whole target prefix, src_mask (B, S) bool,
                    past_key.{i}, past_value.{i} (B, H, P, K), cross_key.{i}, cross_value.{i}
                    -> logits (B, L - P, V), present_key.{i}, present_value.{i} (B, H, L, K)
+
+The decoder of a features source takes src_mask as every decoder does, all True (B, S).
 
 The decoder computes the positions P .. L - 1 of the prefix, P being the length of the cache it
 is given: with P = 0 it is `Model.decode` on the whole prefix; with P = L - 1 it is one cached
@@ -68,20 +72,43 @@ class Taps(dict):
 
 
 class EncoderGraph(nn.Module):
+    """The encoder of an ids source: the source ids and their mask in."""
+
     def __init__(self, model: Model, taps: bool):
         super().__init__()
         self.model, self.taps = model, taps
 
     def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor):
         model = self.model
-        mask = source_mask(src_mask)  # (B, 1, 1, S)
         out = ModelOutput(logits=None, attention=Taps(), intermediates=Taps())
         x = model.embed(src_ids, model.encoder.embedding, model.encoder.position, model.encoder.embedding_norm)
+        return self.encoded(x, source_mask(src_mask), out)  # mask (B, 1, 1, S)
+
+    def encoded(self, x: torch.Tensor, mask: torch.Tensor, out: ModelOutput) -> tuple[torch.Tensor, ...]:
+        """The encoder stack on the embedded source x (B, S, D): each decoder layer's cross keys and
+        values, then the encoder's taps."""
+        model = self.model
         out.intermediates["encoder.embeddings"] = x
         memory = model.encoder(x, mask, out, return_attention=self.taps)  # (B, S, D)
         cross = [kv for layer in model.decoder.layers for kv in layer.cross_attn.keys_values(memory)]
         tapped = {**out.attention, **out.intermediates}
         return (*cross, *(tapped[name] for name in tap_names(model, "encoder") if self.taps))
+
+
+class FeaturesEncoderGraph(EncoderGraph):
+    """The encoder of a features source (Whisper's): log-mel features (B, n_mels, F) in, through
+    the front end (`Model.embed_source`: two convolutions, each followed by GELU, then the
+    positions). No mask: the window has no padding, every one of its S = F / 2 positions is attended."""
+
+    def forward(self, src_features: torch.Tensor):
+        out = ModelOutput(logits=None, attention=Taps(), intermediates=Taps())
+        x = self.model.embed_source(src_features, out)  # (B, S, D)
+        return self.encoded(x, features_mask(x), out)
+
+
+def features_mask(x: torch.Tensor) -> torch.Tensor:
+    """(B, 1, 1, S) all True for the front end's output x (B, S, D): a features source has no padding."""
+    return torch.ones((x.shape[0], 1, 1, x.shape[1]), dtype=torch.bool, device=x.device)
 
 
 class PastAndNew:
@@ -159,16 +186,22 @@ def export(model: Model, folder: str | os.PathLike, *, taps: bool = False) -> li
     folder = Path(folder)
     batch, src, tgt, past = Dim("batch"), Dim("src_len"), Dim("tgt_len"), Dim("past_len")
     heads, head_dim, layers = config.n_heads, config.head_dim, config.n_decoder_layers
-    src_ids = torch.full((2, 5), _real_id(config, config.src_vocab_size), dtype=torch.long)
     src_mask = torch.ones((2, 5), dtype=torch.bool)
+    if config.source == "features":  # 2 S frames for S positions; the mask is the front end's own
+        graph = FeaturesEncoderGraph(model, taps)
+        encoder_in = (torch.zeros((2, config.n_mels, 10), dtype=model.dtype),)
+        encoder_names, encoder_shapes = ["src_features"], ({0: batch, 2: 2 * src},)
+    else:
+        graph = EncoderGraph(model, taps)
+        encoder_in = (torch.full((2, 5), _real_id(config, config.src_vocab_size), dtype=torch.long), src_mask)
+        encoder_names, encoder_shapes = ["src_ids", "src_mask"], ({0: batch, 1: src}, {0: batch, 1: src})
     tgt_ids = torch.full((2, 4), _real_id(config, config.tgt_vocab_size), dtype=torch.long)
     cache = [torch.zeros((2, heads, 2, head_dim), dtype=model.dtype) for _ in range(2 * layers)]
     cross = [torch.zeros((2, heads, 5, head_dim), dtype=model.dtype) for _ in range(2 * layers)]
     encoder_outputs = cache_names(model, "cross") + (tap_names(model, "encoder") if taps else [])
     decoder_outputs = ["logits", *cache_names(model, "present"), *(tap_names(model, "decoder") if taps else [])]
     with torch.no_grad():
-        _export(EncoderGraph(model, taps).eval(), (src_ids, src_mask), folder / ENCODER_FILE, ["src_ids", "src_mask"],
-                encoder_outputs, ({0: batch, 1: src}, {0: batch, 1: src}))
+        _export(graph.eval(), encoder_in, folder / ENCODER_FILE, encoder_names, encoder_outputs, encoder_shapes)
         past_shape, cross_shape = {0: batch, 2: past}, {0: batch, 2: src}
         _export(DecoderGraph(model, taps).eval(), (tgt_ids, src_mask, *cache, *cross), folder / DECODER_FILE,
                 ["tgt_ids", "src_mask", *cache_names(model, "past"), *cache_names(model, "cross")], decoder_outputs,
@@ -207,10 +240,6 @@ def export_bytes(config, params, dtype: str = "float32", param_dtype=None, taps:
     param_dtype=...)` as `export` writes them, kept per (config, dtype, parameter dtype,
     parameters, taps, exporter) for the process: `rosetta convert --to onnx` and the
     `onnxruntime` target share them."""
-    if config.source == "features":
-        from conformance.core.errors import InputError
-
-        raise InputError("config", "a features source (Whisper's front end) has no ONNX export yet (issue 54)")
     dtype = str(dtype)
     key = (config.to_json(), dtype, str(param_dtype or dtype), params_digest(params), bool(taps), exporter())
     if key not in EXPORTS:

@@ -29,6 +29,10 @@ The suite builds a model per example, and an export takes seconds: the two graph
 (forward, encode-decode, determinism, the pairs) pay for one export, and so does a `rosetta
 convert --to onnx --taps` of the same checkpoint in the same process.
 
+A features source (Whisper's) is fed to the encoder graph as `src_features` (B, n_mels, frames),
+with no mask (its window has no padding); the decoder graph gets a source mask of all S = frames / 2
+positions.
+
 Float32 only, on the CPU execution provider: the exporter traces the model in its own dtype.
 """
 
@@ -50,8 +54,8 @@ import impl_numpy
 import impl_torch  # noqa: F401 - the graphs are traced from it: without torch the target is unavailable
 from conformance.core.config import ModelConfig
 from conformance.core.errors import InputError
-from conformance.core.inputs import (check_dtype, check_generate, check_same_batch, expected_mask_shapes, host_ids,
-                                     host_mask)
+from conformance.core.inputs import (check_dtype, check_generate, check_same_batch, expected_mask_shapes,
+                                     host_features, host_ids, host_mask)
 from conformance.core.output import Encoded, ModelOutput, forward_order, record
 
 NAME = "onnxruntime"
@@ -130,12 +134,29 @@ class Model:
                              "(the exported graph's src_mask input); an explicit mask is not passed through")
         return src_ids != self.config.pad_id  # (B, S)
 
-    def encode(self, src_ids, src_mask=None, *, sink=None, return_attention: bool = True) -> Encoded:
-        """The encoder graph's outputs: the cross-attention keys and values and the encoder taps."""
+    def _source(self, src_ids, src_mask) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """(the encoder graph's inputs, the source mask (B, S) the decoder graph takes)."""
+        if self.config.source == "features":  # log-mel features (B, n_mels, F): no padding, every position
+            features = host_features("src_ids", src_ids, self.config)
+            if src_mask is not None:
+                raise InputError("src_mask", f"the {self.backend} target attends every position of a features "
+                                 "source (the exported encoder graph takes no mask); an explicit mask is not passed "
+                                 "through")
+            kinds = {i.name: i.type for i in self.encoder.get_inputs()}
+            if "src_features" not in kinds:
+                raise InputError("encoder", f"the encoder graph takes {sorted(kinds)}, not src_features: a graph of "
+                                 "`rosetta convert --to onnx` of a features source takes src_features (B, n_mels, F)")
+            dtype = element_dtype("encoder", "src_features", kinds["src_features"])
+            mask = np.ones((features.shape[0], features.shape[2] // 2), dtype=bool)  # (B, S)
+            return {"src_features": features.astype(dtype)}, mask
         src_ids = host_ids("src_ids", src_ids, self.config.src_vocab_size, self.config.max_len).astype(np.int64)
         mask = self._src_mask(src_ids, src_mask)
-        outputs = dict(zip([o.name for o in self.encoder.get_outputs()],
-                           self.encoder.run(None, {"src_ids": src_ids, "src_mask": mask})))
+        return {"src_ids": src_ids, "src_mask": mask}, mask
+
+    def encode(self, src_ids, src_mask=None, *, sink=None, return_attention: bool = True) -> Encoded:
+        """The encoder graph's outputs: the cross-attention keys and values and the encoder taps."""
+        inputs, mask = self._source(src_ids, src_mask)
+        outputs = dict(zip([o.name for o in self.encoder.get_outputs()], self.encoder.run(None, inputs)))
         encoded = Encoded(memory=outputs.get("encoder.output"), src_mask=mask, attention=record(), intermediates=record())
         missing = [name for name in _names("cross", self.layers) if name not in outputs]
         if missing:
@@ -223,7 +244,9 @@ class Model:
             return outputs["logits"][:, -1]  # (N, V): the one new position's
 
         ids, scores = search(step, batch, settings.max_len, settings.bos_id, settings.eos_id, self.config.pad_id,
-                             mask_fill=self.config.mask_fill, src_ids=np.asarray(src_ids), **settings.search_options())
+                             mask_fill=self.config.mask_fill,
+                             src_ids=np.asarray(src_ids) if settings.reads_source else None,  # the ids, as given
+                             **settings.search_options())
         ids = np.asarray(ids).astype(np.int64)
         return (ids, scores) if settings.return_scores else ids
 
