@@ -10,7 +10,7 @@ initialisation so that its greedy rows differ), read into this project's config 
 
 The same search in each: the decoder starts from <|startoftranscript|> with <|notimestamps|> forced
 after it (transformers: `decoder_input_ids` of both; CTranslate2: the prompt of both, which also keeps
-its timestamp rules off; ours: `forced_bos_id`, the first token our search generates), then `new`
+its timestamp rules off; ours: `prefix`, Whisper's forced prompt, which begins the returned ids), then `new`
 greedy tokens with the end of text suppressed in all three (`suppress_tokens`), so every row runs
 every step, and nothing else suppressed (transformers' `GenerationMixin.generate` itself, not
 Whisper's override, which would force a language and task and its own suppressions).
@@ -118,8 +118,8 @@ def torch_decoder(config, params, feats: np.ndarray, new: int):
     model = impl_torch.Model(config, params, "float32")
 
     def decode() -> np.ndarray:
-        ids = model.generate(feats, new + 1, SOT, EOT, forced_bos_id=NO_TIMESTAMPS, suppress_tokens=[EOT],
-                             begin_suppress_tokens=())
+        ids = model.generate(feats, new + 1, SOT, EOT, prefix=[NO_TIMESTAMPS], return_timestamps=False,
+                             suppress_tokens=[EOT], begin_suppress_tokens=())
         return np.asarray(ids)[:, 1:]  # after the forced <|notimestamps|>
     return decode
 
