@@ -171,8 +171,8 @@ PADDING_BREAKS = {
     # padded wider than its longest row gets a mask narrower than its scores (a broadcasting error,
     # or, when the longest row is one token, a silent broadcast over every key).
     "mask as wide as the longest row (OpenNMT-py)": ("numpy", [(
-        "    return (ids != pad_id)[:, None, None, :]",
-        "    lengths = (ids != pad_id).sum(axis=1)  # (B,)\n"
+        "    return np.asarray(source_real(config, np.asarray(src_ids)))[:, None, None, :]",
+        "    lengths = np.asarray(source_real(config, np.asarray(src_ids))).sum(axis=1)  # (B,)\n"
         "    return (np.arange(lengths.max())[None, :] < lengths[:, None])[:, None, None, :]",
     )], {}),
 }
@@ -357,8 +357,8 @@ PROPERTY_BREAKS = {
     # ties and random end tokens reach few of them (the generate property).
     "finished hypotheses' length penalty read one token long": ("test_search_rules", [("numpy", [(
         "device.py",
-        "scored = penalized(ops, candidate_scores, length, length_penalty, rules.form, dtype)",
-        "scored = penalized(ops, candidate_scores, length + 1, length_penalty, rules.form, dtype)",
+        "scored = penalized(ops, candidate_scores, length - prompt, length_penalty, rules.form, dtype)",
+        "scored = penalized(ops, candidate_scores, length - prompt + 1, length_penalty, rules.form, dtype)",
     )], {})]),
     "early_stopping=True stops a row at its first finished hypothesis": ("test_search_rules", [("numpy", [(
         "device.py",
@@ -386,8 +386,8 @@ PROPERTY_BREAKS = {
     # Planted in torch's and JAX's device search, which the ci profile passed before it drew that case.
     **{f"Flax's stopping bound at the decoder input's length ({backend})": ("test_search_rules", [(backend, [(
         "device.py",
-        "best_open = penalized(ops, running_scores[:, :1], width, length_penalty, rules.form, dtype)  # (B, 1)",
-        "best_open = penalized(ops, running_scores[:, :1], length, length_penalty, rules.form, dtype)  # (B, 1)",
+        "best_open = penalized(ops, running_scores[:, :1], width - prompt, length_penalty, rules.form, dtype)  # (B, 1)",
+        "best_open = penalized(ops, running_scores[:, :1], length - prompt, length_penalty, rules.form, dtype)  # (B, 1)",
     )], {})]) for backend in ("torch", "jax")},
     "Flax's rule ends a hypothesis at max_len, as Hugging Face's does": ("test_search_rules", [("numpy", [(
         "device.py",

@@ -45,16 +45,21 @@ def normalised_error(actual: np.ndarray, expected: np.ndarray) -> float:
 STRATEGIES = {"cases": cases, "long-seeded": long_seeded_cases}
 
 
-def measure(examples: int, dtypes: list[str], names: list[str] | None, seed: int, strategy: str = "cases") -> dict:
+def measure(examples: int, dtypes: list[str], names: list[str] | None, seed: int, strategy: str = "cases",
+            source: str | None = None) -> dict:
     targets, skipped = default_targets(names, dtypes)
     worst: dict[str, tuple[float, str, str]] = defaultdict(lambda: (0.0, "", ""))
     pair_worst: dict[str, tuple[float, str, str]] = defaultdict(lambda: (0.0, "", ""))
     nan_mismatch: dict[str, int] = defaultdict(int)
     count = 0
 
+    drawn = STRATEGIES[strategy]()
+    if source is not None:  # one kind of source only (token ids, or log-mel features)
+        drawn = drawn.filter(lambda case: case.config.source == source)
+
     @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
               suppress_health_check=list(HealthCheck))
-    @given(case=STRATEGIES[strategy]())
+    @given(case=drawn)
     def probe(case):
         nonlocal count
         count += 1
@@ -101,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="cases",
                         help="the examples to draw (default: the tame `cases` the table was measured on)")
+    parser.add_argument("--source", choices=("ids", "features"), default=None,
+                        help="only examples of this source (default: both, as the strategy draws them)")
     args = parser.parse_args(argv)
     names = backends.requested_backends(args.backends)
-    result = measure(args.examples, args.dtypes.split(","), names, args.seed, args.strategy)
+    result = measure(args.examples, args.dtypes.split(","), names, args.seed, args.strategy, args.source)
     print(f"{result['examples']} examples in {result['seconds']:.0f} s; {result['versions']}")
     print(f"{'target':<26} {'max |a-o|/scale':>16}  tensor / config")
     for label, (e, name, config) in sorted(result["worst"].items()):

@@ -65,9 +65,10 @@ def sharded_configs(draw, data: int, model: int, relative: bool = True):
     tgt_vocab = src_vocab if config.share_embeddings else draw(sizes(8, 64))
     keeps_relative = relative and config.relative_buckets % data == 0
     position = config.position if config.position != "relative" or keeps_relative else "sinusoid-split"
+    per_layer = config.relative_bias_per_layer and position == "relative"  # UMT5's tables, with the relative bias only
     return dataclasses.replace(config, n_heads=heads, d_model=heads * head_dim, d_ff=draw(sizes(8, 64)),
                                src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, position=position,
-                               d_head=None if config.d_head is None else head_dim)
+                               relative_bias_per_layer=per_layer, d_head=None if config.d_head is None else head_dim)
 
 
 @st.composite

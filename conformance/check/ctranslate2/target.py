@@ -319,14 +319,14 @@ VERIFY_BEAMS = (1,)
 def verified(config: ModelConfig, params, model_dir: str | Path, layout: str | None = None,
              progress: Callable[[str], None] | None = None) -> list[tuple[str, CTranslate2Report]]:
     """The CTranslate2 model at `model_dir` (converted from `params`) beside the float64 oracle on
-    each probe (`conformance.formats.verify.probes`: the padded rows, then a row as long as the
+    each probe (`conformance.check.probes.probes`: the padded rows, then a row as long as the
     model takes, less the start token CTranslate2's decoder reads first and the tokens it adds to
     each source; a Whisper model: a whole window of features, greedy from Whisper's prompt): score_batch log p per position and translate_batch greedy ids, computed in
     float32 (`measure`: on float32 weights held to the float32 row and equal ids; on quantized
     weights measured, not held). Returns (the probe's name, its report) for each probe run, up to
     the first that failed."""
     from conformance.check.report import window_batch
-    from conformance.formats.verify import probes
+    from conformance.check.probes import probes
 
     family = family_of(config, params, layout)
     if family.kind == "whisper":  # a whole window of features, greedy from Whisper's prompt
