@@ -181,7 +181,9 @@ def load_model(checkpoint_path: str | None, backend: str, dtype: str = "float32"
 FLAGS = {"src_ids": "--src", "tgt_ids": "--tgt", "max_len": "--max-len", "bos_id": "--bos", "eos_id": "--eos",
          "num_beams": "--beams", "length_penalty": "--length-penalty", "do_sample": "--sample",
          "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed",
-         "beam_rule": "--beam-rule"}
+         "beam_rule": "--beam-rule", "patience": "--patience", "prefix": "--prefix",
+         "return_timestamps": "--timestamps", "max_initial_timestamp_index": "--max-initial-timestamp-index",
+         "return_no_speech_prob": "--no-speech-prob"}
 
 
 @contextlib.contextmanager

@@ -29,9 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beams", type=int, default=None, help="beam size; 1 is greedy (default: the checkpoint's, else 1)")
     parser.add_argument("--length-penalty", type=float, default=None,
                         help="Hugging Face's length penalty alpha: scores divided by length**alpha (default: the checkpoint's, else 1.0)")
-    parser.add_argument("--beam-rule", choices=("hf", "flax"), default="hf",
+    parser.add_argument("--beam-rule", choices=("hf", "flax", "openai"), default="hf",
                         help="hf: Hugging Face's beam search (default); flax: Flax examples/wmt's, as t5x and AlgoPerf "
-                             "(every end among the best 2*beams finishes, GNMT length penalty); see docs/decoding.md")
+                             "(every end among the best 2*beams finishes, GNMT length penalty); openai: openai-whisper's "
+                             "(each beam proposes beams+1 ids; ends once round(beams x patience) have finished); see "
+                             "docs/decoding.md")
+    parser.add_argument("--patience", type=float, default=None,
+                        help="with --beam-rule openai: wait for round(beams x patience) finished hypotheses per row "
+                             "(openai-whisper's patience; default 1.0)")
     parser.add_argument("--sample", action="store_true", help="sample each token instead of searching (greedy when "
                         "no other flag is given); reproducible with --seed")
     parser.add_argument("--temperature", type=float, default=None, help="with --sample: logits divided by T > 0 (default 1)")
@@ -55,6 +60,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-new-tokens", type=int, default=None,
                         help="the end token is banned while the output is shorter than N (Hugging Face's "
                              "min_new_tokens, which replaces min_length; default: the checkpoint's, else off)")
+    parser.add_argument("--prefix", default=None,
+                        help="Whisper's forced prompt after the start token, ids 'A,B,C' ('detect' for the language "
+                             "detected at that step, as in 'detect,50359'; '' for none), which begin the printed rows "
+                             "(generate's prefix; default: the checkpoint's Whisper prompt, else none)")
+    parser.add_argument("--timestamps", action=argparse.BooleanOptionalAction, default=None,
+                        help="Whisper's timestamp rules on or off (generate's return_timestamps; the checkpoint's "
+                             "prompt then drops or keeps its no-timestamps id; default: the checkpoint's, else off)")
+    parser.add_argument("--max-initial-timestamp-index", default=None, metavar="N",
+                        help="with --timestamps: the first timestamp is at most <|0.00|> + N; 'none' for no bound "
+                             "(generate's max_initial_timestamp_index; default: the checkpoint's)")
+    parser.add_argument("--no-speech-prob", action="store_true",
+                        help="after each row's ids, a tab and 'no_speech_prob=P': the source row's probability of "
+                             "Whisper's no-speech id at the start token (generate's return_no_speech_prob)")
     add_backend_argument(parser)
 
 
@@ -105,6 +123,39 @@ def processors(args: argparse.Namespace) -> dict:
         except ValueError:
             raise InputError("--bad-words", f"must be id sequences like '5,6;7' (',' within a sequence, ';' between "
                                             f"them), got {args.bad_words!r}") from None
+    return out
+
+
+def whisper(args: argparse.Namespace) -> dict:
+    """generate's Whisper arguments from the flags (those not given are left to the checkpoint's
+    note): --prefix 'detect,50359' is [None, 50359] and '' is (); --max-initial-timestamp-index
+    'none' is False (no bound). Their values are generate's to check, under these flags."""
+    from conformance.core.errors import InputError
+
+    out = {}
+    if args.prefix is not None:
+        words = [word.strip() for word in args.prefix.split(",")] if args.prefix.strip() else []
+        try:
+            out["prefix"] = [None if word == "detect" else int(word) for word in words]
+        except ValueError:
+            raise InputError("--prefix", f"must be ids like '50259,50359,50363' ('detect' for a language to detect, "
+                                         f"'' for none), got {args.prefix!r}") from None
+    if args.timestamps is not None:
+        out["return_timestamps"] = args.timestamps
+    if args.max_initial_timestamp_index is not None:
+        given = args.max_initial_timestamp_index.strip()
+        try:
+            out["max_initial_timestamp_index"] = False if given == "none" else int(given)
+        except ValueError:
+            raise InputError("--max-initial-timestamp-index", f"must be an int >= 0, or 'none' for no bound, got "
+                                                              f"{given!r}") from None
+    if args.patience is not None:
+        if args.beam_rule != "openai":
+            raise InputError("--patience", f"applies with --beam-rule openai (openai-whisper's beam search), got "
+                                           f"--beam-rule {args.beam_rule}")
+        out["patience"] = args.patience
+    if args.no_speech_prob:
+        out["return_no_speech_prob"] = True
     return out
 
 
@@ -225,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--max-len", f"must be an int in [1, the model's max_len], got {args.max_len}")
     sampled = sampling(args)
     constraints = processors(args)
+    whispered = whisper(args)
     config, model = load_model(args.checkpoint, args.backend)
     if backends.kind(args.backend) == "torch":  # torch and torch-compiled
         from conformance.cli.threads import fit_torch_threads
@@ -235,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
                         length_penalty=args.length_penalty)
     if settings is None:
         raise InputError("--bos/--eos", "this checkpoint does not say its special ids; pass --bos and --eos")
-    settings.update(sampled, **constraints, beam_rule=args.beam_rule)
+    settings.update(sampled, **constraints, **whispered, beam_rule=args.beam_rule)
     src = parse_source(config, args.src)
     form = source_form(config, args.src, src)
     if form:
@@ -255,7 +307,9 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always", GenerationWarning)
         status(f"decoding {len(src)} row(s) on {args.backend}, up to {settings['max_len']} tokens")
         try:
-            generated = to_numpy(model.generate(src, **settings)).astype(np.int64)
+            returned = model.generate(src, **settings)
+            generated, no_speech = returned if args.no_speech_prob else (returned, None)
+            generated = to_numpy(generated).astype(np.int64)
         except InputError as exc:  # under the flag the user typed
             if isinstance(exc, NaNLogitsError):  # name the first non-finite tensor, not --src
                 overflow = overflow_error(model, config, src, settings["bos_id"],
@@ -277,10 +331,10 @@ def run(args: argparse.Namespace) -> int:
         if not ended.size:
             cut.append(number)
         row = row[: ended[0]] if ended.size else row
-        if is_toy:
-            print(toy.decode_ids(row))
-        else:
-            print(" ".join(labels(config, row)))
+        shown = toy.decode_ids(row) if is_toy else " ".join(labels(config, row))
+        if no_speech is not None:  # the row's source: generate returns one row per source row here
+            shown += f"\tno_speech_prob={float(to_numpy(no_speech)[number]):.6g}"
+        print(shown)
     if cut:
         # The end token is not printed, so a row the limit cut off would look like one that ended.
         rows = ", ".join(map(str, cut[:10])) + (f" and {len(cut) - 10} more" if len(cut) > 10 else "")

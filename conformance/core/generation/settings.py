@@ -309,7 +309,11 @@ def check_whisper(recorded: dict, prefix, return_timestamps, max_initial_timesta
     initial = recorded.get("max_initial_timestamp_index") if max_initial_timestamp_index is None \
         else max_initial_timestamp_index
     if initial is not None and initial is not False:
-        initial = _count("max_initial_timestamp_index", initial)
+        # 0 is the tightest bound (the first timestamp is <|0.00|>), not "off": None or False is
+        what = "an int >= 0 (the first timestamp's bound), or None for no bound"
+        initial = _integer("max_initial_timestamp_index", initial, what)
+        if initial < 0:
+            raise InputError("max_initial_timestamp_index", f"must be {what}, got {initial!r}")
     else:
         initial = None
     return {"prefix": prefix, "language_ids": languages if None in prefix else (), "return_timestamps": timestamps,
