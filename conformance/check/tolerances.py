@@ -115,11 +115,26 @@ LONG_HALF_TOLERANCES: dict[tuple[str, str], Tolerance] = {
 }
 
 
-def long_half_tolerance(dtype: str, device: str = "cpu") -> Tolerance:
-    """The tolerance for a long seeded pair in half precision: the measured row where there is
-    one, else the table's."""
+# A features source (Whisper's log-mel) on long sequences: its N(0, 1) features and the
+# convolutions' outputs, rounded to float16, carry about 3x the error of token embeddings into every
+# layer (encoder.output 1.2e-2 against 4e-3 for token ids, torch, the same configs otherwise), and
+# a sharp cross-attention (attention_temp 4) turns that into attention weights off by up to 1.3e-2:
+# the rounding of the input, not a backend bug. Measured on the four covering configs with a
+# features source (1022 frames, 512 target tokens), five weight seeds each, torch float16 (20
+# examples): worst 1.29e-2 (decoder.0.cross) -> 3e-2 (2.3x); the same run on the token-id covering
+# configs gave 2.2e-3, the ids row's measure. 3e-2 still fails the float16 sum over 2048 keys
+# (0.044) and the float16 position table (0.088) that the ids row is built to catch.
+LONG_HALF_FEATURES_TOLERANCES: dict[tuple[str, str], Tolerance] = {
+    ("float16", "cpu"): Tolerance(atol=3e-2, rtol=0.0),
+}
+
+
+def long_half_tolerance(dtype: str, device: str = "cpu", source: str = "ids") -> Tolerance:
+    """The tolerance for a long seeded pair in half precision: the measured row of its source's
+    kind (token ids, or a features source's own) where there is one, else the table's."""
     kind = device_kind(device)
-    return LONG_HALF_TOLERANCES.get((dtype, kind)) or tolerance(dtype, device)
+    rows = LONG_HALF_FEATURES_TOLERANCES if source == "features" else LONG_HALF_TOLERANCES
+    return rows.get((dtype, kind)) or tolerance(dtype, device)
 
 
 # Half precision is specified for weights at the scale of a trained model (the initialiser's

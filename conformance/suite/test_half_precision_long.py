@@ -39,4 +39,5 @@ def test_long_sequences_match_the_oracle_in_half_precision(target, case):
         pytest.skip(f"{target.label}: half precision at full size runs on an accelerator; on CPU a d_model 1024 "
                     "model over 1024 tokens took over 7 minutes per example (docs/tolerances.md)")
     # Small long models have a measured row of their own; full-size ones the size law.
-    check_against_the_oracle(target, case, None if full_size() else long_half_tolerance(target.dtype, target.device))
+    check_against_the_oracle(target, case, None if full_size() else long_half_tolerance(target.dtype, target.device,
+                                                                                      case.config.source))

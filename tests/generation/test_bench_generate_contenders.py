@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from thorough import thorough_only
 
 pytestmark = pytest.mark.xdist_group("ctranslate2")
 pytest.importorskip("ctranslate2", reason="the [ctranslate2] extra is not installed")
@@ -67,6 +68,8 @@ def test_ctranslate2_transformers_and_impl_torch_give_the_same_ids(contenders, b
     assert line == "same rows: 4/4 ct2, 4/4 hf", line
 
 
+@thorough_only("two spawned workers, each importing its engine (63 s loaded); the in-process test above gives the "
+               "same contenders' ids in CI")
 def test_the_benchmark_runs_each_contender_in_its_own_process_and_gathers_their_ids():
     """`bench_generate.py` as a user runs it (its default arrangement): a spawned worker for torch and
     one for ct2, each building the weights itself; their tables' ids must agree row for row."""

@@ -129,7 +129,12 @@ def test_rosetta_check_with_the_onnxruntime_target_passes(saved, capsys):
     assert "onnxruntime/cpu/float32" in out and "onnxruntime/cpu/float64  skipped" in out, out
 
 
-@pytest.mark.parametrize("name", sorted(ONNX_EXPORT_BREAKS))
+# One planted bug under `ci` (each export and check costs about 40 s loaded); both under thorough.
+CI_EXPORT_BREAK = "source mask input ignored"
+
+
+@pytest.mark.parametrize("name", [n if n == CI_EXPORT_BREAK else pytest.param(n, marks=thorough_only(
+    f"a second planted export bug (about 40 s); {CI_EXPORT_BREAK!r} runs in CI")) for n in sorted(ONNX_EXPORT_BREAKS)])
 def test_a_planted_export_bug_is_named_at_the_tensor_where_it_shows(saved, name):
     _, params = saved
     with planted_in_the_export(name):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from breaks import BREAKS, broken_copy
+from thorough import thorough_only
 from conformance import ModelConfig, checkpoint, init_params
 from conformance.check import backends, compare as compare_module
 from conformance.check.compare import compare
@@ -288,6 +289,8 @@ def test_compare_row_by_row_is_compare_on_the_whole_tensor(monkeypatch):
             assert repr(rows.result()) == repr(whole)
 
 
+@thorough_only("JAX compiles a program per row shape (79 s loaded); test_one_at_a_time_gives_the_report_all_at_once_gives "
+               "runs the row-by-row plan in CI")
 def test_jax_targets_run_row_by_row_with_the_report_the_batch_gives(tmp_path, monkeypatch):
     """One row per call gives JAX's tensors the same bits as the batch, so the report is the same
     (CONFIG's -inf fill and padded queries give NaN rows to compare too)."""
