@@ -347,6 +347,21 @@ PROPERTY_BREAKS = {
     "renormalize_logits dropped by the device search": ("test_generate", [("numpy", [(
         "device.py", "return renormalized(ops, scores) if rules.renormalize else scores", "return scores",
     )], {})]),
+    # Whisper's timestamp rules (issue 54), in the device search's processors (pipeline.py) a backend
+    # decodes with: the rule that forces a timestamp where the timestamps' total probability beats
+    # every text token's left out, as a port that copies only the simple bans gets it. The
+    # reference's rules (the oracle's) keep it.
+    "Whisper's forced-timestamp rule dropped": ("test_generate", [("numpy", [(
+        "pipeline.py",
+        "    return xp.where((stamps > best_other)[:, None] & ~stamp_ids, -np.inf, scores)",
+        "    return scores",
+    )], {})]),
+    # ...and the rule that timestamps come in pairs: after two in a row, a timestamp may follow.
+    "Whisper's timestamp pairs rule dropped": ("test_generate", [("numpy", [(
+        "pipeline.py",
+        "    scores = xp.where((last_was & penultimate_was)[:, None] & stamp_ids, -np.inf, scores)  # text next\n",
+        "",
+    )], {})]),
     "multi-token bad words dropped": ("test_generate", [("numpy", [(
         "decode.py", "data = processor_data(settings,",
         'data = processor_data(__import__("dataclasses").replace(settings, bad_words_ids=()),',
@@ -485,7 +500,13 @@ SIDE_FILES = {"backward.py": "backprop", "decode.py": "decode", "frontend.py": "
 # The core's device search (shared by the backends' decode rooms): an edit of it applies to a
 # private copy that the copied decode room imports instead (`broken_copy`).
 # file name in a break -> (its path, its module name)
-CORE_FILES = {"device.py": (ROOT / "conformance" / "core" / "generation" / "device.py", "conformance.core.generation.device")}
+# pipeline.py (the device search's processors, which device.py imports) comes first: an edit of it
+# makes a copy of device.py too, importing the edited pipeline.
+CORE_FILES = {"pipeline.py": (ROOT / "conformance" / "core" / "generation" / "pipeline.py",
+                              "conformance.core.generation.pipeline"),
+              "device.py": (ROOT / "conformance" / "core" / "generation" / "device.py", "conformance.core.generation.device")}
+# Which core file imports each one a break may edit: its copy imports the edited one.
+CORE_IMPORTERS = {"pipeline.py": "device.py", "device.py": "decode.py"}
 
 
 def side_path(backend: str, file: str) -> Path:
@@ -500,17 +521,19 @@ def broken_copy(name: str, backend: str, edits, patches):
     impl_numpy/backward.py, which the copied model then uses as its `backprop`, and
     `("decode.py", old, new)` to a private copy of the backend's decode room, its `decode`;
     `("device.py", old, new)` to a private copy of conformance/core/generation/device.py, which
-    that copied decode room imports (the search's rules, planted in one backend)."""
+    that copied decode room imports (the search's rules, planted in one backend), and
+    `("pipeline.py", old, new)` to one of conformance/core/generation/pipeline.py, which a copy of
+    device.py imports (the device search's processors)."""
     module_name = "broken_" + "".join(c if c.isalnum() else "_" for c in name)
     model_edits = [edit for edit in edits if len(edit) == 2]
     assert all(edit[0] in SIDE_FILES or edit[0] in CORE_FILES for edit in edits if len(edit) == 3), (
         f"break {name!r}: unknown file")
     for file, (path, dotted) in CORE_FILES.items():
         core_edits = [edit[1:] for edit in edits if len(edit) == 3 and edit[0] == file]
-        if core_edits:  # the copied decode room imports the edited copy of the core's module
+        if core_edits:  # its importer (the copied decode room, or device.py's copy) imports the edited copy
             core_name = f"{module_name}_{file[:-3]}"
             edited_module(name, core_name, path, core_edits)
-            edits = [*edits, ("decode.py", f"from {dotted} import", f"from {core_name} import")]
+            edits = [*edits, (CORE_IMPORTERS[file], f"from {dotted} import", f"from {core_name} import")]
     module = edited_module(name, module_name, ROOT / f"impl_{backend}" / "model.py", model_edits)
     for file, attribute in SIDE_FILES.items():
         side_edits = [edit[1:] for edit in edits if len(edit) == 3 and edit[0] == file]

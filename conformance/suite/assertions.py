@@ -137,3 +137,20 @@ def assert_ids_match(got: np.ndarray, expected: np.ndarray, trace: list[dict], t
             f"closest score gap up to that step is {closest:.3g}"
             + ("" if target.dtype == "float64" else f", more than the {target.dtype} allowance {allowed_at:.3g}")
             + f"; options {dict(gcase.options)}; config: {config.summary()}")
+
+
+def assert_no_speech_match(got: np.ndarray | None, expected: np.ndarray | None, target: Target, gcase) -> None:
+    """Each source row's no-speech probability (Whisper's, `return_no_speech_prob`) within the
+    dtype's tolerance of the oracle's: a softmax of the start position's logits, read before any
+    choice, so it is compared as a tensor, at a logit's error (a probability p moves by about
+    p x twice a logit's error, which atol and rtol bound). Nothing where the case asks for none."""
+    __tracebackhide__ = True
+    if expected is None:
+        return
+    assert got is not None, f"{target.label}: generate returned no no-speech probabilities (return_no_speech_prob=True)"
+    try:
+        assert_close(got, expected, tolerance(target.dtype, target.device), tensor="no_speech_prob",
+                     backend=target.backend, device=target.device, dtype=target.dtype, config=gcase.case.config)
+    except AssertionError as error:
+        error.tensor = "no_speech_prob"
+        raise

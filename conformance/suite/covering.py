@@ -31,7 +31,8 @@ from conformance.core.errors import ConfigError
 from conformance.core.inputs import nan_positions
 from conformance.suite.strategies import model_configs
 from conformance.suite.strategies.forward_cases import Case, empty_target_rows_defined
-from conformance.suite.strategies.generation import MODES, SOURCE_READING, GenerationCase, as_mode
+from conformance.suite.strategies.generation import (MODES, SOURCE_READING, GenerationCase, as_mode, as_whisper,
+                                                      whisper_note)
 from conformance.suite.strategies.model_configs import switch_values
 from conformance.suite.strategies.ids import PADDING_PATTERNS, WIDTHS, batch_width, features, padding_kinds
 from conformance.suite.strategies.realistic import LONG_MAX_LENS
@@ -296,8 +297,9 @@ def covering_generation_cases() -> tuple[GenerationCase, ...]:
     The first case (greedy) ends where a minimum length must hold it back: its end id is the
     oracle's own first greedy choice on row 0, and min_length 3 bans it for the first two steps, so a
     backend that does not apply min_length ends that row at once, whatever examples hypothesis draws.
-    That case takes no processor (one could change that first choice); the others take them in turn."""
-    out, carried = [], []
+    That case takes no processor (one could change that first choice); the others take them in turn.
+    The other features rows decode as Whisper, `WHISPER_ROWS` in turn."""
+    out, carried, whispered = [], [], 0
     for i, case in enumerate(covering_cases(src_paddings=SRC_PADDINGS[:-1])):
         pad = case.config.pad_id
         real = [t for t in range(case.config.tgt_vocab_size) if t != pad]
@@ -322,9 +324,32 @@ def covering_generation_cases() -> tuple[GenerationCase, ...]:
                              if case.config.source == "ids" or name not in SOURCE_READING)
             if case.config.source != "ids":  # a features source has no ids for these to read
                 carried += [(_search(options), name, value) for name, value in chosen if name in SOURCE_READING]
-        out.append(GenerationCase(case=case, max_len=min(6, case.config.max_len), bos_id=bos, eos_id=eos,
-                                  options=options))
+        gcase = GenerationCase(case=case, max_len=min(6, case.config.max_len), bos_id=bos, eos_id=eos,
+                               options=options)
+        note = whisper_note(case.config.tgt_vocab_size, pad) if case.config.source == "features" else None
+        if note is not None and ("min_length", 3) not in options:  # Whisper's decoding, in turn
+            whispered += 1
+            gcase = as_whisper(gcase, note, **whisper_row(WHISPER_ROWS[(whispered - 1) % len(WHISPER_ROWS)], options))
+        out.append(gcase)
     return tuple(with_carried(out, carried))
+
+
+# Whisper's decoding (`strategies.generation.as_whisper`), taken in turn by the features rows (not the
+# minimum-length one): the note's prompt, an explicit one with the language detected, one with the
+# language given and <|notimestamps|>; the timestamp rules with a bound of 0 and 1; the
+# no-speech probability; and, where the row runs a beam search, openai-whisper's rule with
+# patience 2 (Flax's rule, whose stopping bound it replaces, is met by the token-ids rows).
+WHISPER_ROWS = (
+    dict(prefix=("de", "task", "notimestamps"), timestamps=False, initial=None, no_speech=True),
+    dict(prefix="note", timestamps=True, initial=0, no_speech=True, patience=2.0),
+    dict(prefix=(None, "task"), timestamps=True, initial=1, no_speech=False),
+)
+
+
+def whisper_row(row: dict, options) -> dict:
+    """A `WHISPER_ROWS` row for a case of `options`: openai's rule only where it runs a beam search."""
+    beams = not dict(options).get("do_sample") and dict(options).get("num_beams", 1) > 1
+    return {**row, "patience": row.get("patience") if beams else None}
 
 
 def _search(options) -> str:

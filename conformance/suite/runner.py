@@ -160,6 +160,8 @@ def for_target(target: Target, case):
 
     adapter = backends.adapter_of(target.backend)
     if hasattr(case, "bos_id"):  # a GenerationCase: a search the adapter's generate runs (`searches`)
+        if "openai" not in adapter.searches:
+            case = without_whisper(case)
         case = dataclasses.replace(case, options=as_search(case.options, adapter.searches, case.case.config))
     inner = getattr(case, "case", case)
     drawn = inner.config
@@ -194,8 +196,8 @@ def search_of(options) -> str:
     options = dict(options)
     if options.get("do_sample"):
         return "sample"
-    if options.get("beam_rule") == "flax":
-        return "flax"
+    if options.get("beam_rule") in ("flax", "openai"):
+        return options["beam_rule"]
     if options.get("num_beams", 1) == 1:
         return "greedy"
     return "beam" if options.get("length_penalty_form", "hf") == "hf" else "beam-gnmt"
@@ -205,14 +207,14 @@ def as_search(options: tuple, searches: tuple[str, ...], drawn) -> tuple:
     """A generation case's options run by one of `searches`: its own search when it is one of them,
     else one chosen by a hash of the drawn config (as a held switch is), the drawn beams (2 at
     least for a beam search), penalty and stopping rule kept where the search has them, sampling's
-    warpers and the other beam rule dropped. The logits processors stay."""
+    warpers and the other beam rules (openai's with its patience) dropped. The logits processors stay."""
     search = search_of(options)
     if search in searches:
         return options
     import zlib
 
     chosen = searches[zlib.crc32(f"search {drawn.to_json()}".encode()) % len(searches)]
-    sampling = ("do_sample", "seed", "temperature", "top_k", "top_p", "num_return_sequences", "beam_rule")
+    sampling = ("do_sample", "seed", "temperature", "top_k", "top_p", "num_return_sequences", "beam_rule", "patience")
     kept = {k: v for k, v in options if k not in sampling}
     beams = max(2, dict(options).get("num_return_sequences", 1), kept.get("num_beams", 1))
     if chosen == "greedy":
@@ -221,13 +223,30 @@ def as_search(options: tuple, searches: tuple[str, ...], drawn) -> tuple:
         kept.pop("early_stopping", None)
         kept.update(num_beams=1, do_sample=True, num_return_sequences=beams,
                     seed=zlib.crc32(drawn.to_json().encode()) % 2**16)
-    elif chosen == "flax":
+    elif chosen in ("flax", "openai"):
         kept.pop("early_stopping", None)
-        kept.update(num_beams=beams, beam_rule="flax")
+        kept.update(num_beams=beams, beam_rule=chosen)
     else:
         kept.setdefault("early_stopping", False)
         kept.update(num_beams=beams, length_penalty_form="hf" if chosen == "beam" else "gnmt")
     return tuple(kept.items())
+
+
+def without_whisper(gcase):
+    """A generation case without Whisper's decoding, for an adapter that does not declare it (the
+    "openai" search, `conformance.check.targets.adapter.SEARCHES`): its Whisper options dropped and
+    its config's generation note removed (its prompt would apply where no prefix is given), the
+    start and end ids kept."""
+    import dataclasses
+
+    from conformance.suite.strategies.generation import WHISPER_OPTIONS
+
+    config = gcase.case.config
+    if "generation" not in config.notes and not any(k in WHISPER_OPTIONS for k, _ in gcase.options):
+        return gcase
+    notes = {k: v for k, v in config.notes.items() if k != "generation"}
+    return dataclasses.replace(gcase, case=dataclasses.replace(gcase.case, config=config.replace(notes=notes)),
+                               options=tuple((k, v) for k, v in gcase.options if k not in WHISPER_OPTIONS))
 
 
 def frozen_parameters(target: Target, config) -> set[str]:
@@ -257,7 +276,7 @@ def pad_swap(drawn: int, held: int) -> Callable:
 
 # Generation options that hold token ids (docs/decoding.md): a held pad id swaps them too.
 ID_OPTIONS = {"forced_bos_id": "id", "bad_words_ids": "words", "banned_ids": "ids", "suppress_tokens": "ids",
-              "begin_suppress_tokens": "ids"}
+              "begin_suppress_tokens": "ids", "prefix": "ids"}
 
 
 def swap_option(name: str, value, swap: Callable):
@@ -265,7 +284,7 @@ def swap_option(name: str, value, swap: Callable):
     if what == "id":
         return swap(value)
     if what == "ids":
-        return tuple(swap(i) for i in value)
+        return tuple(i if i is None else swap(i) for i in value)  # a prefix's None: the language detected
     if what == "words":
         return tuple(tuple(swap(i) for i in word) for word in value)
     return value
@@ -293,8 +312,9 @@ def masks(target: Target, case: Case) -> tuple[Any, Any]:
     return to_numpy(src_mask), to_numpy(tgt_mask)
 
 
-def generate(target: Target, gcase) -> np.ndarray:
-    """`model.generate` of a `GenerationCase` on one target: the ids as a host int64 array."""
+def generate(target: Target, gcase) -> tuple[np.ndarray, np.ndarray | None]:
+    """`model.generate` of a `GenerationCase` on one target: the ids as a host int64 array, and
+    each source row's no-speech probability as float64 where the case asks for it (else None)."""
     started = time.perf_counter()
     gcase = for_target(target, gcase)
     record(target, gcase.case)
@@ -302,8 +322,11 @@ def generate(target: Target, gcase) -> np.ndarray:
         case = gcase.case
         with precise(target):
             model = backends.build(target, case.config, case.params())
-            ids = model.generate(case.src_ids, gcase.max_len, gcase.bos_id, gcase.eos_id, **gcase.arguments())
-            return to_numpy(ids).astype(np.int64)
+            out = model.generate(case.src_ids, gcase.max_len, gcase.bos_id, gcase.eos_id, **gcase.arguments())
+            if not dict(gcase.options).get("return_no_speech_prob"):
+                return to_numpy(out).astype(np.int64), None
+            ids, no_speech = out
+            return to_numpy(ids).astype(np.int64), to_numpy(no_speech).astype(np.float64)
     finally:
         TIMINGS[target.label] += time.perf_counter() - started
 
@@ -333,9 +356,10 @@ def gradients(target: Target, training, *more) -> dict[str, np.ndarray] | list[d
         TIMINGS[target.label] += time.perf_counter() - started
 
 
-def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
-    """The float64 NumPy ids of a `GenerationCase` and the search's closest calls per step
-    (`conformance.core.generation.search.search`'s `trace`), from the oracle's cached decoder: the same
+def oracle_generate(gcase) -> tuple[np.ndarray, list[dict], np.ndarray | None]:
+    """The float64 NumPy ids of a `GenerationCase`, the search's closest calls per step
+    (`conformance.core.generation.search.search`'s `trace`) and each source row's no-speech
+    probability where the case asks for it (else None), from the oracle's cached decoder: the same
     steps as its `generate`, with the trace switched on."""
     from conformance.core.generation.settings import resolve
     from conformance.core.generation.search import search
@@ -355,9 +379,9 @@ def oracle_generate(gcase) -> tuple[np.ndarray, list[dict]]:
         return model.decode_step(tokens[:, -1], state["cache"])
 
     trace: list[dict] = []
-    ids, _ = search(step, len(case.src_ids), settings.max_len, settings.bos_id, settings.eos_id, case.config.pad_id,
-                    trace=trace, src_ids=case.src_ids, **settings.search_options())
-    return ids, trace
+    found = search(step, len(case.src_ids), settings.max_len, settings.bos_id, settings.eos_id, case.config.pad_id,
+                   trace=trace, src_ids=case.src_ids, **settings.search_options())
+    return found[0], trace, found[2] if settings.return_no_speech_prob else None
 
 
 def has_gradients(target: Target) -> bool:

@@ -17,7 +17,12 @@ tokens: `strategies.generation.processor_options`; and those of shipped generati
 repetition penalties, the source's n-grams, the end token's exponential decay, suppressed ids,
 renormalization, `shipped_processors`, which every covering row holds some of); they ban, force
 or rescale ids, and the allowances above read the processed scores, times how far the penalties
-can stretch an error (`assertions.processor_stretch`).
+can stretch an error (`assertions.processor_stretch`). A features source decodes as Whisper two
+times in three (`strategies.generation.as_whisper`; and the covering rows, `covering.WHISPER_ROWS`):
+its config carries a Whisper generation note, and the case draws the forced prompt (the note's, or
+`prefix=` with the language given or detected), the timestamp rules with a bound on the first
+timestamp, the no-speech probability (compared as a tensor, within the dtype's tolerance) and,
+for a beam search, openai-whisper's rule with its patience.
 
 Examples and shapes are few (JAX compiles start_cache, the step and the reorder per shape).
 """
@@ -26,7 +31,7 @@ import pytest
 from hypothesis import given, settings
 
 from conformance.suite import runner
-from conformance.suite.assertions import assert_ids_match
+from conformance.suite.assertions import assert_ids_match, assert_no_speech_match
 from conformance.suite.covering import covering_generation_cases
 from conformance.suite.differences import judged
 from conformance.suite.strategies import generation_cases, shared_examples, with_examples
@@ -42,7 +47,8 @@ EXAMPLES = max(4, settings().max_examples // 5)  # ci: 5; thorough: 400
 def test_generate_chooses_the_oracles_ids(target, gcase):
     # An adapter's: held to the switches and to the searches it declares.
     drawn, gcase = gcase, runner.for_target(target, gcase)
-    got = runner.generate(target, gcase)
-    expected, trace = runner.oracle_generate(gcase)
+    got, no_speech = runner.generate(target, gcase)
+    expected, trace, expected_no_speech = runner.oracle_generate(gcase)
     with judged(target, "test_generate_chooses_the_oracles_ids", drawn, gcase.case):  # an adapter's known differences
+        assert_no_speech_match(no_speech, expected_no_speech, target, gcase)
         assert_ids_match(got, expected, trace, target, gcase)

@@ -120,7 +120,23 @@ def test_the_generate_property_draws_only_the_searches_declared(monkeypatch):
 
     monkeypatch.setattr(runner, "generate", noting)
     generate.test_generate_chooses_the_oracles_ids(target=target("hf_searches"))
-    assert set(ran) == {"greedy", "beam"}, ran  # every flax and sampling case became one of them
+    assert set(ran) == {"greedy", "beam"}, ran  # every flax, openai and sampling case became one of them
+
+
+def test_whisper_decoding_reaches_only_an_adapter_that_declares_it():
+    """A Whisper covering case (a features source with a Whisper note, openai's rule): an adapter
+    without the "openai" search gets it without the note and the Whisper options, one with it
+    (undeclared: every search) as drawn."""
+    from conformance.suite.covering import covering_generation_cases
+    from conformance.suite.strategies.generation import WHISPER_OPTIONS
+
+    gcase = next(g for g in covering_generation_cases() if dict(g.options).get("beam_rule") == "openai")
+    held = runner.for_target(target("hf_searches"), gcase)
+    assert "generation" not in held.case.config.notes
+    assert not {k for k, _ in held.options} & {*WHISPER_OPTIONS, "patience"}, held.options
+    assert runner.search_of(held.options) in ("greedy", "beam")
+    whole = runner.for_target(target("hf_searches_undeclared"), gcase)
+    assert whole.options == gcase.options and whole.case.config.notes == gcase.case.config.notes
 
 
 def test_an_unknown_search_is_refused():

@@ -35,8 +35,10 @@ class AdapterError(ValueError):
 
 # The searches a `generate` may run (docs/decoding.md): greedy search; beam search with Hugging
 # Face's rule and its length penalty; the same with GNMT's penalty (length_penalty_form "gnmt");
-# Flax's beam rule; sampling from rosetta's seeds.
-SEARCHES = ("greedy", "beam", "beam-gnmt", "flax", "sample")
+# Flax's beam rule; sampling from rosetta's seeds; openai-whisper's beam rule ("openai"), and with it
+# Whisper's decoding on a features source (its forced prompt, timestamp rules and no-speech
+# probability): a target that does not declare "openai" gets neither.
+SEARCHES = ("greedy", "beam", "beam-gnmt", "flax", "sample", "openai")
 # What a known difference's `when` may name besides a ModelConfig switch: the property (`PROPERTIES`
 # of the suite's adapter targets, by these short names), the target's dtype, a padding kind of the
 # example's rows or the width of its batches (conformance.suite.strategies.ids).

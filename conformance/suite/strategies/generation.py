@@ -59,7 +59,8 @@ def generation_cases(draw) -> GenerationCase:
     with drawn temperature, top_k, top_p and seed) over a drawn config and a source batch
     without all-padding rows and whose first step is not NaN, generating at most 6 tokens, with
     drawn length penalty and stopping rule, and sometimes Hugging Face's logits processors
-    (`processor_options`)."""
+    (`processor_options`). A features source with room for Whisper's special ids decodes as
+    Whisper two times in three (`whisper_choices`, `as_whisper`), drawn after everything else."""
     case = draw(cases(st.one_of(preset_configs(), configs(max_layers=2)), allow_empty_source_rows=False))
     config = case.config
     vocab, pad = config.tgt_vocab_size, config.pad_id
@@ -81,7 +82,11 @@ def generation_cases(draw) -> GenerationCase:
                       draw(st.sampled_from([1.0, 0.9, 0.5])))
     options += draw(processor_options(vocab, pad, bos, eos, sampling=dict(options).get("do_sample", False),
                                       source_ids=config.source == "ids"))
-    return GenerationCase(case=case, max_len=min(6, config.max_len), bos_id=bos, eos_id=eos, options=options)
+    gcase = GenerationCase(case=case, max_len=min(6, config.max_len), bos_id=bos, eos_id=eos, options=options)
+    note = whisper_note(vocab, pad) if config.source == "features" else None
+    if note is not None and draw(st.integers(0, 2)):  # two features cases in three decode as Whisper
+        gcase = as_whisper(gcase, note, **draw(whisper_choices(note, gcase.options)))
+    return gcase
 
 
 @st.composite
@@ -150,3 +155,86 @@ def shipped_processors(draw, vocab: int, pad: int, bans: bool = True, forced: tu
     if draw(st.booleans()):
         options += (("renormalize_logits", True),)
     return options
+
+
+# -- Whisper's decoding (docs/whisper.md, "Decoding") ---------------------------------------------
+
+
+# Whisper's special ids at the top of a small vocabulary, as its tokenizer lays them out after the
+# text: the start of transcript, the end, two languages, the task, the no-speech id, the
+# no-timestamps id, then the timestamps (`TIMESTAMPS` of them) to the last id. A vocabulary
+# smaller than `WHISPER_MIN_VOCAB` leaves no text id beside the pad id: no Whisper note.
+TIMESTAMPS = 3
+WHISPER_SPECIALS = 7 + TIMESTAMPS
+WHISPER_MIN_VOCAB = WHISPER_SPECIALS + 3
+
+
+def whisper_note(vocab: int, pad: int) -> dict | None:
+    """A Whisper generation note (transformers' generation_config.json names, as a converted
+    checkpoint records it) for a vocabulary of `vocab` ids laid out as `WHISPER_SPECIALS` says;
+    its prompt is [language to detect, transcribe] (+ no-timestamps without timestamps). None
+    where the vocabulary is too small, or the pad id would be one of the special ids."""
+    first = vocab - WHISPER_SPECIALS
+    if vocab < WHISPER_MIN_VOCAB or pad >= first:
+        return None
+    sot, eot, en, de, transcribe, _no_speech, no_timestamps = range(first, first + 7)
+    return {"decoder_start_token_id": sot, "eos_token_id": eot, "no_timestamps_token_id": no_timestamps,
+            "forced_decoder_ids": [[1, None], [2, transcribe]], "lang_to_id": {"<|en|>": en, "<|de|>": de},
+            "task_to_id": {"transcribe": transcribe}}
+
+
+# What a Whisper case decodes with, beside its search (`whisper_choices`, the covering rows):
+# prefix "note" (not given: the note's own prompt, its language detected), or a prompt of the
+# note's ids by name ("lang", "task", "notimestamps"; None: the language detected).
+PREFIXES = ("note", (None, "task"), ("en", "task"), ("de", "task", "notimestamps"))
+
+
+@st.composite
+def whisper_choices(draw, note: dict, options) -> dict:
+    """Whisper's decoding options for a case of `options`: a prefix (`PREFIXES`; one ending with
+    the no-timestamps id only without timestamps), return_timestamps, a bound on the first
+    timestamp (none, 0 or 1: the first two timestamps), return_no_speech_prob, and for Hugging
+    Face's beam search one time in two openai-whisper's rule with a patience of 1, 2 or 0.5."""
+    timestamps = draw(st.booleans())
+    prefix = draw(st.sampled_from([p for p in PREFIXES if not (timestamps and "notimestamps" in p)]))
+    initial = draw(st.sampled_from([None, 0, 1])) if timestamps else None
+    no_speech = draw(st.booleans())
+    kept = dict(options)
+    openai = (not kept.get("do_sample") and kept.get("beam_rule", "hf") == "hf" and kept.get("num_beams", 1) > 1
+              and draw(st.booleans()))
+    patience = draw(st.sampled_from([1.0, 2.0, 0.5])) if openai else None
+    return dict(prefix=prefix, timestamps=timestamps, initial=initial, no_speech=no_speech, patience=patience)
+
+
+def as_whisper(gcase: GenerationCase, note: dict, *, prefix, timestamps: bool, initial: int | None,
+               no_speech: bool, patience: float | None) -> GenerationCase:
+    """`gcase` decoding as Whisper: its config carries `note` (so every backend and the oracle read
+    it), its start and end ids are the note's, its prompt is `prefix` (`PREFIXES`), with the
+    timestamp rules and their bound, the no-speech probability, and openai-whisper's beam rule
+    where `patience` is given. A forced first token goes (the prompt forces the first tokens:
+    both together are refused)."""
+    import dataclasses
+    import json
+
+    ids = {"en": note["lang_to_id"]["<|en|>"], "de": note["lang_to_id"]["<|de|>"],
+           "task": note["task_to_id"]["transcribe"], "notimestamps": note["no_timestamps_token_id"], None: None}
+    options = {k: v for k, v in gcase.options if k != "forced_bos_id"}
+    if patience is not None:
+        options.pop("early_stopping", None)
+        options.update(beam_rule="openai", patience=patience)
+    if prefix != "note":
+        options["prefix"] = tuple(ids[token] for token in prefix)
+    options["return_timestamps"] = timestamps
+    if initial is not None:
+        options["max_initial_timestamp_index"] = initial
+    if no_speech:
+        options["return_no_speech_prob"] = True
+    config = gcase.case.config
+    config = config.replace(notes={**config.notes, "generation": json.dumps(note)})
+    return dataclasses.replace(gcase, case=dataclasses.replace(gcase.case, config=config),
+                               bos_id=note["decoder_start_token_id"], eos_id=note["eos_token_id"],
+                               options=tuple(options.items()))
+
+
+# The options that only Whisper's decoding takes (an adapter that does not declare it: dropped).
+WHISPER_OPTIONS = ("prefix", "return_timestamps", "max_initial_timestamp_index", "return_no_speech_prob")
