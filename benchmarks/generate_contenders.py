@@ -285,31 +285,18 @@ def worker(connection, contender: str, sizes: dict, args, src: np.ndarray, folde
         connection.send(("error", traceback.format_exc()))
 
 
-class InWorker:
-    """A contender in its own spawned process (`worker`), asked over a pipe."""
+class Spawned:
+    """A contender in its own spawned process, running `target(child_connection, *args)`, asked over a
+    pipe; `receive` gives its next answer or says how it ended, `close` ends it. `InWorker` here and
+    `whisper_contenders.InWorker` are its two benchmarks' contenders."""
 
-    def __init__(self, context, contender: str, sizes: dict, args, src, folder):
+    def __init__(self, context, contender: str, target, args: tuple, name: str):
         self.contender = contender
         self.connection, child = context.Pipe()
-        self.process = context.Process(target=worker, args=(child, contender, sizes, args, src, folder),
-                                       name=f"bench_generate {contender}")
+        self.process = context.Process(target=target, args=(child, *args), name=name)
         self.process.start()
         child.close()  # the worker's end lives in the worker only, so its exit reads as the pipe's end
-        self.reason, self.started = None, time.perf_counter()
-
-    def ready(self) -> None:
-        _, self.reason, threads = self.receive("its model")
-        note = f"skipped: {self.reason}" if self.reason else f"ready, {threads}"
-        stamp(f"{self.contender} (process {self.process.pid}) {note}, {time.perf_counter() - self.started:.1f} s "
-              "after its start")
-
-    def run(self, num_beams: int) -> tuple[np.ndarray, float, float]:
-        try:
-            self.connection.send(num_beams)
-        except OSError:  # a worker that has ended: `receive` says how
-            pass
-        _, result, seconds, cpu = self.receive(f"a call with {num_beams} beams")
-        return result, seconds, cpu
+        self.started = time.perf_counter()
 
     def receive(self, what: str):
         import signal
@@ -342,6 +329,28 @@ class InWorker:
             self.process.terminate()
             self.process.join()
         self.connection.close()
+
+
+class InWorker(Spawned):
+    """A contender in its own spawned process (`worker`), asked over a pipe."""
+
+    def __init__(self, context, contender: str, sizes: dict, args, src, folder):
+        super().__init__(context, contender, worker, (contender, sizes, args, src, folder), f"bench_generate {contender}")
+        self.reason = None
+
+    def ready(self) -> None:
+        _, self.reason, threads = self.receive("its model")
+        note = f"skipped: {self.reason}" if self.reason else f"ready, {threads}"
+        stamp(f"{self.contender} (process {self.process.pid}) {note}, {time.perf_counter() - self.started:.1f} s "
+              "after its start")
+
+    def run(self, num_beams: int) -> tuple[np.ndarray, float, float]:
+        try:
+            self.connection.send(num_beams)
+        except OSError:  # a worker that has ended: `receive` says how
+            pass
+        _, result, seconds, cpu = self.receive(f"a call with {num_beams} beams")
+        return result, seconds, cpu
 
 
 def stamp(message: str) -> None:

@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+from generate_contenders import Spawned, stamp  # noqa: F401 (stamp: bench_whisper's too)
+
 # openai/whisper-base's sizes (its config.json): 6 + 6 layers of d_model 512, 8 heads, 80 mel bins, a
 # 3000-frame window, the multilingual vocabulary.
 BASE = dict(vocab_size=51865, num_mel_bins=80, d_model=512, encoder_layers=6, decoder_layers=6,
@@ -169,17 +171,12 @@ def worker(connection, contender: str, sizes: dict, batch: int, new: int, thread
         connection.send(("error", traceback.format_exc()))
 
 
-class InWorker:
-    """A contender in its own spawned process (`worker`), asked over a pipe."""
+class InWorker(Spawned):
+    """A contender in its own spawned process (`worker`), asked over a pipe (`generate_contenders.Spawned`)."""
 
     def __init__(self, context, contender: str, sizes: dict, batch: int, new: int, threads: int, folder):
-        self.contender = contender
-        self.connection, child = context.Pipe()
-        self.process = context.Process(target=worker, args=(child, contender, sizes, batch, new, threads, folder),
-                                       name=f"bench_whisper {contender}")
-        self.process.start()
-        child.close()
-        self.started = time.perf_counter()
+        super().__init__(context, contender, worker, (contender, sizes, batch, new, threads, folder),
+                         f"bench_whisper {contender}")
 
     def ready(self) -> str:
         _, where = self.receive("its model")
@@ -189,32 +186,3 @@ class InWorker:
         self.connection.send(True)
         _, ids, seconds = self.receive("a call")
         return ids, seconds
-
-    def receive(self, what: str):
-        from multiprocessing.connection import wait
-
-        wait([self.connection, self.process.sentinel])
-        message = self.connection.recv() if self.connection.poll() else None
-        if message is None:
-            self.process.join()
-            raise SystemExit(f"the {self.contender} worker ended (exit code {self.process.exitcode}) before "
-                             f"answering ({what})")
-        if message[0] == "error":
-            raise SystemExit(f"the {self.contender} worker failed ({what}):\n{message[1]}")
-        return message
-
-    def close(self, now: bool = False) -> None:
-        if not now and self.process.is_alive():
-            try:
-                self.connection.send(None)
-            except OSError:
-                pass
-            self.process.join(timeout=30)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join()
-        self.connection.close()
-
-
-def stamp(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
