@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from breaks import (BREAKS, CORE_FILES, FLOAT32_PROPERTY_BREAKS, PROPERTY_BREAKS, REALISTIC_BREAKS, ROOT, SIDE_FILES,
+from breaks import (BREAKS, CORE_FILES, CORE_IMPORTERS, FLOAT32_PROPERTY_BREAKS, PROPERTY_BREAKS, REALISTIC_BREAKS, ROOT, SIDE_FILES,
                     side_path)
 
 
@@ -24,10 +24,17 @@ def _edits():
 
 
 def _with_imports(edits):
-    """The edits, and for an edit of a core file the one `broken_copy` adds to the copied decode
-    room (its import of the core module, redirected to the edited copy)."""
-    core = {edit[0] for edit in edits if len(edit) == 3 and edit[0] in CORE_FILES}
-    return [*edits, *(("decode.py", f"from {CORE_FILES[file][1]} import", "") for file in sorted(core))]
+    """The edits, and for an edit of a core file the ones `broken_copy` adds to its importers
+    (`CORE_IMPORTERS`: pipeline.py's copy is imported by a copy of device.py, whose copy the
+    copied decode room imports), each redirecting an import to the edited copy."""
+    added, core = [], sorted({edit[0] for edit in edits if len(edit) == 3 and edit[0] in CORE_FILES})
+    while core:
+        file = core.pop(0)
+        importer = CORE_IMPORTERS[file]
+        added.append((importer, f"from {CORE_FILES[file][1]} import", ""))
+        if importer in CORE_FILES and importer not in core and not any(e[0] == importer for e in added[:-1]):
+            core.append(importer)
+    return [*edits, *dict.fromkeys(added)]
 
 
 EDITS = [(name, backend, edit) for name, backend, edits in _edits() for edit in _with_imports(edits)]

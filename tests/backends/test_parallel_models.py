@@ -77,6 +77,8 @@ DECODE_IDIOM_METHODS["divide"] = ({"jax"}, "a division that XLA keeps a division
 DECODE_IDIOM_METHODS["log_softmax"] = ({"torch"}, "torch's fused log-softmax (the others run the reference's formula)")
 DECODE_IDIOM_METHODS["ban"] = ({"torch"}, "the banned columns written in place on the CPU (the others: NumpyOps' where)")
 DECODE_IDIOM_METHODS["accumulate"] = ({"torch"}, "an in-place add into the step's own log-probabilities (the others: +)")
+DECODE_IDIOM_METHODS["cond"] = ({"jax"}, "a traced condition runs one of two branches on the device (lax.cond); the others "
+                                         "take NumpyOps' Python branch")
 # The same for the blocked output product (impl_*/blocks.py).
 BLOCKS_IDIOM_NAMES = {
     "_product_in_blocks_jvp": ({"jax"}, "the derivative of product_in_blocks as one product (jax.custom_jvp): "

@@ -225,7 +225,7 @@ def test_the_derived_note_holds_openai_whispers_ids(n_vocab):
     text, the no-timestamps id (the timestamps after it, the no-speech id before it), the prompt,
     the suppressed ids (non-speech, tasks, start ids, no-speech) and the first step's blank and end."""
     dims = dataclasses.replace(DIMS, n_vocab=n_vocab)
-    note = load_layout("openai-whisper").checkpoint.generation_note(dataclasses.asdict(dims))
+    note = load_layout("openai-whisper").bundle.generation_note(dataclasses.asdict(dims))
     model = Whisper(dims)
     tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language="en")
     task = DecodingTask(model, DecodingOptions(language="en" if model.is_multilingual else None))
