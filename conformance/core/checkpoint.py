@@ -451,7 +451,28 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
         yield hidden / path.name
         os.rename(hidden / path.name, path)
     finally:
-        shutil.rmtree(hidden, ignore_errors=True)
+        _uninterrupted(lambda: shutil.rmtree(hidden, ignore_errors=True))
+
+
+def _uninterrupted(cleanup: Callable[[], None]) -> None:
+    """`cleanup()` run whole: a Ctrl-C (SIGINT) that arrives during it, a second one after the
+    interrupt being cleaned up after, is held until it ends and then raised, so that a hidden
+    temporary directory is never left half-removed. Outside the main thread (where no signal
+    handler can be set) it just runs."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        cleanup()
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: held.append(number))
+    try:
+        cleanup()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 def _metadata(config: ModelConfig) -> dict[str, str]:

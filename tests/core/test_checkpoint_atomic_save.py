@@ -15,6 +15,7 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 
 from conformance.core import checkpoint
 
@@ -97,3 +98,30 @@ def test_concurrent_readers_never_see_a_torn_file(tmp_path):
     assert seen <= {1e-5, 1e-6}
     config, params = checkpoint.load(path)
     assert config.layer_norm_eps in (1e-5, 1e-6)
+
+
+def test_a_second_ctrl_c_during_the_cleanup_still_removes_the_hidden_directory(tmp_path, monkeypatch):
+    """Ctrl-C while a directory is written removes its hidden temporary directory; a second Ctrl-C
+    that arrives while that removal runs is held until it ends, then raised: nothing is left
+    beside the destination, half-removed or whole."""
+    import shutil
+
+    from conformance.core import checkpoint
+
+    real_rmtree = shutil.rmtree
+    interrupted = []
+
+    def interrupted_rmtree(path, *args, **kwargs):  # the user presses Ctrl-C again, mid-cleanup
+        os.kill(os.getpid(), signal.SIGINT)
+        interrupted.append(path)
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", interrupted_rmtree)
+    target = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        with checkpoint.atomic_directory(target) as staged:
+            staged.mkdir()
+            (staged / "weights.bin").write_bytes(b"x" * 1024)
+            raise KeyboardInterrupt  # the first Ctrl-C, while writing
+    assert interrupted, "the cleanup did not run"
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
