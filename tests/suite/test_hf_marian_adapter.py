@@ -19,6 +19,7 @@ from hypothesis import settings
 
 pytest.importorskip("transformers")
 
+from thorough import thorough_only  # noqa: E402
 from conformance.check import backends  # noqa: E402
 from conformance.check.backends import Target  # noqa: E402
 from conformance.suite.differences import ACKNOWLEDGED, settle  # noqa: E402
@@ -66,7 +67,8 @@ def test_marian_passes_in_float32_with_nothing_acknowledged(attention, prop):
     assert run(prop, target(EXAMPLE, attention, "float32")) == []
 
 
-@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("attention", ["eager", pytest.param("sdpa", marks=thorough_only(
+    "float64 with SDPA (18 s): float64 runs with eager here, SDPA's empty-row zeros in float32 above"))])
 def test_marian_passes_in_float64_with_only_its_float32_position_table_acknowledged(attention):
     t = target(EXAMPLE, attention, "float64")
     acknowledged = run(forward.test_every_tensor_matches_the_oracle, t) + run(
