@@ -5,6 +5,7 @@ The check itself (this folder):
     compare      array comparison against the oracle, largest errors and where
     tolerances   the per-dtype tolerance table (measured: docs/tolerances.md)
     report       the tensor-by-tensor report of `rosetta check`, first diverging tensor
+    probes       the batches a check of another system's copy of a model runs (verify-on-write, the runtimes)
     plan         how a check holds the oracle's tensors (all at once or one at a time) for a budget
     plots        the report's and the attention pictures (matplotlib, lazily)
     switches     which ModelConfig switches act where each tensor is computed
