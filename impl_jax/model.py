@@ -192,40 +192,11 @@ class Positions(nnx.Module):
         return None
 
 
-class RelativePositionBias(nnx.Module):
-    """T5's relative position bias: no term on the embeddings; a learned (buckets, H) table whose
-    row bucket(j - i) is added to every self-attention score of query i and key j in the stack
-    (bidirectional in the encoder, causal in the decoder; `conformance.core.positions`)."""
-
-    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, *, bidirectional: bool,
-                 length: int):
-        self.relative_bias = nnx.Param(params[f"{prefix}.relative_bias"])  # (buckets, H)
-        buckets = offset_buckets(config, bidirectional=bidirectional, length=length)  # (2 L - 1,): n at n + L - 1
-        self.buckets = Sinusoid(jnp.asarray(buckets, dtype=jnp.int32))
-        self.max_len = length
-
-    def __call__(self, ids: jax.Array, dtype):
-        return 0  # nothing is added to the embeddings
-
-    def at(self, position, ids: jax.Array, dtype):
-        return 0
-
-    def span(self, length: int, dtype):
-        return 0
-
-    def score_bias(self, query_len: int, key_len: int, dtype, *, first_query=0) -> jax.Array:
-        """(1, H, Tq, Tk): the bias of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1.
-
-        `first_query` may be traced: a cached step's position."""
-        query = first_query + jnp.arange(query_len)  # (Tq,)
-        buckets = self.buckets[...][jnp.arange(key_len)[None, :] - query[:, None] + self.max_len - 1]  # (Tq, Tk)
-        return cast(self.relative_bias[...][buckets], dtype).transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
-
-
 class RelativeBuckets(nnx.Module):
     """UMT5's relative positions: no term on the embeddings; the stack computes the bucket of every
     (query, key) once (T5's `_relative_position_bucket`), and each self-attention layer reads them in
-    a table of its own (`relative_bias_per_layer`: `own_table_bias`)."""
+    a table of its own (`relative_bias_per_layer`: `own_table_bias`); T5's `RelativePositionBias`
+    reads them in the stack's one table."""
 
     def __init__(self, config: ModelConfig, *, bidirectional: bool, length: int):
         buckets = offset_buckets(config, bidirectional=bidirectional, length=length)  # (2 L - 1,): n at n + L - 1
@@ -247,6 +218,24 @@ class RelativeBuckets(nnx.Module):
         `first_query` may be traced: a cached step's position."""
         query = first_query + jnp.arange(query_len)  # (Tq,)
         return self.buckets[...][jnp.arange(key_len)[None, :] - query[:, None] + self.max_len - 1]  # (Tq, Tk)
+
+
+class RelativePositionBias(RelativeBuckets):
+    """T5's relative position bias: no term on the embeddings; a learned (buckets, H) table whose
+    row bucket(j - i) is added to every self-attention score of query i and key j in the stack
+    (bidirectional in the encoder, causal in the decoder; `conformance.core.positions`)."""
+
+    def __init__(self, config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, *, bidirectional: bool,
+                 length: int):
+        super().__init__(config, bidirectional=bidirectional, length=length)
+        self.relative_bias = nnx.Param(params[f"{prefix}.relative_bias"])  # (buckets, H)
+
+    def score_bias(self, query_len: int, key_len: int, dtype, *, first_query=0) -> jax.Array:
+        """(1, H, Tq, Tk): the bias of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1.
+
+        `first_query` may be traced: a cached step's position."""
+        buckets = super().score_bias(query_len, key_len, dtype, first_query=first_query)  # (Tq, Tk)
+        return cast(self.relative_bias[...][buckets], dtype).transpose(2, 0, 1)[None]  # (1, H, Tq, Tk)
 
 
 def positions(config: ModelConfig, params: Mapping[str, jax.Array], prefix: str, dtype, *, bidirectional: bool,

@@ -182,42 +182,11 @@ class Positions(nn.Module):
         return None
 
 
-class RelativePositionBias(nn.Module):
-    """T5's relative position bias: no term on the embeddings; a learned (buckets, H) table whose
-    row bucket(j - i) is added to every self-attention score of query i and key j in the stack
-    (bidirectional in the encoder, causal in the decoder; `conformance.core.positions`)."""
-
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool, length: int):
-        super().__init__()
-        self.relative_bias = nn.Parameter(torch.empty(config.relative_buckets, config.n_heads, dtype=dtype))  # (buckets, H)
-        buckets = offset_buckets(config, bidirectional=bidirectional, length=length)  # (2 L - 1,): n at n + L - 1
-        self.register_buffer("buckets", torch.as_tensor(buckets).to(torch.get_default_device()), persistent=False)
-        self.max_len = length
-
-    def extra_repr(self) -> str:
-        return f"relative bias {tuple(self.relative_bias.shape)}"
-
-    def forward(self, ids: torch.Tensor, dtype: torch.dtype):
-        return 0  # nothing is added to the embeddings
-
-    def at(self, position: int, ids: torch.Tensor, dtype: torch.dtype):
-        return 0
-
-    def span(self, length: int, dtype: torch.dtype):
-        return 0
-
-    def score_bias(self, query_len: int, key_len: int, dtype: torch.dtype, *, first_query: int = 0) -> torch.Tensor:
-        """(1, H, Tq, Tk): the bias of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1."""
-        device = self.buckets.device
-        query = first_query + torch.arange(query_len, device=device)  # (Tq,)
-        buckets = self.buckets[torch.arange(key_len, device=device)[None, :] - query[:, None] + self.max_len - 1]
-        return cast(self.relative_bias[buckets], dtype).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
-
-
 class RelativeBuckets(nn.Module):
     """UMT5's relative positions: no term on the embeddings; the stack computes the bucket of every
     (query, key) once (T5's `_relative_position_bucket`), and each self-attention layer reads them in
-    a table of its own (`relative_bias_per_layer`: `own_table_bias`)."""
+    a table of its own (`relative_bias_per_layer`: `own_table_bias`); T5's `RelativePositionBias`
+    reads them in the stack's one table."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool, length: int):
         super().__init__()
@@ -239,6 +208,24 @@ class RelativeBuckets(nn.Module):
         device = self.buckets.device
         query = first_query + torch.arange(query_len, device=device)  # (Tq,)
         return self.buckets[torch.arange(key_len, device=device)[None, :] - query[:, None] + self.max_len - 1]
+
+
+class RelativePositionBias(RelativeBuckets):
+    """T5's relative position bias: no term on the embeddings; a learned (buckets, H) table whose
+    row bucket(j - i) is added to every self-attention score of query i and key j in the stack
+    (bidirectional in the encoder, causal in the decoder; `conformance.core.positions`)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool, length: int):
+        super().__init__(config, dtype, bidirectional=bidirectional, length=length)
+        self.relative_bias = nn.Parameter(torch.empty(config.relative_buckets, config.n_heads, dtype=dtype))  # (buckets, H)
+
+    def extra_repr(self) -> str:
+        return f"relative bias {tuple(self.relative_bias.shape)}"
+
+    def score_bias(self, query_len: int, key_len: int, dtype: torch.dtype, *, first_query: int = 0) -> torch.Tensor:
+        """(1, H, Tq, Tk): the bias of queries first_query .. + Tq - 1 against keys 0 .. Tk - 1."""
+        buckets = super().score_bias(query_len, key_len, dtype, first_query=first_query)  # (Tq, Tk)
+        return cast(self.relative_bias[buckets], dtype).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
 
 
 def positions(config: ModelConfig, dtype: torch.dtype, *, bidirectional: bool, length: int):
