@@ -235,14 +235,18 @@ def rows_per_source(settings) -> int:
     return settings.get("num_return_sequences", 1) if settings.get("do_sample") else settings["num_beams"]
 
 
-def reference(settings, values, max_len: int):
+def reference(settings, values, max_len: int, src_ids=None):
+    """The reference search on the synthetic logits; `src_ids` (ROWS, S) for the processors that read
+    a source (tests/generation/test_generation_config_processors.py)."""
     per = rows_per_source(settings)
+    source = {} if src_ids is None else {"src_ids": src_ids}
     return search(lambda tokens, parents: logits_of(tokens, per, values), ROWS, max_len, BOS, EOS, SYNTHETIC_PAD,
-                  **settings)
+                  **source, **settings)
 
 
-def device(ops, settings, values, max_len: int, as_array, to_numpy=np.asarray):
-    """The device search on the synthetic logits, with `settings` resolved as generate does."""
+def device(ops, settings, values, max_len: int, as_array, to_numpy=np.asarray, src_ids=None):
+    """The device search on the synthetic logits, with `settings` resolved as generate does (and
+    `src_ids`, as `reference`)."""
     config = preset("paper", src_vocab_size=SYNTHETIC_VOCAB, tgt_vocab_size=SYNTHETIC_VOCAB, max_len=max_len,
                     pad_id=SYNTHETIC_PAD)
     resolved = resolve(config, max_len, BOS, EOS, **settings)
@@ -262,7 +266,7 @@ def device(ops, settings, values, max_len: int, as_array, to_numpy=np.asarray):
     ids, scores = device_search.run(
         ops, rules, step, ROWS, BOS, EOS, SYNTHETIC_PAD, as_array("banned", mask), resolved.length_penalty, dtype,
         lambda *arrays: [to_numpy(a).item() for a in arrays], resolved.num_return_sequences, sampling, True,
-        processor_data(resolved, as_array))
+        processor_data(resolved, as_array, src_ids, SYNTHETIC_VOCAB))
     return to_numpy(ids), to_numpy(scores)
 
 

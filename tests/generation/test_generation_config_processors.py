@@ -30,11 +30,13 @@ from conformance.core.generation import device as device_search
 from conformance.core.generation.device import NumpyOps, processor_data
 from conformance.core.generation.note import GenerationWarning, generation_note
 from conformance.core.generation.processors import decay_factor
-from conformance.core.generation.search import search, uniforms
+from conformance.core.generation.search import search
 from conformance.core.generation.settings import resolve
 from conformance.core.presets import preset
 from systems.harness import BACKEND_PARAMS
 from test_device_search import BOS, EOS, PAD as SYNTHETIC_PAD, ROWS, VOCAB as SYNTHETIC_VOCAB, logits_of, table
+import test_generate_processors as processors_test  # noqa: E402 (the synthetic searches, with a source)
+from test_generate_processors import BASES, SEARCHES, same  # noqa: E402
 
 # -- The reference's processors against transformers' classes -------------------------------------
 
@@ -99,10 +101,6 @@ PROCESSORS = [
          exponential_decay_length_penalty=(2, 1.3), suppress_tokens=(6,), begin_suppress_tokens=(EOS,),
          renormalize_logits=True, no_repeat_ngram_size=3, min_length=3, bad_words_ids=((BOS, 3),)),
 ]
-SEARCHES = [dict(num_beams=1), dict(num_beams=3, early_stopping="never"), dict(num_beams=2, early_stopping=True),
-            dict(num_beams=2, beam_rule="flax", length_penalty_form="gnmt"),
-            dict(num_beams=1, do_sample=True, temperature=0.7, top_k=3, top_p=0.9, seed=3, num_return_sequences=2)]
-BASES = [(8, dict(forced_eos=True, banned_ids=(EOS,))), (6, dict(banned_ids=(6,)))]
 
 
 def synthetic_settings():
@@ -110,45 +108,12 @@ def synthetic_settings():
         yield max_len, {**base, **search_options, **processors}
 
 
-def rows_per_source(settings) -> int:
-    return settings.get("num_return_sequences", 1) if settings.get("do_sample") else settings["num_beams"]
-
-
 def reference(settings, values, max_len: int):
-    per = rows_per_source(settings)
-    return search(lambda tokens, parents: logits_of(tokens, per, values), ROWS, max_len, BOS, EOS, SYNTHETIC_PAD,
-                  src_ids=SOURCE, **settings)
+    return processors_test.reference(settings, values, max_len, SOURCE)
 
 
 def device(ops, settings, values, max_len: int, as_array, to_numpy=np.asarray):
-    """The device search on the synthetic logits, with `settings` resolved as generate does."""
-    config = preset("paper", src_vocab_size=SYNTHETIC_VOCAB, tgt_vocab_size=SYNTHETIC_VOCAB, max_len=max_len,
-                    pad_id=SYNTHETIC_PAD)
-    resolved = resolve(config, max_len, BOS, EOS, **settings)
-    rules, per = device_search.rules_of(resolved), rows_per_source(settings)
-    mask = np.zeros(SYNTHETIC_VOCAB, dtype=bool)
-    mask[list(resolved.banned_ids)] = True
-    dtype = as_array("scores", np.zeros((), np.float64)).dtype
-    sampling = None
-    if rules.do_sample:
-        sampling = {"uniforms": as_array("uniforms", uniforms(resolved.seed, max_len, ROWS * per)),
-                    **{name: getattr(resolved, name) for name in ("temperature", "top_k", "top_p")}}
-
-    def step(state, i):
-        tokens = to_numpy(device_search.prefix(ops, rules, state, i))
-        return as_array("logits", logits_of(tokens, per, values))
-
-    ids, scores = device_search.run(
-        ops, rules, step, ROWS, BOS, EOS, SYNTHETIC_PAD, as_array("banned", mask), resolved.length_penalty, dtype,
-        lambda *arrays: [to_numpy(a).item() for a in arrays], resolved.num_return_sequences, sampling, True,
-        processor_data(resolved, as_array, SOURCE, SYNTHETIC_VOCAB))
-    return to_numpy(ids), to_numpy(scores)
-
-
-def same(got, expected, settings, rtol: float = 1e-14):
-    (ids, scores), (ref_ids, ref_scores) = got, expected
-    assert ids.shape == ref_ids.shape and (ids == ref_ids).all(), (settings, ids, ref_ids)
-    np.testing.assert_allclose(scores, ref_scores, rtol=rtol, atol=0, err_msg=str(settings))
+    return processors_test.device(ops, settings, values, max_len, as_array, to_numpy, SOURCE)
 
 
 @pytest.mark.parametrize("kind", ["ties", "continuous"])
