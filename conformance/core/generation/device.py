@@ -543,6 +543,21 @@ def beam_start(ops, rules: Rules, batch: int, bos_id, pad_id, dtype) -> State:
             "length": 1, "stop": xp.asarray(False), "bad": xp.asarray(-1)}
 
 
+def beam_inputs(ops, rules: Rules, state: State, logits, banned, eos_id, data=None):
+    """What a beam step reads before it processes the logits, for both beam rules: the row of a NaN
+    logit (`bad`), the beams' tokens (N, W), the ids the penalties see, the bans this step, and the
+    forced first id (or None)."""
+    xp = ops.xp
+    running, length = state["running"], state["length"]
+    batch, beams = state["running_scores"].shape
+    bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
+    tokens = xp.reshape(running, (batch * beams, running.shape[-1]))  # (N, W)
+    seen = penalties(ops, tokens, length, data, logits.shape[-1])
+    banned = bans(ops, rules, tokens, length, banned, data, eos_id)
+    forced_bos = None if data is None else data.get("forced_bos")
+    return bad, tokens, seen, banned, forced_bos
+
+
 def expand(ops, rules: Rules, state: State, logits, banned, eos_id, data=None):
     """What both beam rules do first: the row of a NaN logit (`bad`), then the best 2 x beams
     continuations over all beams of each row: their scores and parent beams, their tokens, and the
@@ -551,11 +566,7 @@ def expand(ops, rules: Rules, state: State, logits, banned, eos_id, data=None):
     running, running_scores, length = state["running"], state["running_scores"], state["length"]
     batch, beams = running_scores.shape
     vocab = logits.shape[-1]
-    bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
-    tokens = xp.reshape(running, (batch * beams, running.shape[-1]))  # (N, W)
-    seen = penalties(ops, tokens, length, data, vocab)
-    banned = bans(ops, rules, tokens, length, banned, data, eos_id)
-    forced_bos = None if data is None else data.get("forced_bos")
+    bad, tokens, seen, banned, forced_bos = beam_inputs(ops, rules, state, logits, banned, eos_id, data)
     # The log-softmax is this step's own array, and so is every array `processed` returns from it.
     log_probs = processed(ops, rules, log_softmax(ops, logits), length - 1, banned, eos_id, forced_bos, owned=True,
                           data=data, seen=seen, tokens=tokens)
@@ -735,12 +746,7 @@ def openai_update(ops, rules: Rules, state: State, logits, banned, eos_id, lengt
     running, sums, length = state["running"], state["running_scores"], state["length"]
     batch, beams = sums.shape
     proposals, most = beams * (beams + 1), rules.candidates
-    vocab = logits.shape[-1]
-    bad = first_nan_row(ops, logits, ops.full((batch * beams,), True, ops.bool_dtype), state["bad"])
-    tokens = xp.reshape(running, (batch * beams, running.shape[-1]))  # (N, W)
-    seen = penalties(ops, tokens, length, data, vocab)
-    banned = bans(ops, rules, tokens, length, banned, data, eos_id)
-    forced_bos = None if data is None else data.get("forced_bos")
+    bad, tokens, seen, banned, forced_bos = beam_inputs(ops, rules, state, logits, banned, eos_id, data)
     scores = processed(ops, rules, logits, length - 1, banned, eos_id, forced_bos, data=data, seen=seen, tokens=tokens)
     values, picked = ops.top_k(renormalized(ops, scores), beams + 1)  # (N, beams + 1): each beam's proposals
     totals = xp.reshape(xp.reshape(sums, (batch * beams, 1)) + values, (batch, proposals))  # (B, M)
