@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -205,6 +206,19 @@ def check_destination(dst: Path, force: bool) -> None:
     parent = dst.parent if str(dst.parent) else Path(".")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise CheckpointError(dst, f"cannot write: permission denied on the directory {str(parent)!r}")
+
+
+@contextlib.contextmanager
+def conversion_warnings() -> Iterator[list]:
+    """Records, every time, the padding and generation warnings a conversion gives (what
+    `conversion_read` says of them)."""
+    from conformance.convert.engine import PaddingWarning
+    from conformance.core.generation.note import GenerationWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PaddingWarning)
+        warnings.simplefilter("always", GenerationWarning)
+        yield caught
 
 
 def conversion_read(result, caught) -> Read:

@@ -23,11 +23,11 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 from conformance.formats import verify
-from conformance.formats.base import Format, Options, Read, Written, check_export, conversion_read
+from conformance.formats.base import (Format, Options, Read, Written, check_export, conversion_read,
+                                      conversion_warnings)
 from conformance.formats.hf_runtime import run_folder
 
 # The weights files transformers' from_pretrained reads (a Flax folder's msgpack it does not, since 5.0).
@@ -72,15 +72,11 @@ class HFFolder(Format):
 
     def read(self, src: Path, options: Options, progress) -> Read:
         from conformance.convert import read_state_dict, rename_prefixes
-        from conformance.convert.engine import PaddingWarning
-        from conformance.core.generation.note import GenerationWarning
         from conformance.convert.hf_folder import convert_folder, is_hf_folder
         from conformance.core.errors import CheckpointError, InputError
 
         overrides, renames = options.overrides(), options.rename_map()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", PaddingWarning)
-            warnings.simplefilter("always", GenerationWarning)
+        with conversion_warnings() as caught:
             progress(f"reading {src}")
             if is_hf_folder(src):
                 if (options.layout is not None and not _reads_folders(options.layout)) or options.key or renames:

@@ -17,13 +17,13 @@ layout file of the user's.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from conformance.formats import verify
-from conformance.formats.base import Format, Options, Read, Written, check_destination, check_export, conversion_read
+from conformance.formats.base import (Format, Options, Read, Written, check_destination, check_export,
+                                      conversion_read, conversion_warnings)
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
@@ -42,16 +42,12 @@ class StateDict(Format):
 
     def read(self, src: Path, options: Options, progress) -> Read:
         from conformance.convert import convert_arrays, rename_prefixes
-        from conformance.convert.engine import PaddingWarning
         from conformance.convert.readers import read_source
         from conformance.convert.system_files import convert_system_file
-        from conformance.core.generation.note import GenerationWarning
         from conformance.core.errors import InputError
 
         overrides, renames = options.overrides(), options.rename_map()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", PaddingWarning)
-            warnings.simplefilter("always", GenerationWarning)
+        with conversion_warnings() as caught:
             progress(f"reading {src}")
             # system: a training checkpoint that carries its own options (OpenNMT-py's, fairseq's)
             arrays, system = read_source(src, key=options.key)

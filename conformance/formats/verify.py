@@ -26,7 +26,7 @@ import numpy as np
 from conformance.core.config import ModelConfig
 
 # The probes live beside the check's batches (a check room, CTranslate2's, runs them too).
-from conformance.check.probes import LONGEST, PROBE, long_row, long_words, probe, probe_names, probes  # noqa: F401
+from conformance.check.probes import LONGEST, PROBE, probe, probe_names, probes  # noqa: F401
 
 
 @dataclass(frozen=True)
