@@ -42,7 +42,8 @@ from typing import Any, Callable
 import numpy as np
 
 from conformance.check.ctranslate2.model import (BEAMS, COMPUTE_TYPES, HELD, ZERO_START, Directory, intra_threads,
-                                                 checked_compute_types, checked_device, require)
+                                                 checked_compute_types, checked_device, require,
+                                                 runnable_compute_types)
 from conformance.check.ctranslate2.report import ComputeTypeResult, CTranslate2Report, agreement
 from conformance.check.tolerances import tolerance
 from conformance.core.generation.note import APPLIED_PROCESSORS, generation_note, unapplied_generation
@@ -227,15 +228,9 @@ def measure(config: ModelConfig, params, model: Any, directory: Directory, src_i
                 for r in oracle_model.generate(src, max_len=max_len, bos_id=start, eos_id=eos, num_beams=b,
                                                length_penalty=length_penalty, **ours_search)]
             for b in beams}
-    supported = ctranslate2.get_supported_compute_types(device)
-    skipped = {t: f"CTranslate2 {ctranslate2.__version__} has no {t} kernels on this {device}" for t in compute_types
-               if t not in supported}
-    float32_weights = directory.weight_dtypes == ("float32",)
-    if not float32_weights:
-        notes.append(f"weights stored as {'+'.join(directory.weight_dtypes)}: every row is measured, none held "
-                     f"(the {HELD} row computes on the stored weights, widened)")
+    runnable, skipped, float32_weights = runnable_compute_types(ctranslate2, directory, compute_types, device, notes)
     rows = []
-    for compute_type in [t for t in compute_types if t not in skipped]:
+    for compute_type in runnable:
         progress(f"ctranslate2/{device}/{compute_type}: score_batch, translate_batch")
         running = translator or ctranslate2.Translator(str(directory.path), device=device, compute_type=compute_type,
                                                        intra_threads=intra_threads(config, device))

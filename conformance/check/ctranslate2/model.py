@@ -98,6 +98,19 @@ def checked_compute_types(compute_types, name: str = "compute_types") -> tuple[s
     return compute_types
 
 
+def runnable_compute_types(ctranslate2, directory, compute_types, device: str, notes: list) -> tuple[list, dict, bool]:
+    """Of `compute_types`, those CTranslate2 has kernels for on `device`, the others with why
+    (`skipped`), and whether the directory's weights are stored float32: only then is a row held to
+    a tolerance (otherwise `notes` gets why every row is measured, none held)."""
+    skipped = {t: f"CTranslate2 {ctranslate2.__version__} has no {t} kernels on this {device}" for t in compute_types
+               if t not in ctranslate2.get_supported_compute_types(device)}
+    float32_weights = directory.weight_dtypes == ("float32",)
+    if not float32_weights:
+        notes.append(f"weights stored as {'+'.join(directory.weight_dtypes)}: every row is measured, none held "
+                     f"(the {HELD} row computes on the stored weights, widened)")
+    return [t for t in compute_types if t not in skipped], skipped, float32_weights
+
+
 def checked_device(device: str) -> str:
     """`device` if CTranslate2 names it so (DEVICES); InputError if not."""
     if device not in DEVICES:

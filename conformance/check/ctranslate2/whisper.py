@@ -49,7 +49,7 @@ from typing import Any, Callable
 import numpy as np
 
 from conformance.check.ctranslate2.model import (COMPUTE_TYPES, HELD, Directory, checked_compute_types,
-                                                 checked_device, intra_threads, require)
+                                                 checked_device, intra_threads, require, runnable_compute_types)
 from conformance.check.ctranslate2.report import WhisperReport, WhisperRow, agreement
 from conformance.check.tolerances import tolerance
 from conformance.core.config import ModelConfig
@@ -282,16 +282,10 @@ def measure(config: ModelConfig, params, model: Any, directory: Directory, featu
     disabled_first = set(ours_search["suppress_tokens"]) | set(ours_search["begin_suppress_tokens"])
     disabled_later = set(ours_search["suppress_tokens"])
 
-    supported = ctranslate2.get_supported_compute_types(device)
-    skipped = {t: f"CTranslate2 {ctranslate2.__version__} has no {t} kernels on this {device}" for t in compute_types
-               if t not in supported}
-    float32_weights = directory.weight_dtypes == ("float32",)
-    if not float32_weights:
-        notes.append(f"weights stored as {'+'.join(directory.weight_dtypes)}: every row is measured, none held "
-                     f"(the {HELD} row computes on the stored weights, widened)")
+    runnable, skipped, float32_weights = runnable_compute_types(ctranslate2, directory, compute_types, device, notes)
     stored = ctranslate2.StorageView.from_array(np.ascontiguousarray(features, dtype=np.float32))
     rows = []
-    for compute_type in [t for t in compute_types if t not in skipped]:
+    for compute_type in runnable:
         progress(f"ctranslate2/{device}/{compute_type}: encode, generate")
         running = loaded or ctranslate2.models.Whisper(str(directory.path), device=device, compute_type=compute_type,
                                                        intra_threads=intra_threads(config, device))
