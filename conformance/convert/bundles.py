@@ -22,35 +22,25 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from conformance.convert.layout import Layout, builtin_layouts, load_layout
+from conformance.convert.layout import Layout, load_layout
 from conformance.core.config import ModelConfig
 from conformance.core.errors import CheckpointError, ConfigError
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
 
-def bundle_layouts() -> list[Layout]:
-    """The built-in layouts that describe a bundled checkpoint file (those with `[bundle]`)."""
-    return [layout for layout in builtin_layouts() if layout.bundle is not None]
-
-
-def recognise(obj: Any) -> Layout | None:
-    """The layout whose `[bundle]` entries are `obj`'s (a loaded file's top level), or None."""
-    from conformance.convert.system_files import bundle_layout
-
-    return bundle_layout(obj)
-
-
 def read_bundle(path: str | Path) -> tuple[Layout, Mapping[str, Any], str] | None:
     """(the layout, the loaded file, its name) when `path` is a PyTorch file bundling a config with its
-    weights (`recognise`), else None. Read by `torch.load(weights_only=True)`."""
+    weights (`system_files.bundle_layout`: by its two entries), else None. Read by
+    `torch.load(weights_only=True)`."""
     from conformance.convert.readers import _torch_file
+    from conformance.convert.system_files import bundle_layout
 
     path = Path(path)
     if path.suffix.lower() not in TORCH_SUFFIXES or not path.is_file():
         return None
     obj = _torch_file(path)
-    layout = recognise(obj)
+    layout = bundle_layout(obj)
     return None if layout is None else (layout, obj, path.name)
 
 
