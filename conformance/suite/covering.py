@@ -353,7 +353,8 @@ def whisper_row(row: dict, options) -> dict:
 
 
 def _search(options) -> str:
-    """The search a case's options run: flax, sample, greedy or beam."""
+    """The search a case's options run, as the processors' coverage groups them: flax, sample,
+    greedy or beam (every other beam rule; `runner.search_of` tells them apart for adapters)."""
     options = dict(options)
     if options.get("beam_rule") == "flax":
         return "flax"
